@@ -1,0 +1,17 @@
+"""gearcache: start PyTorch 2 models already compiled, serve any input shape without recompiling or guard checks.
+
+    from gearcache import cache_compile, CompilerConfig
+    self.cached_forward = cache_compile(self._forward)      # in an nn.Module's __init__
+"""
+from .api import cache_compile
+from .cached_function import CachedFunction
+from .config import CompilerConfig, InferenceConfig
+from .counters import counters
+from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
+                     LockTimeoutError, SignatureMismatchError, UnsupportedInputError, UntrustedCacheError)
+
+__version__ = "0.1.0"
+
+__all__ = ["cache_compile", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
+           "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
+           "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError"]

@@ -1,0 +1,173 @@
+"""The one place gearcache touches torch's private APIs or branches on torch's version.
+
+Supported: torch 2.11 (CUDA, the GPU machine) and 2.13 (CPU, CI). Every private symbol used by gearcache is imported
+here, and each function says which mechanism it relies on, so a torch upgrade is reviewed in one file.
+
+Mechanism (chosen by measurement, see docs/DESIGN.md): a Dynamo graph is compiled with
+``torch._inductor.standalone_compile`` and saved in its "unpacked" format: a folder laid out like an Inductor cache
+(AOTAutograd entry, FX graph entry with the generated Python wrapper, Triton kernels bundled with their cubins and
+autotuning choices). On CPU the compiled C++ kernels (``.so``) are copied into that folder, so loading it in a fresh
+process runs no compiler. Loading points Inductor's cache at the folder for the duration of the load only
+(``temporary_cache_dir``, torch's own context manager), and never changes the process environment otherwise.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import pathlib
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+from typing import Any, Callable
+
+import torch
+
+TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore
+
+# Loading and compiling point TORCHINDUCTOR_CACHE_DIR at a folder for a moment: serialise them within the process.
+_INDUCTOR_LOCK = threading.RLock()
+
+
+# ---------------------------------------------------------------------------------------------------------- capture
+def dynamo_capture_config() -> contextlib.AbstractContextManager:
+    """Dynamo settings for a capture: no automatic dynamic shapes (every entry is static). Parameters and buffers are
+    graph inputs (``inline_inbuilt_nn_modules``, always on in 2.11 and 2.13), so a loaded entry reads live weights."""
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+
+
+def traced_code() -> list[Any]:
+    """Code objects Dynamo traced for the graph being compiled (call inside a backend)."""
+    return list(torch._guards.TracingContext.get_traced_code() or [])
+
+
+def forget_dynamo_cache(code: Any) -> None:
+    """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
+    nothing of the capture stays installed on the user's function."""
+    torch._dynamo.eval_frame.reset_code(code)
+
+
+def is_graph_break(exc: BaseException) -> bool:
+    return isinstance(exc, torch._dynamo.exc.Unsupported)
+
+
+def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
+    """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
+    out = torch._dynamo.explain(fn)(*args, **kwargs)
+    breaks = []
+    for br in out.break_reasons:
+        frames = [f for f in (br.user_stack or []) if "/torch/" not in f.filename.replace(os.sep, "/")]
+        f = frames[-1] if frames else (br.user_stack[-1] if br.user_stack else None)
+        where = f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f else "(source unknown)"
+        breaks.append((str(br.reason).strip().splitlines()[0] if str(br.reason).strip() else "unknown", where))
+    return breaks
+
+
+# --------------------------------------------------------------------------------------------------------- compile
+def mode_options(mode: str) -> dict[str, Any]:
+    """Inductor settings of a torch.compile mode, minus CUDA graphs (gearcache captures those itself, per gear)."""
+    opts = dict(torch._inductor.list_mode_options(mode))
+    opts.pop("triton.cudagraphs", None)
+    return opts
+
+
+def default_decompositions() -> dict[Any, Callable]:
+    from torch._inductor.decomposition import select_decomp_table
+
+    return dict(select_decomp_table())
+
+
+def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
+                      config_patches: dict[str, Any], decompositions: dict[Any, Callable] | None) -> None:
+    """Compile ``gm`` with Inductor and write a self-contained, loadable artifact folder at ``folder``.
+
+    The compile runs against a private, empty Inductor cache, so nothing from the user's Inductor or Triton caches
+    (which know nothing of gearcache's key factors, e.g. custom decompositions) can leak into the artifact.
+    """
+    from torch._inductor import standalone_compile
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    options: dict[str, Any] = {"config_patches": dict(config_patches)}
+    if decompositions is not None:
+        options["decompositions"] = decompositions
+    with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
+        with temporary_cache_dir(scratch), _load_patches():
+            artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
+        artifact.save(path=str(folder), format="unpacked")
+        _copy_compiled_libraries(pathlib.Path(scratch), folder)
+    load_folder(folder)     # a first load writes whatever torch writes on load, before the digests are taken
+
+
+def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> None:
+    """Copy the C++ kernel libraries (``<cache>/xx/<key>.so``, with their sources) built during the compile into the
+    artifact folder, at the same relative paths, so loading it finds them instead of running g++ again."""
+    for lib in scratch.glob("*/*.so"):
+        key = lib.name.split(".")[0]
+        for sibling in lib.parent.glob(f"{key}.*"):
+            dest = folder / sibling.relative_to(scratch)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(sibling, dest)
+
+
+def _load_patches() -> contextlib.AbstractContextManager:
+    """Inductor settings under which an artifact loads without a compiler: no precompiled header (whose freshness
+    check runs the C preprocessor on every load) and no ISA probe build (the ISA is a key factor instead)."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"cpp_cache_precompile_headers": False, "cpp.vec_isa_ok": True})
+
+
+def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
+    """Load an artifact folder written by :func:`compile_to_folder`; returns ``fn(*flat_inputs) -> list[Tensor]``."""
+    from torch._inductor.standalone_compile import CompiledArtifact
+
+    with _INDUCTOR_LOCK, _load_patches():
+        artifact = CompiledArtifact.load(path=str(folder), format="unpacked")
+    return artifact
+
+
+# ------------------------------------------------------------------------------------------------------ environment
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+@functools.cache
+def software_versions() -> dict[str, str]:
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "triton": _dist_version("triton"),
+            "cuda": str(torch.version.cuda), "platform": platform.machine()}
+
+
+@functools.cache
+def device_capability(device: str) -> str:
+    """What the compiled code depends on about a device: the GPU's name and compute capability, or the CPU's ISA."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(idx)
+        return f"cuda:sm_{major}{minor}:{torch.cuda.get_device_name(idx)}"
+    if dev.type == "cpu":
+        return f"cpu:{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}"
+    return dev.type
+
+
+# ------------------------------------------------------------------------------------------------------------ pytree
+def tree_flatten(tree: Any):
+    return torch.utils._pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves: list, spec: Any):
+    return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+
+def treespec_dumps(spec: Any) -> str:
+    return torch.utils._pytree.treespec_dumps(spec)
+
+
+def treespec_loads(text: str) -> Any:
+    return torch.utils._pytree.treespec_loads(text)

@@ -1,0 +1,64 @@
+"""``cache_compile``: the public entry point (torchair's signature, stricter arguments)."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from .cached_function import CachedFunction
+from .config import CompilerConfig
+from .errors import ConfigError
+from .store import Store
+from .topology import resolve_topology
+
+
+def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynamic: bool = True,
+                  cache_dir: str | None = None, global_rank: int | None = None, tp_rank: int | None = None,
+                  pp_rank: int | None = None, custom_decompositions: dict | None = None,
+                  **kwargs: Any) -> CachedFunction:
+    """Serve ``func`` (a bound method of an ``nn.Module``) from compiled entries persisted under ``cache_dir``.
+
+    Call it in the module's ``__init__``: ``self.cached_forward = cache_compile(self._forward)``. Nothing is traced or
+    compiled until the first call; a process that finds the entry on disk loads it with no compiler.
+
+    ``dynamic``: gearcache compiles one static-shape entry per input signature (shape buckets come from gears,
+    ``set_dim_gears``). ``dynamic=True`` (default) lets new signatures add entries as ``config.on_new_signature``
+    says; ``dynamic=False`` pins the method to the first signature seen (any other raises).
+    """
+    if kwargs:
+        name = next(iter(kwargs))
+        raise ConfigError(f"cache_compile() got an unexpected keyword argument {name!r}={kwargs[name]!r}. Accepted: "
+                          f"config, dynamic, cache_dir, global_rank, tp_rank, pp_rank, custom_decompositions")
+    _check_method(func)
+    if config is None:
+        config = CompilerConfig()
+    elif not isinstance(config, CompilerConfig):
+        raise ConfigError(f"config={config!r}: expected a gearcache.CompilerConfig (or None for the defaults)")
+    if not isinstance(dynamic, bool):
+        raise ConfigError(f"dynamic={dynamic!r}: expected True or False")
+    if not dynamic:
+        config = config.model_copy(update={"on_new_signature": "error"})
+    if custom_decompositions is not None and not isinstance(custom_decompositions, dict):
+        raise ConfigError(f"custom_decompositions={custom_decompositions!r}: expected a dict {{torch op: function}}")
+    if cache_dir is not None and not isinstance(cache_dir, (str, bytes)) and not hasattr(cache_dir, "__fspath__"):
+        raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
+    return CachedFunction(func, config=config, store=Store(cache_dir, lock_timeout_s=config.lock_timeout_s),
+                          topology=resolve_topology(global_rank, tp_rank, pp_rank),
+                          decompositions=custom_decompositions)
+
+
+def _check_method(func: Any) -> None:
+    if isinstance(func, CachedFunction):
+        raise ConfigError("func is already a cache_compile'd method; call cache_compile once per method")
+    if not inspect.ismethod(func):
+        kind = "a lambda" if getattr(func, "__name__", "") == "<lambda>" else type(func).__qualname__
+        raise ConfigError(
+            f"func={func!r:.80} is {kind}, not a bound method of an nn.Module. Fix: define the computation as a "
+            f"method and pass it bound, e.g. self.cached = cache_compile(self._forward) in __init__.")
+    if not isinstance(func.__self__, torch.nn.Module):
+        raise ConfigError(f"func={func.__qualname__} is a method of {type(func.__self__).__qualname__}, which is not "
+                          f"a torch.nn.Module. Fix: make the class subclass torch.nn.Module")
+    if getattr(func.__func__, "__wrapped__", None) is not None:
+        raise ConfigError(f"func={func.__qualname__} is wrapped by another decorator; gearcache needs the plain "
+                          f"method. Fix: apply cache_compile to the undecorated method")

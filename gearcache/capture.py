@@ -1,0 +1,182 @@
+"""Capture a bound method as one Dynamo graph and describe how to feed it and rebuild its result.
+
+``capture(method, args, kwargs)`` runs the method once through Dynamo (``fullgraph=True``, static shapes) with a
+backend that records the graph instead of compiling it, and returns a :class:`Captured`:
+
+* ``graph`` and ``example_inputs``: what Inductor compiles;
+* ``inputs``: one recipe per graph input, ``["leaf", i]`` (the call's i-th flattened input) or ``["state", name]``
+  (a parameter or buffer of the module, read live at every call, so a changed weight shows in the output);
+* ``outputs``: the method's return structure (a serialised pytree spec) and one recipe per leaf, ``["out", i]``
+  (the graph's i-th output), ``["leaf", i]``, ``["state", name]`` or ``["const", value]``;
+* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load.
+
+A graph break raises :class:`~gearcache.errors.GraphBreakError` listing every break (from ``torch._dynamo.explain``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+from typing import Any, Callable
+
+import torch
+
+from . import _torch_compat as compat
+from .errors import GearcacheError, GraphBreakError, UnsupportedInputError
+from .key import sha256_text
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+@dataclasses.dataclass
+class Captured:
+    graph: torch.fx.GraphModule
+    example_inputs: list[Any]
+    inputs: list[list]
+    outputs: dict[str, Any]
+    dependencies: list[dict[str, Any]]
+
+
+def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+    state: dict[str, Any] = {}
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+
+        def run(*flat):
+            out = gm(*flat)
+            state["flat_out"] = out
+            return out
+
+        return run
+
+    code = method.__func__.__code__
+    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record)
+    compat.forget_dynamo_cache(code)
+    try:
+        with compat.dynamo_capture_config():
+            result = compiled(*args, **kwargs)
+    except Exception as exc:
+        if compat.is_graph_break(exc):
+            compat.forget_dynamo_cache(code)
+            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+        raise
+    finally:
+        compat.forget_dynamo_cache(code)
+    if "gm" not in state:
+        raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
+    state_names = _state_names(module)
+    return Captured(
+        graph=state["gm"],
+        example_inputs=state["inputs"],
+        inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
+        outputs=_output_recipe(result, state.get("flat_out", []), leaves, state_names),
+        dependencies=_dependencies(state["code"]),
+    )
+
+
+def _qualname(method: Callable) -> str:
+    return f"{type(method.__self__).__qualname__}.{method.__name__}"
+
+
+def _explain(method: Callable, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
+    code = method.__func__.__code__
+    try:
+        breaks = compat.explain_graph_breaks(method, args, kwargs)
+    except Exception:           # explain itself failed: report the one break we know of
+        breaks = []
+    finally:
+        compat.forget_dynamo_cache(code)
+    return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
+
+
+def _state_names(module: torch.nn.Module) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for name, t in list(module.named_buffers(remove_duplicate=False)) + list(
+            module.named_parameters(remove_duplicate=False)):
+        names.setdefault(id(t), name)
+    return names
+
+
+def _input_recipe(t: Any, leaves: tuple, state_names: dict[int, str], index: int) -> list:
+    for i, leaf in enumerate(leaves):
+        if leaf is t:
+            return ["leaf", i]
+    if id(t) in state_names:
+        return ["state", state_names[id(t)]]
+    raise UnsupportedInputError(
+        f"graph input {index} ({type(t).__qualname__}{list(getattr(t, 'shape', []))}) is neither an argument nor a "
+        f"parameter or buffer of the module. Fix: register tensors the method reads as buffers "
+        f"(self.register_buffer(name, tensor)) instead of plain attributes or globals.")
+
+
+def _output_recipe(result: Any, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> dict[str, Any]:
+    """``{"structure": nested ["tuple"|"list", [children]] / ["dict", [keys], [children]] / ["leaf"], "leaves": [...]}``
+    with one recipe per leaf in order."""
+    recipe: list[list] = []
+
+    def walk(obj: Any) -> list:
+        t = type(obj)
+        if t is tuple or t is list:
+            return [t.__name__, [walk(o) for o in obj]]
+        if t is dict and all(type(k) in (str, int) for k in obj):
+            return ["dict", list(obj), [walk(v) for v in obj.values()]]
+        if isinstance(obj, torch.Tensor):
+            recipe.append(_tensor_output(obj, flat_out, leaves, state_names))
+        elif isinstance(obj, (int, float, bool, str, type(None))):
+            recipe.append(["const", obj])
+        else:
+            raise UnsupportedInputError(
+                f"the method returns a {type(obj).__qualname__}; cached methods return tensors, Python scalars and "
+                f"tuples, lists and dicts (with str or int keys) of them")
+        return ["leaf"]
+
+    structure = walk(result)
+    return {"structure": structure, "leaves": recipe}
+
+
+def _tensor_output(t: torch.Tensor, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> list:
+    for i, o in enumerate(flat_out):
+        if o is t:
+            return ["out", i]
+    for i, leaf in enumerate(leaves):
+        if leaf is t:
+            return ["leaf", i]
+    if id(t) in state_names:
+        return ["state", state_names[id(t)]]
+    raise UnsupportedInputError("the method returns a tensor that is not produced by its graph (a global or a "
+                                "constant); return something computed from the inputs instead")
+
+
+def _dependencies(codes: list[Any]) -> list[dict[str, Any]]:
+    """One record per traced user function: file, first line, line count and sha256 of those lines."""
+    deps, seen = [], set()
+    for code in codes:
+        path = os.path.abspath(code.co_filename)
+        if path.startswith(_TORCH_DIR) or (path, code.co_firstlineno) in seen or not os.path.isfile(path):
+            continue            # torch's own code is covered by the torch version factor
+        seen.add((path, code.co_firstlineno))
+        try:
+            lines, first = inspect.getsourcelines(code)
+        except (OSError, TypeError):
+            continue
+        deps.append({"file": path, "name": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+                     "first_line": first, "n_lines": len(lines), "sha256": sha256_text("".join(lines))})
+    return deps
+
+
+def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
+    """The first dependency whose source changed since capture, as ``"file:line name"``; None if all match."""
+    cache: dict[str, list[str]] = {}
+    for d in deps:
+        path = d["file"]
+        if path not in cache:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    cache[path] = f.readlines()
+            except OSError:
+                return f"{path} (missing)"
+        lines = cache[path][d["first_line"] - 1: d["first_line"] - 1 + d["n_lines"]]
+        if sha256_text("".join(lines)) != d["sha256"]:
+            return f"{path}:{d['first_line']} {d['name']}"
+    return None

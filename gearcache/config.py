@@ -1,0 +1,129 @@
+"""User configuration: ``CompilerConfig`` and its ``inference_config``.
+
+A config is plain data. It validates every field on construction *and on assignment* (pydantic), carries no runtime
+state, and loads from a JSON or TOML file (``CompilerConfig.from_file("configs/llm_decode.toml")``).
+
+Only the fields returned by :meth:`CompilerConfig.compile_factors` change the compiled code; they are part of every
+cache key. The other fields steer runtime behaviour (what to do on a miss, lock timeouts, gears) and are not.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import tomllib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import ConfigError
+
+MergePolicy = Literal["zip", "product"]
+
+
+def _normalise_sizes(sizes: Any, where: str) -> list[int]:
+    if isinstance(sizes, int) and not isinstance(sizes, bool):
+        sizes = [sizes]
+    if not isinstance(sizes, (list, tuple)) or not sizes:
+        raise ValueError(f"{where}: expected a non-empty list of sizes, got {sizes!r}; e.g. [1, 2, 4, 8]")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+            raise ValueError(f"{where}: gear sizes must be positive integers, got {s!r} in {list(sizes)!r}")
+    return sorted(set(sizes))
+
+
+def normalise_dim_gears(dim_gears: Any, where: str = "dim_gears") -> dict[int, list[int]]:
+    """Validate ``{dim: [sizes]}``: integer dims, positive integer sizes; sizes deduplicated and sorted."""
+    if not isinstance(dim_gears, dict) or not dim_gears:
+        raise ValueError(f"{where}: expected a dict {{dim: [sizes]}}, e.g. {{0: [1, 2, 4, 8]}}, got {dim_gears!r}")
+    out: dict[int, list[int]] = {}
+    for dim, sizes in dim_gears.items():
+        if isinstance(dim, str) and dim.lstrip("-").isdigit():
+            dim = int(dim)          # JSON and TOML keys are strings
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise ValueError(f"{where}: dims must be integers, got {dim!r}")
+        out[dim] = _normalise_sizes(sizes, f"{where}[{dim}]")
+    return out
+
+
+class InferenceConfig(BaseModel):
+    """How calls are mapped onto compiled entries (gears). None of these fields change the compiled code."""
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+
+    dynamic_gears_merge_policy: MergePolicy = "zip"
+    """``"zip"``: the i-th size of every marked dim forms gear i. ``"product"``: every combination."""
+
+    dim_gears: dict[str, dict[int, list[int]]] = Field(default_factory=dict)
+    """Gears declared by argument name, for processes that do not mark tensors: ``{"x": {0: [1, 2, 4]}}``."""
+
+    pad_values: dict[str, float] = Field(default_factory=dict)
+    """Value used to pad each named argument up to its gear (default 0): a pad token id, a mask value."""
+
+    past_largest_gear: Literal["error", "eager", "compile"] = "error"
+    """A call larger than the largest gear: raise, run uncompiled (warned once, counted), or add an exact entry."""
+
+    verify_padding: bool = False
+    """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""
+
+    @field_validator("dim_gears", mode="before")
+    @classmethod
+    def _check_dim_gears(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError(f"dim_gears: expected {{argument_name: {{dim: [sizes]}}}}, got {value!r}")
+        return {name: normalise_dim_gears(g, f"dim_gears[{name!r}]") for name, g in value.items()}
+
+
+class CompilerConfig(BaseModel):
+    """Everything ``cache_compile`` can be told. Validates on assignment; ``from_file`` loads JSON or TOML."""
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+
+    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """Inductor's mode, as in ``torch.compile(mode=...)``."""
+
+    inductor_options: dict[str, Any] = Field(default_factory=dict)
+    """Extra ``torch._inductor.config`` settings for the compile, e.g. ``{"coordinate_descent_tuning": True}``."""
+
+    inference_config: InferenceConfig = Field(default_factory=InferenceConfig)
+
+    on_new_signature: Literal["compile", "error"] = "compile"
+    """A call whose inputs match no entry: compile a new entry, or raise ``SignatureMismatchError``."""
+
+    check_signature: bool = True
+    """Look each call's shapes, dtypes and devices up in the entry table. ``False`` skips even that and sends every
+    call to the first entry: only for callers that guarantee one fixed signature."""
+
+    lock_timeout_s: float = Field(default=900.0, gt=0)
+    """How long a process waits for another that is compiling the same artifact."""
+
+    @field_validator("inductor_options")
+    @classmethod
+    def _check_inductor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import torch._inductor.config as inductor_config
+
+        known = inductor_config.get_config_copy()
+        for name in value:
+            if name not in known:
+                raise ValueError(f"inductor_options: {name!r} is not a torch._inductor.config setting "
+                                 f"(see torch._inductor.config for the names)")
+            if name in ("triton.cudagraphs", "triton.cudagraph_trees"):
+                raise ValueError(f"inductor_options: {name!r} is not supported; use mode='reduce-overhead'")
+        return value
+
+    def compile_factors(self) -> dict[str, Any]:
+        """The fields that change the compiled code, in a stable JSON-able form (a cache key factor)."""
+        return {"mode": self.mode, "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> "CompilerConfig":
+        """Load a config from a ``.json`` or ``.toml`` file (see ``configs/`` for examples)."""
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not a file")
+        if path.suffix == ".json":
+            data = json.loads(path.read_text())
+        elif path.suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        else:
+            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} must end in .json or .toml")
+        return cls.model_validate(data)

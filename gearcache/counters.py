@@ -1,0 +1,54 @@
+"""Process-wide event counters that tests and benchmarks assert on (after vLLM's compilation counter).
+
+Usage::
+
+    from gearcache.counters import counters
+    with counters.expect(compiles=0, loads=1):
+        model(x)
+
+Counters only ever go up; ``expect`` compares the change across the ``with`` block, so tests do not interfere.
+Nothing here is on the hot path except ``hits`` and ``pads``, which are plain integer increments.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+
+
+@dataclasses.dataclass
+class Counters:
+    traces: int = 0            # Dynamo captures of a cached method
+    compiles: int = 0          # Inductor compiles gearcache started
+    loads: int = 0             # artifacts loaded from disk into a process
+    hits: int = 0              # calls served by an entry already in memory
+    misses: int = 0            # calls whose signature had no entry in memory
+    eager_calls: int = 0       # calls run uncompiled by policy (past the largest gear, or a cache fault)
+    pads: int = 0              # calls that were padded up to a gear
+    quarantined: int = 0       # artifacts moved aside after a failed digest or signature check
+    evictions: int = 0         # entries evicted under config.max_size
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+
+    def snapshot(self) -> "Counters":
+        return copy.copy(self)
+
+    def delta(self, since: "Counters") -> dict[str, float]:
+        return {f.name: getattr(self, f.name) - getattr(since, f.name) for f in dataclasses.fields(self)}
+
+    @contextlib.contextmanager
+    def expect(self, **expected: int):
+        """Assert that each named counter grew by exactly the given amount inside the block."""
+        unknown = set(expected) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"expect(): unknown counter(s) {sorted(unknown)}")
+        before = self.snapshot()
+        yield
+        got = self.delta(before)
+        wrong = {k: (v, got[k]) for k, v in expected.items() if got[k] != v}
+        if wrong:
+            detail = ", ".join(f"{k}: expected +{v}, got +{g}" for k, (v, g) in wrong.items())
+            raise AssertionError(f"gearcache counters: {detail}")
+
+
+counters = Counters()

@@ -1,0 +1,99 @@
+"""Exceptions raised by gearcache.
+
+Every exception carries the context a user needs to fix the problem (the argument, the value, the fix) in its
+message, and pickles across processes: each one stores its constructor arguments in ``args`` so that
+``pickle.loads(pickle.dumps(e))`` rebuilds an equal exception (see filelock's exceptions for the pattern).
+"""
+from __future__ import annotations
+
+
+class GearcacheError(Exception):
+    """Base class of every error gearcache raises on purpose."""
+
+
+class ConfigError(GearcacheError, ValueError):
+    """A bad argument or configuration value: names the argument, the value and the fix."""
+
+
+class GraphBreakError(GearcacheError):
+    """The method cannot be captured as one graph.
+
+    ``breaks`` is a list of ``(reason, user_source_line)`` pairs, one per graph break Dynamo reported.
+    """
+
+    def __init__(self, method: str, breaks: list[tuple[str, str]]):
+        super().__init__(method, breaks)
+        self.method = method
+        self.breaks = breaks
+
+    def __str__(self) -> str:
+        lines = [f"cache_compile could not capture {self.method} as one graph; {len(self.breaks)} graph break(s):"]
+        for i, (reason, where) in enumerate(self.breaks, 1):
+            lines.append(f"  {i}. {where}\n     reason: {reason}")
+        lines.append(
+            "How to fix the common ones:\n"
+            "  - a Python `if` on a tensor value: compute both branches and select with torch.where(cond, a, b);\n"
+            "  - .item(), .tolist(), print() or logging in the method: return the tensor and use it outside;\n"
+            "  - a loop whose trip count depends on tensor data: loop a fixed number of times and mask the extra steps;\n"
+            "  - a call into a library Dynamo cannot trace: move it outside the cached method."
+        )
+        return "\n".join(lines)
+
+
+class SignatureMismatchError(GearcacheError):
+    """A call's inputs match no compiled entry and the config forbids compiling a new one."""
+
+    def __init__(self, method: str, signature: str, known: list[str], fix: str):
+        super().__init__(method, signature, known, fix)
+        self.method, self.signature, self.known, self.fix = method, signature, known, fix
+
+    def __str__(self) -> str:
+        known = "\n".join(f"    {k}" for k in self.known[:8]) or "    (none)"
+        return (f"{self.method}: no compiled entry matches the call's inputs\n  call:  {self.signature}\n"
+                f"  known entries:\n{known}\n  fix: {self.fix}")
+
+
+class GradModeError(GearcacheError):
+    """A cached method was called with autograd recording: gearcache entries are inference only."""
+
+
+class UnsupportedInputError(GearcacheError, TypeError):
+    """An argument of a kind gearcache cannot key or feed to a compiled graph."""
+
+
+class CacheCorruptionError(GearcacheError):
+    """An artifact failed its digest or signature check; it is quarantined and never executed."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(path, reason)
+        self.path, self.reason = path, reason
+
+    def __str__(self) -> str:
+        return f"cache artifact {self.path} is not usable: {self.reason}"
+
+
+class UntrustedCacheError(GearcacheError, PermissionError):
+    """The cache folder or a file in it can be written by another user, so loading from it could run their code."""
+
+    def __init__(self, path: str, mode: int):
+        super().__init__(path, mode)
+        self.path, self.mode = path, mode
+
+    def __str__(self) -> str:
+        return (f"refusing to load from {self.path}: mode {oct(self.mode & 0o777)} lets other users write it, and "
+                f"loading an artifact executes its code. Fix: `chmod go-w {self.path}`, or use a private cache_dir, "
+                f"or for a shared folder set GEARCACHE_SIGNING_KEY and config.trust_shared_folder=True.")
+
+
+class LockTimeoutError(GearcacheError, TimeoutError):
+    """Another process held an artifact's lock longer than ``config.lock_timeout_s``."""
+
+    def __init__(self, lock_path: str, timeout: float):
+        super().__init__(lock_path, timeout)
+        self.lock_path, self.timeout = lock_path, timeout
+
+    def __str__(self) -> str:
+        return (f"waited {self.timeout:g} s for {self.lock_path}: another process is still compiling this artifact "
+                f"(or died holding a lock on a filesystem without flock). Fix: raise config.lock_timeout_s, or "
+                f"delete the lock file if no gearcache process is running, or set config.lock_mode='soft' on "
+                f"network filesystems.")

@@ -1,0 +1,79 @@
+"""The input signature of a call: what the entry table is keyed by on the hot path.
+
+``call_key(args, kwargs)`` returns ``(leaves, key)``: ``leaves`` are the call's flattened inputs (the tensors and
+scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
+the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, and the
+grad / inference mode. Plain positional tensors take a fast path with no pytree work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import UnsupportedInputError
+
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def _leaf_key(leaf: Any) -> tuple:
+    if isinstance(leaf, _Tensor):
+        return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
+    if isinstance(leaf, _SCALARS):
+        return (type(leaf), leaf)
+    if isinstance(leaf, (torch.dtype, torch.device)):
+        return (type(leaf), str(leaf))
+    raise UnsupportedInputError(
+        f"cached methods take tensors, Python scalars, strings, None and lists/tuples/dicts of them; got an argument "
+        f"of type {type(leaf).__qualname__}: {leaf!r:.80}. Fix: pass it as a tensor, or make it an attribute of the "
+        f"module.")
+
+
+def _flatten(obj: Any, leaves: list) -> Any:
+    """Append ``obj``'s leaves to ``leaves`` in order; return its structure (tuples, lists and dicts; others are
+    leaves). gearcache's own flattening: cheaper than pytree, and the structure is a hashable tuple."""
+    t = type(obj)
+    if t is tuple or t is list:
+        return (t, *[_flatten(o, leaves) for o in obj])
+    if t is dict:
+        return (dict, tuple(obj), *[_flatten(v, leaves) for v in obj.values()])
+    leaves.append(obj)
+    return None
+
+
+def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+    mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    if not kwargs:
+        try:
+            return args, (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
+        except AttributeError:
+            pass                # not all plain tensors: take the general path
+    leaves: list = []
+    structure = (_flatten(args, leaves), _flatten(kwargs, leaves))
+    return tuple(leaves), (structure, mode, *[_leaf_key(leaf) for leaf in leaves])
+
+
+def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
+    """A JSON-able description of a call signature (a key factor, and what error messages show)."""
+    grad, inference = key[1]
+    desc = []
+    for leaf in leaves:
+        if isinstance(leaf, _Tensor):
+            desc.append({"shape": list(leaf.shape), "stride": list(leaf.stride()), "dtype": str(leaf.dtype),
+                         "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
+        else:
+            desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
+    return {"structure": str(key[0]), "grad_enabled": grad, "inference_mode": inference, "leaves": desc}
+
+
+def short(desc: dict[str, Any]) -> str:
+    """One line for messages: ``(f32[4, 16] cpu, f32[4, 8] cpu) grad=off``."""
+    parts = []
+    for leaf in desc["leaves"]:
+        if "shape" in leaf:
+            dt = leaf["dtype"].replace("torch.", "")
+            parts.append(f"{dt}{leaf['shape']} {leaf['device']}")
+        else:
+            parts.append(f"{leaf['type']}={leaf['value']}")
+    return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}"
