@@ -51,7 +51,10 @@ def forget_dynamo_cache(code: Any) -> None:
 
 
 def is_graph_break(exc: BaseException) -> bool:
-    return isinstance(exc, torch._dynamo.exc.Unsupported)
+    """Dynamo could not capture the method as one graph (``Unsupported``, or a ``UserError`` such as a Python branch
+    on a data-dependent value)."""
+    exc_mod = torch._dynamo.exc
+    return isinstance(exc, (exc_mod.Unsupported, exc_mod.UserError, exc_mod.UncapturedHigherOrderOpError))
 
 
 def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
@@ -74,14 +77,20 @@ def mode_options(mode: str) -> dict[str, Any]:
     return opts
 
 
-def default_decompositions() -> dict[Any, Callable]:
-    from torch._inductor.decomposition import select_decomp_table
+def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                         decompositions: dict[Any, Callable]) -> torch.fx.GraphModule:
+    """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).
 
-    return dict(select_decomp_table())
+    Passing them to Inductor instead (``compile_fx(decompositions=...)``) makes torch's AOTAutograd cache bypass the
+    graph, and then it cannot be saved; a pre-decomposed graph saves like any other."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
 
 
 def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
-                      config_patches: dict[str, Any], decompositions: dict[Any, Callable] | None) -> None:
+                      config_patches: dict[str, Any]) -> None:
     """Compile ``gm`` with Inductor and write a self-contained, loadable artifact folder at ``folder``.
 
     The compile runs against a private, empty Inductor cache, so nothing from the user's Inductor or Triton caches
@@ -91,10 +100,8 @@ def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folde
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     options: dict[str, Any] = {"config_patches": dict(config_patches)}
-    if decompositions is not None:
-        options["decompositions"] = decompositions
     with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
-        with temporary_cache_dir(scratch), _load_patches():
+        with temporary_cache_dir(scratch):
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
         artifact.save(path=str(folder), format="unpacked")
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
@@ -127,6 +134,28 @@ def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
     with _INDUCTOR_LOCK, _load_patches():
         artifact = CompiledArtifact.load(path=str(folder), format="unpacked")
     return artifact
+
+
+_preload_started = False
+
+
+def preload_in_background() -> None:
+    """Import the torch modules that loading an artifact needs (Dynamo, Inductor: ~1.5 s on a fresh process) in a
+    daemon thread, so the import overlaps the model's construction instead of landing on its first call. Python's
+    import lock makes a concurrent import in the main thread wait for it rather than run twice."""
+    global _preload_started
+    if _preload_started:
+        return
+    _preload_started = True
+
+    def work() -> None:
+        try:
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.standalone_compile  # noqa: F401
+        except Exception:           # the main thread will import (and report) it again
+            pass
+
+    threading.Thread(target=work, name="gearcache-preload", daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------------------ environment

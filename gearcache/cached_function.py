@@ -117,7 +117,6 @@ class CachedFunction:
             log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
             return None
         except CacheCorruptionError as exc:
-            counters.quarantined += 1
             self.store.quarantine(akey, exc.reason)
             log.warning("%s: %s; recompiling", self.name, exc)
             return None
@@ -178,12 +177,11 @@ class CachedFunction:
 
     def _build(self, captured: Captured, folder) -> None:
         t0 = time.perf_counter()
-        decomps = None
+        graph = captured.graph
         if self._decompositions:
-            decomps = {**compat.default_decompositions(), **self._decompositions}
+            graph = compat.apply_decompositions(graph, captured.example_inputs, self._decompositions)
         patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
-        compat.compile_to_folder(captured.graph, captured.example_inputs, folder,
-                                 config_patches=patches, decompositions=decomps)
+        compat.compile_to_folder(graph, captured.example_inputs, folder, config_patches=patches)
         counters.compiles += 1
         counters.compile_seconds += time.perf_counter() - t0
 

@@ -120,10 +120,11 @@ class CompilerConfig(BaseModel):
         path = pathlib.Path(path)
         if not path.is_file():
             raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not a file")
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-        elif path.suffix == ".toml":
-            data = tomllib.loads(path.read_text())
-        else:
+        if path.suffix not in (".json", ".toml"):
             raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} must end in .json or .toml")
+        try:
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not valid {path.suffix[1:]}: {exc}") from exc
         return cls.model_validate(data)

@@ -75,14 +75,14 @@ class CacheCorruptionError(GearcacheError):
 class UntrustedCacheError(GearcacheError, PermissionError):
     """The cache folder or a file in it can be written by another user, so loading from it could run their code."""
 
-    def __init__(self, path: str, mode: int):
-        super().__init__(path, mode)
-        self.path, self.mode = path, mode
+    def __init__(self, path: str, mode: int, why: str = ""):
+        super().__init__(path, mode, why)
+        self.path, self.mode, self.why = path, mode, why
 
     def __str__(self) -> str:
-        return (f"refusing to load from {self.path}: mode {oct(self.mode & 0o777)} lets other users write it, and "
-                f"loading an artifact executes its code. Fix: `chmod go-w {self.path}`, or use a private cache_dir, "
-                f"or for a shared folder set GEARCACHE_SIGNING_KEY and config.trust_shared_folder=True.")
+        why = self.why or f"mode {oct(self.mode & 0o777)} lets other users write it"
+        return (f"refusing to load from {self.path}: {why}, and loading an artifact executes its code. "
+                f"Fix: `chmod go-w {self.path}` and make sure you own it, or use a private cache_dir.")
 
 
 class LockTimeoutError(GearcacheError, TimeoutError):
@@ -95,5 +95,4 @@ class LockTimeoutError(GearcacheError, TimeoutError):
     def __str__(self) -> str:
         return (f"waited {self.timeout:g} s for {self.lock_path}: another process is still compiling this artifact "
                 f"(or died holding a lock on a filesystem without flock). Fix: raise config.lock_timeout_s, or "
-                f"delete the lock file if no gearcache process is running, or set config.lock_mode='soft' on "
-                f"network filesystems.")
+                f"delete the lock file if no gearcache process is running.")

@@ -68,7 +68,7 @@ def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
 
 
 def short(desc: dict[str, Any]) -> str:
-    """One line for messages: ``(f32[4, 16] cpu, f32[4, 8] cpu) grad=off``."""
+    """One line for messages: ``(float32[4, 16] cpu, float32[4, 8] cpu) grad=off``."""
     parts = []
     for leaf in desc["leaves"]:
         if "shape" in leaf:

@@ -32,12 +32,13 @@ from typing import Any, Callable
 
 import filelock
 
+from .counters import counters
 from .errors import CacheCorruptionError, ConfigError, LockTimeoutError, UntrustedCacheError
 from .key import FORMAT_VERSION
 
 log = logging.getLogger("gearcache.store")
 
-_IGNORED_DIRS = ("locks",)     # written by torch while loading an artifact; never executed
+_LOCKS_DIR = "inductor/locks/"     # lock files torch writes while loading an artifact; empty, never executed
 
 
 def default_root() -> pathlib.Path:
@@ -86,12 +87,16 @@ class Store:
             return
         for sub in ("", "artifacts", "entries", "locks", "tmp"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._check_trusted(self.root)
+        for sub in ("", "artifacts", "entries"):
+            self._check_trusted(self.root / sub)
         self._checked = True
 
     @staticmethod
     def _check_trusted(path: pathlib.Path) -> None:
+        """Loading executes code: refuse a folder another user owns or can write (a sticky shared root is fine)."""
         st = path.stat()
+        if st.st_uid != os.getuid():
+            raise UntrustedCacheError(str(path), st.st_mode, f"it is owned by uid {st.st_uid}, not by you")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
             raise UntrustedCacheError(str(path), st.st_mode)
 
@@ -106,7 +111,7 @@ class Store:
         except (OSError, ValueError) as exc:
             log.warning("unreadable entry manifest %s (%s): treated as a miss", path, exc)
             return None
-        if data.get("format") != FORMAT_VERSION or data.get("ekey") != ekey:
+        if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION or data.get("ekey") != ekey:
             return None
         return data
 
@@ -139,6 +144,8 @@ class Store:
             files: dict[str, str] = manifest["files"]
         except (ValueError, KeyError, TypeError) as exc:
             raise CacheCorruptionError(str(folder), f"MANIFEST.json unreadable ({exc})") from None
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise CacheCorruptionError(str(folder), "MANIFEST.json is malformed")
         if manifest.get("format") != FORMAT_VERSION or manifest.get("akey") != akey:
             raise CacheCorruptionError(str(folder), "MANIFEST.json names another format or key")
         for rel, digest in files.items():
@@ -148,7 +155,7 @@ class Store:
             if _sha256_file(path) != digest:
                 raise CacheCorruptionError(str(folder), f"{rel} does not match its sha256 digest")
         present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-        extra = {p for p in present - set(files) - {"MANIFEST.json"} if tuple(p.split("/")[1:2]) != _IGNORED_DIRS}
+        extra = {p for p in present - set(files) - {"MANIFEST.json"} if not _is_lock_file(p)}
         if extra:
             raise CacheCorruptionError(str(folder), f"unlisted file(s) {sorted(extra)[:3]}")
 
@@ -158,6 +165,7 @@ class Store:
         dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             os.rename(folder, dest)
+            counters.quarantined += 1
             log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
         except FileNotFoundError:
             pass
@@ -204,7 +212,7 @@ class Store:
     @staticmethod
     def _write_artifact_manifest(work: pathlib.Path, akey: str) -> None:
         files = {p.relative_to(work).as_posix(): _sha256_file(p) for p in sorted(work.rglob("*"))
-                 if p.is_file() and p.relative_to(work).parts[1:2] != _IGNORED_DIRS}
+                 if p.is_file() and not _is_lock_file(p.relative_to(work).as_posix())}
         write_json_atomic(work / "MANIFEST.json", {
             "format": FORMAT_VERSION, "akey": akey, "files": files, "created": time.time(),
             "bytes": sum((work / rel).stat().st_size for rel in files)})
@@ -236,6 +244,10 @@ class Store:
                 self.index[ekey] = row
         except Exception as exc:
             log.warning("cache index update failed (%s)", exc)
+
+
+def _is_lock_file(rel: str) -> bool:
+    return rel.startswith(_LOCKS_DIR) and rel.endswith(".lock") and "/" not in rel[len(_LOCKS_DIR):]
 
 
 def _folder_bytes(folder: pathlib.Path) -> int:

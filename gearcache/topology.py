@@ -48,6 +48,8 @@ def resolve_topology(global_rank: int | None, tp_rank: int | None, pp_rank: int 
         world, rank = dist.get_world_size(), dist.get_rank()
     else:
         world, rank = _from_env("WORLD_SIZE", 1), _from_env("RANK", 0)
+        if world < 1 or rank < 0:
+            raise ConfigError(f"environment WORLD_SIZE={world} / RANK={rank}: expected WORLD_SIZE >= 1 and RANK >= 0")
     if global_rank is not None:
         rank = _check_rank("global_rank", global_rank)
     tp = 0 if tp_rank is None else _check_rank("tp_rank", tp_rank)

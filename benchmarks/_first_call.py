@@ -1,0 +1,91 @@
+"""One fresh process of the warm-start benchmark: build the reference decoder, time its first decode call.
+
+usage: _first_call.py VARIANT WORKDIR DEVICE  (VARIANT: compile | megacache-save | megacache-load | gearcache)
+Prints one JSON line: first_call_s (first call incl. any load, to the device synchronising), and for gearcache the
+per-call timings of the loaded entry against the torch-loaded compiled callable it wraps.
+"""
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+variant, workdir, device = sys.argv[1], sys.argv[2], sys.argv[3]
+import torch
+
+import reference_decoder as ref
+
+dtype = torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def sync():
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+report = {"variant": variant}
+if variant == "gearcache":
+    from gearcache import cache_compile, counters
+
+    class CachedGPT(ref.GPT):
+        def __init__(self):
+            super().__init__()
+            self.cached_decode = cache_compile(self.decode, cache_dir=os.path.join(workdir, "gearcache"))
+
+    torch.manual_seed(0)
+    model = CachedGPT().to(device, dtype).eval()
+    fn = model.cached_decode
+else:
+    model = ref.make(device, dtype)
+    if variant == "megacache-load":
+        with open(os.path.join(workdir, "megacache.bin"), "rb") as f:
+            blob = f.read()
+    fn = None
+x, kv, pos = ref.inputs(1, device, dtype)
+sync()
+with torch.inference_mode():
+    t0 = time.perf_counter()
+    if variant == "megacache-load":
+        torch.compiler.load_cache_artifacts(blob)
+    if fn is None:
+        fn = torch.compile(model.decode, fullgraph=True)
+    out = fn(x, kv, pos)
+    sync()
+    report["first_call_s"] = time.perf_counter() - t0
+    if variant == "megacache-save":
+        artifacts = torch.compiler.save_cache_artifacts()
+        with open(os.path.join(workdir, "megacache.bin"), "wb") as f:
+            f.write(artifacts[0])
+    if variant == "gearcache":
+        report["counters"] = {k: v for k, v in vars(counters).items()}
+        from gearcache.signature import call_key
+
+        entry = next(iter(fn._table.values()))
+        args = entry.gather(call_key((x, kv, pos), {})[0])
+        direct = entry.compiled
+        n = int(os.environ.get("GEARCACHE_BENCH_CALLS", "10000"))
+        t_entry, t_direct = [], []
+        for _ in range(200):
+            fn(x, kv, pos), direct(*args)
+        sync()
+        for i in range(n):
+            t = time.perf_counter_ns()
+            fn(x, kv, pos)
+            t_entry.append(time.perf_counter_ns() - t)
+            t = time.perf_counter_ns()
+            direct(*args)
+            t_direct.append(time.perf_counter_ns() - t)
+        sync()
+        report["entry_call_p50_us"] = statistics.median(t_entry) / 1e3
+        report["direct_call_p50_us"] = statistics.median(t_direct) / 1e3
+        # Device time per step: CUDA events around 100 steps.
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(100):
+                fn(x, kv, pos)
+            end.record()
+            sync()
+            report["step_us"] = start.elapsed_time(end) * 1e3 / 100
+print(json.dumps(report))

@@ -1,0 +1,81 @@
+"""Warm-start benchmark: first-call time of a fresh process, side by side in one run.
+
+    python benchmarks/warm_start.py [--device cuda|cpu] [--out FILE]
+
+Paths, each in its own fresh process (setup — imports, CUDA init, model to device — is not timed):
+  1. torch.compile, cold: empty Inductor and Triton caches;
+  2. torch.compile, warm: the Inductor and Triton cache folders of run 1 kept;
+  3. Mega-Cache: save_cache_artifacts() after a cold compile, load_cache_artifacts() into empty cache folders;
+  4. gearcache, cold: an empty gearcache folder (traces, compiles, publishes);
+  5. gearcache, warm: the folder of run 4, with EMPTY Inductor and Triton cache folders.
+On CUDA the model is the reference decoder (hidden 1024, 8 layers, bf16, decode B=1); on CPU a small one
+(hidden 256, 2 layers, fp32). A throwaway process first fills Python's bytecode cache so no path pays for it.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(variant: str, workdir: str, device: str, caches: str, env_extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(env_extra)
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(workdir, "pycache")
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(caches, "triton")
+    env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "_first_call.py"), variant, workdir, device],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if _has_cuda() else "cpu")
+    ap.add_argument("--out", help="also write the results as JSON here")
+    opts = ap.parse_args()
+    small = {} if opts.device == "cuda" else {"A_D": "256", "A_H": "4", "A_L": "2", "A_V": "1000"}
+    work = tempfile.mkdtemp(prefix="gearcache-bench-")
+    fresh = lambda name: os.path.join(work, name)          # noqa: E731 - a new, empty cache root
+    rows = []
+    run("compile", work, opts.device, fresh("throwaway"), small)          # fills the bytecode cache only
+    rows.append(("torch.compile, cold (empty caches)", run("compile", work, opts.device, fresh("c1"), small)))
+    rows.append(("torch.compile, Inductor+Triton caches kept", run("compile", work, opts.device, fresh("c1"), small)))
+    run("megacache-save", work, opts.device, fresh("c2"), small)
+    rows.append(("torch.compile + Mega-Cache, empty caches", run("megacache-load", work, opts.device, fresh("c3"), small)))
+    rows.append(("gearcache, cold (empty folder)", run("gearcache", work, opts.device, fresh("c4"), {**small, "GEARCACHE_BENCH_CALLS": "10"})))
+    warm = run("gearcache", work, opts.device, fresh("c5"), small)
+    rows.append(("gearcache, warm (empty Inductor/Triton caches)", warm))
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\nwarm start, {opts.device}: first call of a fresh process (setup not timed)")
+    print(f"{'path':52} {'first call':>12}")
+    for name, r in rows:
+        print(f"{name:52} {r['first_call_s']:>10.3f} s")
+    best_torch = min(r["first_call_s"] for name, r in rows[1:3])
+    print(f"\ngearcache warm vs torch's best warm path: {best_torch / warm['first_call_s']:.1f}x faster")
+    print(f"gearcache warm counters: {warm['counters']}")
+    print(f"per call p50 over {os.environ.get('GEARCACHE_BENCH_CALLS', 10000)} calls: loaded entry "
+          f"{warm['entry_call_p50_us']:.1f} us, torch-loaded compiled callable directly "
+          f"{warm['direct_call_p50_us']:.1f} us, overhead {warm['entry_call_p50_us'] - warm['direct_call_p50_us']:.1f} us")
+    if "step_us" in warm:
+        print(f"decode step (CUDA events, mean of 100): {warm['step_us']:.0f} us")
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Tiny models for tests: small enough that a CPU Inductor compile takes a few seconds."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from gearcache import cache_compile
+
+VOCAB, D, TMAX = 64, 32, 16
+
+
+class TinyLM(nn.Module):
+    """A toy decoder with separate prefill and decode entry points and a KV-like cache tensor."""
+
+    def __init__(self, cache_dir=None, config=None):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.proj = nn.Linear(D, D)
+        self.head = nn.Linear(D, VOCAB)
+        self.register_buffer("scale", torch.tensor(0.5))
+        self.cached_prefill = cache_compile(self.prefill, cache_dir=cache_dir, config=config)
+        self.cached_decode = cache_compile(self.decode, cache_dir=cache_dir, config=config)
+
+    def prefill(self, ids, kv):            # ids [B, T]; kv [B, TMAX, D]
+        h = torch.tanh(self.proj(self.emb(ids)))
+        kv = torch.cat([h, kv[:, ids.shape[1]:]], dim=1)
+        return self.head(h) * self.scale, kv
+
+    def decode(self, ids, kv, pos):        # ids [B, 1]; pos [1] (int64)
+        h = torch.tanh(self.proj(self.emb(ids)))
+        kv = kv.index_copy(1, pos, h)
+        attn = torch.softmax(h @ kv.transpose(1, 2), dim=-1) @ kv
+        return self.head(attn) * self.scale, kv
+
+    def forward(self, ids, kv, pos=None):
+        return self.cached_prefill(ids, kv) if ids.shape[1] > 1 else self.cached_decode(ids, kv, pos)
+
+
+def make(cache_dir=None, config=None, seed=0) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM(cache_dir, config).eval()
+
+
+def inputs(batch=2, seq=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
+    kv = torch.randn(batch, TMAX, D, generator=g)
+    step = torch.randint(0, VOCAB, (batch, 1), generator=g)
+    return ids, kv, step, torch.tensor([seq])

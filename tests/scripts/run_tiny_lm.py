@@ -1,0 +1,44 @@
+"""Run TinyLM's prefill and decode through gearcache in this process; print a JSON report on the last line.
+
+usage: run_tiny_lm.py CACHE_DIR [--hooks] [--mutate-weights]
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--hooks" in sys.argv:
+    import compile_hooks
+
+    compile_hooks.install()
+import torch
+
+import models
+from gearcache import counters
+
+cache_dir = sys.argv[1]
+model = models.make(cache_dir)
+ids, kv, step, pos = models.inputs()
+report = {}
+with torch.inference_mode():
+    t0 = time.perf_counter()
+    logits, kv1 = model(ids, kv)
+    report["first_call_s"] = time.perf_counter() - t0
+    logits2, kv2 = model(step, kv1, pos)
+    ref1, refkv1 = model.prefill(ids, kv)
+    ref2, refkv2 = model.decode(step, refkv1, pos)
+    report["equal"] = all(torch.allclose(a, b, atol=1e-5) for a, b in
+                          [(logits, ref1), (kv1, refkv1), (logits2, ref2), (kv2, refkv2)])
+    if "--mutate-weights" in sys.argv:
+        model.head.weight.mul_(2.0)                                        # in place
+        model.proj.weight = torch.nn.Parameter(torch.randn_like(model.proj.weight))   # a new Parameter object
+        model.scale.fill_(3.0)                                             # a buffer
+        out, _ = model(ids, kv)
+        ref, _ = model.prefill(ids, kv)
+        report["mutated_equal"] = bool(torch.allclose(out, ref, atol=1e-5))
+        report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
+report["counters"] = {k: v for k, v in vars(counters).items()}
+if "--hooks" in sys.argv:
+    report["hooks"] = compile_hooks.COUNTS
+print(json.dumps(report))

@@ -1,0 +1,119 @@
+"""CachedFunction: dispatch, miss policies, inference-only calls, stale entries, decompositions (compiles in-process)."""
+import importlib
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import gearcache
+from gearcache import CompilerConfig, counters
+
+
+class Affine(torch.nn.Module):
+    def __init__(self, cache_dir, config=None, decompositions=None, dynamic=True):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config, dynamic=dynamic,
+                                              custom_decompositions=decompositions)
+
+    def fwd(self, x):
+        return torch.tanh(self.lin(x))
+
+
+@pytest.fixture(scope="module")
+def affine_cache(tmp_path_factory):
+    """One compiled entry for Affine on x: float32[2, 4]."""
+    cache = tmp_path_factory.mktemp("affine")
+    with torch.no_grad():
+        Affine(cache).cached(torch.randn(2, 4))
+    return cache
+
+
+def test_second_object_loads_without_compiling_and_matches_eager(affine_cache):
+    torch.manual_seed(3)
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), counters.expect(compiles=0, traces=0, loads=1, misses=1, hits=1):
+        out = m.cached(x)
+        out2 = m.cached(x)
+    torch.testing.assert_close(out, m.fwd(x))
+    torch.testing.assert_close(out2, out)
+
+
+def test_grad_enabled_with_trainable_parameters_is_an_error(affine_cache):
+    m = Affine(affine_cache)
+    with pytest.raises(gearcache.GradModeError, match="inference_mode"):
+        m.cached(torch.randn(2, 4))
+    m.requires_grad_(False)
+    with counters.expect(compiles=0):       # grad enabled but nothing requires grad: fine, its own entry kind
+        pass
+    with pytest.raises(gearcache.GradModeError, match="argument leaf 0"):
+        m.cached(torch.randn(2, 4, requires_grad=True))
+
+
+def test_new_signature_with_error_policy_raises_and_names_the_known_entries(affine_cache):
+    m = Affine(affine_cache, config=CompilerConfig(on_new_signature="error"))
+    with torch.no_grad():
+        m.cached(torch.randn(2, 4))                       # the known signature loads
+        with pytest.raises(gearcache.SignatureMismatchError) as info:
+            m.cached(torch.randn(3, 4))
+    text = str(info.value)
+    assert "[3, 4]" in text and "[2, 4]" in text and "on_new_signature" in text
+
+
+def test_dynamic_false_pins_the_first_signature(affine_cache):
+    m = Affine(affine_cache, dynamic=False)
+    with torch.no_grad():
+        m.cached(torch.randn(2, 4))
+        with pytest.raises(gearcache.SignatureMismatchError):
+            m.cached(torch.randn(2, 4, dtype=torch.float64))
+
+
+def test_new_shape_compiles_a_new_entry_and_is_right(affine_cache):
+    m = Affine(affine_cache)
+    x = torch.randn(5, 4)
+    with torch.no_grad(), counters.expect(compiles=1, traces=1):
+        out = m.cached(x)
+    torch.testing.assert_close(out, m.fwd(x))
+    with torch.no_grad(), counters.expect(compiles=0, hits=1):
+        m.cached(torch.randn(5, 4))
+
+
+def test_custom_decompositions_are_used(tmp_path):
+    ones = {torch.ops.aten.tanh.default: lambda x: torch.ones_like(x)}
+    m = Affine(tmp_path, decompositions=ones)
+    with torch.no_grad():
+        out = m.cached(torch.randn(2, 4))
+    assert torch.equal(out, torch.ones(2, 4))
+
+
+def test_changed_inlined_helper_is_never_a_stale_hit(tmp_path, monkeypatch):
+    """The method's key covers its own source; an inlined helper's source is checked on load."""
+    pkg = tmp_path / "src"
+    pkg.mkdir()
+    helper = pkg / "gc_helper_mod.py"
+    helper.write_text("def act(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(pkg))
+    import gc_helper_mod
+
+    class UsesHelper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=tmp_path / "cache")
+
+        def fwd(self, x):
+            return gc_helper_mod.act(x) + 1
+
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        assert torch.equal(UsesHelper().cached(x), x * 2 + 1)
+        helper.write_text(textwrap.dedent("""\
+            def act(x):
+                return x * 3
+            """))
+        importlib.reload(gc_helper_mod)
+        with counters.expect(compiles=1, loads=0):
+            out = UsesHelper().cached(x)
+    assert torch.equal(out, x * 3 + 1)
+    sys.modules.pop("gc_helper_mod", None)

@@ -1,0 +1,181 @@
+import json
+
+import pydantic
+import pytest
+
+import gearcache
+from gearcache import CompilerConfig, InferenceConfig
+from gearcache.config import normalise_dim_gears
+
+
+def test_defaults():
+    cfg = CompilerConfig()
+    assert cfg.mode == "default"
+    assert cfg.inductor_options == {}
+    assert cfg.on_new_signature == "compile"
+    assert cfg.check_signature is True
+    assert cfg.lock_timeout_s == 900.0
+    inf = cfg.inference_config
+    assert isinstance(inf, InferenceConfig)
+    assert (inf.dynamic_gears_merge_policy, inf.dim_gears, inf.pad_values) == ("zip", {}, {})
+    assert (inf.past_largest_gear, inf.verify_padding) == ("error", False)
+
+
+def test_defaults_are_not_shared():
+    a, b = CompilerConfig(), CompilerConfig()
+    a.inductor_options["max_autotune"] = True
+    assert b.inductor_options == {}
+    assert a.inference_config is not b.inference_config
+
+
+@pytest.mark.parametrize("target, field, value", [
+    ("inference", "dynamic_gears_merge_policy", "bogus"),
+    ("inference", "past_largest_gear", "sometimes"),
+    ("top", "mode", "x"),
+    ("top", "on_new_signature", "ignore"),
+    ("top", "lock_timeout_s", 0),
+    ("top", "lock_timeout_s", -1.0),
+])
+def test_validation_on_assignment(target, field, value):
+    cfg = CompilerConfig()
+    obj = cfg.inference_config if target == "inference" else cfg
+    before = getattr(obj, field)
+    with pytest.raises(pydantic.ValidationError, match=field):
+        setattr(obj, field, value)
+    assert getattr(obj, field) == before
+
+
+def test_valid_assignment_is_kept():
+    cfg = CompilerConfig()
+    cfg.mode = "max-autotune"
+    cfg.inference_config.dynamic_gears_merge_policy = "product"
+    assert cfg.mode == "max-autotune"
+    assert cfg.inference_config.dynamic_gears_merge_policy == "product"
+
+
+def test_extra_fields_forbidden():
+    with pytest.raises(pydantic.ValidationError, match="mdoe"):
+        CompilerConfig(mdoe="default")
+    with pytest.raises(pydantic.ValidationError, match="gears"):
+        InferenceConfig(gears={})
+    with pytest.raises(pydantic.ValidationError):
+        CompilerConfig().trust_shared_folder = True
+
+
+def test_dim_gears_normalised():
+    inf = InferenceConfig(dim_gears={"x": {"0": [8, 1, 4, 4, 2], 1: 16}})
+    assert inf.dim_gears == {"x": {0: [1, 2, 4, 8], 1: [16]}}
+    assert all(isinstance(d, int) for d in inf.dim_gears["x"])
+
+
+def test_dim_gears_normalised_on_assignment():
+    cfg = CompilerConfig()
+    cfg.inference_config.dim_gears = {"ids": {"-1": [4, 2, 2]}}
+    assert cfg.inference_config.dim_gears == {"ids": {-1: [2, 4]}}
+
+
+@pytest.mark.parametrize("sizes", [[0, 1], [-2], [1.5], ["4"], [True], []])
+def test_dim_gears_bad_sizes_name_the_argument(sizes):
+    with pytest.raises(pydantic.ValidationError, match=r"dim_gears\['x'\]\[0\]"):
+        InferenceConfig(dim_gears={"x": {0: sizes}})
+
+
+def test_dim_gears_bad_dims_and_shapes():
+    with pytest.raises(pydantic.ValidationError, match=r"dim_gears\['x'\]: dims must be integers"):
+        InferenceConfig(dim_gears={"x": {"batch": [1, 2]}})
+    with pytest.raises(pydantic.ValidationError, match=r"dim_gears\['x'\]: expected a dict"):
+        InferenceConfig(dim_gears={"x": [1, 2]})
+    with pytest.raises(pydantic.ValidationError, match="dim_gears"):
+        InferenceConfig(dim_gears=[1, 2])
+
+
+def test_normalise_dim_gears_helper():
+    assert normalise_dim_gears({0: 4}) == {0: [4]}
+    with pytest.raises(ValueError, match=r"my_arg\[1\]"):
+        normalise_dim_gears({1: [3, 0]}, "my_arg")
+
+
+def test_unknown_inductor_option_rejected():
+    with pytest.raises(pydantic.ValidationError, match="'not_a_setting' is not a torch._inductor.config setting"):
+        CompilerConfig(inductor_options={"not_a_setting": 1})
+    cfg = CompilerConfig(inductor_options={"coordinate_descent_tuning": True})
+    assert cfg.inductor_options == {"coordinate_descent_tuning": True}
+
+
+@pytest.mark.parametrize("name", ["triton.cudagraphs", "triton.cudagraph_trees"])
+def test_cudagraph_options_rejected(name):
+    with pytest.raises(pydantic.ValidationError, match="reduce-overhead"):
+        CompilerConfig(inductor_options={name: True})
+    cfg = CompilerConfig()
+    with pytest.raises(pydantic.ValidationError, match=name):
+        cfg.inductor_options = {name: False}
+
+
+def test_compile_factors_change_with_mode_and_inductor_options():
+    base = CompilerConfig().compile_factors()
+    assert CompilerConfig(mode="max-autotune").compile_factors() != base
+    assert CompilerConfig(inductor_options={"max_autotune": True}).compile_factors() != base
+    assert (CompilerConfig(inductor_options={"max_autotune": True}).compile_factors()
+            != CompilerConfig(inductor_options={"max_autotune": False}).compile_factors())
+    json.dumps(base)        # JSON-able
+
+
+def test_compile_factors_ignore_runtime_fields():
+    base = CompilerConfig().compile_factors()
+    other = CompilerConfig(lock_timeout_s=1.0, on_new_signature="error", check_signature=False,
+                           inference_config={"dynamic_gears_merge_policy": "product",
+                                             "dim_gears": {"x": {0: [1, 2]}}, "past_largest_gear": "eager"})
+    assert other.compile_factors() == base
+
+
+def test_compile_factors_independent_of_option_order():
+    a = CompilerConfig(inductor_options={"max_autotune": True, "coordinate_descent_tuning": True})
+    b = CompilerConfig(inductor_options={"coordinate_descent_tuning": True, "max_autotune": True})
+    assert a.compile_factors() == b.compile_factors()
+
+
+def test_from_json(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"mode": "max-autotune", "lock_timeout_s": 5,
+                                "inference_config": {"dim_gears": {"x": {"0": [4, 1, 2]}}}}))
+    cfg = CompilerConfig.from_file(path)
+    assert cfg.mode == "max-autotune"
+    assert cfg.lock_timeout_s == 5.0
+    assert cfg.inference_config.dim_gears == {"x": {0: [1, 2, 4]}}
+
+
+def test_from_toml(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text('on_new_signature = "error"\n'
+                    "[inductor_options]\ncoordinate_descent_tuning = true\n"
+                    '[inference_config]\ndynamic_gears_merge_policy = "product"\n'
+                    '[inference_config.dim_gears.ids]\n"1" = [16, 8, 8]\n')
+    cfg = CompilerConfig.from_file(str(path))
+    assert cfg.on_new_signature == "error"
+    assert cfg.inductor_options == {"coordinate_descent_tuning": True}
+    assert cfg.inference_config.dynamic_gears_merge_policy == "product"
+    assert cfg.inference_config.dim_gears == {"ids": {1: [8, 16]}}
+
+
+def test_from_file_validates_contents(tmp_path):
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({"mode": "fast"}))
+    with pytest.raises(pydantic.ValidationError, match="mode"):
+        CompilerConfig.from_file(path)
+
+
+def test_from_file_bad_suffix(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("mode: default\n")
+    with pytest.raises(gearcache.ConfigError, match=r"must end in \.json or \.toml") as info:
+        CompilerConfig.from_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_from_file_missing(tmp_path):
+    path = tmp_path / "nope.toml"
+    with pytest.raises(gearcache.ConfigError, match="is not a file") as info:
+        CompilerConfig.from_file(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(gearcache.ConfigError, match="is not a file"):
+        CompilerConfig.from_file(tmp_path)      # a folder is not a file either

@@ -1,0 +1,180 @@
+import torch
+from torch import nn
+
+import gearcache
+import gearcache.cached_function
+from gearcache import CompilerConfig
+from gearcache.key import build_key, decompositions_factor, factor_hash
+from gearcache.signature import call_key, describe
+
+FACTORS = [("format", 1), ("method", {"name": "m", "src": "abc"}), ("config", {"mode": "default"})]
+
+
+def test_build_key_deterministic():
+    key, hashes = build_key("entry", FACTORS)
+    assert build_key("entry", list(FACTORS)) == (key, hashes)
+    assert build_key("artifact", FACTORS)[0] == key          # ``kind`` is only a log label
+    assert len(key) == 40 and int(key, 16) >= 0
+
+
+def test_build_key_order_sensitive():
+    assert build_key("entry", FACTORS)[0] != build_key("entry", FACTORS[::-1])[0]
+
+
+def test_build_key_each_factor_matters():
+    base = build_key("entry", FACTORS)[0]
+    for i, (name, _) in enumerate(FACTORS):
+        changed = list(FACTORS)
+        changed[i] = (name, "something else")
+        assert build_key("entry", changed)[0] != base, name
+        renamed = list(FACTORS)
+        renamed[i] = (name + "_", FACTORS[i][1])
+        assert build_key("entry", renamed)[0] != base, name
+
+
+def test_build_key_per_factor_hashes():
+    _, hashes = build_key("entry", FACTORS)
+    assert list(hashes) == [name for name, _ in FACTORS]
+    assert hashes == {name: factor_hash(value) for name, value in FACTORS}
+    assert factor_hash({"a": 1, "b": 2}) == factor_hash({"b": 2, "a": 1})    # canonical JSON
+    assert factor_hash({"a": 1}) != factor_hash({"a": 2})
+
+
+def _decomp_a(x):
+    return x * 0.5
+
+
+def _decomp_b(x):
+    return x * 0.25
+
+
+def test_decompositions_factor():
+    aten = torch.ops.aten
+    assert decompositions_factor(None) == [] and decompositions_factor({}) == []
+    f = decompositions_factor({aten.silu.default: _decomp_a, aten.gelu.default: _decomp_a})
+    assert [op for op, _ in f] == sorted([str(aten.silu.default), str(aten.gelu.default)])
+    assert f[0][1] == f[1][1]
+    assert f == decompositions_factor({aten.gelu.default: _decomp_a, aten.silu.default: _decomp_a})
+    g = decompositions_factor({aten.silu.default: _decomp_b, aten.gelu.default: _decomp_a})
+    assert g != f                                            # same ops, different function source
+
+
+# ------------------------------------------------------------------------------------ entry-key sensitivity
+
+
+class Net(nn.Module):
+    def __init__(self, width=4):
+        super().__init__()
+        self.lin = nn.Linear(4, width)
+        self.register_buffer("scale", torch.ones(width))
+
+    def run(self, x):
+        return self.lin(x) * self.scale
+
+
+class OtherNet(Net):
+    def run(self, x):
+        return self.lin(x) * self.scale + 1
+
+
+OtherNet.__name__ = OtherNet.__qualname__ = Net.__qualname__   # same entry point name; only the source differs
+
+X = (torch.zeros(2, 4),)
+
+
+def entry_key(cache_dir, module=None, x=X, **kwargs):
+    """``(ekey, factors)`` of ``module.run`` called on ``x``, computed without calling (compiling) it."""
+    module = module if module is not None else Net()
+    cf = gearcache.cache_compile(module.run, cache_dir=cache_dir, **kwargs)
+    leaves, key = call_key(x, {})
+    ekey, factors = cf._entry_key(describe(leaves, key), leaves)
+    return ekey, factors
+
+
+def changed(a, b):
+    """The names of the factors whose hashes differ between two ``entry_key`` results."""
+    assert a[1]["hashes"].keys() == b[1]["hashes"].keys()
+    return {name for name in a[1]["hashes"] if a[1]["hashes"][name] != b[1]["hashes"][name]}
+
+
+def test_entry_key_factors(tmp_path):
+    ekey, factors = entry_key(tmp_path)
+    assert list(factors["hashes"]) == ["format", "method", "signature", "module_state", "config", "decompositions",
+                                       "software", "devices"]
+    assert factors["values"]["method"]["name"].endswith("Net.run")
+    assert entry_key(tmp_path) == (ekey, factors)
+
+
+def test_entry_key_method_source(tmp_path):
+    a, b = entry_key(tmp_path), entry_key(tmp_path, OtherNet())
+    assert a[1]["values"]["method"]["name"] == b[1]["values"]["method"]["name"]
+    assert a[0] != b[0] and changed(a, b) == {"method"}
+
+
+def test_entry_key_signature(tmp_path):
+    base = entry_key(tmp_path)
+    for x in [(torch.zeros(3, 4),), (torch.zeros(2, 4, dtype=torch.float64),), (torch.zeros(4, 2).t(),)]:
+        other = entry_key(tmp_path, x=x)
+        assert other[0] != base[0] and changed(base, other) == {"signature"}, x
+
+
+def test_entry_key_parameter_shape(tmp_path):
+    a, b = entry_key(tmp_path, Net(4)), entry_key(tmp_path, Net(8))
+    assert a[0] != b[0] and changed(a, b) == {"module_state"}
+    c = entry_key(tmp_path, Net(4).double())                      # parameter dtype too
+    assert c[0] != a[0] and changed(a, c) == {"module_state"}
+
+
+def test_entry_key_mode(tmp_path):
+    a = entry_key(tmp_path)
+    b = entry_key(tmp_path, config=CompilerConfig(mode="max-autotune-no-cudagraphs"))
+    c = entry_key(tmp_path, config=CompilerConfig(inductor_options={"coordinate_descent_tuning": True}))
+    assert changed(a, b) == {"config"} and changed(a, c) == {"config"} and len({a[0], b[0], c[0]}) == 3
+
+
+def _my_gelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _my_gelu_exact(x):
+    return 0.5 * x * (1 + torch.erf(x / 2 ** 0.5))
+
+
+def test_entry_key_decompositions(tmp_path):
+    gelu = torch.ops.aten.gelu.default
+    a = entry_key(tmp_path)
+    b = entry_key(tmp_path, custom_decompositions={gelu: _my_gelu})
+    c = entry_key(tmp_path, custom_decompositions={gelu: _my_gelu_exact})
+    assert changed(a, b) == {"decompositions"} and changed(b, c) == {"decompositions"}
+    assert len({a[0], b[0], c[0]}) == 3
+
+
+def test_entry_key_software_versions(tmp_path, monkeypatch):
+    a = entry_key(tmp_path)
+    real = gearcache.cached_function.compat.software_versions()
+    monkeypatch.setattr(gearcache.cached_function.compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
+    b = entry_key(tmp_path)
+    monkeypatch.setattr(gearcache.cached_function.compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
+    c = entry_key(tmp_path)
+    assert changed(a, b) == {"software"} and changed(a, c) == {"software"} and len({a[0], b[0], c[0]}) == 3
+
+
+def test_entry_key_ignores_runtime_config(tmp_path):
+    base = entry_key(tmp_path)[0]
+    assert entry_key(tmp_path, config=CompilerConfig(lock_timeout_s=0.5))[0] == base
+    assert entry_key(tmp_path, config=CompilerConfig(on_new_signature="error"))[0] == base
+    assert entry_key(tmp_path, dynamic=False)[0] == base
+    cfg = CompilerConfig(inference_config={"dim_gears": {"x": {0: [1, 2]}}, "past_largest_gear": "eager"})
+    assert entry_key(tmp_path, config=cfg)[0] == base
+
+
+def test_entry_key_ignores_parameter_values(tmp_path):
+    torch.manual_seed(0)
+    net = Net()
+    base = entry_key(tmp_path, net)[0]
+    with torch.no_grad():
+        net.lin.weight.add_(1.0)
+        net.scale.mul_(3.0)
+    assert entry_key(tmp_path, net)[0] == base
+    assert entry_key(tmp_path, Net())[0] == base                      # a fresh random init
+    assert entry_key(tmp_path / "elsewhere")[0] == base               # nor the cache folder

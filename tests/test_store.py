@@ -1,0 +1,212 @@
+import hashlib
+import json
+import os
+import pickle
+import stat
+
+import filelock
+import pytest
+
+from gearcache import (CacheCorruptionError, GraphBreakError, LockTimeoutError, SignatureMismatchError,
+                       UntrustedCacheError)
+from gearcache.key import FORMAT_VERSION
+from gearcache.store import Store, write_json_atomic
+
+AKEY = "a" * 40
+# what ``build`` writes into its folder, which is published as ``<artifact>/inductor``
+FILES = {"module.py": b"def call(args):\n    return args\n", "kernels/k.so": b"\x7fELF\x00\x01"}
+
+
+class Builder:
+    """A ``build`` callback that writes ``FILES`` and counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, folder):
+        self.calls += 1
+        for rel, data in FILES.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(data)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "cache")
+
+
+@pytest.fixture
+def published(store):
+    folder, built = store.publish_artifact(AKEY, Builder())
+    assert built
+    return folder
+
+
+def test_write_json_atomic(tmp_path):
+    path = tmp_path / "sub" / "x.json"
+    write_json_atomic(path, {"b": 1, "a": [1, 2]})
+    write_json_atomic(path, {"c": 3})
+    assert json.loads(path.read_text()) == {"c": 3}
+    assert os.listdir(path.parent) == ["x.json"]
+
+
+def test_publish_writes_manifest(store, published):
+    assert published == store.artifact_dir(AKEY)
+    manifest = json.loads((published / "MANIFEST.json").read_text())
+    assert manifest["format"] == FORMAT_VERSION and manifest["akey"] == AKEY
+    assert manifest["files"] == {f"inductor/{rel}": hashlib.sha256(data).hexdigest() for rel, data in FILES.items()}
+    assert manifest["bytes"] == sum(len(d) for d in FILES.values())
+    for rel, data in FILES.items():
+        assert (published / "inductor" / rel).read_bytes() == data
+    store.verify_artifact(AKEY)
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_publish_again_does_not_build(store, published):
+    builder = Builder()
+    folder, built = store.publish_artifact(AKEY, builder)
+    assert (folder, built, builder.calls) == (published, False, 0)
+    # nor does another Store on the same folder (another process)
+    assert Store(store.root).publish_artifact(AKEY, builder)[1:] == (False,) and builder.calls == 0
+
+
+def test_verify_missing_artifact(store):
+    with pytest.raises(FileNotFoundError):
+        store.verify_artifact("b" * 40)
+
+
+def flip_byte(folder):
+    path = folder / "inductor/module.py"
+    data = bytearray(path.read_bytes())
+    data[0] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def truncate(folder):
+    (folder / "inductor/kernels/k.so").write_bytes(b"\x7fEL")
+
+
+def delete(folder):
+    (folder / "inductor/module.py").unlink()
+
+
+def add_unlisted(folder):
+    (folder / "inductor/evil.py").write_text("import os\n")
+
+
+def bad_manifest(folder):
+    (folder / "MANIFEST.json").write_text("{not json")
+
+
+def other_key_manifest(folder):
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    (folder / "MANIFEST.json").write_text(json.dumps(dict(manifest, akey="c" * 40)))
+
+
+@pytest.mark.parametrize("corrupt, reason", [
+    (flip_byte, "does not match its sha256"), (truncate, "does not match its sha256"), (delete, "is missing"),
+    (add_unlisted, "unlisted file"), (bad_manifest, "unreadable"), (other_key_manifest, "another format or key"),
+])
+def test_corruption_detected_quarantined_and_rebuilt(store, published, corrupt, reason):
+    corrupt(published)
+    with pytest.raises(CacheCorruptionError, match=reason) as info:
+        store.verify_artifact(AKEY)
+    assert info.value.path == str(published)
+
+    builder = Builder()
+    folder, built = store.publish_artifact(AKEY, builder)
+    assert (folder, built, builder.calls) == (published, True, 1)
+    store.verify_artifact(AKEY)
+    quarantined = os.listdir(store.root / "quarantine")
+    assert len(quarantined) == 1 and quarantined[0].startswith(AKEY + ".")
+
+
+def test_torch_lock_files_are_ignored(store, published):
+    (published / "inductor" / "locks").mkdir()
+    (published / "inductor" / "locks" / "x.lock").write_text("")
+    store.verify_artifact(AKEY)
+
+
+def test_failed_build_leaves_nothing(store):
+    def build(folder):
+        Builder()(folder)
+        raise RuntimeError("compiler crashed")
+
+    with pytest.raises(RuntimeError, match="compiler crashed"):
+        store.publish_artifact(AKEY, build)
+    assert os.listdir(store.root / "tmp") == []
+    assert not store.artifact_dir(AKEY).exists()
+    assert store.publish_artifact(AKEY, Builder())[1] is True      # and the lock was released
+
+
+def test_root_created_private(tmp_path):
+    store = Store(tmp_path / "a" / "cache")
+    store.publish_artifact(AKEY, Builder())
+    assert stat.S_IMODE(store.root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(store.artifact_dir(AKEY).stat().st_mode) == 0o700
+
+
+def test_group_writable_root_untrusted(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    builder = Builder()
+    with pytest.raises(UntrustedCacheError, match="chmod go-w") as info:
+        Store(root).publish_artifact(AKEY, builder)
+    assert info.value.path == str(root.resolve()) and builder.calls == 0
+    assert isinstance(info.value, PermissionError)
+
+
+def test_sticky_root_trusted(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o1777)
+    assert Store(root).publish_artifact(AKEY, Builder())[1] is True
+
+
+def test_group_writable_artifact_untrusted(store, published):
+    published.chmod(0o770)
+    with pytest.raises(UntrustedCacheError):
+        store.verify_artifact(AKEY)
+
+
+def test_lock_timeout(tmp_path):
+    store = Store(tmp_path / "cache", lock_timeout_s=0.2)
+    lock_path = store.root / "locks" / f"{AKEY}.lock"
+    lock_path.parent.mkdir(parents=True)
+    builder = Builder()
+    with filelock.FileLock(str(lock_path)):
+        with pytest.raises(LockTimeoutError, match=r"waited 0.2 s for .*\.lock") as info:
+            store.publish_artifact(AKEY, builder)
+    assert info.value.lock_path == str(lock_path) and builder.calls == 0
+    assert isinstance(info.value, TimeoutError)
+    assert store.publish_artifact(AKEY, builder)[1] is True        # lock free again
+
+
+def test_read_entry(store):
+    path = store.entry_path("world1_rank0_tp0_pp0", "m.run", "e1")
+    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None           # missing
+    store.write_entry("world1_rank0_tp0_pp0", "m.run", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1")["akey"] == AKEY
+    assert [e["ekey"] for e in store.list_entries("world1_rank0_tp0_pp0", "m.run")] == ["e1"]
+    for content in ["garbage{", "", json.dumps({"format": FORMAT_VERSION + 1, "ekey": "e1", "akey": AKEY}),
+                    json.dumps({"format": FORMAT_VERSION, "ekey": "e2", "akey": AKEY}),
+                    json.dumps({"ekey": "e1", "akey": AKEY})]:
+        path.write_text(content)
+        assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None, content
+    path.write_bytes(b"\xff\xfe\x00")
+    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None
+
+
+@pytest.mark.parametrize("error", [
+    CacheCorruptionError("/c/artifacts/x", "module.py does not match its sha256 digest"),
+    LockTimeoutError("/c/locks/x.lock", 0.5),
+    UntrustedCacheError("/c", 0o40777),
+    GraphBreakError("m.Net.run", [("call to print", "net.py:12"), ("Tensor.item()", "net.py:14")]),
+    SignatureMismatchError("m.Net.run", "(float32[2] cpu) grad=off", ["(float32[4] cpu) grad=off"], "pad it"),
+], ids=lambda e: type(e).__name__)
+def test_errors_pickle(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert copy.args == error.args

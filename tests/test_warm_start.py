@@ -1,0 +1,36 @@
+"""A fresh process with the cache present runs with no tracing, no guards and no compiler (issue: core)."""
+from conftest import run_script
+
+
+def test_cold_process_compiles_each_entry_point_once_and_matches_eager(tiny_lm_cache):
+    _, cold = tiny_lm_cache
+    assert cold["equal"]
+    assert cold["counters"]["compiles"] == 2          # prefill and decode are separate entries
+    assert cold["counters"]["traces"] == 2
+    assert cold["counters"]["loads"] == 0
+
+
+def test_warm_process_traces_and_compiles_nothing(tiny_lm_cache, empty_torch_caches):
+    cache, _ = tiny_lm_cache
+    warm = run_script("run_tiny_lm.py", str(cache), "--hooks", env=empty_torch_caches)
+    assert warm["equal"]
+    assert warm["hooks"] == {"dynamo_frames": 0, "guard_builds": 0, "eval_frame_callbacks": 0,
+                             "inductor_compiles": 0, "inductor_codegen": 0, "cpp_builds": 0, "triton_compiles": 0}
+    assert warm["counters"]["loads"] == 2
+    assert warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
+
+
+def test_loaded_entry_reads_live_weights(tiny_lm_cache, empty_torch_caches):
+    cache, _ = tiny_lm_cache
+    warm = run_script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights", env=empty_torch_caches)
+    assert warm["mutated_equal"], "output after changing weights must equal eager with the new weights"
+    assert warm["mutated_changed"], "changing weights must change the output"
+    assert warm["hooks"]["inductor_compiles"] == 0 and warm["hooks"]["cpp_builds"] == 0
+
+
+def test_hooks_do_count_a_cold_compile(tmp_path, empty_torch_caches):
+    """The hooks are live: the same script on an empty gearcache folder trips them."""
+    cold = run_script("run_tiny_lm.py", str(tmp_path / "cache"), "--hooks", env=empty_torch_caches)
+    assert cold["hooks"]["dynamo_frames"] >= 2
+    assert cold["hooks"]["inductor_compiles"] >= 2
+    assert cold["hooks"]["cpp_builds"] >= 1
