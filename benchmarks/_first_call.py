@@ -4,11 +4,13 @@ usage: _first_call.py VARIANT WORKDIR DEVICE  (VARIANT: compile | megacache-save
 Prints one JSON line: first_call_s (first call incl. any load, to the device synchronising), and for gearcache the
 per-call timings of the loaded entry against the torch-loaded compiled callable it wraps.
 """
+import time
+
+T_PROCESS = time.perf_counter()
 import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 variant, workdir, device = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -44,8 +46,15 @@ else:
     fn = None
 x, kv, pos = ref.inputs(1, device, dtype)
 sync()
+profile = None
+if os.environ.get("GEARCACHE_BENCH_PROFILE") and variant == "gearcache":
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
 with torch.inference_mode():
     t0 = time.perf_counter()
+    report["setup_s"] = t0 - T_PROCESS
     if variant == "megacache-load":
         torch.compiler.load_cache_artifacts(blob)
     if fn is None:
@@ -53,6 +62,12 @@ with torch.inference_mode():
     out = fn(x, kv, pos)
     sync()
     report["first_call_s"] = time.perf_counter() - t0
+    report["process_to_first_output_s"] = time.perf_counter() - T_PROCESS
+    if profile is not None:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
     if variant == "megacache-save":
         artifacts = torch.compiler.save_cache_artifacts()
         with open(os.path.join(workdir, "megacache.bin"), "wb") as f:
@@ -79,6 +94,17 @@ with torch.inference_mode():
         sync()
         report["entry_call_p50_us"] = statistics.median(t_entry) / 1e3
         report["direct_call_p50_us"] = statistics.median(t_direct) / 1e3
+        # gearcache's own work per call, without the compiled graph: key + lookup + gather + build.
+        leaves = (x, kv, pos)
+        outs = direct(*args)
+        t_glue = []
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            lv, key = call_key(leaves, {})
+            e = fn._table.get(key)
+            e.build(outs, lv) if e.gather(lv) else None
+            t_glue.append(time.perf_counter_ns() - t)
+        report["dispatch_glue_p50_us"] = statistics.median(t_glue) / 1e3
         # Device time per step: CUDA events around 100 steps.
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

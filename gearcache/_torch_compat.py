@@ -101,7 +101,7 @@ def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folde
 
     options: dict[str, Any] = {"config_patches": dict(config_patches)}
     with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
-        with temporary_cache_dir(scratch):
+        with temporary_cache_dir(scratch), _load_patches():    # the same C++ flags as a load: same kernel keys
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
         artifact.save(path=str(folder), format="unpacked")
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
@@ -121,7 +121,10 @@ def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> Non
 
 def _load_patches() -> contextlib.AbstractContextManager:
     """Inductor settings under which an artifact loads without a compiler: no precompiled header (whose freshness
-    check runs the C preprocessor on every load) and no ISA probe build (the ISA is a key factor instead)."""
+    check runs the C preprocessor on every load) and no ISA probe build (the ISA is a key factor instead).
+
+    Compiles use them too: the precompiled-header setting changes the C++ kernels' cache keys, and a load must find
+    the very libraries the compile built."""
     import torch._inductor.config as inductor_config
 
     return inductor_config.patch({"cpp_cache_precompile_headers": False, "cpp.vec_isa_ok": True})
@@ -150,9 +153,18 @@ def preload_in_background() -> None:
 
     def work() -> None:
         try:
-            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.codecache as codecache
             import torch._inductor.standalone_compile  # noqa: F401
-        except Exception:           # the main thread will import (and report) it again
+            import torch._inductor.async_compile  # noqa: F401
+            import torch._inductor.select_algorithm  # noqa: F401  (imported by every generated wrapper)
+
+            codecache.torch_key()        # hashes torch's sources once per process (cached)
+            try:
+                from triton.runtime.cache import triton_key
+            except ImportError:
+                return
+            triton_key()                 # hashes Triton's sources (cached); touches no GPU
+        except Exception:           # the main thread will do (and report) it again
             pass
 
     threading.Thread(target=work, name="gearcache-preload", daemon=True).start()

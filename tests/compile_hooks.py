@@ -4,8 +4,6 @@
 
 * ``dynamo_frames``: ``torch._dynamo.symbolic_convert.InstructionTranslator.__init__`` (a frame being traced);
 * ``guard_builds``: ``torch._dynamo.guards.CheckFunctionManager.__init__`` (guards built: none built, none evaluated);
-* ``eval_frame_callbacks``: ``torch._dynamo.eval_frame._set_stance`` is not enough, so we count calls of
-  ``torch._C._dynamo.eval_frame.set_eval_frame`` with a callback (Dynamo switched on for a frame);
 * ``inductor_compiles``: ``torch._inductor.compile_fx.compile_fx`` and ``compile_fx_inner``;
 * ``inductor_codegen``: ``torch._inductor.graph.GraphLowering.codegen``;
 * ``cpp_builds``: ``torch._inductor.cpp_builder.CppBuilder.build`` (every g++ run Inductor starts);
@@ -15,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-COUNTS = {"dynamo_frames": 0, "guard_builds": 0, "eval_frame_callbacks": 0, "inductor_compiles": 0,
+COUNTS = {"dynamo_frames": 0, "guard_builds": 0, "inductor_compiles": 0,
           "inductor_codegen": 0, "cpp_builds": 0, "triton_compiles": 0}
 
 
@@ -31,7 +29,6 @@ def _count(owner, name: str, counter: str) -> None:
 
 
 def install() -> None:
-    import torch._dynamo.eval_frame as eval_frame
     import torch._dynamo.guards as guards
     import torch._dynamo.symbolic_convert as symbolic_convert
     import torch._inductor.compile_fx as compile_fx
@@ -44,14 +41,6 @@ def install() -> None:
     _count(compile_fx, "compile_fx_inner", "inductor_compiles")
     _count(graph.GraphLowering, "codegen", "inductor_codegen")
     _count(cpp_builder.CppBuilder, "build", "cpp_builds")
-    original_set = eval_frame.set_eval_frame
-
-    def set_eval_frame(callback):
-        if callback not in (None, False):
-            COUNTS["eval_frame_callbacks"] += 1
-        return original_set(callback)
-
-    eval_frame.set_eval_frame = set_eval_frame
     try:
         import triton.compiler.compiler as triton_compiler
     except ImportError:

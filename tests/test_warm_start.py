@@ -1,4 +1,8 @@
-"""A fresh process with the cache present runs with no tracing, no guards and no compiler (issue: core)."""
+"""A fresh process with the cache present runs with no tracing, no guards and no compiler (issue: core).
+
+Runs on CPU by default; ``GEARCACHE_TEST_DEVICE=cuda python -m pytest tests/test_warm_start.py`` runs the same checks
+with the model and inputs on the GPU (Triton kernels, cubins), as done on the device machine.
+"""
 from conftest import run_script
 
 
@@ -14,7 +18,7 @@ def test_warm_process_traces_and_compiles_nothing(tiny_lm_cache, empty_torch_cac
     cache, _ = tiny_lm_cache
     warm = run_script("run_tiny_lm.py", str(cache), "--hooks", env=empty_torch_caches)
     assert warm["equal"]
-    assert warm["hooks"] == {"dynamo_frames": 0, "guard_builds": 0, "eval_frame_callbacks": 0,
+    assert warm["hooks"] == {"dynamo_frames": 0, "guard_builds": 0,
                              "inductor_compiles": 0, "inductor_codegen": 0, "cpp_builds": 0, "triton_compiles": 0}
     assert warm["counters"]["loads"] == 2
     assert warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
@@ -33,4 +37,8 @@ def test_hooks_do_count_a_cold_compile(tmp_path, empty_torch_caches):
     cold = run_script("run_tiny_lm.py", str(tmp_path / "cache"), "--hooks", env=empty_torch_caches)
     assert cold["hooks"]["dynamo_frames"] >= 2
     assert cold["hooks"]["inductor_compiles"] >= 2
-    assert cold["hooks"]["cpp_builds"] >= 1
+    assert cold["hooks"]["guard_builds"] >= 2
+    if cold["device"] == "cpu":
+        assert cold["hooks"]["cpp_builds"] >= 1
+    else:
+        assert cold["hooks"]["triton_compiles"] >= 1

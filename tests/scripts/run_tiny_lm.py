@@ -18,8 +18,9 @@ import models
 from gearcache import counters
 
 cache_dir = sys.argv[1]
-model = models.make(cache_dir)
-ids, kv, step, pos = models.inputs()
+device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+model = models.make(cache_dir).to(device)
+ids, kv, step, pos = (t.to(device) for t in models.inputs())
 report = {}
 with torch.inference_mode():
     t0 = time.perf_counter()
@@ -38,6 +39,7 @@ with torch.inference_mode():
         ref, _ = model.prefill(ids, kv)
         report["mutated_equal"] = bool(torch.allclose(out, ref, atol=1e-5))
         report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
+report["device"] = str(kv.device)
 report["counters"] = {k: v for k, v in vars(counters).items()}
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
