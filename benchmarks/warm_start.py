@@ -4,9 +4,7 @@
 
 Paths, each in its own fresh process. "first call" is timed from just before the first call to the device
 synchronising; "setup" (imports, CUDA init, building the model and moving it to the device) is reported beside it,
-and "start to 1st output" is the whole process up to the first result. gearcache starts importing the compiler
-modules it needs to load an entry in a background thread when cache_compile() runs, so part of its load overlaps
-setup; the last column is the fair total.
+and "start to 1st output" is the whole process up to the first result.
   1. torch.compile, cold: empty Inductor and Triton caches;
   2. torch.compile, warm: the Inductor and Triton cache folders of run 1 kept;
   3. Mega-Cache: save_cache_artifacts() after a cold compile, load_cache_artifacts() into empty cache folders;

@@ -7,11 +7,12 @@ from .api import cache_compile
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
+from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, SignatureMismatchError, UnsupportedInputError, UntrustedCacheError)
 
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
+__all__ = ["cache_compile", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
            "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
            "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError"]

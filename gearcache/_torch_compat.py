@@ -39,6 +39,14 @@ def dynamo_capture_config() -> contextlib.AbstractContextManager:
     return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
 
 
+def symbolic_capture_config() -> contextlib.AbstractContextManager:
+    """Settings for the symbolic trace that finds which marked dims meet: no duck sizing (two unrelated dims that
+    happen to have the same example size must get different symbols)."""
+    import torch.fx.experimental._config as fx_config
+
+    return fx_config.patch(use_duck_shape=False)
+
+
 def traced_code() -> list[Any]:
     """Code objects Dynamo traced for the graph being compiled (call inside a backend)."""
     return list(torch._guards.TracingContext.get_traced_code() or [])
@@ -137,37 +145,6 @@ def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
     with _INDUCTOR_LOCK, _load_patches():
         artifact = CompiledArtifact.load(path=str(folder), format="unpacked")
     return artifact
-
-
-_preload_started = False
-
-
-def preload_in_background() -> None:
-    """Import the torch modules that loading an artifact needs (Dynamo, Inductor: ~1.5 s on a fresh process) in a
-    daemon thread, so the import overlaps the model's construction instead of landing on its first call. Python's
-    import lock makes a concurrent import in the main thread wait for it rather than run twice."""
-    global _preload_started
-    if _preload_started:
-        return
-    _preload_started = True
-
-    def work() -> None:
-        try:
-            import torch._inductor.codecache as codecache
-            import torch._inductor.standalone_compile  # noqa: F401
-            import torch._inductor.async_compile  # noqa: F401
-            import torch._inductor.select_algorithm  # noqa: F401  (imported by every generated wrapper)
-
-            codecache.torch_key()        # hashes torch's sources once per process (cached)
-            try:
-                from triton.runtime.cache import triton_key
-            except ImportError:
-                return
-            triton_key()                 # hashes Triton's sources (cached); touches no GPU
-        except Exception:           # the main thread will do (and report) it again
-            pass
-
-    threading.Thread(target=work, name="gearcache-preload", daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------------------ environment

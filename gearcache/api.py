@@ -6,7 +6,6 @@ from typing import Any, Callable
 
 import torch
 
-from . import _torch_compat as compat
 from .cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
@@ -44,7 +43,6 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynam
         raise ConfigError(f"custom_decompositions={custom_decompositions!r}: expected a dict {{torch op: function}}")
     if cache_dir is not None and not isinstance(cache_dir, str) and not hasattr(cache_dir, "__fspath__"):
         raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
-    compat.preload_in_background()
     return CachedFunction(func, config=config, store=Store(cache_dir, lock_timeout_s=config.lock_timeout_s),
                           topology=resolve_topology(global_rank, tp_rank, pp_rank),
                           decompositions=custom_decompositions)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import sys
 import threading
+import warnings
 import time
 from typing import Any, Callable
 
@@ -20,7 +22,8 @@ import torch
 
 from . import _torch_compat as compat
 from . import signature
-from .capture import Captured, capture, dependencies_changed
+from . import gears
+from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .counters import counters
 from .entry import Entry
@@ -48,20 +51,145 @@ class CachedFunction:
         self._first: Entry | None = None
         self._lock = threading.RLock()
         self._method_digest = source_digest(method.__func__)
+        self._gears: gears.GearPlan | None = None
+        self._gears_checked = False
 
     # ----------------------------------------------------------------------------------------------- hot path
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.config.check_signature and self._first is not None:
+        if not self.config.check_signature and self._first is not None and self._gears is None:
             return self._first(args)
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
+        plan = self._gears
+        if plan is None and not self._gears_checked:
+            plan = self._init_gears(args, kwargs, leaves, key)
+        if plan is not None:
+            return self._call_geared(plan, leaves, key)
         entry = self._table.get(key)
         if entry is None:
             entry = self._miss(args, kwargs, leaves, key)
         else:
             counters.hits += 1
         return entry(leaves)
+
+    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+        targets = plan.targets(leaves)
+        if targets is None:
+            return self._past_largest(plan, leaves, key)
+        padded = plan.pad(leaves, targets)
+        pkey = key if padded is leaves else signature.rekey(key, padded)
+        entry = self._table.get(pkey)
+        if entry is None:
+            entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
+        else:
+            counters.hits += 1
+        outs = entry.compiled(*entry.gather(padded))
+        if padded is not leaves:
+            counters.pads += 1
+            outs = plan.cut(entry, outs, leaves)
+        return entry.build(outs, leaves)
+
+    def _past_largest(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+        policy = self.config.inference_config.past_largest_gear
+        if policy == "error":
+            raise gears.PastLargestGearError(f"{self.name}: {plan.past_largest_message(leaves)}")
+        if policy == "eager":
+            counters.eager_calls += 1
+            if not plan._warned_eager:
+                plan._warned_eager = True
+                warnings.warn(f"gearcache: {self.name}: {plan.past_largest_message(leaves)}; running it uncompiled "
+                              f"(warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
+            args, kwargs = signature.unflatten(key[0], leaves)
+            return self._method(*args, **kwargs)
+        entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
+        return entry(leaves)
+
+    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple) -> "gears.GearPlan | None":
+        """Build (or load) the gear plan from the first call's marks; None when nothing is marked."""
+        with self._lock:
+            if self._gears_checked:
+                return self._gears
+            ic = self.config.inference_config
+            marks = gears.find_marks(leaves, _leaf_names(self._method, args, kwargs, leaves), ic.dim_gears,
+                                     ic.pad_values)
+            if marks:
+                self._gears = self._load_or_build_plan(marks, leaves, key)
+            self._gears_checked = True
+            return self._gears
+
+    def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
+        ic = self.config.inference_config
+        gears.check_marks(marks, ic.dynamic_gears_merge_policy)
+        pkey, _ = build_key("gear plan", [
+            ("format", FORMAT_VERSION),
+            ("method", {"name": self.name, "source_sha256": self._method_digest}),
+            ("structure", repr(key[0])),
+            ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
+            ("policy", ic.dynamic_gears_merge_policy),
+            ("module_state", _module_state(self._module)),
+            ("software", compat.software_versions()),
+        ])
+        saved = self.store.read_plan(self.topology.folder, self.name, pkey)
+        if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
+            return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+        counters.traces += 1
+        largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
+        traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
+        sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
+            _narrowed(leaves, marks, largest), list(largest))
+        symbols_traced, output_dims, deps = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        it = iter(symbols_traced)
+        symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
+        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims)
+        self.store.write_plan(self.topology.folder, self.name, pkey, {
+            "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps})
+        return plan
+
+    def warmup(self, *args: Any, **kwargs: Any) -> int:
+        """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
+        the config's gears by name apply); returns the number of gears. With
+        ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
+        input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
+        leaves, key = signature.call_key(args, kwargs)
+        plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+        if plan is None:
+            self(*args, **kwargs)
+            return 1
+        combos = plan.combinations()
+        show = sys.stderr.isatty()
+        for i, sizes in enumerate(combos, 1):
+            gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+            self._call_geared(plan, gear_leaves, signature.rekey(key, gear_leaves))
+            if self.config.inference_config.verify_padding:
+                self._verify_gear(plan, leaves, key, sizes)
+            if show:
+                print(f"\rgearcache warmup {self.name}: {i}/{len(combos)} gears", end="", file=sys.stderr)
+        if show:
+            print(file=sys.stderr)
+        return len(combos)
+
+    def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
+        real = [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(plan.dims, sizes)]
+        if real == sizes:
+            return                          # no size below this gear pads up to it
+        real_leaves = plan.pad(_narrowed(leaves, plan.dims, real), real)
+        out = self._call_geared(plan, real_leaves, signature.rekey(key, real_leaves))
+        args, kwargs = signature.unflatten(key[0], real_leaves)
+        ref = self._method(*args, **kwargs)
+        got, want = [], []
+        signature._flatten(out, got)
+        signature._flatten(ref, want)
+        for j, (a, b) in enumerate(zip(got, want)):
+            if isinstance(a, torch.Tensor):
+                close = a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4)
+                if not close:
+                    diff = (a.float() - b.float()).abs().max().item() if a.shape == b.shape else "shape differs"
+                    raise gears.PaddingUnsafeError(
+                        f"{self.name}: padding changes output {j} at gear {sizes} (real sizes {real}; shape "
+                        f"{list(a.shape)} vs eager {list(b.shape)}, max abs diff {diff}). The method reduces over a "
+                        f"padded dim (a softmax or mean over it, say). Fix: pass a pad value that is neutral for it "
+                        f"(pad_value / inference_config.pad_values, e.g. -inf for a mask), or drop that dim's gears")
 
     def _check_no_grad(self, leaves: tuple) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -193,6 +321,33 @@ class CachedFunction:
 
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
+
+
+def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
+    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return {}
+    names: dict[int, str] = {}
+    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+    for name, value in bound.arguments.items():
+        if isinstance(value, torch.Tensor) and id(value) in ids:
+            names[ids[id(value)]] = name
+        elif isinstance(value, (list, tuple)):
+            for k, item in enumerate(value):
+                if isinstance(item, torch.Tensor) and id(item) in ids:
+                    names[ids[id(item)]] = f"{name}[{k}]"
+    return names
+
+
+def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
+    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (a view; padding is separate)."""
+    new = list(leaves)
+    for d, s in zip(dims, sizes):
+        if new[d.leaf].shape[d.dim] > s:
+            new[d.leaf] = new[d.leaf].narrow(d.dim, 0, s)
+    return tuple(new)
 
 
 def _entry_point_name(method: Callable) -> str:

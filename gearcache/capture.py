@@ -180,3 +180,85 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
         if sha256_text("".join(lines)) != d["sha256"]:
             return f"{path}:{d['first_line']} {d['name']}"
     return None
+
+
+def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
+                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list]:
+    """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
+
+    Returns ``(symbols, output_dims, dependencies)``: the symbol of each marked dim (dims that meet in the graph share
+    one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; and the traced
+    user functions. A marked dim the model specialises on (its size became a constant) cannot be padded: error.
+    """
+    from .signature import unflatten
+
+    clones = list(leaves)
+    for leaf_index, _ in marked:
+        if clones[leaf_index] is leaves[leaf_index]:
+            clones[leaf_index] = leaves[leaf_index].clone()
+    for leaf_index, dim in marked:
+        torch._dynamo.mark_dynamic(clones[leaf_index], dim)
+    args, kwargs = unflatten(structure, tuple(clones))
+    state: dict[str, Any] = {}
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+
+        def run(*flat):
+            out = gm(*flat)
+            state["flat_out"] = out
+            return out
+
+        return run
+
+    code = method.__func__.__code__
+    compat.forget_dynamo_cache(code)
+    try:
+        with compat.dynamo_capture_config(), compat.symbolic_capture_config():
+            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record)(*args, **kwargs)
+    except Exception as exc:
+        if compat.is_graph_break(exc):
+            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+        if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
+            raise GearcacheError(
+                f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "
+                f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
+                f"that size") from None
+        raise
+    finally:
+        compat.forget_dynamo_cache(code)
+    placeholders = [n for n in state["gm"].graph.nodes if n.op == "placeholder"]
+    fake_of: dict[int, Any] = {}
+    for node, example in zip(placeholders, state["inputs"]):
+        for i, clone in enumerate(clones):
+            if example is clone:
+                fake_of[i] = node.meta.get("example_value")
+    symbols = []
+    for leaf_index, dim in marked:
+        size = fake_of[leaf_index].shape[dim] if leaf_index in fake_of else None
+        if not isinstance(size, torch.SymInt):
+            raise GearcacheError(
+                f"{_qualname(method)}: input {leaf_index} dim {dim} is marked with gears, but the traced graph "
+                f"treats it as the constant {size}: the method specialises on that size, so padding it would change "
+                f"its result. Fix: remove the gears of that dim")
+        symbols.append(str(size.node.expr))
+    out_nodes = next(n for n in state["gm"].graph.nodes if n.op == "output").args[0]
+    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), _state_names(module))
+    output_dims: dict[int, list[tuple[int, str]]] = {}
+    for j, (kind, ref) in enumerate(recipe["leaves"]):
+        if kind != "out":
+            continue
+        value = out_nodes[int(ref)].meta.get("example_value")
+        dims = []
+        for dim, size in enumerate(getattr(value, "shape", [])):
+            if isinstance(size, torch.SymInt):
+                expr = str(size.node.expr)
+                if expr in symbols:
+                    dims.append((dim, expr))
+                elif any(s in {str(x) for x in size.node.expr.free_symbols} for s in symbols):
+                    raise GearcacheError(
+                        f"{_qualname(method)}: output {j} dim {dim} has size {expr}, derived from a padded dim but "
+                        f"not equal to one, so it cannot be cut back. Fix: remove the gears of that dim")
+        if dims:
+            output_dims[j] = dims
+    return symbols, output_dims, _dependencies(state["code"])

@@ -77,3 +77,25 @@ def short(desc: dict[str, Any]) -> str:
         else:
             parts.append(f"{leaf['type']}={leaf['value']}")
     return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}"
+
+
+def rekey(key: tuple, leaves: tuple) -> tuple:
+    """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones)."""
+    return (key[0], key[1], *[_leaf_key(leaf) for leaf in leaves])
+
+
+def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
+    """Rebuild ``(args, kwargs)`` from a key's structure (``key[0]``) and leaves: the inverse of ``call_key``."""
+    if isinstance(structure, int):
+        return tuple(leaves), {}
+    it = iter(leaves)
+
+    def build(node: Any) -> Any:
+        if node is None:
+            return next(it)
+        kind = node[0]
+        if kind is dict:
+            return {k: build(child) for k, child in zip(node[1], node[2:])}
+        return kind(build(child) for child in node[1:])
+
+    return build(structure[0]), build(structure[1])

@@ -121,6 +121,23 @@ class Store:
         self._index_put(ekey, {"method": method, "topology": topology_folder, "akey": manifest["akey"],
                                "created": time.time(), "last_used": time.time()})
 
+    def plan_path(self, topology_folder: str, method: str, pkey: str) -> pathlib.Path:
+        return self.root / "entries" / topology_folder / method / "plans" / f"{pkey}.json"
+
+    def read_plan(self, topology_folder: str, method: str, pkey: str) -> dict[str, Any] | None:
+        """A gear plan written by :meth:`write_plan`, or None (missing, unreadable, other format)."""
+        try:
+            with open(self.plan_path(topology_folder, method, pkey), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(data, dict) and data.get("format") == FORMAT_VERSION and data.get("pkey") == pkey
+        return data if ok else None
+
+    def write_plan(self, topology_folder: str, method: str, pkey: str, plan: dict[str, Any]) -> None:
+        self._ensure_root()
+        write_json_atomic(self.plan_path(topology_folder, method, pkey), plan)
+
     def list_entries(self, topology_folder: str, method: str) -> list[dict[str, Any]]:
         folder = self.root / "entries" / topology_folder / method
         out = []

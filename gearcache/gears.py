@@ -1,0 +1,283 @@
+"""Gears: shape buckets. A call is padded up to the smallest gear that fits, run, and its outputs cut back.
+
+Marking (torchair's API)::
+
+    set_dim_gears(x, dim_gears={0: [1, 2, 4, 8]})     # or config.inference_config.dim_gears = {"x": {0: [...]}}
+    mark_static(t)                                     # pin every dim of t (never padded)
+
+A :class:`GearPlan` is built once per cached method from the first call's marks:
+
+* ``dims``: the marked (input leaf, dim) pairs with their sorted sizes;
+* ``groups``: marked dims that must stay equal. ``zip`` puts every marked dim in one group that walks the i-th sizes
+  together; ``product`` forms one group per distinct symbol of a symbolic trace (two inputs whose batch dims meet in
+  the graph share a symbol), so no combination the model cannot run is ever formed;
+* ``cuts``: for each output leaf of the method, the output dims equal to a marked input dim (from the symbolic
+  trace's output shapes), cut back to the call's real size.
+
+The plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
+table lookup per marked dim (``first[size]`` = index of the smallest gear size >= size), never a loop over gears.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import warnings
+from typing import Any
+
+import torch
+
+from .config import normalise_dim_gears
+from .errors import ConfigError, GearcacheError
+
+GEARS_ATTR = "_gearcache_dim_gears"
+STATIC_ATTR = "_gearcache_static"
+PAD_ATTR = "_gearcache_pad_value"
+MAX_COMBINATIONS_BEFORE_WARNING = 1000
+
+
+class PastLargestGearError(GearcacheError, ValueError):
+    """A call is larger than the largest gear and ``past_largest_gear == "error"``."""
+
+
+class PaddingUnsafeError(GearcacheError):
+    """``verify_padding`` found a gear whose cut-back output differs from eager on the unpadded input."""
+
+
+def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:
+    """Declare the sizes ("gears") each listed dim of ``tensor`` may take; returns ``tensor``.
+
+    Sizes are deduplicated and sorted; negative dims count from the end. Marking a tensor that already has other gears
+    is an error. ``pad_value`` fills the padding (a pad token id, a mask value); default 0.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"set_dim_gears: tensor={type(tensor).__qualname__} is not a torch.Tensor")
+    try:
+        gears = normalise_dim_gears(dim_gears, "set_dim_gears(dim_gears)")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    resolved: dict[int, list[int]] = {}
+    for dim, sizes in gears.items():
+        if not -tensor.dim() <= dim < tensor.dim():
+            raise ConfigError(f"set_dim_gears: dim {dim} is out of range for a tensor with {tensor.dim()} dims "
+                              f"(shape {list(tensor.shape)})")
+        resolved[dim % tensor.dim()] = sizes
+    if getattr(tensor, STATIC_ATTR, False):
+        raise ConfigError("set_dim_gears: the tensor was marked static with gearcache.mark_static")
+    existing = getattr(tensor, GEARS_ATTR, None)
+    if existing is not None and existing != resolved:
+        raise ConfigError(f"set_dim_gears: the tensor already has gears {existing}; got {resolved}. Mark each tensor "
+                          f"once (or use a fresh tensor)")
+    setattr(tensor, GEARS_ATTR, resolved)
+    setattr(tensor, PAD_ATTR, pad_value)
+    return tensor
+
+
+def mark_static(tensor: torch.Tensor) -> torch.Tensor:
+    """Pin every dim of ``tensor``: it is never padded and config gears by name do not apply to it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"mark_static: tensor={type(tensor).__qualname__} is not a torch.Tensor")
+    if getattr(tensor, GEARS_ATTR, None):
+        raise ConfigError("mark_static: the tensor already has gears from set_dim_gears")
+    setattr(tensor, STATIC_ATTR, True)
+    return tensor
+
+
+@dataclasses.dataclass
+class MarkedDim:
+    leaf: int               # index into the call's flattened inputs
+    dim: int
+    sizes: list[int]
+    name: str               # for messages: "x", "kv[0]" or "input 3"
+    pad_value: float = 0.0
+
+
+def _first_index(sizes: list[int]) -> list[int]:
+    """``first[s]`` = index of the smallest size >= s, for s in 0..max(sizes)."""
+    first, i = [], 0
+    for s in range(sizes[-1] + 1):
+        while sizes[i] < s:
+            i += 1
+        first.append(i)
+    return first
+
+
+class GearPlan:
+    """Resolves, pads and cuts calls of one cached method. Built by :func:`build_plan`; JSON round-trips."""
+
+    def __init__(self, dims: list[MarkedDim], groups: list[list[int]], policy: str,
+                 cuts: dict[int, list[list[int]]], past_largest: str):
+        self.dims, self.groups, self.policy, self.past_largest = dims, groups, policy, past_largest
+        self.cuts = {int(k): [tuple(c) for c in v] for k, v in cuts.items()}   # output leaf -> [(out dim, marked)]
+        if policy == "zip":
+            self._first = [_first_index(d.sizes) for d in dims]
+        else:
+            self._first = [_first_index(dims[g[0]].sizes) for g in groups]
+        self._graph_cuts: dict[int, list[tuple[int, int, int]]] = {}
+        self._warned_eager = False
+
+    # ---------------------------------------------------------------------------------------------- hot path
+    def targets(self, leaves: tuple) -> list[int] | None:
+        """Per marked dim, the gear size this call is padded to; None when a size is past the largest gear."""
+        dims = self.dims
+        try:
+            if self.policy == "zip":
+                i = max([f[leaves[d.leaf].shape[d.dim]] for f, d in zip(self._first, dims)])
+                return [d.sizes[i] for d in dims]
+            out = [0] * len(dims)
+            for g, f in zip(self.groups, self._first):
+                sizes = {leaves[dims[m].leaf].shape[dims[m].dim] for m in g}
+                if len(sizes) != 1:
+                    raise ConfigError(self._lockstep_message(g, leaves))
+                size = dims[g[0]].sizes[f[sizes.pop()]]
+                for m in g:
+                    out[m] = size
+            return out
+        except IndexError:
+            return None
+
+    def pad(self, leaves: tuple, targets: list[int]) -> tuple:
+        """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects)."""
+        by_leaf: dict[int, dict[int, int]] = {}
+        for d, t in zip(self.dims, targets):
+            if leaves[d.leaf].shape[d.dim] != t:
+                by_leaf.setdefault(d.leaf, {})[d.dim] = t
+        if not by_leaf:
+            return leaves
+        new = list(leaves)
+        for leaf, dims in by_leaf.items():
+            src = leaves[leaf]
+            shape = [dims.get(i, s) for i, s in enumerate(src.shape)]
+            pad_value = next(d.pad_value for d in self.dims if d.leaf == leaf)
+            out = src.new_full(shape, pad_value)
+            out[tuple(slice(0, s) for s in src.shape)] = src
+            new[leaf] = out
+        return tuple(new)
+
+    def cut(self, entry: Any, outs: list, leaves: tuple) -> list:
+        """Cut the compiled graph's outputs back to the call's real sizes along every dim that follows a marked dim."""
+        cuts = self._graph_cuts.get(id(entry))
+        if cuts is None:
+            cuts = self._graph_cuts[id(entry)] = self._graph_cuts_for(entry)
+        if not cuts:
+            return outs
+        outs = list(outs)
+        for i, dim, m in cuts:
+            d = self.dims[m]
+            real = leaves[d.leaf].shape[d.dim]
+            if outs[i].shape[dim] != real:
+                outs[i] = outs[i].narrow(dim, 0, real)
+        return outs
+
+    def _graph_cuts_for(self, entry: Any) -> list[tuple[int, int, int]]:
+        """Translate cuts per method output leaf into cuts per graph output of this entry."""
+        out = []
+        for j, (kind, ref) in enumerate(entry.manifest["outputs"]["leaves"]):
+            if kind == "out":
+                out.extend((int(ref), dim, m) for dim, m in self.cuts.get(j, []))
+        return out
+
+    # -------------------------------------------------------------------------------------------- the rest
+    def past_largest_message(self, leaves: tuple) -> str:
+        for d in self.dims:
+            size = leaves[d.leaf].shape[d.dim]
+            if size > d.sizes[-1]:
+                return (f"argument {d.name}, dim {d.dim}: size {size} is larger than the largest gear "
+                        f"{d.sizes[-1]} (gears {d.sizes}). Fix: add a larger gear, or set "
+                        f"config.inference_config.past_largest_gear to 'eager' or 'compile'")
+        return "a marked dim is larger than its largest gear"
+
+    def _lockstep_message(self, group: list[int], leaves: tuple) -> str:
+        parts = [f"{self.dims[m].name} dim {self.dims[m].dim} = {leaves[self.dims[m].leaf].shape[self.dims[m].dim]}"
+                 for m in group]
+        return f"these dims must be equal (they meet in the graph) but the call has {', '.join(parts)}"
+
+    def combinations(self) -> list[list[int]]:
+        """Every gear as per-marked-dim sizes, smallest first."""
+        if self.policy == "zip":
+            return [[d.sizes[i] for d in self.dims] for i in range(len(self.dims[0].sizes))]
+        combos = []
+        for choice in itertools.product(*[self.dims[g[0]].sizes for g in self.groups]):
+            sizes = [0] * len(self.dims)
+            for g, s in zip(self.groups, choice):
+                for m in g:
+                    sizes[m] = s
+            combos.append(sizes)
+        return combos
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dims": [dataclasses.asdict(d) for d in self.dims], "groups": self.groups, "policy": self.policy,
+                "cuts": {str(k): [list(c) for c in v] for k, v in self.cuts.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], past_largest: str) -> "GearPlan":
+        return cls([MarkedDim(**d) for d in data["dims"]], data["groups"], data["policy"], data["cuts"], past_largest)
+
+
+# ------------------------------------------------------------------------------------------------ plan building
+def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int, list[int]]],
+               pad_values: dict[str, float]) -> list[MarkedDim]:
+    """The marked dims of a call: ``set_dim_gears`` marks on its tensors, then config gears by argument name."""
+    marks: list[MarkedDim] = []
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        name = names.get(i, f"input {i}")
+        gears = getattr(leaf, GEARS_ATTR, None)
+        pad = getattr(leaf, PAD_ATTR, None)
+        if gears is None and name in by_name and not getattr(leaf, STATIC_ATTR, False):
+            gears = {}
+            for dim, sizes in by_name[name].items():
+                if not -leaf.dim() <= dim < leaf.dim():
+                    raise ConfigError(f"inference_config.dim_gears[{name!r}]: dim {dim} is out of range for "
+                                      f"argument {name} of shape {list(leaf.shape)}")
+                gears[dim % leaf.dim()] = sizes
+        if gears:
+            value = pad if pad is not None else pad_values.get(name, 0.0)
+            marks.extend(MarkedDim(i, dim, list(sizes), name, float(value)) for dim, sizes in sorted(gears.items()))
+    unknown = set(by_name) - set(names.values())
+    if unknown:
+        raise ConfigError(f"inference_config.dim_gears names {sorted(unknown)}, which are not tensor arguments of the "
+                          f"method (its tensor arguments: {sorted(set(names.values()))})")
+    return marks
+
+
+def check_marks(marks: list[MarkedDim], policy: str) -> None:
+    """Errors that need no trace: under ``zip`` every marked dim needs as many sizes."""
+    if policy == "zip" and len({len(m.sizes) for m in marks}) != 1:
+        listing = ", ".join(f"{m.name} dim {m.dim}: {m.sizes}" for m in marks)
+        raise ConfigError(f"dynamic_gears_merge_policy='zip' pairs the i-th sizes of every marked dim, so every list "
+                          f"must have the same length; got {listing}. Fix: give every dim as many sizes, or use "
+                          f"'product'")
+
+
+def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: list[str],
+               output_dims: dict[int, list[tuple[int, str]]]) -> GearPlan:
+    """Group marked dims by their symbol in a symbolic trace; map output dims equal to a symbol to cuts.
+
+    ``symbols[m]``: the symbol of marked dim m; ``output_dims[j]``: for method output leaf j, ``(dim, symbol)`` for
+    each of its dims whose size is exactly one symbol.
+    """
+    check_marks(marks, policy)
+    if policy == "zip":
+        groups = [list(range(len(marks)))]
+    else:
+        by_symbol: dict[str, list[int]] = {}
+        for m, sym in enumerate(symbols):
+            by_symbol.setdefault(sym, []).append(m)
+        groups = list(by_symbol.values())
+        for g in groups:
+            if len({tuple(marks[m].sizes) for m in g}) != 1:
+                listing = ", ".join(f"{marks[m].name} dim {marks[m].dim}: {marks[m].sizes}" for m in g)
+                raise ConfigError(f"these dims meet in the graph and must move together, so they need the same "
+                                  f"gears; got {listing}")
+        count = math.prod(len(marks[g[0]].sizes) for g in groups)
+        if count > MAX_COMBINATIONS_BEFORE_WARNING:
+            warnings.warn(f"gearcache: the product policy forms {count} gear combinations; each is compiled on first "
+                          f"use (or by warmup())", stacklevel=3)
+    first_of_symbol = {}
+    for m, sym in enumerate(symbols):
+        first_of_symbol.setdefault(sym, m)
+    cuts = {j: [[dim, first_of_symbol[sym]] for dim, sym in dims if sym in first_of_symbol]
+            for j, dims in output_dims.items()}
+    return GearPlan(marks, groups, policy, {j: c for j, c in cuts.items() if c}, past_largest)

@@ -1,0 +1,175 @@
+"""Gears: marking, zip and product plans, padding and cutting, past-largest policies, verify mode, warm start."""
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gearcache
+from conftest import run_script
+from gear_models import BatchSoftmax, Mixed, PairMLP
+from gearcache import CompilerConfig, ConfigError, counters, mark_static, set_dim_gears
+from gearcache.gears import GearPlan, MarkedDim
+
+
+# ------------------------------------------------------------------------------------------------------- marking
+def test_set_dim_gears_normalises_and_validates():
+    t = torch.zeros(3, 5)
+    set_dim_gears(t, {-1: [8, 1, 4, 4]})
+    assert t._gearcache_dim_gears == {1: [1, 4, 8]}
+    set_dim_gears(t, {1: [1, 4, 8]})                       # the same gears again: fine
+    with pytest.raises(ConfigError, match="already has gears"):
+        set_dim_gears(t, {1: [2]})
+    for bad, match in [({0: [0, 2]}, "positive"), ({0: [2.5]}, "positive"), ({0: []}, "non-empty"),
+                       ({2: [1]}, "out of range"), ({"a": [1]}, "integers"), ([1, 2], "dict")]:
+        with pytest.raises(ConfigError, match=match):
+            set_dim_gears(torch.zeros(3, 5), bad)
+    set_dim_gears(torch.zeros(1), {0: [1]})                # size 1 and a single-size list are allowed
+    with pytest.raises(ConfigError, match="not a torch.Tensor"):
+        set_dim_gears([1, 2], {0: [1]})
+    s = mark_static(torch.zeros(2))
+    with pytest.raises(ConfigError, match="static"):
+        set_dim_gears(s, {0: [2]})
+
+
+def _plan(policy, sizes_per_dim, groups=None):
+    dims = [MarkedDim(i, 0, sizes, f"a{i}") for i, sizes in enumerate(sizes_per_dim)]
+    return GearPlan(dims, groups or [[i] for i in range(len(dims))], policy, {}, "error")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=5).map(lambda s: sorted(set(s))),
+                min_size=1, max_size=3), st.data())
+def test_product_resolver_picks_the_smallest_covering_gear(sizes_per_dim, data):
+    plan = _plan("product", sizes_per_dim)
+    call = [data.draw(st.integers(1, 45)) for _ in sizes_per_dim]
+    leaves = tuple(torch.empty(n, 0) for n in call)
+    chosen = plan.targets(leaves)
+    covering = [c for c in plan.combinations() if all(g >= n for g, n in zip(c, call))]
+    if not covering:
+        assert chosen is None
+        return
+    assert all(g >= n for g, n in zip(chosen, call)), "the chosen gear covers the call"
+    volume = lambda c: torch.tensor(c, dtype=torch.float64).prod().item()   # noqa: E731
+    assert volume(chosen) == min(volume(c) for c in covering), "no smaller gear covers it"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda n: st.lists(st.lists(st.integers(1, 30), min_size=n, max_size=n)
+                                                    .map(sorted), min_size=1, max_size=3)), st.data())
+def test_zip_resolver_picks_the_first_covering_gear(sizes_per_dim, data):
+    plan = _plan("zip", sizes_per_dim, [list(range(len(sizes_per_dim)))])
+    call = [data.draw(st.integers(1, 32)) for _ in sizes_per_dim]
+    chosen = plan.targets(tuple(torch.empty(n, 0) for n in call))
+    covering = [c for c in plan.combinations() if all(g >= n for g, n in zip(c, call))]
+    assert chosen == (covering[0] if covering else None)
+
+
+# ---------------------------------------------------------------------------------------------------- serving
+@pytest.fixture(scope="module")
+def pair_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("gears")
+
+
+def test_zip_pads_every_size_and_matches_eager(pair_cache):
+    torch.manual_seed(0)
+    m = PairMLP(pair_cache)
+    x, y = set_dim_gears(torch.zeros(2, 4), {0: [2, 4]}), set_dim_gears(torch.zeros(2, 4), {0: [2, 4]})
+    with torch.no_grad():
+        assert m.cached.warmup(x, y) == 2
+        with counters.expect(compiles=0, traces=0):
+            for n in range(1, 5):
+                a, b = torch.randn(n, 4), torch.randn(n, 4)
+                out, total = m.cached(a, b)
+                ref, ref_total = m.fwd(a, b)
+                assert out.shape == (n, 3) and total.shape == (n,)
+                torch.testing.assert_close(out, ref)
+                torch.testing.assert_close(total, ref_total)
+        assert m.cached.entries == 2
+
+
+def test_past_largest_gear_policies(pair_cache):
+    def model(policy):
+        cfg = CompilerConfig()
+        cfg.inference_config.dim_gears = {"x": {0: [2, 4]}, "y": {0: [2, 4]}}
+        cfg.inference_config.past_largest_gear = policy
+        torch.manual_seed(0)
+        return PairMLP(pair_cache, cfg)
+
+    big = (torch.randn(6, 4), torch.randn(6, 4))
+    with torch.no_grad():
+        m = model("error")
+        m.cached(torch.randn(3, 4), torch.randn(3, 4))
+        with pytest.raises(gearcache.PastLargestGearError, match=r"argument x, dim 0: size 6 .* largest gear 4"):
+            m.cached(*big)
+        m = model("eager")
+        with pytest.warns(UserWarning, match="uncompiled"), counters.expect(eager_calls=1, compiles=0):
+            out, _ = m.cached(*big)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")                      # warned once only
+            with counters.expect(eager_calls=1):
+                m.cached(*big)
+        torch.testing.assert_close(out, m.fwd(*big)[0])
+        m = model("compile")
+        with counters.expect(compiles=1):
+            out, _ = m.cached(*big)
+        torch.testing.assert_close(out, m.fwd(*big)[0])
+
+
+def test_zip_needs_lists_of_one_length(tmp_path):
+    m = PairMLP(tmp_path)
+    x, y = set_dim_gears(torch.zeros(2, 4), {0: [2, 4]}), set_dim_gears(torch.zeros(2, 4), {0: [2, 4, 8]})
+    with torch.no_grad(), pytest.raises(ConfigError, match="same length"):
+        m.cached(x, y)
+
+
+def test_product_moves_dims_that_meet_in_lockstep(tmp_path):
+    cfg = CompilerConfig()
+    cfg.inference_config.dynamic_gears_merge_policy = "product"
+    m = Mixed(tmp_path, cfg)
+    x = set_dim_gears(torch.randn(2, 3), {0: [2, 4]})
+    y = set_dim_gears(torch.randn(2, 3), {0: [2, 4]})
+    z = set_dim_gears(torch.randn(5), {0: [5, 9]})
+    with torch.no_grad():
+        out, zs = m.cached(x, y, z)
+        plan = m.cached._gears
+        assert sorted(map(sorted, plan.groups)) == [[0, 1], [2]]          # x and y together, z alone
+        assert len(plan.combinations()) == 4                               # not 2 * 2 * 2 = 8
+        a, b, c = torch.randn(3, 3), torch.randn(3, 3), torch.randn(7)
+        out, zs = m.cached(a, b, c)
+        torch.testing.assert_close(out, (a + b) * 2)
+        torch.testing.assert_close(zs, c.sin())
+        with pytest.raises(ConfigError, match="must be equal"):
+            m.cached(torch.randn(3, 3), torch.randn(1, 3), c)
+
+
+def test_verify_mode_catches_a_padding_unsafe_model(tmp_path):
+    cfg = CompilerConfig()
+    cfg.inference_config.dim_gears = {"x": {0: [2, 4]}}
+    cfg.inference_config.verify_padding = True
+    with torch.no_grad():
+        with pytest.raises(gearcache.PaddingUnsafeError, match="padding changes output 0 at gear"):
+            BatchSoftmax(tmp_path / "a", cfg).cached.warmup(torch.randn(4, 3))
+        PairMLP(tmp_path / "b", cfg.model_copy(update={"inference_config": cfg.inference_config.model_copy(
+            update={"dim_gears": {"x": {0: [2, 4]}, "y": {0: [2, 4]}}})})).cached.warmup(
+            torch.randn(4, 4), torch.randn(4, 4))                      # a row-wise model passes
+
+
+def test_config_gears_name_unknown_arguments(tmp_path):
+    cfg = CompilerConfig()
+    cfg.inference_config.dim_gears = {"q": {0: [2]}}
+    with torch.no_grad(), pytest.raises(ConfigError, match=r"\['q'\]"):
+        PairMLP(tmp_path, cfg).cached(torch.randn(2, 4), torch.randn(2, 4))
+
+
+def test_fresh_process_compiles_nothing_for_any_gear(tmp_path, empty_torch_caches):
+    cache = tmp_path / "cache"
+    cold = run_script("run_gears.py", str(cache))
+    assert cold["equal"] and cold["gears"] == 3 and cold["compiles_after_warmup"] == 0
+    assert cold["counters"]["compiles"] == 3 and cold["counters"]["traces"] == 4    # 3 graphs + 1 symbolic trace
+    warm = run_script("run_gears.py", str(cache), "--hooks", env=empty_torch_caches)
+    assert warm["equal"]
+    assert warm["counters"]["loads"] == 3 and warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
+    assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0
+    assert warm["hooks"]["cpp_builds"] == 0 and warm["hooks"]["triton_compiles"] == 0
