@@ -3,7 +3,9 @@
     from gearcache import cache_compile, CompilerConfig
     self.cached_forward = cache_compile(self._forward)      # in an nn.Module's __init__
 """
+from .log import configure_from_env as _configure_logging
 from .api import cache_compile
+from .backend import get_backend
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
@@ -11,8 +13,9 @@ from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_di
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, SignatureMismatchError, UnsupportedInputError, UntrustedCacheError)
 
+_configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
+__all__ = ["cache_compile", "get_backend", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
            "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
            "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError"]

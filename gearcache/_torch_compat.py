@@ -47,6 +47,29 @@ def symbolic_capture_config() -> contextlib.AbstractContextManager:
     return fx_config.patch(use_duck_shape=False)
 
 
+
+
+@contextlib.contextmanager
+def without_dynamic_marks(leaves: tuple):
+    """Hide ``torch._dynamo.mark_dynamic`` marks (set by ``set_dim_gears`` for the torch.compile route) from a
+    static capture, restoring them afterwards."""
+    saved = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            for attr in [a for a in leaf.__dict__ if a.startswith(("_dynamo_", "_has_dynamo_"))]:
+                saved.append((leaf, attr, leaf.__dict__.pop(attr)))
+    try:
+        yield
+    finally:
+        for leaf, attr, value in saved:
+            setattr(leaf, attr, value)
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Let Dynamo treat ``dim`` as dynamic (the torch.compile route of gears): one graph for every gear."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
 def traced_code() -> list[Any]:
     """Code objects Dynamo traced for the graph being compiled (call inside a backend)."""
     return list(torch._guards.TracingContext.get_traced_code() or [])

@@ -44,7 +44,9 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
 
         def run(*flat):
-            out = gm(*flat)
+            # Do not run the graph: the call's real run is the compiled entry's, once (an in-place update of an
+            # input must not happen twice). Empty outputs of the right metadata let Dynamo build the result.
+            out = [_empty_like_example(n) for n in _output_nodes(gm)]
             state["flat_out"] = out
             return out
 
@@ -54,7 +56,7 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
     compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record)
     compat.forget_dynamo_cache(code)
     try:
-        with compat.dynamo_capture_config():
+        with compat.dynamo_capture_config(), compat.without_dynamic_marks(leaves):
             result = compiled(*args, **kwargs)
     except Exception as exc:
         if compat.is_graph_break(exc):
@@ -73,6 +75,18 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         outputs=_output_recipe(result, state.get("flat_out", []), leaves, state_names),
         dependencies=_dependencies(state["code"]),
     )
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _empty_like_example(node: Any) -> Any:
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else node
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    return value
 
 
 def _qualname(method: Callable) -> str:

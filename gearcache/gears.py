@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .errors import ConfigError, GearcacheError
 
@@ -70,6 +71,9 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_
                           f"once (or use a fresh tensor)")
     setattr(tensor, GEARS_ATTR, resolved)
     setattr(tensor, PAD_ATTR, pad_value)
+    for dim, sizes in resolved.items():
+        if sizes[-1] >= 2:
+            compat.mark_dynamic(tensor, dim)       # for the torch.compile(backend=get_backend()) route
     return tensor
 
 

@@ -117,3 +117,24 @@ def test_changed_inlined_helper_is_never_a_stale_hit(tmp_path, monkeypatch):
             out = UsesHelper().cached(x)
     assert torch.equal(out, x * 3 + 1)
     sys.modules.pop("gc_helper_mod", None)
+
+
+def test_in_place_update_of_an_input_happens_once_on_the_compiling_call(tmp_path):
+    class Bump(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=tmp_path)
+
+        def fwd(self, cache, x):
+            cache.add_(x)                  # a KV-cache-like in-place update
+            return cache * 2
+
+    m = Bump()
+    cache, x = torch.zeros(3), torch.ones(3)
+    with torch.no_grad(), counters.expect(compiles=1):
+        out = m.cached(cache, x)
+    assert torch.equal(cache, torch.ones(3)), "the compiling call applies the update exactly once"
+    assert torch.equal(out, torch.full((3,), 2.0))
+    with torch.no_grad():
+        m.cached(cache, x)
+    assert torch.equal(cache, torch.full((3,), 2.0))

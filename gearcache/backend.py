@@ -1,0 +1,132 @@
+"""The torch.compile route for gears: ``torch.compile(model, fullgraph=True, backend=get_backend(compiler_config=c))``.
+
+Dynamo traces once with the gear-marked dims dynamic (``set_dim_gears`` marks them), so changing sizes never
+recompiles. Inside the backend, :class:`GearedGraph` resolves each call to its gear, pads, runs a static compiled
+entry for that gear (specialised from the dynamic graph, compiled by Inductor once and persisted in the store like
+``cache_compile``'s artifacts), and cuts the outputs back. Dynamo's own guards still run on this route (it is
+torch.compile's); ``cache_compile`` is the guard-free route.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from . import _torch_compat as compat
+from . import gears
+from .config import CompilerConfig
+from .counters import counters
+from .errors import ConfigError
+from .key import FORMAT_VERSION, build_key, sha256_text
+from .store import Store
+
+
+def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable:
+    """A Dynamo backend serving every gear of a graph from one trace. Pass it to ``torch.compile(backend=...)``."""
+    config = compiler_config if compiler_config is not None else CompilerConfig()
+    if not isinstance(config, CompilerConfig):
+        raise ConfigError(f"compiler_config={config!r}: expected a gearcache.CompilerConfig")
+    store = Store(cache_dir, lock_timeout_s=config.lock_timeout_s)
+
+    def gearcache_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        return GearedGraph(gm, list(example_inputs), config, store)
+
+    return gearcache_backend
+
+
+def _expr(size: Any) -> str | None:
+    return str(size.node.expr) if isinstance(size, torch.SymInt) else None
+
+
+class GearedGraph:
+    """One Dynamo graph; one static compiled entry per gear."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], config: CompilerConfig, store: Store):
+        self.gm, self.config, self.store = gm, config, store
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        fakes = [n.meta.get("example_value") for n in placeholders]
+        marks, symbols = [], []
+        for i, (real, fake) in enumerate(zip(example_inputs, fakes)):
+            for dim, sizes in sorted((getattr(real, gears.GEARS_ATTR, None) or {}).items()):
+                marks.append(gears.MarkedDim(i, dim, list(sizes), f"input {i}",
+                                             float(getattr(real, gears.PAD_ATTR, 0))))
+                symbols.append(_expr(fake.shape[dim]) or f"static:{i}:{dim}")
+        # SymInt inputs (sizes Dynamo passes separately) follow the marked dim with the same symbol.
+        self._size_inputs = [(i, symbols.index(_expr(f))) for i, f in enumerate(fakes)
+                             if isinstance(f, torch.SymInt) and _expr(f) in symbols]
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        output_dims = {}
+        for j, node in enumerate(outputs):
+            shape = getattr(node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None, "shape", [])
+            dims = [(d, _expr(s)) for d, s in enumerate(shape) if _expr(s) in symbols]
+            if dims:
+                output_dims[j] = dims
+        ic = config.inference_config
+        self.plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+                                     output_dims) if marks else None
+        self._entries: dict[tuple, Callable] = {}
+
+    def __call__(self, *flat: Any) -> Any:
+        plan = self.plan
+        if plan is None:
+            return self._run(flat, flat)
+        targets = plan.targets(flat)
+        if targets is None:
+            policy = self.config.inference_config.past_largest_gear
+            if policy == "error":
+                raise gears.PastLargestGearError(plan.past_largest_message(flat))
+            if policy == "eager":
+                counters.eager_calls += 1
+                return self.gm(*flat)
+            targets = [flat[d.leaf].shape[d.dim] for d in plan.dims]
+        padded = list(plan.pad(flat, targets))
+        for i, m in self._size_inputs:
+            padded[i] = targets[m]
+        outs = self._run(tuple(padded), flat)
+        if any(p is not f for p, f in zip(padded, flat)):
+            counters.pads += 1
+            outs = list(outs)
+            for i, cuts in plan.cuts.items():
+                for dim, m in cuts:
+                    d = plan.dims[m]
+                    outs[i] = outs[i].narrow(dim, 0, flat[d.leaf].shape[d.dim])
+        return outs
+
+    def _run(self, inputs: tuple, original: tuple) -> Any:
+        key = tuple((x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        fn = self._entries.get(key)
+        if fn is None:
+            fn = self._entries[key] = self._compile(list(inputs))
+        else:
+            counters.hits += 1
+        return fn(*inputs)
+
+    def _compile(self, inputs: list[Any]) -> Callable:
+        """Specialise the dynamic graph to these inputs' shapes, compile (or load) it, return the callable."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        counters.misses += 1
+        with torch.no_grad():
+            static = make_fx(self.gm, tracing_mode="fake")(*inputs)
+        devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
+        akey, _ = build_key("artifact", [
+            ("format", FORMAT_VERSION), ("graph", sha256_text(static.code)),
+            ("inputs", [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
+                        else repr(x) for x in inputs]),
+            ("config", self.config.compile_factors()), ("software", compat.software_versions()),
+            ("devices", [compat.device_capability(d) for d in devices]),
+        ])
+        patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+        t0 = time.perf_counter()
+
+        def build(folder):
+            compat.compile_to_folder(static, inputs, folder, config_patches=patches)
+            counters.compiles += 1
+
+        folder, built = self.store.publish_artifact(akey, build)
+        if built:
+            counters.compile_seconds += time.perf_counter() - t0
+        else:
+            counters.loads += 1
+        return compat.load_folder(folder / "inductor")
