@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
+from . import diagnostics
 from . import signature
 from . import gears
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
@@ -71,6 +72,7 @@ class CachedFunction:
             entry = self._miss(args, kwargs, leaves, key)
         else:
             counters.hits += 1
+            entry.hits += 1
         return entry(leaves)
 
     def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
@@ -84,6 +86,7 @@ class CachedFunction:
             entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
         else:
             counters.hits += 1
+            entry.hits += 1
         outs = entry.compiled(*entry.gather(padded))
         if padded is not leaves:
             counters.pads += 1
@@ -206,6 +209,7 @@ class CachedFunction:
             if key in self._table:
                 return self._table[key]
             counters.misses += 1
+            diagnostics.track_hits(self)
             desc = signature.describe(leaves, key)
             ekey, factors = self._entry_key(desc, leaves)
             entry = self._load_entry(ekey) or self._compile_entry(args, kwargs, leaves, desc, ekey, factors)
@@ -254,7 +258,7 @@ class CachedFunction:
         dt = time.perf_counter() - t0
         counters.loads += 1
         counters.load_seconds += dt
-        self.store.touch(ekey)
+        diagnostics.record_load(self.store, ekey, dt)
         log.info("%s: loaded entry %s (artifact %s) in %.3f s", self.name, ekey, akey, dt)
         return entry
 
@@ -267,6 +271,7 @@ class CachedFunction:
                     self.name, signature.short(desc), [signature.short(k["signature"]) for k in known],
                     "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
                     "config.on_new_signature='compile'")
+        diagnostics.record_miss(self.store, self.topology.folder, self.name, ekey, factors)
         t0 = time.perf_counter()
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
@@ -342,11 +347,16 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
 
 
 def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
-    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (a view; padding is separate)."""
+    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (contiguous copies, as a real call's
+    inputs usually are: a strided view would key another entry; padding is separate)."""
     new = list(leaves)
+    cut = set()
     for d, s in zip(dims, sizes):
         if new[d.leaf].shape[d.dim] > s:
             new[d.leaf] = new[d.leaf].narrow(d.dim, 0, s)
+            cut.add(d.leaf)
+    for leaf in cut:
+        new[leaf] = new[leaf].contiguous()
     return tuple(new)
 
 

@@ -14,11 +14,12 @@ import torch
 
 
 class Entry:
-    __slots__ = ("compiled", "gather", "build", "manifest")
+    __slots__ = ("compiled", "gather", "build", "manifest", "hits")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any]):
         self.compiled = compiled
         self.manifest = manifest
+        self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.gather = _make_gather(manifest["inputs"], module)
         self.build = _make_build(manifest["outputs"], module)
 

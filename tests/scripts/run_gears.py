@@ -19,13 +19,14 @@ from gear_models import PairMLP
 config = CompilerConfig()
 config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
 torch.manual_seed(0)
-model = PairMLP(sys.argv[1], config).eval()
+device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+model = PairMLP(sys.argv[1], config).eval().to(device)
 report = {"equal": True}
 with torch.inference_mode():
-    report["gears"] = model.cached.warmup(torch.zeros(8, 4), torch.zeros(8, 4))
+    report["gears"] = model.cached.warmup(torch.zeros(8, 4, device=device), torch.zeros(8, 4, device=device))
     before = counters.compiles + counters.traces
     for n in range(1, 9):
-        x, y = torch.randn(n, 4), torch.randn(n, 4)
+        x, y = torch.randn(n, 4, device=device), torch.randn(n, 4, device=device)
         out, total = model.cached(x, y)
         ref, ref_total = model.fwd(x, y)
         report["equal"] &= out.shape == ref.shape and bool(torch.allclose(out, ref, atol=1e-5))

@@ -1,0 +1,184 @@
+"""Bookkeeping for ``gearcache explain``, ``ls`` and ``stats``: recorded misses, loads and hits.
+
+Nothing here runs on the call path. ``record_miss`` runs once per compile, ``record_load`` once per load, and hits are
+counted by the call path as one integer increment on the entry (``Entry.hits``) and written to the index by one
+``atexit`` flush per process (:func:`flush_hits`; call it yourself in a long-running server to write them earlier).
+Every write is wrapped: a failure logs a warning and never raises into the caller.
+
+On disk::
+
+    <root>/misses/<topology>/<method>/<ekey>.json   the key factors of a miss that compiled (newest 50 per method)
+    <root>/index/                                   index rows: loads, last_used, load_seconds, hits
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pathlib
+import threading
+import time
+import weakref
+from typing import Any, Iterable
+
+from .key import FORMAT_VERSION
+from .store import Store, write_json_atomic
+
+log = logging.getLogger("gearcache.diagnostics")
+
+MAX_MISSES_PER_METHOD = 50
+
+
+# ------------------------------------------------------------------------------------------------------- factors
+def differing_factors(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """Names of the factors whose hashes differ between two ``{factor: hash}`` maps (in ``a``'s order, then ``b``'s)."""
+    names = list(dict.fromkeys([*a, *b]))
+    return [n for n in names if a.get(n) != b.get(n)]
+
+
+def nearest_entry(manifests: Iterable[dict[str, Any]], hashes: dict[str, str],
+                  exclude: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The manifest with the fewest factor hashes differing from ``hashes`` (the newest on a tie; ``exclude`` is an
+    entry key to skip), and those factor names. ``(None, [])`` when there is none."""
+    best, best_diff = None, []
+    for m in manifests:
+        if exclude is not None and m.get("ekey") == exclude:
+            continue
+        other = (m.get("factors") or {}).get("hashes") or {}
+        diff = differing_factors(hashes, other)
+        if (best is None or len(diff) < len(best_diff) or
+                (len(diff) == len(best_diff) and m.get("created", 0) > best.get("created", 0))):
+            best, best_diff = m, diff
+    return best, best_diff
+
+
+# -------------------------------------------------------------------------------------------------------- misses
+def misses_dir(root: pathlib.Path, topology_folder: str, method: str) -> pathlib.Path:
+    return pathlib.Path(root) / "misses" / topology_folder / method
+
+
+def record_miss(store: Store, topology_folder: str, method: str, ekey: str, factors: dict[str, Any]) -> None:
+    """Write a miss's key factors to ``misses/<topology>/<method>/<ekey>.json`` (newest 50 kept per method) and log
+    at INFO which factors differ from the nearest existing entry of the method. Never raises."""
+    try:
+        known = store.list_entries(topology_folder, method)
+        nearest, diff = nearest_entry(known, factors["hashes"], exclude=ekey)
+        if any(m.get("ekey") == ekey for m in known):
+            reason = "its entry is on disk but could not be used (stale or missing artifact, logged above)"
+        elif nearest is None:
+            reason = "no entry of this method on disk yet"
+        else:
+            reason = f"key factor(s) {', '.join(diff)} differ from the nearest entry {nearest['ekey']}"
+        log.info("%s: miss, compiling entry %s: %s", method, ekey, reason)
+        store._ensure_root()
+        folder = misses_dir(store.root, topology_folder, method)
+        for d in (folder.parent.parent, folder.parent, folder):
+            d.mkdir(mode=0o700, exist_ok=True)
+        write_json_atomic(folder / f"{ekey}.json", {
+            "format": FORMAT_VERSION, "ekey": ekey, "method": method, "topology": topology_folder,
+            "time": time.time(), "pid": os.getpid(), "factors": factors,
+            "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff})
+        _trim(folder, MAX_MISSES_PER_METHOD)
+    except Exception as exc:                # diagnostics must never fail a call
+        log.warning("%s: could not record the miss of entry %s (%s)", method, ekey, exc)
+
+
+def _trim(folder: pathlib.Path, keep: int) -> None:
+    records = [p for p in folder.glob("*.json")]
+    if len(records) <= keep:
+        return
+    by_age = sorted(records, key=lambda p: p.stat().st_mtime)
+    for path in by_age[:len(records) - keep]:
+        path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------------- loads
+def record_load(store: Store, ekey: str, seconds: float) -> None:
+    """Index row of ``ekey``: ``loads`` + 1, ``last_used`` = now, ``load_seconds`` += ``seconds``. Never raises."""
+    try:
+        index = store.index
+        with index.transact():
+            row = dict(index.get(ekey) or {})
+            row["loads"] = row.get("loads", 0) + 1
+            row["last_used"] = time.time()
+            row["load_seconds"] = row.get("load_seconds", 0.0) + float(seconds)
+            index[ekey] = row
+    except Exception as exc:
+        log.warning("cache index update failed (%s); entries stay usable", exc)
+
+
+# ---------------------------------------------------------------------------------------------------------- hits
+# The call path counts hits on the entry (``entry.hits += 1``). Each CachedFunction that missed once is tracked here
+# with a weakref finalizer holding its cache folder's path and its entry table (never the CachedFunction, so it can
+# still be collected); a collected one moves its counts to ``_pending`` (dict work only: safe inside the garbage
+# collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
+_lock = threading.Lock()
+_tracked: "weakref.WeakKeyDictionary[Any, weakref.finalize]" = weakref.WeakKeyDictionary()
+_pending: dict[tuple[str, str, str, str], int] = {}        # (root, topology, method, ekey) -> hits not yet written
+_atexit_registered = False
+
+
+def track_hits(cached_function: Any) -> None:
+    """Have this process's hits on ``cached_function``'s entries written to the index at exit (idempotent)."""
+    global _atexit_registered
+    if cached_function in _tracked:
+        return
+    with _lock:
+        if cached_function in _tracked:
+            return
+        fin = weakref.finalize(cached_function, _stash, str(cached_function.store.root), cached_function._table)
+        fin.atexit = False              # flush_hits reads the live ones itself
+        _tracked[cached_function] = fin
+        if not _atexit_registered:
+            atexit.register(flush_hits)
+            _atexit_registered = True
+
+
+def _stash(root: str, table: dict) -> None:
+    seen: set[int] = set()
+    for entry in list(table.values()):
+        if id(entry) in seen:
+            continue
+        seen.add(id(entry))
+        n = getattr(entry, "hits", 0)
+        if n:
+            entry.hits = 0
+            m = entry.manifest
+            k = (root, m.get("topology", ""), m.get("method", ""), m["ekey"])
+            _pending[k] = _pending.get(k, 0) + n
+
+
+def flush_hits() -> None:
+    """Add the hits counted in this process since the last flush to the index rows' ``hits``. Never raises."""
+    global _pending
+    try:
+        for cf in list(_tracked.keys()):
+            _stash(str(cf.store.root), cf._table)
+        pending, _pending = _pending, {}
+    except Exception as exc:
+        log.warning("could not collect entry hits (%s)", exc)
+        return
+    by_root: dict[str, list[tuple[str, str, str, int]]] = {}
+    for (root, topology, method, ekey), n in pending.items():
+        by_root.setdefault(root, []).append((topology, method, ekey, n))
+    now = time.time()
+    for root, rows in by_root.items():
+        if not os.path.isdir(root):
+            continue                    # the cache folder was removed: never recreate it
+        store = Store(root)
+        try:
+            index = store.index
+            with index.transact():
+                for topology, method, ekey, n in rows:
+                    row = index.get(ekey)
+                    if row is None and not store.entry_path(topology, method, ekey).is_file():
+                        continue        # the entry was pruned meanwhile
+                    row = dict(row or {"method": method, "topology": topology})
+                    row["hits"] = row.get("hits", 0) + n
+                    row["last_used"] = now
+                    index[ekey] = row
+        except Exception as exc:
+            log.warning("cache index update of entry hits failed (%s)", exc)
+        finally:
+            if store._index is not None:
+                store._index.cache.close()

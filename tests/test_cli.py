@@ -1,0 +1,319 @@
+"""The ``gearcache`` command, run for real (``python -m gearcache.cli`` in a subprocess) on a real cache folder.
+
+The folder is built once per module: a cold process compiles one tiny method at two input shapes (two entries,
+and a recorded miss whose nearest entry differs in the ``signature`` factor), then ``gearcache warmup`` loads an
+entry in a warm process (so the index has loads and hits). Tests that change the folder work on a copy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gearcache import cli
+from gearcache.log import parse_level
+
+MODEL = '''
+import torch
+from gearcache import cache_compile
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+'''
+
+POPULATE = '''
+import sys
+import torch
+import cli_model
+
+torch.manual_seed(0)
+model = cli_model.Tiny(sys.argv[1]).eval()
+with torch.inference_mode():
+    for rows in map(int, sys.argv[2:]):
+        model.cached(torch.randn(rows, 4))
+'''
+
+FACTORY = '''
+import torch
+import cli_model
+
+
+def make():
+    torch.manual_seed(0)
+    return cli_model.Tiny().eval(), (torch.randn(2, 4),)
+'''
+
+METHOD = "cli_model.Tiny.fwd"
+FACTORS = {"format", "method", "signature", "module_state", "config", "decompositions", "software", "devices"}
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("GEARCACHE_HOME", "GEARCACHE_LOG")}
+    env.update(extra)
+    return env
+
+
+def _cmd(args, exe: list[str] | None = None) -> list[str]:
+    return (exe or [sys.executable, "-m", "gearcache.cli"]) + [str(a) for a in args]
+
+
+def gc(*args, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real command; returns the CompletedProcess (text)."""
+    return subprocess.run(_cmd(args), capture_output=True, text=True, cwd=cwd, env=env or _env(), timeout=120)
+
+
+def gc_many(commands: dict[str, list]) -> dict[str, subprocess.CompletedProcess]:
+    """Run several read-only invocations at once (each one's cost is mostly importing torch)."""
+    procs = {name: subprocess.Popen(_cmd(args[1:], args[0]) if args and isinstance(args[0], list) else _cmd(args),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for name, args in commands.items()}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        out[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return out
+
+
+def as_json(proc: subprocess.CompletedProcess, rc: int = 0) -> dict:
+    assert proc.returncode == rc, f"rc {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout)
+
+
+def gc_json(*args, rc: int = 0) -> dict:
+    return as_json(gc(*args, "--json"), rc)
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory):
+    """(cache folder, cold process, warmup process): two entries compiled cold, then one loaded by `warmup`."""
+    work = tmp_path_factory.mktemp("cli")
+    (work / "cli_model.py").write_text(MODEL)
+    (work / "populate.py").write_text(POPULATE)
+    (work / "cli_factory.py").write_text(FACTORY)
+    cache = work / "cache"
+    # rows 2 twice (the second call is a hit), then 3: two compiles, the second one's miss differs in 'signature'
+    cold = subprocess.run([sys.executable, "populate.py", str(cache), "2", "2", "3"], cwd=work, capture_output=True,
+                          text=True, env=_env(GEARCACHE_LOG="INFO"), timeout=300)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    warm = gc("warmup", "cli_factory:make", "--cache-dir", cache, cwd=work, env=_env(GEARCACHE_LOG="INFO"))
+    return cache, cold, warm
+
+
+@pytest.fixture(scope="module")
+def listing(populated) -> list[dict]:
+    """`ls --json` of the populated folder (after warmup)."""
+    return as_json(gc("ls", "--cache-dir", populated[0], "--json"))["entries"]
+
+
+@pytest.fixture(scope="module")
+def reads(populated, listing) -> dict[str, subprocess.CompletedProcess]:
+    """Every read-only invocation the tests below check, run in parallel."""
+    cache = populated[0]
+    a, b = listing[0]["ekey"], listing[1]["ekey"]
+    commands = {
+        "ls": ["ls", "--cache-dir", cache],
+        "inspect": ["inspect", a[:8], "--cache-dir", cache],
+        "inspect_json": ["inspect", a[:8], "--cache-dir", cache, "--json"],
+        "explain": ["explain", a[:10], b, "--cache-dir", cache],
+        "explain_method": ["explain", "--method", "Tiny.fwd", "--cache-dir", cache, "--json"],
+        "stats": ["stats", "--cache-dir", cache, "--json"],
+        "missing": ["ls", "--cache-dir", cache.parent / "nope"],
+        "bad_entry": ["inspect", "ffffffffff", "--cache-dir", cache, "--json"],
+    }
+    exe = shutil.which("gearcache")
+    if exe is not None:
+        commands["console_script"] = [[exe], "--help"]
+    return gc_many(commands)
+
+
+# ------------------------------------------------------------------------------------------------ the process side
+def test_logging_reports_miss_compile_and_load(populated):
+    _, cold, warm = populated
+    misses = [line for line in cold.stderr.splitlines() if ": miss, compiling entry" in line]
+    assert len(misses) == 2, cold.stderr[-3000:]
+    assert "no entry of this method on disk yet" in misses[0]
+    assert "signature" in misses[1] and "nearest entry" in misses[1]
+    assert sum("compiled entry" in line for line in cold.stderr.splitlines()) == 2
+    loads = [line for line in warm.stderr.splitlines() if "loaded entry" in line]
+    assert len(loads) == 1 and " s" in loads[0], warm.stderr[-3000:]
+
+
+def test_warmup(populated):
+    cache, _, warm = populated
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert f"gearcache warmup: cached ({METHOD}) ..." in warm.stderr
+    assert "1 gear(s)" in warm.stderr                      # the progress line, per method
+    row = next(line for line in warm.stdout.splitlines() if METHOD in line).split()
+    assert row[:3] == ["cached", METHOD, "1"]              # attribute, method, gears
+    assert row[3:5] == ["0", "1"]                          # nothing compiled, one entry loaded
+    assert str(cache.resolve()) in warm.stdout             # --cache-dir reached cache_compile(cache_dir=None)
+
+
+# --------------------------------------------------------------------------------------------------------- reads
+def test_ls_human_and_json(reads, listing):
+    human = reads["ls"]
+    assert human.returncode == 0, human.stderr
+    lines = human.stdout.splitlines()
+    assert lines[0].split() == ["METHOD", "TOPOLOGY", "ENTRY", "SIGNATURE", "GEARS", "SIZE", "LAST", "USED", "LOADS",
+                                "HITS"]
+    assert sum(METHOD in line for line in lines) == 2
+    assert "(float32[2, 4] cpu) grad=off" in human.stdout and "(float32[3, 4] cpu) grad=off" in human.stdout
+    assert lines[1].index("world1_rank0_tp0_pp0") == lines[0].index("TOPOLOGY")     # aligned columns
+    assert len(listing) == 2 and {e["method"] for e in listing} == {METHOD}
+    by_sig = {e["signature"]: e for e in listing}
+    two = by_sig["(float32[2, 4] cpu) grad=off"]
+    assert two["loads"] == 1 and two["hits"] >= 1          # loaded by warmup; one hit in the cold process
+    assert all(e["bytes"] > 10_000 and e["gears"] == [] and e["last_used"] for e in listing)
+
+
+def test_inspect_by_prefix(reads, listing, populated):
+    entry, cache = listing[0], populated[0]
+    human = reads["inspect"]
+    assert human.returncode == 0, human.stderr
+    for word in ["key factors:", "generated code:", "graph inputs (recipe):", "graph outputs (recipe):",
+                 "dependencies:", entry["akey"], "module tensor lin.weight", "cli_model.py"]:
+        assert word in human.stdout, word
+    doc = as_json(reads["inspect_json"])
+    assert doc["ekey"] == entry["ekey"] and doc["akey"] == entry["akey"]
+    assert {f["name"] for f in doc["factors"]} == FACTORS
+    assert all(len(f["hash"]) == 64 for f in doc["factors"])
+    assert doc["generated_code"] and all(p.endswith(".py") and Path(p).is_file() for p in doc["generated_code"])
+    assert doc["generated_code"][0].startswith(str(cache.resolve() / "artifacts" / entry["akey"] / "inductor"))
+    assert [k for k, _ in doc["inputs"]].count("leaf") == 1 and doc["outputs"]["leaves"]
+    assert doc["dependencies"][0]["file"].endswith("cli_model.py") and not doc["dependencies"][0]["changed"]
+
+
+def test_explain_two_entries_names_signature(reads):
+    human = reads["explain"]
+    assert human.returncode == 1, human.stderr
+    assert "1 key factor(s) differ: signature" in human.stdout
+    row = next(line for line in human.stdout.splitlines() if line.startswith("signature "))
+    assert "float32[2, 4]" in row and "float32[3, 4]" in row            # both values
+
+
+def test_explain_latest_miss_of_a_method(reads, listing):
+    doc = as_json(reads["explain_method"], rc=1)
+    assert doc["method"] == METHOD
+    assert doc["miss"]["signature"] == "(float32[3, 4] cpu) grad=off" and doc["miss"]["compiled_as_entry"]
+    assert [d["factor"] for d in doc["differs"]] == ["signature"]
+    assert doc["differs"][0]["hash_a"] != doc["differs"][0]["hash_b"]
+    assert doc["nearest"] != doc["miss"]["ekey"] and doc["nearest"] in {e["ekey"] for e in listing}
+
+
+def test_stats_consistent_with_ls(reads, listing):
+    stats = as_json(reads["stats"])
+    assert stats["entries"] == len(listing) == 2 and stats["artifacts"] == 2 and stats["methods"] == 1
+    assert stats["total_bytes"] == sum(e["bytes"] for e in listing)
+    assert stats["loads"] == sum(e["loads"] for e in listing) >= 1
+    assert stats["hits"] == sum(e["hits"] for e in listing) >= 1
+    assert stats["compile_seconds"] > 0 and stats["load_seconds"] > 0
+    assert stats["padding_waste"] is None
+
+
+def test_errors_exit_2(reads):
+    missing = reads["missing"]
+    assert missing.returncode == 2 and "no cache folder" in missing.stderr
+    assert "no entry" in as_json(reads["bad_entry"], rc=2)["error"]
+
+
+def test_console_script_help(reads):
+    if "console_script" not in reads:
+        pytest.skip("the gearcache console script is not installed (pip install -e .)")
+    proc = reads["console_script"]
+    assert proc.returncode == 0, proc.stderr
+    for sub in ("ls", "inspect", "explain", "verify", "prune", "warmup", "stats"):
+        assert sub in proc.stdout
+
+
+# -------------------------------------------------------------------------------------------------------- writes
+@pytest.fixture()
+def cache_copy(populated, tmp_path) -> Path:
+    dest = tmp_path / "cache"
+    shutil.copytree(populated[0], dest)
+    return dest
+
+
+def test_verify_finds_a_flipped_byte_and_prune_removes_it(cache_copy, listing):
+    victim, other = listing
+    code = sorted((cache_copy / "artifacts" / victim["akey"] / "inductor").rglob("*.py"))[0]
+    data = bytearray(code.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    code.write_bytes(bytes(data))
+
+    proc = gc("verify", "--cache-dir", cache_copy)
+    assert proc.returncode == 1
+    rows = {line.split()[2]: line for line in proc.stdout.splitlines()[1:3]}
+    assert rows[victim["ekey"][:12]].startswith("corrupt") and code.name in rows[victim["ekey"][:12]]
+    assert rows[other["ekey"][:12]].startswith("ok")
+    assert "PROBLEMS FOUND" in proc.stdout
+
+    before = sorted(p for p in cache_copy.rglob("*") if "index" not in p.parts)
+    dry = gc_json("prune", "--corrupt", "--cache-dir", cache_copy)
+    assert dry["dry_run"] and [e["ekey"] for e in dry["entries"]] == [victim["ekey"]]
+    assert [a["akey"] for a in dry["artifacts"]] == [victim["akey"]]
+    assert sorted(p for p in cache_copy.rglob("*") if "index" not in p.parts) == before     # nothing deleted
+
+    done = gc_json("prune", "--corrupt", "--yes", "--cache-dir", cache_copy)
+    assert done["deleted_artifacts"] == [victim["akey"]] and not done["skipped_locked"]
+    assert not (cache_copy / "artifacts" / victim["akey"]).exists()
+    after = gc_json("verify", "--cache-dir", cache_copy)
+    assert after["ok"] and [e["ekey"] for e in after["entries"]] == [other["ekey"]]
+
+
+def test_prune_older_than_dry_run_then_yes(cache_copy):
+    import diskcache
+
+    dry = gc("prune", "--older-than", "0", "--cache-dir", cache_copy)
+    assert dry.returncode == 0 and "would delete 2 entries" in dry.stdout and "--yes" in dry.stdout
+    assert len(list((cache_copy / "artifacts").iterdir())) == 2
+    assert len(list((cache_copy / "entries").rglob("*.json"))) == 2
+    done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
+    assert not done["dry_run"] and len(done["deleted_artifacts"]) == 2 and done["bytes_freed"] > 0
+    assert list((cache_copy / "artifacts").iterdir()) == []
+    assert list((cache_copy / "entries").rglob("*.json")) == []
+    assert list(diskcache.Index(str(cache_copy / "index")).keys()) == []              # index rows gone too
+
+
+# ------------------------------------------------------------------------------------------- helpers, in process
+def test_table_sizes_gears_levels(tmp_path):
+    table = cli.format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
+    assert table.splitlines() == ["NAME        N", "a           1", "long name  22"]
+    assert cli.parse_size("2K") == 2048 and cli.parse_size("1.5M") == 1572864 and cli.parse_size("100") == 100
+    folder = tmp_path / "entries" / "world1_rank0_tp0_pp0" / "m.M.f" / "plans"
+    folder.mkdir(parents=True)
+    (folder / "p.json").write_text(json.dumps({"plan": {"dims": [
+        {"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}}))
+    plans = cli.Cache(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
+    assert cli.fmt_gears(plans) == "x:0=[1,2,4]"
+    assert parse_level("info") == 20 and parse_level("15") == 15 and parse_level("nope") is None
+
+
+def test_logging_env_configures_only_the_gearcache_logger(monkeypatch):
+    import logging
+
+    from gearcache.log import configure_from_env
+
+    logger, root = logging.getLogger("gearcache"), logging.getLogger()
+    saved, root_state = (logger.level, list(logger.handlers)), (root.level, list(root.handlers))
+    try:
+        logger.handlers.clear()
+        monkeypatch.setenv("GEARCACHE_LOG", "debug")
+        configure_from_env()
+        configure_from_env()
+        assert logger.level == logging.DEBUG and len(logger.handlers) == 1
+        assert (root.level, list(root.handlers)) == root_state
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
