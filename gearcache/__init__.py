@@ -9,6 +9,7 @@ from .backend import get_backend
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
+from .cuda_graphs import mark_static_address
 from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, SignatureMismatchError, UnsupportedInputError, UntrustedCacheError)
@@ -16,6 +17,6 @@ from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradMode
 _configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "get_backend", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
+__all__ = ["cache_compile", "get_backend", "mark_static_address", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
            "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
            "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError"]

@@ -26,6 +26,7 @@ from . import signature
 from . import gears
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
+from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
@@ -52,6 +53,7 @@ class CachedFunction:
         self._first: Entry | None = None
         self._lock = threading.RLock()
         self._method_digest = source_digest(method.__func__)
+        self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
 
@@ -65,6 +67,8 @@ class CachedFunction:
         plan = self._gears
         if plan is None and not self._gears_checked:
             plan = self._init_gears(args, kwargs, leaves, key)
+        if self.graphs is not None:
+            return self.graphs.call(plan, leaves, key)
         if plan is not None:
             return self._call_geared(plan, leaves, key)
         entry = self._table.get(key)
@@ -73,6 +77,13 @@ class CachedFunction:
         else:
             counters.hits += 1
             entry.hits += 1
+        return entry(leaves)
+
+    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
+        """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
+        if plan is not None:
+            return self._call_geared(plan, leaves, key)
+        entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
     def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:

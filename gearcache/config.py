@@ -62,6 +62,10 @@ class InferenceConfig(BaseModel):
     past_largest_gear: Literal["error", "eager", "compile"] = "error"
     """A call larger than the largest gear: raise, run uncompiled (warned once, counted), or add an exact entry."""
 
+    graph_outputs: Literal["copy", "view"] = "copy"
+    """Under mode="reduce-overhead": return copies of the CUDA graph's outputs, or views into its static outputs
+    (no copy; the next call of the same gear overwrites them)."""
+
     verify_padding: bool = False
     """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""
 
@@ -111,8 +115,13 @@ class CompilerConfig(BaseModel):
         return value
 
     def compile_factors(self) -> dict[str, Any]:
-        """The fields that change the compiled code, in a stable JSON-able form (a cache key factor)."""
-        return {"mode": self.mode, "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
+        """What changes the compiled code, in a stable JSON-able form (a cache key factor): the Inductor settings the
+        mode implies plus ``inductor_options``. ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are
+        captured per process), so the two share entries."""
+        from . import _torch_compat as compat
+
+        options = {**compat.mode_options(self.mode), **self.inductor_options}
+        return {"inductor_options": {k: repr(v) for k, v in sorted(options.items())}}
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "CompilerConfig":

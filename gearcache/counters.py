@@ -27,8 +27,10 @@ class Counters:
     pads: int = 0              # calls that were padded up to a gear
     quarantined: int = 0       # artifacts moved aside after a failed digest or signature check
     evictions: int = 0         # entries evicted under config.max_size
+    graph_captures: int = 0    # CUDA graphs captured (mode="reduce-overhead")
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
+    capture_seconds: float = 0.0
 
     def snapshot(self) -> "Counters":
         return copy.copy(self)

@@ -114,6 +114,7 @@ def test_cudagraph_options_rejected(name):
 def test_compile_factors_change_with_mode_and_inductor_options():
     base = CompilerConfig().compile_factors()
     assert CompilerConfig(mode="max-autotune").compile_factors() != base
+    assert CompilerConfig(mode="reduce-overhead").compile_factors() == base    # CUDA graphs are not compiled code
     assert CompilerConfig(inductor_options={"max_autotune": True}).compile_factors() != base
     assert (CompilerConfig(inductor_options={"max_autotune": True}).compile_factors()
             != CompilerConfig(inductor_options={"max_autotune": False}).compile_factors())

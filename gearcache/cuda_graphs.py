@@ -1,0 +1,196 @@
+"""CUDA graphs per gear (``CompilerConfig(mode="reduce-overhead")``).
+
+Gears make shapes static, so every gear's entry can be captured once as a CUDA graph and replayed. Graphs are not
+serialisable: each process captures its own, from the kernels it loaded (no compiler runs), at warm-up or on a gear's
+first call; the capture time is counted (``counters.graph_captures``, ``counters.capture_seconds``) and logged.
+
+Per graph, every tensor input that is not a weight gets a static buffer. A call copies (and pads) its inputs into the
+buffers in one step per input (a fill of the pad value, then the copy of the real rows), replays, cuts the outputs
+back to the call's sizes and returns copies of them (``inference_config.graph_outputs = "copy"``, the default), or
+views into the graph's static outputs (``"view"``: the next replay of that gear overwrites them).
+
+Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
+then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
+that the graph writes to is detected at capture and refused (its update would land in a private buffer).
+All graphs of a method share one memory pool. Weights are read at the addresses they had at capture: update them in
+place (``load_state_dict`` and ``.copy_()`` do); replacing a Parameter object needs :meth:`CudaGraphs.reset`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from . import signature
+from .counters import counters
+from .errors import ConfigError, UnsupportedInputError
+
+log = logging.getLogger("gearcache")
+STATIC_ADDRESS_ATTR = "_gearcache_static_address"
+
+
+def mark_static_address(tensor: torch.Tensor) -> torch.Tensor:
+    """Declare that ``tensor`` is passed (the same storage) on every call, e.g. a KV cache updated in place."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"mark_static_address: tensor={type(tensor).__qualname__} is not a torch.Tensor")
+    setattr(tensor, STATIC_ADDRESS_ATTR, True)
+    return tensor
+
+
+def _is_static_address(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) and getattr(leaf, STATIC_ADDRESS_ATTR, False)
+
+
+class GraphedEntry:
+    """One entry (one gear) captured as a CUDA graph, with its static input buffers."""
+
+    def __init__(self, entry: Any, graph: torch.cuda.CUDAGraph, outs: list, copies: list, static_ptrs: list):
+        self.entry, self.graph, self.outs = entry, graph, outs
+        self.copies = copies                  # [(leaf index, static buffer, pad value)]
+        self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
+
+    def run(self, leaves: tuple) -> list:
+        for i, buf, pad in self.copies:
+            src = leaves[i]
+            if src.shape == buf.shape:
+                buf.copy_(src)
+            else:
+                buf.fill_(pad)
+                buf[tuple(slice(0, s) for s in src.shape)].copy_(src)
+        for i, ptr in self.static_ptrs:
+            if leaves[i].data_ptr() != ptr:
+                raise UnsupportedInputError(
+                    f"input {i} was marked with mark_static_address, but this call passes another tensor (storage "
+                    f"{leaves[i].data_ptr():#x}, captured {ptr:#x}). Pass the same tensor on every call, or call "
+                    f".graphs.reset() on the cached method after replacing it")
+        self.graph.replay()
+        return self.outs
+
+
+class CudaGraphs:
+    """The CUDA graphs of one cached method, keyed by gear and input metadata."""
+
+    def __init__(self, cached: Any):
+        self.cached = cached
+        self.pool = None
+        self.graphs: dict[tuple, GraphedEntry] = {}
+
+    def reset(self) -> None:
+        """Drop every captured graph (they are captured again on their next call)."""
+        self.graphs.clear()
+        self.pool = None
+
+    def call(self, plan: Any, leaves: tuple, key: tuple) -> Any:
+        targets = plan.targets(leaves) if plan is not None else None
+        if plan is not None and targets is None:
+            return self.cached._past_largest(plan, leaves, key)
+        gkey = self._graph_key(plan, leaves, key, targets)
+        graphed = self.graphs.get(gkey)
+        if graphed is None:
+            if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves):
+                return self.cached._call_uncaptured(plan, leaves, key)      # CPU inputs: no graphs, same entries
+            graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+        else:
+            counters.hits += 1
+        outs = graphed.run(leaves)
+        if plan is not None:
+            outs = plan.cut(graphed.entry, outs, leaves)
+        if self.cached.config.inference_config.graph_outputs == "copy":
+            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+        return graphed.entry.build(outs, leaves)
+
+    @staticmethod
+    def _graph_key(plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:
+        shapes: dict[int, list[int]] = {}
+        if plan is not None:
+            for d, t in zip(plan.dims, targets):
+                shapes.setdefault(d.leaf, list(leaves[d.leaf].shape))[d.dim] = t
+        parts = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                shape = tuple(shapes[i]) if i in shapes else tuple(leaf.shape)
+                static = leaf.stride() if _is_static_address(leaf) else None
+                parts.append((shape, static, leaf.dtype, leaf.device))
+            else:
+                parts.append((type(leaf), leaf))
+        return (key[0], key[1], *parts)
+
+    def _capture(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
+        """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it."""
+        t0 = time.perf_counter()
+        pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
+        static_leaves = list(leaves)
+        copies, static_ptrs = [], []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            if leaf.device.type != "cuda":
+                raise UnsupportedInputError(f"mode='reduce-overhead' captures CUDA graphs; input {i} is on {leaf.device}")
+            if _is_static_address(leaf):
+                if i in pad_of:
+                    raise ConfigError(f"input {i} is marked with mark_static_address and has gears; a static-address "
+                                      f"input cannot be padded")
+                static_ptrs.append((i, leaf.data_ptr()))
+                continue
+            buf = leaf.new_empty(leaf.shape if plan is None else
+                                 [t for t in _target_shape(plan, leaves, targets, i)])
+            static_leaves[i] = buf
+            copies.append((i, buf, pad_of.get(i, 0.0)))
+        static_leaves = tuple(static_leaves)
+        graphed = GraphedEntry(None, None, [], copies, static_ptrs)
+        skey = signature.rekey(key, static_leaves)
+        entry = self.cached._table.get(skey) or self.cached._miss(
+            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+        graphed.entry = entry
+        _fill(graphed, leaves)
+        self._warm_up(entry, static_leaves, copies)
+        graph = torch.cuda.CUDAGraph()
+        _fill(graphed, leaves)
+        with torch.cuda.graph(graph, pool=self.pool):
+            outs = entry.compiled(*entry.gather(static_leaves))
+        if self.pool is None:
+            self.pool = graph.pool()
+        graphed.graph, graphed.outs = graph, list(outs)
+        dt = time.perf_counter() - t0
+        counters.graph_captures += 1
+        counters.capture_seconds += dt
+        log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
+                 [tuple(b.shape) for _, b, _ in copies], dt)
+        return graphed
+
+    @staticmethod
+    def _warm_up(entry: Any, static_leaves: tuple, copies: list) -> None:
+        """Run the entry on a side stream (as CUDA graph capture requires) and refuse inputs it writes to."""
+        before = [buf.clone() for _, buf, _ in copies]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            entry.compiled(*entry.gather(static_leaves))
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for (i, buf, _), old in zip(copies, before):
+            if not torch.equal(buf, old):
+                raise UnsupportedInputError(
+                    f"the method writes to its input {i} in place; under CUDA graphs that input must keep its storage. "
+                    f"Fix: gearcache.mark_static_address(tensor) on it (and pass the same tensor on every call)")
+
+
+def _target_shape(plan: Any, leaves: tuple, targets: list[int], i: int) -> list[int]:
+    shape = list(leaves[i].shape)
+    for d, t in zip(plan.dims, targets):
+        if d.leaf == i:
+            shape[d.dim] = t
+    return shape
+
+
+def _fill(graphed: GraphedEntry, leaves: tuple) -> None:
+    """Copy (and pad) the call's inputs into the static buffers without replaying."""
+    for i, buf, pad in graphed.copies:
+        src = leaves[i]
+        if src.shape == buf.shape:
+            buf.copy_(src)
+        else:
+            buf.fill_(pad)
+            buf[tuple(slice(0, s) for s in src.shape)].copy_(src)

@@ -1,0 +1,85 @@
+"""CUDA graphs per gear (mode="reduce-overhead"). The GPU tests need CUDA: on the device machine run
+``GEARCACHE_TEST_DEVICE=cuda python -m pytest tests/test_cuda_graphs.py``; CI (no GPU) runs the CPU fallback test."""
+import pytest
+import torch
+
+import gearcache
+from gearcache import CompilerConfig, counters, mark_static_address
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+
+
+class Step(torch.nn.Module):
+    """A decode-like step: a per-row MLP plus an in-place KV cache update at `pos`."""
+
+    def __init__(self, cache_dir, config):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+        self.cached_kv = gearcache.cache_compile(self.fwd_kv, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        return torch.tanh(self.lin(x)) * 2, x.sum(-1)
+
+    def fwd_kv(self, x, kv, pos):
+        kv.index_copy_(1, pos, self.lin(x))          # in place, as a static KV cache is
+        return kv.sum(1)
+
+
+def _config(**gears):
+    cfg = CompilerConfig(mode="reduce-overhead")
+    cfg.inference_config.dim_gears = gears
+    return cfg
+
+
+def test_reduce_overhead_on_cpu_inputs_runs_the_same_entries(tmp_path):
+    m = Step(tmp_path, _config(x={0: [2, 4]}))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        out, total = m.cached(x)
+    torch.testing.assert_close(out, m.fwd(x)[0])
+    assert counters.graph_captures == 0
+
+
+@needs_cuda
+def test_graph_replay_equals_eager_for_every_gear(tmp_path):
+    torch.manual_seed(0)
+    m = Step(tmp_path, _config(x={0: [1, 2, 4, 8]})).cuda()
+    with torch.inference_mode():
+        before = counters.graph_captures
+        m.cached.warmup(torch.zeros(8, 8, device="cuda"))
+        assert counters.graph_captures - before == 4
+        for _ in range(3):
+            for n in range(1, 9):
+                x = torch.randn(n, 8, device="cuda")
+                out, total = m.cached(x)
+                ref, ref_total = m.fwd(x)
+                torch.testing.assert_close(out, ref)
+                torch.testing.assert_close(total, ref_total)
+        assert counters.graph_captures - before == 4, "no capture after warm-up"
+
+
+@needs_cuda
+def test_kv_cache_updated_in_place_stays_right_over_100_steps(tmp_path):
+    torch.manual_seed(0)
+    m = Step(tmp_path, _config()).cuda()
+    kv = mark_static_address(torch.zeros(2, 100, 8, device="cuda"))
+    ref_kv = torch.zeros(2, 100, 8, device="cuda")
+    with torch.inference_mode():
+        for step in range(100):
+            x = torch.randn(2, 1, 8, device="cuda")
+            pos = torch.tensor([step], device="cuda")
+            out = m.cached_kv(x, kv, pos)
+            ref = m.fwd_kv(x, ref_kv, pos)
+            torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(kv, ref_kv)
+        with pytest.raises(gearcache.UnsupportedInputError, match="another tensor"):
+            m.cached_kv(x, kv.clone(), pos)
+
+
+@needs_cuda
+def test_unmarked_input_written_in_place_is_refused(tmp_path):
+    m = Step(tmp_path, _config()).cuda()
+    with torch.inference_mode(), pytest.raises(gearcache.UnsupportedInputError, match="mark_static_address"):
+        m.cached_kv(torch.randn(2, 1, 8, device="cuda"), torch.zeros(2, 4, 8, device="cuda"),
+                    torch.tensor([0], device="cuda"))
