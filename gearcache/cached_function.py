@@ -172,9 +172,10 @@ class CachedFunction:
             return 1
         combos = plan.combinations()
         show = sys.stderr.isatty()
+        call = self.graphs.call if self.graphs is not None else self._call_geared   # graphs: capture them now
         for i, sizes in enumerate(combos, 1):
             gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
-            self._call_geared(plan, gear_leaves, signature.rekey(key, gear_leaves))
+            call(plan, gear_leaves, signature.rekey(key, gear_leaves))
             if self.config.inference_config.verify_padding:
                 self._verify_gear(plan, leaves, key, sizes)
             if show:

@@ -100,6 +100,28 @@ class CompilerConfig(BaseModel):
     lock_timeout_s: float = Field(default=900.0, gt=0)
     """How long a process waits for another that is compiling the same artifact."""
 
+    lock_mode: Literal["flock", "soft"] = "flock"
+    """``"flock"``: kernel locks (released when a process dies). ``"soft"``: lock files (``filelock.SoftFileLock``) for
+    network filesystems without working ``flock``; a soft lock whose holder died on this host, or older than
+    ``lock_timeout_s``, is removed. Every process sharing a folder must use the same mode."""
+
+    max_size: int | None = Field(default=None, gt=0)
+    """Bytes of compiled artifacts the folder may hold. Publishing past it evicts the least recently used artifacts
+    (with their entries) that no live process has loaded. ``None``: unbounded."""
+
+    signing_key: str | None = Field(default=None, repr=False)
+    """HMAC-SHA256 key (else ``$GEARCACHE_SIGNING_KEY``). With a key, artifacts and entry manifests are signed when
+    written, and unsigned or wrongly signed ones are never loaded (quarantined and rebuilt). Not a key factor."""
+
+    trust_shared_folder: bool = False
+    """With a signing key: accept a group-writable (or group member owned) folder, signatures being the protection.
+    Without a key it changes nothing."""
+
+    on_cache_error: Literal["memory", "eager", "raise"] = "memory"
+    """The store cannot be written (read-only, disk full, vanished, untrusted, lock timeout): compile and run without
+    persisting (``"memory"``), run the method uncompiled (``"eager"``, warned, counted in ``counters.eager_calls``),
+    or raise. A warning names the error and the fix once per process."""
+
     @field_validator("inductor_options")
     @classmethod
     def _check_inductor_options(cls, value: dict[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,19 @@ class UntrustedCacheError(GearcacheError, PermissionError):
     def __str__(self) -> str:
         why = self.why or f"mode {oct(self.mode & 0o777)} lets other users write it"
         return (f"refusing to load from {self.path}: {why}, and loading an artifact executes its code. "
-                f"Fix: `chmod go-w {self.path}` and make sure you own it, or use a private cache_dir.")
+                f"Fix: `chmod go-w {self.path}` and make sure you own it, or use a private cache_dir; for a folder "
+                f"shared by a group on purpose, set a signing key (config.signing_key or $GEARCACHE_SIGNING_KEY) "
+                f"and config.trust_shared_folder=True, so that only signed artifacts are ever loaded.")
+
+
+class UntrustedArtifactError(UntrustedCacheError, CacheCorruptionError):
+    """One artifact folder (or a file in it) is writable by others or owned by another user, inside a store that is
+    itself trusted: it is treated like a corrupt artifact (never executed, quarantined, rebuilt)."""
+
+    def __init__(self, path: str, mode: int, why: str = ""):
+        PermissionError.__init__(self, path, mode, why)     # CacheCorruptionError's __init__ takes other arguments
+        self.path, self.mode, self.why = path, mode, why
+        self.reason = why or f"mode {oct(mode & 0o777)} lets other users write it"
 
 
 class LockTimeoutError(GearcacheError, TimeoutError):
@@ -94,5 +106,6 @@ class LockTimeoutError(GearcacheError, TimeoutError):
 
     def __str__(self) -> str:
         return (f"waited {self.timeout:g} s for {self.lock_path}: another process is still compiling this artifact "
-                f"(or died holding a lock on a filesystem without flock). Fix: raise config.lock_timeout_s, or "
-                f"delete the lock file if no gearcache process is running.")
+                f"(or a lock_mode='soft' holder on another host died). Fix: raise config.lock_timeout_s, or delete "
+                f"the lock file if no gearcache process is running (a soft lock whose holder died on this host, or "
+                f"older than lock_timeout_s, is removed by the next process that waits on it).")
