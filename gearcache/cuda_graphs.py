@@ -145,7 +145,11 @@ class CudaGraphs:
             *signature.unflatten(key[0], static_leaves), static_leaves, skey)
         graphed.entry = entry
         _fill(graphed, leaves)
+        # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
+        saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
         self._warm_up(entry, static_leaves, copies)
+        for tensor, before in saved:
+            tensor.copy_(before)
         graph = torch.cuda.CUDAGraph()
         _fill(graphed, leaves)
         with torch.cuda.graph(graph, pool=self.pool):
