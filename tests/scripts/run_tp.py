@@ -1,0 +1,56 @@
+"""A tensor-parallel toy under torchrun (gloo): a row-parallel linear with dist.all_reduce inside the cached method.
+
+usage: torchrun --standalone --nproc-per-node N run_tp.py CACHE_DIR OUT_DIR
+Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, and its topology folder.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from gearcache import cache_compile, counters
+
+
+class RowParallelLinear(torch.nn.Module):
+    def __init__(self, cache_dir, rank):
+        super().__init__()
+        torch.manual_seed(100 + rank)                 # different weights on every rank
+        self.shard = torch.nn.Linear(8, 4, bias=False)
+        self.bias = torch.nn.Parameter(torch.randn(4))
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, tp_rank=rank)
+
+    def fwd(self, x_local):
+        y = self.shard(x_local)
+        dist.all_reduce(y)
+        return y + self.bias
+
+
+def main() -> None:
+    cache_dir, out_dir = sys.argv[1], sys.argv[2]
+    device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+    rank = int(os.environ["RANK"])
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = f"cuda:{torch.cuda.current_device()}"
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    model = RowParallelLinear(cache_dir, rank).eval().to(device)
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(7 + rank)).to(device)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model.cached(x)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        first_call_s = time.perf_counter() - t0
+        ref = model.fwd(x)
+    report = {"rank": rank, "equal": bool(torch.allclose(out, ref, atol=1e-5)), "counters": dict(vars(counters)),
+              "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Ranks: per-topology entries, one shared folder, each distinct graph compiled once across processes."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _torchrun(nproc: int, cache: Path, out: Path) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(SCRIPTS / "run_tp.py"), str(cache), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_tensor_parallel_cold_then_warm_start_with_all_reduce_inside(tmp_path, nproc):
+    cache = tmp_path / "cache"
+    cold = _torchrun(nproc, cache, tmp_path / "cold")
+    assert all(r["equal"] for r in cold), "outputs equal eager (all_reduce over the live gloo group) on every rank"
+    assert sum(r["counters"]["compiles"] for r in cold) == 1, "the shared graph is compiled once across ranks"
+    assert sum(r["counters"]["traces"] for r in cold) == nproc, "each rank may trace to find the shared artifact"
+    assert [r["topology"] for r in cold] == [f"world{nproc}_rank{r}_tp{r}_pp0" for r in range(nproc)]
+    for r in cold:                                  # each rank has its own manifest folder
+        assert any((cache / "entries" / r["topology"]).rglob("*.json"))
+    assert len(list((cache / "artifacts").iterdir())) == 1
+    warm = _torchrun(nproc, cache, tmp_path / "warm")
+    assert all(r["equal"] for r in warm)
+    assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
+    assert all(r["counters"]["loads"] == 1 for r in warm)
+
+
+def test_eight_processes_racing_on_one_empty_folder(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "race_compile.py"), str(cache)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(8)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["equal"] for r in reports)
+    assert sum(r["compiles"] for r in reports) == 1, "one process compiles, the others wait and load"
+    artifacts = list((cache / "artifacts").iterdir())
+    assert len(artifacts) == 1 and (artifacts[0] / "MANIFEST.json").is_file()
+    assert not any((cache / "tmp").iterdir()), "no temp folders left"
+    assert not list(cache.rglob("*.tmp")), "no temp files left"
