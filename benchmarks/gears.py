@@ -104,7 +104,7 @@ def main() -> None:
             assert logits.shape[0] == batch and new_kv.shape[2] == batch
             real_rows += batch
             padded_rows += next(g for g in gear_sizes if g >= batch)
-        print(f"\nbatch sweep 1..64")
+        print("\nbatch sweep 1..64")
         print(f"{'path':44} {'compiles':>9} {'total':>9}  note")
         print(f"{'gearcache (gears 1..64, after warm-up)':44} {counters.compiles + counters.traces - compiles_before:>9} "
               f"{sweep_s:>8.2f}s  (calls only) padding waste {padded_rows / real_rows:.2f}x ({padded_rows} padded / {real_rows} real rows)")

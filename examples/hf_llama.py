@@ -32,12 +32,14 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fresh_process import run_fresh  # noqa: E402
 
 from gearcache import CompilerConfig, cache_compile, counters
 
@@ -180,18 +182,7 @@ def run_child(args, label: str) -> dict:
         cmd += ["--gears", ",".join(map(str, args.gears))]
     if args.warmup:
         cmd.append("--warmup")
-    with tempfile.TemporaryDirectory(prefix="hf_llama-torch-caches-") as caches:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-               "TRITON_CACHE_DIR": os.path.join(caches, "triton")}
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        elapsed = time.perf_counter() - t0
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"{label}: the child process failed with exit code {proc.returncode}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["process_s"] = elapsed
-    return report
+    return run_fresh(cmd, label)
 
 
 def main(argv=None) -> int:

@@ -52,13 +52,7 @@ class GraphedEntry:
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
 
     def run(self, leaves: tuple) -> list:
-        for i, buf, pad in self.copies:
-            src = leaves[i]
-            if src.shape == buf.shape:
-                buf.copy_(src)
-            else:
-                buf.fill_(pad)
-                buf[tuple(slice(0, s) for s in src.shape)].copy_(src)
+        _fill(self, leaves)
         for i, ptr in self.static_ptrs:
             if leaves[i].data_ptr() != ptr:
                 raise UnsupportedInputError(
