@@ -43,7 +43,7 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynam
         raise ConfigError(f"custom_decompositions={custom_decompositions!r}: expected a dict {{torch op: function}}")
     if cache_dir is not None and not isinstance(cache_dir, str) and not hasattr(cache_dir, "__fspath__"):
         raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
-    return CachedFunction(func, config=config, store=Store(cache_dir, lock_timeout_s=config.lock_timeout_s),
+    return CachedFunction(func, config=config, store=Store.from_config(cache_dir, config),
                           topology=resolve_topology(global_rank, tp_rank, pp_rank),
                           decompositions=custom_decompositions)
 

@@ -62,17 +62,25 @@ def warn_once(store: Store, exc: BaseException, consequence: str) -> None:
 
 
 class _Build:
-    """``build`` wrapped so that an error raised inside the compile is told from one raised by the store."""
+    """``build`` run into a private folder, then copied into the store's work folder: an error of the compile is
+    told from one of the store, and when the store fails after the compile, the compiled folder is still there
+    (policy "memory" loads it instead of compiling twice)."""
 
-    def __init__(self, build: Callable[[pathlib.Path], None]):
-        self.build, self.raised = build, False
+    def __init__(self, build: Callable[[pathlib.Path], None], akey: str):
+        self.build, self.akey = build, akey
+        self.raised = False
+        self.private: pathlib.Path | None = None
 
     def __call__(self, folder: pathlib.Path) -> None:
+        private = private_folder(self.akey)
         try:
-            self.build(folder)
+            self.build(private / "inductor")
         except BaseException:
             self.raised = True
+            shutil.rmtree(private, ignore_errors=True)
             raise
+        self.private = private
+        shutil.copytree(private / "inductor", folder, symlinks=True)
 
 
 def publish_or_fallback(store: Store, akey: str, build: Callable[[pathlib.Path], None],
@@ -83,10 +91,10 @@ def publish_or_fallback(store: Store, akey: str, build: Callable[[pathlib.Path],
     ``"memory"`` after a store fault, or a read-only store's artifact copied out to be loadable — a private temporary
     folder (:func:`persisted` tells which: persist the entry manifest only for the store's). ``(None, False)``:
     policy ``"eager"`` after a fault; run the method uncompiled (:class:`EagerEntry`). Errors of the compile itself
-    (anything but a storage ``OSError``) are raised whatever the policy."""
+    (anything but a storage ``OSError``) are raised whatever the policy; a compile never runs twice."""
     if policy not in POLICIES:
         raise ValueError(f"on_cache_error={policy!r}: expected one of {POLICIES}")
-    wrapped = _Build(build)
+    wrapped = _Build(build, akey)
     try:
         folder, built = store.publish_artifact(akey, wrapped)
     except OSError as exc:              # LockTimeoutError and UntrustedCacheError are OSErrors too
@@ -99,11 +107,26 @@ def publish_or_fallback(store: Store, akey: str, build: Callable[[pathlib.Path],
                                   "gearcache.counters.eager_calls)")
             return None, False
         warn_once(store, exc, "compiled entries are kept in memory only (on_cache_error='memory')")
+        if wrapped.private is not None:
+            return wrapped.private, True                # compiled before the store failed: not compiled again
         folder = private_folder(akey)
         build(folder / "inductor")
         return folder, True
+    if wrapped.private is not None:
+        shutil.rmtree(wrapped.private, ignore_errors=True)     # published: the store's copy is the one loaded
     if not built and not _writable(folder):
-        return private_copy(store, akey), False
+        try:
+            return private_copy(store, akey), False
+        except (CacheCorruptionError, OSError) as exc:     # changed or removed since it was checked
+            if policy == "raise":
+                raise
+            if policy == "eager":
+                warn_once(store, exc, "the method runs uncompiled (on_cache_error='eager')")
+                return None, False
+            warn_once(store, exc, "compiled entries are kept in memory only (on_cache_error='memory')")
+            folder = private_folder(akey)
+            build(folder / "inductor")
+            return folder, True
     return folder, built
 
 

@@ -89,16 +89,23 @@ def _tmp_tag() -> str:
     return f"{HOST_TAG}{uuid.uuid4().hex[:8]}"
 
 
-def _makedirs(path: pathlib.Path, mode: int) -> None:
-    """``mkdir -p`` where every folder created gets ``mode`` (pathlib gives missing parents the default mode)."""
-    if path.is_dir():
-        return
-    _makedirs(path.parent, mode)
+def _mkdir(path: pathlib.Path, mode: int) -> None:
+    """``mkdir`` with exactly ``mode`` (not narrowed by the umask: a shared store's folders are group-writable)."""
     try:
         path.mkdir(mode=mode)
     except FileExistsError:
         if not path.is_dir():
             raise
+        return
+    os.chmod(path, mode)
+
+
+def _makedirs(path: pathlib.Path, mode: int) -> None:
+    """``mkdir -p`` where every folder created gets ``mode`` (pathlib gives missing parents the default mode)."""
+    if path.is_dir():
+        return
+    _makedirs(path.parent, mode)
+    _mkdir(path, mode)
 
 
 def write_json_atomic(path: pathlib.Path, data: Any, *, dir_mode: int = 0o700) -> None:
@@ -193,17 +200,15 @@ def _release_leases(root: str, akeys: set[str], pid: int) -> None:
     if os.getpid() != pid:
         return                                  # a forked child: the leases are its parent's
     for akey in list(akeys):
-        with _LEASES_LOCK:
+        with _LEASES_LOCK:                      # unlinked under the lock: a new lease() of this process waits
             n = _LEASES.get((root, akey), 0) - 1
             if n > 0:
                 _LEASES[(root, akey)] = n
                 continue
             _LEASES.pop((root, akey), None)
-        path = pathlib.Path(root) / "leases" / akey / f"{pid}@{HOST}"
-        with contextlib.suppress(OSError):
-            path.unlink()
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()                 # only when empty
+            path = pathlib.Path(root) / "leases" / akey / f"{pid}@{HOST}"
+            with contextlib.suppress(OSError):
+                path.unlink()                   # (empty lease folders are removed by Store.cleanup)
 
 
 class Store:
@@ -260,10 +265,11 @@ class Store:
     def _ensure_root(self) -> None:
         if self._checked:
             return
-        self.root.mkdir(mode=self._dir_mode, parents=True, exist_ok=True)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        _mkdir(self.root, self._dir_mode)
         self._check_trusted(self.root)
         for sub in ("artifacts", "entries", "locks", "tmp"):
-            (self.root / sub).mkdir(mode=self._dir_mode, exist_ok=True)
+            _mkdir(self.root / sub, self._dir_mode)
         for sub in ("artifacts", "entries"):
             self._check_trusted(self.root / sub)
         self._checked = True
@@ -285,7 +291,7 @@ class Store:
         """Loading executes code: refuse a folder another user owns or can write (a sticky shared root is fine; with
         a signing key and ``trust_shared_folder``, group members are trusted). ``artifact``: raise
         ``UntrustedArtifactError``, which is also a ``CacheCorruptionError`` (quarantined and rebuilt)."""
-        st = path.lstat()
+        st = path.stat()
         why = self._untrusted_why(st, stat.S_ISDIR(st.st_mode))
         if why is not None:
             cls = UntrustedArtifactError if artifact else UntrustedCacheError
@@ -308,8 +314,9 @@ class Store:
     def cleanup(self) -> dict[str, int]:
         """Remove what killed processes left behind: work folders in ``tmp/`` whose pid is dead (another host's:
         older than an hour), temp manifest files likewise, leases of dead processes, and (``lock_mode="soft"``)
-        stale soft locks. Never raises; returns counts per kind."""
-        done = {"tmp": 0, "partial_files": 0, "leases": 0, "soft_locks": 0}
+        stale soft locks; with ``max_size``, evict down to it (artifacts that were in use when the folder went over
+        the cap may not be any more). Never raises; returns counts per kind."""
+        done = {"tmp": 0, "partial_files": 0, "leases": 0, "soft_locks": 0, "evicted": 0}
         now = time.time()
         try:
             for path in list((self.root / "tmp").iterdir()):
@@ -346,6 +353,8 @@ class Store:
                     done["soft_locks"] += self._break_stale_soft_lock(lock)
             except OSError:
                 pass
+        if self.max_size is not None:       # a folder left over the cap (its artifacts were in use) is trimmed
+            done["evicted"] = len(self.evict(when="when a process opened it"))
         if any(done.values()):
             log.info("cleaned %s: %s", self.root, ", ".join(f"{v} {k}" for k, v in done.items() if v))
         return done
@@ -434,11 +443,12 @@ class Store:
         """Mark artifact ``akey`` as in use by this process (``leases/<akey>/<pid>@<host>``) for as long as this
         Store lives: eviction never removes it meanwhile. Idempotent, cheap after the first call, never raises.
         ``read_entry`` and ``publish_artifact`` take it before they verify the artifact, so an artifact cannot be
-        evicted between its check and its load."""
+        evicted between its check and its load (the lease file is written under ``locks/<akey>.lease.lock``, which
+        an evictor holds while it checks the leases and moves the artifact away)."""
         if akey in self._leased:
             return
         pid = os.getpid()
-        with _LEASES_LOCK:
+        with _LEASES_LOCK:              # counted first: from now on no Store of this process removes the file
             held = _LEASES.get((str(self.root), akey), 0)
             _LEASES[(str(self.root), akey)] = held + 1
             self._leased.add(akey)
@@ -446,19 +456,30 @@ class Store:
                 self._lease_finalizer = weakref.finalize(self, _release_leases, str(self.root), self._leased, pid)
         path = self.root / "leases" / akey / f"{pid}@{HOST}"
         if held and path.exists():
-            return
+            return                      # (the first lease of this process always writes: a file left by an
+                                        # earlier process with the same pid names another start time)
         try:
-            _makedirs(path.parent, self._dir_mode)
-            lock = self._lock_path(akey, "lease")
             try:
-                with self._locked(lock, min(self.lock_timeout_s, LEASE_LOCK_TIMEOUT_S)):
-                    path.write_text(_start_token(pid) + "\n")
+                with self._locked(self._lock_path(akey, "lease"), min(self.lock_timeout_s, LEASE_LOCK_TIMEOUT_S)):
+                    self._write_lease(path)
             except LockTimeoutError:
-                path.write_text(_start_token(pid) + "\n")       # better a lease without the lock than none
+                self._write_lease(path)                         # better a lease without the lock than none
         except OSError as exc:
             log.debug("could not write lease %s (%s); the artifact may be evicted while in use", path, exc)
             return
         self._touch_artifact(akey)
+
+    def _write_lease(self, path: pathlib.Path) -> None:
+        for attempt in range(3):
+            try:
+                if not path.parent.parent.is_dir():
+                    _mkdir(path.parent.parent, self._dir_mode)       # never recreates a vanished root
+                _mkdir(path.parent, self._dir_mode)
+                path.write_text(_start_token(os.getpid()) + "\n")
+                return
+            except FileNotFoundError:
+                if attempt == 2 or not self.root.is_dir():
+                    raise                       # (an empty lease folder removed by a cleanup meanwhile: again)
 
     def release(self, akey: str) -> None:
         """Give up this Store's lease of ``akey`` (the file goes when no other Store of this process holds it)."""
@@ -553,16 +574,15 @@ class Store:
         if not quarantine:
             log.debug("entry manifest %s %s; skipped", path, why)
             return None
-        if quarantine:
-            dest = self.root / "quarantine" / "entries" / f"{path.stem}.{int(time.time())}.{uuid.uuid4().hex[:6]}.json"
-            try:
-                _makedirs(dest.parent, self._dir_mode)
-                _rename(path, dest)
-                counters.quarantined += 1
-                log.warning("entry manifest %s %s; moved to %s, treated as a miss", path, why, dest)
-                return None
-            except OSError:
-                pass
+        dest = self.root / "quarantine" / "entries" / f"{path.stem}.{int(time.time())}.{uuid.uuid4().hex[:6]}.json"
+        try:
+            _makedirs(dest.parent, self._dir_mode)
+            _rename(path, dest)
+            counters.quarantined += 1
+            log.warning("entry manifest %s %s; moved to %s, treated as a miss", path, why, dest)
+            return None
+        except OSError:
+            pass
         log.warning("entry manifest %s %s; treated as a miss", path, why)
         return None
 
@@ -699,7 +719,7 @@ class Store:
     def _quarantine_locked(self, akey: str, reason: str) -> None:
         folder = self.artifact_dir(akey)
         dest = self.root / "quarantine" / f"{akey}.{int(time.time())}.{uuid.uuid4().hex[:6]}"
-        dest.parent.mkdir(mode=self._dir_mode, parents=True, exist_ok=True)
+        _makedirs(dest.parent, self._dir_mode)
         try:
             _rename(folder, dest)
         except FileNotFoundError:
@@ -714,6 +734,8 @@ class Store:
         that is renamed into place after its digests (and signature) are written. With ``max_size``, publishing
         evicts least recently used artifacts until the folder fits."""
         self._ensure_root()
+        if not (self.root / "tmp").is_dir():
+            raise FileNotFoundError(errno.ENOENT, "the cache folder vanished while this process ran", str(self.root))
         self.lease(akey)
         final = self.artifact_dir(akey)
         if self._valid(akey, quarantine=False):
@@ -735,7 +757,7 @@ class Store:
         now = time.time()
         self._index_put(f"artifact:{akey}", {"bytes": size, "created": now, "last_used": now})
         if self.max_size is not None:
-            self.evict(keep={akey}, trigger=akey)
+            self.evict(keep={akey}, when=f"after publishing {akey}")
         return final, True
 
     def _remove(self, folder: pathlib.Path, akey: str) -> None:
@@ -816,13 +838,14 @@ class Store:
             log.debug("cache index unreadable (%s); eviction goes by manifest age", exc)
         return out
 
-    def evict(self, *, keep: set[str] | frozenset[str] = frozenset(), trigger: str | None = None) -> list[str]:
+    def evict(self, *, keep: set[str] | frozenset[str] = frozenset(), when: str | None = None) -> list[str]:
         """Evict least recently used artifacts (index ``last_used``, then manifest mtime) with their entry manifests
         until the artifacts fit in ``max_size``; an artifact a live process holds a lease on, or in ``keep``, stays.
         Returns the evicted keys. Never raises."""
         if self.max_size is None:
             return []
         try:
+            self._ensure_root()             # first: its cleanup may evict already (and must not run in the middle)
             sizes = self.artifact_sizes()
             total = sum(s for s, _ in sizes.values())
             if total <= self.max_size:
@@ -834,8 +857,8 @@ class Store:
             for akey in order:
                 if total <= self.max_size:
                     break
-                reason = (f"the folder held {before} bytes of artifacts, over max_size={self.max_size}"
-                          + (f" after publishing {trigger}" if trigger else ""))
+                reason = f"the folder held {before} bytes of artifacts, over max_size={self.max_size}" + (
+                    f" {when}" if when else "")
                 if self._evict_one(akey, refs.get(akey, []), sizes[akey][0], used.get(akey), reason):
                     total -= sizes[akey][0]
                     evicted.append(akey)

@@ -59,7 +59,7 @@ def test_extra_fields_forbidden():
     with pytest.raises(pydantic.ValidationError, match="gears"):
         InferenceConfig(gears={})
     with pytest.raises(pydantic.ValidationError):
-        CompilerConfig().trust_shared_folder = True
+        CompilerConfig().no_such_field = True
 
 
 def test_dim_gears_normalised():
