@@ -23,7 +23,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import gears
+from . import faults, gears
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -265,7 +265,10 @@ class CachedFunction:
             log.warning("%s: %s; recompiling", self.name, exc)
             return None
         t0 = time.perf_counter()
-        compiled = compat.load_folder(self.store.artifact_dir(akey) / "inductor")
+        compiled = faults.load_artifact(self.store, akey)     # a verified private copy if the folder is read-only
+        if compiled is None:
+            return None                                       # vanished since it was verified: a miss
+        self.store.lease(akey)                                # in use: not evicted under max_size
         entry = Entry(compiled, self._module, manifest)
         dt = time.perf_counter() - t0
         counters.loads += 1
@@ -288,8 +291,8 @@ class CachedFunction:
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
         akey, artifact_factors = self._artifact_key(captured, factors)
-        folder, built = self.store.publish_artifact(akey, lambda work: self._build(captured, work))
-        compiled = compat.load_folder(folder / "inductor")
+        folder, built = faults.publish_or_fallback(self.store, akey, lambda work: self._build(captured, work),
+                                                   self.config.on_cache_error)
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
             "topology": self.topology.folder, "signature": desc, "factors": factors,
@@ -297,8 +300,12 @@ class CachedFunction:
             "dependencies": captured.dependencies, "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
-        entry = Entry(compiled, self._module, manifest)
-        self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
+        if folder is None:                                    # the store failed and on_cache_error="eager"
+            return faults.EagerEntry(self._method, args, kwargs, manifest)
+        entry = Entry(compat.load_folder(folder / "inductor"), self._module, manifest)
+        if faults.persisted(self.store, akey, folder):
+            self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
+            self.store.lease(akey)
         log.info("%s: %s entry %s (artifact %s) in %.2f s", self.name, "compiled" if built else "reused artifact for",
                  ekey, akey, time.perf_counter() - t0)
         return entry

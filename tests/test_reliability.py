@@ -26,7 +26,6 @@ import pydantic
 import pytest
 import torch
 
-import gearcache.cached_function as cached_function_module
 import reliability_child as rc
 from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError, cache_compile, counters)
@@ -37,9 +36,6 @@ from gearcache.errors import UntrustedArtifactError
 from gearcache.store import HOST, HOST_TAG, Store
 
 KEY = "reliability-test-key"
-needs_inserts = pytest.mark.skipif(
-    not hasattr(cached_function_module, "faults"),
-    reason="needs the cached_function.py inserts listed in docs/RELIABILITY.md (on_cache_error, read-only loads)")
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +316,6 @@ def refuse(monkeypatch, code: int, what: str = "_rename", only=lambda *a: True) 
     monkeypatch.setattr(store_module, what, fail)
 
 
-@needs_inserts
 def test_full_disk_memory_policy_runs_compiled_and_persists_nothing(tmp_path, fake_compile, monkeypatch, caplog):
     root = tmp_path / "cache"
     with monkeypatch.context() as m:
@@ -341,7 +336,6 @@ def test_full_disk_memory_policy_runs_compiled_and_persists_nothing(tmp_path, fa
     assert list((root / "artifacts").iterdir())
 
 
-@needs_inserts
 def test_full_disk_eager_policy_runs_uncompiled(tmp_path, fake_compile, monkeypatch, caplog):
     refuse(monkeypatch, errno.ENOSPC, "_rename")
     model = rc.make(tmp_path / "cache", CompilerConfig(on_cache_error="eager"))
@@ -350,7 +344,6 @@ def test_full_disk_eager_policy_runs_uncompiled(tmp_path, fake_compile, monkeypa
     assert "on_cache_error='eager'" in caplog.text
 
 
-@needs_inserts
 def test_full_disk_raise_policy_raises(tmp_path, fake_compile, monkeypatch):
     refuse(monkeypatch, errno.ENOSPC, "_rename")
     with pytest.raises(OSError) as info:
@@ -391,7 +384,6 @@ def read_only(root: pathlib.Path):
         subprocess.run(["umount", root])
 
 
-@needs_inserts
 def test_read_only_folder_serves_its_entries_and_compiles_new_ones_in_memory(cache, akeys, fake_compile, caplog):
     shutil.rmtree(cache / "artifacts" / akeys["7"])
     entry_of(cache, akeys["7"]).unlink()
@@ -405,7 +397,6 @@ def test_read_only_folder_serves_its_entries_and_compiles_new_ones_in_memory(cac
     assert not (cache / "artifacts" / akeys["7"]).exists()
 
 
-@needs_inserts
 def test_folder_vanishing_mid_run(cache, fake_compile, caplog):
     model = rc.make(cache)
     assert rc.check_call(model, 2)
@@ -416,7 +407,6 @@ def test_folder_vanishing_mid_run(cache, fake_compile, caplog):
     assert not cache.exists(), "a folder deleted under a running process is not recreated by it"
 
 
-@needs_inserts
 def test_lock_timeout_compiles_in_memory(tmp_path, prebuilt, akeys, fake_compile, caplog):
     import filelock
 
@@ -430,7 +420,6 @@ def test_lock_timeout_compiles_in_memory(tmp_path, prebuilt, akeys, fake_compile
     assert "waited 0.2 s" in caplog.text and "lock_timeout_s" in caplog.text
 
 
-@needs_inserts
 def test_untrusted_folder_policy(tmp_path, fake_compile, caplog):
     root = tmp_path / "shared"
     root.mkdir()
