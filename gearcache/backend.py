@@ -27,7 +27,7 @@ def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str
     config = compiler_config if compiler_config is not None else CompilerConfig()
     if not isinstance(config, CompilerConfig):
         raise ConfigError(f"compiler_config={config!r}: expected a gearcache.CompilerConfig")
-    store = Store(cache_dir, lock_timeout_s=config.lock_timeout_s)
+    store = Store.from_config(cache_dir, config)
 
     def gearcache_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
         return GearedGraph(gm, list(example_inputs), config, store)

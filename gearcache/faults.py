@@ -192,7 +192,9 @@ class EagerEntry:
     def __init__(self, method: Callable, args: tuple, kwargs: dict, manifest: dict[str, Any]):
         self.method = method
         self.structure = signature.call_key(args, kwargs)[1][0]
-        self.manifest = dict(manifest, eager=True)
+        # the compiled graph's output recipe does not apply: here the "graph outputs" are the method's output leaves
+        self.manifest = {k: v for k, v in manifest.items() if k != "outputs"}
+        self.manifest["eager"] = True
         self.hits = 0
         self.out_structure = None
         warnings.warn(f"gearcache: {manifest.get('method', 'a cached method')} runs uncompiled for this input "

@@ -431,6 +431,24 @@ def test_untrusted_folder_policy(tmp_path, fake_compile, caplog):
         rc.check_call(rc.make(root, CompilerConfig(on_cache_error="raise")), 2)
 
 
+def test_eager_entry_stands_in_for_a_compiled_one():
+    """Same interface as Entry (gears call gather/compiled/build and read manifest["outputs"]); every call counted."""
+    class Two(torch.nn.Module):
+        def run(self, x, y):
+            return {"sum": x + y, "pair": (y, x * 2)}
+
+    x, y = torch.ones(2), torch.arange(2.0)
+    with pytest.warns(UserWarning, match="runs uncompiled"):
+        entry = faults.EagerEntry(Two().run, (x, y), {}, {"ekey": "e", "method": "m", "outputs": {
+            "leaves": [["out", 2], ["leaf", 0], ["out", 0]]}})          # a compiled graph's recipe: not used
+    with counters.expect(eager_calls=2):
+        out = entry((x, y))
+        flat = entry.compiled(*entry.gather((x, y)))
+    assert torch.equal(out["sum"], x + y) and torch.equal(out["pair"][1], x * 2) and isinstance(out["pair"], tuple)
+    assert len(flat) == 3 and entry.manifest["outputs"]["leaves"] == [["out", 0], ["out", 1], ["out", 2]]
+    assert torch.equal(entry.build(flat, (x, y))["pair"][0], y)
+
+
 def test_policy_rejects_unknown(tmp_path):
     with pytest.raises(ValueError, match="on_cache_error"):
         faults.publish_or_fallback(Store(tmp_path), "a" * 40, Builder(), "ignore")
