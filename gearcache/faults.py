@@ -214,17 +214,7 @@ class EagerEntry:
         return outs
 
     def build(self, outs: list, leaves: tuple) -> Any:
-        it = iter(outs)
-
-        def rebuild(node: Any) -> Any:
-            if node is None:
-                return next(it)
-            kind = node[0]
-            if kind is dict:
-                return {k: rebuild(child) for k, child in zip(node[1], node[2:])}
-            return kind(rebuild(child) for child in node[1:])
-
-        return rebuild(self.out_structure)
+        return signature.rebuild(self.out_structure, iter(outs))
 
     def __call__(self, leaves: tuple) -> Any:
         return self.build(self.compiled(*self.gather(leaves)), leaves)

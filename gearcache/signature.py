@@ -84,18 +84,19 @@ def rekey(key: tuple, leaves: tuple) -> tuple:
     return (key[0], key[1], *[_leaf_key(leaf) for leaf in leaves])
 
 
+def rebuild(node: Any, leaves: Any) -> Any:
+    """Rebuild one structure node (from ``_flatten``) taking its leaves from the iterator ``leaves``."""
+    if node is None:
+        return next(leaves)
+    kind = node[0]
+    if kind is dict:
+        return {k: rebuild(child, leaves) for k, child in zip(node[1], node[2:])}
+    return kind(rebuild(child, leaves) for child in node[1:])
+
+
 def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
     """Rebuild ``(args, kwargs)`` from a key's structure (``key[0]``) and leaves: the inverse of ``call_key``."""
     if isinstance(structure, int):
         return tuple(leaves), {}
     it = iter(leaves)
-
-    def build(node: Any) -> Any:
-        if node is None:
-            return next(it)
-        kind = node[0]
-        if kind is dict:
-            return {k: build(child) for k, child in zip(node[1], node[2:])}
-        return kind(build(child) for child in node[1:])
-
-    return build(structure[0]), build(structure[1])
+    return rebuild(structure[0], it), rebuild(structure[1], it)
