@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
-from . import gears
+from . import gears, runplan
 from .config import CompilerConfig
 from .counters import counters
 from .errors import ConfigError
@@ -129,4 +129,4 @@ class GearedGraph:
             counters.compile_seconds += time.perf_counter() - t0
         else:
             counters.loads += 1
-        return compat.load_folder(folder / "inductor")
+        return runplan.load_artifact(folder)

@@ -23,7 +23,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import faults, gears
+from . import faults, gears, runplan
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -302,7 +302,7 @@ class CachedFunction:
         }
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self._method, args, kwargs, manifest)
-        entry = Entry(compat.load_folder(folder / "inductor"), self._module, manifest)
+        entry = Entry(runplan.load_artifact(folder), self._module, manifest)
         if faults.persisted(self.store, akey, folder):
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)

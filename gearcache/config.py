@@ -137,13 +137,13 @@ class CompilerConfig(BaseModel):
         return value
 
     def compile_factors(self) -> dict[str, Any]:
-        """What changes the compiled code, in a stable JSON-able form (a cache key factor): the Inductor settings the
-        mode implies plus ``inductor_options``. ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are
+        """What changes the compiled code, in a stable JSON-able form (a cache key factor): the mode as compiled plus
+        ``inductor_options`` (computed without importing torch's compiler: a warm start must not). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are
         captured per process), so the two share entries."""
         from . import _torch_compat as compat
 
-        options = {**compat.mode_options(self.mode), **self.inductor_options}
-        return {"inductor_options": {k: repr(v) for k, v in sorted(options.items())}}
+        return {"mode": compat.compiled_mode(self.mode),
+                "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "CompilerConfig":

@@ -21,6 +21,7 @@ class Counters:
     traces: int = 0            # Dynamo captures of a cached method
     compiles: int = 0          # Inductor compiles gearcache started
     loads: int = 0             # artifacts loaded from disk into a process
+    direct_loads: int = 0      # ... of which by gearcache's own loader (run plan: torch's compiler not imported)
     hits: int = 0              # calls served by an entry already in memory
     misses: int = 0            # calls whose signature had no entry in memory
     eager_calls: int = 0       # calls run uncompiled by policy (past the largest gear, or a cache fault)

@@ -24,8 +24,7 @@ import threading
 import warnings
 from typing import Any, Callable
 
-from . import _torch_compat as compat
-from . import signature
+from . import runplan, signature
 from .counters import counters
 from .errors import CacheCorruptionError, LockTimeoutError, UntrustedCacheError
 from .store import Store, storage_fix
@@ -62,7 +61,8 @@ def warn_once(store: Store, exc: BaseException, consequence: str) -> None:
 
 
 class _Build:
-    """``build`` run into a private folder, then copied into the store's work folder: an error of the compile is
+    """``build`` run into a private folder, then copied into the store's work folder (``build`` writes
+    ``<artifact>/inductor`` and may write siblings such as ``<artifact>/runplan``): an error of the compile is
     told from one of the store, and when the store fails after the compile, the compiled folder is still there
     (policy "memory" loads it instead of compiling twice)."""
 
@@ -80,7 +80,8 @@ class _Build:
             shutil.rmtree(private, ignore_errors=True)
             raise
         self.private = private
-        shutil.copytree(private / "inductor", folder, symlinks=True)
+        for part in sorted(private.iterdir()):          # inductor/ and runplan/
+            shutil.copytree(part, folder.parent / part.name, symlinks=True)
 
 
 def publish_or_fallback(store: Store, akey: str, build: Callable[[pathlib.Path], None],
@@ -145,7 +146,7 @@ def load_artifact(store: Store, akey: str) -> Callable[..., Any] | None:
     try:
         if not _writable(folder):
             folder = private_copy(store, akey)
-        return compat.load_folder(folder / "inductor")
+        return runplan.load_artifact(folder)
     except Exception as exc:
         if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError):
             raise                       # a real load failure: not ours to hide

@@ -14,8 +14,9 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger("gearcache.key")
 
-FORMAT_VERSION = 1
-"""gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes."""
+FORMAT_VERSION = 2
+"""gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
+2: artifacts carry a run plan (gearcache/runplan.py); the config factor names the mode instead of its options."""
 
 
 def canonical_json(value: Any) -> str:
