@@ -24,6 +24,15 @@ def test_warm_process_traces_and_compiles_nothing(tiny_lm_cache, empty_torch_cac
     assert warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
 
 
+def test_warm_process_does_not_import_torchs_compiler(tiny_lm_cache, empty_torch_caches):
+    """Entries load through their run plans (gearcache.runplan): Dynamo and Inductor are never imported."""
+    cache, _ = tiny_lm_cache
+    warm = run_script("run_tiny_lm.py", str(cache), env=empty_torch_caches)
+    assert warm["equal"]
+    assert warm["counters"]["direct_loads"] == 2 and warm["counters"]["loads"] == 2
+    assert warm["compiler_modules"] == []
+
+
 def test_loaded_entry_reads_live_weights(tiny_lm_cache, empty_torch_caches):
     cache, _ = tiny_lm_cache
     warm = run_script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights", env=empty_torch_caches)

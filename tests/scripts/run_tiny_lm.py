@@ -40,6 +40,9 @@ with torch.inference_mode():
         report["mutated_equal"] = bool(torch.allclose(out, ref, atol=1e-5))
         report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
 report["device"] = str(kv.device)
+# torch's compiler stack, which a warm start must not import (the hooks above import it themselves)
+report["compiler_modules"] = sorted(m for m in sys.modules if m.split(".")[:2] in (["torch", "_inductor"],
+                                                                                  ["torch", "_dynamo"]))
 report["counters"] = {k: v for k, v in vars(counters).items()}
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
