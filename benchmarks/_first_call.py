@@ -27,6 +27,20 @@ def sync():
 
 
 report = {"variant": variant}
+
+
+def _p50(call, n: int) -> float:
+    """Median wall time of ``call()`` in µs over ``n`` calls (after 200 warm-up calls)."""
+    for _ in range(200):
+        call()
+    sync()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - t)
+    sync()
+    return statistics.median(times) / 1e3
 if variant == "gearcache":
     from gearcache import cache_compile, counters
 
@@ -63,6 +77,7 @@ with torch.inference_mode():
     sync()
     report["first_call_s"] = time.perf_counter() - t0
     report["process_to_first_output_s"] = time.perf_counter() - T_PROCESS
+    report["compiler_imported"] = "torch._inductor" in sys.modules
     if profile is not None:
         import pstats
 
@@ -94,6 +109,15 @@ with torch.inference_mode():
         sync()
         report["entry_call_p50_us"] = statistics.median(t_entry) / 1e3
         report["direct_call_p50_us"] = statistics.median(t_direct) / 1e3
+        wrapper = getattr(direct, "wrapper_call", None)     # Inductor's generated call(list), under a run plan
+        if wrapper is not None:
+            report["wrapper_call_p50_us"] = _p50(lambda: wrapper(list(args)), n)
+            report["entry_call_vs_wrapper_p50_us"] = _p50(lambda: fn(x, kv, pos), n) - report["wrapper_call_p50_us"]
+            from gearcache import _torch_compat as compat
+
+            torch_loaded = compat.load_folder(fn.store.artifact_dir(entry.manifest["akey"]) / "inductor")
+            torch_loaded(*args)
+            report["torch_loaded_call_p50_us"] = _p50(lambda: torch_loaded(*args), n)
         # gearcache's own work per call, without the compiled graph: key + lookup + gather + build.
         leaves = (x, kv, pos)
         outs = direct(*args)

@@ -75,7 +75,8 @@ def warm_child(cache_dir: str) -> None:
         model.cached_decode.warmup(x, kv, pos)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    print(json.dumps({"warm_all_gears_s": dt, "counters": dict(vars(counters))}))
+    print(json.dumps({"warm_all_gears_s": dt, "counters": dict(vars(counters)),
+                      "compiler_imported": "torch._inductor" in sys.modules or "torch._dynamo" in sys.modules}))
 
 
 def main() -> None:
@@ -162,9 +163,10 @@ def main() -> None:
     print(f"batch sweep 1..64 with CUDA graphs: {sweep_compiles} compiles after warm-up, {total:.3f} s of calls, "
           f"padding waste {padded / real:.2f}x; every output equal to eager (bf16 tolerance)")
     print(f"warm start, fresh process, empty Inductor/Triton caches: every gear loaded and captured in "
-          f"{warm['warm_all_gears_s']:.2f} s (loads {warm['counters']['loads']}, compiles "
-          f"{warm['counters']['compiles']}, traces {warm['counters']['traces']}, captures "
-          f"{warm['counters']['graph_captures']})")
+          f"{warm['warm_all_gears_s']:.2f} s (loads {warm['counters']['loads']}, of which through run plans "
+          f"{warm['counters']['direct_loads']}; compiles {warm['counters']['compiles']}, traces "
+          f"{warm['counters']['traces']}, captures {warm['counters']['graph_captures']}, capture alone "
+          f"{warm['counters']['capture_seconds']:.2f} s; torch's compiler imported: {warm['compiler_imported']})")
 
 
 if __name__ == "__main__":

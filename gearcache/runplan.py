@@ -165,6 +165,7 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
         return outs
 
     run.num_outputs = n_out         # type: ignore[attr-defined]
+    run.wrapper_call = call         # type: ignore[attr-defined] # Inductor's call(list): for benchmarks
     return run
 
 
