@@ -191,7 +191,7 @@ class _TritonKernel:
                  *[f"    grid_{i} = {expr}" for i, expr in enumerate(spec["grid"])],
                  f"    launch(function, grid_0, grid_1, grid_2, {int(spec['num_warps'])}, {int(spec['shared'])}, "
                  f"{spec['arg_types']!r}, ({', '.join(args)},), stream)"]
-        scope = {"launch": compat.launch_cubin, "function": self._function, "__builtins__": builtins}
+        scope = {"launch": compat.cubin_launcher(), "function": self._function, "__builtins__": builtins}
         exec(compile("\n".join(lines), f"<gearcache launcher {name}>", "exec"), scope)
         self.run = scope["launcher"]
 

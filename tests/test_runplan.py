@@ -112,3 +112,18 @@ def test_graph_returning_a_view_of_its_input_falls_back_to_torchs_loader(tmp_pat
     assert warm["equal"] and warm["aliases_input"]
     assert warm["counters"]["loads"] == 1 and warm["counters"]["direct_loads"] == 0
     assert warm["counters"]["compiles"] == 0
+
+
+def test_triton_launcher_computes_the_grid_and_passes_the_cubin_arguments(tmp_path, monkeypatch):
+    """The launcher built from a launch record (the GPU path, checked here with torch's launcher stubbed)."""
+    launches = []
+    monkeypatch.setattr(runplan.compat, "load_cubin", lambda path, fn, shared, device: ("handle", path, fn, device))
+    monkeypatch.setattr(runplan.compat, "cubin_launcher", lambda: lambda *a: launches.append(a))
+    spec = {"cubin": "runplan/kernels/K.cubin", "function": "triton_poi_0", "shared": 0, "num_warps": 4,
+            "arg_types": "OOiOO", "scratch_args": 2, "def_args": ["in_ptr0", "out_ptr0", "xnumel"],
+            "call_args": ["in_ptr0", "out_ptr0", "xnumel"], "grid_prefix": [],
+            "grid": ["-((xnumel) // -(512))", "1", "1"]}
+    kernel = runplan._TritonKernel("triton_poi_0", spec, tmp_path, 1)
+    kernel.run("a", "b", 1025, stream=7)
+    handle = ("handle", str(tmp_path / "runplan/kernels/K.cubin"), "triton_poi_0", 1)
+    assert launches == [(handle, 3, 1, 1, 4, 0, "OOiOO", ("a", "b", 1025, None, None), 7)]
