@@ -262,12 +262,15 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     _require(len(fx.device_idxs) <= 1, "more than one GPU in one graph")
     mutated = sorted(set(fx.mutated_input_idxs) | set(getattr(meta, "mutated_graph_handled_indices", [])))
 
-    reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
-    module = _wrapper_module(fx.cache_key, folder)
     source = fx.source_code
     uses = _wrapper_uses(source)
     _require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
              f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
+    collectives = sorted({f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES})
+    # The check below runs the graph in this process alone; collectives would wait for ranks that are not running it.
+    _require(not collectives, f"collectives ({', '.join(collectives[:3])})")
+    reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
+    module = _wrapper_module(fx.cache_key, folder)
     plan: dict[str, Any] = {
         "format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py",
         "device_type": "cuda" if "cuda" in devices else "cpu", "device_index": next(iter(fx.device_idxs), 0),
@@ -289,6 +292,10 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
                             *(("in-place input", inputs[i], ref_inputs[i]) for i in mutated)]:
         _require(_same(got, want, loose), f"its {what} differs from torch's loader's")
     return plan
+
+
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor",
+                          "symm_mem"}
 
 
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:

@@ -134,11 +134,11 @@ class CudaGraphs:
             copies.append((i, buf, pad_of.get(i, 0.0)))
         static_leaves = tuple(static_leaves)
         graphed = GraphedEntry(None, None, [], copies, static_ptrs)
+        _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
         entry = self.cached._table.get(skey) or self.cached._miss(
             *signature.unflatten(key[0], static_leaves), static_leaves, skey)
         graphed.entry = entry
-        _fill(graphed, leaves)
         # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
         saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
         self._warm_up(entry, static_leaves, copies)
