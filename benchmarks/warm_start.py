@@ -69,7 +69,7 @@ def main() -> None:
           f"directly {warm['direct_call_p50_us']:.1f} us, overhead {warm['entry_call_p50_us'] - warm['direct_call_p50_us']:.1f} us")
     if "wrapper_call_p50_us" in warm:
         print(f"per call p50 over {n} calls: Inductor's generated call() directly {warm['wrapper_call_p50_us']:.1f} us, "
-              f"loaded entry above it {warm['entry_call_vs_wrapper_p50_us']:.1f} us; the same artifact loaded by "
+              f"loaded entry above it (median of paired differences) {warm['entry_call_vs_wrapper_p50_us']:.1f} us; the same artifact loaded by "
               f"torch's loader {warm['torch_loaded_call_p50_us']:.1f} us")
     print(f"gearcache dispatch glue alone (signature key, table lookup, gather inputs, build result), p50: "
           f"{warm['dispatch_glue_p50_us']:.2f} us")
