@@ -73,6 +73,10 @@ def main() -> None:
               f"torch's loader {warm['torch_loaded_call_p50_us']:.1f} us")
     print(f"gearcache dispatch glue alone (signature key, table lookup, gather inputs, build result), p50: "
           f"{warm['dispatch_glue_p50_us']:.2f} us")
+    if "run_plan_own_p50_us" in warm:
+        print(f"run plan's own per-call work (alignment and grad checks around call()), p50: "
+              f"{warm['run_plan_own_p50_us']:.2f} us; overhead above Inductor's call(): "
+              f"{warm['dispatch_glue_p50_us'] + warm['run_plan_own_p50_us']:.2f} us")
     if "step_us" in warm:
         print(f"decode step (CUDA events, mean of 100): {warm['step_us']:.0f} us")
     if opts.out:

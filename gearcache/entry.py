@@ -22,6 +22,9 @@ class Entry:
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.gather = _make_gather(manifest["inputs"], module)
         self.build = _make_build(manifest["outputs"], module)
+        stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
+        if stable is not None:
+            stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
 
     def __call__(self, leaves: tuple) -> Any:
         return self.build(self.compiled(*self.gather(leaves)), leaves)

@@ -38,6 +38,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import operator
 import os
 import pathlib
 import sys
@@ -127,22 +128,47 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
     """The per-call function: what torch's AOTAutograd and CompiledFxGraph wrappers do around ``call`` for an
     inference graph without aliased outputs or mutations applied outside the graph (the only kind that gets a plan):
     grad off during the call, version counters of inputs mutated in the graph bumped, misaligned inputs cloned (and
-    written back when the graph mutates them)."""
+    written back when the graph mutates them).
+
+    Alignment is checked on every call for every input, except the inputs named by ``run.set_stable_inputs(indices)``
+    (a module's parameters and buffers, which stay the same tensors from call to call): those are checked whenever a
+    different tensor object arrives. A stable input whose storage is swapped in place (``param.data = t``) for a
+    misaligned ``t`` is not noticed; on CUDA the kernel then fails with a misaligned-address error."""
     check = tuple(plan.get("inputs_to_check", ()))
     mutated = frozenset(plan.get("mutated_inputs", ()))
     bumped = tuple(plan.get("version_bumped_inputs", ()))
     n_in, n_out = plan["num_inputs"], plan["num_outputs"]
     grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
     bump = torch.autograd.graph.increment_version
+    same = operator.is_
+    groups: dict[str, Any] = {"each_call": check, "stable": (), "get_stable": None, "last": None}
+
+    def set_stable_inputs(indices: Any) -> None:
+        chosen = frozenset(indices)
+        stable = tuple(i for i in check if i in chosen)
+        groups.update(each_call=tuple(i for i in check if i not in chosen), stable=stable, last=None,
+                      get_stable=(operator.itemgetter(*stable) if len(stable) > 1 else
+                                  (lambda a: (a[stable[0]],)) if stable else None))
+
+    def realign_one(args: list, i: int, copies: list) -> bool:
+        x = args[i]
+        if x.data_ptr() % ALIGNMENT == 0:
+            return False
+        args[i] = _clone_preserve_strides(x)
+        if i in mutated:
+            copies.append((x, args[i]))
+        return True
 
     def realign(args: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        copies = []
-        for i in check:
-            x = args[i]
-            if x.data_ptr() % ALIGNMENT:
-                args[i] = _clone_preserve_strides(x)
-                if i in mutated:
-                    copies.append((x, args[i]))
+        copies: list = []
+        for i in groups["each_call"]:
+            realign_one(args, i, copies)
+        get_stable = groups["get_stable"]
+        if get_stable is not None:
+            current, last = get_stable(args), groups["last"]
+            if last is None or not all(map(same, current, last)):
+                misaligned = [realign_one(args, i, copies) for i in groups["stable"]]
+                groups["last"] = None if any(misaligned) else current
         return copies
 
     def run(*inputs: Any) -> Any:
@@ -164,8 +190,9 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
             original.copy_(copy)
         return outs
 
-    run.num_outputs = n_out         # type: ignore[attr-defined]
-    run.wrapper_call = call         # type: ignore[attr-defined] # Inductor's call(list): for benchmarks
+    run.num_outputs = n_out                         # type: ignore[attr-defined]
+    run.wrapper_call = call                         # type: ignore[attr-defined] # Inductor's call(list): benchmarks
+    run.set_stable_inputs = set_stable_inputs       # type: ignore[attr-defined]
     return run
 
 

@@ -127,3 +127,16 @@ def test_triton_launcher_computes_the_grid_and_passes_the_cubin_arguments(tmp_pa
     kernel.run("a", "b", 1025, stream=7)
     handle = ("handle", str(tmp_path / "runplan/kernels/K.cubin"), "triton_poi_0", 1)
     assert launches == [(handle, 3, 1, 1, 4, 0, "OOiOO", ("a", "b", 1025, None, None), 7)]
+
+
+def test_stable_input_replaced_by_a_misaligned_tensor_is_realigned():
+    seen = []
+    run = runplan._make_run(lambda args: seen.append([a.data_ptr() % runplan.ALIGNMENT for a in args]) or (),
+                            {"num_inputs": 2, "num_outputs": 0, "inputs_to_check": [0, 1], "mutated_inputs": []})
+    run.set_stable_inputs([1])                              # input 1 is a parameter: checked when it changes
+    weight = torch.zeros(8)
+    run(torch.zeros(4), weight)
+    run(torch.zeros(4), weight)
+    run(torch.zeros(4), torch.zeros(9)[1:])                 # a new, misaligned parameter tensor
+    run(torch.zeros(9)[1:], weight)                         # a misaligned call input
+    assert seen == [[0, 0]] * 4
