@@ -272,7 +272,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
     module = _wrapper_module(fx.cache_key, folder)
     plan: dict[str, Any] = {
-        "format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py",
+        "format": runplan.FORMAT, "supported": True,
         "device_type": "cuda" if "cuda" in devices else "cpu", "device_index": next(iter(fx.device_idxs), 0),
         "num_inputs": len(example_inputs), "num_outputs": len(reference),
         "inputs_to_check": list(fx.inputs_to_check), "mutated_inputs": mutated,
@@ -281,7 +281,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
         "ops": sorted(uses["ops"]),
         "triton": _triton_specs(module, fx, plan_dir), "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
     }
-    (plan_dir / "wrapper.py").write_text(source)
+    plan.update(runplan.write_wrapper(plan_dir, source))
     (plan_dir / "plan.json").write_text(json.dumps(plan))
     fn = runplan.load(artifact)
     _require(fn is not None, "gearcache's loader could not load it")

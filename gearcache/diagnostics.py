@@ -22,7 +22,7 @@ import weakref
 from typing import Any, Iterable
 
 from .key import FORMAT_VERSION
-from .store import Store, write_json_atomic
+from .store import Store, flush_index_updates, write_json_atomic
 
 log = logging.getLogger("gearcache.diagnostics")
 
@@ -94,17 +94,18 @@ def _trim(folder: pathlib.Path, keep: int) -> None:
 
 # --------------------------------------------------------------------------------------------------------- loads
 def record_load(store: Store, ekey: str, seconds: float) -> None:
-    """Index row of ``ekey``: ``loads`` + 1, ``last_used`` = now, ``load_seconds`` += ``seconds``. Never raises."""
-    try:
-        index = store.index
-        with index.transact():
-            row = dict(index.get(ekey) or {})
-            row["loads"] = row.get("loads", 0) + 1
-            row["last_used"] = time.time()
-            row["load_seconds"] = row.get("load_seconds", 0.0) + float(seconds)
-            index[ekey] = row
-    except Exception as exc:
-        log.warning("cache index update failed (%s); entries stay usable", exc)
+    """Index row of ``ekey``: ``loads`` + 1, ``last_used`` = now, ``load_seconds`` += ``seconds``; queued, written at
+    exit (``store.flush_index_updates``). Never raises."""
+    now = time.time()
+
+    def update(index: Any) -> None:
+        row = dict(index.get(ekey) or {})
+        row["loads"] = row.get("loads", 0) + 1
+        row["last_used"] = max(now, row.get("last_used") or 0)
+        row["load_seconds"] = row.get("load_seconds", 0.0) + float(seconds)
+        index[ekey] = row
+
+    store.defer_index_update(update)
 
 
 # ---------------------------------------------------------------------------------------------------------- hits
@@ -149,8 +150,10 @@ def _stash(root: str, table: dict) -> None:
 
 
 def flush_hits() -> None:
-    """Add the hits counted in this process since the last flush to the index rows' ``hits``. Never raises."""
+    """Add the hits counted in this process since the last flush to the index rows' ``hits`` (and write the other
+    queued index updates: ``store.flush_index_updates``). Never raises."""
     global _pending
+    flush_index_updates()
     try:
         for cf in list(_tracked.keys()):
             _stash(str(cf.store.root), cf._table)

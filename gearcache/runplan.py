@@ -12,6 +12,7 @@ On-disk format (``runplan/`` of an artifact folder; covered by the artifact's di
 
     plan.json   {"format": 1, "supported": bool, "reason": str (why not, when not supported),
                  "device_type": "cuda" | "cpu", "device_index": int, "wrapper": "wrapper.py",
+                 "wrapper_code": "wrapper.code",
                  "num_inputs": int, "num_outputs": int,
                  "inputs_to_check": [int],      inputs assumed 16-byte aligned (cloned when they are not)
                  "mutated_inputs": [int],       inputs the graph writes in place (written back after a clone)
@@ -23,6 +24,7 @@ On-disk format (``runplan/`` of an artifact folder; covered by the artifact's di
                             "call_args": [str], "grid_prefix": [str], "grid": [x, y, z]}},
                  "cpp": {sha256 of a C++ kernel's source: path of its .so inside the artifact}}
     wrapper.py  Inductor's generated wrapper module, run unchanged
+    wrapper.code  the same, compiled: the interpreter's magic number + marshalled code (skips a ~20 ms compile)
     kernels/    Triton cubins
 
 Imports the wrapper makes from ``torch._inductor`` and ``triton`` are served by stand-ins here (a run needs only
@@ -38,6 +40,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import marshal
 import operator
 import os
 import pathlib
@@ -56,6 +59,7 @@ FORMAT = 1
 PLAN_DIR = "runplan"
 ALIGNMENT = 16          # Inductor compiles kernels assuming 16-byte aligned inputs (torch._inductor.utils.ALIGNMENT)
 ALIGN_BYTES = 64        # torch._inductor.utils.ALIGN_BYTES, behind codegen.memory_planning._align
+WRAPPER_FILENAME = "<gearcache artifact>/runplan/wrapper.py"      # in tracebacks
 
 
 class RunPlanUnavailable(RuntimeError):
@@ -111,8 +115,7 @@ class _Runner:
 
     def _exec_wrapper(self, kernels: "_Kernels", extern: types.SimpleNamespace) -> dict[str, Any]:
         path = self.folder / PLAN_DIR / self.plan["wrapper"]
-        source = path.read_text()
-        code = compile(source, str(path), "exec")
+        code = _wrapper_code(path, self.plan.get("wrapper_code"))
         scope: dict[str, Any] = {"__name__": f"gearcache_wrapper_{self.folder.name}", "__file__": str(path),
                                  "__builtins__": _builtins_with(_stand_ins(kernels, extern))}
         try:
@@ -122,6 +125,26 @@ class _Runner:
         except ImportError as exc:
             raise RunPlanUnavailable(str(exc)) from None
         return scope
+
+
+def _wrapper_code(path: pathlib.Path, compiled: str | None) -> types.CodeType:
+    """The wrapper's code object: from the plan's compiled copy (``wrapper_code``: the interpreter's magic number
+    followed by the marshalled code; the Python version is part of every key) when it is this interpreter's, else
+    compiled from the source."""
+    if compiled:
+        data = (path.parent / compiled).read_bytes()
+        magic = importlib.util.MAGIC_NUMBER
+        if data[:len(magic)] == magic:
+            return marshal.loads(data[len(magic):])
+    return compile(path.read_text(), WRAPPER_FILENAME, "exec")
+
+
+def write_wrapper(plan_dir: pathlib.Path, source: str) -> dict[str, str]:
+    """Write the wrapper's source and its compiled code into ``plan_dir``; returns the plan's fields naming them."""
+    (plan_dir / "wrapper.py").write_text(source)
+    code = compile(source, WRAPPER_FILENAME, "exec")
+    (plan_dir / "wrapper.code").write_bytes(importlib.util.MAGIC_NUMBER + marshal.dumps(code))
+    return {"wrapper": "wrapper.py", "wrapper_code": "wrapper.code"}
 
 
 def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[..., Any]:

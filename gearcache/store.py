@@ -25,6 +25,7 @@ docs/RELIABILITY.md for every fault and what happens.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import hashlib
@@ -194,6 +195,30 @@ def pid_alive(pid: int, start_token: str = "") -> bool:
 # when the last one is garbage collected (or at exit); a killed process's file names a dead pid and is ignored.
 _LEASES: dict[tuple[str, str], int] = {}
 _LEASES_LOCK = threading.Lock()
+
+
+# Index bookkeeping (last_used, load counts) is queued and written in one transaction at exit, or when
+# ``flush_index_updates`` is called: a warm process's first call neither imports diskcache nor opens SQLite.
+_DEFERRED: dict[str, list[Callable[[Any], None]]] = {}
+_DEFERRED_LOCK = threading.Lock()
+_DEFERRED_ATEXIT = [False]
+
+
+def flush_index_updates() -> None:
+    """Write the queued index updates of every cache folder of this process. Never raises."""
+    with _DEFERRED_LOCK:
+        pending = dict(_DEFERRED)
+        _DEFERRED.clear()
+    for root, updates in pending.items():
+        if not os.path.isdir(root):
+            continue                    # the cache folder was removed: never recreate it
+        try:
+            index = Store(root).index
+            with index.transact():
+                for update in updates:
+                    update(index)
+        except Exception as exc:
+            log.debug("cache index update of %s failed (%s); entries stay usable", root, exc)
 
 
 def _release_leases(root: str, akeys: set[str], pid: int) -> None:
@@ -512,14 +537,22 @@ class Store:
             return []
 
     def _touch_artifact(self, akey: str) -> None:
-        try:
-            index = self.index
-            with index.transact():
-                row = index.get(f"artifact:{akey}")
-                if row is not None:
-                    index[f"artifact:{akey}"] = dict(row, last_used=time.time())
-        except Exception as exc:
-            log.debug("cache index update failed (%s)", exc)
+        now = time.time()
+
+        def touch(index: Any) -> None:
+            row = index.get(f"artifact:{akey}")
+            if row is not None:
+                index[f"artifact:{akey}"] = dict(row, last_used=max(now, row.get("last_used") or 0))
+
+        self.defer_index_update(touch)
+
+    def defer_index_update(self, update: Callable[[Any], None]) -> None:
+        """Queue ``update(index)`` (bookkeeping only) for :func:`flush_index_updates`, which runs at exit."""
+        with _DEFERRED_LOCK:
+            _DEFERRED.setdefault(str(self.root), []).append(update)
+            if not _DEFERRED_ATEXIT[0]:
+                atexit.register(flush_index_updates)
+                _DEFERRED_ATEXIT[0] = True
 
     # ------------------------------------------------------------------------------------------------ entries
     def read_entry(self, topology_folder: str, method: str, ekey: str, *, load: bool = True) -> dict[str, Any] | None:
@@ -676,24 +709,26 @@ class Store:
         if manifest.get("format") != FORMAT_VERSION or manifest.get("akey") != akey:
             raise CacheCorruptionError(str(folder), "MANIFEST.json names another format or key")
         present = set()
-        for path in folder.rglob("*"):
-            rel = path.relative_to(folder).as_posix()
-            pst = path.lstat()
-            if stat.S_ISLNK(pst.st_mode):
-                raise CacheCorruptionError(str(folder), f"{rel} is a symbolic link")
-            if rel + "/" == _LOCKS_DIR or _is_lock_file(rel):
-                continue                        # torch's empty lock files (and their folder): never executed
-            why = self._untrusted_why(pst, stat.S_ISDIR(pst.st_mode))
-            if why is not None:
-                raise UntrustedArtifactError(str(path), pst.st_mode, f"{rel} in the artifact: {why}")
-            if stat.S_ISREG(pst.st_mode):
-                present.add(rel)
+        top = str(folder)
+        for dirpath, dirnames, filenames in os.walk(top):          # never follows links: they are refused below
+            for name in dirnames + filenames:
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, top).replace(os.sep, "/")
+                pst = os.lstat(full)
+                if stat.S_ISLNK(pst.st_mode):
+                    raise CacheCorruptionError(top, f"{rel} is a symbolic link")
+                if rel + "/" == _LOCKS_DIR or _is_lock_file(rel):
+                    continue                    # torch's empty lock files (and their folder): never executed
+                why = self._untrusted_why(pst, stat.S_ISDIR(pst.st_mode))
+                if why is not None:
+                    raise UntrustedArtifactError(full, pst.st_mode, f"{rel} in the artifact: {why}")
+                if stat.S_ISREG(pst.st_mode):
+                    present.add(rel)
         for rel, digest in files.items():
-            path = folder / rel
             if rel not in present:
-                raise CacheCorruptionError(str(folder), f"{rel} is missing")
-            if _sha256_file(path) != digest:
-                raise CacheCorruptionError(str(folder), f"{rel} does not match its sha256 digest")
+                raise CacheCorruptionError(top, f"{rel} is missing")
+            if _sha256_file(folder / rel) != digest:
+                raise CacheCorruptionError(top, f"{rel} does not match its sha256 digest")
         extra = present - set(files) - {MANIFEST, SIGNATURE}
         if extra:
             raise CacheCorruptionError(str(folder), f"unlisted file(s) {sorted(extra)[:3]}")
