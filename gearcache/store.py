@@ -261,6 +261,7 @@ class Store:
         self._index = None
         self._index_pid = None
         self._checked = False
+        self._seen_root = False     # an entry was read from it: if it is gone later, it vanished (never recreate it)
         self._root_trusted: str | None = None          # None: not checked yet; "": trusted; else why not
         self._leased: set[str] = set()
         self._lease_finalizer = None
@@ -290,6 +291,8 @@ class Store:
     def _ensure_root(self) -> None:
         if self._checked:
             return
+        if self._seen_root and not self.root.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "the cache folder vanished while this process ran", str(self.root))
         self.root.parent.mkdir(parents=True, exist_ok=True)
         _mkdir(self.root, self._dir_mode)
         self._check_trusted(self.root)
@@ -559,6 +562,11 @@ class Store:
         """The entry manifest, or None: missing, unreadable, another format, not trusted, or (with a signing key)
         unsigned or wrongly signed. ``load`` (a process about to load it): a bad manifest is moved to quarantine/
         and the artifact is leased before it is verified."""
+        if load and not self._checked:
+            try:
+                self._ensure_root()             # first use: trust checks, leftovers of dead processes, max_size
+            except OSError as exc:
+                log.debug("cache folder %s not usable (%s)", self.root, exc)
         path = self.entry_path(topology_folder, method, ekey)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -595,6 +603,7 @@ class Store:
             data.pop("sig")
         if load:
             self.lease(data["akey"])
+        self._seen_root = True
         return data
 
     def _untrusted_dir(self, folder: pathlib.Path) -> str | None:

@@ -103,18 +103,19 @@ def fake_compile(prebuilt: pathlib.Path, before_copy=None, halfway=None, fallbac
     comes from the work folder's name: ``tmp/<akey>.<pid>.<tag>`` or a private ``gearcache-<akey[:12]>-*``);
     ``fallback``: the prebuilt artifact to copy for a key it does not have (the same graph under other key factors)."""
     def compile_to_folder(gm, example_inputs, folder, *, config_patches):
-        folder = pathlib.Path(folder)
+        folder = pathlib.Path(folder)           # <artifact>/inductor; the run plan goes to <artifact>/runplan
         name = folder.parent.name
         prefix = name.split("-")[1] if name.startswith("gearcache-") else name.split(".")[0]
         found = [p for p in (prebuilt / "artifacts").iterdir() if p.name.startswith(prefix)]
-        src = (found[0] if found else prebuilt / "artifacts" / fallback) / "inductor"
+        src = found[0] if found else prebuilt / "artifacts" / fallback
         if before_copy:
             before_copy()
-        files = sorted(p for p in src.rglob("*") if p.is_file() and "locks" not in p.parts)
+        files = sorted(p for p in src.rglob("*") if p.is_file() and "locks" not in p.parts
+                       and p.relative_to(src).parts[0] in ("inductor", "runplan"))
         for i, path in enumerate(files):
             if halfway and i == len(files) // 2:
                 halfway()
-            dest = folder / path.relative_to(src)
+            dest = folder.parent / path.relative_to(src)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
     return compile_to_folder

@@ -33,6 +33,7 @@ from gearcache import _torch_compat as compat
 from gearcache import faults
 from gearcache import store as store_module
 from gearcache.errors import UntrustedArtifactError
+from gearcache.key import FORMAT_VERSION
 from gearcache.store import HOST, HOST_TAG, Store
 
 KEY = "reliability-test-key"
@@ -242,7 +243,7 @@ def test_signing_key_from_environment(tmp_path, monkeypatch):
 
 def test_signed_gear_plans(tmp_path):
     store = Store(tmp_path / "c", signing_key=KEY)
-    plan = {"format": 1, "pkey": "p1", "plan": {"dims": []}}
+    plan = {"format": FORMAT_VERSION, "pkey": "p1", "plan": {"dims": []}}
     store.write_plan("t", "m", "p1", plan)
     assert store.read_plan("t", "m", "p1") == plan
     assert Store(tmp_path / "c", signing_key="other").read_plan("t", "m", "p1") is None
@@ -473,7 +474,7 @@ def publish(root: pathlib.Path, akey: str, *, max_size=None, last_used: float | 
     """Publish an artifact (and an entry pointing at it) from a short-lived Store, as another process would."""
     store = Store(root, max_size=max_size)
     store.publish_artifact(akey, Builder(size))
-    store.write_entry("t", "m", "e" + akey[1:], {"format": 1, "ekey": "e" + akey[1:], "akey": akey})
+    store.write_entry("t", "m", "e" + akey[1:], {"format": FORMAT_VERSION, "ekey": "e" + akey[1:], "akey": akey})
     if last_used is not None:
         store.index["e" + akey[1:]] = dict(store.index["e" + akey[1:]], last_used=last_used)
         store.index[f"artifact:{akey}"] = dict(store.index[f"artifact:{akey}"], last_used=last_used)
@@ -614,7 +615,7 @@ def test_each_store_cleans_up_once(tmp_path, monkeypatch):
     store = Store(tmp_path / "cache")
     store.publish_artifact("a" * 40, Builder())
     store.publish_artifact("b" * 40, Builder())
-    store.write_entry("t", "m", "e1", {"format": 1, "ekey": "e1", "akey": "a" * 40})
+    store.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": "a" * 40})
     assert calls == [store]
 
 
