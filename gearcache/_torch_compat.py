@@ -9,6 +9,10 @@ Mechanism (chosen by measurement, see docs/DESIGN.md): a Dynamo graph is compile
 autotuning choices). On CPU the compiled C++ kernels (``.so``) are copied into that folder, so loading it in a fresh
 process runs no compiler. Loading points Inductor's cache at the folder for the duration of the load only
 (``temporary_cache_dir``, torch's own context manager), and never changes the process environment otherwise.
+
+Warm processes normally do not use torch's loader: :func:`write_run_plan` records, at compile time, what
+gearcache's own loader (``gearcache/runplan.py``) needs to run the artifact with ``torch._C`` alone; the run-time side
+of that (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
 """
 from __future__ import annotations
 
