@@ -17,6 +17,7 @@ variant, workdir, device = sys.argv[1], sys.argv[2], sys.argv[3]
 import torch
 
 import reference_decoder as ref
+from _timing import p50_us
 
 dtype = torch.bfloat16 if device == "cuda" else torch.float32
 
@@ -30,17 +31,9 @@ report = {"variant": variant}
 
 
 def _p50(call, n: int) -> float:
-    """Median wall time of ``call()`` in µs over ``n`` calls (after 200 warm-up calls)."""
-    for _ in range(200):
-        call()
-    sync()
-    times = []
-    for _ in range(n):
-        t = time.perf_counter_ns()
-        call()
-        times.append(time.perf_counter_ns() - t)
-    sync()
-    return statistics.median(times) / 1e3
+    return p50_us(call, n, sync)
+
+
 if variant == "gearcache":
     from gearcache import cache_compile, counters
 

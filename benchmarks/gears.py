@@ -13,13 +13,13 @@ On CUDA: the reference decoder (hidden 1024, 8 layers, bf16); on CPU a small one
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _timing import p50_us  # noqa: E402
 
 
 def main() -> None:
@@ -62,14 +62,7 @@ def main() -> None:
 
         # ---------------------------------------------------------------------------------------- overhead
         def p50(f, n):
-            f(); f(); sync()
-            times = []
-            for _ in range(n):
-                t = time.perf_counter_ns()
-                f()
-                times.append(time.perf_counter_ns() - t)
-            sync()
-            return statistics.median(times) / 1e3
+            return p50_us(f, n, sync, warmup=2)
 
         print(f"\ndispatch overhead, p50 over {opts.calls} calls (us)")
         print(f"{'batch':>6} {'geared call':>12} {'direct':>8} {'difference':>11} {'glue alone':>11}")
