@@ -62,9 +62,10 @@ class InferenceConfig(BaseModel):
     past_largest_gear: Literal["error", "eager", "compile"] = "error"
     """A call larger than the largest gear: raise, run uncompiled (warned once, counted), or add an exact entry."""
 
-    graph_outputs: Literal["copy", "view"] = "copy"
+    graph_outputs: Literal["copy", "view", "view-checked"] = "copy"
     """Under mode="reduce-overhead": return copies of the CUDA graph's outputs, or views into its static outputs
-    (no copy; the next call of the same gear overwrites them)."""
+    (no copy; the next call of the same gear overwrites them), or such views checked for misuse (a debug mode: reading
+    a view after the next call of its gear raises an error naming the fix; a few µs per call)."""
 
     verify_padding: bool = False
     """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""

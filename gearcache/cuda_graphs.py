@@ -7,7 +7,9 @@ first call; the capture time is counted (``counters.graph_captures``, ``counters
 Per graph, every tensor input that is not a weight gets a static buffer. A call copies (and pads) its inputs into the
 buffers in one step per input (a fill of the pad value, then the copy of the real rows), replays, cuts the outputs
 back to the call's sizes and returns copies of them (``inference_config.graph_outputs = "copy"``, the default), or
-views into the graph's static outputs (``"view"``: the next replay of that gear overwrites them).
+views into the graph's static outputs (``"view"``: the next replay of that gear overwrites them). ``"view-checked"``
+catches misuse of such views: each call hands out views through storages of their own, and the next call of that
+gear makes the previous ones raise on any access (torch's CUDA-graph trees check their outputs the same way).
 
 Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
 then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import _torch_compat as compat
 from . import signature
 from .counters import counters
 from .errors import ConfigError, UnsupportedInputError
@@ -50,6 +53,19 @@ class GraphedEntry:
         self.entry, self.graph, self.outs = entry, graph, outs
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
+        self.handed_out: list[torch.Tensor] = []      # "view-checked": views returned by the last call
+
+    def checked_views(self, outs: list, name: str) -> list:
+        """Views of ``outs`` through storages of their own; the views the previous call returned stop being
+        readable (any access raises)."""
+        message = (f"gearcache: this output of {name} is a view into its CUDA graph's static output, overwritten by a "
+                   f"later call of the same gear (graph_outputs='view-checked'). Fix: .clone() it before calling "
+                   f"again, or use graph_outputs='copy'")
+        for old in self.handed_out:
+            compat.forbid_storage_access(old, message)
+        views = [compat.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
+        self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
+        return views
 
     def run(self, leaves: tuple) -> list:
         _fill(self, leaves)
@@ -91,8 +107,11 @@ class CudaGraphs:
         outs = graphed.run(leaves)
         if plan is not None:
             outs = plan.cut(graphed.entry, outs, leaves)
-        if self.cached.config.inference_config.graph_outputs == "copy":
+        mode = self.cached.config.inference_config.graph_outputs
+        if mode == "copy":
             outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+        elif mode == "view-checked":
+            outs = graphed.checked_views(outs, self.cached.name)
         return graphed.entry.build(outs, leaves)
 
     @staticmethod

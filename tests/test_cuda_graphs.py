@@ -84,3 +84,32 @@ def test_unmarked_input_written_in_place_is_refused(tmp_path):
     with torch.inference_mode(), pytest.raises(gearcache.UnsupportedInputError, match="mark_static_address"):
         m.cached_kv(torch.randn(2, 1, 8, device="cuda"), torch.zeros(2, 4, 8, device="cuda"),
                     torch.tensor([0], device="cuda"))
+
+
+@needs_cuda
+def test_view_checked_outputs_raise_when_read_after_the_next_call(tmp_path):
+    cfg = _config()
+    cfg.inference_config.graph_outputs = "view-checked"
+    m = Step(tmp_path, cfg).cuda()
+    x1, x2 = torch.randn(2, 8, device="cuda"), torch.randn(2, 8, device="cuda")
+    with torch.inference_mode():
+        first, _ = m.cached(x1)
+        assert torch.allclose(first, m.fwd(x1)[0], atol=1e-5)        # readable until the next call
+        second, _ = m.cached(x2)
+        assert torch.allclose(second, m.fwd(x2)[0], atol=1e-5)
+        with pytest.raises(RuntimeError, match="overwritten by a later call of the same gear"):
+            first.sum().item()
+        third, _ = m.cached(x1)
+        assert torch.allclose(third, m.fwd(x1)[0], atol=1e-5)
+
+
+def test_storage_alias_views_the_same_memory_through_its_own_storage():
+    from gearcache import _torch_compat as compat
+
+    base = torch.arange(12.0)
+    view = base[2:].view(2, 5)
+    alias = compat.storage_alias(view)
+    assert torch.equal(alias, view) and alias.stride() == view.stride() and alias.data_ptr() == view.data_ptr()
+    assert alias.untyped_storage()._cdata != view.untyped_storage()._cdata
+    base.add_(1)                                            # writes show through the alias
+    assert torch.equal(alias, view)
