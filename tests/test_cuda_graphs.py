@@ -113,3 +113,20 @@ def test_storage_alias_views_the_same_memory_through_its_own_storage():
     assert alias.untyped_storage()._cdata != view.untyped_storage()._cdata
     base.add_(1)                                            # writes show through the alias
     assert torch.equal(alias, view)
+
+
+@needs_cuda
+def test_prefill_style_gears_over_the_sequence_dim_replay_equal_eager(tmp_path):
+    """A prefill entry point: gears over the prompt length (dim 1), one graph per gear, outputs cut back to T."""
+    torch.manual_seed(0)
+    m = Step(tmp_path, _config(x={1: [4, 8, 16]})).cuda()
+    with torch.inference_mode():
+        before = counters.graph_captures
+        for t in range(1, 17):
+            x = torch.randn(2, t, 8, device="cuda")
+            out, total = m.cached(x)
+            ref, ref_total = m.fwd(x)
+            assert out.shape == ref.shape and total.shape == (2, t)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(total, ref_total)
+        assert counters.graph_captures - before == 3
