@@ -313,6 +313,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 # ======================================================================================================= inspect
+def _run_plan_status(folder: pathlib.Path) -> str:
+    """Whether a warm process loads the artifact with gearcache's own loader (gearcache/runplan.py), and if not why."""
+    try:
+        plan = json.loads((folder / "runplan" / "plan.json").read_text())
+    except (OSError, ValueError):
+        return "none (loads with torch's loader)"
+    if plan.get("supported"):
+        return (f"yes: {len(plan.get('triton', {}))} Triton and {len(plan.get('cpp', {}))} C++ kernels, "
+                f"torch's compiler not imported")
+    return f"no ({plan.get('reason')}): loads with torch's loader"
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from .capture import dependencies_changed
 
@@ -332,6 +344,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         changed = dependencies_changed([d]) if isinstance(d, dict) and "file" in d else "malformed"
         deps.append({**d, "changed": changed is not None})
     row = cache.row(ref.ekey)
+    run_plan = _run_plan_status(folder)
     doc = {
         "ekey": ref.ekey, "method": ref.method, "topology": ref.topology,
         "also_in_topologies": [r.topology for r in refs[1:]], "manifest": str(ref.path),
@@ -340,7 +353,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "factors": factors, "akey": akey, "artifact_dir": str(folder), "artifact_exists": folder.is_dir(),
         "artifact_bytes": cache.artifact_bytes(akey), "artifact_factors": m.get("artifact_factors"),
         "generated_code": code, "kernels": kernels, "inputs": m.get("inputs"), "outputs": m.get("outputs"),
-        "dependencies": deps, "index": row,
+        "dependencies": deps, "index": row, "run_plan": run_plan,
     }
 
     def human() -> str:
@@ -351,6 +364,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             ["compile", f"{m.get('compile_seconds') or 0:.2f} s"],
             ["loads / hits", f"{row.get('loads', 0)} / {row.get('hits', 0)}"],
             ["last used", fmt_time(row.get("last_used"))],
+            ["run plan", run_plan],
         ]).split("\n", 1)[1]]
         out += ["", "key factors:", _indent(format_table(
             ["FACTOR", "HASH", "VALUE"],

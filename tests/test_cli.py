@@ -193,6 +193,7 @@ def test_inspect_by_prefix(reads, listing, populated):
     assert doc["generated_code"][0].startswith(str(cache.resolve() / "artifacts" / entry["akey"] / "inductor"))
     assert [k for k, _ in doc["inputs"]].count("leaf") == 1 and doc["outputs"]["leaves"]
     assert doc["dependencies"][0]["file"].endswith("cli_model.py") and not doc["dependencies"][0]["changed"]
+    assert doc["run_plan"].startswith("yes") and "run plan" in human.stdout
 
 
 def test_explain_two_entries_names_signature(reads):
