@@ -119,11 +119,11 @@ class _Runner:
         scope: dict[str, Any] = {"__name__": f"gearcache_wrapper_{self.folder.name}", "__file__": str(path),
                                  "__builtins__": _builtins_with(_stand_ins(kernels, extern))}
         try:
-            exec(code, scope)
+            exec(code, scope)                   # defines call() and loads every kernel
         except RunPlanUnavailable:
             raise
-        except ImportError as exc:
-            raise RunPlanUnavailable(str(exc)) from None
+        except Exception as exc:                # noqa: BLE001 - torch's loader gets its chance (and says what fails)
+            raise RunPlanUnavailable(f"{type(exc).__name__}: {exc}") from None
         return scope
 
 

@@ -140,3 +140,12 @@ def test_stable_input_replaced_by_a_misaligned_tensor_is_realigned():
     run(torch.zeros(4), torch.zeros(9)[1:])                 # a new, misaligned parameter tensor
     run(torch.zeros(9)[1:], weight)                         # a misaligned call input
     assert seen == [[0, 0]] * 4
+
+
+def test_wrapper_failing_to_load_falls_back_instead_of_failing_the_call(tmp_path):
+    (tmp_path / "runplan").mkdir()
+    (tmp_path / "runplan" / "wrapper.py").write_text(
+        "import torch\nlimit = torch._C.no_such_thing\ndef call(args):\n    return args\n")
+    plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "num_inputs": 1, "num_outputs": 1}
+    (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
+    assert runplan.load(tmp_path) is None
