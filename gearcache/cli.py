@@ -27,10 +27,8 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import sys
 import time
-import uuid
 from typing import Any, Callable, Iterable
 
 OK, FAILED, USAGE = 0, 1, 2
@@ -731,7 +729,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if art_rows:
             out += [f"{verb} {len(deleted_arts) if args.yes else len(art_rows)} artifact(s), {fmt_bytes(freed)}:"]
             out += [f"  {a['akey']}  {fmt_bytes(a['bytes'])}"
-                    f"{'  (skipped: locked by a running process)' if a['akey'] in locked else ''}" for a in art_rows]
+                    f"{'  (skipped: locked or in use by a running process)' if a['akey'] in locked else ''}" for a in art_rows]
         if not args.yes:
             out += ["dry run: nothing was deleted; pass --yes to delete"]
         return "\n".join(out)
@@ -741,8 +739,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str]) -> tuple[list[str], list[str]]:
-    """Delete entry manifests, then the artifacts no remaining entry references (under their locks), then index
-    rows. Returns (deleted artifact keys, artifact keys skipped because another process holds their lock)."""
+    """Delete entry manifests, then the artifacts no remaining entry references (under their locks; an artifact a
+    live process has a lease on stays), then index rows. Returns (deleted artifact keys, artifact keys skipped because
+    a running process holds their lock or uses them)."""
     import filelock
 
     for c in chosen.values():
@@ -765,17 +764,15 @@ def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str
             _warn(f"artifact {akey} is locked by a running process; left in place")
             continue
         try:
-            folder = cache.root / "artifacts" / akey
-            doomed = cache.root / "tmp" / f"{akey}.pruned.{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(folder, doomed)       # readers see it gone at once, never half deleted
-            except FileNotFoundError:
-                continue
-            shutil.rmtree(doomed, ignore_errors=True)
-            deleted.append(akey)
-            log.info("pruned artifact %s", akey)
+            status = cache.store().remove_artifact(akey)      # moved aside at once: never seen half deleted
         finally:
             lock.release()
+        if status == "removed":
+            deleted.append(akey)
+            log.info("pruned artifact %s", akey)
+        elif status != "gone":
+            locked.append(akey)
+            _warn(f"artifact {akey} is {status}; left in place")
     _forget(cache, [c["ref"].ekey for c in chosen.values()], {r.ekey for r in remaining}, deleted)
     return deleted, locked
 

@@ -539,6 +539,27 @@ class Store:
         except OSError:
             return []
 
+    def remove_artifact(self, akey: str) -> str:
+        """Remove artifact ``akey`` (and its lease folder) unless a live process holds a lease on it. Checked and
+        moved aside under ``locks/<akey>.lease.lock``, as eviction does, so a process cannot lease it in between.
+        Returns ``"removed"``, ``"gone"``, ``"in use by pid@host, ..."`` or ``"lease lock busy"``."""
+        try:
+            with self._locked(self._lock_path(akey, "lease"), 0.5):
+                live = self.live_leases(akey)
+                if live:
+                    return "in use by " + ", ".join(live)
+                aside = self.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
+                try:
+                    _rename(self.artifact_dir(akey), aside)
+                except FileNotFoundError:
+                    return "gone"
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(self.root / "leases" / akey)
+        except LockTimeoutError:
+            return "lease lock busy"
+        shutil.rmtree(aside, ignore_errors=True)
+        return "removed"
+
     def _touch_artifact(self, akey: str) -> None:
         now = time.time()
 

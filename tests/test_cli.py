@@ -318,3 +318,16 @@ def test_logging_env_configures_only_the_gearcache_logger(monkeypatch):
     finally:
         logger.setLevel(saved[0])
         logger.handlers[:] = saved[1]
+
+
+def test_prune_leaves_an_artifact_a_live_process_uses(cache_copy):
+    from gearcache.store import HOST, _start_token
+
+    akey = sorted(p.name for p in (cache_copy / "artifacts").iterdir())[0]
+    lease = cache_copy / "leases" / akey / f"{os.getpid()}@{HOST}"          # this test process: alive
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    lease.write_text(_start_token(os.getpid()) + "\n")
+    done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
+    assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]
+    assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]
+    assert len(done["deleted_artifacts"]) == 1
