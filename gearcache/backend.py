@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
-from . import gears, runplan
+from . import faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
 from .errors import ConfigError
@@ -124,7 +124,12 @@ class GearedGraph:
             compat.compile_to_folder(static, inputs, folder, config_patches=patches)
             counters.compiles += 1
 
-        folder, built = self.store.publish_artifact(akey, build)
+        folder, built = faults.publish_or_fallback(self.store, akey, build, self.config.on_cache_error)
+        if folder is None:                                  # the store failed and on_cache_error="eager"
+            def uncompiled(*args: Any) -> Any:
+                counters.eager_calls += 1
+                return static(*args)
+            return uncompiled
         if built:
             counters.compile_seconds += time.perf_counter() - t0
         else:

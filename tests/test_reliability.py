@@ -655,3 +655,25 @@ def test_reliability_config_fields():
             CompilerConfig(**{field: value})
     keyed = CompilerConfig(signing_key="s3cret", max_size=10)
     assert "s3cret" not in repr(keyed) and keyed.compile_factors() == cfg.compile_factors()
+
+
+def test_torch_compile_route_applies_on_cache_error(tmp_path, monkeypatch, caplog):
+    """get_backend() honours on_cache_error like cache_compile: "eager" runs the graph uncompiled when the store
+    fails (after its compile), "raise" raises."""
+    from gearcache import get_backend
+
+    refuse(monkeypatch, errno.ENOSPC, "_rename")
+    model = torch.nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    compiled = torch.compile(model, fullgraph=True, backend=get_backend(
+        compiler_config=CompilerConfig(on_cache_error="eager"), cache_dir=tmp_path / "cache"))
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(eager_calls=2):
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "No space left on device" in caplog.text and "runs uncompiled" in caplog.text
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=get_backend(
+        compiler_config=CompilerConfig(on_cache_error="raise"), cache_dir=tmp_path / "cache2"))
+    with torch.no_grad(), pytest.raises(Exception) as info:
+        compiled(x)
+    assert "No space left on device" in str(info.value)
