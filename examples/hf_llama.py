@@ -31,15 +31,13 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fresh_process import run_fresh  # noqa: E402
+from fresh_process import cold_then_warm, counters_line, run_fresh, start_summary  # noqa: E402
 
 from gearcache import CompilerConfig, cache_compile, counters
 
@@ -190,23 +188,12 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(one_start(args)))
         return 0
-    temp = None
-    if args.cache_dir is None:
-        temp = args.cache_dir = tempfile.mkdtemp(prefix="gearcache-hf_llama-")
-    print(f"gearcache + transformers LlamaForCausalLM, store: {args.cache_dir}")
-    try:
-        cold = run_child(args, "cold start")
-        warm = run_child(args, "warm start")
-    finally:
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
+    cold, warm = cold_then_warm(run_child, args, "hf_llama", "gearcache + transformers LlamaForCausalLM")
     for label, r in (("cold start (trace + compile + publish)", cold), ("warm start (load from the store)", warm)):
-        c = r["counters"]
         print(f"\n{label}, {r['device']}, fresh process, batch {r['batch']}, prompt {r['prompt_len']}:\n"
               f"  first prefill call {r['first_prefill_s']:7.3f} s   first decode call {r['first_decode_s']:7.3f} s\n"
               f"  decode step        {r['decode_step_ms']:7.3f} ms  whole process     {r['process_s']:7.1f} s\n"
-              f"  traced {c['traces']}, compiled {c['compiles']}, loaded {c['loads']} entries; "
-              f"{c['pads']} calls padded up to a gear\n"
+              + counters_line(r) +
               f"  tokens {r['tokens']} {'==' if r['tokens_match_eager'] else '!='} eager")
     speedup = ((cold["first_prefill_s"] + cold["first_decode_s"]) / (warm["first_prefill_s"] + warm["first_decode_s"]))
     print(f"\nwarm start's first calls are {speedup:.1f}x faster than the cold start's")
@@ -215,12 +202,8 @@ def main(argv=None) -> int:
     summary = {
         "example": "hf_llama", "ok": ok, "device": cold["device"],
         "tokens_match_eager": cold["tokens_match_eager"] and warm["tokens_match_eager"],
-        "cold": {"first_prefill_s": cold["first_prefill_s"], "first_decode_s": cold["first_decode_s"],
-                 "compiles": cold["counters"]["compiles"], "traces": cold["counters"]["traces"],
-                 "loads": cold["counters"]["loads"]},
-        "warm": {"first_prefill_s": warm["first_prefill_s"], "first_decode_s": warm["first_decode_s"],
-                 "compiles": warm["counters"]["compiles"], "traces": warm["counters"]["traces"],
-                 "loads": warm["counters"]["loads"]},
+        "cold": start_summary(cold, "first_prefill_s", "first_decode_s"),
+        "warm": start_summary(warm, "first_prefill_s", "first_decode_s"),
     }
     print(json.dumps(summary))
     return 0 if ok else 1

@@ -21,15 +21,13 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fresh_process import run_fresh  # noqa: E402
+from fresh_process import cold_then_warm, counters_line, run_fresh, start_summary  # noqa: E402
 
 from gearcache import CompilerConfig, cache_compile, counters
 
@@ -111,23 +109,13 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(one_start(args)))
         return 0
-    temp = None
-    if args.cache_dir is None:
-        temp = args.cache_dir = tempfile.mkdtemp(prefix="gearcache-hf_vit-")
-    print(f"gearcache + transformers ViTForImageClassification, gears {args.gears}, store: {args.cache_dir}")
-    try:
-        cold = run_child(args, "cold start")
-        warm = run_child(args, "warm start")
-    finally:
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
+    cold, warm = cold_then_warm(run_child, args, "hf_vit",
+                                f"gearcache + transformers ViTForImageClassification, gears {args.gears}")
     for label, r in (("cold start (trace + compile + publish)", cold), ("warm start (load from the store)", warm)):
-        c = r["counters"]
         print(f"\n{label}, {r['device']}, fresh process:\n"
               f"  warmup ({r['warmup_gears']} gears) {r['warmup_s']:7.3f} s   next call (batch 1) "
               f"{r['first_call_s'] * 1e3:7.3f} ms   whole process {r['process_s']:6.1f} s\n"
-              f"  traced {c['traces']}, compiled {c['compiles']}, loaded {c['loads']} entries; "
-              f"{c['pads']} calls padded up to a gear\n"
+              + counters_line(r) +
               f"  batches {r['batches'][0]}..{r['batches'][-1]}: predictions "
               f"{'==' if r['predictions_match_eager'] else '!='} eager, max |logit diff| {r['max_abs_diff']:.2e}")
     print(f"\nwarm start's warmup is {cold['warmup_s'] / warm['warmup_s']:.1f}x faster than the cold start's")
@@ -136,12 +124,8 @@ def main(argv=None) -> int:
     summary = {
         "example": "hf_vit", "ok": ok, "device": cold["device"], "gears": args.gears,
         "predictions_match_eager": cold["predictions_match_eager"] and warm["predictions_match_eager"],
-        "cold": {"warmup_s": cold["warmup_s"], "first_call_s": cold["first_call_s"],
-                 "compiles": cold["counters"]["compiles"], "traces": cold["counters"]["traces"],
-                 "loads": cold["counters"]["loads"]},
-        "warm": {"warmup_s": warm["warmup_s"], "first_call_s": warm["first_call_s"],
-                 "compiles": warm["counters"]["compiles"], "traces": warm["counters"]["traces"],
-                 "loads": warm["counters"]["loads"]},
+        "cold": start_summary(cold, "warmup_s", "first_call_s"),
+        "warm": start_summary(warm, "warmup_s", "first_call_s"),
     }
     print(json.dumps(summary))
     return 0 if ok else 1

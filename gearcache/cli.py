@@ -728,8 +728,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             [[r["method"], r["ekey"][:12], (r["akey"] or "-")[:12], "; ".join(r["reasons"])] for r in entry_rows]))]
         if art_rows:
             out += [f"{verb} {len(deleted_arts) if args.yes else len(art_rows)} artifact(s), {fmt_bytes(freed)}:"]
-            out += [f"  {a['akey']}  {fmt_bytes(a['bytes'])}"
-                    f"{'  (skipped: locked or in use by a running process)' if a['akey'] in locked else ''}" for a in art_rows]
+            skipped = "  (skipped: locked or in use by a running process)"
+            out += [f"  {a['akey']}  {fmt_bytes(a['bytes'])}{skipped if a['akey'] in locked else ''}" for a in art_rows]
         if not args.yes:
             out += ["dry run: nothing was deleted; pass --yes to delete"]
         return "\n".join(out)

@@ -164,14 +164,16 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
     grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
     bump = torch.autograd.graph.increment_version
     same = operator.is_
-    groups: dict[str, Any] = {"each_call": check, "stable": (), "get_stable": None, "last": None}
+    each_call, stable, get_stable, last = check, (), None, None
 
     def set_stable_inputs(indices: Any) -> None:
+        nonlocal each_call, stable, get_stable, last
         chosen = frozenset(indices)
+        each_call = tuple(i for i in check if i not in chosen)
         stable = tuple(i for i in check if i in chosen)
-        groups.update(each_call=tuple(i for i in check if i not in chosen), stable=stable, last=None,
-                      get_stable=(operator.itemgetter(*stable) if len(stable) > 1 else
-                                  (lambda a: (a[stable[0]],)) if stable else None))
+        get_stable = (operator.itemgetter(*stable) if len(stable) > 1 else
+                      (lambda a: (a[stable[0]],)) if stable else None)
+        last = None
 
     def realign_one(args: list, i: int, copies: list) -> bool:
         x = args[i]
@@ -183,15 +185,15 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
         return True
 
     def realign(args: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        nonlocal last
         copies: list = []
-        for i in groups["each_call"]:
+        for i in each_call:
             realign_one(args, i, copies)
-        get_stable = groups["get_stable"]
         if get_stable is not None:
-            current, last = get_stable(args), groups["last"]
+            current = get_stable(args)
             if last is None or not all(map(same, current, last)):
-                misaligned = [realign_one(args, i, copies) for i in groups["stable"]]
-                groups["last"] = None if any(misaligned) else current
+                misaligned = [realign_one(args, i, copies) for i in stable]
+                last = None if any(misaligned) else current
         return copies
 
     def run(*inputs: Any) -> Any:
