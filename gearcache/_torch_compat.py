@@ -10,16 +10,15 @@ autotuning choices). On CPU the compiled C++ kernels (``.so``) are copied into t
 process runs no compiler. Loading points Inductor's cache at the folder for the duration of the load only
 (``temporary_cache_dir``, torch's own context manager), and never changes the process environment otherwise.
 
-Warm processes normally do not use torch's loader: :func:`write_run_plan` records, at compile time, what
-gearcache's own loader (``gearcache/runplan.py``) needs to run the artifact with ``torch._C`` alone; the run-time side
-of that (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
+Warm processes normally do not use torch's loader but gearcache's own (``gearcache/runplan/``); what it needs from
+torch's private run-time API (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
+This module imports nothing from gearcache.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib.metadata
-import json
 import logging
 import os
 import pathlib
@@ -135,10 +134,9 @@ def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
 
 def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
-                      config_patches: dict[str, Any], run_plan: bool = True) -> None:
+                      config_patches: dict[str, Any]) -> Callable[..., Any]:
     """Compile ``gm`` with Inductor and write a self-contained, loadable artifact folder at ``folder``
-    (``<artifact>/inductor``), and with ``run_plan`` the artifact's run plan at ``<artifact>/runplan``
-    (:func:`write_run_plan`; this runs the graph once on ``example_inputs``, in-place updates going to copies).
+    (``<artifact>/inductor``); returns the artifact as torch's loader loads it (the run plan's writer reads it).
 
     The compile runs against a private, empty Inductor cache, so nothing from the user's Inductor or Triton caches
     (which know nothing of gearcache's key factors, e.g. custom decompositions) can leak into the artifact.
@@ -152,9 +150,7 @@ def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folde
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
         artifact.save(path=str(folder), format="unpacked")
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
-    loaded = load_folder(folder)    # a first load writes whatever torch writes on load, before the digests are taken
-    if run_plan:
-        write_run_plan(folder.parent, loaded, example_inputs)
+    return load_folder(folder)  # a first load writes whatever torch writes on load, before the digests are taken
 
 
 def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> None:
@@ -189,7 +185,7 @@ def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
 
 
 # ------------------------------------------------------------------------------------------------------- run plans
-# What gearcache's own loader (gearcache/runplan.py) needs from torch at run time: torch._C only, never the compiler.
+# What gearcache's own loader (gearcache/runplan/) needs from torch at run time: torch._C only, never the compiler.
 CPP_KERNEL_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 
 
@@ -208,262 +204,6 @@ def load_cubin(path: str, function: str, shared: int, device: int) -> int:
 def cubin_launcher() -> Callable[..., None]:
     """``launch(function, grid_x, grid_y, grid_z, num_warps, shared, arg_types, args, stream)``."""
     return torch._C._StaticCudaLauncher._launch_kernel
-
-
-class _NoPlan(Exception):
-    """The artifact cannot get a run plan (the reason is recorded in the plan)."""
-
-
-def _require(ok: Any, why: str) -> None:
-    if not ok:
-        raise _NoPlan(why)
-
-
-def write_run_plan(artifact: pathlib.Path, loaded: Callable[..., Any], example_inputs: list[Any]) -> None:
-    """Write ``<artifact>/runplan`` (format: gearcache/runplan.py), from the artifact torch just loaded as ``loaded``.
-
-    Runs ``loaded`` once on ``example_inputs`` (inputs the graph writes in place are copied first), which settles
-    Inductor's autotuning, records what the wrapper and every kernel need, then loads the plan with gearcache's
-    loader, runs it on fresh copies and compares outputs and in-place updates with torch's run. A graph the plan
-    cannot run exactly like torch's loader gets ``{"supported": false, "reason": ...}``: it loads with torch's
-    loader. Never raises for the plan's sake (a plan is an optimisation, not part of the compile)."""
-    from . import runplan
-
-    plan_dir = artifact / runplan.PLAN_DIR
-    plan_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        plan = _build_run_plan(artifact, plan_dir, loaded, example_inputs)
-    except _NoPlan as exc:
-        plan = {"format": runplan.FORMAT, "supported": False, "reason": str(exc)}
-    except Exception as exc:                                        # noqa: BLE001 - see the docstring
-        log.warning("no run plan for %s: %s: %s", artifact.name, type(exc).__name__, exc, exc_info=True)
-        plan = {"format": runplan.FORMAT, "supported": False, "reason": f"{type(exc).__name__}: {exc}"}
-    if not plan["supported"]:
-        log.info("artifact %s gets no run plan (%s): it loads with torch's loader", artifact.name, plan["reason"])
-        for leftover in list(plan_dir.iterdir()):
-            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1, sort_keys=True))
-
-
-def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Callable[..., Any],
-                    example_inputs: list[Any]) -> dict[str, Any]:
-    from . import runplan
-
-    folder = artifact / "inductor"
-    fx, aot = _cache_entry(folder, "fxgraph/*/*/*"), _cache_entry(folder, "aotautograd/*/*")
-    meta = aot.runtime_metadata
-    _require(aot.maybe_subclass_meta is None, "tensor subclasses")
-    _require(meta.num_mutated_inp_runtime_indices == 0, "inputs updated outside the graph")
-    _require(all(o.output_type.name == "non_alias" for o in meta.output_info), "outputs aliasing inputs or others")
-    _require(meta.num_intermediate_bases == 0 and not meta.tokens, "outputs with intermediate bases or effects")
-    _require(not getattr(meta, "is_rng_op_functionalized", False), "functionalised random numbers")
-    _require(not any(getattr(w, "needs_post_compile", False) for w in aot.dispatch_wrappers),
-             "duplicate or aliased inputs")
-    _require(not fx.constants and not getattr(fx, "torchbind_constants", None), "constants baked into the graph")
-    _require(not getattr(fx, "partition_maps", None), "graph partitions")
-    devices = set(fx.device_types)
-    _require(devices <= {"cpu", "cuda"} and not torch.version.hip, f"devices {sorted(devices)}")
-    _require(len(fx.device_idxs) <= 1, "more than one GPU in one graph")
-    mutated = sorted(set(fx.mutated_input_idxs) | set(getattr(meta, "mutated_graph_handled_indices", [])))
-
-    source = fx.source_code
-    uses = _wrapper_uses(source)
-    _require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
-             f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
-    collectives = sorted({f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES})
-    # The check below runs the graph in this process alone; collectives would wait for ranks that are not running it.
-    _require(not collectives, f"collectives ({', '.join(collectives[:3])})")
-    reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
-    module = _wrapper_module(fx.cache_key, folder)
-    plan: dict[str, Any] = {
-        "format": runplan.FORMAT, "supported": True,
-        "device_type": "cuda" if "cuda" in devices else "cpu", "device_index": next(iter(fx.device_idxs), 0),
-        "num_inputs": len(example_inputs), "num_outputs": len(reference),
-        "inputs_to_check": list(fx.inputs_to_check), "mutated_inputs": mutated,
-        "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
-        "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
-        "ops": sorted(uses["ops"]),
-        "triton": _triton_specs(module, fx, plan_dir), "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
-    }
-    plan.update(runplan.write_wrapper(plan_dir, source))
-    (plan_dir / "plan.json").write_text(json.dumps(plan))
-    fn = runplan.load(artifact)
-    _require(fn is not None, "gearcache's loader could not load it")
-    loose = any(k.inductor_meta.get("atomic_add_found") for k in _autotuners(module).values())
-    outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
-    _require(len(outputs) == len(reference), f"{len(outputs)} outputs, torch's loader gave {len(reference)}")
-    for what, got, want in [*(("output", a, b) for a, b in zip(outputs, reference)),
-                            *(("in-place input", inputs[i], ref_inputs[i]) for i in mutated)]:
-        _require(_same(got, want, loose), f"its {what} differs from torch's loader's")
-    return plan
-
-
-_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor",
-                          "symm_mem"}
-
-
-def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
-    """Unpickle the one torch cache entry matching ``pattern`` in an artifact's Inductor folder."""
-    import importlib
-    import pickle
-
-    for classes in ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.output_code"):
-        importlib.import_module(classes)     # the classes the entries pickle
-
-    found = [p for p in folder.glob(pattern) if p.is_file()]
-    _require(len(found) == 1, f"{len(found)} cache entries match {pattern}")
-    with open(found[0], "rb") as f:
-        return pickle.load(f)
-
-
-def _run_on_copies(fn: Callable[..., Any], inputs: list[Any], mutated: list[int]) -> tuple[list[Any], list[Any]]:
-    """Run ``fn`` with the inputs it writes in place replaced by copies; returns (outputs, the inputs it saw)."""
-    inference = any(isinstance(x, torch.Tensor) and x.is_inference() for x in inputs)
-    with torch.inference_mode() if inference else torch.no_grad():
-        args = [x.clone() if i in mutated else x for i, x in enumerate(inputs)]
-        outputs = list(fn(*args))
-    for x in [*outputs, *args]:
-        if isinstance(x, torch.Tensor) and x.is_cuda:
-            torch.cuda.synchronize(x.device)
-            break
-    return outputs, args
-
-
-def _same(got: Any, want: Any, loose: bool) -> bool:
-    if not isinstance(want, torch.Tensor):
-        return got == want
-    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype or \
-            got.device != want.device or (got.numel() > 1 and got.stride() != want.stride()):
-        return False
-    try:
-        tolerance = {} if loose else {"rtol": 0, "atol": 0}
-        torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
-        return True
-    except AssertionError:
-        return False
-
-
-def _wrapper_module(key: str, folder: pathlib.Path) -> Any:
-    """The Python module torch loaded for the wrapper ``<key>.py`` (the copy loaded from ``folder`` if several)."""
-    found = [m for m in list(sys.modules.values())
-             if os.path.basename(str(getattr(m, "__file__", None) or "")) == f"{key}.py"]
-    _require(found, "torch's loaded wrapper module not found")
-    inside = [m for m in found if pathlib.Path(m.__file__).resolve().is_relative_to(folder.resolve())]
-    return (inside or found)[-1]
-
-
-def _wrapper_uses(source: str) -> dict[str, set]:
-    """What the wrapper's code (not its kernel sources) uses: ``async_compile`` methods, ``extern_kernels`` names,
-    operators looked up in ``torch.ops``, and the sources of its C++ kernels by the name they are bound to."""
-    import ast
-
-    uses: dict[str, set] = {"async_compile": set(), "extern": set(), "ops": set(), "cpp": set()}
-    roots = {"aten": "aten", "inductor_ops": "inductor", "_quantized": "_quantized"}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute):
-            chain = _dotted(node)
-            if chain is None:
-                continue
-            if chain[0] == "async_compile" and len(chain) == 2:
-                uses["async_compile"].add(chain[1])
-            elif chain[0] == "extern_kernels" and len(chain) == 2:
-                uses["extern"].add(chain[1])
-            elif chain[0] in roots and len(chain) >= 2:
-                uses["ops"].add((roots[chain[0]], chain[1]))
-            elif chain[:2] == ["torch", "ops"] and len(chain) >= 4:
-                uses["ops"].add((chain[2], chain[3]))
-        elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1
-              and isinstance(node.targets[0], ast.Name) and _dotted(node.value.func) == ["async_compile",
-                                                                                       "cpp_pybinding"]):
-            src = node.value.args[1] if len(node.value.args) > 1 else None
-            _require(isinstance(src, ast.Constant) and isinstance(src.value, str), "a C++ kernel without source")
-            uses["cpp"].add((node.targets[0].id, src.value))
-    uses["ops"] = {tuple(o) for o in uses["ops"]}
-    return uses
-
-
-def _dotted(node: Any) -> list[str] | None:
-    import ast
-
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return [node.id, *reversed(parts)]
-
-
-def _extern_ref(name: str, fn: Any) -> list:
-    """How gearcache's loader finds extern kernel ``name`` without torch's compiler: a public torch function or a
-    registered operator."""
-    if isinstance(fn, torch._ops.OpOverload):
-        return ["op", fn._schema.name, fn._overloadname]
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return ["op", fn._qualified_op_name, ""]
-    attr = getattr(fn, "__name__", None)
-    _require(attr and getattr(torch, attr, None) is fn, f"extern kernel {name} is not a public torch function")
-    return ["torch", attr]
-
-
-def _autotuners(module: Any) -> dict[str, Any]:
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-    return {n: k for n, k in vars(module).items() if isinstance(k, CachingAutotuner)}
-
-
-def _triton_specs(module: Any, fx: Any, plan_dir: pathlib.Path) -> dict[str, Any]:
-    """Launch records of the wrapper's Triton kernels, as autotuned by the run, cubins written to ``kernels/``."""
-    from torch._inductor.runtime.triton_heuristics import GridExpr
-
-    kernels = _autotuners(module)
-    if not kernels:
-        return {}
-    bundle = getattr(fx, "_triton_bundle", None)
-    _require(bundle is not None, "Triton kernels not bundled with the graph")
-    cubins = {(group.kernel_hash, item.filename): item.payload
-              for group in bundle.kernel_artifacts for item in group.artifacts}
-    specs = {}
-    for name, kernel in kernels.items():
-        _require(len(kernel.launchers) == 1, f"{name}: {len(kernel.launchers)} launchers after autotuning")
-        launcher = kernel.launchers[0]
-        result = next((r for r in kernel.compile_results if r.config is launcher.config), None)
-        _require(type(result).__name__ == "StaticTritonCompileResult" and not getattr(launcher, "store_cubin", 0),
-                 f"{name}: not launched by torch's static CUDA launcher")
-        binary = result.kernel
-        _require(type(binary).__name__ == "StaticallyLaunchedCudaKernel", f"{name}: {type(binary).__name__}")
-        payload = cubins.get((launcher.cache_hash, f"{binary.name}.cubin"))
-        _require(payload is not None, f"{name}: its cubin is not in the artifact")
-        (plan_dir / "kernels").mkdir(exist_ok=True)
-        (plan_dir / "kernels" / f"{launcher.cache_hash}.cubin").write_bytes(payload)
-        _, def_args, none_args = result._get_arg_lists(binary.arg_names, binary.declared_constexprs)
-        grid = GridExpr.from_meta(result.inductor_meta, result.config)
-        scratch = int(bool(binary.has_global_scratch)) + int(bool(binary.has_profile_scratch))
-        specs[name] = {
-            "cubin": f"runplan/kernels/{launcher.cache_hash}.cubin", "function": binary.name,
-            "shared": int(binary.shared), "num_warps": int(binary.num_warps),
-            "arg_types": binary.arg_tys + "O" * scratch, "scratch_args": scratch, "def_args": list(def_args),
-            "call_args": [a for i, a in enumerate(binary.arg_names)
-                          if i not in binary.full_constexprs and a not in none_args],
-            "grid_prefix": list(grid.prefix), "grid": [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)],
-        }
-    return specs
-
-
-def _cpp_specs(module: Any, bound: set[tuple[str, str]], folder: pathlib.Path,
-               artifact: pathlib.Path) -> dict[str, str]:
-    """``{sha256 of a C++ kernel's source: its library's path in the artifact}``."""
-    import hashlib
-
-    specs = {}
-    for name, source in bound:
-        fn = getattr(module, name, None)
-        lib = str(getattr(getattr(fn, "__self__", None), "__file__", None) or "")
-        _require(lib.endswith(".so"), f"{name}: no compiled library")
-        inside = sorted(folder.glob(f"*/{os.path.basename(lib)}"))
-        _require(len(inside) == 1, f"{name}: its library {os.path.basename(lib)} is not in the artifact")
-        specs[hashlib.sha256(source.encode()).hexdigest()] = inside[0].relative_to(artifact).as_posix()
-    return specs
 
 
 # ------------------------------------------------------------------------------------------- CUDA-graph outputs

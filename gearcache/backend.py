@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
-from . import faults, gears, runplan
+from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
 from .errors import ConfigError
@@ -121,7 +121,7 @@ class GearedGraph:
         t0 = time.perf_counter()
 
         def build(folder):
-            compat.compile_to_folder(static, inputs, folder, config_patches=patches)
+            compiler.compile_artifact(static, inputs, folder, config_patches=patches)
             counters.compiles += 1
 
         folder, built = faults.publish_or_fallback(self.store, akey, build, self.config.on_cache_error)

@@ -23,7 +23,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import faults, gears, runplan
+from . import compiler, faults, gears, runplan
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -333,7 +333,7 @@ class CachedFunction:
         if self._decompositions:
             graph = compat.apply_decompositions(graph, captured.example_inputs, self._decompositions)
         patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
-        compat.compile_to_folder(graph, captured.example_inputs, folder, config_patches=patches)
+        compiler.compile_artifact(graph, captured.example_inputs, folder, config_patches=patches)
         counters.compiles += 1
         counters.compile_seconds += time.perf_counter() - t0
 

@@ -312,7 +312,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # ======================================================================================================= inspect
 def _run_plan_status(folder: pathlib.Path) -> str:
-    """Whether a warm process loads the artifact with gearcache's own loader (gearcache/runplan.py), and if not why."""
+    """Whether a warm process loads the artifact with gearcache's own loader (gearcache/runplan/), and if not why."""
     try:
         plan = json.loads((folder / "runplan" / "plan.json").read_text())
     except (OSError, ValueError):

@@ -14,9 +14,10 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger("gearcache.key")
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
-2: artifacts carry a run plan (gearcache/runplan.py); the config factor names the mode instead of its options."""
+2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
+3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory)."""
 
 
 def canonical_json(value: Any) -> str:

@@ -26,7 +26,7 @@ import torch
 
 import gearcache.cached_function as cached_function_module
 from gearcache import CompilerConfig, cache_compile, counters
-from gearcache import _torch_compat as compat
+from gearcache import compiler
 from gearcache import store as store_module
 from gearcache.store import Store
 
@@ -99,10 +99,10 @@ def copy_store(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
 
 
 def fake_compile(prebuilt: pathlib.Path, before_copy=None, halfway=None, fallback: str | None = None):
-    """A ``compat.compile_to_folder`` that copies the prebuilt artifact of the same key instead of compiling (the key
+    """A ``compiler.compile_artifact`` that copies the prebuilt artifact of the same key instead of compiling (the key
     comes from the work folder's name: ``tmp/<akey>.<pid>.<tag>`` or a private ``gearcache-<akey[:12]>-*``);
     ``fallback``: the prebuilt artifact to copy for a key it does not have (the same graph under other key factors)."""
-    def compile_to_folder(gm, example_inputs, folder, *, config_patches):
+    def compile_artifact(gm, example_inputs, folder, *, config_patches):
         folder = pathlib.Path(folder)           # <artifact>/inductor; the run plan goes to <artifact>/runplan
         name = folder.parent.name
         prefix = name.split("-")[1] if name.startswith("gearcache-") else name.split(".")[0]
@@ -118,11 +118,11 @@ def fake_compile(prebuilt: pathlib.Path, before_copy=None, halfway=None, fallbac
             dest = folder.parent / path.relative_to(src)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
-    return compile_to_folder
+    return compile_artifact
 
 
 def install_fake_compile(prebuilt: pathlib.Path, **kw) -> None:
-    compat.compile_to_folder = fake_compile(prebuilt, **kw)
+    compiler.compile_artifact = fake_compile(prebuilt, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- kill rounds
@@ -159,7 +159,7 @@ def _arm(step: str, delay: float) -> None:
     if step == "capture":
         wrap(cached_function_module, "capture")
     elif step == "build":
-        wrap(compat, "compile_to_folder")
+        wrap(compiler, "compile_artifact")
     elif step == "manifest":
         wrap(Store, "_write_artifact_manifest")
     elif step == "replace-manifest":
@@ -192,12 +192,12 @@ def kill_round(root: str, prebuilt: str, step: str, delay: float, rows: int, con
     """Child: call Tiny on ``rows`` on the store at ``root`` (which must publish it), armed to die at ``step``."""
     root_p, prebuilt_p = pathlib.Path(root), pathlib.Path(prebuilt)
     if step == "compile-real":
-        original = compat.compile_to_folder
+        original = compiler.compile_artifact
 
         def compile_then_die(*args, **kwargs):
             threading.Timer(delay, _die).start()
             return original(*args, **kwargs)
-        compat.compile_to_folder = compile_then_die
+        compiler.compile_artifact = compile_then_die
     else:
         install_fake_compile(prebuilt_p, halfway=(lambda: _arm("timer", delay)) if step == "build-mid" else None)
         if step != "build-mid":

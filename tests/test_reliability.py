@@ -30,6 +30,7 @@ import reliability_child as rc
 from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError, cache_compile, counters)
 from gearcache import _torch_compat as compat
+from gearcache import compiler
 from gearcache import faults
 from gearcache import store as store_module
 from gearcache.errors import UntrustedArtifactError
@@ -57,7 +58,7 @@ def cache(prebuilt, tmp_path) -> pathlib.Path:
 
 @pytest.fixture
 def fake_compile(prebuilt, monkeypatch):
-    monkeypatch.setattr(compat, "compile_to_folder", rc.fake_compile(prebuilt))
+    monkeypatch.setattr(compiler, "compile_artifact", rc.fake_compile(prebuilt))
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +148,7 @@ def test_entry_of_another_torch_version_or_isa_is_never_loaded(cache, prebuilt, 
         monkeypatch.setattr(compat, "software_versions", lambda: dict(real, torch="2.99.0+other"))
     else:
         monkeypatch.setattr(compat, "device_capability", lambda device: "cpu:x86_64:AVX1024")
-    monkeypatch.setattr(compat, "compile_to_folder", rc.fake_compile(prebuilt, fallback=akeys["2"]))
+    monkeypatch.setattr(compiler, "compile_artifact", rc.fake_compile(prebuilt, fallback=akeys["2"]))
     with counters.expect(loads=0, compiles=1):
         assert rc.check_call(rc.make(cache), 2)
     after = {p: p.read_bytes() for p in (cache / "entries").rglob("*.json")}

@@ -1,0 +1,42 @@
+"""C++ kernels: imported from the ``.so`` libraries the artifact carries, as torch's ``CppPythonBindingsCodeCache``
+imports them (entry point ``kernel``)."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import pathlib
+import sys
+from typing import Any, Callable
+
+from .. import _torch_compat as compat
+from .format import RunPlanUnavailable
+
+
+def import_cpp_kernel(path: pathlib.Path, digest: str) -> Callable[..., Any]:
+    """The ``kernel`` function of the library at ``path`` (its source's sha256 is ``digest``). The library's init
+    reads the tensor data-pointer offset from the environment, which is set for the duration of the import only."""
+    name = f"gearcache_cpp_{digest[:24]}.kernel"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise RunPlanUnavailable(f"cannot import {path}")
+        with _environ(compat.CPP_KERNEL_ENV, compat.cpp_kernel_env_value()):
+            module = importlib.util.module_from_spec(spec)      # runs the library's init
+            spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module.kernel
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

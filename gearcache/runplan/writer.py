@@ -1,0 +1,242 @@
+"""Writing a run plan at compile time, and the check that it runs exactly like torch's loader.
+
+:func:`write_run_plan` runs in the compiling process right after Inductor's artifact was saved and loaded by torch's
+loader. It reads torch's cache entries in the artifact (AOTAutograd's runtime metadata, the FX graph entry with the
+generated wrapper), refuses graphs whose per-call semantics the loader does not reproduce (aliased outputs, mutations
+applied outside the graph, subclasses, effect tokens, constants, partitions, collectives), records the wrapper, the
+kernels (kernel_records.py) and the extern kernels, then loads the plan with gearcache's loader and compares its
+outputs and in-place updates with torch's on fresh copies of the inputs. Any refusal is recorded as the plan's
+``reason``; the artifact then loads with torch's loader. Imports torch's compiler (only ever in a compiling process).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import marshal
+import os
+import pathlib
+import shutil
+import sys
+from typing import Any, Callable
+
+import torch
+
+from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME, NoPlan, require
+from .kernel_records import triton_records
+from .loader import load
+
+log = logging.getLogger("gearcache.runplan")
+
+
+def write_run_plan(artifact: pathlib.Path, loaded: Callable[..., Any], example_inputs: list[Any]) -> None:
+    """Write ``<artifact>/runplan`` (format: gearcache/runplan.py), from the artifact torch just loaded as ``loaded``.
+
+    Runs ``loaded`` once on ``example_inputs`` (inputs the graph writes in place are copied first), which settles
+    Inductor's autotuning, records what the wrapper and every kernel need, then loads the plan with gearcache's
+    loader, runs it on fresh copies and compares outputs and in-place updates with torch's run. A graph the plan
+    cannot run exactly like torch's loader gets ``{"supported": false, "reason": ...}``: it loads with torch's
+    loader. Never raises for the plan's sake (a plan is an optimisation, not part of the compile)."""
+    plan_dir = artifact / PLAN_DIR
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan = _build_run_plan(artifact, plan_dir, loaded, example_inputs)
+    except NoPlan as exc:
+        plan = {"format": FORMAT, "supported": False, "reason": str(exc)}
+    except Exception as exc:                                        # noqa: BLE001 - see the docstring
+        log.warning("no run plan for %s: %s: %s", artifact.name, type(exc).__name__, exc, exc_info=True)
+        plan = {"format": FORMAT, "supported": False, "reason": f"{type(exc).__name__}: {exc}"}
+    if not plan["supported"]:
+        log.info("artifact %s gets no run plan (%s): it loads with torch's loader", artifact.name, plan["reason"])
+        for leftover in list(plan_dir.iterdir()):
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1, sort_keys=True))
+
+
+def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Callable[..., Any],
+                    example_inputs: list[Any]) -> dict[str, Any]:
+    folder = artifact / "inductor"
+    fx, aot = _cache_entry(folder, "fxgraph/*/*/*"), _cache_entry(folder, "aotautograd/*/*")
+    meta = aot.runtime_metadata
+    require(aot.maybe_subclass_meta is None, "tensor subclasses")
+    require(meta.num_mutated_inp_runtime_indices == 0, "inputs updated outside the graph")
+    require(all(o.output_type.name == "non_alias" for o in meta.output_info), "outputs aliasing inputs or others")
+    require(meta.num_intermediate_bases == 0 and not meta.tokens, "outputs with intermediate bases or effects")
+    require(not getattr(meta, "is_rng_op_functionalized", False), "functionalised random numbers")
+    require(not any(getattr(w, "needs_post_compile", False) for w in aot.dispatch_wrappers),
+             "duplicate or aliased inputs")
+    require(not fx.constants and not getattr(fx, "torchbind_constants", None), "constants baked into the graph")
+    require(not getattr(fx, "partition_maps", None), "graph partitions")
+    devices = set(fx.device_types)
+    require(devices <= {"cpu", "cuda"} and not torch.version.hip, f"devices {sorted(devices)}")
+    require(len(fx.device_idxs) <= 1, "more than one GPU in one graph")
+    mutated = sorted(set(fx.mutated_input_idxs) | set(getattr(meta, "mutated_graph_handled_indices", [])))
+
+    source = fx.source_code
+    uses = _wrapper_uses(source)
+    require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
+             f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
+    collectives = sorted({f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES})
+    # The check below runs the graph in this process alone; collectives would wait for ranks that are not running it.
+    require(not collectives, f"collectives ({', '.join(collectives[:3])})")
+    reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
+    module = _wrapper_module(fx.cache_key, folder)
+    plan: dict[str, Any] = {
+        "format": FORMAT, "supported": True,
+        "device_type": "cuda" if "cuda" in devices else "cpu", "device_index": next(iter(fx.device_idxs), 0),
+        "num_inputs": len(example_inputs), "num_outputs": len(reference),
+        "inputs_to_check": list(fx.inputs_to_check), "mutated_inputs": mutated,
+        "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
+        "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
+        "ops": sorted(uses["ops"]),
+        "triton": triton_records(_autotuners(module), getattr(fx, "_triton_bundle", None), plan_dir), "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
+    }
+    plan.update(write_wrapper(plan_dir, source))
+    (plan_dir / "plan.json").write_text(json.dumps(plan))
+    fn = load(artifact)
+    require(fn is not None, "gearcache's loader could not load it")
+    loose = any(k.inductor_meta.get("atomic_add_found") for k in _autotuners(module).values())
+    outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
+    require(len(outputs) == len(reference), f"{len(outputs)} outputs, torch's loader gave {len(reference)}")
+    for what, got, want in [*(("output", a, b) for a, b in zip(outputs, reference)),
+                            *(("in-place input", inputs[i], ref_inputs[i]) for i in mutated)]:
+        require(_same(got, want, loose), f"its {what} differs from torch's loader's")
+    return plan
+
+
+_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor",
+                          "symm_mem"}
+
+
+def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
+    """Unpickle the one torch cache entry matching ``pattern`` in an artifact's Inductor folder."""
+    import importlib
+    import pickle
+
+    for classes in ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.output_code"):
+        importlib.import_module(classes)     # the classes the entries pickle
+
+    found = [p for p in folder.glob(pattern) if p.is_file()]
+    require(len(found) == 1, f"{len(found)} cache entries match {pattern}")
+    with open(found[0], "rb") as f:
+        return pickle.load(f)
+
+
+def _run_on_copies(fn: Callable[..., Any], inputs: list[Any], mutated: list[int]) -> tuple[list[Any], list[Any]]:
+    """Run ``fn`` with the inputs it writes in place replaced by copies; returns (outputs, the inputs it saw)."""
+    inference = any(isinstance(x, torch.Tensor) and x.is_inference() for x in inputs)
+    with torch.inference_mode() if inference else torch.no_grad():
+        args = [x.clone() if i in mutated else x for i, x in enumerate(inputs)]
+        outputs = list(fn(*args))
+    for x in [*outputs, *args]:
+        if isinstance(x, torch.Tensor) and x.is_cuda:
+            torch.cuda.synchronize(x.device)
+            break
+    return outputs, args
+
+
+def _same(got: Any, want: Any, loose: bool) -> bool:
+    if not isinstance(want, torch.Tensor):
+        return got == want
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype or \
+            got.device != want.device or (got.numel() > 1 and got.stride() != want.stride()):
+        return False
+    try:
+        tolerance = {} if loose else {"rtol": 0, "atol": 0}
+        torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+        return True
+    except AssertionError:
+        return False
+
+
+def _wrapper_module(key: str, folder: pathlib.Path) -> Any:
+    """The Python module torch loaded for the wrapper ``<key>.py`` (the copy loaded from ``folder`` if several)."""
+    found = [m for m in list(sys.modules.values())
+             if os.path.basename(str(getattr(m, "__file__", None) or "")) == f"{key}.py"]
+    require(found, "torch's loaded wrapper module not found")
+    inside = [m for m in found if pathlib.Path(m.__file__).resolve().is_relative_to(folder.resolve())]
+    return (inside or found)[-1]
+
+
+def _wrapper_uses(source: str) -> dict[str, set]:
+    """What the wrapper's code (not its kernel sources) uses: ``async_compile`` methods, ``extern_kernels`` names,
+    operators looked up in ``torch.ops``, and the sources of its C++ kernels by the name they are bound to."""
+    import ast
+
+    uses: dict[str, set] = {"async_compile": set(), "extern": set(), "ops": set(), "cpp": set()}
+    roots = {"aten": "aten", "inductor_ops": "inductor", "_quantized": "_quantized"}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            chain = _dotted(node)
+            if chain is None:
+                continue
+            if chain[0] == "async_compile" and len(chain) == 2:
+                uses["async_compile"].add(chain[1])
+            elif chain[0] == "extern_kernels" and len(chain) == 2:
+                uses["extern"].add(chain[1])
+            elif chain[0] in roots and len(chain) >= 2:
+                uses["ops"].add((roots[chain[0]], chain[1]))
+            elif chain[:2] == ["torch", "ops"] and len(chain) >= 4:
+                uses["ops"].add((chain[2], chain[3]))
+        elif (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1
+              and isinstance(node.targets[0], ast.Name) and _dotted(node.value.func) == ["async_compile",
+                                                                                       "cpp_pybinding"]):
+            src = node.value.args[1] if len(node.value.args) > 1 else None
+            require(isinstance(src, ast.Constant) and isinstance(src.value, str), "a C++ kernel without source")
+            uses["cpp"].add((node.targets[0].id, src.value))
+    uses["ops"] = {tuple(o) for o in uses["ops"]}
+    return uses
+
+
+def _dotted(node: Any) -> list[str] | None:
+    import ast
+
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _extern_ref(name: str, fn: Any) -> list:
+    """How gearcache's loader finds extern kernel ``name`` without torch's compiler: a public torch function or a
+    registered operator."""
+    if isinstance(fn, torch._ops.OpOverload):
+        return ["op", fn._schema.name, fn._overloadname]
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return ["op", fn._qualified_op_name, ""]
+    attr = getattr(fn, "__name__", None)
+    require(attr and getattr(torch, attr, None) is fn, f"extern kernel {name} is not a public torch function")
+    return ["torch", attr]
+
+
+def _autotuners(module: Any) -> dict[str, Any]:
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    return {n: k for n, k in vars(module).items() if isinstance(k, CachingAutotuner)}
+
+
+def _cpp_specs(module: Any, bound: set[tuple[str, str]], folder: pathlib.Path,
+               artifact: pathlib.Path) -> dict[str, str]:
+    """``{sha256 of a C++ kernel's source: its library's path in the artifact}``."""
+    import hashlib
+
+    specs = {}
+    for name, source in bound:
+        fn = getattr(module, name, None)
+        lib = str(getattr(getattr(fn, "__self__", None), "__file__", None) or "")
+        require(lib.endswith(".so"), f"{name}: no compiled library")
+        inside = sorted(folder.glob(f"*/{os.path.basename(lib)}"))
+        require(len(inside) == 1, f"{name}: its library {os.path.basename(lib)} is not in the artifact")
+        specs[hashlib.sha256(source.encode()).hexdigest()] = inside[0].relative_to(artifact).as_posix()
+    return specs
+
+
+def write_wrapper(plan_dir: pathlib.Path, source: str) -> dict[str, str]:
+    """Write the wrapper's source and its compiled code into ``plan_dir``; returns the plan's fields naming them."""
+    (plan_dir / "wrapper.py").write_text(source)
+    code = compile(source, WRAPPER_FILENAME, "exec")
+    (plan_dir / "wrapper.code").write_bytes(importlib.util.MAGIC_NUMBER + marshal.dumps(code))
+    return {"wrapper": "wrapper.py", "wrapper_code": "wrapper.code"}
