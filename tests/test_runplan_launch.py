@@ -96,6 +96,21 @@ def test_driver_launch_sets_clusters_pdl_and_passes_every_argument(tmp_path, mon
     assert len(recorder.launches) == 1
 
 
+def test_driver_launch_passes_null_scratch_pointers_when_the_kernel_needs_no_scratch(tmp_path, monkeypatch):
+    """Triton 3.3+ kernels take global and profile scratch pointers after their arguments, whether they use them
+    or not."""
+    recorder = _RecordingDriver([ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])
+    monkeypatch.setattr(launch_driver, "_driver", lambda: recorder)
+    monkeypatch.setattr(launch_driver.compat, "load_cubin", lambda path, fn, shared, device: 0xF00D)
+    spec = _spec(launcher="driver", num_ctas=1, cluster_dims=[1, 1, 1], launch_pdl=False,
+                 launch_cooperative_grid=False, global_scratch_size=0, profile_scratch_size=0)
+    x = torch.zeros(4)
+    launch_driver.DriverLaunch("triton_poi_0", spec, tmp_path, 0).run(x, x, 600, stream=3)
+    (launch,) = recorder.launches
+    assert launch["params"] == [x.data_ptr(), x.data_ptr(), 600, 0, 0] and launch["grid"] == (2, 1, 1)
+    assert launch["attrs"] == []
+
+
 def test_driver_refuses_argument_types_it_cannot_pack(tmp_path):
     with pytest.raises(launch_driver.RunPlanUnavailable, match="argument types"):
         launch_driver.DriverLaunch("k", _spec(launcher="driver", arg_types="OOz"), tmp_path, 0)

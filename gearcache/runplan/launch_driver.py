@@ -135,7 +135,7 @@ class DriverLaunch:
         self._attrs = (_LaunchAttribute * max(1, len(attrs)))(*attrs)
         self._launch = _make_launch(name, spec, self._function, self._attrs, len(attrs), cluster, device_index)
         n_scratch = int(spec.get("scratch_args", 0))
-        args = ", ".join([*spec["call_args"], *[f"scratch_{i}" for i in range(n_scratch)]])
+        args = ", ".join([*spec["call_args"], *["None"] * n_scratch])     # scratch: allocated by launch()
         self.run = compile_launcher(name, launcher_source(spec, f"launch(grid_0, grid_1, grid_2, stream, {args})"),
                                     {"launch": self._launch})
 
