@@ -1,7 +1,9 @@
 """The one place gearcache touches torch's private APIs or branches on torch's version.
 
-Supported: torch 2.11 (CUDA, the GPU machine) and 2.13 (CPU, CI). Every private symbol used by gearcache is imported
-here, and each function says which mechanism it relies on, so a torch upgrade is reviewed in one file.
+Supported: torch 2.11 to 2.15 (README, "Supported torch versions"): 2.11 on the GPU machine (CUDA), 2.13 in CI (CPU,
+full suite), 2.14.1 in CI (CUDA build on CPU, core suites), 2.15.0 checked by hand (CPU); 2.14 and 2.15 need no
+branch here. Every private symbol used by gearcache is imported here, and each function says which mechanism it
+relies on, so a torch upgrade is reviewed in one file.
 
 Mechanism (chosen by measurement, see docs/DESIGN.md): a Dynamo graph is compiled with
 ``torch._inductor.standalone_compile`` and saved in its "unpacked" format: a folder laid out like an Inductor cache
