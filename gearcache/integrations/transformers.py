@@ -27,7 +27,9 @@ first ``update``) is allocated by one eager forward on a dummy token, then ``res
 The model's config is part of the entry key: its sha256 is the name of an empty buffer, so two models of equal
 shapes but different configs (rope scaling, sliding window, ...) never share an entry.
 
-Not supported: gears (padding a prompt would advance the cache's position counter by the padded length, so each
+Only layers whose whole state is tensors are accepted (``StaticLayer``): a sliding-window layer keeps its position
+in a Python int that selects branches and mask offsets while tracing, which an entry would replay unchanged (wrong
+outputs), so a cache with such layers is refused with an error. Also not supported: gears (padding a prompt would advance the cache's position counter by the padded length, so each
 prompt length is its own entry; pad prompts to a few lengths yourself, or run prefill eagerly as transformers'
 ``generate(cache_implementation="static")`` does), ``mode="reduce-overhead"`` (the cache tensors are buffers, not
 call arguments), caches whose layers grow by concatenation (``DynamicCache``).
@@ -44,6 +46,9 @@ from ..api import cache_compile
 from ..config import CompilerConfig
 from ..errors import ConfigError
 
+# Cache layer classes (transformers.cache_utils) whose state is all tensors, updated in place by the graph. Checked by
+# class name so this module does not import transformers.
+SUPPORTED_LAYERS = {"StaticLayer"}
 
 class StaticCacheLM(torch.nn.Module):
     """A transformers causal LM whose forward with a ``StaticCache`` is served from gearcache entries."""
@@ -75,10 +80,18 @@ class StaticCacheLM(torch.nn.Module):
     def bind(self, cache: Any, batch_size: int) -> None:
         """Make ``cache`` the one ``step`` updates: allocate it if it is not yet, register its tensors as buffers."""
         layers = getattr(cache, "layers", None)
-        if layers is None or not all(getattr(layer, "is_compileable", False) for layer in layers):
-            raise ConfigError(f"past_key_values={type(cache).__qualname__}: expected a transformers StaticCache "
-                              f"(a cache whose layers are preallocated and updated in place). Fix: pass "
-                              f"StaticCache(config=model.config, max_cache_len=N)")
+        if layers is None:
+            raise ConfigError(f"past_key_values={type(cache).__qualname__}: expected a transformers StaticCache. "
+                              f"Fix: pass StaticCache(config=model.config, max_cache_len=N)")
+        other = sorted({type(layer).__name__ for layer in layers} - SUPPORTED_LAYERS)
+        if other:
+            raise ConfigError(
+                f"past_key_values={type(cache).__qualname__} has layers of type {other}; StaticCacheLM serves only "
+                f"{sorted(SUPPORTED_LAYERS)}, whose whole state is tensors. A sliding-window layer "
+                f"(StaticSlidingWindowLayer) keeps its position in a Python int that picks branches and mask offsets "
+                f"at trace time; torch.compile guards on it and recompiles, a gearcache entry would replay the "
+                f"traced value: wrong outputs. Fix: a config without sliding_window / layer_types "
+                f"'sliding_attention', or serve this model with torch.compile")
         if not all(layer.is_initialized for layer in layers):
             _allocate(self.model, cache, batch_size)
         for name in self._cache_names:
