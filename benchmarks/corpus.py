@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-ENCODER_GEARS = [1, 2, 4]            # batch gears of every encoder (sizes 1..4: 3 is padded up to 4)
+ENCODER_GEARS = [2, 4]               # batch gears of every encoder (batches 1 and 3 are padded up)
 PROMPT_LEN = 8
 NEW_TOKENS = 6
 BATCH = 2                            # causal LMs: sequences per StaticCache
@@ -209,12 +209,14 @@ class CachedEncoder(torch.nn.Module):
 class Workload:
     """One model's run: ``calls`` in order, each ``(label, run)`` where ``run(cached: bool)`` returns an output
     tensor; ``first`` marks the calls that reach an entry for the first time (the "first calls" a benchmark times).
-    ``reference()`` returns eager outputs of the very calls, for the max |diff|; ``check()`` returns extra facts
-    (``tokens_match_generate`` for causal LMs)."""
+    ``reference()`` returns eager outputs of the very calls, for the max |diff|; ``check()`` (after
+    ``reference()``) returns extra facts: for causal LMs ``tokens_match_generate`` and ``cache_max_abs_diff`` (the
+    served StaticCache against the eager one)."""
     calls: list[tuple[str, Callable[[bool], torch.Tensor]]]
     first: list[bool]
     reference: Callable[[], list[torch.Tensor]]
     check: Callable[[list[torch.Tensor]], dict[str, Any]]
+    objects: dict[str, Any] = dataclasses.field(default_factory=dict)   # what tests look into (model, cache, ...)
 
 
 def workload(name: str, size: str, device: str, dtype: torch.dtype, cache_dir: str | None) -> Workload:
@@ -262,7 +264,7 @@ def _causal_workload(lm, device, dtype, cache_dir) -> Workload:
         return run
 
     def reference():
-        cache = StaticCache(config=lm.config, max_cache_len=max_len)   # eager, same tokens fed (teacher-forced)
+        cache = state["ref_cache"] = StaticCache(config=lm.config, max_cache_len=max_len)   # eager, same tokens fed
         return [lm(input_ids=ids, past_key_values=cache, use_cache=True).logits for ids in state["fed"]]
 
     def check(outputs):
@@ -275,14 +277,17 @@ def _causal_workload(lm, device, dtype, cache_dir) -> Workload:
                                   pad_token_id=0, eos_token_id=None, disable_compile=True)
         generated = lm.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
         generated = generated[:, PROMPT_LEN:]
-        return {"tokens": tokens.tolist(), "tokens_match_generate": torch.equal(tokens, generated)}
+        cache_diff = max_abs_diff([t for layer in state["cache"].layers for t in (layer.keys, layer.values)],
+                                  [t for layer in state["ref_cache"].layers for t in (layer.keys, layer.values)])
+        return {"tokens": tokens.tolist(), "tokens_match_generate": torch.equal(tokens, generated),
+                "generated": generated.tolist(), "cache_max_abs_diff": cache_diff}
 
     return Workload([(label, run_call(fn)) for label, fn in calls], [True, True] + [False] * (NEW_TOKENS - 2),
-                    reference, check)
+                    reference, check, {"lm": lm, "served": served, "prompt": prompt, "max_len": max_len})
 
 
 def _encoder_workload(model, inputs, result, device, dtype, cache_dir) -> Workload:
-    sizes = ENCODER_GEARS + [3]                 # every gear once, then 3: padded up to 4
+    sizes = ENCODER_GEARS + [1, 3]              # every gear once, then sizes padded up to a gear
     batches = [inputs(b, device, dtype) for b in sizes]
     wrapped = None
     if cache_dir is not None:
@@ -293,7 +298,7 @@ def _encoder_workload(model, inputs, result, device, dtype, cache_dir) -> Worklo
             set_dim_gears(x, {0: ENCODER_GEARS})
     calls = [(f"batch {b}", (lambda x: lambda cached: (wrapped.cached_encode(x) if cached
                                                         else result(model(**x))))(x)) for b, x in zip(sizes, batches)]
-    return Workload(calls, [True] * len(ENCODER_GEARS) + [False],
+    return Workload(calls, [True] * len(ENCODER_GEARS) + [False, False],
                     lambda: [result(model(**x)) for x in batches], lambda outputs: {})
 
 
