@@ -9,6 +9,9 @@ benchmark) with ``torch.manual_seed(0)`` weights. Each :class:`CorpusModel` says
 * ``kind="encoder"``: an encoder or vision model whose cached method takes a batch; the batch dim has gears
   (``ENCODER_GEARS``), one entry per gear. The workload calls every gear's size, then sizes that are padded up.
 
+Mistral and Mixtral are built with ``sliding_window=None``: StaticCacheLM refuses sliding-window cache layers (their
+position is a Python int a compiled entry cannot follow; docs/TRANSFORMERS.md).
+
 This module imports neither gearcache nor transformers at import time, so tests and benchmarks can list it cheaply.
 ``workload(model, size, device, dtype)`` builds everything a run needs (see :class:`Workload`).
 """

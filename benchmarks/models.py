@@ -15,7 +15,9 @@ first decode step, for an encoder the first call of each gear. Columns:
                (counters.direct_loads), i.e. without torch's compiler;
   warm/eager/cold first calls (s); max |diff| of the warm process's outputs against eager on the same inputs;
   tokens       causal LMs: the warm process's greedy tokens equal transformers' generate(cache_implementation=
-               "static") (eager) token for token.
+               "static") (eager) token for token (required for "all ok" in float32 only: in bfloat16 random
+               weights give near-tied logits, and the logits are compared by max |diff| on the same tokens).
+Exit status 0 when every model's warm process compiled nothing and loaded every entry through a run plan.
 Defaults: CPU, float32, tiny configs; on CUDA bfloat16 and small configs.
 """
 from __future__ import annotations
@@ -93,10 +95,12 @@ def main(argv=None) -> int:
             print(row(r), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    exact = opts.dtype == "float32"          # bf16 greedy tokens may part from eager's on near-tied logits
     ok = all("error" not in r["warm"] and r["warm"]["counters"]["compiles"] == 0
              and r["warm"]["counters"]["direct_loads"] == r["warm"]["counters"]["loads"] > 0
-             and r["warm"].get("tokens_match_generate", True) for r in results)
-    print("\nfirst calls in seconds; entries and run plans from the warm process; all ok:", ok)
+             and (r["warm"].get("tokens_match_generate", True) or not exact) for r in results)
+    print("\nfirst calls in seconds; entries and run plans from the warm process; all ok (warm: nothing compiled, "
+          f"every entry through a run plan{', tokens equal' if exact else ''}):", ok)
     if opts.json:
         import torch
 
