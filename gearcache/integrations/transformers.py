@@ -22,7 +22,7 @@ Dynamo captures ``step``, those tensors are graph inputs whose identity is a buf
 from the wrapper's buffers at every call (as it reads weights) and the graph's in-place updates land in the user's
 cache. Binding another cache of the same shapes (a new request) swaps the buffers, and the entries are reused; a
 cache of other shapes is another key. A cache not yet allocated (transformers allocates layers lazily, on their
-first ``update``) is allocated by one eager forward on a dummy token, then ``reset()``.
+first ``update``) is allocated with the config's key/value heads and head size (``early_initialization``).
 
 The model's config is part of the entry key: its sha256 is the name of an empty buffer, so two models of equal
 shapes but different configs (rope scaling, sliding window, ...) never share an entry.
@@ -118,8 +118,18 @@ class StaticCacheLM(torch.nn.Module):
 
 
 def _allocate(model: torch.nn.Module, cache: Any, batch_size: int) -> None:
-    """Let transformers allocate the cache's layers (on their first update), then empty it again."""
+    """Allocate the cache's layers: ``early_initialization`` with the config's key/value heads and head size when the
+    config has them (no model run: a warm start pays nothing eager), else one eager forward on a dummy token (then
+    ``reset()``). Wrong sizes cannot pass silently: the cache's shapes are in the entry key, and a graph writing
+    other shapes fails while it is traced."""
     param = next(model.parameters())
+    text = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // text.num_attention_heads
+                                                   if getattr(text, "hidden_size", None) and heads else None)
+    if heads and head_dim and hasattr(cache, "early_initialization"):
+        cache.early_initialization(batch_size, heads, head_dim, param.dtype, param.device)
+        return
     with torch.inference_mode():
         model(input_ids=torch.zeros(batch_size, 1, dtype=torch.long, device=param.device), past_key_values=cache,
               use_cache=True)
