@@ -38,3 +38,33 @@ def empty_torch_caches(tmp_path) -> dict:
     inductor.mkdir()
     triton.mkdir()
     return {"TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(triton)}
+
+
+@pytest.fixture(scope="session")
+def corpus_cold(tmp_path_factory):
+    """``corpus_cold(name)``: (store, report) of corpus model ``name`` (benchmarks/corpus.py, tiny, CPU) run cold in a
+    fresh process; each model is compiled once per session."""
+    done: dict[str, tuple[Path, dict]] = {}
+
+    def cold(name: str) -> tuple[Path, dict]:
+        if name not in done:
+            store = tmp_path_factory.mktemp(f"corpus_{name}")
+            done[name] = store, run_script("run_corpus_model.py", name, str(store), timeout=900)
+        return done[name]
+    return cold
+
+
+@pytest.fixture(scope="session")
+def corpus_warm(corpus_cold, tmp_path_factory):
+    """``corpus_warm(name)``: the report of corpus model ``name`` run again on its cold store, in a fresh process with
+    compile hooks installed and empty Inductor and Triton caches; once per session."""
+    done: dict[str, dict] = {}
+
+    def warm(name: str) -> dict:
+        if name not in done:
+            store, _ = corpus_cold(name)
+            caches = tmp_path_factory.mktemp(f"corpus_{name}_torch_caches")
+            env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
+            done[name] = run_script("run_corpus_model.py", name, str(store), "--hooks", env=env, timeout=600)
+        return done[name]
+    return warm

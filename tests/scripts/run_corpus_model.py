@@ -1,0 +1,40 @@
+"""Run one corpus model's workload (benchmarks/corpus.py) through gearcache; print a JSON report on the last line.
+
+usage: run_corpus_model.py MODEL CACHE_DIR [--hooks]
+Causal LMs also generate once more on a second, new StaticCache (StaticCacheLM rebinding its buffers).
+"""
+import json
+import os
+import sys
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, TESTS)
+sys.path.insert(0, os.path.join(os.path.dirname(TESTS), "benchmarks"))
+if "--hooks" in sys.argv:
+    import compile_hooks
+
+    compile_hooks.install()
+import torch
+
+import corpus
+from gearcache import counters
+
+name, cache_dir = sys.argv[1], sys.argv[2]
+w = corpus.workload(name, "tiny", "cpu", torch.float32, cache_dir)
+outputs, _ = corpus.run_workload(w, cached=True, device="cpu")
+report = {"model": name, "entries_first_calls": sum(w.first)}
+report["counters"] = {k: v for k, v in vars(counters).items()}      # before any eager reference work
+if "--hooks" in sys.argv:
+    report["hooks"] = dict(compile_hooks.COUNTS)
+with torch.inference_mode():
+    report["max_abs_diff"] = corpus.max_abs_diff(outputs, w.reference())
+    report.update(w.check(outputs))
+    if "served" in w.objects:
+        from transformers import StaticCache
+
+        o = w.objects
+        again = o["served"].greedy(o["prompt"], StaticCache(config=o["lm"].config, max_cache_len=o["max_len"]),
+                                   corpus.NEW_TOKENS)
+        report["second_cache_tokens"] = again.tolist()
+        report["counters_after_second_cache"] = {k: v for k, v in vars(counters).items()}
+print(json.dumps(report))
