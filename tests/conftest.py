@@ -38,3 +38,26 @@ def empty_torch_caches(tmp_path) -> dict:
     inductor.mkdir()
     triton.mkdir()
     return {"TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(triton)}
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server for the session (free loopback port, no persistence), stopped after."""
+    from redis_server import start
+
+    server = start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def redis(redis_server):
+    """The session's redis-server, emptied for this test (restarted if a test killed it)."""
+    if redis_server.proc.poll() is not None:
+        redis_server.start()
+    client = redis_server.client()
+    client.config_set("maxmemory", 0)
+    client.flushall()
+    yield redis_server
+    if redis_server.proc.poll() is not None:
+        redis_server.start()

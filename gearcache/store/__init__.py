@@ -27,6 +27,7 @@ docs/RELIABILITY.md for every fault and what happens.
 from __future__ import annotations
 
 from .files import (HOST, HOST_TAG, MANIFEST, SIGNATURE, SIGNING_KEY_ENV, default_root, storage_fix,
+
                     write_json_atomic)
 from .index import flush_index_updates
 from .local import Store

@@ -13,6 +13,8 @@ picks one by the URL's scheme. Contract of every method:
 """
 from __future__ import annotations
 
+
+
 import abc
 import errno
 from typing import Iterator

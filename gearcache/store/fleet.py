@@ -1,15 +1,17 @@
-"""Part of ``Store``: the glue between the local folder and its remote store (``remote.py``), on the miss path only.
+"""Part of ``Store``: the glue between the local folder and its remote store (``remote.py``).
 
-Every method here is a no-op without a remote, never raises a remote fault (it is counted, warned once and the
-local folder carries on alone), and holds the artifact's local lock while it fetches, so one process per machine
-transfers an artifact.
+The miss-path methods (``remote_*``, called only when ``Store.remote`` is set, never per call) never raise a remote
+fault: it is counted, warned once, and the local folder carries on alone. They hold the artifact's local lock while
+they fetch, so one process per machine transfers an artifact. ``push_to_remote`` / ``pull_from_remote`` serve
+``gearcache push`` / ``pull`` and raise ``RemoteError``.
 """
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Callable
 
-from ..errors import LockTimeoutError
+from ..errors import CacheCorruptionError, LockTimeoutError
 from .backend import RemoteError
 from .remote import write_fetched_entry
 
@@ -66,3 +68,55 @@ class FleetMixin:
             self.remote.push_entry(topology_folder, method, ekey, data)
         except RemoteError as exc:
             self.remote.failed(exc, f"entry {ekey} stays local")
+
+    # ------------------------------------------------------------------------------ gearcache push / pull
+    def push_to_remote(self, *, force: bool = False) -> dict[str, int]:
+        """Push every valid local entry and its artifact (an artifact the remote holds already is skipped unless
+        ``force``). Raises ``RemoteError``; corrupt local artifacts are skipped (counted in ``"skipped"``)."""
+        done = {"entries": 0, "artifacts": 0, "skipped": 0}
+        pushed: set[str] = set()
+        for path in sorted((self.root / "entries").glob("*/*/*.json")):
+            topology, method, ekey = path.parent.parent.name, path.parent.name, path.stem
+            data = self.read_entry(topology, method, ekey, load=False)
+            if data is None:
+                continue
+            akey = data["akey"]
+            try:
+                self.verify_artifact(akey)
+            except (OSError, CacheCorruptionError) as exc:
+                log.warning("not pushing entry %s: its artifact %s is not valid here (%s)", ekey, akey, exc)
+                done["skipped"] += 1
+                continue
+            if akey not in pushed and (force or self.remote.backend.get(self.remote.head_key(akey)) is None):
+                self.remote.push_artifact(self, akey)
+                done["artifacts"] += 1
+            pushed.add(akey)
+            raw = json.loads(path.read_bytes())         # as written here: signed with the key
+            self.remote.push_entry(topology, method, ekey, raw)
+            done["entries"] += 1
+        return done
+
+    def pull_from_remote(self, *, method: str | None = None) -> dict[str, int]:
+        """Fetch every remote entry (of ``method``, when given) and its artifact into this folder, checked as a
+        miss would be. Raises ``RemoteError``."""
+        done = {"entries": 0, "artifacts": 0, "refused": 0}
+        for topology, name, ekey in sorted(self.remote.entries()):
+            if method is not None and name != method:
+                continue
+            if not self.entry_path(topology, name, ekey).is_file():
+                if not self.remote_fetch_entry(topology, name, ekey):
+                    done["refused"] += 1
+                    continue
+            data = self.read_entry(topology, name, ekey, load=False)
+            if data is None:
+                done["refused"] += 1
+                continue
+            done["entries"] += 1
+            if not self.artifact_dir(data["akey"]).is_dir():
+                self._ensure_root()
+                with self._locked(self._lock_path(data["akey"]), self.lock_timeout_s):
+                    if self.remote.fetch_artifact(self, data["akey"]):
+                        done["artifacts"] += 1
+                    else:
+                        done["refused"] += 1
+        return done

@@ -35,10 +35,10 @@ from typing import Any, Callable, Iterator
 from ..counters import counters
 from ..errors import CacheCorruptionError
 from ..key import FORMAT_VERSION
+from . import files as fs
 from .backend import RemoteBackend, RemoteError, open_backend
 from .files import HOST, MANIFEST, SIGNATURE, _makedirs, _tmp_tag, write_json_atomic
 from .signing import json_signature_ok
-from . import files as fs
 
 log = logging.getLogger("gearcache.store")
 
@@ -209,9 +209,21 @@ class RemoteStore:
                                         for j, k in enumerate(keys) if i <= j < i + 16}, CHUNK_TTL_S)
         head = {"format": FORMAT_VERSION, "akey": akey, "manifest": manifest_text, "sig": sig, "files": rows,
                 "bundle": bundle_sha, "bytes": len(bundle), "chunks": n, "from": f"{HOST}/{os.getpid()}"}
+        replaced = self._old_chunks(akey, bundle_sha)
         self.backend.commit(self.head_key(akey), json.dumps(head).encode(), keys)
+        self.backend.delete(replaced)           # a reader still fetching them sees a missing chunk: a miss
         counters.remote_pushes += 1
         log.info("pushed artifact %s (%d bytes, %d chunk(s)) to %s", akey, len(bundle), n, self.url)
+
+    def _old_chunks(self, akey: str, bundle_sha: str) -> list[str]:
+        """The chunk keys of the head about to be replaced (a damaged or older bundle of ``akey``)."""
+        try:
+            old = json.loads(self.backend.get(self.head_key(akey)) or b"null")
+            if isinstance(old, dict) and old.get("bundle") != bundle_sha:
+                return self.chunk_keys(akey, str(old["bundle"]), int(old["chunks"]))
+        except (ValueError, KeyError, TypeError):
+            pass
+        return []
 
     # --------------------------------------------------------------------------------------------------- claims
     def publish(self, store: Any, akey: str, build_here: Callable[[], int], wait_s: float) -> int | None:
@@ -224,10 +236,14 @@ class RemoteStore:
         waited_for, delay = None, _POLL_S[0]
         try:
             while True:
-                if self.fetch_artifact(store, akey):
+                seen = self.backend.get(self.head_key(akey))
+                if seen is not None and self.fetch_artifact(store, akey):
                     return None
                 holder = self.backend.claim(self.claim_key(akey), me, self.claim_ttl_s)
                 if holder is None:
+                    if self.backend.get(self.head_key(akey)) not in (None, seen) and self.fetch_artifact(store, akey):
+                        self.backend.release(self.claim_key(akey), me)      # pushed just before its claimer let go
+                        return None
                     break
                 if waited_for != holder:
                     waited_for = holder
