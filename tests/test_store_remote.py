@@ -19,28 +19,19 @@ import time
 
 import pytest
 
-from conftest import TESTS, run_script
+from conftest import FLEET_KEY, TESTS, fleet_config
 from gearcache import counters
 from gearcache.errors import ConfigError
 from gearcache.store import Store
 from redis_server import free_port
 
-KEY = "fleet-test-key"
+KEY = FLEET_KEY
 AKEY = "a" * 40
 FILES = {"module.py": b"def call(args):\n    return args\n", "kernels/k.so": b"\x7fELF" + bytes(range(256)) * 40}
 
 
 def config(redis_url: str | None, **extra) -> str:
-    return json.dumps({"signing_key": KEY, "remote": redis_url, "remote_chunk_bytes": 4096, **extra})
-
-
-@pytest.fixture(scope="session")
-def seed(tmp_path_factory):
-    """A local folder holding the fleet node's entry, compiled once (signed with KEY) by a fresh process."""
-    folder = tmp_path_factory.mktemp("fleet_seed")
-    report = run_script("fleet_node.py", str(folder), config(None))
-    assert report["compiles"] == 1 and report["equal"]
-    return folder
+    return fleet_config(redis_url, **extra)
 
 
 def push_seed(seed, url) -> None:
@@ -100,7 +91,7 @@ def test_tampered_remote_entry_is_refused_and_rebuilt(redis, seed, tmp_path):
     client = redis.client()
     ekey, = remote_keys(redis, "entry")
     entry = json.loads(client.get(ekey))
-    entry["outputs"]["leaves"] = entry["outputs"]["leaves"][::-1]   # a change by someone without the key
+    entry["outputs"]["leaves"][0] = ["leaf", 0]      # "return the input": a wrong answer, if it were loaded
     client.set(ekey, json.dumps(entry))
     (r, err), = reports(start_nodes([tmp_path / "node"], config(redis.url)))
     assert r["remote_refused"] == 1 and "refused entry" in err and "signature does not match" in err
