@@ -158,8 +158,12 @@ class RemoteStore:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
         now = time.time()
-        store._index_put(f"artifact:{akey}", {"bytes": head["bytes"], "created": now, "last_used": now,
-                                              "from": self.url})
+        row = {"bytes": head["bytes"], "created": now, "last_used": now, "from": self.url}
+
+        def record(index: Any) -> None:         # written at exit: a first call never opens the SQLite index
+            index[f"artifact:{akey}"] = dict(index.get(f"artifact:{akey}") or {}, **row)
+
+        store.defer_index_update(record)
         counters.remote_loads += 1
         log.info("fetched artifact %s (%d bytes, %d chunk(s)) from %s", akey, head["bytes"], head["chunks"], self.url)
         return True
