@@ -8,6 +8,8 @@
     gearcache prune --older-than DAYS ...  delete entries (a dry run unless --yes)
     gearcache warmup MODULE:FACTORY        compile or load every gear of a model's cached methods
     gearcache stats                        totals across the folder
+    gearcache push / pull --remote URL     a fleet's remote store (and ls/inspect/verify/stats/prune --remote URL):
+                                           gearcache/cli_remote.py
 
 Every subcommand takes ``--cache-dir`` (default ``$GEARCACHE_HOME``, else ``./.gearcache``) and ``--json`` (one JSON
 document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss or a
@@ -904,10 +906,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 # ========================================================================================================== main
 def build_parser() -> argparse.ArgumentParser:
+    from . import cli_remote
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", metavar="PATH",
                         help="the cache folder (default: $GEARCACHE_HOME, else ./.gearcache)")
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    cli_remote.add_arguments(common)
 
     parser = argparse.ArgumentParser(
         prog="gearcache", description="Look into, check, prune and warm up a gearcache folder.",
@@ -949,6 +954,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evict least recently used entries until the artifacts total at most BYTES (500M, 2G ok)")
     p.add_argument("--incompatible", action="store_true", help="entries this machine cannot load")
     p.add_argument("--corrupt", action="store_true", help="entries whose manifest or artifact is corrupt or missing")
+    p.add_argument("--all", action="store_true", help="with --remote: every key of the remote store")
     p.add_argument("--yes", action="store_true", help="really delete (default: print what would go)")
     p.set_defaults(func=cmd_prune)
 
@@ -962,6 +968,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", parents=[common], help="totals",
                        description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste.")
     p.set_defaults(func=cmd_stats)
+
+    cli_remote.add_commands(sub, common)
     return parser
 
 
@@ -972,8 +980,12 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import cli_remote
+
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "remote", None) and args.command in cli_remote.REMOTE_COMMANDS:
+            return cli_remote.dispatch(args)
         return args.func(args)
     except CliError as exc:
         if getattr(args, "json", False):

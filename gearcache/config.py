@@ -118,6 +118,27 @@ class CompilerConfig(BaseModel):
     """With a signing key: accept a group-writable (or group member owned) folder, signatures being the protection.
     Without a key it changes nothing."""
 
+    remote: str | None = None
+    """A remote store shared by a fleet, behind the local folder (else ``$GEARCACHE_REMOTE``): ``"redis://host:6379/0"``.
+    A local miss fetches the entry and its artifact from it (checked, then published locally); a compile publishes
+    to both, and one process of the whole fleet compiles each artifact. Requires a signing key unless
+    ``remote_trust="unsigned-ok"``. A remote fault never fails a call: the local folder carries on alone."""
+
+    remote_trust: Literal["signed", "unsigned-ok"] = "signed"
+    """``"signed"``: a remote store needs a signing key; unsigned or wrongly signed remote entries are refused and
+    rebuilt. ``"unsigned-ok"``: allow a remote store without a key (warned: any client of the server can then make
+    this process run its code)."""
+
+    remote_timeout_s: float = Field(default=5.0, gt=0)
+    """Bound on every remote command (connect and reply); a fault leaves the remote alone for 30 s."""
+
+    remote_chunk_bytes: int = Field(default=4 << 20, ge=1024)
+    """Artifacts are stored in chunks of this many bytes (the entry's head key is written after all of them)."""
+
+    remote_claim_ttl_s: float = Field(default=20.0, gt=0)
+    """A fleet process compiling an artifact holds a claim that expires after this long unless refreshed (every
+    third of it) while the compile runs: a compiler that dies is replaced by a waiter within this time."""
+
     on_cache_error: Literal["memory", "eager", "raise"] = "memory"
     """The store cannot be written (read-only, disk full, vanished, untrusted, lock timeout): compile and run without
     persisting (``"memory"``), run the method uncompiled (``"eager"``, warned, counted in ``counters.eager_calls``),

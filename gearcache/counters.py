@@ -29,6 +29,11 @@ class Counters:
     quarantined: int = 0       # artifacts moved aside after a failed digest or signature check
     evictions: int = 0         # entries evicted under config.max_size
     graph_captures: int = 0    # CUDA graphs captured (mode="reduce-overhead")
+    remote_loads: int = 0      # artifacts fetched from the remote store into the local folder
+    remote_pushes: int = 0     # artifacts pushed to the remote store
+    remote_refused: int = 0    # remote entries/artifacts refused (unsigned, tampered, corrupted): never executed
+    remote_errors: int = 0     # remote store faults (down, timeout, full): the local folder carried on alone
+    remote_waits: int = 0      # times this process waited for another fleet process compiling an artifact
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0

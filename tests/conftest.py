@@ -68,3 +68,43 @@ def corpus_warm(corpus_cold, tmp_path_factory):
             done[name] = run_script("run_corpus_model.py", name, str(store), "--hooks", env=env, timeout=600)
         return done[name]
     return warm
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server for the session (free loopback port, no persistence), stopped after."""
+    from redis_server import start
+
+    server = start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def redis(redis_server):
+    """The session's redis-server, emptied for this test (restarted if a test killed it)."""
+    if redis_server.proc.poll() is not None:
+        redis_server.start()
+    client = redis_server.client()
+    client.config_set("maxmemory", 0)
+    client.flushall()
+    yield redis_server
+    if redis_server.proc.poll() is not None:
+        redis_server.start()
+
+
+FLEET_KEY = "fleet-test-key"
+
+
+def fleet_config(redis_url: str | None, **extra) -> str:
+    """tests/scripts/fleet_node.py's config: signed with FLEET_KEY, 4 KiB chunks (an artifact spans many)."""
+    return json.dumps({"signing_key": FLEET_KEY, "remote": redis_url, "remote_chunk_bytes": 4096, **extra})
+
+
+@pytest.fixture(scope="session")
+def seed(tmp_path_factory):
+    """A local folder holding fleet_node.py's entry, compiled once (signed with FLEET_KEY) by a fresh process."""
+    folder = tmp_path_factory.mktemp("fleet_seed")
+    report = run_script("fleet_node.py", str(folder), fleet_config(None))
+    assert report["compiles"] == 1 and report["equal"]
+    return folder

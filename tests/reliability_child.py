@@ -27,7 +27,7 @@ import torch
 import gearcache.cached_function as cached_function_module
 from gearcache import CompilerConfig, cache_compile, counters
 from gearcache import compiler
-from gearcache import store as store_module
+from gearcache.store import files as store_module
 from gearcache.store import Store
 
 # Warm what a capture, a compile and a load import lazily, so forked children do not each pay for it.

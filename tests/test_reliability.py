@@ -32,10 +32,10 @@ from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, S
 from gearcache import _torch_compat as compat
 from gearcache import compiler
 from gearcache import faults
-from gearcache import store as store_module
+from gearcache.store import files as store_module
 from gearcache.errors import UntrustedArtifactError
 from gearcache.key import FORMAT_VERSION
-from gearcache.store import HOST, HOST_TAG, Store
+from gearcache.store import HOST, HOST_TAG, Store, _start_token
 
 KEY = "reliability-test-key"
 
@@ -598,7 +598,7 @@ def test_cleanup_removes_what_killed_processes_left(tmp_path):
     leases = root / "leases" / ("a" * 40)
     leases.mkdir(parents=True)
     (leases / f"{dead}@{HOST}").write_text("1\n")
-    (leases / f"{live}@{HOST}").write_text(store_module._start_token(live) + "\n")
+    (leases / f"{live}@{HOST}").write_text(_start_token(live) + "\n")
     (leases / f"{live}@{HOST}-other").write_text("1\n")
     (leases / f"{live}@elsewhere").write_text("1\n")
     os.utime(leases / f"{live}@elsewhere", (time.time() - 2 * 86400,) * 2)

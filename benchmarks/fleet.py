@@ -1,0 +1,179 @@
+"""Fleet benchmark (CPU is fine): N node processes, each with its own empty local folder (standing for N machines),
+against one real redis-server started here on a free loopback port. Nodes are tests/scripts/fleet_node.py (a tiny
+Linear+ReLU model).
+
+    python benchmarks/fleet.py [--nodes 8]
+
+1. local warm: a node whose local folder already holds the entry (first call, median of 3 processes);
+2. warm Redis: N nodes at once with empty local folders against a Redis filled by `gearcache push` from a build
+   folder: compiles across the fleet (target 0), first call of each (target: median <= 2x the local warm one);
+3. cold Redis: N nodes at once, empty local folders, empty Redis: compiles across the fleet (target 1);
+4. fault matrix: a node with an empty local folder against a warm Redis damaged per fault (server down, killed
+   mid-transfer, truncated chunk, corrupted chunk, full, slow): wrong answers, hangs (past 120 s), and partial
+   artifacts (work folders left, artifacts that fail verification, remote chunks neither committed nor expiring).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+NODE = os.path.join(ROOT, "tests", "scripts", "fleet_node.py")
+KEY = "fleet-bench-key"
+
+
+def cfg(url, **extra) -> str:
+    return json.dumps({"signing_key": KEY, "remote": url, **extra})
+
+
+def nodes(folders, config: str, timeout=600) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, NODE, f, config], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for f in folders]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out.append({"hang": True, "equal": False})
+            continue
+        if p.returncode != 0:
+            out.append({"error": stderr[-2000:], "equal": False})
+            continue
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def partial(folder: str, server=None) -> int:
+    """Partial artifacts: work folders left, local artifacts failing verification, uncommitted non-expiring chunks."""
+    from gearcache.store import Store
+
+    bad = 0
+    store = Store(folder, signing_key=KEY)
+    if os.path.isdir(os.path.join(folder, "tmp")):
+        bad += len(os.listdir(os.path.join(folder, "tmp")))
+    for akey in os.listdir(os.path.join(folder, "artifacts")) if os.path.isdir(os.path.join(folder, "artifacts")) else []:
+        try:
+            store.verify_artifact(akey)
+        except Exception:
+            bad += 1
+    if server is not None and server.proc.poll() is None:
+        c = server.client()
+        heads = {json.loads(c.get(h))["bundle"][:16] for h in c.scan_iter(match="gearcache:*:artifact:*")}
+        bad += sum(1 for k in c.scan_iter(match="gearcache:*:chunk:*")
+                   if k.split(b":")[-2].decode() not in heads and c.pttl(k) < 0)
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=8)
+    args = ap.parse_args()
+    import redis_server
+    from gearcache.store import Store
+
+    tmp = tempfile.mkdtemp(prefix="gearcache-fleet-")
+    server = redis_server.start()
+    results: dict = {"nodes": args.nodes, "date": datetime.date.today().isoformat()}
+    try:
+        import torch
+        results["torch"] = torch.__version__
+        build = os.path.join(tmp, "build")
+        first = nodes([build], cfg(None))[0]
+        assert first["compiles"] == 1 and first["equal"], first
+        local = [nodes([build], cfg(None))[0] for _ in range(3)]
+        results["local_warm_first_call_s"] = statistics.median(r["first_call_s"] for r in local)
+
+        Store(build, signing_key=KEY, remote=server.url).push_to_remote()
+        warm = nodes([os.path.join(tmp, f"warm{i}") for i in range(args.nodes)], cfg(server.url))
+        results["warm_redis"] = {
+            "compiles": sum(r.get("compiles", 1) for r in warm), "wrong": sum(not r["equal"] for r in warm),
+            "first_call_s_median": statistics.median(r["first_call_s"] for r in warm),
+            "first_call_s_max": max(r["first_call_s"] for r in warm),
+            "remote_loads": sum(r.get("remote_loads", 0) for r in warm)}
+        results["warm_redis"]["ratio_to_local_warm"] = (results["warm_redis"]["first_call_s_median"] /
+                                                        results["local_warm_first_call_s"])
+
+        server.client().flushall()
+        cold = nodes([os.path.join(tmp, f"cold{i}") for i in range(args.nodes)], cfg(server.url))
+        results["cold_redis"] = {"compiles": sum(r.get("compiles", 0) for r in cold), "distinct_artifacts": 1,
+                                 "wrong": sum(not r["equal"] for r in cold),
+                                 "waits": sum(r.get("remote_waits", 0) for r in cold),
+                                 "remote_loads": sum(r.get("remote_loads", 0) for r in cold)}
+        results["faults"] = faults(tmp, server, build)
+    finally:
+        server.stop()
+    print(json.dumps(results, indent=1))
+
+
+def faults(tmp: str, server, build: str) -> dict:
+    from gearcache.store import Store
+    from redis_server import free_port
+
+    out = {}
+
+    def warm_remote():
+        if server.proc.poll() is not None:
+            server.start()
+        c = server.client()
+        c.config_set("maxmemory", 0)
+        c.flushall()
+        Store(build, signing_key=KEY, remote=server.url, remote_chunk_bytes=4096).push_to_remote()
+        return c
+
+    def chunk(c):
+        return sorted(c.scan_iter(match="gearcache:*:chunk:*"))[0]
+
+    def truncate(c):
+        k = chunk(c)
+        c.set(k, c.get(k)[:10])
+
+    def corrupt(c):
+        k = chunk(c)
+        v = c.get(k)
+        c.set(k, bytes([v[0] ^ 0xFF]) + v[1:])
+
+    def full(c):
+        c.flushall()
+        c.config_set("maxmemory", c.info("memory")["used_memory"] + 2000)
+
+    def slow(c):
+        threading.Thread(target=lambda: server.client(socket_timeout=30).execute_command("DEBUG", "SLEEP", 8)).start()
+        time.sleep(0.2)
+
+    def killed(c):
+        c.execute_command("CLIENT", "PAUSE", 20000, "ALL")
+        threading.Timer(1.5, server.kill).start()
+
+    cases = {"down": None, "killed-mid-transfer": killed, "truncated": truncate, "corrupted": corrupt, "full": full,
+             "slow": slow}
+    for name, damage in cases.items():
+        c = warm_remote()
+        url = server.url if damage else f"redis://127.0.0.1:{free_port()}/0"
+        if damage:
+            damage(c)
+        folder = os.path.join(tmp, f"fault-{name}")
+        t0 = time.monotonic()
+        r = nodes([folder], cfg(url, remote_timeout_s=1, remote_chunk_bytes=4096), timeout=120)[0]
+        out[name] = {"wrong": int(not r["equal"]), "hang": int(bool(r.get("hang"))),
+                     "partial": partial(folder, server if server.proc.poll() is None else None),
+                     "compiles": r.get("compiles"), "remote_refused": r.get("remote_refused"),
+                     "remote_errors": r.get("remote_errors"), "seconds": round(time.monotonic() - t0, 1)}
+    if server.proc.poll() is None:
+        server.client().config_set("maxmemory", 0)
+    out["total"] = {k: sum(v[k] for v in out.values()) for k in ("wrong", "hang", "partial")}
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The store: one local cache folder, safe for many processes and ranks at once (``Store``), optionally backed by a
+remote store shared by a fleet (``remote.py``, ``backend.py``).
+
+On-disk layout (format 1)::
+
+    <root>/                                   created 0700
+      artifacts/<akey>/                       content-addressed compiled graph, shared by every rank
+          inductor/...                        torch's unpacked artifact: generated code, kernels (.so / cubins)
+          MANIFEST.json                       {"format", "akey", "files": {relpath: sha256}, "bytes", ...}
+          MANIFEST.sig                        with a signing key: HMAC-SHA256 of MANIFEST.json's bytes
+      entries/<topology>/<method>/<ekey>.json entry manifest: key factors, signature, input/output recipes, akey
+                                              (with a signing key: a "sig" field over the canonical JSON of the rest)
+      index/                                  diskcache index: bookkeeping for ls/stats/eviction, never on the call path
+      locks/<akey>.lock                       one lock per artifact: the process holding it compiles
+      locks/<akey>.lease.lock                 held for a moment while a lease is taken or an artifact evicted
+      leases/<akey>/<pid>@<host>              "this process loaded the artifact": never evicted while the pid lives
+      tmp/<akey>.<pid>.<tag>                  work folders; a published artifact is renamed out of here
+      quarantine/                             artifacts (and entry manifests) that failed a check, kept for inspection
+
+Publishing is crash-safe: an artifact is built in ``tmp/``, its ``MANIFEST.json`` (and signature) written last, then
+the folder is renamed into ``artifacts/`` (atomic); an entry manifest is written to a temp name and ``os.replace``-d,
+after its artifact exists. A reader treats an artifact without a valid manifest, or whose files do not match their
+digests, as corrupt: quarantined, never executed. Leftovers of killed processes (work folders, temp manifest files,
+leases, soft locks) are removed by :meth:`Store.cleanup`, run once by every Store that writes. See
+docs/RELIABILITY.md for every fault and what happens.
+"""
+from __future__ import annotations
+
+from .files import (HOST, HOST_TAG, MANIFEST, SIGNATURE, SIGNING_KEY_ENV, default_root, storage_fix,
+
+                    write_json_atomic)
+from .index import flush_index_updates
+from .local import Store
+from .processes import _start_token, pid_alive
+from .signing import canonical_bytes, json_signature_ok, sign_json
+
+__all__ = ["HOST", "HOST_TAG", "MANIFEST", "SIGNATURE", "SIGNING_KEY_ENV", "Store", "canonical_bytes", "default_root",
+           "flush_index_updates", "json_signature_ok", "pid_alive", "sign_json", "storage_fix", "write_json_atomic",
+           "_start_token"]

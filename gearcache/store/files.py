@@ -1,0 +1,114 @@
+"""The folder layout's primitives: names, atomic writes, renames, digests, modes.
+
+Every rename of the store goes through :func:`_rename` and :func:`_replace` (tests simulate a full or read-only disk by
+replacing them in this module).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import pathlib
+import re
+import socket
+import uuid
+from typing import Any
+
+from ..errors import LockTimeoutError, UntrustedCacheError
+
+_LOCKS_DIR = "inductor/locks/"     # lock files torch writes while loading an artifact; empty, never executed
+SIGNING_KEY_ENV = "GEARCACHE_SIGNING_KEY"
+MANIFEST = "MANIFEST.json"
+SIGNATURE = "MANIFEST.sig"
+TMP_MAX_AGE_S = 3600.0             # a temp folder or file of another host (whose pid cannot be checked) older than this
+FOREIGN_LEASE_TTL_S = 24 * 3600.0  # a lease of another host (whose pid cannot be checked) counts for this long
+LEASE_LOCK_TIMEOUT_S = 30.0
+HOST = socket.gethostname()
+HOST_TAG = hashlib.sha256(HOST.encode()).hexdigest()[:6]   # in temp names: tells this host's leftovers from others'
+_TMP_FILE = re.compile(r"^\..+\.(?P<pid>\d+)\.(?P<tag>[0-9a-f]+)\.tmp$")
+
+def default_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("GEARCACHE_HOME") or ".gearcache")
+
+
+# Every rename of the store goes through these two (tests simulate a full or read-only disk by replacing them).
+def _rename(src: os.PathLike, dst: os.PathLike) -> None:
+    os.rename(src, dst)
+
+
+def _replace(src: os.PathLike, dst: os.PathLike) -> None:
+    os.replace(src, dst)
+
+
+def _sha256_file(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tmp_tag() -> str:
+    return f"{HOST_TAG}{uuid.uuid4().hex[:8]}"
+
+
+def _mkdir(path: pathlib.Path, mode: int) -> None:
+    """``mkdir`` with exactly ``mode`` (not narrowed by the umask: a shared store's folders are group-writable)."""
+    try:
+        path.mkdir(mode=mode)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        return
+    os.chmod(path, mode)
+
+
+def _makedirs(path: pathlib.Path, mode: int) -> None:
+    """``mkdir -p`` where every folder created gets ``mode`` (pathlib gives missing parents the default mode)."""
+    if path.is_dir():
+        return
+    _makedirs(path.parent, mode)
+    _mkdir(path, mode)
+
+
+def write_json_atomic(path: pathlib.Path, data: Any, *, dir_mode: int = 0o700) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync'd, then ``os.replace``: a reader sees
+    the old file or the new one, never a part. A temp file left by a killed writer is removed by ``Store.cleanup``."""
+    _makedirs(path.parent, dir_mode)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{_tmp_tag()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True, default=repr)
+            f.flush()
+            os.fsync(f.fileno())
+        _replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def storage_fix(exc: BaseException, root: pathlib.Path) -> str:
+    """What to do about an error writing the store at ``root`` (for warnings)."""
+    if isinstance(exc, (UntrustedCacheError, LockTimeoutError)):
+        return str(exc).split("Fix: ", 1)[-1]
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"free disk space (or quota) under {root}, or set config.max_size to bound the cache"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (f"make {root} writable by this user, or point cache_dir at a writable folder (a read-only store "
+                f"still serves the entries it holds)")
+    if code == errno.ENOENT:
+        return f"the cache folder {root} (or part of it) vanished while running; it is recreated by the next process"
+    return f"check that {root} is a healthy, writable local folder"
+
+
+def _is_lock_file(rel: str) -> bool:
+    return rel.startswith(_LOCKS_DIR) and rel.endswith(".lock") and "/" not in rel[len(_LOCKS_DIR):]
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())

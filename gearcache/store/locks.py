@@ -1,0 +1,79 @@
+"""Per-artifact locks: ``locks/<akey>.lock`` (flock) or ``.softlock`` (lock files, for network filesystems)."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import pathlib
+import time
+from typing import Iterator
+
+import filelock
+
+from ..errors import LockTimeoutError
+from .files import HOST
+from .processes import pid_alive
+
+log = logging.getLogger("gearcache.store")
+
+
+class LockMixin:
+    """Part of ``Store``: the per-artifact publish lock and lease lock."""
+
+    def _lock_path(self, akey: str, kind: str = "") -> pathlib.Path:
+        """``locks/<akey>[.lease].lock`` (flock) or ``.softlock`` (soft lock files, which are held while they exist,
+        so they never share a name with a flock file that stays behind after use)."""
+        suffix = "lock" if self.lock_mode == "flock" else "softlock"
+        return self.root / "locks" / (f"{akey}.{kind}.{suffix}" if kind else f"{akey}.{suffix}")
+
+    @contextlib.contextmanager
+    def _locked(self, path: pathlib.Path, timeout: float) -> Iterator[None]:
+        """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery); ``LockTimeoutError``."""
+        if self.lock_mode == "flock":
+            lock = filelock.FileLock(str(path), timeout=timeout)
+            try:
+                lock.acquire()
+            except filelock.Timeout:
+                raise LockTimeoutError(str(path), timeout) from None
+        else:
+            lock = filelock.SoftFileLock(str(path), timeout=timeout)
+            deadline = time.monotonic() + timeout
+            while True:
+                self._break_stale_soft_lock(path)
+                try:
+                    lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                    break
+                except filelock.Timeout:
+                    if time.monotonic() >= deadline:
+                        raise LockTimeoutError(str(path), timeout) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _break_stale_soft_lock(self, path: pathlib.Path) -> int:
+        """Remove a soft lock file whose holder (``pid\\nhost`` in the file) died on this host, or that is older than
+        ``lock_timeout_s``. Returns 1 when it removed one."""
+        try:
+            st = path.lstat()
+            with open(path, "rb") as f:
+                lines = f.read(1024).decode("utf-8", "replace").splitlines()
+        except OSError:
+            return 0
+        why = None
+        if len(lines) >= 2 and lines[0].strip().isdigit() and lines[1].strip() == HOST:
+            if not pid_alive(int(lines[0])):
+                why = f"its holder pid {lines[0].strip()} on this host is dead"
+        if why is None and time.time() - st.st_mtime > self.lock_timeout_s:
+            why = f"it is older than lock_timeout_s={self.lock_timeout_s:g} s"
+        if why is None:
+            return 0
+        try:
+            now = path.lstat()
+            if (now.st_ino, now.st_mtime_ns) != (st.st_ino, st.st_mtime_ns):
+                return 0                        # taken over meanwhile
+            path.unlink()
+        except OSError:
+            return 0
+        log.warning("removed stale soft lock %s: %s", path, why)
+        return 1
+

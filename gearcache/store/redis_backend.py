@@ -1,0 +1,90 @@
+"""The Redis backend (redis-py): ``remote="redis://host:6379/0"``. See ``backend.py`` for the contract.
+
+Every command is bounded by ``timeout_s`` (connect and socket timeouts, no retries: a retry would multiply the wait);
+claims are ``SET key owner NX PX ttl`` refreshed and dropped by compare-and-set scripts; ``commit`` is one
+``MULTI``/``EXEC`` transaction. redis-py's connection pool reopens its connections in a forked child.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from .backend import RemoteBackend, RemoteError
+
+_REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# commit: every kept key must still exist (an expired chunk means the transfer is lost), then persist them, set key
+_COMMIT = """
+for i = 2, #KEYS do if redis.call('exists', KEYS[i]) == 0 then return 0 end end
+for i = 2, #KEYS do redis.call('persist', KEYS[i]) end
+redis.call('set', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+class RedisBackend(RemoteBackend):
+    def __init__(self, url: str, *, timeout_s: float):
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise RemoteError(url, "redis-py is not installed. Fix: pip install 'gearcache[fleet]' "
+                                   "(or pip install 'redis>=5')") from None
+        self.url = url
+        self._errors = (redis.RedisError, OSError)
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                            retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+        self._refresh = self._client.register_script(_REFRESH)
+        self._release = self._client.register_script(_RELEASE)
+        self._commit = self._client.register_script(_COMMIT)
+
+    def _run(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            raise RemoteError(self.url, f"{what} failed ({type(exc).__name__}: {exc})") from exc
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        return self._run("MGET", self._client.mget, keys) if keys else []
+
+    def put_temporary(self, items: dict[str, bytes], ttl_s: float) -> None:
+        def put() -> None:
+            pipe = self._client.pipeline(transaction=False)
+            for key, value in items.items():
+                pipe.set(key, value, px=max(1, int(ttl_s * 1000)))
+            pipe.execute()
+        self._run("SET", put)
+
+    def commit(self, key: str, value: bytes, keep: list[str]) -> None:
+        if not self._run("commit", self._commit, keys=[key, *keep], args=[value]):
+            raise RemoteError(self.url, f"commit of {key} failed: a part expired or was evicted before it was "
+                                        f"committed")
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self._run("DEL", self._client.delete, *keys)
+
+    def scan(self, prefix: str) -> Iterator[str]:
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in prefix) + "*"
+        keys = self._run("SCAN", lambda: list(self._client.scan_iter(match=pattern, count=1000)))
+        return (k.decode() for k in keys)
+
+    def claim(self, key: str, owner: str, ttl_s: float) -> str | None:
+        px = max(1, int(ttl_s * 1000))
+        if self._run("SET NX", self._client.set, key, owner, nx=True, px=px):
+            return None
+        holder = self._run("GET", self._client.get, key)
+        if holder is None:                              # expired between the two commands: try once more
+            return None if self._run("SET NX", self._client.set, key, owner, nx=True, px=px) else "another process"
+        return holder.decode(errors="replace")
+
+    def refresh(self, key: str, owner: str, ttl_s: float) -> bool:
+        return bool(self._run("PEXPIRE", self._refresh, keys=[key], args=[owner, max(1, int(ttl_s * 1000))]))
+
+    def release(self, key: str, owner: str) -> None:
+        self._run("DEL", self._release, keys=[key], args=[owner])
+
+    def describe(self) -> dict:
+        info = self._run("INFO", self._client.info, "memory")
+        return {"used_memory": info.get("used_memory"), "maxmemory": info.get("maxmemory"),
+                "maxmemory_policy": info.get("maxmemory_policy"), "keys": self._run("DBSIZE", self._client.dbsize)}

@@ -1,0 +1,313 @@
+"""The remote store behind the local folder (gearcache/store/remote.py, fleet.py) against a real redis-server.
+
+End to end (fresh processes, tests/scripts/fleet_node.py, counters): a warm remote fills an empty local folder with
+no compile; a cold fleet compiles once, also when its compiler is killed; tampered remote entries and artifacts are
+refused and rebuilt; a dead remote never changes an answer. Store level (fake builds, no compiler): each remote
+fault (down, killed mid-transfer, truncated or corrupted value, missing chunk, full, slow) ends with the artifact
+built or fetched once, valid, and nothing partial visible locally or remotely.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import FLEET_KEY, TESTS, fleet_config
+from gearcache import counters
+from gearcache.errors import ConfigError
+from gearcache.store import Store
+from redis_server import free_port
+
+KEY = FLEET_KEY
+AKEY = "a" * 40
+FILES = {"module.py": b"def call(args):\n    return args\n", "kernels/k.so": b"\x7fELF" + bytes(range(256)) * 40}
+
+
+def config(redis_url: str | None, **extra) -> str:
+    return fleet_config(redis_url, **extra)
+
+
+def push_seed(seed, url) -> None:
+    done = Store(seed, signing_key=KEY, remote=url, remote_chunk_bytes=4096).push_to_remote()
+    assert done == {"entries": 1, "artifacts": 1, "skipped": 0}
+
+
+def start_nodes(folders, cfg: str) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, str(TESTS / "scripts" / "fleet_node.py"), str(f), cfg],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in folders]
+
+
+def reports(procs, timeout=240) -> list[tuple[dict, str]]:
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        assert p.returncode == 0, stderr[-3000:]
+        out.append((json.loads(stdout.strip().splitlines()[-1]), stderr))
+    return out
+
+
+def remote_keys(redis, kind: str) -> list[bytes]:
+    return sorted(redis.client().scan_iter(match=f"gearcache:*:{kind}:*"))
+
+
+# ------------------------------------------------------------------------------------------------- end to end
+def test_warm_remote_fills_empty_local_folders_without_compiling(redis, seed, tmp_path):
+    push_seed(seed, redis.url)
+    (first, _), = reports(start_nodes([tmp_path / "node"], config(redis.url)))
+    assert (first["compiles"], first["traces"], first["remote_loads"], first["equal"]) == (0, 0, 1, True)
+    (again, _), = reports(start_nodes([tmp_path / "node"], config(redis.url)))     # now from the local folder
+    assert (again["compiles"], again["remote_loads"], again["loads"], again["equal"]) == (0, 0, 1, True)
+
+
+def test_cold_fleet_compiles_once_even_when_its_compiler_is_killed(redis, tmp_path):
+    """4 nodes start cold against an empty Redis; the one that claims the compile is SIGKILLed while compiling; one
+    survivor takes over once the claim expires, the others wait for it and load: one compile among the survivors."""
+    procs = start_nodes([tmp_path / f"n{i}" for i in range(4)], config(redis.url, remote_claim_ttl_s=2))
+    deadline = time.monotonic() + 120
+    while not remote_keys(redis, "claim"):
+        assert time.monotonic() < deadline, "no node claimed the compile"
+        time.sleep(0.05)
+    claim = redis.client().get(remote_keys(redis, "claim")[0]).decode()
+    victim = next(p for p in procs if claim.endswith(f"/{p.pid}"))
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    survivors = reports([p for p in procs if p is not victim])
+    assert [r["equal"] for r, _ in survivors] == [True] * 3
+    assert sum(r["compiles"] for r, _ in survivors) == 1
+    assert any(f"waiting for {claim}" in err for _, err in survivors)          # the log line names the claimer
+    assert len(remote_keys(redis, "artifact")) == 1 and len(remote_keys(redis, "entry")) == 1
+    assert not remote_keys(redis, "claim")
+
+
+def test_tampered_remote_entry_is_refused_and_rebuilt(redis, seed, tmp_path):
+    push_seed(seed, redis.url)
+    client = redis.client()
+    ekey, = remote_keys(redis, "entry")
+    entry = json.loads(client.get(ekey))
+    entry["outputs"]["leaves"][0] = ["leaf", 0]      # "return the input": a wrong answer, if it were loaded
+    client.set(ekey, json.dumps(entry))
+    (r, err), = reports(start_nodes([tmp_path / "node"], config(redis.url)))
+    assert r["remote_refused"] == 1 and "refused entry" in err and "signature does not match" in err
+    assert (r["compiles"], r["traces"], r["remote_loads"], r["equal"]) == (0, 1, 1, True)  # the artifact was fine
+    rebuilt = json.loads(client.get(ekey))
+    assert rebuilt["outputs"] == json.loads((next((seed / "entries").glob("*/*/*.json"))).read_text())["outputs"]
+
+
+def test_tampered_remote_artifact_is_never_executed(redis, seed, tmp_path):
+    """A file rewritten with its digest and the bundle's sha256 updated to match (only the signature can tell):
+    refused, compiled here, and the rebuilt artifact replaces it remotely."""
+    push_seed(seed, redis.url)
+    client = redis.client()
+    hkey, = remote_keys(redis, "artifact")
+    head = json.loads(client.get(hkey))
+    bundle = b"".join(client.get(k) for k in sorted(remote_keys(redis, "chunk"), key=lambda k: int(k.rsplit(b":", 1)[1])))
+    manifest = json.loads(head["manifest"])
+    offset, rows = 0, []
+    for rel, size, mode in head["files"]:
+        data = bundle[offset:offset + size]
+        offset += size
+        if rel.endswith("wrapper.py") or (rel.endswith(".py") and not any(r[0].endswith("wrapper.py") for r in head["files"])):
+            data = b"raise SystemExit('tampered code ran')\n" + data
+        rows.append((rel, data, mode))
+    import hashlib
+
+    new_bundle = b"".join(d for _, d, _ in rows)
+    manifest["files"] = {rel: hashlib.sha256(d).hexdigest() for rel, d, _ in rows}
+    head.update(manifest=json.dumps(manifest), files=[[rel, len(d), m] for rel, d, m in rows], chunks=1,
+                bundle=hashlib.sha256(new_bundle).hexdigest(), bytes=len(new_bundle))
+    client.set(f"{hkey.decode().replace(':artifact:', ':chunk:')}:{head['bundle'][:16]}:0", new_bundle)
+    client.set(hkey, json.dumps(head))
+    (r, err), = reports(start_nodes([tmp_path / "node"], config(redis.url)))
+    assert r["remote_refused"] >= 1 and "MANIFEST.sig does not match" in err
+    assert (r["compiles"], r["equal"], r["remote_pushes"]) == (1, True, 1)
+    (again, _), = reports(start_nodes([tmp_path / "other"], config(redis.url)))   # the rebuilt one is served
+    assert (again["compiles"], again["remote_loads"], again["remote_refused"], again["equal"]) == (0, 1, 0, True)
+
+
+def test_dead_remote_never_changes_an_answer(tmp_path):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    t0 = time.monotonic()
+    (r, err), = reports(start_nodes([tmp_path / "node"], config(dead, remote_timeout_s=1)))
+    assert (r["compiles"], r["equal"]) == (1, True) and r["remote_errors"] >= 1 and "Connection" in err
+    assert r["remote_errors"] <= 2               # then left alone for DOWN_BACKOFF_S: one timeout, not one per step
+    assert time.monotonic() - t0 < 120
+
+
+# -------------------------------------------------------------------------------------------------- trust
+def test_remote_needs_a_signing_key_or_an_explicit_opt_out(tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("GEARCACHE_SIGNING_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"remote='redis://h:1/0' without a signing key.*remote_trust='unsigned-ok'"):
+        Store(tmp_path, remote="redis://h:1/0")
+    monkeypatch.setenv("GEARCACHE_REMOTE", "redis://h:2/0")
+    with pytest.raises(ConfigError, match="redis://h:2/0"):
+        Store(tmp_path)
+    with caplog.at_level(logging.WARNING, "gearcache.store"):
+        store = Store(tmp_path, remote_trust="unsigned-ok")
+    assert store.remote.url == "redis://h:2/0" and "without a signing key" in caplog.text
+    with pytest.raises(ConfigError, match="remote_trust='maybe'"):
+        Store(tmp_path, signing_key="k", remote="redis://h:1/0", remote_trust="maybe")
+
+
+def test_unsigned_remote_artifact_and_entry_are_refused_under_a_key(redis, tmp_path):
+    plain = store_at(tmp_path / "a", redis, signing_key=None, remote_trust="unsigned-ok")
+    plain.publish_artifact(AKEY, Builder())
+    plain.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    keyed = store_at(tmp_path / "b", redis)
+    before = counters.remote_refused
+    assert keyed.read_entry("t", "m", "e1") is None                       # the entry: not signed
+    builder = Builder()
+    assert keyed.publish_artifact(AKEY, builder)[1] and builder.calls == 1  # the artifact: not signed, rebuilt
+    keyed.verify_artifact(AKEY)
+    assert counters.remote_refused - before == 2
+
+
+# ------------------------------------------------------------------------------------- store-level faults
+from gearcache.key import FORMAT_VERSION  # noqa: E402
+
+
+class Builder:
+    """A ``build`` that writes ``FILES`` (no compiler) and counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, folder):
+        self.calls += 1
+        for rel, data in FILES.items():
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(data)
+
+
+def store_at(folder, redis, **kw) -> Store:
+    kw.setdefault("signing_key", KEY)
+    url = kw.pop("url", None) or redis.url
+    return Store(folder, remote=url, remote_chunk_bytes=1024, remote_timeout_s=kw.pop("timeout", 2), **kw)
+
+
+def nothing_partial(store: Store, redis=None) -> None:
+    """No work folder left locally; every local artifact verifies; every remote chunk is committed or expiring."""
+    assert os.listdir(store.root / "tmp") == []
+    for folder in (store.root / "artifacts").iterdir():
+        store.verify_artifact(folder.name)
+    if redis is not None and redis.proc.poll() is None:
+        client = redis.client()
+        heads = {json.loads(client.get(h))["bundle"][:16] for h in remote_keys(redis, "artifact")}
+        for chunk in remote_keys(redis, "chunk"):
+            assert chunk.split(b":")[-2].decode() in heads or client.pttl(chunk) > 0, chunk
+
+
+def test_fetched_artifact_is_published_locally_and_verified(redis, tmp_path):
+    a = store_at(tmp_path / "a", redis)
+    assert a.publish_artifact(AKEY, Builder())[1]
+    assert len(remote_keys(redis, "chunk")) > 5                               # chunked (1 KiB chunks)
+    b = store_at(tmp_path / "b", redis)
+    builder = Builder()
+    assert b.publish_artifact(AKEY, builder) == (b.artifact_dir(AKEY), False) and builder.calls == 0
+    assert (b.artifact_dir(AKEY) / "inductor" / "kernels" / "k.so").read_bytes() == FILES["kernels/k.so"]
+    nothing_partial(b, redis)
+
+
+def damage_chunk(redis, how: str) -> None:
+    client = redis.client()
+    chunk = remote_keys(redis, "chunk")[0]
+    value = client.get(chunk)
+    if how == "truncate":
+        client.set(chunk, value[: len(value) // 2])
+    elif how == "flip":
+        client.set(chunk, bytes([value[0] ^ 1]) + value[1:])
+    elif how == "flip-and-fix-sha":            # the bundle's sha256 matches: only the file digests can tell
+        import hashlib
+
+        hkey, = remote_keys(redis, "artifact")
+        head = json.loads(client.get(hkey))
+        keys = [f"{hkey.decode().replace(':artifact:', ':chunk:')}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
+        parts = [client.get(k) for k in keys]
+        parts[-1] = parts[-1][:-1] + bytes([parts[-1][-1] ^ 1])
+        head["bundle"] = hashlib.sha256(b"".join(parts)).hexdigest()
+        new_keys = [f"{hkey.decode().replace(':artifact:', ':chunk:')}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
+        client.delete(*keys)
+        for k, v in zip(new_keys, parts):
+            client.set(k, v)
+        client.set(hkey, json.dumps(head))
+    elif how == "delete":                      # evicted, or never written: a miss, not a refusal
+        client.delete(chunk)
+    elif how == "uncommitted":                 # a writer killed between its chunks and its head
+        client.delete(*remote_keys(redis, "artifact"))
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "flip-and-fix-sha", "delete", "uncommitted"])
+def test_damaged_remote_value_is_never_loaded(redis, tmp_path, how):
+    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    damage_chunk(redis, how)
+    before = counters.snapshot()
+    b = store_at(tmp_path / "b", redis)
+    builder = Builder()
+    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1       # built here, never loaded from remote
+    delta = counters.delta(before)
+    assert delta["remote_refused"] == (0 if how in ("delete", "uncommitted") else 1)
+    assert delta["remote_pushes"] == 1                                       # the rebuilt one replaces it
+    nothing_partial(b, redis)
+    c = store_at(tmp_path / "c", redis)
+    assert c.publish_artifact(AKEY, Builder())[1] is False                  # and serves the fleet again
+
+
+def test_redis_down_at_start_costs_one_timeout(tmp_path):
+    store = Store(tmp_path / "a", signing_key=KEY, remote=f"redis://127.0.0.1:{free_port()}/0", remote_timeout_s=1)
+    before = counters.snapshot()
+    t0 = time.monotonic()
+    builder = Builder()
+    assert store.read_entry("t", "m", "e1") is None
+    assert store.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    store.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    assert store.publish_artifact("b" * 40, Builder())[1]
+    assert time.monotonic() - t0 < 2 and counters.delta(before)["remote_errors"] == 1   # then left alone
+    assert store.read_entry("t", "m", "e1")["akey"] == AKEY
+    nothing_partial(store)
+
+
+def test_redis_killed_mid_transfer(redis, tmp_path):
+    """The server stops answering mid-command (CLIENT PAUSE) and is then killed: the fetch fails within the timeout,
+    the artifact is built here, nothing partial is left."""
+    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    redis.client().execute_command("CLIENT", "PAUSE", 5000, "ALL")
+    threading.Timer(0.3, redis.kill).start()
+    b = store_at(tmp_path / "b", redis, timeout=1)
+    t0 = time.monotonic()
+    builder = Builder()
+    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert time.monotonic() - t0 < 2.5
+    nothing_partial(b)
+
+
+def test_full_redis_keeps_the_artifact_local_and_nothing_partial_remote(redis, tmp_path):
+    client = redis.client()
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 4000)   # room for a few chunks only
+    store = store_at(tmp_path / "a", redis)
+    before = counters.snapshot()
+    builder = Builder()
+    assert store.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert counters.delta(before)["remote_errors"] == 1 and not remote_keys(redis, "artifact")
+    nothing_partial(store, redis)                                           # chunks written before OOM expire
+    client.config_set("maxmemory", 0)
+
+
+def test_slow_redis_is_bounded_by_the_timeout(redis, tmp_path):
+    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    b = store_at(tmp_path / "b", redis, timeout=0.5)
+    b.remote.backend.get("warm-up")                                          # connected before the server stalls
+    sleeper = threading.Thread(target=lambda: redis.client(socket_timeout=10).execute_command("DEBUG", "SLEEP", 3))
+    sleeper.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    builder = Builder()
+    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert time.monotonic() - t0 < 1.5
+    sleeper.join()
+    nothing_partial(b, redis)
