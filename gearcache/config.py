@@ -72,8 +72,8 @@ class InferenceConfig(BaseModel):
 
     warmup_workers: int | None = Field(default=None, ge=1)
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured
-    in the calling process). ``None``: as many as there are missing gears, cores per local rank and memory for;
-    ``1``: one gear after another in the calling process."""
+    in the calling process). ``None``: as many as there are missing gears, half the cores per local rank and memory
+    for (gearcache/warmup.py ``default_workers``); ``1``: one gear after another in the calling process."""
 
     @field_validator("dim_gears", mode="before")
     @classmethod

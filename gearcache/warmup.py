@@ -51,13 +51,16 @@ def rank_order(n: int, world_size: int, rank: int) -> list[int]:
 
 
 def default_workers(missing: int, example_inputs: list[Any]) -> int:
-    """``min(missing gears, cores per local rank, host memory / worker, GPU memory / worker)``, at least 1.
+    """``min(missing gears, cores per local rank / 2, host memory / worker, GPU memory / worker)``, at least 1.
+
+    Half the cores: each compile builds its kernels on several threads itself (Inductor's compile threads), and a
+    worker's start (importing torch) costs seconds of a core; on 2 or 3 cores per rank the default is the serial path.
 
     A worker holds zero-filled copies of the graph's example inputs (weights included) on their devices, so the caps
     count them: host memory available / (2 GiB + CPU input bytes), free GPU memory / (1 GiB + GPU input bytes).
     Local ranks: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it)."""
     local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    caps = [missing, max(1, (os.cpu_count() or 1) // local_ranks)]
+    caps = [missing, (os.cpu_count() or 1) // local_ranks // 2]
     cpu_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cpu")
     cuda_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
     try:

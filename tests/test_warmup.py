@@ -28,7 +28,7 @@ def test_rank_order_starts_with_the_ranks_share():
 def test_workers_option_and_default_caps():
     with pytest.raises(ValueError, match="warmup_workers"):
         CompilerConfig().inference_config.warmup_workers = 0
-    assert 1 <= default_workers(5, [torch.zeros(3)]) <= min(5, os.cpu_count())
+    assert default_workers(5, [torch.zeros(3)]) == max(1, min(5, os.cpu_count() // 2))   # memory allows that here
     assert default_workers(1, []) == 1
 
 
