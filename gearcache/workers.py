@@ -24,7 +24,6 @@ import queue
 import struct
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from typing import Any, BinaryIO
