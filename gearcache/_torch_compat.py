@@ -546,7 +546,7 @@ def graph_to_bytes(gm: torch.fx.GraphModule) -> bytes:
     compile is the one the calling process would run. Dropped: module stacks (they name the user's classes, which the
     worker may not import) and any other tensor attribute. Raises if the graph holds something torch cannot pickle
     (a call to a user function, say): the caller then compiles it in-process."""
-    from torch.fx._graph_pickler import GraphPickler, Options
+    from torch.fx._graph_pickler import Options
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
     saved = {}
@@ -557,11 +557,33 @@ def graph_to_bytes(gm: torch.fx.GraphModule) -> bytes:
     sources = [getattr(n, "_dynamo_source", None) for n in gm.graph.find_nodes(op="placeholder")]
     try:
         options = Options(ops_filter=None, node_metadata_key_filter=lambda k: k in _PLACEHOLDER_META)
-        return pickle.dumps({"graph": GraphPickler.dumps(gm, options), "sources": sources,
+        return pickle.dumps({"graph": _graph_pickler().dumps(gm, options), "sources": sources,
                              "lazy": isinstance(gm, _LazyGraphModule)})
     finally:
         for node, meta in saved.items():
             node.meta = meta
+
+
+@functools.cache
+def _graph_pickler() -> type:
+    """torch's ``GraphPickler``, also clearing the fake mode of a view's base: torch clears the view's own (its
+    unpickler sets both) but not the base's, so a graph with a view among its fake values fails to pickle (2.13)."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.fx._graph_pickler import GraphPickler, _TensorPickleData
+
+    class Pickler(GraphPickler):
+        def reducer_override(self, obj: object) -> Any:
+            if isinstance(obj, FakeTensor):
+                fn, (data, token) = _TensorPickleData.reduce_helper(self, obj)
+                if data.metadata.base is not None:
+                    base = dataclasses.replace(data.metadata.base, fake_mode=None)
+                    data.metadata = dataclasses.replace(data.metadata, base=base)
+                return fn, (data, token)
+            return super().reducer_override(obj)
+
+    return Pickler
 
 
 def graph_from_bytes(data: bytes) -> torch.fx.GraphModule:

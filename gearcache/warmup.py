@@ -194,6 +194,8 @@ class _RemoteBuild:
     def __init__(self, cf: "CachedFunction", p: "PendingEntry", job: dict[str, Any] | None, pool: WorkerPool,
                  torch_lock: threading.Lock):
         self.cf, self.p, self.job, self.pool, self.torch_lock = cf, p, job, pool, torch_lock
+        # grad and inference mode are per thread: this runs in a pool thread, under the caller's modes
+        self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def __call__(self, folder) -> None:
         if self.job is not None:
@@ -205,10 +207,10 @@ class _RemoteBuild:
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 t0 = time.perf_counter()
-                with self.torch_lock:
+                with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
                     compat.finish_folder(folder, self.p.captured.example_inputs)
                 counters.compiles += 1
                 counters.compile_seconds += seconds + time.perf_counter() - t0
                 return
-        with self.torch_lock:
+        with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
             self.cf._build(self.p.captured, folder)
