@@ -9,10 +9,10 @@ compile it with Inductor (once across all processes sharing the folder), publish
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import re
-import sys
 import threading
 import warnings
 import time
@@ -23,7 +23,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, faults, gears, runplan
+from . import compiler, faults, gears, runplan, warmup
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -162,7 +162,8 @@ class CachedFunction:
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
-        the config's gears by name apply); returns the number of gears. With
+        the config's gears by name apply); returns the number of gears. Missing gears are compiled in worker
+        processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). With
         ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
         input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
         leaves, key = signature.call_key(args, kwargs)
@@ -171,17 +172,13 @@ class CachedFunction:
             self(*args, **kwargs)
             return 1
         combos = plan.combinations()
-        show = sys.stderr.isatty()
+        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers)
         call = self.graphs.call if self.graphs is not None else self._call_geared   # graphs: capture them now
-        for i, sizes in enumerate(combos, 1):
+        for sizes in combos:
             gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
             call(plan, gear_leaves, signature.rekey(key, gear_leaves))
             if self.config.inference_config.verify_padding:
                 self._verify_gear(plan, leaves, key, sizes)
-            if show:
-                print(f"\rgearcache warmup {self.name}: {i}/{len(combos)} gears", end="", file=sys.stderr)
-        if show:
-            print(file=sys.stderr)
         return len(combos)
 
     def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
@@ -220,15 +217,23 @@ class CachedFunction:
         with self._lock:
             if key in self._table:
                 return self._table[key]
-            counters.misses += 1
-            diagnostics.track_hits(self)
-            desc = signature.describe(leaves, key)
-            ekey, factors = self._entry_key(desc, leaves)
-            entry = self._load_entry(ekey) or self._compile_entry(args, kwargs, leaves, desc, ekey, factors)
-            self._table[key] = entry
-            if self._first is None:
-                self._first = entry
+            desc, ekey, factors, entry = self._find_entry(leaves, key)
+            entry = entry or self._compile_entry(args, kwargs, leaves, desc, ekey, factors)
+            self._remember(key, entry)
             return entry
+
+    def _find_entry(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any], Entry | None]:
+        """A miss: the signature's description, entry key and factors, and its entry if the store has one."""
+        counters.misses += 1
+        diagnostics.track_hits(self)
+        desc = signature.describe(leaves, key)
+        ekey, factors = self._entry_key(desc, leaves)
+        return desc, ekey, factors, self._load_entry(ekey)
+
+    def _remember(self, key: tuple, entry: Entry) -> None:
+        self._table[key] = entry
+        if self._first is None:
+            self._first = entry
 
     def _entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
@@ -279,6 +284,15 @@ class CachedFunction:
 
     def _compile_entry(self, args: tuple, kwargs: dict, leaves: tuple, desc: dict, ekey: str,
                        factors: dict[str, Any]) -> Entry:
+        pending = self._capture_entry(args, kwargs, leaves, desc, ekey, factors)
+        folder, built = faults.publish_or_fallback(self.store, pending.akey,
+                                                   lambda work: self._build(pending.captured, work),
+                                                   self.config.on_cache_error)
+        return self._complete_entry(pending, folder, built)
+
+    def _capture_entry(self, args: tuple, kwargs: dict, leaves: tuple, desc: dict, ekey: str,
+                       factors: dict[str, Any]) -> "PendingEntry":
+        """The first half of a compile: capture the graph and key its artifact (in the calling thread: Dynamo)."""
         if self.config.on_new_signature == "error":
             known = self.store.list_entries(self.topology.folder, self.name)
             if known or self._table:
@@ -291,12 +305,16 @@ class CachedFunction:
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
         akey, artifact_factors = self._artifact_key(captured, factors)
-        folder, built = faults.publish_or_fallback(self.store, akey, lambda work: self._build(captured, work),
-                                                   self.config.on_cache_error)
+        return PendingEntry(args, kwargs, desc, ekey, factors, captured, akey, artifact_factors, t0)
+
+    def _complete_entry(self, p: "PendingEntry", folder, built: bool) -> Entry:
+        """The second half: given the published artifact folder (``faults.publish_or_fallback``), write the entry
+        manifest and load the entry."""
+        args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
-            "topology": self.topology.folder, "signature": desc, "factors": factors,
-            "artifact_factors": artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
+            "topology": self.topology.folder, "signature": p.desc, "factors": p.factors,
+            "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
             "dependencies": captured.dependencies, "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
@@ -329,13 +347,18 @@ class CachedFunction:
 
     def _build(self, captured: Captured, folder) -> None:
         t0 = time.perf_counter()
-        graph = captured.graph
-        if self._decompositions:
-            graph = compat.apply_decompositions(graph, captured.example_inputs, self._decompositions)
-        patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
-        compiler.compile_artifact(graph, captured.example_inputs, folder, config_patches=patches)
+        compiler.compile_artifact(self._graph_to_compile(captured), captured.example_inputs, folder,
+                                  config_patches=self._compile_patches())
         counters.compiles += 1
         counters.compile_seconds += time.perf_counter() - t0
+
+    def _graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
+        if self._decompositions:
+            return compat.apply_decompositions(captured.graph, captured.example_inputs, self._decompositions)
+        return captured.graph
+
+    def _compile_patches(self) -> dict[str, Any]:
+        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
 
     # ------------------------------------------------------------------------------------------------- public
     @property
@@ -345,6 +368,21 @@ class CachedFunction:
 
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
+
+
+@dataclasses.dataclass
+class PendingEntry:
+    """A captured signature whose artifact is not published yet (between ``_capture_entry`` and
+    ``_complete_entry``)."""
+    args: tuple
+    kwargs: dict
+    desc: dict
+    ekey: str
+    factors: dict[str, Any]
+    captured: Captured
+    akey: str
+    artifact_factors: dict[str, str]
+    t0: float
 
 
 def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:

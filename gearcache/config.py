@@ -70,6 +70,11 @@ class InferenceConfig(BaseModel):
     verify_padding: bool = False
     """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""
 
+    warmup_workers: int | None = Field(default=None, ge=1)
+    """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured
+    in the calling process). ``None``: as many as there are missing gears, half the cores per local rank and memory
+    for (gearcache/warmup.py ``default_workers``); ``1``: one gear after another in the calling process."""
+
     @field_validator("dim_gears", mode="before")
     @classmethod
     def _check_dim_gears(cls, value: Any) -> Any:

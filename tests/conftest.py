@@ -31,6 +31,14 @@ def tiny_lm_cache(tmp_path_factory) -> tuple[Path, dict]:
     return cache, report
 
 
+@pytest.fixture(scope="session")
+def gears_cache(tmp_path_factory) -> tuple[Path, dict]:
+    """A cache folder holding PairMLP's three gears, warmed up serially by a separate (cold) process
+    (tests/scripts/run_gears.py)."""
+    cache = tmp_path_factory.mktemp("gears_cache")
+    return cache, run_script("run_gears.py", str(cache), "--workers", "1")
+
+
 @pytest.fixture()
 def empty_torch_caches(tmp_path) -> dict:
     """Environment pointing Inductor's and Triton's caches at empty folders."""

@@ -163,9 +163,8 @@ def test_config_gears_name_unknown_arguments(tmp_path):
         PairMLP(tmp_path, cfg).cached(torch.randn(2, 4), torch.randn(2, 4))
 
 
-def test_fresh_process_compiles_nothing_for_any_gear(tmp_path, empty_torch_caches):
-    cache = tmp_path / "cache"
-    cold = run_script("run_gears.py", str(cache))
+def test_fresh_process_compiles_nothing_for_any_gear(gears_cache, empty_torch_caches):
+    cache, cold = gears_cache
     assert cold["equal"] and cold["gears"] == 3 and cold["compiles_after_warmup"] == 0
     assert cold["counters"]["compiles"] == 3 and cold["counters"]["traces"] == 4    # 3 graphs + 1 symbolic trace
     warm = run_script("run_gears.py", str(cache), "--hooks", env=empty_torch_caches)

@@ -1,6 +1,6 @@
 """Serve a geared model in this process: warm up every gear, then call every size 1..8; JSON report on the last line.
 
-usage: run_gears.py CACHE_DIR [--hooks]
+usage: run_gears.py CACHE_DIR [--hooks] [--workers N]
 """
 import json
 import os
@@ -18,6 +18,8 @@ from gear_models import PairMLP
 
 config = CompilerConfig()
 config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
+if "--workers" in sys.argv:
+    config.inference_config.warmup_workers = int(sys.argv[sys.argv.index("--workers") + 1])
 torch.manual_seed(0)
 device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
 model = PairMLP(sys.argv[1], config).eval().to(device)

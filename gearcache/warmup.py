@@ -1,0 +1,216 @@
+"""Cold warm-up of a geared method: compile the gears the store lacks side by side (``CachedFunction.warmup``).
+
+Which gears, in what order (:func:`rank_order`): on ``W`` ranks sharing a folder, rank ``r`` first takes the gears
+whose index is ``r`` mod ``W``, then the others, so ranks compile different gears at once instead of queueing on the
+same artifact lock; the artifact lock still decides who compiles what (never twice).
+
+How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
+
+1. start ``n`` worker processes (``gearcache/workers.py``); their imports overlap step 2;
+2. in the calling thread, for each gear in rank order: look its entry up (a stored entry is loaded, as on a miss);
+   else capture it with Dynamo (it needs the live module) and key its artifact, then hand it to a thread that
+   publishes the artifact exactly as a miss does (``faults.publish_or_fallback``: artifact lock, private build folder,
+   digests, atomic rename), its build step sending the graph to an idle worker. The worker compiles; the thread then
+   loads the folder and writes the run plan from the real example inputs (a short step, serialised with captures);
+3. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``).
+
+A graph a worker cannot take (torch cannot pickle one of its calls) or fails on is compiled in the calling
+process instead, so the result is that of the serial path: the same keys, artifacts, entries and run plans.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import _torch_compat as compat
+from . import compiler, faults, signature
+from .counters import counters
+from .workers import WorkerError, WorkerPool, input_spec
+
+if TYPE_CHECKING:
+    from .cached_function import CachedFunction, PendingEntry
+
+log = logging.getLogger("gearcache.warmup")
+
+WORKER_HOST_BYTES = 2 << 30         # a worker's own memory (torch, Inductor, its compile), besides its input copies
+WORKER_DEVICE_BYTES = 1 << 30       # a worker's CUDA context and compile scratch on the GPU
+
+
+def rank_order(n: int, world_size: int, rank: int) -> list[int]:
+    """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
+    own = [i for i in range(n) if i % world_size == rank % world_size]
+    return own + [i for i in range(n) if i % world_size != rank % world_size]
+
+
+def default_workers(missing: int, example_inputs: list[Any]) -> int:
+    """``min(missing gears, cores per local rank / 2, host memory / worker, GPU memory / worker)``, at least 1.
+
+    Half the cores: each compile builds its kernels on several threads itself (Inductor's compile threads), and a
+    worker's start (importing torch) costs seconds of a core; on 2 or 3 cores per rank the default is the serial path.
+
+    A worker holds zero-filled copies of the graph's example inputs (weights included) on their devices, so the caps
+    count them: host memory available / (2 GiB + CPU input bytes), free GPU memory / (1 GiB + GPU input bytes).
+    Local ranks: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it)."""
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    caps = [missing, (os.cpu_count() or 1) // local_ranks // 2]
+    cpu_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cpu")
+    cuda_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        caps.append(available // local_ranks // (WORKER_HOST_BYTES + cpu_bytes))
+    except (ValueError, OSError, AttributeError):
+        pass
+    if cuda_bytes:
+        device = next(x.device for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
+        free, _ = torch.cuda.mem_get_info(device)
+        caps.append(free // local_ranks // (WORKER_DEVICE_BYTES + cuda_bytes))
+    return max(1, min(caps))
+
+
+def _nbytes(x: Any) -> int:
+    return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else 0
+
+
+class Progress:
+    """``gearcache warmup NAME: k/n gears`` as one carriage-return line on a terminal, else one log line per gear."""
+
+    def __init__(self, name: str, total: int, what: str):
+        self.name, self.total, self.what, self.done = name, total, what, 0
+        self.tty = sys.stderr.isatty()
+        self._lock = threading.Lock()
+
+    def step(self, gear: list[int], how: str, seconds: float) -> None:
+        with self._lock:
+            self.done += 1
+            if self.tty:
+                print(f"\rgearcache warmup {self.name}: {self.done}/{self.total} gears {self.what}", end="",
+                      file=sys.stderr, flush=True)
+            else:
+                log.info("warmup %s: gear %s %s in %.2f s (%d/%d)", self.name, gear, how, seconds, self.done,
+                         self.total)
+
+    def close(self) -> None:
+        if self.tty and self.done:
+            print(file=sys.stderr)
+
+
+def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None) -> None:
+    """Give ``cf`` an entry for every gear of ``plan`` (the example call's ``leaves`` and ``key``): stored entries are
+    loaded, missing ones compiled in rank order, in worker processes when there are several (see the module
+    docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`)."""
+    from .cached_function import _narrowed
+
+    combos = plan.combinations()
+    progress = Progress(cf.name, len(combos), "ready")
+    try:
+        with cf._lock:
+            missing = []
+            for i in rank_order(len(combos), cf.topology.world_size, cf.topology.global_rank):
+                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, combos[i]), combos[i])
+                gkey = signature.rekey(key, gear_leaves)
+                if gkey in cf._table:
+                    progress.step(combos[i], "already loaded", 0.0)
+                    continue
+                t0 = time.perf_counter()
+                desc, ekey, factors, entry = cf._find_entry(gear_leaves, gkey)
+                if entry is not None:
+                    cf._remember(gkey, entry)
+                    progress.step(combos[i], "loaded", time.perf_counter() - t0)
+                else:
+                    missing.append((combos[i], gear_leaves, gkey, desc, ekey, factors))
+            if len(missing) > 1 and workers != 1:
+                _compile_in_workers(cf, missing, workers, progress)
+            else:
+                for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
+                    t0 = time.perf_counter()
+                    args, kwargs = signature.unflatten(gkey[0], gear_leaves)
+                    cf._remember(gkey, cf._compile_entry(args, kwargs, gear_leaves, desc, ekey, factors))
+                    progress.step(sizes, "compiled or published", time.perf_counter() - t0)
+    finally:
+        progress.close()
+
+
+def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int | None, progress: Progress) -> None:
+    torch_lock = threading.Lock()       # captures and run-plan checks: one at a time in this process
+    pending: list[tuple[tuple, concurrent.futures.Future, "PendingEntry"]] = []
+    pool: WorkerPool | None = None
+    threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
+        if future.exception() is None:
+            how = "compiled" if future.result()[1] else "published by another process"
+            progress.step(sizes, how, time.perf_counter() - t0)
+
+    try:
+        for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
+            args, kwargs = signature.unflatten(gkey[0], gear_leaves)
+            with torch_lock:
+                p = cf._capture_entry(args, kwargs, gear_leaves, desc, ekey, factors)
+                job = _job(cf, p)
+            if pool is None:
+                n = min(workers or default_workers(len(missing), p.captured.example_inputs), len(missing))
+                log.info("warmup %s: compiling %d missing gears in %d worker processes", cf.name, len(missing), n)
+                pool = WorkerPool(n)
+                threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
+            build = _RemoteBuild(cf, p, job, pool, torch_lock)
+            future = threads.submit(faults.publish_or_fallback, cf.store, p.akey, build, cf.config.on_cache_error)
+            future.add_done_callback(lambda f, s=sizes, t0=p.t0: done(f, s, t0))
+            pending.append((gkey, future, p))
+        for gkey, future, p in pending:
+            folder, built = future.result()
+            cf._remember(gkey, cf._complete_entry(p, folder, built))
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.close()
+
+
+def _job(cf: "CachedFunction", p: "PendingEntry") -> dict[str, Any] | None:
+    """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
+    try:
+        graph = compat.graph_to_bytes(cf._graph_to_compile(p.captured))
+    except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
+        log.info("warmup %s: entry %s is compiled in this process: its graph cannot be sent to a worker (%s: %s)",
+                 cf.name, p.ekey, type(exc).__name__, exc)
+        return None
+    return {"graph": graph, "inputs": [input_spec(x) for x in p.captured.example_inputs],
+            "patches": cf._compile_patches(), "settings": compat.compiler_settings(),
+            "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}
+
+
+class _RemoteBuild:
+    """The ``build`` step of ``faults.publish_or_fallback`` for one gear: compile in a worker into ``folder``, then
+    load it and write its run plan here; on a worker failure, compile here as the serial path does."""
+
+    def __init__(self, cf: "CachedFunction", p: "PendingEntry", job: dict[str, Any] | None, pool: WorkerPool,
+                 torch_lock: threading.Lock):
+        self.cf, self.p, self.job, self.pool, self.torch_lock = cf, p, job, pool, torch_lock
+        # grad and inference mode are per thread: this runs in a pool thread, under the caller's modes
+        self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def __call__(self, folder) -> None:
+        if self.job is not None:
+            try:
+                seconds = self.pool.compile({**self.job, "folder": str(folder)})
+            except WorkerError as exc:
+                log.warning("warmup %s: a worker failed to compile entry %s; compiling it in this process:\n%s",
+                            self.cf.name, self.p.ekey, exc)
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                t0 = time.perf_counter()
+                with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+                    compiler.finish_artifact(folder, self.p.captured.example_inputs)
+                counters.compiles += 1
+                counters.compile_seconds += seconds + time.perf_counter() - t0
+                return
+        with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+            self.cf._build(self.p.captured, folder)

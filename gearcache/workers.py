@@ -1,0 +1,171 @@
+"""Compile captured graphs in worker processes (parallel warm-up).
+
+A worker is a plain ``python`` subprocess running :func:`main`, so the caller's ``__main__`` is never re-imported
+(as multiprocessing's "spawn" would) and no CUDA state is inherited (as "fork" would). It serves jobs one at a time
+over its stdin and stdout; each message is an 8-byte big-endian length then a pickle:
+
+* job (caller → worker): ``{"graph": bytes from _torch_compat.graph_to_bytes, "inputs": [input spec], "folder":
+  str, "patches": {Inductor setting: value}, "settings": _torch_compat.compiler_settings(), "grad": bool,
+  "inference": bool}``; an input spec is ``["tensor", shape, stride, storage_offset, dtype, device, requires_grad,
+  is_parameter, is_inference]`` or ``["value", v]``;
+* reply (worker → caller): ``{"ok": True, "seconds": float}`` or ``{"ok": False, "error": str}``.
+
+The worker rebuilds the example inputs as zero-filled tensors of the same metadata (the compile depends on shapes,
+strides, offsets, dtypes and devices, never on values) and runs ``_torch_compat.compile_unloaded`` into ``folder``;
+the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
+A worker's own Inductor uses ``cores // workers`` compile threads. Pickles come only from the process that started
+the worker (its own pipes), never from the cache folder.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, BinaryIO
+
+import torch
+
+from . import _torch_compat as compat
+
+_LEN = struct.Struct(">Q")
+
+
+class WorkerError(RuntimeError):
+    """A worker could not compile a job (the message carries its traceback); the caller compiles in-process."""
+
+
+# ------------------------------------------------------------------------------------------------ message framing
+def _send(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: BinaryIO) -> Any:
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        raise EOFError("the pipe closed")
+    size = _LEN.unpack(head)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the pipe closed mid-message")
+    return pickle.loads(data)
+
+
+# --------------------------------------------------------------------------------------------------- input specs
+def input_spec(x: Any) -> list:
+    """What a worker needs to rebuild example input ``x`` (see the module docstring)."""
+    if isinstance(x, torch.Tensor):
+        return ["tensor", list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype).split(".")[-1],
+                str(x.device), x.requires_grad, isinstance(x, torch.nn.Parameter), x.is_inference()]
+    return ["value", x]
+
+
+def build_input(spec: list) -> Any:
+    """A zero-filled tensor with the metadata of ``spec`` (or the plain value)."""
+    if spec[0] == "value":
+        return spec[1]
+    _, shape, stride, offset, dtype, device, requires_grad, is_parameter, is_inference = spec
+    needed = offset + sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else offset
+    with torch.inference_mode(is_inference):
+        base = torch.zeros(max(needed, 0), dtype=getattr(torch, dtype), device=device)
+        t = base.as_strided(shape, stride, offset)
+    if is_parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+# --------------------------------------------------------------------------------------------------- worker side
+def _run_job(job: dict[str, Any]) -> dict[str, Any]:
+    import pathlib
+
+    t0 = time.perf_counter()
+    compat.apply_compiler_settings(job["settings"])
+    gm = compat.graph_from_bytes(job["graph"])
+    inputs = [build_input(s) for s in job["inputs"]]
+    with torch.inference_mode(job["inference"]), torch.set_grad_enabled(job["grad"]):
+        compat.compile_unloaded(gm, inputs, pathlib.Path(job["folder"]), config_patches=job["patches"])
+    return {"ok": True, "seconds": time.perf_counter() - t0}
+
+
+def main() -> None:
+    """Serve jobs until stdin closes. Replies go to the real stdout; anything else printed goes to stderr."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())           # stray prints must not corrupt the replies
+    jobs = sys.stdin.buffer
+    while True:
+        try:
+            job = _receive(jobs)
+        except EOFError:
+            return
+        try:
+            reply = _run_job(job)
+        except BaseException as exc:                            # noqa: BLE001 - reported to the caller
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
+        _send(out, reply)
+
+
+# --------------------------------------------------------------------------------------------------- caller side
+class WorkerPool:
+    """``n`` worker processes, started at once (their imports overlap the caller's captures); :meth:`compile` is
+    thread-safe and blocks until an idle worker has compiled the job. Use as a context manager: leaving it closes
+    the workers' stdin and waits for them."""
+
+    def __init__(self, n: int):
+        threads = str(max(1, (os.cpu_count() or 1) // n))
+        env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_parent(), env.get("PYTHONPATH")] if p)
+        self._idle: "queue.Queue[subprocess.Popen]" = queue.Queue()
+        self._all: list[subprocess.Popen] = []
+        for _ in range(n):
+            proc = subprocess.Popen([sys.executable, "-c", "from gearcache.workers import main; main()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self._all.append(proc)
+            self._idle.put(proc)
+
+    def compile(self, job: dict[str, Any]) -> float:
+        """Run ``job`` in a worker; returns its compile seconds. ``WorkerError`` if the worker failed or died."""
+        proc = self._idle.get()
+        try:
+            if proc.poll() is not None:
+                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}")
+            _send(proc.stdin, job)
+            reply = _receive(proc.stdout)
+        except (OSError, EOFError) as exc:
+            raise WorkerError(f"worker pid {proc.pid} died ({type(exc).__name__}: {exc}; exit code "
+                              f"{proc.poll()})") from None
+        finally:
+            self._idle.put(proc)                # a dead one answers the next job at once with WorkerError
+        if not reply["ok"]:
+            raise WorkerError(reply["error"])
+        return reply["seconds"]
+
+    def close(self) -> None:
+        for proc in self._all:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        for proc in self._all:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _package_parent() -> str:
+    """The folder holding the ``gearcache`` package this process imported (the worker imports the same one)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+

@@ -1,0 +1,106 @@
+"""Parallel warm-up (gearcache/warmup.py, gearcache/workers.py): rank order, worker-compiled gears equal the serial
+path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the gears."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TESTS, run_script
+from gearcache import CompilerConfig
+from gearcache.warmup import default_workers, rank_order
+from gearcache.workers import build_input, input_spec
+
+
+def test_rank_order_starts_with_the_ranks_share():
+    assert rank_order(7, 1, 0) == list(range(7))
+    assert rank_order(7, 2, 0) == [0, 2, 4, 6, 1, 3, 5]
+    assert rank_order(7, 2, 1) == [1, 3, 5, 0, 2, 4, 6]
+    assert rank_order(2, 4, 3) == [0, 1]                       # more ranks than gears: every gear is "the rest"
+    for world in (1, 2, 3, 8):
+        firsts = [rank_order(7, world, r)[0] for r in range(min(world, 7))]
+        assert len(set(firsts)) == len(firsts), "ranks start on different gears"
+
+
+def test_workers_option_and_default_caps():
+    with pytest.raises(ValueError, match="warmup_workers"):
+        CompilerConfig().inference_config.warmup_workers = 0
+    assert default_workers(5, [torch.zeros(3)]) == max(1, min(5, os.cpu_count() // 2))   # memory allows that here
+    assert default_workers(1, []) == 1
+
+
+def test_worker_inputs_keep_the_metadata():
+    base = torch.randn(6, 5)
+    view = base[1:, 1:4]                                       # storage offset and strides of a view
+    param = torch.nn.Parameter(torch.randn(3, 2))
+    with torch.inference_mode():
+        inf = torch.randn(2)
+    for x in (view, param, inf, base.t()):
+        y = build_input(input_spec(x))
+        assert (y.shape, y.stride(), y.storage_offset(), y.dtype, y.device) == \
+               (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device)
+        assert (type(y), y.requires_grad, y.is_inference()) == (type(x), x.requires_grad, x.is_inference())
+    assert build_input(input_spec(3)) == 3
+
+
+def _summary(root: Path) -> tuple[dict, dict]:
+    """Entry manifests (less their times) and, per artifact, its files and its run plan. Names that vary between any
+    two compiles are masked: torch's cache entries (kept by key folder), and the wrapper source written on load
+    (named by its content, which carries an "AOT ID" comment counting the compiles of the compiling process)."""
+    entries = {}
+    for p in sorted((root / "entries").rglob("*.json")):
+        m = json.loads(p.read_text())
+        if "ekey" in m:
+            entries[p.relative_to(root).as_posix()] = {k: v for k, v in m.items()
+                                                       if k not in ("created", "compile_seconds")}
+    artifacts = {}
+    for a in sorted((root / "artifacts").iterdir()):
+        files = set()
+        for f in a.rglob("*"):
+            parts = f.relative_to(a).parts
+            if f.is_file():
+                keyed = len(parts) > 2 and parts[1] in ("aotautograd", "fxgraph")
+                wrapper = len(parts) == 3 and parts[0] == "inductor" and parts[2].endswith(".py")
+                files.add("/".join(parts[:-1]) + "/<entry>" if keyed else "inductor/<wrapper>.py" if wrapper
+                          else "/".join(parts))
+        artifacts[a.name] = (sorted(files), json.loads((a / "runplan" / "plan.json").read_text()))
+    return entries, artifacts
+
+
+def test_workers_give_the_serial_entries_and_a_fresh_process_compiles_nothing(gears_cache, tmp_path,
+                                                                             empty_torch_caches):
+    serial_cache, serial = gears_cache
+    cache = tmp_path / "cache"
+    cold = run_script("run_gears.py", str(cache), "--workers", "2")
+    assert cold["equal"] and cold["gears"] == 3 and cold["compiles_after_warmup"] == 0
+    assert cold["counters"]["compiles"] == 3 and cold["counters"]["traces"] == 4
+    entries, artifacts = _summary(cache)
+    serial_entries, serial_artifacts = _summary(serial_cache)
+    assert len(entries) == 3 and entries == serial_entries, "same entry keys and manifests"
+    assert artifacts == serial_artifacts, "same artifact keys, torch cache keys, files and run plans"
+    assert all(plan["supported"] for _, plan in artifacts.values())
+    warm = run_script("run_gears.py", str(cache), "--hooks", env=empty_torch_caches)
+    assert warm["equal"] and warm["counters"]["loads"] == 3
+    assert warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
+    assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0
+    assert warm["hooks"]["cpp_builds"] == 0 and warm["hooks"]["triton_compiles"] == 0
+
+
+def test_two_ranks_sharing_a_folder_split_the_gears(tmp_path):
+    cache, barrier = tmp_path / "cache", tmp_path / "barrier"
+    procs = [subprocess.Popen([sys.executable, str(TESTS / "scripts" / "run_rank_warmup.py"), str(cache),
+                               str(barrier)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"})
+             for r in range(2)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["gears"] == 2 for r in reports)
+    assert reports[0]["compiled"] == [2] and reports[1]["compiled"] == [4], "each rank compiled its own gear"
+    assert sum(r["counters"]["compiles"] for r in reports) == 2, "each gear compiled once across ranks"
+    assert all(r["counters"]["compiles"] == len(r["compiled"]) for r in reports)
