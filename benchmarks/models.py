@@ -1,7 +1,7 @@
 """Model corpus benchmark: every corpus model (benchmarks/corpus.py) cold, warm and eager, each in a fresh process.
 
     python benchmarks/models.py [--device cpu|cuda] [--models llama,bert,...] [--dtype float32|bfloat16]
-                                [--size tiny|small] [--json PATH]
+                                [--size tiny|small] [--json PATH] [--cold-jobs N]
 
 For each model, three fresh processes with empty Inductor and Triton caches of their own:
   cold   gearcache on an empty store: traces, compiles, publishes every entry;
@@ -23,6 +23,7 @@ Defaults: CPU, float32, tiny configs; on CUDA bfloat16 and small configs.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -48,10 +49,13 @@ def run(name: str, variant: str, store: str, opts, caches: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def one_model(name: str, opts, work: str) -> dict:
+def cold_start(name: str, opts, work: str) -> dict:
+    return run(name, "gearcache", os.path.join(work, name, "store"), opts, os.path.join(work, name, "cold"))
+
+
+def one_model(name: str, opts, work: str, cold: dict) -> dict:
     store = os.path.join(work, name, "store")
     fresh = lambda label: os.path.join(work, name, label)      # noqa: E731 - empty torch cache folders per process
-    cold = run(name, "gearcache", store, opts, fresh("cold"))
     warm = run(name, "gearcache", store, opts, fresh("warm")) if "error" not in cold else cold
     eager = run(name, "eager", store, opts, fresh("eager"))
     return {"model": name, "kind": corpus.CORPUS[name].kind, "cold": cold, "warm": warm, "eager": eager}
@@ -76,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", help="float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)")
     ap.add_argument("--size", choices=["tiny", "small"], help="model configs (default: tiny on cpu, small on cuda)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--cold-jobs", type=int, default=1,
+                    help="cold starts of that many models at once, before the warm and eager starts (which always "
+                         "run one at a time); cold first-call times are then not comparable")
     opts = ap.parse_args(argv)
     names = [n.strip() for n in opts.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in corpus.CORPUS]
@@ -89,8 +96,12 @@ def main(argv=None) -> int:
     print(f"{'model':16} {'entries':>7} {'run plans':>9} {'warm 1st':>10} {'eager 1st':>10} {'cold 1st':>10} "
           f"{'max|diff|':>10} {'tokens':>7}")
     try:
+        colds = {}
+        if opts.cold_jobs > 1:
+            with concurrent.futures.ThreadPoolExecutor(opts.cold_jobs) as pool:
+                colds = dict(zip(names, pool.map(lambda n: cold_start(n, opts, work), names)))
         for name in names:
-            r = one_model(name, opts, work)
+            r = one_model(name, opts, work, colds.get(name) or cold_start(name, opts, work))
             results.append(r)
             print(row(r), flush=True)
     finally:
