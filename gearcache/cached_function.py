@@ -9,6 +9,7 @@ compile it with Inductor (once across all processes sharing the folder), publish
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import inspect
 import logging
@@ -438,5 +439,5 @@ def _example_meta(t: Any) -> Any:
 
 
 def _tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous()
-    return sha256_text(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"") + str(list(t.shape))
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)    # (numpy is not a dependency)
+    return sha256_text(ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b"") + str(list(t.shape))
