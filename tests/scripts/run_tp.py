@@ -44,8 +44,11 @@ def main() -> None:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         first_call_s = time.perf_counter() - t0
+    imported = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
+    with torch.no_grad():
         ref = model.fwd(x)
     report = {"rank": rank, "equal": bool(torch.allclose(out, ref, atol=1e-5)), "counters": dict(vars(counters)),
+              "imported_before_eager": imported,
               "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
