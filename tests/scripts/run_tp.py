@@ -1,7 +1,9 @@
 """A tensor-parallel toy under torchrun (gloo): a row-parallel linear with dist.all_reduce inside the cached method.
 
 usage: torchrun --standalone --nproc-per-node N run_tp.py CACHE_DIR OUT_DIR
-Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, and its topology folder.
+Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, its topology folder, and which
+of torch._dynamo / torch._inductor were imported after the first call (before the eager reference runs).
+GEARCACHE_TEST_EXTRA_GROUP=1 creates one more process group (a job whose group layout differs).
 """
 import json
 import os
@@ -36,6 +38,8 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = f"cuda:{torch.cuda.current_device()}"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    if os.environ.get("GEARCACHE_TEST_EXTRA_GROUP"):
+        dist.new_group(list(range(dist.get_world_size())))     # unused by the graph: only the job's layout differs
     model = RowParallelLinear(cache_dir, rank).eval().to(device)
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(7 + rank)).to(device)
     with torch.no_grad():
