@@ -241,7 +241,7 @@ def main() -> None:
     ap.add_argument("--phase", choices=["cold", "warm"], default=None, help="one phase, under torchrun")
     ap.add_argument("--cache-dir", default=None, help="the store (default: a temporary one, removed afterwards)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 2 layers)")
+    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 1 layer)")
     ap.add_argument("--gears", type=lambda s: [int(g) for g in s.split(",")], default=GEARS)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--sweep-max", type=int, default=64)

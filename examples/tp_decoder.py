@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SIZES = {"reference": {"d": 1024, "heads": 16, "layers": 8, "vocab": 32000, "tmax": 256},
-         "toy": {"d": 64, "heads": 4, "layers": 2, "vocab": 256, "tmax": 32}}
+         "toy": {"d": 64, "heads": 4, "layers": 1, "vocab": 256, "tmax": 32}}
 GEARS = [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -270,7 +270,7 @@ def run_torchrun(args, label: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (tensor-parallel degree)")
-    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 2 layers)")
+    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 1 layer)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cache-dir", default=None, help="the store (default: a temporary one, removed afterwards)")
     ap.add_argument("--gears", type=lambda s: [int(g) for g in s.split(",")], default=GEARS)
