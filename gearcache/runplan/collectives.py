@@ -25,13 +25,12 @@ from typing import Any, Iterator
 import torch
 
 from .. import _torch_compat as compat
-from ..errors import GearcacheError
+from ..errors import ProcessGroupMismatchError
+
+__all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups", "describe_groups",
+           "stand_in_collectives"]
 
 NAMESPACE = "_c10d_functional"
-
-
-class ProcessGroupMismatchError(GearcacheError):
-    """A plan names a process group that this process lacks, or has with other ranks or another backend."""
 
 
 def _gather(x: torch.Tensor, group_size: int) -> torch.Tensor:
