@@ -243,19 +243,20 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
-def intercepting_ops(namespace: str, handler: Callable[[str, tuple, dict], Any]) -> contextlib.AbstractContextManager:
-    """A context in which every call of an operator of ``namespace`` (e.g. ``"_c10d_functional"``) from this thread
-    returns ``handler(op name without namespace or overload, args, kwargs)`` instead of running the operator; every
-    other operator runs unchanged. A ``TorchDispatchMode`` (``torch.utils._python_dispatch``, 2.11 and 2.13): it sees
-    the operators Inductor's wrapper calls through ``torch.ops``, not its Triton or C++ kernels."""
+def intercepting_ops(namespaces: frozenset[str],
+                     handler: Callable[[str, str, tuple, dict], Any]) -> contextlib.AbstractContextManager:
+    """A context in which every call of an operator of one of ``namespaces`` (e.g. ``"_c10d_functional"``) from this
+    thread returns ``handler(namespace, op name without overload, args, kwargs)`` instead of running the operator;
+    every other operator runs unchanged. A ``TorchDispatchMode`` (``torch.utils._python_dispatch``, 2.11 and 2.13):
+    it sees the operators Inductor's wrapper calls through ``torch.ops``, not its Triton or C++ kernels."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Intercept(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             ns, _, op = func._schema.name.partition("::")
-            if ns == namespace:
-                return handler(op, args, kwargs)
+            if ns in namespaces:
+                return handler(ns, op, args, kwargs)
             return func(*args, **kwargs)
 
     return _Intercept()

@@ -31,6 +31,8 @@ __all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups"
            "stand_in_collectives"]
 
 NAMESPACE = "_c10d_functional"
+OTHER_NAMESPACES = frozenset({"_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor", "symm_mem"})
+"""Operators that communicate but have no stand-in: refused by the writer, and never run during the check."""
 
 
 def _gather(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -76,19 +78,19 @@ STAND_INS: dict[str, tuple[Any, int]] = {
 @contextlib.contextmanager
 def stand_in_collectives() -> Iterator[set[str]]:
     """Answer every functional collective called in this thread with its stand-in (no communication); yields the
-    set of group names the calls passed, filled as they happen. An operator without a stand-in raises
-    ``NotImplementedError`` (the check then fails and the artifact gets no plan)."""
+    set of group names the calls passed, filled as they happen. A communicating operator without a stand-in
+    (``OTHER_NAMESPACES``) raises ``NotImplementedError``: the artifact gets no plan and nothing waits on peers."""
     names: set[str] = set()
 
-    def handle(op: str, args: tuple, kwargs: dict) -> Any:
-        if op not in STAND_INS:
-            raise NotImplementedError(f"{NAMESPACE}::{op} has no stand-in for the run plan's check")
+    def handle(ns: str, op: str, args: tuple, kwargs: dict) -> Any:
+        if ns != NAMESPACE or op not in STAND_INS:
+            raise NotImplementedError(f"{ns}::{op} has no stand-in for the run plan's check (never run there)")
         fn, group_arg = STAND_INS[op]
         if group_arg >= 0:
             names.add(str(args[group_arg] if len(args) > group_arg else kwargs["group_name"]))
         return fn(args, kwargs)
 
-    with compat.intercepting_ops(NAMESPACE, handle):
+    with compat.intercepting_ops(OTHER_NAMESPACES | {NAMESPACE}, handle):
         yield names
 
 

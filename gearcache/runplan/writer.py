@@ -6,8 +6,9 @@ generated wrapper), refuses graphs whose per-call semantics the loader does not 
 applied outside the graph, subclasses, effect tokens, constants, partitions, collectives other than torch's
 functional ones), records the wrapper, the kernels (kernel_records.py), the extern kernels and the process groups the
 graph's collectives name, then loads the plan with gearcache's loader and compares its outputs and in-place updates
-with torch's on fresh copies of the inputs (collectives answered by stand-ins on both sides: collectives.py). Any refusal is recorded as the plan's
-``reason``; the artifact then loads with torch's loader. Imports torch's compiler (only ever in a compiling process).
+with torch's on fresh copies of the inputs (collectives answered by stand-ins on both sides: collectives.py). Any
+refusal is recorded as the plan's ``reason``; the artifact then loads with torch's loader. Imports torch's compiler
+(only ever in a compiling process).
 """
 from __future__ import annotations
 
@@ -84,8 +85,10 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     require(not others, f"collectives other than torch's functional ones ({', '.join(others[:3])})")
     unknown = sorted(collectives - set(collectives_mod.STAND_INS))
     require(not unknown, f"functional collectives without a stand-in for the check ({', '.join(unknown[:3])})")
-    # The graph runs in this process alone below: its collectives are answered by stand-ins (collectives.py).
-    checking = collectives_mod.stand_in_collectives if collectives else _no_collectives
+    # The graph runs in this process alone below: its collectives are answered by stand-ins (collectives.py). The
+    # test is on the text, not only on the calls found above, so no spelling of a collective ever runs here for real.
+    mentions = collectives or any(f".{ns}." in source for ns in _COLLECTIVE_NAMESPACES)    # torch.ops.<ns>.<op>
+    checking = collectives_mod.stand_in_collectives if mentions else _no_collectives
     with checking() as group_names:
         reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
     try:
@@ -122,8 +125,7 @@ def _no_collectives():
     yield set()
 
 
-_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor",
-                          "symm_mem"}
+_COLLECTIVE_NAMESPACES = collectives_mod.OTHER_NAMESPACES | {collectives_mod.NAMESPACE}
 
 
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
