@@ -12,11 +12,12 @@ from .counters import counters
 from .cuda_graphs import mark_static_address
 from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
-                     LockTimeoutError, SignatureMismatchError, UnsupportedInputError, UntrustedCacheError)
+                     LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
+                     UntrustedCacheError)
 
 _configure_logging()
 __version__ = "0.1.0"
 
 __all__ = ["cache_compile", "get_backend", "mark_static_address", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
            "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
-           "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError"]
+           "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError", "ProcessGroupMismatchError"]

@@ -233,6 +233,46 @@ def forbid_storage_access(tensor: torch.Tensor, message: str) -> None:
         forbid(tensor, message)
 
 
+# -------------------------------------------------------------------------------------------------- process groups
+def process_groups() -> dict[str, dict[str, Any]]:
+    """``{group name: {"ranks": [global ranks, sorted], "backend": str}}`` for every process group this process is a
+    member of; ``{}`` when ``torch.distributed`` is not initialised. A name is c10d's registry name: the string
+    Dynamo records in a graph's functional collectives (``torch.ops._c10d_functional.all_reduce(x, "sum", "0")``),
+    which resolves to the live group at run time. Reads ``distributed_c10d._world.pg_names`` and ``pg_group_ranks``
+    (2.11 and 2.13). Importing ``torch.distributed`` imports neither Dynamo nor Inductor."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {}
+    from torch.distributed import distributed_c10d as c10d
+
+    groups = {}
+    for pg, name in list(c10d._world.pg_names.items()):
+        ranks = c10d._world.pg_group_ranks.get(pg)
+        if ranks is not None:
+            groups[str(name)] = {"ranks": sorted(int(r) for r in ranks), "backend": str(c10d.get_backend(pg))}
+    return groups
+
+
+def intercepting_ops(namespaces: frozenset[str],
+                     handler: Callable[[str, str, tuple, dict], Any]) -> contextlib.AbstractContextManager:
+    """A context in which every call of an operator of one of ``namespaces`` (e.g. ``"_c10d_functional"``) from this
+    thread returns ``handler(namespace, op name without overload, args, kwargs)`` instead of running the operator;
+    every other operator runs unchanged. A ``TorchDispatchMode`` (``torch.utils._python_dispatch``, 2.11 and 2.13):
+    it sees the operators Inductor's wrapper calls through ``torch.ops``, not its Triton or C++ kernels."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Intercept(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            ns, _, op = func._schema.name.partition("::")
+            if ns in namespaces:
+                return handler(ns, op, args, kwargs)
+            return func(*args, **kwargs)
+
+    return _Intercept()
+
+
 # ------------------------------------------------------------------------------------------------------ environment
 def _dist_version(name: str) -> str:
     try:

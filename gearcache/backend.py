@@ -20,6 +20,7 @@ from .counters import counters
 from .errors import ConfigError
 from .key import FORMAT_VERSION, build_key, sha256_text
 from .store import Store
+from .topology import process_groups_factor
 
 
 def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable:
@@ -116,6 +117,7 @@ class GearedGraph:
                         else repr(x) for x in inputs]),
             ("config", self.config.compile_factors()), ("software", compat.software_versions()),
             ("devices", [compat.device_capability(d) for d in devices]),
+            ("process_groups", process_groups_factor()),
         ])
         patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
         t0 = time.perf_counter()

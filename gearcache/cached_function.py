@@ -33,7 +33,7 @@ from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
 from .key import FORMAT_VERSION, build_key, decompositions_factor, sha256_text, source_digest
 from .store import Store
-from .topology import Topology
+from .topology import Topology, process_groups_factor
 
 log = logging.getLogger("gearcache")
 
@@ -248,6 +248,7 @@ class CachedFunction:
             ("decompositions", decompositions_factor(self._decompositions)),
             ("software", compat.software_versions()),
             ("devices", [compat.device_capability(d) for d in devices]),
+            ("process_groups", process_groups_factor()),
         ]
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
@@ -343,6 +344,7 @@ class CachedFunction:
             ("decompositions", values["decompositions"]),
             ("software", values["software"]),
             ("devices", values["devices"]),
+            ("process_groups", values["process_groups"]),
         ])
         return akey, hashes
 

@@ -165,7 +165,9 @@ class CudaGraphs:
             tensor.copy_(before)
         graph = torch.cuda.CUDAGraph()
         _fill(graphed, leaves)
-        with torch.cuda.graph(graph, pool=self.pool):
+        # "thread_local", as torch's CUDA-graph trees capture: other threads (NCCL's watchdog, which queries events of
+        # the collectives a TP graph captures) may keep calling CUDA while this thread captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             outs = entry.compiled(*entry.gather(static_leaves))
         if self.pool is None:
             self.pool = graph.pool()

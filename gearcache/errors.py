@@ -109,3 +109,8 @@ class LockTimeoutError(GearcacheError, TimeoutError):
                 f"(or a lock_mode='soft' holder on another host died). Fix: raise config.lock_timeout_s, or delete "
                 f"the lock file if no gearcache process is running (a soft lock whose holder died on this host, or "
                 f"older than lock_timeout_s, is removed by the next process that waits on it).")
+
+
+class ProcessGroupMismatchError(GearcacheError):
+    """A run plan names a process group that this process lacks, or has with other ranks or another backend: its
+    collectives would run on another group (gearcache/runplan/collectives.py)."""

@@ -14,10 +14,11 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger("gearcache.key")
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
 2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
-3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory)."""
+3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
+4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives."""
 
 
 def canonical_json(value: Any) -> str:

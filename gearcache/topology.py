@@ -2,13 +2,14 @@
 
 Resolution order for ``global_rank`` and ``world_size``: the argument, else ``torch.distributed`` when it is
 initialised, else torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables, else 0 and 1. ``tp_rank`` and
-``pp_rank`` are as passed (0 when not).
+``pp_rank`` are as passed (0 when not). :func:`process_groups_factor` describes the process groups for the keys.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
+from . import _torch_compat as compat
 from .errors import ConfigError
 
 
@@ -57,3 +58,11 @@ def resolve_topology(global_rank: int | None, tp_rank: int | None, pp_rank: int 
     if rank >= world:
         world = rank + 1
     return Topology(world_size=world, global_rank=rank, tp_rank=tp, pp_rank=pp)
+
+
+def process_groups_factor() -> list[list]:
+    """The process groups of this process as a key factor: ``[[name, [global ranks], backend], ...]`` sorted by name
+    (``[]`` without ``torch.distributed``). Graphs name groups by registry name (``'0'`` is the default group in
+    every job), so without this factor a job of another size or layout would load an artifact whose collectives
+    then run on a different group. It is the same on every rank of a group (ranks are global, not this rank's)."""
+    return [[name, g["ranks"], g["backend"]] for name, g in sorted(compat.process_groups().items())]

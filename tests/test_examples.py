@@ -36,3 +36,14 @@ def test_hf_vit(tmp_path):
     assert s["predictions_match_eager"] is True
     assert s["cold"]["compiles"] == 2
     assert s["warm"]["compiles"] == 0 and s["warm"]["traces"] == 0 and s["warm"]["loads"] == 2
+
+
+def test_tp_decoder_toy_on_gloo(tmp_path):
+    # 2 ranks, toy size, gear 4 (batch 3 is padded): one prefill and one decode artifact, shared by both ranks
+    s = run_example("tp_decoder.py", "--nproc", "2", "--toy", "--device", "cpu", "--gears", "4", "--batch", "3",
+                    "--new-tokens", "2", "--cache-dir", str(tmp_path / "store"))
+    assert s["example"] == "tp_decoder" and s["ok"] is True
+    assert s["equal_eager"] is True and s["tokens_same_cold_and_warm"] is True
+    assert s["cold"]["compiles"] == 2 and s["cold"]["compiles_after_warmup"] == 0
+    assert s["warm"]["compiles"] == 0 and s["warm"]["traces"] == 0
+    assert s["warm"]["loads"] == 4 and s["warm"]["direct_loads"] == 4, "both ranks load both entries by run plan"

@@ -100,7 +100,8 @@ def changed(a, b):
 def test_entry_key_factors(tmp_path):
     ekey, factors = entry_key(tmp_path)
     assert list(factors["hashes"]) == ["format", "method", "signature", "module_state", "config", "decompositions",
-                                       "software", "devices"]
+                                       "software", "devices", "process_groups"]
+    assert factors["values"]["process_groups"] == [], "no torch.distributed group in this process"
     assert factors["values"]["method"]["name"].endswith("Net.run")
     assert entry_key(tmp_path) == (ekey, factors)
 

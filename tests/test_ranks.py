@@ -10,18 +10,18 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def _torchrun(nproc: int, cache: Path, out: Path) -> list[dict]:
+def _torchrun(nproc: int, cache: Path, out: Path, **env: str) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(SCRIPTS / "run_tp.py"), str(cache), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_tensor_parallel_cold_then_warm_start_with_all_reduce_inside(tmp_path, nproc):
+def test_tensor_parallel_cold_then_warm_start_with_collectives_inside(tmp_path, nproc):
     cache = tmp_path / "cache"
     cold = _torchrun(nproc, cache, tmp_path / "cold")
     assert all(r["equal"] for r in cold), "outputs equal eager (all_reduce over the live gloo group) on every rank"
@@ -31,10 +31,39 @@ def test_tensor_parallel_cold_then_warm_start_with_all_reduce_inside(tmp_path, n
     for r in cold:                                  # each rank has its own manifest folder
         assert any((cache / "entries" / r["topology"]).rglob("*.json"))
     assert len(list((cache / "artifacts").iterdir())) == 1
+    plan = _plans(cache)[0]
+    assert plan["supported"], plan.get("reason")
+    assert plan["groups"] == {"0": {"ranks": list(range(nproc)), "backend": "gloo"}}
+    assert {"all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "wait_tensor"} <= \
+        {op for ns, op in plan["ops"] if ns == "_c10d_functional"}
     warm = _torchrun(nproc, cache, tmp_path / "warm")
     assert all(r["equal"] for r in warm)
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
-    assert all(r["counters"]["loads"] == 1 for r in warm)
+    assert all(r["counters"]["loads"] == 1 and r["counters"]["direct_loads"] == 1 for r in warm), "through the plan"
+    assert all(r["imported_before_eager"] == [] for r in warm), "a warm rank imports neither Dynamo nor Inductor"
+    if nproc == 2:
+        _other_groups_never_load(cache, tmp_path)
+
+
+def _plans(cache: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((cache / "artifacts").glob("*/runplan/plan.json"))]
+
+
+def _other_groups_never_load(cache: Path, tmp_path: Path) -> None:
+    """A job whose process groups differ compiles its own artifact; the loader refuses a plan of another group."""
+    folder = next((cache / "artifacts").iterdir())
+    other = _torchrun(2, cache, tmp_path / "other", GEARCACHE_TEST_EXTRA_GROUP="1")
+    assert all(r["equal"] for r in other)
+    assert all(r["counters"]["loads"] == 0 for r in other), "the first job's entry is never loaded"
+    assert sum(r["counters"]["compiles"] for r in other) == 1
+    assert len(_plans(cache)) == 2 and all(p["supported"] for p in _plans(cache))
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "load_other_group.py"), str(folder),
+                           str(tmp_path / "pg_store")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert errors["no_group"].startswith("ProcessGroupMismatchError") and "no initialised" in errors["no_group"]
+    assert errors["one_rank_group"].startswith("ProcessGroupMismatchError")
+    assert "'0'" in errors["one_rank_group"] and "[0, 1]" in errors["one_rank_group"]
 
 
 def test_eight_processes_racing_on_one_empty_folder(tmp_path):

@@ -14,6 +14,7 @@ Modules:
     writer.py          what a plan records, and the exactness check (compile time; imports torch's compiler)
     kernel_records.py  the launch record of each Triton kernel, whichever launcher Inductor used for it
     loader.py          runs a plan: executes the wrapper, per-call wrapper (alignment, grad, version counters)
+    collectives.py     functional collectives: their stand-ins during the check, the groups a plan is bound to
     stand_ins.py       the wrapper's ``torch._inductor`` and ``triton`` imports, served without importing them
     launch_static.py   Triton kernels through torch's static CUDA launcher (``torch._C._StaticCudaLauncher``)
     launch_driver.py   Triton kernels the static launcher cannot take (clusters, scratch memory, PDL, cooperative
@@ -31,6 +32,7 @@ On-disk format (``runplan/`` of an artifact folder; covered by the artifact's di
                  "version_bumped_inputs": [int],  inputs whose autograd version counter a call bumps
                  "extern_kernels": {name: ["torch", attr] | ["op", "ns::op", overload]},
                  "ops": [[ns, op], ...],        operators the wrapper looks up in torch.ops
+                 "groups": {name: {"ranks": [int], "backend": str}},  process groups its collectives name
                  "triton": {kernel: {"launcher": "static" | "driver",
                             "cubin": "runplan/kernels/<hash>.cubin", "function": str, "shared": int,
                             "num_warps": int, "arg_types": str, "scratch_args": int, "def_args": [str],

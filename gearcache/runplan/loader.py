@@ -20,6 +20,7 @@ import torch
 
 from .. import _torch_compat as compat
 from ..counters import counters
+from .collectives import check_groups
 from .format import ALIGNMENT, FORMAT, PLAN_DIR, WRAPPER_FILENAME, RunPlanUnavailable
 from .launch_cpp import import_cpp_kernel
 from .launch_driver import DriverLaunch
@@ -44,7 +45,9 @@ def load_artifact(folder: pathlib.Path) -> Callable[..., Any]:
 
 
 def load(folder: pathlib.Path) -> Callable[..., Any] | None:
-    """The artifact's run plan as a callable, or None (logged at INFO: why) when it has none or it is unusable."""
+    """The artifact's run plan as a callable, or None (logged at INFO: why) when it has none or it is unusable.
+    Raises ``ProcessGroupMismatchError`` when the plan's collectives name a group this process lacks or has with
+    other ranks or backend (collectives.py)."""
     path = folder / PLAN_DIR / "plan.json"
     try:
         plan = json.loads(path.read_bytes())
@@ -58,6 +61,7 @@ def load(folder: pathlib.Path) -> Callable[..., Any] | None:
     if not plan.get("supported"):
         log.info("%s: no run plan (%s); torch's loader is used", folder, plan.get("reason"))
         return None
+    check_groups(plan.get("groups", {}), f"artifact {folder.name}")      # raises: never a collective on another group
     try:
         return _Runner(folder, plan).run
     except RunPlanUnavailable as exc:

@@ -3,13 +3,16 @@
 :func:`write_run_plan` runs in the compiling process right after Inductor's artifact was saved and loaded by torch's
 loader. It reads torch's cache entries in the artifact (AOTAutograd's runtime metadata, the FX graph entry with the
 generated wrapper), refuses graphs whose per-call semantics the loader does not reproduce (aliased outputs, mutations
-applied outside the graph, subclasses, effect tokens, constants, partitions, collectives), records the wrapper, the
-kernels (kernel_records.py) and the extern kernels, then loads the plan with gearcache's loader and compares its
-outputs and in-place updates with torch's on fresh copies of the inputs. Any refusal is recorded as the plan's
-``reason``; the artifact then loads with torch's loader. Imports torch's compiler (only ever in a compiling process).
+applied outside the graph, subclasses, effect tokens, constants, partitions, collectives other than torch's
+functional ones), records the wrapper, the kernels (kernel_records.py), the extern kernels and the process groups the
+graph's collectives name, then loads the plan with gearcache's loader and compares its outputs and in-place updates
+with torch's on fresh copies of the inputs (collectives answered by stand-ins on both sides: collectives.py). Any
+refusal is recorded as the plan's ``reason``; the artifact then loads with torch's loader. Imports torch's compiler
+(only ever in a compiling process).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -22,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import collectives as collectives_mod
 from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME, NoPlan, require
 from .kernel_records import triton_records
 from .loader import load
@@ -76,10 +80,21 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     uses = _wrapper_uses(source)
     require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
              f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
-    collectives = sorted({f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES})
-    # The check below runs the graph in this process alone; collectives would wait for ranks that are not running it.
-    require(not collectives, f"collectives ({', '.join(collectives[:3])})")
-    reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
+    collectives = {op for ns, op in uses["ops"] if ns == collectives_mod.NAMESPACE}
+    others = sorted(f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES - {"_c10d_functional"})
+    require(not others, f"collectives other than torch's functional ones ({', '.join(others[:3])})")
+    unknown = sorted(collectives - set(collectives_mod.STAND_INS))
+    require(not unknown, f"functional collectives without a stand-in for the check ({', '.join(unknown[:3])})")
+    # The graph runs in this process alone below: its collectives are answered by stand-ins (collectives.py). The
+    # test is on the text, not only on the calls found above, so no spelling of a collective ever runs here for real.
+    mentions = collectives or any(f".{ns}." in source for ns in _COLLECTIVE_NAMESPACES)    # torch.ops.<ns>.<op>
+    checking = collectives_mod.stand_in_collectives if mentions else _no_collectives
+    with checking() as group_names:
+        reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
+    try:
+        groups = collectives_mod.describe_groups(group_names)
+    except collectives_mod.ProcessGroupMismatchError as exc:
+        raise NoPlan(str(exc)) from None
     module = _wrapper_module(fx.cache_key, folder)
     plan: dict[str, Any] = {
         "format": FORMAT, "supported": True,
@@ -88,7 +103,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
         "inputs_to_check": list(fx.inputs_to_check), "mutated_inputs": mutated,
         "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
         "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
-        "ops": sorted(uses["ops"]),
+        "ops": sorted(uses["ops"]), "groups": groups,
         "triton": triton_records(_autotuners(module), getattr(fx, "_triton_bundle", None), plan_dir), "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
     }
     plan.update(write_wrapper(plan_dir, source))
@@ -96,7 +111,8 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     fn = load(artifact)
     require(fn is not None, "gearcache's loader could not load it")
     loose = any(k.inductor_meta.get("atomic_add_found") for k in _autotuners(module).values())
-    outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
+    with checking():
+        outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
     require(len(outputs) == len(reference), f"{len(outputs)} outputs, torch's loader gave {len(reference)}")
     for what, got, want in [*(("output", a, b) for a, b in zip(outputs, reference)),
                             *(("in-place input", inputs[i], ref_inputs[i]) for i in mutated)]:
@@ -104,8 +120,12 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     return plan
 
 
-_COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor",
-                          "symm_mem"}
+@contextlib.contextmanager
+def _no_collectives():
+    yield set()
+
+
+_COLLECTIVE_NAMESPACES = collectives_mod.OTHER_NAMESPACES | {collectives_mod.NAMESPACE}
 
 
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:

@@ -1,7 +1,10 @@
-"""A tensor-parallel toy under torchrun (gloo): a row-parallel linear with dist.all_reduce inside the cached method.
+"""A tensor-parallel toy under torchrun (gloo): a row-parallel linear with dist.all_reduce inside the cached method,
+followed by all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single.
 
 usage: torchrun --standalone --nproc-per-node N run_tp.py CACHE_DIR OUT_DIR
-Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, and its topology folder.
+Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, its topology folder, and which
+of torch._dynamo / torch._inductor were imported after the first call (before the eager reference runs).
+GEARCACHE_TEST_EXTRA_GROUP=1 creates one more process group (a job whose group layout differs).
 """
 import json
 import os
@@ -25,7 +28,16 @@ class RowParallelLinear(torch.nn.Module):
     def fwd(self, x_local):
         y = self.shard(x_local)
         dist.all_reduce(y)
-        return y + self.bias
+        y = y + self.bias
+        # The other collectives Dynamo captures, on the live group: gather every rank's y, reduce-scatter it back, swap
+        # row blocks between ranks.
+        gathered = y.new_empty(dist.get_world_size() * y.shape[0], y.shape[1])
+        dist.all_gather_into_tensor(gathered, y)
+        scattered = torch.empty_like(y)
+        dist.reduce_scatter_tensor(scattered, gathered * self.bias)
+        swapped = torch.empty_like(scattered)
+        dist.all_to_all_single(swapped, scattered)
+        return y, swapped.relu()
 
 
 def main() -> None:
@@ -36,16 +48,21 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         device = f"cuda:{torch.cuda.current_device()}"
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    if os.environ.get("GEARCACHE_TEST_EXTRA_GROUP"):
+        dist.new_group(list(range(dist.get_world_size())))     # unused by the graph: only the job's layout differs
     model = RowParallelLinear(cache_dir, rank).eval().to(device)
-    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(7 + rank)).to(device)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(7 + rank)).to(device)
     with torch.no_grad():
         t0 = time.perf_counter()
         out = model.cached(x)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         first_call_s = time.perf_counter() - t0
+    imported = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
+    with torch.no_grad():
         ref = model.fwd(x)
-    report = {"rank": rank, "equal": bool(torch.allclose(out, ref, atol=1e-5)), "counters": dict(vars(counters)),
+    report = {"rank": rank, "equal": all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)), "counters": dict(vars(counters)),
+              "imported_before_eager": imported,
               "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
