@@ -10,6 +10,7 @@ compile it with Inductor (once across all processes sharing the folder), publish
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 import sys
@@ -30,7 +31,8 @@ from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
-from .key import FORMAT_VERSION, build_key, decompositions_factor, sha256_text, source_digest
+from .key import (FORMAT_VERSION, build_key, canonical_json, decompositions_factor, sha256_text, source_digest,
+                  without_device_index)
 from .store import Store
 from .topology import Topology
 
@@ -224,7 +226,9 @@ class CachedFunction:
             diagnostics.track_hits(self)
             desc = signature.describe(leaves, key)
             ekey, factors = self._entry_key(desc, leaves)
-            entry = self._load_entry(ekey) or self._compile_entry(args, kwargs, leaves, desc, ekey, factors)
+            index = _cuda_index(leaves, self._module)
+            entry = self._load_entry(ekey, index) or \
+                self._compile_entry(args, kwargs, leaves, desc, ekey, factors, index)
             self._table[key] = entry
             if self._first is None:
                 self._first = entry
@@ -246,7 +250,7 @@ class CachedFunction:
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
 
-    def _load_entry(self, ekey: str) -> Entry | None:
+    def _load_entry(self, ekey: str, index: int | None) -> Entry | None:
         manifest = self.store.read_entry(self.topology.folder, self.name, ekey)
         if manifest is None:
             return None
@@ -265,7 +269,11 @@ class CachedFunction:
             log.warning("%s: %s; recompiling", self.name, exc)
             return None
         t0 = time.perf_counter()
-        compiled = faults.load_artifact(self.store, akey)     # a verified private copy if the folder is read-only
+        try:                                                  # a verified private copy if the folder is read-only
+            compiled = faults.load_artifact(self.store, akey, index)
+        except runplan.WrongDevice as exc:
+            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
+            return None
         if compiled is None:
             return None                                       # vanished since it was verified: a miss
         self.store.lease(akey)                                # in use: not evicted under max_size
@@ -278,7 +286,7 @@ class CachedFunction:
         return entry
 
     def _compile_entry(self, args: tuple, kwargs: dict, leaves: tuple, desc: dict, ekey: str,
-                       factors: dict[str, Any]) -> Entry:
+                       factors: dict[str, Any], index: int | None) -> Entry:
         if self.config.on_new_signature == "error":
             known = self.store.list_entries(self.topology.folder, self.name)
             if known or self._table:
@@ -290,9 +298,11 @@ class CachedFunction:
         t0 = time.perf_counter()
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
-        akey, artifact_factors = self._artifact_key(captured, factors)
-        folder, built = faults.publish_or_fallback(self.store, akey, lambda work: self._build(captured, work),
-                                                   self.config.on_cache_error)
+        akey, artifact_factors = self._artifact_key(captured, factors, index)
+        folder, built, compiled = self._publish(captured, akey, index)
+        if compiled is None and folder is not None:           # the shared artifact is bound to another GPU
+            akey, artifact_factors = build_key("artifact", [("shared", akey), ("device_index", index)])
+            folder, built, compiled = self._publish(captured, akey, index)
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
             "topology": self.topology.folder, "signature": desc, "factors": factors,
@@ -302,7 +312,10 @@ class CachedFunction:
         }
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self._method, args, kwargs, manifest)
-        entry = Entry(runplan.load_artifact(folder), self._module, manifest)
+        if compiled is None:
+            raise runplan.WrongDevice(f"{self.name}: the artifact {akey} compiled for cuda:{index} does not load "
+                                      f"on it")
+        entry = Entry(compiled, self._module, manifest)
         if faults.persisted(self.store, akey, folder):
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
@@ -310,16 +323,39 @@ class CachedFunction:
                  ekey, akey, time.perf_counter() - t0)
         return entry
 
-    def _artifact_key(self, captured: Captured, factors: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    def _publish(self, captured: Captured, akey: str, index: int | None) -> tuple[Any, bool, Any]:
+        """Publish (compile once across processes) or find artifact ``akey``; returns ``(folder, built, loaded)``,
+        ``loaded`` None when the artifact is bound to another GPU than ``index`` (runplan.WrongDevice)."""
+        folder, built = faults.publish_or_fallback(self.store, akey, lambda work: self._build(captured, work),
+                                                   self.config.on_cache_error)
+        if folder is None:
+            return None, built, None
+        try:
+            return folder, built, runplan.load_artifact(folder, index)
+        except runplan.WrongDevice as exc:
+            log.info("%s: %s; compiling for cuda:%s", self.name, exc, index)
+            return folder, built, None
+
+    def _artifact_key(self, captured: Captured, factors: dict[str, Any],
+                      index: int | None) -> tuple[str, dict[str, str]]:
+        """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
+        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
+        run plan binds the live GPU at load. Artifacts that turn out bound to their compile GPU (no device-free
+        plan) are keyed again with the index (``_compile_entry``)."""
         gm = captured.graph
         constants = [[name, _tensor_digest(t)] for name, t in
                      list(gm.named_parameters()) + list(gm.named_buffers())]
         values = factors["values"]
+        code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
+        if index is not None:
+            free = without_device_index(canonical_json([code, inputs]), index)
+            if free is not None:
+                code, inputs = json.loads(free)
         akey, hashes = build_key("artifact", [
             ("format", FORMAT_VERSION),
-            ("graph", sha256_text(gm.code)),
+            ("graph", sha256_text(code)),
             ("graph_constants", constants),
-            ("inputs", [_example_meta(t) for t in captured.example_inputs]),
+            ("inputs", inputs),
             ("config", values["config"]),
             ("decompositions", values["decompositions"]),
             ("software", values["software"]),
@@ -383,6 +419,16 @@ def _entry_point_name(method: Callable) -> str:
     cls = type(method.__self__)
     raw = f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
+    """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
+    on a GPU, or they are on several (their artifact keeps every index)."""
+    tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
+    indexes = {t.device.index for t in tensors if t.is_cuda}
+    if len(indexes) != 1 or None in indexes:
+        return None
+    return indexes.pop()
 
 
 def _module_state(module: torch.nn.Module) -> list[list]:

@@ -10,14 +10,16 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger("gearcache.key")
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
 2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
-3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory)."""
+3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
+4: artifact keys leave out the GPU's index (one artifact for cuda:0..N-1); run plans bind it at load."""
 
 
 def canonical_json(value: Any) -> str:
@@ -60,3 +62,24 @@ def decompositions_factor(decompositions: dict[Any, Callable] | None) -> list[li
     if not decompositions:
         return []
     return sorted([str(op), source_digest(fn)] for op, fn in decompositions.items())
+
+
+_CUDA_INDEX = re.compile(r"cuda:(\d+)|device\(type='cuda', index=(\d+)\)")
+
+
+def without_device_index(text: str, index: int) -> str | None:
+    """``text`` (a graph's code, a device string) with CUDA device ``index`` written without its index
+    (``cuda:*``), for artifact keys shared by the GPUs of a node; None when the text also names another GPU.
+
+    The artifact key of a graph on one GPU leaves the index out (its run plan binds it at load, see
+    gearcache/runplan/device_binding.py): the same graph on cuda:0 .. cuda:N-1 is one artifact."""
+    other = False
+
+    def replace(m: re.Match) -> str:
+        nonlocal other
+        if int(m.group(1) or m.group(2)) != index:
+            other = True
+        return "cuda:*"
+
+    out = _CUDA_INDEX.sub(replace, text)
+    return None if other else out
