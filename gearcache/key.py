@@ -65,11 +65,13 @@ def decompositions_factor(decompositions: dict[Any, Callable] | None) -> list[li
 
 
 _CUDA_INDEX = re.compile(r"cuda:(\d+)|device\(type='cuda', index=(\d+)\)")
+_INT_DEVICE = re.compile(r"device\s*=\s*\d|\.(?:to|cuda)\(\s*\d|'cuda',\s*\d")     # a GPU named by a bare int
 
 
 def without_device_index(text: str, index: int) -> str | None:
     """``text`` (a graph's code, a device string) with CUDA device ``index`` written without its index
-    (``cuda:*``), for artifact keys shared by the GPUs of a node; None when the text also names another GPU.
+    (``cuda:*``), for artifact keys shared by the GPUs of a node; None when the text also names another GPU, or
+    names one by a bare integer (``device=1``, ``.to(1)``: kept, as that GPU is meant whatever the caller's).
 
     The artifact key of a graph on one GPU leaves the index out (its run plan binds it at load, see
     gearcache/runplan/device_binding.py): the same graph on cuda:0 .. cuda:N-1 is one artifact."""
@@ -82,4 +84,4 @@ def without_device_index(text: str, index: int) -> str | None:
         return "cuda:*"
 
     out = _CUDA_INDEX.sub(replace, text)
-    return None if other else out
+    return None if other or _INT_DEVICE.search(text) else out

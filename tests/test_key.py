@@ -189,3 +189,5 @@ def test_artifact_text_without_the_device_index():
     assert without_device_index("a on cuda:1, b on cuda:0", 1) is None       # two GPUs: every index stays
     assert without_device_index(code.format(i=2), 3) is None                  # the graph names another GPU
     assert without_device_index('[[2, 3], "cpu"]', 0) == '[[2, 3], "cpu"]'
+    for pinned in ("y = x.to(0)", "y = torch.ones(3, device = 0)", "y = x.cuda(0)", "d = torch.device('cuda', 0)"):
+        assert without_device_index(pinned, 0) is None, pinned                # a GPU meant whatever the caller's
