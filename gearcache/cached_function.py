@@ -340,14 +340,15 @@ class CachedFunction:
                       index: int | None) -> tuple[str, dict[str, str]]:
         """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
         code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
-        run plan binds the live GPU at load. Artifacts that turn out bound to their compile GPU (no device-free
-        plan) are keyed again with the index (``_compile_entry``)."""
+        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
+        runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
+        again with it (``_compile_entry``)."""
         gm = captured.graph
         constants = [[name, _tensor_digest(t)] for name, t in
                      list(gm.named_parameters()) + list(gm.named_buffers())]
         values = factors["values"]
         code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
-        if index is not None:
+        if index is not None and runplan.device_bound_reason(gm) is None:
             free = without_device_index(canonical_json([code, inputs]), index)
             if free is not None:
                 code, inputs = json.loads(free)

@@ -25,3 +25,15 @@ def test_artifact_compiled_on_gpu0_runs_on_gpu1_without_compiling(tmp_path, empt
     assert list(other["plans"]) == [akey], "one artifact for both GPUs"
     warm = run_script("run_device_index.py", cache, "1", "1", env=empty_torch_caches)
     assert warm["counters"]["traces"] == 0 and warm["counters"]["compiles"] == 0 and warm["max_diff"] < 1e-5
+
+
+@needs_two_gpus
+def test_artifact_bound_to_gpu0_is_compiled_again_for_gpu1(tmp_path, empty_torch_caches):
+    """An artifact without a run plan would run on cuda:0 through torch's loader: cuda:1 gets its own."""
+    cache = str(tmp_path / "cache")
+    cold = run_script("run_device_index.py", cache, "0", "0", "--bound", env=empty_torch_caches)
+    (plan0,) = cold["plans"].values()
+    assert not plan0["supported"] and not plan0["device_free"] and plan0["device_index"] == 0, plan0
+    other = run_script("run_device_index.py", cache, "1", "1", "--bound", env=empty_torch_caches)
+    assert other["counters"]["compiles"] == 1 and other["out_device"] == "cuda:1" and other["max_diff"] < 1e-5
+    assert sorted(p["device_index"] for p in other["plans"].values()) == [0, 1], other["plans"]

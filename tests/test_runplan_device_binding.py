@@ -117,3 +117,13 @@ def test_loader_refuses_torchs_loader_on_another_gpu(tmp_path):
     (folder / "runplan" / "plan.json").write_text(json.dumps(plan))
     with pytest.raises(runplan.WrongDevice, match="collectives"):
         runplan.load_artifact(folder, 1)
+
+
+def test_graphs_with_collectives_are_known_bound_before_compiling():
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(torch.ops.aten.sin.default, (x,))
+    graph.output(graph.call_function(torch.ops._c10d_functional.all_reduce.default, (y, "sum", "0")))
+    assert "collectives (_c10d_functional)" == runplan.device_bound_reason(torch.fx.GraphModule({}, graph))
+    plain = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin.default(x) + 1)
+    assert runplan.device_bound_reason(plain) is None

@@ -59,7 +59,7 @@ path adds ``e`` (fp16) and ``E`` (bf16), passed as their 16-bit patterns.
 """
 from .format import ALIGNMENT, FORMAT, PLAN_DIR, RunPlanUnavailable
 from .loader import WrongDevice, load, load_artifact
-from .writer import write_run_plan
+from .writer import device_bound_reason, write_run_plan
 
-__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "load", "load_artifact",
-           "write_run_plan"]
+__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "device_bound_reason", "load",
+           "load_artifact", "write_run_plan"]

@@ -114,6 +114,20 @@ _COLLECTIVE_NAMESPACES = {"_c10d_functional", "_c10d_functional_autograd", "c10d
                           "symm_mem"}
 
 
+def device_bound_reason(gm: torch.fx.GraphModule) -> str | None:
+    """Why an artifact of the captured graph ``gm`` will get no device-free plan, when the graph alone tells (its
+    key then keeps the GPU's index from the start, so ranks compile their own at once instead of waiting for one
+    they cannot use); None otherwise. Mirrors the refusals of :func:`_build_run_plan` that the graph shows: keep it
+    in step with them."""
+    spaces = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            name = getattr(node.target, "_qualified_op_name", None) or node.target._schema.name
+            spaces.add(name.split("::")[0])
+    found = sorted(spaces & _COLLECTIVE_NAMESPACES)
+    return f"collectives ({', '.join(found)})" if found else None
+
+
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
     """Unpickle the one torch cache entry matching ``pattern`` in an artifact's Inductor folder."""
     import importlib

@@ -1,6 +1,7 @@
 """One cached method on one GPU, for the device-index test; a JSON report on the last line.
 
-usage: run_device_index.py CACHE_DIR DEVICE_INDEX GLOBAL_RANK
+usage: run_device_index.py CACHE_DIR DEVICE_INDEX GLOBAL_RANK [--bound]
+``--bound``: the method also returns a view of its input, which gets no run plan: the artifact is bound to its GPU.
 The model (a matmul, a fused pointwise kernel, a tensor made on the inputs' device) sits on cuda:DEVICE_INDEX; the
 entry is keyed by GLOBAL_RANK. Compile hooks count every trace and compile in this process.
 """
@@ -28,10 +29,12 @@ class Block(torch.nn.Module):
 
     def fwd(self, x):
         ramp = torch.arange(x.shape[-1], device=x.device, dtype=x.dtype)
-        return torch.relu(self.proj(x)) * 2 + ramp
+        out = torch.relu(self.proj(x)) * 2 + ramp
+        return (out, x[0]) if BOUND else out
 
 
 cache_dir, index, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+BOUND = "--bound" in sys.argv[4:]
 device = torch.device("cuda", index)
 model = Block(cache_dir, rank).to(device)
 x = torch.randn(8, 32, generator=torch.Generator().manual_seed(1)).to(device)
@@ -40,6 +43,9 @@ with torch.inference_mode():
     ref = model.fwd(x)
     again = model.cached(x * 3)
     ref_again = model.fwd(x * 3)
+if BOUND:
+    (out, view), (ref, ref_view), (again, _), (ref_again, _) = out, ref, again, ref_again
+    assert torch.equal(view, ref_view)
 torch.cuda.synchronize(device)
 plans = {p.parent.parent.name: json.loads(p.read_text()) for p in pathlib.Path(cache_dir).rglob("runplan/plan.json")}
 print(json.dumps({
