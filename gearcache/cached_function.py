@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import inspect
+import json
 import logging
 import re
 import threading
@@ -31,7 +32,8 @@ from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
-from .key import FORMAT_VERSION, build_key, decompositions_factor, sha256_text, source_digest
+from .key import (FORMAT_VERSION, build_key, canonical_json, decompositions_factor, sha256_text, source_digest,
+                  without_device_index)
 from .store import Store
 from .topology import Topology, process_groups_factor
 
@@ -229,7 +231,7 @@ class CachedFunction:
         diagnostics.track_hits(self)
         desc = signature.describe(leaves, key)
         ekey, factors = self._entry_key(desc, leaves)
-        return desc, ekey, factors, self._load_entry(ekey)
+        return desc, ekey, factors, self._load_entry(ekey, _cuda_index(leaves, self._module))
 
     def _remember(self, key: tuple, entry: Entry) -> None:
         self._table[key] = entry
@@ -253,7 +255,7 @@ class CachedFunction:
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
 
-    def _load_entry(self, ekey: str) -> Entry | None:
+    def _load_entry(self, ekey: str, index: int | None) -> Entry | None:
         manifest = self.store.read_entry(self.topology.folder, self.name, ekey)
         if manifest is None:
             return None
@@ -272,7 +274,11 @@ class CachedFunction:
             log.warning("%s: %s; recompiling", self.name, exc)
             return None
         t0 = time.perf_counter()
-        compiled = faults.load_artifact(self.store, akey)     # a verified private copy if the folder is read-only
+        try:                                                  # a verified private copy if the folder is read-only
+            compiled = faults.load_artifact(self.store, akey, index)
+        except runplan.WrongDevice as exc:
+            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
+            return None
         if compiled is None:
             return None                                       # vanished since it was verified: a miss
         self.store.lease(akey)                                # in use: not evicted under max_size
@@ -306,12 +312,14 @@ class CachedFunction:
         t0 = time.perf_counter()
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
-        akey, artifact_factors = self._artifact_key(captured, factors)
-        return PendingEntry(args, kwargs, desc, ekey, factors, captured, akey, artifact_factors, t0)
+        index = _cuda_index(leaves, self._module)
+        akey, artifact_factors = self._artifact_key(captured, factors, index)
+        return PendingEntry(args, kwargs, desc, ekey, factors, captured, akey, artifact_factors, t0, index)
 
     def _complete_entry(self, p: "PendingEntry", folder, built: bool) -> Entry:
         """The second half: given the published artifact folder (``faults.publish_or_fallback``), write the entry
         manifest and load the entry."""
+        folder, built, compiled = self._load_published(p, folder, built)
         args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
@@ -322,7 +330,7 @@ class CachedFunction:
         }
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self._method, args, kwargs, manifest)
-        entry = Entry(runplan.load_artifact(folder), self._module, manifest)
+        entry = Entry(compiled, self._module, manifest)
         if faults.persisted(self.store, akey, folder):
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
@@ -330,16 +338,41 @@ class CachedFunction:
                  ekey, akey, time.perf_counter() - t0)
         return entry
 
-    def _artifact_key(self, captured: Captured, factors: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    def _load_published(self, p: "PendingEntry", folder, built: bool) -> tuple[Any, bool, Any]:
+        """Load the published artifact for the call's GPU: ``(folder, built, loaded)``. An artifact bound to another
+        GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index, compiled here (``p`` is updated)."""
+        if folder is None:                                    # the store failed and on_cache_error="eager"
+            return None, built, None
+        try:
+            return folder, built, runplan.load_artifact(folder, p.index)
+        except runplan.WrongDevice as exc:
+            log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
+        p.akey, p.artifact_factors = build_key("artifact", [("shared", p.akey), ("device_index", p.index)])
+        folder, built = faults.publish_or_fallback(self.store, p.akey, lambda work: self._build(p.captured, work),
+                                                   self.config.on_cache_error)
+        return folder, built, None if folder is None else runplan.load_artifact(folder, p.index)
+
+    def _artifact_key(self, captured: Captured, factors: dict[str, Any],
+                      index: int | None) -> tuple[str, dict[str, str]]:
+        """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
+        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
+        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
+        runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
+        again with it (``_load_published``)."""
         gm = captured.graph
         constants = [[name, _tensor_digest(t)] for name, t in
                      list(gm.named_parameters()) + list(gm.named_buffers())]
         values = factors["values"]
+        code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
+        if index is not None and runplan.device_bound_reason(gm) is None:
+            free = without_device_index(canonical_json([code, inputs]), index)
+            if free is not None:
+                code, inputs = json.loads(free)
         akey, hashes = build_key("artifact", [
             ("format", FORMAT_VERSION),
-            ("graph", sha256_text(gm.code)),
+            ("graph", sha256_text(code)),
             ("graph_constants", constants),
-            ("inputs", [_example_meta(t) for t in captured.example_inputs]),
+            ("inputs", inputs),
             ("config", values["config"]),
             ("decompositions", values["decompositions"]),
             ("software", values["software"]),
@@ -386,6 +419,7 @@ class PendingEntry:
     akey: str
     artifact_factors: dict[str, str]
     t0: float
+    index: int | None = None        # the GPU the call runs on (_cuda_index)
 
 
 def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
@@ -424,6 +458,16 @@ def _entry_point_name(method: Callable) -> str:
     cls = type(method.__self__)
     raw = f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
+    """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
+    on a GPU, or they are on several (their artifact keeps every index)."""
+    tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
+    indexes = {t.device.index for t in tensors if t.is_cuda}
+    if len(indexes) != 1 or None in indexes:
+        return None
+    return indexes.pop()
 
 
 def _module_state(module: torch.nn.Module) -> list[list]:

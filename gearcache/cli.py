@@ -320,10 +320,11 @@ def _run_plan_status(folder: pathlib.Path) -> str:
         plan = json.loads((folder / "runplan" / "plan.json").read_text())
     except (OSError, ValueError):
         return "none (loads with torch's loader)"
+    bound = "" if plan.get("device_free", True) else f"; runs on cuda:{plan.get('device_index')} only"
     if plan.get("supported"):
         return (f"yes: {len(plan.get('triton', {}))} Triton and {len(plan.get('cpp', {}))} C++ kernels, "
-                f"torch's compiler not imported")
-    return f"no ({plan.get('reason')}): loads with torch's loader"
+                f"torch's compiler not imported{bound}")
+    return f"no ({plan.get('reason')}): loads with torch's loader{bound}"
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -137,8 +137,9 @@ def persisted(store: Store, akey: str, folder: pathlib.Path | None) -> bool:
     return folder is not None and pathlib.Path(folder) == store.artifact_dir(akey)
 
 
-def load_artifact(store: Store, akey: str) -> Callable[..., Any] | None:
-    """Load the store's (already verified) artifact ``akey``; None when it vanished since it was verified (a miss).
+def load_artifact(store: Store, akey: str, device_index: int | None = None) -> Callable[..., Any] | None:
+    """Load the store's (already verified) artifact ``akey`` for CUDA device ``device_index`` (runplan.load_artifact:
+    raises ``runplan.WrongDevice`` when it runs only on another GPU); None when it vanished since it was verified.
 
     A folder this process cannot write (a read-only mount, another user's files) is loaded through a verified
     private copy, because torch's loader writes into the folder it loads from."""
@@ -146,9 +147,10 @@ def load_artifact(store: Store, akey: str) -> Callable[..., Any] | None:
     try:
         if not _writable(folder):
             folder = private_copy(store, akey)
-        return runplan.load_artifact(folder)
+        return runplan.load_artifact(folder, device_index)
     except Exception as exc:
-        if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError):
+        if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
+                isinstance(exc, runplan.WrongDevice):
             raise                       # a real load failure: not ours to hide
         log.warning("artifact %s vanished or changed while it was loaded (%s: %s); compiling it again", akey,
                     type(exc).__name__, exc)

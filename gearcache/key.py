@@ -10,6 +10,7 @@ import hashlib
 import inspect
 import json
 import logging
+import re
 from typing import Any, Callable, Iterable
 
 log = logging.getLogger("gearcache.key")
@@ -18,7 +19,8 @@ FORMAT_VERSION = 4
 """gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
 2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
 3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
-4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives."""
+4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives; artifact
+   keys leave out the GPU's index (one artifact for cuda:0..N-1), run plans bind it at load."""
 
 
 def canonical_json(value: Any) -> str:
@@ -61,3 +63,26 @@ def decompositions_factor(decompositions: dict[Any, Callable] | None) -> list[li
     if not decompositions:
         return []
     return sorted([str(op), source_digest(fn)] for op, fn in decompositions.items())
+
+
+_CUDA_INDEX = re.compile(r"cuda:(\d+)|device\(type='cuda', index=(\d+)\)")
+_INT_DEVICE = re.compile(r"device\s*=\s*\d|\.(?:to|cuda)\(\s*\d|'cuda',\s*\d")     # a GPU named by a bare int
+
+
+def without_device_index(text: str, index: int) -> str | None:
+    """``text`` (a graph's code, a device string) with CUDA device ``index`` written without its index
+    (``cuda:*``), for artifact keys shared by the GPUs of a node; None when the text also names another GPU, or
+    names one by a bare integer (``device=1``, ``.to(1)``: kept, as that GPU is meant whatever the caller's).
+
+    The artifact key of a graph on one GPU leaves the index out (its run plan binds it at load, see
+    gearcache/runplan/device_binding.py): the same graph on cuda:0 .. cuda:N-1 is one artifact."""
+    other = False
+
+    def replace(m: re.Match) -> str:
+        nonlocal other
+        if int(m.group(1) or m.group(2)) != index:
+            other = True
+        return "cuda:*"
+
+    out = _CUDA_INDEX.sub(replace, text)
+    return None if other or _INT_DEVICE.search(text) else out

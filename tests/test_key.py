@@ -179,3 +179,16 @@ def test_entry_key_ignores_parameter_values(tmp_path):
     assert entry_key(tmp_path, net)[0] == base
     assert entry_key(tmp_path, Net())[0] == base                      # a fresh random init
     assert entry_key(tmp_path / "elsewhere")[0] == base               # nor the cache folder
+
+
+def test_artifact_text_without_the_device_index():
+    from gearcache.key import without_device_index
+
+    code = "x = torch.ones(3, device = device(type='cuda', index={i})); y = x.to('cuda:{i}')"
+    free = {i: without_device_index(code.format(i=i), i) for i in (0, 1, 7)}
+    assert free[0] == free[1] == free[7] and "cuda:*" in free[0] and "index=" not in free[0]
+    assert without_device_index("a on cuda:1, b on cuda:0", 1) is None       # two GPUs: every index stays
+    assert without_device_index(code.format(i=2), 3) is None                  # the graph names another GPU
+    assert without_device_index('[[2, 3], "cpu"]', 0) == '[[2, 3], "cpu"]'
+    for pinned in ("y = x.to(0)", "y = torch.ones(3, device = 0)", "y = x.cuda(0)", "d = torch.device('cuda', 0)"):
+        assert without_device_index(pinned, 0) is None, pinned                # a GPU meant whatever the caller's

@@ -10,10 +10,10 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def _torchrun(nproc: int, cache: Path, out: Path, **env: str) -> list[dict]:
+def _torchrun(nproc: int, cache: Path, out: Path, *flags: str, **env: str) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(SCRIPTS / "run_tp.py"), str(cache), str(out)]
+           str(SCRIPTS / "run_tp.py"), str(cache), str(out), *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env})
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -64,6 +64,23 @@ def _other_groups_never_load(cache: Path, tmp_path: Path) -> None:
     assert errors["no_group"].startswith("ProcessGroupMismatchError") and "no initialised" in errors["no_group"]
     assert errors["one_rank_group"].startswith("ProcessGroupMismatchError")
     assert "'0'" in errors["one_rank_group"] and "[0, 1]" in errors["one_rank_group"]
+
+
+def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
+    """Four ranks, the last with a narrower shard: two distinct graphs, each compiled once across the node."""
+    cache = tmp_path / "cache"
+    cold = _torchrun(4, cache, tmp_path / "cold", "--uneven")
+    assert all(r["equal"] for r in cold)
+    assert sum(r["counters"]["compiles"] for r in cold) == 2, [r["counters"] for r in cold]
+    assert cold[3]["counters"]["compiles"] == 1, "the odd shard's graph is its own, compiled by its rank"
+    entries = {r["topology"]: json.loads(next((cache / "entries" / r["topology"]).rglob("*.json")).read_text())
+               for r in cold}
+    akeys = [entries[r["topology"]]["akey"] for r in cold]
+    assert akeys[0] == akeys[1] == akeys[2] != akeys[3]
+    assert sorted(p.name for p in (cache / "artifacts").iterdir()) == sorted(set(akeys))
+    warm = _torchrun(4, cache, tmp_path / "warm", "--uneven")
+    assert all(r["equal"] for r in warm)
+    assert all(r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 1 for r in warm)
 
 
 def test_eight_processes_racing_on_one_empty_folder(tmp_path):

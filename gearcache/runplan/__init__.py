@@ -15,6 +15,7 @@ Modules:
     kernel_records.py  the launch record of each Triton kernel, whichever launcher Inductor used for it
     loader.py          runs a plan: executes the wrapper, per-call wrapper (alignment, grad, version counters)
     collectives.py     functional collectives: their stand-ins during the check, the groups a plan is bound to
+    device_binding.py  rewrites the wrapper's GPU index literals into a name the loader binds to the live GPU
     stand_ins.py       the wrapper's ``torch._inductor`` and ``triton`` imports, served without importing them
     launch_static.py   Triton kernels through torch's static CUDA launcher (``torch._C._StaticCudaLauncher``)
     launch_driver.py   Triton kernels the static launcher cannot take (clusters, scratch memory, PDL, cooperative
@@ -24,7 +25,12 @@ Modules:
 On-disk format (``runplan/`` of an artifact folder; covered by the artifact's digests and signature)::
 
     plan.json   {"format": 1, "supported": bool, "reason": str (why not, when not supported),
-                 "device_type": "cuda" | "cpu", "device_index": int, "wrapper": "wrapper.py",
+                 "device_index": int | null,    the GPU it was compiled on (null: CPU only; in every plan)
+                 "device_free": bool,           runs on any GPU of the kind (in every plan): a CPU graph, or a
+                                                wrapper whose index literals all became ``gearcache_device_index``;
+                                                false: only the compile GPU runs it (unsupported plans on a GPU)
+                 "device_reason": str,          why a supported CUDA plan stays bound (when it does)
+                 "device_type": "cuda" | "cpu", "wrapper": "wrapper.py",
                  "wrapper_code": "wrapper.code",
                  "num_inputs": int, "num_outputs": int,
                  "inputs_to_check": [int],      inputs assumed 16-byte aligned (cloned when they are not)
@@ -42,7 +48,9 @@ On-disk format (``runplan/`` of an artifact folder; covered by the artifact's di
                             "global_scratch_align": int, "profile_scratch_size": int,
                             "profile_scratch_align": int}},
                  "cpp": {sha256 of a C++ kernel's source: path of its .so inside the artifact}}
-    wrapper.py  Inductor's generated wrapper module, run unchanged
+    wrapper.py  Inductor's generated wrapper module, run unchanged but for its device index literals, which a
+                device-free plan reads from the global ``gearcache_device_index`` (bound by the loader to the
+                caller's GPU; kernels are loaded on that GPU)
     wrapper.code  the same, compiled: the interpreter's magic number + marshalled code (skips a ~20 ms compile)
     kernels/    Triton cubins
 
@@ -52,7 +60,8 @@ character per argument passed to the cubin, in torch's static launcher's code (`
 path adds ``e`` (fp16) and ``E`` (bf16), passed as their 16-bit patterns.
 """
 from .format import ALIGNMENT, FORMAT, PLAN_DIR, RunPlanUnavailable
-from .loader import load, load_artifact
-from .writer import write_run_plan
+from .loader import WrongDevice, load, load_artifact
+from .writer import device_bound_reason, write_run_plan
 
-__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "load", "load_artifact", "write_run_plan"]
+__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "device_bound_reason", "load",
+           "load_artifact", "write_run_plan"]

@@ -2,7 +2,9 @@
 
 :func:`load_artifact` never fails where torch's loader would have worked: a plan that is missing, unsupported or
 cannot load in this process (an operator not registered, an import the stand-ins do not serve) is logged at INFO
-with the reason, and the artifact loads through torch's loader instead.
+with the reason, and the artifact loads through torch's loader instead. The one exception is another GPU than the
+artifact was compiled on: torch's loader would run it on the compile GPU, so an artifact that cannot run on the
+caller's GPU through its plan raises :class:`WrongDevice` (device binding: device_binding.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 from .. import _torch_compat as compat
 from ..counters import counters
 from .collectives import check_groups
+from .device_binding import BOUND_NAME
 from .format import ALIGNMENT, FORMAT, PLAN_DIR, WRAPPER_FILENAME, RunPlanUnavailable
 from .launch_cpp import import_cpp_kernel
 from .launch_driver import DriverLaunch
@@ -33,37 +36,60 @@ LAUNCHERS = {"static": StaticLaunch, "driver": DriverLaunch}
 """Launch paths by the name a kernel's launch record gives (``"launcher"``; absent means static)."""
 
 
-def load_artifact(folder: pathlib.Path) -> Callable[..., Any]:
+def load_artifact(folder: pathlib.Path, device_index: int | None = None) -> Callable[..., Any]:
     """Load an artifact folder: through its run plan when it has a usable one, else through torch's loader.
 
-    Returns ``fn(*graph_inputs) -> sequence of outputs``."""
-    fn = load(folder)
+    ``device_index``: the CUDA device the caller's tensors are on (None: the one the artifact was compiled on, or
+    none). A device-free plan is bound to it; an artifact that can only run on the GPU it was compiled on (a bound
+    plan, no plan, or a device-free plan this process cannot load, where torch's loader would run it on the compile
+    GPU) raises :class:`WrongDevice` for any other index. Returns ``fn(*graph_inputs) -> sequence of outputs``."""
+    plan = read_plan(folder)
+    compiled_on = (plan or {}).get("device_index")
+    other = device_index is not None and compiled_on is not None and device_index != compiled_on
+    if other and not (plan or {}).get("device_free"):
+        raise WrongDevice(f"{folder.name} is bound to cuda:{compiled_on} "
+                          f"({plan.get('device_reason') or plan.get('reason') if plan else 'no run plan'})")
+    fn = load(folder, device_index)
     if fn is not None:
         counters.direct_loads += 1
         return fn
+    if other:
+        raise WrongDevice(f"{folder.name}: its run plan cannot load in this process, and torch's loader would run "
+                          f"it on cuda:{compiled_on}")
     return compat.load_folder(folder / "inductor")
 
 
-def load(folder: pathlib.Path) -> Callable[..., Any] | None:
-    """The artifact's run plan as a callable, or None (logged at INFO: why) when it has none or it is unusable.
-    Raises ``ProcessGroupMismatchError`` when the plan's collectives name a group this process lacks or has with
-    other ranks or backend (collectives.py)."""
-    path = folder / PLAN_DIR / "plan.json"
+class WrongDevice(RuntimeError):
+    """The artifact runs only on the GPU it was compiled on, not on the caller's (compile one for this GPU)."""
+
+
+def read_plan(folder: pathlib.Path) -> dict[str, Any] | None:
+    """The artifact's ``plan.json``; None when it has none or one of another format (:func:`load` says which)."""
     try:
-        plan = json.loads(path.read_bytes())
+        plan = json.loads((folder / PLAN_DIR / "plan.json").read_bytes())
     except FileNotFoundError:
-        log.info("%s has no run plan (written by an older gearcache); loading it with torch's loader", folder)
         return None
-    if plan.get("format") != FORMAT:
-        log.info("%s: run plan format %r, this gearcache reads %d; torch's loader is used", folder,
-                 plan.get("format"), FORMAT)
+    return plan if plan.get("format") == FORMAT else None
+
+
+def load(folder: pathlib.Path, device_index: int | None = None) -> Callable[..., Any] | None:
+    """The artifact's run plan as a callable, or None (logged at INFO: why) when it has none or it is unusable.
+    A device-free plan runs on CUDA device ``device_index`` (None: the one it was compiled on). Raises
+    ``ProcessGroupMismatchError`` when the plan's collectives name a group this process lacks or has with other ranks
+    or backend (collectives.py)."""
+    plan = read_plan(folder)
+    if plan is None:
+        log.info("%s has no run plan of format %d (written by another gearcache); torch's loader is used", folder,
+                 FORMAT)
         return None
     if not plan.get("supported"):
         log.info("%s: no run plan (%s); torch's loader is used", folder, plan.get("reason"))
         return None
     check_groups(plan.get("groups", {}), f"artifact {folder.name}")      # raises: never a collective on another group
+    if device_index is None or not plan.get("device_free"):
+        device_index = int(plan.get("device_index") or 0)
     try:
-        return _Runner(folder, plan).run
+        return _Runner(folder, plan, device_index).run
     except RunPlanUnavailable as exc:
         log.info("%s: the run plan cannot load in this process (%s); torch's loader is used", folder, exc)
         return None
@@ -72,10 +98,10 @@ def load(folder: pathlib.Path) -> Callable[..., Any] | None:
 class _Runner:
     """Executes the generated wrapper with the plan's kernels and exposes ``run(*inputs)``."""
 
-    def __init__(self, folder: pathlib.Path, plan: dict[str, Any]):
-        self.folder, self.plan = folder, plan
+    def __init__(self, folder: pathlib.Path, plan: dict[str, Any], device_index: int):
+        self.folder, self.plan, self.device_index = folder, plan, device_index
         _check_ops(plan.get("ops", []))
-        kernels = _Kernels(folder, plan)
+        kernels = _Kernels(folder, plan, device_index)
         scope = self._exec_wrapper(kernels, _resolve_extern_kernels(plan.get("extern_kernels", {})))
         call = scope.get("call")
         if not callable(call):
@@ -86,7 +112,8 @@ class _Runner:
         path = self.folder / PLAN_DIR / self.plan["wrapper"]
         code = _wrapper_code(path, self.plan.get("wrapper_code"))
         scope: dict[str, Any] = {"__name__": f"gearcache_wrapper_{self.folder.name}", "__file__": str(path),
-                                 "__builtins__": builtins_with(stand_ins(kernels, extern))}
+                                 "__builtins__": builtins_with(stand_ins(kernels, extern)),
+                                 BOUND_NAME: self.device_index}      # the device a device-free wrapper runs on
         try:
             exec(code, scope)                   # defines call() and loads every kernel
         except RunPlanUnavailable:
@@ -192,8 +219,8 @@ def _clone_preserve_strides(x: torch.Tensor) -> torch.Tensor:
 class _Kernels:
     """Stands for Inductor's ``AsyncCompile`` in the wrapper: hands out the plan's kernels instead of compiling."""
 
-    def __init__(self, folder: pathlib.Path, plan: dict[str, Any]):
-        self._folder, self._plan = folder, plan
+    def __init__(self, folder: pathlib.Path, plan: dict[str, Any], device_index: int):
+        self._folder, self._plan, self._device_index = folder, plan, device_index
         self._triton = plan.get("triton", {})
         self._cpp = plan.get("cpp", {})
 
@@ -204,7 +231,7 @@ class _Kernels:
         launcher = LAUNCHERS.get(spec.get("launcher", "static"))
         if launcher is None:
             raise RunPlanUnavailable(f"{kernel_name}: launch path {spec.get('launcher')!r} unknown to this gearcache")
-        return launcher(kernel_name, spec, self._folder, int(self._plan.get("device_index", 0)))
+        return launcher(kernel_name, spec, self._folder, self._device_index)
 
     def cpp_pybinding(self, argtypes: list[str], source_code: str) -> Callable[..., Any]:
         digest = hashlib.sha256(source_code.encode()).hexdigest()

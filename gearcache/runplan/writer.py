@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from . import collectives as collectives_mod
+from .device_binding import unbind_device_index
 from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME, NoPlan, require
 from .kernel_records import triton_records
 from .loader import load
@@ -50,7 +51,9 @@ def write_run_plan(artifact: pathlib.Path, loaded: Callable[..., Any], example_i
     except Exception as exc:                                        # noqa: BLE001 - see the docstring
         log.warning("no run plan for %s: %s: %s", artifact.name, type(exc).__name__, exc, exc_info=True)
         plan = {"format": FORMAT, "supported": False, "reason": f"{type(exc).__name__}: {exc}"}
-    if not plan["supported"]:
+    if not plan["supported"]:                   # torch's loader runs it on the GPU it was compiled on
+        index = compile_device_index(example_inputs)
+        plan.update(device_index=index, device_free=index is None)
         log.info("artifact %s gets no run plan (%s): it loads with torch's loader", artifact.name, plan["reason"])
         for leftover in list(plan_dir.iterdir()):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
@@ -98,15 +101,18 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     module = _wrapper_module(fx.cache_key, folder)
     plan: dict[str, Any] = {
         "format": FORMAT, "supported": True,
-        "device_type": "cuda" if "cuda" in devices else "cpu", "device_index": next(iter(fx.device_idxs), 0),
+        "device_type": "cuda" if "cuda" in devices else "cpu",
+        "device_index": next(iter(fx.device_idxs), 0) if "cuda" in devices else None,
         "num_inputs": len(example_inputs), "num_outputs": len(reference),
         "inputs_to_check": list(fx.inputs_to_check), "mutated_inputs": mutated,
         "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
         "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
         "ops": sorted(uses["ops"]), "groups": groups,
-        "triton": triton_records(_autotuners(module), getattr(fx, "_triton_bundle", None), plan_dir), "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
+        "triton": triton_records(_autotuners(module), getattr(fx, "_triton_bundle", None), plan_dir),
+        "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
     }
-    plan.update(write_wrapper(plan_dir, source))
+    plan.update(_unbind(source, plan))
+    plan.update(write_wrapper(plan_dir, plan.pop("source")))
     (plan_dir / "plan.json").write_text(json.dumps(plan))
     fn = load(artifact)
     require(fn is not None, "gearcache's loader could not load it")
@@ -126,6 +132,20 @@ def _no_collectives():
 
 
 _COLLECTIVE_NAMESPACES = collectives_mod.OTHER_NAMESPACES | {collectives_mod.NAMESPACE}
+
+
+def device_bound_reason(gm: torch.fx.GraphModule) -> str | None:
+    """Why an artifact of the captured graph ``gm`` will get no device-free plan, when the graph alone tells (its
+    key then keeps the GPU's index from the start, so ranks compile their own at once instead of waiting for one
+    they cannot use); None otherwise. Mirrors the refusals of :func:`_build_run_plan` that the graph shows: keep it
+    in step with them."""
+    spaces = set()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            name = getattr(node.target, "_qualified_op_name", None) or node.target._schema.name
+            spaces.add(name.split("::")[0])
+    found = sorted(spaces & collectives_mod.OTHER_NAMESPACES)     # functional collectives get device-free plans
+    return f"collectives without a stand-in ({', '.join(found)})" if found else None
 
 
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
@@ -252,6 +272,25 @@ def _cpp_specs(module: Any, bound: set[tuple[str, str]], folder: pathlib.Path,
         require(len(inside) == 1, f"{name}: its library {os.path.basename(lib)} is not in the artifact")
         specs[hashlib.sha256(source.encode()).hexdigest()] = inside[0].relative_to(artifact).as_posix()
     return specs
+
+
+def compile_device_index(example_inputs: list[Any]) -> int | None:
+    """The index of the one GPU the example inputs are on; None when they are all on the CPU. (Graphs on several
+    GPUs get no plan; their index is that of the first, and they stay bound to it.)"""
+    indexes = sorted({x.device.index or 0 for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda})
+    return indexes[0] if indexes else None
+
+
+def _unbind(source: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan's device fields and its wrapper's source: CPU plans and CUDA wrappers whose device literals could
+    all be rewritten (device_binding.py) are ``device_free``; the others keep the literals and stay bound."""
+    if plan["device_type"] != "cuda":
+        return {"device_free": True, "source": source}
+    try:
+        return {"device_free": True, "source": unbind_device_index(source, plan["device_index"])}
+    except NoPlan as exc:
+        log.info("the run plan stays bound to cuda:%d (%s)", plan["device_index"], exc)
+        return {"device_free": False, "device_reason": str(exc), "source": source}
 
 
 def write_wrapper(plan_dir: pathlib.Path, source: str) -> dict[str, str]:

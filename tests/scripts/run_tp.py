@@ -1,10 +1,12 @@
 """A tensor-parallel toy under torchrun (gloo): a row-parallel linear with dist.all_reduce inside the cached method,
 followed by all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single.
 
-usage: torchrun --standalone --nproc-per-node N run_tp.py CACHE_DIR OUT_DIR
+usage: torchrun --standalone --nproc-per-node N run_tp.py CACHE_DIR OUT_DIR [--uneven]
 Each rank writes OUT_DIR/rank{r}.json: its counters, whether its output equals eager, its topology folder, and which
 of torch._dynamo / torch._inductor were imported after the first call (before the eager reference runs).
 GEARCACHE_TEST_EXTRA_GROUP=1 creates one more process group (a job whose group layout differs).
+``--uneven``: the last rank holds a narrower shard (6 input features instead of 8), as when a dim does not divide
+evenly: its graph differs from the others'.
 """
 import json
 import os
@@ -18,10 +20,10 @@ from gearcache import cache_compile, counters
 
 
 class RowParallelLinear(torch.nn.Module):
-    def __init__(self, cache_dir, rank):
+    def __init__(self, cache_dir, rank, features):
         super().__init__()
         torch.manual_seed(100 + rank)                 # different weights on every rank
-        self.shard = torch.nn.Linear(8, 4, bias=False)
+        self.shard = torch.nn.Linear(features, 4, bias=False)
         self.bias = torch.nn.Parameter(torch.randn(4))
         self.cached = cache_compile(self.fwd, cache_dir=cache_dir, tp_rank=rank)
 
@@ -50,8 +52,10 @@ def main() -> None:
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     if os.environ.get("GEARCACHE_TEST_EXTRA_GROUP"):
         dist.new_group(list(range(dist.get_world_size())))     # unused by the graph: only the job's layout differs
-    model = RowParallelLinear(cache_dir, rank).eval().to(device)
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(7 + rank)).to(device)
+    uneven = "--uneven" in sys.argv[3:] and rank == int(os.environ["WORLD_SIZE"]) - 1
+    features = 6 if uneven else 8
+    model = RowParallelLinear(cache_dir, rank, features).eval().to(device)
+    x = torch.randn(4, features, generator=torch.Generator().manual_seed(7 + rank)).to(device)
     with torch.no_grad():
         t0 = time.perf_counter()
         out = model.cached(x)
