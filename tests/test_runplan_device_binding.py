@@ -119,11 +119,21 @@ def test_loader_refuses_torchs_loader_on_another_gpu(tmp_path):
         runplan.load_artifact(folder, 1)
 
 
-def test_graphs_with_collectives_are_known_bound_before_compiling():
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    y = graph.call_function(torch.ops.aten.sin.default, (x,))
-    graph.output(graph.call_function(torch.ops._c10d_functional.all_reduce.default, (y, "sum", "0")))
-    assert "collectives (_c10d_functional)" == runplan.device_bound_reason(torch.fx.GraphModule({}, graph))
+def test_only_collectives_without_a_stand_in_are_known_bound_before_compiling():
+    """torch's functional collectives get device-free plans (runplan/collectives.py); process-group ops of other
+    namespaces get no plan, so their artifacts keep the GPU index in their key from the start."""
+    import torch.distributed  # noqa: F401 - registers torch.ops.c10d
+
+    def graph_with(op, args):
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        y = graph.call_function(torch.ops.aten.sin.default, (x,))
+        graph.output(graph.call_function(op, (y, *args)))
+        return torch.fx.GraphModule({}, graph)
+
+    functional = graph_with(torch.ops._c10d_functional.all_reduce.default, ("sum", "0"))
+    assert runplan.device_bound_reason(functional) is None
+    other = graph_with(torch.ops.c10d.allreduce_.default, ())
+    assert runplan.device_bound_reason(other) == "collectives without a stand-in (c10d)"
     plain = torch.fx.symbolic_trace(lambda x: torch.ops.aten.sin.default(x) + 1)
     assert runplan.device_bound_reason(plain) is None
