@@ -131,6 +131,7 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
         get_stable = (operator.itemgetter(*stable) if len(stable) > 1 else
                       (lambda a: (a[stable[0]],)) if stable else None)
         last = None
+        run.stable_inputs = tuple(sorted(chosen))   # type: ignore[attr-defined]
 
     def realign_one(args: list, i: int, copies: list) -> bool:
         x = args[i]
@@ -175,6 +176,8 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
     run.num_outputs = n_out                         # type: ignore[attr-defined]
     run.wrapper_call = call                         # type: ignore[attr-defined] # Inductor's call(list): benchmarks
     run.set_stable_inputs = set_stable_inputs       # type: ignore[attr-defined]
+    run.stable_inputs = ()                          # type: ignore[attr-defined]
+    run.plan = plan                                 # type: ignore[attr-defined] # benchmarks: the same wrapper
     return run
 
 
