@@ -29,6 +29,7 @@ class Counters:
     quarantined: int = 0       # artifacts moved aside after a failed digest or signature check
     evictions: int = 0         # entries evicted under config.max_size
     graph_captures: int = 0    # CUDA graphs captured (mode="reduce-overhead")
+    graph_warmups: int = 0     # runs of an entry before its capture (one per captured graph, on a side stream)
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0
