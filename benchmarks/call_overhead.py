@@ -12,8 +12,9 @@ empty (run the script twice with the same folder to time a warm process's load),
    per-call function around a ``call()`` that does nothing, building the result; and the whole hot path with that
    null ``call()``;
 3. the same null-``call()`` hot path, but each one right after a real ``call()`` (as in 1): caches, branch predictors
-   and the allocator are in the state a real call leaves them in. The gap between 1 and the sum of 2 is explained
-   when 3 matches 1.
+   and the allocator are in the state a real call leaves them in;
+4. Inductor's ``call()`` itself timed inside the loaded entry and alone (interleaved): the glue leaves caches in a
+   state that slows the ``call()`` after it. 1 is accounted for when 3 + (4's difference) matches it.
 The numbers are host time (CUDA kernels are queued asynchronously; the device is synchronised before and after).
 """
 import argparse
@@ -129,6 +130,25 @@ def main() -> None:
                     glue.append(t1 - t0)
             sync()
             r["glue_after_call_us"] = statistics.median(glue) / 1e3 - base
+            # 4. call() itself, timed inside the loaded entry and alone, interleaved: does the glue slow it down?
+            inner, alone = [], []
+            pc = time.perf_counter_ns
+
+            def timed_call(a):
+                t = pc()
+                o = call(a)
+                inner.append(pc() - t)
+                return o
+
+            entry.compiled = _null_run(run, None, timed_call)
+            for i in range(n + 200):
+                fn(x, kv, pos)
+                t0 = pc()
+                call(list(args))
+                alone.append(pc() - t0)
+            sync()
+            r["call_inside_entry_p50_us"] = statistics.median(inner[200:]) / 1e3
+            r["call_alone_p50_us"] = statistics.median(alone[200:]) / 1e3
         finally:
             entry.compiled = run
     r["counters"] = {"loads": counters.loads, "direct_loads": counters.direct_loads, "compiles": counters.compiles}
@@ -140,17 +160,20 @@ def main() -> None:
         f"{k[6:-3]} {v:.2f}" for k, v in r.items() if k.startswith("piece_")) +
         f"; sum {r['pieces_sum_us']:.2f}; whole hot path with a null call() {r['glue_isolated_us']:.2f}")
     print(f"3. whole hot path with a null call(), each right after a real call(): {r['glue_after_call_us']:.2f} us")
+    print(f"4. Inductor's call() itself, p50: inside the loaded entry {r['call_inside_entry_p50_us']:.1f} us, alone "
+          f"{r['call_alone_p50_us']:.1f} us (interleaved): {r['call_inside_entry_p50_us'] - r['call_alone_p50_us']:.2f} us "
+          f"of the paired difference is call() running slower after the glue")
     print(f"counters: {r['counters']}")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(r, f, indent=1)
 
 
-def _null_run(run, outs):
-    """The run plan's own per-call function around a ``call()`` that returns the real outputs at once."""
+def _null_run(run, outs, call=None):
+    """The run plan's own per-call function around a ``call()`` that returns the real outputs at once (or ``call``)."""
     from gearcache.runplan import loader
 
-    null = loader._make_run(lambda a: outs, run.plan)
+    null = loader._make_run(call or (lambda a: outs), run.plan)
     null.set_stable_inputs(run.stable_inputs)
     return null
 
