@@ -24,10 +24,11 @@ GEARS = [1, 2, 4, 8, 16, 32, 64]
 BATCHES = (1, 8, 32)
 
 
-def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy"):
+def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: str = "warmup"):
     from gearcache import CompilerConfig, cache_compile
 
     config = CompilerConfig(mode=mode)
+    config.inference_config.capture_graphs = capture
     config.inference_config.dim_gears = {"x": {0: GEARS}, "kv": {2: GEARS}}
     config.inference_config.graph_outputs = outputs
 
@@ -60,33 +61,39 @@ def step_us(fn, inputs) -> float:
     return statistics.median(per_step)
 
 
-def warm_child(cache_dir: str) -> None:
-    """A fresh process: load every gear and capture its graph; print the time and counters as JSON."""
+def warm_child(cache_dir: str, capture: str) -> None:
+    """A fresh process: load every gear and capture its graph (``capture="warmup"``), or load every gear and capture
+    only B=1's on its first call (``"first_call"``); print the times and counters as JSON."""
     import torch
 
     import reference_decoder as ref
     from gearcache import counters
 
-    model = make_cached(ref, "reduce-overhead", cache_dir)
+    model = make_cached(ref, "reduce-overhead", cache_dir, capture=capture)
     x, kv, pos = ref.inputs(64, "cuda", torch.bfloat16)
+    one = ref.inputs(1, "cuda", torch.bfloat16)
     torch.cuda.synchronize()
     with torch.inference_mode():
         t0 = time.perf_counter()
         model.cached_decode.warmup(x, kv, pos)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    print(json.dumps({"warm_all_gears_s": dt, "counters": dict(vars(counters)),
+        t0 = time.perf_counter()
+        model.cached_decode(*one)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+    print(json.dumps({"warm_all_gears_s": dt, "first_call_b1_s": first, "counters": dict(vars(counters)),
                       "compiler_imported": "torch._inductor" in sys.modules or "torch._dynamo" in sys.modules}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", default=None)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("warmup", "first_call"), help=argparse.SUPPRESS)
     opts = ap.parse_args()
     cache_dir = opts.cache_dir or tempfile.mkdtemp(prefix="gearcache-decode-")
     if opts.child:
-        return warm_child(cache_dir)
+        return warm_child(cache_dir, opts.child)
     import torch
 
     import reference_decoder as ref
@@ -144,9 +151,12 @@ def main() -> None:
     empty = tempfile.mkdtemp()
     env.update(TORCHINDUCTOR_CACHE_DIR=os.path.join(empty, "i"), TRITON_CACHE_DIR=os.path.join(empty, "t"),
                PYTHONPYCACHEPREFIX=os.path.join(tempfile.gettempdir(), "gearcache-pyc"))
-    out = subprocess.run([sys.executable, __file__, "--child", "--cache-dir", cache_dir], capture_output=True,
-                         text=True, env=env, check=True)
-    warm = json.loads(out.stdout.strip().splitlines()[-1])
+    children = {}
+    for capture in ("warmup", "first_call"):
+        out = subprocess.run([sys.executable, __file__, "--child", capture, "--cache-dir", cache_dir],
+                             capture_output=True, text=True, env=env, check=True)
+        children[capture] = json.loads(out.stdout.strip().splitlines()[-1])
+    warm, lazy = children["warmup"], children["first_call"]
 
     print(f"decode step, reference decoder bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'path':34}" + "".join(f"{'B=' + str(b):>11}" for b in BATCHES) + "   (us per step, median)")
@@ -166,7 +176,12 @@ def main() -> None:
           f"{warm['warm_all_gears_s']:.2f} s (loads {warm['counters']['loads']}, of which through run plans "
           f"{warm['counters']['direct_loads']}; compiles {warm['counters']['compiles']}, traces "
           f"{warm['counters']['traces']}, captures {warm['counters']['graph_captures']}, capture alone "
-          f"{warm['counters']['capture_seconds']:.2f} s; torch's compiler imported: {warm['compiler_imported']})")
+          f"{warm['counters']['capture_seconds']:.2f} s, warm-up runs {warm['counters']['graph_warmups']}, loading alone "
+          f"{warm['counters']['load_seconds']:.2f} s; torch's compiler imported: {warm['compiler_imported']}); then "
+          f"the first call at B=1 {warm['first_call_b1_s'] * 1e3:.1f} ms")
+    print(f"the same with capture_graphs='first_call': every gear loaded in {lazy['warm_all_gears_s']:.2f} s "
+          f"(captures {lazy['counters']['graph_captures'] - 1} at warm-up); the first call at B=1, which captures its "
+          f"gear, {lazy['first_call_b1_s'] * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, faults, gears, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, runplan, warmup
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -176,7 +176,11 @@ class CachedFunction:
             return 1
         combos = plan.combinations()
         warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers)
-        call = self.graphs.call if self.graphs is not None else self._call_geared   # graphs: capture them now
+        call = self._call_geared
+        if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
+            combos = cuda_graphs.capture_order(combos)
+            lazy = self.config.inference_config.capture_graphs == "first_call"
+            call = self.graphs.prepare if lazy else self.graphs.call
         for sizes in combos:
             gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
             call(plan, gear_leaves, signature.rekey(key, gear_leaves))

@@ -67,6 +67,14 @@ class InferenceConfig(BaseModel):
     (no copy; the next call of the same gear overwrites them), or such views checked for misuse (a debug mode: reading
     a view after the next call of its gear raises an error naming the fix; a few µs per call)."""
 
+    capture_graphs: Literal["warmup", "first_call"] = "warmup"
+    """Under mode="reduce-overhead", when each gear's CUDA graph is captured. ``"warmup"``: ``warmup()`` loads every
+    gear's entry and captures every graph, largest gear first (one shared memory pool; a warm start pays the capture
+    of all gears, and no call ever captures). ``"first_call"``: ``warmup()`` only loads the entries; each gear is
+    captured on its first call (a faster warm start, and memory only for the gears a workload uses, but that first
+    call pays one warm-up run plus the capture, a few ms, and gears captured smallest first may grow the pool more
+    than largest first would)."""
+
     verify_padding: bool = False
     """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""
 

@@ -20,6 +20,7 @@ place (``load_state_dict`` and ``.copy_()`` do); replacing a Parameter object ne
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 from . import _torch_compat as compat
 from . import signature
 from .counters import counters
+from .entry import Entry
 from .errors import ConfigError, UnsupportedInputError
 
 log = logging.getLogger("gearcache")
@@ -84,8 +86,9 @@ class CudaGraphs:
 
     def __init__(self, cached: Any):
         self.cached = cached
-        self.pool = None
+        self.pool = None                                # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
+        self._side = self._capture_stream = None
 
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
@@ -130,9 +133,19 @@ class CudaGraphs:
                 parts.append((type(leaf), leaf))
         return (key[0], key[1], *parts)
 
+    def prepare(self, plan: Any, leaves: tuple, key: tuple) -> Entry:
+        """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
+        targets = plan.targets(leaves) if plan is not None else None
+        static_leaves = plan.pad(leaves, targets) if targets is not None else leaves
+        skey = signature.rekey(key, static_leaves)
+        return self.cached._table.get(skey) or self.cached._miss(
+            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+
     def _capture(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
-        """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it."""
-        t0 = time.perf_counter()
+        """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it.
+
+        Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
+        """
         pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
         static_leaves = list(leaves)
         copies, static_ptrs = [], []
@@ -158,20 +171,15 @@ class CudaGraphs:
         entry = self.cached._table.get(skey) or self.cached._miss(
             *signature.unflatten(key[0], static_leaves), static_leaves, skey)
         graphed.entry = entry
+        t0 = time.perf_counter()
+        _refuse_unmarked_writes(entry, copies)
         # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
         saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
         self._warm_up(entry, static_leaves, copies)
         for tensor, before in saved:
             tensor.copy_(before)
-        graph = torch.cuda.CUDAGraph()
         _fill(graphed, leaves)
-        # "thread_local", as torch's CUDA-graph trees capture: other threads (NCCL's watchdog, which queries events of
-        # the collectives a TP graph captures) may keep calling CUDA while this thread captures.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            outs = entry.compiled(*entry.gather(static_leaves))
-        if self.pool is None:
-            self.pool = graph.pool()
-        graphed.graph, graphed.outs = graph, list(outs)
+        graphed.graph, graphed.outs = self._record(entry, static_leaves)
         dt = time.perf_counter() - t0
         counters.graph_captures += 1
         counters.capture_seconds += dt
@@ -179,21 +187,79 @@ class CudaGraphs:
                  [tuple(b.shape) for _, b, _ in copies], dt)
         return graphed
 
-    @staticmethod
-    def _warm_up(entry: Any, static_leaves: tuple, copies: list) -> None:
-        """Run the entry on a side stream (as CUDA graph capture requires) and refuse inputs it writes to."""
-        before = [buf.clone() for _, buf, _ in copies]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            entry.compiled(*entry.gather(static_leaves))
-        torch.cuda.current_stream().wait_stream(stream)
+    def _streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+        """The side stream of warm-up runs and the capture stream, made once per method (not once per gear)."""
+        if self._side is None:
+            self._side, self._capture_stream = torch.cuda.Stream(), torch.cuda.Stream()
+        return self._side, self._capture_stream
+
+    def _record(self, entry: Any, static_leaves: tuple) -> tuple[torch.cuda.CUDAGraph, list]:
+        """Capture one run of ``entry`` into the method's shared memory pool.
+
+        ``torch.cuda.graph`` would also empty the allocator's cache before every capture (so the next gear's buffers
+        are allocated from the driver again) and, where ``force_cudagraph_gc`` is set, run the garbage collector:
+        capturing gears one after another needs neither. What it does that matters is done here: the device is idle
+        before capture begins, and the capture runs on a stream of its own."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()     # every gear of the method allocates from this one pool
+        _, stream = self._streams()
+        graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
+        # "thread_local", as torch's CUDA-graph trees capture: other threads (NCCL's watchdog, which queries events of
+        # the collectives a TP graph captures) may keep calling CUDA while this thread captures.
+        with torch.cuda.stream(stream):
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                outs = entry.compiled(*entry.gather(static_leaves))
+            finally:
+                graph.capture_end()
+        return graph, list(outs)
+
+    def _warm_up(self, entry: Any, static_leaves: tuple, copies: list) -> None:
+        """Run the entry once on a side stream before its capture (as CUDA graph capture requires: lazy
+        initialisation, cuBLAS workspaces and first kernel loads must not happen while capturing). An entry without a
+        run plan does not say which inputs it writes: for it, this run also refuses writes to copied inputs."""
+        counters.graph_warmups += 1
+        known = _mutated_leaves(entry) is not None
+        before = [] if known else [buf.clone() for _, buf, _ in copies]
+        side, _ = self._streams()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            entry.compiled(*entry.gather(static_leaves))
+        torch.cuda.current_stream().wait_stream(side)
         for (i, buf, _), old in zip(copies, before):
             if not torch.equal(buf, old):
-                raise UnsupportedInputError(
-                    f"the method writes to its input {i} in place; under CUDA graphs that input must keep its storage. "
-                    f"Fix: gearcache.mark_static_address(tensor) on it (and pass the same tensor on every call)")
+                raise UnsupportedInputError(_write_message(i))
+
+
+def capture_order(combinations: list[list[int]]) -> list[list[int]]:
+    """The order ``warmup`` captures gears in: largest first (by padded elements, then sizes), so the graphs of the
+    smaller gears reuse blocks the larger ones freed into the shared pool instead of growing it."""
+    return sorted(combinations, key=lambda sizes: (math.prod(sizes), sizes), reverse=True)
+
+
+def _mutated_leaves(entry: Any) -> list[int] | None:
+    """Call leaves that the entry's graph writes in place, from its run plan (``mutated_inputs``); None when the
+    entry was loaded without a plan (then only a run can tell)."""
+    plan = getattr(entry.compiled, "plan", None)
+    if plan is None:
+        return None
+    inputs = entry.manifest["inputs"]
+    return [int(inputs[j][1]) for j in plan.get("mutated_inputs", ()) if inputs[j][0] == "leaf"]
+
+
+def _refuse_unmarked_writes(entry: Any, copies: list) -> None:
+    """Refuse, before any run, an entry whose run plan says it writes a copied (not static-address) input."""
+    mutated = _mutated_leaves(entry)
+    copied = {i for i, _, _ in copies}
+    for i in mutated or ():
+        if i in copied:
+            raise UnsupportedInputError(_write_message(i))
+
+
+def _write_message(i: int) -> str:
+    return (f"the method writes to its input {i} in place; under CUDA graphs that input must keep its storage. "
+            f"Fix: gearcache.mark_static_address(tensor) on it (and pass the same tensor on every call)")
 
 
 def _target_shape(plan: Any, leaves: tuple, targets: list[int], i: int) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 
 
 class Entry:
-    __slots__ = ("compiled", "gather", "build", "manifest", "hits")
+    __slots__ = ("_compiled", "_run_list", "gather", "build", "manifest", "hits")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any]):
         self.compiled = compiled
@@ -26,8 +26,19 @@ class Entry:
         if stable is not None:
             stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
 
+    @property
+    def compiled(self) -> Callable[..., Any]:
+        """``compiled(*graph_inputs) -> outputs``: the loaded artifact (a run plan's ``run``, or torch's callable)."""
+        return self._compiled
+
+    @compiled.setter
+    def compiled(self, fn: Callable[..., Any]) -> None:
+        self._compiled = fn
+        # A run plan takes the gathered list itself (no unpacking into arguments and copying back into a list).
+        self._run_list = getattr(fn, "run_list", None) or (lambda args: fn(*args))
+
     def __call__(self, leaves: tuple) -> Any:
-        return self.build(self.compiled(*self.gather(leaves)), leaves)
+        return self.build(self._run_list(self.gather(leaves)), leaves)
 
 
 def _state_dict_for(module: torch.nn.Module, name: str) -> tuple[dict, str]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gearcache
-from gearcache import CompilerConfig, counters, mark_static_address
+from gearcache import CompilerConfig, counters, cuda_graphs, mark_static_address
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 
@@ -40,6 +40,58 @@ def test_reduce_overhead_on_cpu_inputs_runs_the_same_entries(tmp_path):
         out, total = m.cached(x)
     torch.testing.assert_close(out, m.fwd(x)[0])
     assert counters.graph_captures == 0
+
+
+def test_capture_order_is_largest_gear_first():
+    assert cuda_graphs.capture_order([[1], [2], [4], [8]]) == [[8], [4], [2], [1]]
+    assert cuda_graphs.capture_order([[1, 8], [2, 2], [8, 1], [4, 4]]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
+
+
+def test_run_plan_tells_which_inputs_a_graph_writes_so_capture_refuses_them_without_a_run(tmp_path):
+    """The KV step's entry (compiled on CPU) writes its input 1 in place: a capture copying that input into a buffer
+    of its own is refused from the run plan alone; once the input is static-address (not copied) it is accepted."""
+    m = Step(tmp_path, _config())
+    x, kv, pos = torch.randn(2, 1, 8), torch.zeros(2, 4, 8), torch.tensor([0])
+    with torch.no_grad():
+        m.cached_kv(x, kv, pos)
+    entry = next(iter(m.cached_kv._table.values()))
+    assert counters.direct_loads >= 1 and cuda_graphs._mutated_leaves(entry) == [1]
+    with pytest.raises(gearcache.UnsupportedInputError, match="mark_static_address"):
+        cuda_graphs._refuse_unmarked_writes(entry, [(0, x, 0.0), (1, kv, 0.0)])
+    cuda_graphs._refuse_unmarked_writes(entry, [(0, x, 0.0)])
+
+
+@needs_cuda
+def test_warmup_captures_every_gear_once_largest_first_in_one_pool(tmp_path):
+    m = Step(tmp_path, _config(x={0: [1, 2, 4, 8]})).cuda()
+    with torch.inference_mode():
+        start = counters.snapshot()
+        assert m.cached.warmup(torch.zeros(8, 8, device="cuda")) == 4
+        grown = counters.delta(start)
+        assert grown["graph_captures"] == 4 and grown["graph_warmups"] == 4
+        graphed = list(m.cached.graphs.graphs.values())
+        assert [g.copies[0][1].shape[0] for g in graphed] == [8, 4, 2, 1], "largest gear captured first"
+        assert all(g.graph.pool() == m.cached.graphs.pool for g in graphed), "one memory pool for every gear"
+        with counters.expect(graph_captures=0, graph_warmups=0):
+            m.cached.warmup(torch.zeros(8, 8, device="cuda"))        # nothing captured twice
+            for n in range(1, 9):
+                x = torch.randn(n, 8, device="cuda")
+                torch.testing.assert_close(m.cached(x)[0], m.fwd(x)[0])
+
+
+@needs_cuda
+def test_lazy_capture_loads_at_warmup_and_captures_each_gear_on_its_first_call(tmp_path):
+    cfg = _config(x={0: [1, 2, 4, 8]})
+    cfg.inference_config.capture_graphs = "first_call"
+    m = Step(tmp_path, cfg).cuda()
+    with torch.inference_mode():
+        with counters.expect(graph_captures=0):
+            assert m.cached.warmup(torch.zeros(8, 8, device="cuda")) == 4
+        assert m.cached.entries == 4
+        with counters.expect(graph_captures=2, compiles=0, traces=0):
+            for n in (3, 4, 1, 3):                 # gears 4, 4, 1, 4: two captures
+                x = torch.randn(n, 8, device="cuda")
+                torch.testing.assert_close(m.cached(x)[0], m.fwd(x)[0])
 
 
 @needs_cuda

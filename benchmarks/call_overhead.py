@@ -1,0 +1,182 @@
+"""Per-call overhead above Inductor's generated ``call()``, measured end to end and piece by piece.
+
+    PYTHONPATH=$PWD python3 benchmarks/call_overhead.py [--device cuda|cpu] [--calls 5000] [--cache-dir DIR]
+
+The reference decoder's decode at B=1 (CUDA: hidden 1024, 8 layers, bf16; CPU: hidden 64, 2 layers, fp32, so the
+compute between calls stays small and the pairs less noisy). Its entry is compiled into ``--cache-dir`` if that is
+empty (run the script twice with the same folder to time a warm process's load), then:
+
+1. paired end to end: the loaded entry ``fn(x, kv, pos)`` and Inductor's ``call(list(args))`` on the same inputs,
+   interleaved (the order alternates every pair), p50 of each and the median of the paired differences;
+2. the pieces, isolated (tight loops, p50): signature key, table lookup, gathering the graph inputs, the run plan's
+   per-call function around a ``call()`` that does nothing, building the result; and the whole hot path with that
+   null ``call()``;
+3. the same null-``call()`` hot path, but each one right after a real ``call()`` (as in 1): caches, branch predictors
+   and the allocator are in the state a real call leaves them in;
+4. Inductor's ``call()`` itself timed inside the loaded entry and alone (interleaved): the glue leaves caches in a
+   state that slows the ``call()`` after it. 1 is accounted for when 3 + (4's difference) matches it.
+The numbers are host time (CUDA kernels are queued asynchronously; the device is synchronised before and after).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _timing import p50_us  # noqa: E402
+
+CPU_SIZES = {"A_D": "64", "A_H": "2", "A_L": "2", "A_V": "128", "A_TMAX": "32"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--cache-dir", default=None, help="gearcache folder (default: a new temporary one)")
+    ap.add_argument("--json", help="also write the results as JSON here")
+    opts = ap.parse_args()
+    import torch
+
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        for k, v in CPU_SIZES.items():
+            os.environ.setdefault(k, v)
+    import reference_decoder as ref
+    from gearcache import cache_compile, counters
+    from gearcache.signature import call_key
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    cache_dir = opts.cache_dir or tempfile.mkdtemp(prefix="gearcache-overhead-")
+
+    class CachedGPT(ref.GPT):
+        def __init__(self):
+            super().__init__()
+            self.cached_decode = cache_compile(self.decode, cache_dir=cache_dir)
+
+    torch.manual_seed(0)
+    model = CachedGPT().to(device, dtype).eval()
+    fn = model.cached_decode
+    x, kv, pos = ref.inputs(1, device, dtype)
+    n = opts.calls
+    r = {}
+    with torch.inference_mode():
+        fn(x, kv, pos)
+        sync()
+        leaves, key = call_key((x, kv, pos), {})
+        entry = fn._table[key]
+        run = entry.compiled
+        call = getattr(run, "wrapper_call", None)
+        if call is None:
+            raise SystemExit("the entry did not load through a run plan: no Inductor call() to compare with")
+        args = entry.gather(leaves)
+        outs = run(*args)
+
+        # 1. paired end to end
+        e_t, c_t, diffs = [], [], []
+        for i in range(n + 200):
+            if i % 2:
+                t0 = time.perf_counter_ns()
+                fn(x, kv, pos)
+                t1 = time.perf_counter_ns()
+                call(list(args))
+                t2 = time.perf_counter_ns()
+                e, c = t1 - t0, t2 - t1
+            else:
+                t0 = time.perf_counter_ns()
+                call(list(args))
+                t1 = time.perf_counter_ns()
+                fn(x, kv, pos)
+                t2 = time.perf_counter_ns()
+                c, e = t1 - t0, t2 - t1
+            if i >= 200:
+                e_t.append(e)
+                c_t.append(c)
+                diffs.append(e - c)
+        sync()
+        r["entry_p50_us"] = statistics.median(e_t) / 1e3
+        r["call_p50_us"] = statistics.median(c_t) / 1e3
+        r["paired_diff_p50_us"] = statistics.median(diffs) / 1e3
+
+        # 2. pieces, isolated
+        def p50(f):
+            return p50_us(f, n, sync)
+
+        base = p50(lambda: None)
+        null_run = _null_run(run, outs)
+        r["piece_key_us"] = p50(lambda: call_key((x, kv, pos), {})) - base
+        table = fn._table
+        r["piece_lookup_us"] = p50(lambda: table.get(key)) - base
+        r["piece_gather_us"] = p50(lambda: entry.gather(leaves)) - base
+        r["piece_run_plan_us"] = p50(lambda: null_run(*args)) - p50(lambda: list(args))
+        build = entry.build
+        r["piece_build_us"] = p50(lambda: build(outs, leaves)) - base
+        r["pieces_sum_us"] = sum(v for k, v in r.items() if k.startswith("piece_"))
+        entry.compiled = null_run
+        try:
+            r["glue_isolated_us"] = p50(lambda: fn(x, kv, pos)) - base
+            # 3. the same glue, each right after a real call()
+            glue = []
+            for i in range(n + 200):
+                call(list(args))
+                t0 = time.perf_counter_ns()
+                fn(x, kv, pos)
+                t1 = time.perf_counter_ns()
+                if i >= 200:
+                    glue.append(t1 - t0)
+            sync()
+            r["glue_after_call_us"] = statistics.median(glue) / 1e3 - base
+            # 4. call() itself, timed inside the loaded entry and alone, interleaved: does the glue slow it down?
+            inner, alone = [], []
+            pc = time.perf_counter_ns
+
+            def timed_call(a):
+                t = pc()
+                o = call(a)
+                inner.append(pc() - t)
+                return o
+
+            entry.compiled = _null_run(run, None, timed_call)
+            for i in range(n + 200):
+                fn(x, kv, pos)
+                t0 = pc()
+                call(list(args))
+                alone.append(pc() - t0)
+            sync()
+            r["call_inside_entry_p50_us"] = statistics.median(inner[200:]) / 1e3
+            r["call_alone_p50_us"] = statistics.median(alone[200:]) / 1e3
+        finally:
+            entry.compiled = run
+    r["counters"] = {"loads": counters.loads, "direct_loads": counters.direct_loads, "compiles": counters.compiles}
+    print(f"per-call overhead, {device}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {n} calls, decode B=1")
+    print(f"1. paired end to end: loaded entry p50 {r['entry_p50_us']:.1f} us, Inductor's call() p50 "
+          f"{r['call_p50_us']:.1f} us; median of paired differences {r['paired_diff_p50_us']:.2f} us")
+    print("2. pieces, isolated (p50, us): " + ", ".join(
+        f"{k[6:-3]} {v:.2f}" for k, v in r.items() if k.startswith("piece_")) +
+        f"; sum {r['pieces_sum_us']:.2f}; whole hot path with a null call() {r['glue_isolated_us']:.2f}")
+    print(f"3. whole hot path with a null call(), each right after a real call(): {r['glue_after_call_us']:.2f} us")
+    print(f"4. Inductor's call() itself, p50: inside the loaded entry {r['call_inside_entry_p50_us']:.1f} us, alone "
+          f"{r['call_alone_p50_us']:.1f} us (interleaved): {r['call_inside_entry_p50_us'] - r['call_alone_p50_us']:.2f} us "
+          f"of the paired difference is call() running slower after the glue")
+    print(f"counters: {r['counters']}")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(r, f, indent=1)
+
+
+def _null_run(run, outs, call=None):
+    """The run plan's own per-call function around a ``call()`` that returns the real outputs at once (or ``call``)."""
+    from gearcache.runplan import loader
+
+    null = loader._make_run(call or (lambda a: outs), run.plan)
+    null.set_stable_inputs(run.stable_inputs)
+    return null
+
+
+if __name__ == "__main__":
+    main()
