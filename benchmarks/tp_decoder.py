@@ -116,22 +116,34 @@ def phase(args) -> dict:
         model.cached_decode(*one)
         ex.sync(device)
         out["first_call_s"] = time.perf_counter() - t0
+        _progress(f"{args.phase}: first call {out['first_call_s']:.3f} s")
         model.cached_decode.warmup(*largest)
         ex.sync(device)
         out["decode_all_gears_s"] = time.perf_counter() - t0
+        _progress(f"{args.phase}: decode gears {out['decode_all_gears_s']:.2f} s")
         model.cached_prefill.warmup(*prompts)
         ex.sync(device)
         out["all_gears_s"] = time.perf_counter() - t0
+        _progress(f"{args.phase}: all gears {out['all_gears_s']:.2f} s")
         out["compiler_imported"] = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
         out["counters_after_warmup"] = dict(vars(counters))
         del largest, prompts
         if args.phase == "warm":
             out.update(sweep(ex, model, sizes, device, dtype, args))
+            _progress(f"sweep: failures {out['sweep_failures']}, compiles {out['sweep_compiles']}")
             out["step_us_b1"] = steps(model, one, device)
+            _progress(f"decode step B=1 (us): {out['step_us_b1']}")
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, out)
     dist.destroy_process_group()
     return {"phase": args.phase, "ranks": reports}
+
+
+def _progress(line: str) -> None:
+    """One line on stderr per finished step of a phase (the parent passes stderr through: a long run shows where it is)."""
+    import torch.distributed as dist
+
+    print(f"[rank {dist.get_rank()}] {line}", file=sys.stderr, flush=True)
 
 
 def sweep(ex, model, sizes, device: str, dtype, args) -> dict:
@@ -185,11 +197,11 @@ def run_phase(args, name: str) -> dict:
            "--gears", ",".join(map(str, args.gears)), "--prompt-len", str(args.prompt_len),
            "--sweep-max", str(args.sweep_max)] + (["--toy"] if args.toy else [])
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)      # stderr: the ranks' progress
     wall = time.perf_counter() - t0
     shutil.rmtree(caches, ignore_errors=True)
     if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-12000:])
+        sys.stderr.write(proc.stdout[-4000:])
         raise SystemExit(f"phase {name}: torchrun exited {proc.returncode}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     report["job_wall_s"] = wall
