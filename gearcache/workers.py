@@ -72,12 +72,12 @@ def build_input(spec: list) -> Any:
         return spec[1]
     _, shape, stride, offset, dtype, device, requires_grad, is_parameter, is_inference = spec
     needed = offset + sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else offset
-    with torch.inference_mode(is_inference):
+    with torch.inference_mode(is_inference):       # a parameter made under inference mode is an inference tensor
         base = torch.zeros(max(needed, 0), dtype=getattr(torch, dtype), device=device)
         t = base.as_strided(shape, stride, offset)
-    if is_parameter:
-        return torch.nn.Parameter(t, requires_grad=requires_grad)
-    return t.requires_grad_(requires_grad) if requires_grad else t
+        if is_parameter:
+            return torch.nn.Parameter(t, requires_grad=requires_grad)
+        return t.requires_grad_(requires_grad) if requires_grad else t
 
 
 # --------------------------------------------------------------------------------------------------- worker side

@@ -38,7 +38,8 @@ def test_worker_inputs_keep_the_metadata():
     param = torch.nn.Parameter(torch.randn(3, 2))
     with torch.inference_mode():
         inf = torch.randn(2)
-    for x in (view, param, inf, base.t()):
+        inf_param = torch.nn.Parameter(torch.randn(4))        # a model built under inference mode
+    for x in (view, param, inf, inf_param, base.t()):
         y = build_input(input_spec(x))
         assert (y.shape, y.stride(), y.storage_offset(), y.dtype, y.device) == \
                (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device)
