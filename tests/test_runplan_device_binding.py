@@ -47,6 +47,22 @@ def test_kernel_sources_and_benchmark_block_are_left_alone():
     assert text.count(BOUND_NAME) == 5
 
 
+def test_the_docstring_torch_2_11_opens_the_wrapper_with_is_left_alone():
+    """torch 2.11 (H200, 2026-11-22) starts the CUDA wrapper with a docstring quoting its compile-time auto-tuning
+    code, device strings included: a bare string runs nothing, so it neither blocks the rewrite nor is rewritten."""
+    docstring = '''r"""
+Compile-time auto-tuning block:
+
+with torch.cuda._DeviceGuard(1):
+    stream1 = get_raw_stream(1)
+buf1 = generate_example_value((8, 32), (32, 1), 'cuda:1', torch.float32, 0, (8, 32))
+"""
+'''
+    text = unbind_device_index(docstring + _on(1), 1)
+    assert text.startswith(docstring)
+    assert _live(text) == _live(unbind_device_index(_on(1), 1))
+
+
 def test_rewritten_call_runs_with_the_bound_index():
     """The rewritten device lines, executed with the name bound, do what Inductor's lines do for that index."""
     snippet = ("def call():\n    d = device(type='cuda', index=1)\n    s = 'cuda:1'\n"

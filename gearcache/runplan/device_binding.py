@@ -18,8 +18,9 @@ GPU's index in one of the forms above (a graph on two GPUs), an integer passed t
 of a device or a stream, a ``cuda:N`` inside a longer string. The artifact then stays bound to the GPU it was
 compiled on (its plan says ``"device_free": false``) and its entries keep the device index in their artifact key.
 Not looked at, because nothing in them runs at load: the Triton kernels' sources (``async_compile.triton(...)``:
-their metadata names the compile device, the plan loads their cubins on the live one), ``benchmark_compiled_module``
-and the ``if __name__ == "__main__":`` block.
+their metadata names the compile device, the plan loads their cubins on the live one), ``benchmark_compiled_module``,
+the ``if __name__ == "__main__":`` block and bare strings (torch 2.11 opens the wrapper with a docstring quoting its
+compile-time auto-tuning code, ``'cuda:0'`` and all).
 """
 from __future__ import annotations
 
@@ -107,6 +108,8 @@ def _live_nodes(tree: ast.Module) -> Iterator[ast.AST]:
             continue
         if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
             continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue            # a bare string: torch 2.11 opens the wrapper with its auto-tuning block as a docstring
         if isinstance(node, ast.Call) and _callee(node.func) == "triton" and \
                 _callee(getattr(node.func, "value", node.func)) == "async_compile":
             continue
