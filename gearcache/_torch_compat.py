@@ -208,8 +208,11 @@ def cpp_kernel_env_value() -> str:
 
 def load_cubin(path: str, function: str, shared: int, device: int) -> int:
     """Load a kernel from a cubin with torch's static CUDA launcher; returns the function handle. torch 2.11 returns
-    ``(function, n_regs, n_spills)``, 2.13 ``(module, function, n_regs, n_spills)``."""
-    return torch._C._StaticCudaLauncher._load_kernel(path, function, shared, device)[-3]
+    ``(function, n_regs, n_spills)``, 2.13 ``(module, function, n_regs, n_spills)``. Loaded under a guard of
+    ``device``: a thread whose current device is another (a warm-up thread of rank 1 is on cuda:0) would otherwise
+    get a handle of the wrong context ("invalid resource handle" at launch, seen on 2 H200s)."""
+    with torch.cuda.device(device):     # the module is loaded into the current context: make it the device's
+        return torch._C._StaticCudaLauncher._load_kernel(path, function, shared, device)[-3]
 
 
 def cubin_launcher() -> Callable[..., None]:
