@@ -32,6 +32,7 @@ from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
 from .key import FORMAT_VERSION, build_key, decompositions_factor, sha256_text, source_digest
 from .store import Store
+from .timeline import Timeline
 from .topology import Topology
 
 log = logging.getLogger("gearcache")
@@ -56,6 +57,7 @@ class CachedFunction:
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
+        self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -172,13 +174,15 @@ class CachedFunction:
             self(*args, **kwargs)
             return 1
         combos = plan.combinations()
-        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers)
+        self.warmup_timeline = timeline = Timeline()
+        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline)
         call = self.graphs.call if self.graphs is not None else self._call_geared   # graphs: capture them now
         for sizes in combos:
-            gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
-            call(plan, gear_leaves, signature.rekey(key, gear_leaves))
-            if self.config.inference_config.verify_padding:
-                self._verify_gear(plan, leaves, key, sizes)
+            with timeline.span(f"gear {sizes}", "first run"):
+                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+                call(plan, gear_leaves, signature.rekey(key, gear_leaves))
+                if self.config.inference_config.verify_padding:
+                    self._verify_gear(plan, leaves, key, sizes)
         return len(combos)
 
     def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
