@@ -6,13 +6,19 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
-1. start ``n`` worker processes (``gearcache/workers.py``); their imports overlap step 2;
-2. in the calling thread, for each gear in rank order: look its entry up (a stored entry is loaded, as on a miss);
-   else capture it with Dynamo (it needs the live module) and key its artifact, then hand it to a thread that
-   publishes the artifact exactly as a miss does (``faults.publish_or_fallback``: artifact lock, private build folder,
-   digests, atomic rename), its build step sending the graph to an idle worker. The worker compiles; the thread then
-   loads the folder and writes the run plan from the real example inputs (a short step, serialised with captures);
-3. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``).
+1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
+2. if several are missing, start ``n`` worker processes (``gearcache/workers.py``) before the first capture: their
+   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3;
+3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
+   artifact, then hand it to a thread that publishes the artifact exactly as a miss does
+   (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
+   sending the graph to an idle worker. The worker compiles; the thread then loads the folder and writes the run
+   plan from the real example inputs (``compiler.finish_artifact``: one at a time, on their own lock, beside the
+   captures; a fallback compile in this process takes both locks);
+4. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``); the
+   workers are told to exit and reaped in the background.
+
+Every phase is recorded in a :class:`~gearcache.timeline.Timeline` (``CachedFunction.warmup_timeline``).
 
 A graph a worker cannot take (torch cannot pickle one of its calls) or fails on is compiled in the calling
 process instead, so the result is that of the serial path: the same keys, artifacts, entries and run plans.
@@ -175,8 +181,9 @@ def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int
             with timeline.span(who, "complete entry"):
                 cf._remember(gkey, cf._complete_entry(p, folder, built))
     finally:
-        threads.shutdown(wait=True, cancel_futures=True)
-        pool.close()
+        with timeline.span("all", "close workers"):
+            threads.shutdown(wait=True, cancel_futures=True)
+            pool.close(wait=False)      # their exit (compile pools shutting down) overlaps the first runs
 
 
 def _call_inputs(cf: "CachedFunction", leaves: tuple) -> list[Any]:

@@ -28,6 +28,7 @@ import queue
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, BinaryIO
@@ -174,12 +175,20 @@ class WorkerPool:
             raise WorkerError(reply["error"])
         return {**reply, "worker": self._all.index(proc)}
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Close the workers' stdin (they exit when it closes) and reap them; ``wait=False`` reaps them in a
+        daemon thread instead, so the caller goes on while they shut their compile pools down (about a second)."""
         for proc in self._all:
             try:
                 proc.stdin.close()
             except OSError:
                 pass
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="gearcache-warmup-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
         for proc in self._all:
             try:
                 proc.wait(timeout=60)
