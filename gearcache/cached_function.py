@@ -168,13 +168,14 @@ class CachedFunction:
         processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). With
         ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
         input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
-        leaves, key = signature.call_key(args, kwargs)
-        plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+        self.warmup_timeline = timeline = Timeline()
+        with timeline.span("all", "signature and gears"):
+            leaves, key = signature.call_key(args, kwargs)
+            plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
         if plan is None:
             self(*args, **kwargs)
             return 1
         combos = plan.combinations()
-        self.warmup_timeline = timeline = Timeline()
         warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline)
         call = self.graphs.call if self.graphs is not None else self._call_geared   # graphs: capture them now
         for sizes in combos:
