@@ -9,6 +9,10 @@ imported before the clock starts):
 2. serial: every gear, ``inference_config.warmup_workers = 1`` (what warm-up did before parallel warm-up);
 3. parallel: every gear, ``warmup_workers = N`` (default: ``gearcache.warmup.default_workers``).
 
+Then the timelines of the one-gear and parallel runs (``CachedFunction.warmup_timeline``): per gear its capture,
+wait for a worker, compile in worker k, finish_artifact (first load + run-plan check), complete entry, first run;
+per worker its start and imports; then per phase its count, summed seconds and first start / last end.
+
 Target (issue #14): parallel <= 1.5x one gear on the H200 for the 7 decode gears. On CUDA: the reference decoder
 (hidden 1024, 8 layers, bf16); on CPU a small one (hidden 256, 2 layers, fp32).
 """
@@ -54,7 +58,8 @@ def child(device: str, gears: list[int], workers: int | None) -> None:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
     print(json.dumps({"gears": n, "seconds": seconds, "compiles": counters.compiles,
-                      "compile_seconds": counters.compile_seconds}))
+                      "compile_seconds": counters.compile_seconds,
+                      "timeline": model.cached_decode.warmup_timeline.summary()}))
 
 
 def run(device: str, gears: list[int], workers: int | None) -> dict:
@@ -92,6 +97,8 @@ def main() -> None:
         print(f"{label:>10} {r['gears']:>6} {r['seconds']:>8.1f} {r['seconds'] / one['seconds']:>11.2f}")
     print(f"parallel speed-up over serial: {serial['seconds'] / parallel['seconds']:.2f}x "
           f"(target on the H200: parallel <= 1.5x one gear)")
+    for label, r in [("one gear", one), ("parallel", parallel)]:
+        print(f"\ntimeline, {label} (seconds from warmup() start; gearcache/timeline.py):\n{r['timeline']}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
 from .key import (FORMAT_VERSION, build_key, canonical_json, decompositions_factor, sha256_text, source_digest,
                   without_device_index)
 from .store import Store
+from .timeline import Timeline
 from .topology import Topology, process_groups_factor
 
 log = logging.getLogger("gearcache")
@@ -59,6 +60,7 @@ class CachedFunction:
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
+        self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -169,23 +171,26 @@ class CachedFunction:
         processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). With
         ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
         input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
-        leaves, key = signature.call_key(args, kwargs)
-        plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+        self.warmup_timeline = timeline = Timeline()
+        with timeline.span("all", "signature and gears"):
+            leaves, key = signature.call_key(args, kwargs)
+            plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
         if plan is None:
             self(*args, **kwargs)
             return 1
         combos = plan.combinations()
-        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers)
+        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline)
         call = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
             lazy = self.config.inference_config.capture_graphs == "first_call"
             call = self.graphs.prepare if lazy else self.graphs.call
         for sizes in combos:
-            gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
-            call(plan, gear_leaves, signature.rekey(key, gear_leaves))
-            if self.config.inference_config.verify_padding:
-                self._verify_gear(plan, leaves, key, sizes)
+            with timeline.span(f"gear {sizes}", "first run"):
+                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+                call(plan, gear_leaves, signature.rekey(key, gear_leaves))
+                if self.config.inference_config.verify_padding:
+                    self._verify_gear(plan, leaves, key, sizes)
         return len(combos)
 
     def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:

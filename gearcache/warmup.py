@@ -6,13 +6,19 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
-1. start ``n`` worker processes (``gearcache/workers.py``); their imports overlap step 2;
-2. in the calling thread, for each gear in rank order: look its entry up (a stored entry is loaded, as on a miss);
-   else capture it with Dynamo (it needs the live module) and key its artifact, then hand it to a thread that
-   publishes the artifact exactly as a miss does (``faults.publish_or_fallback``: artifact lock, private build folder,
-   digests, atomic rename), its build step sending the graph to an idle worker. The worker compiles; the thread then
-   loads the folder and writes the run plan from the real example inputs (a short step, serialised with captures);
-3. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``).
+1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
+2. if several are missing, start ``n`` worker processes (``gearcache/workers.py``) before the first capture: their
+   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3;
+3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
+   artifact, then hand it to a thread that publishes the artifact exactly as a miss does
+   (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
+   sending the graph to an idle worker. The worker compiles; the thread then loads the folder and writes the run
+   plan from the real example inputs (``compiler.finish_artifact``: one at a time, on their own lock, beside the
+   captures; a fallback compile in this process takes both locks);
+4. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``); the
+   workers are told to exit and reaped in the background.
+
+Every phase is recorded in a :class:`~gearcache.timeline.Timeline` (``CachedFunction.warmup_timeline``).
 
 A graph a worker cannot take (torch cannot pickle one of its calls) or fails on is compiled in the calling
 process instead, so the result is that of the serial path: the same keys, artifacts, entries and run plans.
@@ -33,6 +39,7 @@ import torch
 from . import _torch_compat as compat
 from . import compiler, faults, signature
 from .counters import counters
+from .timeline import Timeline
 from .workers import WorkerError, WorkerPool, input_spec
 
 if TYPE_CHECKING:
@@ -102,10 +109,12 @@ class Progress:
             print(file=sys.stderr)
 
 
-def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None) -> None:
+def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None,
+                    timeline: Timeline) -> None:
     """Give ``cf`` an entry for every gear of ``plan`` (the example call's ``leaves`` and ``key``): stored entries are
     loaded, missing ones compiled in rank order, in worker processes when there are several (see the module
-    docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`)."""
+    docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where
+    each phase's span is recorded."""
     from .cached_function import _narrowed
 
     combos = plan.combinations()
@@ -120,29 +129,36 @@ def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, 
                     progress.step(combos[i], "already loaded", 0.0)
                     continue
                 t0 = time.perf_counter()
-                desc, ekey, factors, entry = cf._find_entry(gear_leaves, gkey)
+                with timeline.span(f"gear {combos[i]}", "look up"):
+                    desc, ekey, factors, entry = cf._find_entry(gear_leaves, gkey)
                 if entry is not None:
                     cf._remember(gkey, entry)
                     progress.step(combos[i], "loaded", time.perf_counter() - t0)
                 else:
                     missing.append((combos[i], gear_leaves, gkey, desc, ekey, factors))
             if len(missing) > 1 and workers != 1:
-                _compile_in_workers(cf, missing, workers, progress)
+                _compile_in_workers(cf, missing, workers, progress, timeline)
             else:
                 for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
                     t0 = time.perf_counter()
                     args, kwargs = signature.unflatten(gkey[0], gear_leaves)
-                    cf._remember(gkey, cf._compile_entry(args, kwargs, gear_leaves, desc, ekey, factors))
+                    with timeline.span(f"gear {sizes}", "compile serially"):
+                        cf._remember(gkey, cf._compile_entry(args, kwargs, gear_leaves, desc, ekey, factors))
                     progress.step(sizes, "compiled or published", time.perf_counter() - t0)
     finally:
         progress.close()
 
 
-def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int | None, progress: Progress) -> None:
-    torch_lock = threading.Lock()       # captures and run-plan checks: one at a time in this process
-    pending: list[tuple[tuple, concurrent.futures.Future, "PendingEntry"]] = []
-    pool: WorkerPool | None = None
-    threads: concurrent.futures.ThreadPoolExecutor | None = None
+def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int | None, progress: Progress,
+                        timeline: Timeline) -> None:
+    finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
+    capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
+    pending: list[tuple[tuple, concurrent.futures.Future, "PendingEntry", str]] = []
+    n = min(workers or default_workers(len(missing), _call_inputs(cf, missing[0][1])), len(missing))
+    log.info("warmup %s: compiling %d missing gears in %d worker processes", cf.name, len(missing), n)
+    with timeline.span("all", "spawn workers"):
+        pool = WorkerPool(n)            # before the first capture: the workers' imports overlap the captures
+    threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
 
     def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
         if future.exception() is None:
@@ -151,27 +167,30 @@ def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int
 
     try:
         for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
+            who = f"gear {sizes}"
             args, kwargs = signature.unflatten(gkey[0], gear_leaves)
-            with torch_lock:
+            with capture_lock, timeline.span(who, "capture"):
                 p = cf._capture_entry(args, kwargs, gear_leaves, desc, ekey, factors)
                 job = _job(cf, p)
-            if pool is None:
-                n = min(workers or default_workers(len(missing), p.captured.example_inputs), len(missing))
-                log.info("warmup %s: compiling %d missing gears in %d worker processes", cf.name, len(missing), n)
-                pool = WorkerPool(n)
-                threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
-            build = _RemoteBuild(cf, p, job, pool, torch_lock)
+            build = _RemoteBuild(cf, p, job, pool, (capture_lock, finish_lock), timeline, who)
             future = threads.submit(faults.publish_or_fallback, cf.store, p.akey, build, cf.config.on_cache_error)
             future.add_done_callback(lambda f, s=sizes, t0=p.t0: done(f, s, t0))
-            pending.append((gkey, future, p))
-        for gkey, future, p in pending:
+            pending.append((gkey, future, p, who))
+        for gkey, future, p, who in pending:
             folder, built = future.result()
-            cf._remember(gkey, cf._complete_entry(p, folder, built))
+            with timeline.span(who, "complete entry"):
+                cf._remember(gkey, cf._complete_entry(p, folder, built))
     finally:
-        if threads is not None:
+        with timeline.span("all", "close workers"):
             threads.shutdown(wait=True, cancel_futures=True)
-        if pool is not None:
-            pool.close()
+            pool.close(wait=False)      # their exit (compile pools shutting down) overlaps the first runs
+
+
+def _call_inputs(cf: "CachedFunction", leaves: tuple) -> list[Any]:
+    """What a worker will hold copies of, known before any capture: the call's tensors and the module's weights."""
+    module = cf._module
+    weights = list(module.parameters()) + list(module.buffers()) if isinstance(module, torch.nn.Module) else []
+    return [x for x in leaves if isinstance(x, torch.Tensor)] + weights
 
 
 def _job(cf: "CachedFunction", p: "PendingEntry") -> dict[str, Any] | None:
@@ -192,25 +211,39 @@ class _RemoteBuild:
     load it and write its run plan here; on a worker failure, compile here as the serial path does."""
 
     def __init__(self, cf: "CachedFunction", p: "PendingEntry", job: dict[str, Any] | None, pool: WorkerPool,
-                 torch_lock: threading.Lock):
-        self.cf, self.p, self.job, self.pool, self.torch_lock = cf, p, job, pool, torch_lock
+                 locks: tuple[threading.Lock, threading.Lock], timeline: Timeline, who: str):
+        self.cf, self.p, self.job, self.pool = cf, p, job, pool
+        self.capture_lock, self.finish_lock = locks
+        self.timeline, self.who = timeline, who
         # grad and inference mode are per thread: this runs in a pool thread, under the caller's modes
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def __call__(self, folder) -> None:
         if self.job is not None:
             try:
-                seconds = self.pool.compile({**self.job, "folder": str(folder)})
+                reply = self._compile_remotely(folder)
             except WorkerError as exc:
                 log.warning("warmup %s: a worker failed to compile entry %s; compiling it in this process:\n%s",
                             self.cf.name, self.p.ekey, exc)
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 t0 = time.perf_counter()
-                with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+                with self.finish_lock, self.timeline.span(self.who, "finish_artifact"), \
+                        torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
                     compiler.finish_artifact(folder, self.p.captured.example_inputs)
                 counters.compiles += 1
-                counters.compile_seconds += seconds + time.perf_counter() - t0
+                counters.compile_seconds += reply["seconds"] + time.perf_counter() - t0
                 return
-        with self.torch_lock, torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+        with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
+                torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
             self.cf._build(self.p.captured, folder)
+
+    def _compile_remotely(self, folder) -> dict[str, Any]:
+        """Compile in a worker; record the wait for it, its start (first job only) and its compile."""
+        t0 = time.time()
+        reply = self.pool.compile({**self.job, "folder": str(folder)})
+        times, worker = reply["times"], f"worker {reply['worker']}"
+        self.timeline.add_once(worker, "worker start+imports", times["started"], times["ready"])
+        self.timeline.add(self.who, "wait for a worker", t0, max(t0, times["job_start"]))
+        self.timeline.add(self.who, f"compile in {worker}", times["job_start"], times["job_end"])
+        return reply

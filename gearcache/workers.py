@@ -8,12 +8,16 @@ over its stdin and stdout; each message is an 8-byte big-endian length then a pi
   str, "patches": {Inductor setting: value}, "settings": _torch_compat.compiler_settings(), "grad": bool,
   "inference": bool}``; an input spec is ``["tensor", shape, stride, storage_offset, dtype, device, requires_grad,
   is_parameter, is_inference]`` or ``["value", v]``;
-* reply (worker → caller): ``{"ok": True, "seconds": float}`` or ``{"ok": False, "error": str}``.
+* reply (worker → caller): ``{"ok": True, "seconds": float, "times": {...}}`` or ``{"ok": False, "error": str,
+  "times": {...}}``; ``times`` are the worker's ``time.time()`` stamps: ``started`` (its interpreter ran the first
+  line), ``ready`` (torch and the compiler imported, Inductor's compile pool started), ``job_start``, ``job_end``.
 
 The worker rebuilds the example inputs as zero-filled tensors of the same metadata (the compile depends on shapes,
 strides, offsets, dtypes and devices, never on values) and runs ``_torch_compat.compile_unloaded`` into ``folder``;
 the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
-A worker's own Inductor uses ``cores // workers`` compile threads. Pickles come only from the process that started
+Workers start when warm-up starts and import torch, Inductor and its compile pool before their first job
+(:func:`_warm_up`), so that cost overlaps the caller's first captures. A worker's own Inductor uses
+:func:`compile_threads` threads. Pickles come only from the process that started
 the worker (its own pipes), never from the cache folder.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ import queue
 import struct
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Any, BinaryIO
@@ -33,6 +38,7 @@ import torch
 from . import _torch_compat as compat
 
 _LEN = struct.Struct(">Q")
+_WORKER_MAIN = "import time; t = time.time(); from gearcache.workers import main; main(t)"
 
 
 class WorkerError(RuntimeError):
@@ -81,6 +87,16 @@ def build_input(spec: list) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- worker side
+def _warm_up() -> None:
+    """Import what a compile needs and start Inductor's compile pool now, while the caller is still capturing."""
+    import torch._functorch.aot_autograd  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.standalone_compile  # noqa: F401
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.warm_pool()
+
+
 def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     import pathlib
 
@@ -93,43 +109,57 @@ def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "seconds": time.perf_counter() - t0}
 
 
-def main() -> None:
-    """Serve jobs until stdin closes. Replies go to the real stdout; anything else printed goes to stderr."""
+def main(started: float | None = None) -> None:
+    """Serve jobs until stdin closes. Replies go to the real stdout; anything else printed goes to stderr.
+    ``started``: the ``time.time()`` of the interpreter's first line (reported in replies)."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())           # stray prints must not corrupt the replies
+    _warm_up()
+    times = {"started": started or time.time(), "ready": time.time()}
     jobs = sys.stdin.buffer
     while True:
         try:
             job = _receive(jobs)
         except EOFError:
             return
+        times["job_start"] = time.time()
         try:
             reply = _run_job(job)
         except BaseException as exc:                            # noqa: BLE001 - reported to the caller
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"}
-        _send(out, reply)
+        times["job_end"] = time.time()
+        _send(out, {**reply, "times": dict(times)})
 
 
 # --------------------------------------------------------------------------------------------------- caller side
+def compile_threads(workers: int, cores: int) -> int:
+    """Inductor compile threads per worker: ``ceil(2 * cores / workers)``, at most ``cores``, at least 1.
+
+    Twice the fair share: a worker's compile threads are busy only while it builds kernels (Triton or C++), not while
+    it traces, partitions and lowers on one thread, and workers are seldom all in that phase at once."""
+    return max(1, min(cores, -(-2 * cores // max(1, workers))))
+
+
 class WorkerPool:
     """``n`` worker processes, started at once (their imports overlap the caller's captures); :meth:`compile` is
     thread-safe and blocks until an idle worker has compiled the job. Use as a context manager: leaving it closes
     the workers' stdin and waits for them."""
 
     def __init__(self, n: int):
-        threads = str(max(1, (os.cpu_count() or 1) // n))
+        threads = str(compile_threads(n, os.cpu_count() or 1))
         env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_parent(), env.get("PYTHONPATH")] if p)
         self._idle: "queue.Queue[subprocess.Popen]" = queue.Queue()
         self._all: list[subprocess.Popen] = []
         for _ in range(n):
-            proc = subprocess.Popen([sys.executable, "-c", "from gearcache.workers import main; main()"],
+            proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
             self._all.append(proc)
             self._idle.put(proc)
 
-    def compile(self, job: dict[str, Any]) -> float:
-        """Run ``job`` in a worker; returns its compile seconds. ``WorkerError`` if the worker failed or died."""
+    def compile(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Run ``job`` in a worker; returns its reply (``seconds``, ``times``, see the module docstring) with
+        ``worker`` (its index in the pool) added. ``WorkerError`` if the worker failed or died."""
         proc = self._idle.get()
         try:
             if proc.poll() is not None:
@@ -143,14 +173,22 @@ class WorkerPool:
             self._idle.put(proc)                # a dead one answers the next job at once with WorkerError
         if not reply["ok"]:
             raise WorkerError(reply["error"])
-        return reply["seconds"]
+        return {**reply, "worker": self._all.index(proc)}
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Close the workers' stdin (they exit when it closes) and reap them; ``wait=False`` reaps them in a
+        daemon thread instead, so the caller goes on while they shut their compile pools down (about a second)."""
         for proc in self._all:
             try:
                 proc.stdin.close()
             except OSError:
                 pass
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="gearcache-warmup-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
         for proc in self._all:
             try:
                 proc.wait(timeout=60)
