@@ -17,3 +17,31 @@ def p50_us(call: Callable[[], object], n: int, sync: Callable[[], None], warmup:
         times.append(time.perf_counter_ns() - t)
     sync()
     return statistics.median(times) / 1e3
+
+
+def step_us(fn, inputs, device: str = "cuda") -> float:
+    """One decode step in µs: the median over 10 repeats of (20 back-to-back ``fn(*inputs)``) / 20, after 5 warm-up
+    calls; CUDA-event time on a GPU, wall time otherwise."""
+    import torch
+
+    for _ in range(5):
+        fn(*inputs)
+    if not device.startswith("cuda"):
+        per = []
+        for _ in range(10):
+            t = time.perf_counter()
+            for _ in range(20):
+                fn(*inputs)
+            per.append((time.perf_counter() - t) * 1e6 / 20)
+        return statistics.median(per)
+    torch.cuda.synchronize()
+    per_step = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        per_step.append(start.elapsed_time(end) * 1e3 / 20)
+    return statistics.median(per_step)

@@ -12,7 +12,6 @@ loaded from the folder with empty Inductor/Triton caches, and captured).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _timing import step_us  # noqa: E402
 GEARS = [1, 2, 4, 8, 16, 32, 64]
 BATCHES = (1, 8, 32)
 
@@ -41,24 +41,6 @@ def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: 
 
     torch.manual_seed(0)
     return CachedGPT().to("cuda", torch.bfloat16).eval()
-
-
-def step_us(fn, inputs) -> float:
-    import torch
-
-    for _ in range(5):
-        fn(*inputs)
-    torch.cuda.synchronize()
-    per_step = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn(*inputs)
-        end.record()
-        torch.cuda.synchronize()
-        per_step.append(start.elapsed_time(end) * 1e3 / 20)
-    return statistics.median(per_step)
 
 
 def warm_child(cache_dir: str, capture: str) -> None:

@@ -28,11 +28,12 @@ import importlib.util
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _timing import step_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "tp_decoder.py")
@@ -45,32 +46,6 @@ def _example():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def step_us(fn, inputs, device: str) -> float:
-    import torch
-
-    for _ in range(5):
-        fn(*inputs)
-    if not device.startswith("cuda"):
-        per = []
-        for _ in range(10):
-            t = time.perf_counter()
-            for _ in range(20):
-                fn(*inputs)
-            per.append((time.perf_counter() - t) * 1e6 / 20)
-        return statistics.median(per)
-    torch.cuda.synchronize()
-    per_step = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn(*inputs)
-        end.record()
-        torch.cuda.synchronize()
-        per_step.append(start.elapsed_time(end) * 1e3 / 20)
-    return statistics.median(per_step)
 
 
 def decode_inputs(ex, sizes, batch: int, device: str, dtype):
