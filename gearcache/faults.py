@@ -138,16 +138,19 @@ def persisted(store: Store, akey: str, folder: pathlib.Path | None) -> bool:
 
 
 def load_artifact(store: Store, akey: str, device_index: int | None = None) -> Callable[..., Any] | None:
-    """Load the store's (already verified) artifact ``akey`` for CUDA device ``device_index`` (runplan.load_artifact:
-    raises ``runplan.WrongDevice`` when it runs only on another GPU); None when it vanished since it was verified.
+    """Load the store's artifact ``akey`` for CUDA device ``device_index`` (runplan.load_artifact: raises
+    ``runplan.WrongDevice`` when it runs only on another GPU); None when it vanished or changed since it was verified.
+    The caller has verified at least what its run plan reads (``runplan.files_read``); the whole artifact is verified
+    here before torch's loader would read it.
 
     A folder this process cannot write (a read-only mount, another user's files) is loaded through a verified
     private copy, because torch's loader writes into the folder it loads from."""
     folder = store.artifact_dir(akey)
     try:
         if not _writable(folder):
-            folder = private_copy(store, akey)
-        return runplan.load_artifact(folder, device_index)
+            folder = private_copy(store, akey)      # verified whole
+            return runplan.load_artifact(folder, device_index)
+        return runplan.load_artifact(folder, device_index, lambda: store.verify_artifact(akey))
     except Exception as exc:
         if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
                 isinstance(exc, runplan.WrongDevice):

@@ -31,7 +31,8 @@ from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, S
                        UntrustedCacheError, cache_compile, counters)
 from gearcache import _torch_compat as compat
 from gearcache import compiler
-from gearcache import faults
+from gearcache import faults, runplan
+from gearcache.runplan import loader as runplan_loader
 from gearcache.store import files as store_module
 from gearcache.errors import UntrustedArtifactError
 from gearcache.key import FORMAT_VERSION
@@ -108,16 +109,46 @@ def damage(path: pathlib.Path, how: str) -> None:
         path.unlink()
 
 
+def plan_read(folder: pathlib.Path, rel: str) -> bool:
+    """Whether loading through the run plan reads ``rel`` (what a load verifies before anything runs)."""
+    return rel in {"MANIFEST.json", "MANIFEST.sig"} or any(
+        rel == part or rel.startswith(part) for part in runplan.files_read(folder) if part.endswith("/") or part == rel)
+
+
 @pytest.mark.parametrize("how", ["truncate", "flip", "delete"])
 def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebuilt, akeys, tmp_path, fake_compile,
                                                                          caplog, how):
+    """Every file a load reads is verified before anything runs: damaged, the artifact is quarantined and rebuilt.
+    A damaged file of torch's own artifact, which the run plan never reads, does not stop the plan (what runs is
+    verified); ``verify_artifact`` (``gearcache verify``) finds it, and a load that needs torch's loader verifies
+    the whole artifact first (next test)."""
     akey = akeys["2"]
-    files = artifact_files(prebuilt / "artifacts" / akey)
+    folder = prebuilt / "artifacts" / akey
+    files = artifact_files(folder)
     assert len(files) >= 5 and "MANIFEST.json" in files and any(f.endswith(".so") for f in files)
+    read = [rel for rel in files if plan_read(folder, rel)]
+    assert "runplan/plan.json" in read and any(f.endswith(".so") for f in read) and len(read) < len(files)
     for i, rel in enumerate(files):
         root = rc.copy_store(prebuilt, tmp_path / f"c{i}")
         damage(root / "artifacts" / akey / rel, how)
         caplog.clear()
+        if rel == "MANIFEST.json" and how == "flip":
+            # one flipped byte of the (unsigned) manifest: caught where it breaks the JSON or the digest of a file the
+            # plan reads; elsewhere (another file's digest) the load is right and the full verification catches it
+            before = counters.snapshot()
+            assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
+            delta = counters.delta(before)
+            assert (delta["quarantined"], delta["compiles"]) == (1, 1) or (delta["loads"], delta["quarantined"]) == (1, 0)
+            if delta["loads"]:
+                with pytest.raises(CacheCorruptionError):
+                    Store(root).verify_artifact(akey)
+            continue
+        if not plan_read(folder, rel):
+            with counters.expect(quarantined=0, compiles=0, loads=1, direct_loads=1):
+                assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
+            with pytest.raises(CacheCorruptionError):
+                Store(root).verify_artifact(akey)
+            continue
         with caplog.at_level(logging.WARNING, logger="gearcache"), \
                 counters.expect(quarantined=1, compiles=1, loads=0):
             assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
@@ -126,6 +157,25 @@ def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebui
         Store(root).verify_artifact(akey)                   # rebuilt, and valid
         with counters.expect(loads=1, compiles=0):
             assert rc.check_call(rc.make(root), 2)
+
+
+def test_damaged_torch_artifact_is_verified_before_torch_loader_reads_it(prebuilt, akeys, tmp_path, fake_compile,
+                                                                          monkeypatch, caplog):
+    """A plan this process cannot load falls back to torch's loader, which reads the whole folder: the whole
+    artifact is verified first, and a damaged file there is quarantined and rebuilt, never loaded."""
+    akey = akeys["2"]
+    folder = prebuilt / "artifacts" / akey
+    rel = next(r for r in artifact_files(folder) if not plan_read(folder, r) and r.endswith(".py"))
+    root = rc.copy_store(prebuilt, tmp_path / "c")
+    damage(root / "artifacts" / akey / rel, "flip")
+
+    def unavailable(ops):
+        raise runplan.RunPlanUnavailable("operator not registered in this process (test)")
+    monkeypatch.setattr(runplan_loader, "_check_ops", unavailable)
+    with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(direct_loads=0, compiles=1):
+        assert rc.check_call(rc.make(root), 2)
+    assert f"quarantined artifact {root / 'artifacts' / akey}" in caplog.text
+    Store(root).verify_artifact(akey)                       # rebuilt, and valid
 
 
 @pytest.mark.parametrize("content", [b"{garbage", b"", b"\xff\xfe\x00", b"[1, 2]", b'{"format": 1}'])

@@ -121,6 +121,31 @@ def test_corruption_detected_quarantined_and_rebuilt(store, published, corrupt, 
     assert len(quarantined) == 1 and quarantined[0].startswith(AKEY + ".")
 
 
+def test_verify_only_the_parts_a_load_reads(store, published):
+    """``only``: a folder part is checked whole (digests, unlisted files, trust), a file part must be listed; the
+    manifest is always read; damage elsewhere is left to a full verification."""
+    store.verify_artifact(AKEY, only=["inductor/kernels/", "inductor/module.py"])
+    flip_byte(published)                                            # inductor/module.py
+    store.verify_artifact(AKEY, only=["inductor/kernels/"])         # not read by such a load
+    with pytest.raises(CacheCorruptionError, match="module.py does not match"):
+        store.verify_artifact(AKEY, only=["inductor/kernels/", "inductor/module.py"])
+    with pytest.raises(CacheCorruptionError, match="module.py does not match"):
+        store.verify_artifact(AKEY)
+    (published / "inductor/kernels/evil.so").write_bytes(b"\x7fELF")
+    with pytest.raises(CacheCorruptionError, match="unlisted file"):
+        store.verify_artifact(AKEY, only=["inductor/kernels/"])
+    with pytest.raises(CacheCorruptionError, match="not listed in MANIFEST.json"):
+        store.verify_artifact(AKEY, only=["inductor/kernels/evil.so"])
+    (published / "inductor/kernels/evil.so").unlink()
+    os.chmod(published / "inductor/kernels", 0o777)
+    with pytest.raises(CacheCorruptionError, match="lets every user write it"):
+        store.verify_artifact(AKEY, only=["inductor/kernels/"])
+    os.chmod(published / "inductor/kernels", 0o755)
+    bad_manifest(published)
+    with pytest.raises(CacheCorruptionError, match="unreadable"):
+        store.verify_artifact(AKEY, only=["inductor/kernels/"])
+
+
 def test_torch_lock_files_are_ignored(store, published):
     (published / "inductor" / "locks").mkdir()
     (published / "inductor" / "locks" / "x.lock").write_text("")

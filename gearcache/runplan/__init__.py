@@ -8,7 +8,9 @@ own inputs that the plan's outputs are identical to those of torch's loader; :fu
 in a warm process importing nothing from ``torch._inductor`` or ``triton``.
 
 The load path reads in one direction: the caller has verified the artifact's digests (gearcache/store) →
-:func:`load_artifact` chooses the plan or torch's loader → the plan's ``run`` is called.
+:func:`load_artifact` chooses the plan or torch's loader → the plan's ``run`` is called. A caller may verify only what
+the plan reads (:func:`files_read`: ``runplan/`` and the C++ libraries it names, a few files of the hundreds torch's
+artifact holds) and the rest in ``load_artifact``'s ``before_torch_loader``, just before torch's loader would read it.
 
 Modules:
     writer.py          what a plan records, and the exactness check (compile time; imports torch's compiler)
@@ -60,8 +62,9 @@ character per argument passed to the cubin, in torch's static launcher's code (`
 path adds ``e`` (fp16) and ``E`` (bf16), passed as their 16-bit patterns.
 """
 from .format import ALIGNMENT, FORMAT, PLAN_DIR, RunPlanUnavailable
-from .loader import WrongDevice, load, load_artifact
+from .loader import WrongDevice, files_read, load, load_artifact
 from .writer import device_bound_reason, write_run_plan
 
-__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "device_bound_reason", "load",
+__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "device_bound_reason", "files_read",
+           "load",
            "load_artifact", "write_run_plan"]

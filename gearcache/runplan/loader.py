@@ -36,13 +36,17 @@ LAUNCHERS = {"static": StaticLaunch, "driver": DriverLaunch}
 """Launch paths by the name a kernel's launch record gives (``"launcher"``; absent means static)."""
 
 
-def load_artifact(folder: pathlib.Path, device_index: int | None = None) -> Callable[..., Any]:
+def load_artifact(folder: pathlib.Path, device_index: int | None = None,
+                  before_torch_loader: Callable[[], None] | None = None) -> Callable[..., Any]:
     """Load an artifact folder: through its run plan when it has a usable one, else through torch's loader.
 
     ``device_index``: the CUDA device the caller's tensors are on (None: the one the artifact was compiled on, or
     none). A device-free plan is bound to it; an artifact that can only run on the GPU it was compiled on (a bound
     plan, no plan, or a device-free plan this process cannot load, where torch's loader would run it on the compile
-    GPU) raises :class:`WrongDevice` for any other index. Returns ``fn(*graph_inputs) -> sequence of outputs``."""
+    GPU) raises :class:`WrongDevice` for any other index. Returns ``fn(*graph_inputs) -> sequence of outputs``.
+
+    ``before_torch_loader`` is called (its exceptions propagate) just before torch's loader is used: a caller that
+    verified only :func:`files_read` verifies the rest of the artifact there."""
     plan = read_plan(folder)
     compiled_on = (plan or {}).get("device_index")
     other = device_index is not None and compiled_on is not None and device_index != compiled_on
@@ -56,7 +60,26 @@ def load_artifact(folder: pathlib.Path, device_index: int | None = None) -> Call
     if other:
         raise WrongDevice(f"{folder.name}: its run plan cannot load in this process, and torch's loader would run "
                           f"it on cuda:{compiled_on}")
+    if before_torch_loader is not None:
+        before_torch_loader()
     return compat.load_folder(folder / "inductor")
+
+
+def files_read(folder: pathlib.Path) -> list[str] | None:
+    """What loading ``folder`` through its run plan reads, relative to it: ``runplan/`` (the plan, the wrapper, the
+    cubins) and the C++ kernels' libraries the plan names; None when the artifact has no usable plan (torch's loader
+    reads the whole folder). ``plan.json`` is read here before it is verified: only to choose what to verify, which
+    includes it (a path the signed manifest does not list is refused by the verification)."""
+    try:
+        plan = read_plan(folder)
+    except (OSError, ValueError):
+        return None                             # unreadable: the whole artifact is verified (and found corrupt)
+    if plan is None or not plan.get("supported"):
+        return None
+    libraries = plan.get("cpp", {})
+    if not isinstance(libraries, dict) or not all(isinstance(v, str) for v in libraries.values()):
+        return None
+    return [PLAN_DIR + "/", *sorted(set(libraries.values()))]
 
 
 class WrongDevice(RuntimeError):

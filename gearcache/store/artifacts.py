@@ -11,7 +11,7 @@ import shutil
 import stat
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..counters import counters
 from ..errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError
@@ -26,12 +26,42 @@ log = logging.getLogger("gearcache.store")
 class ArtifactMixin:
     """Part of ``Store``: publishing, verifying and quarantining artifacts."""
 
-    def verify_artifact(self, akey: str, folder: pathlib.Path | None = None) -> None:
+    def verify_artifact(self, akey: str, folder: pathlib.Path | None = None,
+                        only: Sequence[str] | None = None) -> None:
         """Raise ``CacheCorruptionError`` unless every file of the artifact matches its manifest digest, no unlisted
         file could be executed, every file and folder in it is trusted (else ``UntrustedArtifactError``, a
         ``CacheCorruptionError`` too) and, with a signing key, ``MANIFEST.sig`` is the manifest's HMAC. A missing
-        artifact raises ``FileNotFoundError``. ``folder``: check a copy of the artifact instead."""
+        artifact raises ``FileNotFoundError``. ``folder``: check a copy of the artifact instead.
+
+        ``only``: check just the parts a loader will read, as paths relative to the artifact folder: a folder ends in
+        ``/`` (``"runplan/"``: everything under it, unlisted files included), anything else is one file, which the
+        manifest must list. The manifest, its signature and the artifact folder itself are always checked. A load
+        that goes on to read other parts (torch's loader reads the whole folder) must check the whole artifact
+        first."""
         folder = self.artifact_dir(akey) if folder is None else pathlib.Path(folder)
+        files = self._verified_manifest(akey, folder)
+        top = str(folder)
+        parts = [""] if only is None else list(only)
+        present: set[str] = set()
+        for part in parts:
+            if part and not part.endswith("/"):
+                self._check_one(top, part, files, present)
+            else:
+                self._walk_part(top, part, present)
+        wanted = [rel for rel in files if any(rel == p or rel.startswith(p) for p in parts if p.endswith("/") or not p)]
+        wanted += [p for p in parts if p and not p.endswith("/")]
+        for rel in wanted:
+            if rel not in present:
+                raise CacheCorruptionError(top, f"{rel} is missing")
+            if _sha256_file(folder / rel) != files[rel]:
+                raise CacheCorruptionError(top, f"{rel} does not match its sha256 digest")
+        extra = present - set(files) - {MANIFEST, SIGNATURE}
+        if extra:
+            raise CacheCorruptionError(str(folder), f"unlisted file(s) {sorted(extra)[:3]}")
+
+    def _verified_manifest(self, akey: str, folder: pathlib.Path) -> dict[str, str]:
+        """The artifact's ``files`` (relative path -> sha256), once the folder is trusted, the signature matches and
+        the manifest names this format and key."""
         try:
             st = folder.lstat()
         except FileNotFoundError:
@@ -63,30 +93,53 @@ class ArtifactMixin:
             raise CacheCorruptionError(str(folder), "MANIFEST.json is malformed")
         if manifest.get("format") != FORMAT_VERSION or manifest.get("akey") != akey:
             raise CacheCorruptionError(str(folder), "MANIFEST.json names another format or key")
-        present = set()
-        top = str(folder)
-        for dirpath, dirnames, filenames in os.walk(top):          # never follows links: they are refused below
+        return files
+
+    def _walk_part(self, top: str, part: str, present: set[str]) -> None:
+        """Check every file and folder under ``top/part`` (``""``: the whole artifact; the part's own folder too):
+        no links, nothing untrusted; add its regular files to ``present``. A part that does not exist adds
+        nothing (its listed files are then reported missing)."""
+        start = os.path.join(top, part.rstrip("/")) if part else top
+        if part:
+            try:
+                self._check_path(top, part.rstrip("/"), os.lstat(start))
+            except FileNotFoundError:
+                return
+        cut = len(top) + 1
+        for dirpath, dirnames, filenames in os.walk(start):         # never follows links: they are refused below
             for name in dirnames + filenames:
                 full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, top).replace(os.sep, "/")
+                rel = full[cut:].replace(os.sep, "/")
                 pst = os.lstat(full)
                 if stat.S_ISLNK(pst.st_mode):
                     raise CacheCorruptionError(top, f"{rel} is a symbolic link")
                 if rel + "/" == _LOCKS_DIR or _is_lock_file(rel):
                     continue                    # torch's empty lock files (and their folder): never executed
-                why = self._untrusted_why(pst, stat.S_ISDIR(pst.st_mode))
-                if why is not None:
-                    raise UntrustedArtifactError(full, pst.st_mode, f"{rel} in the artifact: {why}")
+                self._check_path(top, rel, pst)
                 if stat.S_ISREG(pst.st_mode):
                     present.add(rel)
-        for rel, digest in files.items():
-            if rel not in present:
-                raise CacheCorruptionError(top, f"{rel} is missing")
-            if _sha256_file(folder / rel) != digest:
-                raise CacheCorruptionError(top, f"{rel} does not match its sha256 digest")
-        extra = present - set(files) - {MANIFEST, SIGNATURE}
-        if extra:
-            raise CacheCorruptionError(str(folder), f"unlisted file(s) {sorted(extra)[:3]}")
+
+    def _check_one(self, top: str, rel: str, files: dict[str, str], present: set[str]) -> None:
+        """Check one file the manifest must list, and the folders between it and the artifact folder."""
+        if rel not in files:
+            raise CacheCorruptionError(top, f"{rel} is not listed in MANIFEST.json")
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            sub = "/".join(parts[:i])
+            try:
+                pst = os.lstat(os.path.join(top, *parts[:i]))
+            except FileNotFoundError:
+                return                          # reported missing by the caller
+            self._check_path(top, sub, pst)
+        if stat.S_ISREG(pst.st_mode):
+            present.add(rel)
+
+    def _check_path(self, top: str, rel: str, pst: os.stat_result) -> None:
+        if stat.S_ISLNK(pst.st_mode):
+            raise CacheCorruptionError(top, f"{rel} is a symbolic link")
+        why = self._untrusted_why(pst, stat.S_ISDIR(pst.st_mode))
+        if why is not None:
+            raise UntrustedArtifactError(os.path.join(top, rel), pst.st_mode, f"{rel} in the artifact: {why}")
 
     def quarantine(self, akey: str, reason: str) -> None:
         """Move a corrupt artifact to ``quarantine/`` (under its lock, after checking it again: a process that
