@@ -64,6 +64,7 @@ def warm_child(cache_dir: str, capture: str) -> None:
         model.cached_decode(*one)
         torch.cuda.synchronize()
         first = time.perf_counter() - t0
+    print(model.cached_decode.warmup_timeline.summary(), file=sys.stderr)      # where the warm start goes
     print(json.dumps({"warm_all_gears_s": dt, "first_call_b1_s": first, "counters": dict(vars(counters)),
                       "compiler_imported": "torch._inductor" in sys.modules or "torch._dynamo" in sys.modules}))
 

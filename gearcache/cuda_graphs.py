@@ -19,6 +19,7 @@ place (``load_state_dict`` and ``.copy_()`` do); replacing a Parameter object ne
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -89,6 +90,7 @@ class CudaGraphs:
         self.pool = None                                # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side = self._capture_stream = None
+        self.timeline: Any = None       # set by warmup(): captures then record their phases in its Timeline
 
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
@@ -173,19 +175,29 @@ class CudaGraphs:
         graphed.entry = entry
         t0 = time.perf_counter()
         _refuse_unmarked_writes(entry, copies)
-        # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
-        saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
-        self._warm_up(entry, static_leaves, copies)
-        for tensor, before in saved:
-            tensor.copy_(before)
-        _fill(graphed, leaves)
-        graphed.graph, graphed.outs = self._record(entry, static_leaves)
+        with self._phase(static_leaves, "graph warm-up run"):
+            # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
+            saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
+            self._warm_up(entry, static_leaves, copies)
+            for tensor, before in saved:
+                tensor.copy_(before)
+            _fill(graphed, leaves)
+        with self._phase(static_leaves, "graph record"):
+            graphed.graph, graphed.outs = self._record(entry, static_leaves)
         dt = time.perf_counter() - t0
         counters.graph_captures += 1
         counters.capture_seconds += dt
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
                  [tuple(b.shape) for _, b, _ in copies], dt)
         return graphed
+
+    def _phase(self, static_leaves: tuple, phase: str) -> Any:
+        """A span of the running warm-up's timeline (the device synchronised at its end, so the span holds the GPU
+        work it queued), or nothing outside a warm-up."""
+        if self.timeline is None:
+            return contextlib.nullcontext()
+        who = "gear " + str([tuple(x.shape) for x in static_leaves if isinstance(x, torch.Tensor)][:1])
+        return self.timeline.span(who, phase, synchronize=torch.cuda.synchronize)
 
     def _streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The side stream of warm-up runs and the capture stream, made once per method (not once per gear)."""

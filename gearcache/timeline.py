@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class Timeline:
@@ -31,11 +31,15 @@ class Timeline:
                 self.spans.append((who, phase, start, end))
 
     @contextlib.contextmanager
-    def span(self, who: str, phase: str) -> Iterator[None]:
+    def span(self, who: str, phase: str, synchronize: Callable[[], None] | None = None) -> Iterator[None]:
+        """Record the time the ``with`` block takes; ``synchronize`` (``torch.cuda.synchronize``) is called at its
+        end first, so that the span also holds the device work the block queued."""
         t0 = time.time()
         try:
             yield
         finally:
+            if synchronize is not None:
+                synchronize()
             self.add(who, phase, t0, time.time())
 
     def totals(self) -> dict[str, tuple[int, float, float, float]]:
