@@ -36,6 +36,7 @@ from .key import (FORMAT_VERSION, build_key, canonical_json, decompositions_fact
                   without_device_index)
 from .store import Store
 from .timeline import Timeline
+from .workers import WorkerPool
 from .topology import Topology, process_groups_factor
 
 log = logging.getLogger("gearcache")
@@ -129,17 +130,20 @@ class CachedFunction:
         with self._lock:
             if self._gears_checked:
                 return self._gears
-            ic = self.config.inference_config
-            marks = gears.find_marks(leaves, _leaf_names(self._method, args, kwargs, leaves), ic.dim_gears,
-                                     ic.pad_values)
+            marks = self._marks(args, kwargs, leaves)
             if marks:
                 self._gears = self._load_or_build_plan(marks, leaves, key)
             self._gears_checked = True
             return self._gears
 
-    def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
+    def _marks(self, args: tuple, kwargs: dict, leaves: tuple) -> list:
+        """The call's gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name)."""
         ic = self.config.inference_config
-        gears.check_marks(marks, ic.dynamic_gears_merge_policy)
+        return gears.find_marks(leaves, _leaf_names(self._method, args, kwargs, leaves), ic.dim_gears, ic.pad_values)
+
+    def _plan_key(self, marks: list, key: tuple) -> str:
+        """The gear plan's key: everything its trace depends on."""
+        ic = self.config.inference_config
         pkey, _ = build_key("gear plan", [
             ("format", FORMAT_VERSION),
             ("method", {"name": self.name, "source_sha256": self._method_digest}),
@@ -149,6 +153,12 @@ class CachedFunction:
             ("module_state", _module_state(self._module)),
             ("software", compat.software_versions()),
         ])
+        return pkey
+
+    def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
+        ic = self.config.inference_config
+        gears.check_marks(marks, ic.dynamic_gears_merge_policy)
+        pkey = self._plan_key(marks, key)
         saved = self.store.read_plan(self.topology.folder, self.name, pkey)
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
@@ -172,26 +182,56 @@ class CachedFunction:
         ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
         input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
         self.warmup_timeline = timeline = Timeline()
-        with timeline.span("all", "signature and gears"):
-            leaves, key = signature.call_key(args, kwargs)
-            plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
-        if plan is None:
-            self(*args, **kwargs)
-            return 1
+        early = None                            # worker processes started before the gear plan's trace
+        try:
+            with timeline.span("all", "signature and gears"):
+                leaves, key = signature.call_key(args, kwargs)
+                if not self._gears_checked:
+                    early = self._early_workers(args, kwargs, leaves, key, timeline)
+                plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+            if plan is None:
+                self(*args, **kwargs)
+                return 1
+            pool, early = early, None           # compile_missing owns (and closes) it from here
+            warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline,
+                                   pool)
+        finally:
+            if early is not None:
+                early.close(wait=False)
         combos = plan.combinations()
-        warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline)
         call = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
             lazy = self.config.inference_config.capture_graphs == "first_call"
             call = self.graphs.prepare if lazy else self.graphs.call
-        for sizes in combos:
-            with timeline.span(f"gear {sizes}", "first run"):
-                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
-                call(plan, gear_leaves, signature.rekey(key, gear_leaves))
-                if self.config.inference_config.verify_padding:
-                    self._verify_gear(plan, leaves, key, sizes)
+        if self.graphs is not None:
+            self.graphs.timeline = timeline
+        try:
+            for sizes in combos:
+                with timeline.span(f"gear {sizes}", "first run"):
+                    gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+                    call(plan, gear_leaves, signature.rekey(key, gear_leaves))
+                    if self.config.inference_config.verify_padding:
+                        self._verify_gear(plan, leaves, key, sizes)
+        finally:
+            if self.graphs is not None:
+                self.graphs.timeline = None
         return len(combos)
+
+    def _early_workers(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                       timeline: Timeline) -> "WorkerPool | None":
+        """Worker processes started before the gear plan is traced, when no plan is stored for these marks yet: such
+        a warm-up has gears to compile, and the workers' start (importing torch and Inductor: ~10 s each on the H200
+        host) then overlaps the trace (~7 s there) instead of following it. None when the plan is stored, nothing is
+        marked, or warm-up is serial."""
+        marks = self._marks(args, kwargs, leaves)
+        if not marks or self.config.inference_config.warmup_workers == 1:
+            return None
+        if self.store.read_plan(self.topology.folder, self.name, self._plan_key(marks, key)) is not None:
+            return None
+        policy = self.config.inference_config.dynamic_gears_merge_policy
+        return warmup.start_workers(self, gears.most_combinations(marks, policy), leaves,
+                                    self.config.inference_config.warmup_workers, timeline)
 
     def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
         real = [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(plan.dims, sizes)]
@@ -273,8 +313,8 @@ class CachedFunction:
             log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
             return None
         akey = manifest["akey"]
-        try:
-            self.store.verify_artifact(akey)
+        try:        # what its run plan reads; faults.load_artifact verifies the rest if torch's loader is needed
+            self.store.verify_artifact(akey, only=runplan.files_read(self.store.artifact_dir(akey)))
         except FileNotFoundError:
             log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
             return None

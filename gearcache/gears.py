@@ -255,6 +255,13 @@ def check_marks(marks: list[MarkedDim], policy: str) -> None:
                           f"'product'")
 
 
+def most_combinations(marks: list, policy: str) -> int:
+    """How many gears ``marks`` can form at most, before the trace finds which dims move together: the longest
+    gear list under ``"zip"``, the product of all of them under ``"product"``."""
+    counts = [len(m.sizes) for m in marks]
+    return max(counts, default=0) if policy == "zip" else math.prod(counts)
+
+
 def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: list[str],
                output_dims: dict[int, list[tuple[int, str]]]) -> GearPlan:
     """Group marked dims by their symbol in a symbolic trace; map output dims equal to a symbol to cuts.

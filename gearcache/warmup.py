@@ -8,7 +8,9 @@ How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (def
 
 1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
 2. if several are missing, start ``n`` worker processes (``gearcache/workers.py``) before the first capture: their
-   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3;
+   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
+   stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
+   ``CachedFunction._early_workers``), and closed unused if at most one gear turns out missing;
 3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
    artifact, then hand it to a thread that publishes the artifact exactly as a miss does
    (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
@@ -20,7 +22,8 @@ How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (def
 
 Every phase is recorded in a :class:`~gearcache.timeline.Timeline` (``CachedFunction.warmup_timeline``).
 
-A graph a worker cannot take (torch cannot pickle one of its calls) or fails on is compiled in the calling
+A graph a worker cannot take (torch cannot pickle one of its calls; it calls collectives, and Inductor resolves
+their process groups while compiling) or fails on is compiled in the calling
 process instead, so the result is that of the serial path: the same keys, artifacts, entries and run plans.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 from . import _torch_compat as compat
 from . import compiler, faults, signature
 from .counters import counters
+from .runplan.collectives import communicates
 from .timeline import Timeline
 from .workers import WorkerError, WorkerPool, input_spec
 
@@ -109,19 +113,32 @@ class Progress:
             print(file=sys.stderr)
 
 
+def start_workers(cf: "CachedFunction", gears: int, leaves: tuple, workers: int | None,
+                  timeline: Timeline) -> WorkerPool | None:
+    """Start the worker processes of a warm-up that will compile up to ``gears`` gears before it knows which are
+    missing (``CachedFunction._early_workers``); None when that would be one worker (the serial path)."""
+    n = min(workers or default_workers(gears, _call_inputs(cf, leaves)), gears)
+    if n <= 1:
+        return None
+    log.info("warmup %s: starting %d worker processes while the gear plan is traced", cf.name, n)
+    with timeline.span("all", "spawn workers"):
+        return WorkerPool(n)
+
+
 def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None,
-                    timeline: Timeline) -> None:
+                    timeline: Timeline, pool: WorkerPool | None = None) -> None:
     """Give ``cf`` an entry for every gear of ``plan`` (the example call's ``leaves`` and ``key``): stored entries are
     loaded, missing ones compiled in rank order, in worker processes when there are several (see the module
     docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where
-    each phase's span is recorded."""
+    each phase's span is recorded; ``pool``: workers already started (:func:`start_workers`), used if several gears
+    are missing and closed in any case."""
     from .cached_function import _narrowed
 
     combos = plan.combinations()
     progress = Progress(cf.name, len(combos), "ready")
+    missing: list[tuple] = []
     try:
         with cf._lock:
-            missing = []
             for i in rank_order(len(combos), cf.topology.world_size, cf.topology.global_rank):
                 gear_leaves = plan.pad(_narrowed(leaves, plan.dims, combos[i]), combos[i])
                 gkey = signature.rekey(key, gear_leaves)
@@ -137,7 +154,8 @@ def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, 
                 else:
                     missing.append((combos[i], gear_leaves, gkey, desc, ekey, factors))
             if len(missing) > 1 and workers != 1:
-                _compile_in_workers(cf, missing, workers, progress, timeline)
+                pool, used = None, pool
+                _compile_in_workers(cf, missing, workers, progress, timeline, used)
             else:
                 for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
                     t0 = time.perf_counter()
@@ -147,17 +165,22 @@ def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, 
                     progress.step(sizes, "compiled or published", time.perf_counter() - t0)
     finally:
         progress.close()
+        if pool is not None:
+            log.info("warmup %s: %d gears missing; the workers started early are not needed", cf.name, len(missing))
+            pool.close(wait=False)
 
 
 def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int | None, progress: Progress,
-                        timeline: Timeline) -> None:
+                        timeline: Timeline, pool: WorkerPool | None) -> None:
     finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
     capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
     pending: list[tuple[tuple, concurrent.futures.Future, "PendingEntry", str]] = []
-    n = min(workers or default_workers(len(missing), _call_inputs(cf, missing[0][1])), len(missing))
+    if pool is None:
+        n = min(workers or default_workers(len(missing), _call_inputs(cf, missing[0][1])), len(missing))
+        with timeline.span("all", "spawn workers"):
+            pool = WorkerPool(n)        # before the first capture: the workers' imports overlap the captures
+    n = min(pool.size, len(missing))
     log.info("warmup %s: compiling %d missing gears in %d worker processes", cf.name, len(missing), n)
-    with timeline.span("all", "spawn workers"):
-        pool = WorkerPool(n)            # before the first capture: the workers' imports overlap the captures
     threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
 
     def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
@@ -195,8 +218,13 @@ def _call_inputs(cf: "CachedFunction", leaves: tuple) -> list[Any]:
 
 def _job(cf: "CachedFunction", p: "PendingEntry") -> dict[str, Any] | None:
     """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
+    gm = cf._graph_to_compile(p.captured)
+    if communicates(gm):
+        log.info("warmup %s: entry %s is compiled in this process: its graph calls collectives, whose process groups "
+                 "only this process has", cf.name, p.ekey)
+        return None
     try:
-        graph = compat.graph_to_bytes(cf._graph_to_compile(p.captured))
+        graph = compat.graph_to_bytes(gm)
     except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
         log.info("warmup %s: entry %s is compiled in this process: its graph cannot be sent to a worker (%s: %s)",
                  cf.name, p.ekey, type(exc).__name__, exc)

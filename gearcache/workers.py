@@ -157,6 +157,11 @@ class WorkerPool:
             self._all.append(proc)
             self._idle.put(proc)
 
+    @property
+    def size(self) -> int:
+        """How many worker processes were started."""
+        return len(self._all)
+
     def compile(self, job: dict[str, Any]) -> dict[str, Any]:
         """Run ``job`` in a worker; returns its reply (``seconds``, ``times``, see the module docstring) with
         ``worker`` (its index in the pool) added. ``WorkerError`` if the worker failed or died."""

@@ -78,6 +78,8 @@ def test_workers_give_the_serial_entries_and_a_fresh_process_compiles_nothing(ge
     cold = run_script("run_gears.py", str(cache), "--workers", "2")
     assert cold["equal"] and cold["gears"] == 3 and cold["compiles_after_warmup"] == 0
     assert cold["counters"]["compiles"] == 3 and cold["counters"]["traces"] == 4
+    spawn, trace = cold["phases"]["spawn workers"], cold["phases"]["signature and gears"]
+    assert spawn[1] <= trace[1], "no gear plan stored: the workers start before the plan's trace ends"
     entries, artifacts = _summary(cache)
     serial_entries, serial_artifacts = _summary(serial_cache)
     assert len(entries) == 3 and entries == serial_entries, "same entry keys and manifests"

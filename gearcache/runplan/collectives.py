@@ -27,12 +27,31 @@ import torch
 from .. import _torch_compat as compat
 from ..errors import ProcessGroupMismatchError
 
-__all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups", "describe_groups",
-           "stand_in_collectives"]
+__all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups", "communicates",
+           "describe_groups", "stand_in_collectives"]
 
 NAMESPACE = "_c10d_functional"
 OTHER_NAMESPACES = frozenset({"_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor", "symm_mem"})
 """Operators that communicate but have no stand-in: refused by the writer, and never run during the check."""
+
+
+def communicates(gm: torch.fx.GraphModule) -> bool:
+    """Whether the FX graph calls a communicating operator (a functional collective or another of
+    ``OTHER_NAMESPACES``): Inductor resolves the process groups it names while compiling it, so only a process that
+    has those groups can compile it (parallel warm-up compiles such a graph in the calling process)."""
+    spaces = OTHER_NAMESPACES | {NAMESPACE}
+    return any(node.op == "call_function" and _namespace(node.target) in spaces for node in gm.graph.nodes)
+
+
+def _namespace(target: Any) -> str | None:
+    """The operator namespace of an FX call target: ``OpOverload`` (after AOT) or ``OpOverloadPacket`` (what Dynamo
+    records for ``dist.all_reduce``); a Python function of ``torch.distributed`` counts as ``c10d``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target.namespace
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name.partition("::")[0]
+    module = getattr(target, "__module__", None) or ""
+    return "c10d" if module.startswith("torch.distributed") else None
 
 
 def _gather(x: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -35,6 +35,8 @@ with torch.inference_mode():
         report["equal"] &= bool(torch.allclose(total, ref_total, atol=1e-5))
     report["compiles_after_warmup"] = counters.compiles + counters.traces - before
 report["counters"] = dict(vars(counters))
+spans = model.cached.warmup_timeline.spans
+report["phases"] = {phase: [start, end] for who, phase, start, end in spans if who == "all"}
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
 print(json.dumps(report))
