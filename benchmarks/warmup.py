@@ -2,8 +2,8 @@
 
     python benchmarks/warmup.py [--device cuda|cpu] [--workers N] [--gears 1,2,4,8,16,32,64]
 
-Each measurement is a fresh process with a new, empty cache folder, timing ``warmup()`` alone (model built, torch
-imported before the clock starts):
+Each measurement is a fresh process with a new, empty cache folder and empty Inductor and Triton caches, timing
+``warmup()`` alone (model built, torch imported before the clock starts):
 
 1. one gear: ``warmup()`` with only the largest gear (one capture + one compile);
 2. serial: every gear, ``inference_config.warmup_workers = 1`` (what warm-up did before parallel warm-up);
@@ -19,6 +19,7 @@ Target (issue #14): parallel <= 1.5x one gear on the H200 for the 7 decode gears
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,11 +64,19 @@ def child(device: str, gears: list[int], workers: int | None) -> None:
 
 
 def run(device: str, gears: list[int], workers: int | None) -> dict:
+    """One cold warm-up in a fresh process, with empty Inductor and Triton caches of its own (shared caches would
+    let a later run reuse the kernels an earlier one compiled; its workers inherit them)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--device", device,
            "--gears", ",".join(map(str, gears))]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    caches = tempfile.mkdtemp(prefix="gearcache-warmup-bench-caches-")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+           "TRITON_CACHE_DIR": os.path.join(caches, "triton")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    finally:
+        shutil.rmtree(caches, ignore_errors=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
