@@ -21,7 +21,10 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, port: int | None = None):
+    """``args``: more redis-server options, e.g. ``("--unixsocket", path)`` or ``("--requirepass", pw)`` (which
+    :meth:`client` then sends)."""
+
+    def __init__(self, port: int | None = None, args: tuple[str, ...] = ()):
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not on PATH; the fleet tests need a real one. Fix: "
@@ -31,11 +34,13 @@ class RedisServer:
         self.dir = tempfile.mkdtemp(prefix="gearcache-redis-")
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
+        self.args = tuple(args)
+        self.password = dict(zip(self.args, self.args[1:])).get("--requirepass")
 
     def start(self) -> "RedisServer":
         self.proc = subprocess.Popen(
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--enable-debug-command", "local"],
+             "--dir", self.dir, "--enable-debug-command", "local", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
@@ -50,7 +55,7 @@ class RedisServer:
     def client(self, **kw):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, **{"socket_timeout": 5, **kw})
+        return redis.Redis(host="127.0.0.1", port=self.port, **{"socket_timeout": 5, "password": self.password, **kw})
 
     def kill(self) -> None:
         """SIGKILL (a crash: nothing flushed)."""

@@ -1,6 +1,9 @@
 """The Redis backend against a real redis-server: its contract (backend.py), bounded time, faults as RemoteError."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -75,6 +78,35 @@ def test_full_server_is_a_remote_error(redis):
     redis.client().config_set("maxmemory", 1)                        # noeviction (the default policy): writes fail
     with pytest.raises(RemoteError, match="OOM|maxmemory"):
         b.put_temporary({"p:c0": b"x" * 1000}, ttl_s=60)
+
+
+def test_reads_never_import_redis_py_and_writes_need_it(redis):
+    """A node that only fetches (``get_many``) runs without redis-py (~0.1 s to import); the first write, claim or
+    scan opens it, and without it is a RemoteError naming the fix."""
+    redis.client().set("p:k", b"v")
+    code = textwrap.dedent(f"""
+        import sys
+        from gearcache.store.backend import RemoteError, open_backend
+        b = open_backend({redis.url!r}, timeout_s=2)
+        assert b.get_many(["p:k", "p:none"]) == [b"v", None]
+        assert "redis" not in sys.modules, "the read imported redis-py"
+        sys.modules["redis"] = None                       # as if redis-py were not installed
+        try:
+            b.claim("p:claim", "h/1", ttl_s=5)
+        except RemoteError as exc:
+            print(exc)
+        assert b.get("p:k") == b"v"
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "redis-py is not installed. Fix: pip install 'gearcache[fleet]'" in proc.stdout
+
+
+def test_url_options_are_read_through_redis_py(redis):
+    b = open_backend(redis.url + "?socket_keepalive=true", timeout_s=2)
+    assert b._reader is None                                         # the small reader knows no URL options
+    b.put_temporary({"p:a": b"x"}, ttl_s=60)
+    assert b.get_many(["p:a", "p:b"]) == [b"x", None]
 
 
 def test_unknown_scheme_is_a_config_error():

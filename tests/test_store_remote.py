@@ -23,6 +23,7 @@ from conftest import FLEET_KEY, TESTS, fleet_config
 from gearcache import counters
 from gearcache.errors import ConfigError
 from gearcache.store import Store
+from gearcache.store.fleet import flush_fetched_entries
 from redis_server import free_port
 
 KEY = FLEET_KEY
@@ -62,6 +63,7 @@ def test_warm_remote_fills_empty_local_folders_without_compiling(redis, seed, tm
     push_seed(seed, redis.url)
     (first, _), = reports(start_nodes([tmp_path / "node"], config(redis.url)))
     assert (first["compiles"], first["traces"], first["remote_loads"], first["equal"]) == (0, 0, 1, True)
+    assert not first["redis_py_imported"]                        # the fetch path reads without redis-py
     (again, _), = reports(start_nodes([tmp_path / "node"], config(redis.url)))     # now from the local folder
     assert (again["compiles"], again["remote_loads"], again["loads"], again["equal"]) == (0, 0, 1, True)
 
@@ -155,6 +157,11 @@ def test_remote_needs_a_signing_key_or_an_explicit_opt_out(tmp_path, caplog, mon
         Store(tmp_path, signing_key="k", remote="redis://h:1/0", remote_trust="maybe")
 
 
+def test_unknown_remote_scheme_is_a_config_error_when_the_store_is_made(tmp_path):
+    with pytest.raises(ConfigError, match=r"remote='memcached://h:1'.*unknown scheme"):
+        Store(tmp_path, signing_key=KEY, remote="memcached://h:1")      # not at the first miss, inside a call
+
+
 def test_unsigned_remote_artifact_and_entry_are_refused_under_a_key(redis, tmp_path):
     plain = store_at(tmp_path / "a", redis, signing_key=None, remote_trust="unsigned-ok")
     plain.publish_artifact(AKEY, Builder())
@@ -211,6 +218,32 @@ def test_fetched_artifact_is_published_locally_and_verified(redis, tmp_path):
     builder = Builder()
     assert b.publish_artifact(AKEY, builder) == (b.artifact_dir(AKEY), False) and builder.calls == 0
     assert (b.artifact_dir(AKEY) / "inductor" / "kernels" / "k.so").read_bytes() == FILES["kernels/k.so"]
+    nothing_partial(b, redis)
+
+
+def test_fetched_entry_is_loaded_from_memory_and_written_at_exit_after_its_artifact(redis, tmp_path):
+    a = store_at(tmp_path / "a", redis)
+    a.publish_artifact(AKEY, Builder())
+    manifest = {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY}
+    a.write_entry("t", "m", "e1", manifest)                                 # pushed, signed
+    b = store_at(tmp_path / "b", redis)
+    assert b.read_entry("t", "m", "e1") == manifest                         # checked, "sig" dropped
+    b.verify_artifact(AKEY)                                                 # published here first
+    assert not b.entry_path("t", "m", "e1").exists()                        # the entry: at exit
+    flush_fetched_entries()
+    assert b.read_entry("t", "m", "e1", load=False) == manifest            # then written, signed
+    nothing_partial(b, redis)
+
+
+def test_fetched_entry_whose_artifact_is_refused_is_not_written(redis, tmp_path):
+    a = store_at(tmp_path / "a", redis)
+    a.publish_artifact(AKEY, Builder())
+    a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    damage_chunk(redis, "flip")
+    b = store_at(tmp_path / "b", redis)
+    assert b.read_entry("t", "m", "e1")["akey"] == AKEY                     # the caller finds no artifact: compiles
+    flush_fetched_entries()
+    assert not b.artifact_dir(AKEY).exists() and not b.entry_path("t", "m", "e1").exists()
     nothing_partial(b, redis)
 
 

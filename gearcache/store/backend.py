@@ -82,12 +82,18 @@ class RemoteBackend(abc.ABC):
         return self.get_many([key])[0]
 
 
-def open_backend(url: str, *, timeout_s: float) -> RemoteBackend:
-    """The backend for ``url`` (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path.sock``)."""
+def backend_class(url: str) -> type[RemoteBackend]:
+    """The backend class for ``url`` (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path.sock``), its
+    module imported (cheap: no client library, no connection). ``ConfigError`` for an unknown scheme."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss", "unix"):
         from .redis_backend import RedisBackend
 
-        return RedisBackend(url, timeout_s=timeout_s)
+        return RedisBackend
     raise ConfigError(f"remote={url!r}: unknown scheme {scheme!r}. Fix: use a redis://host:6379/0 URL "
                       f"(rediss:// for TLS, unix:///path/redis.sock)")
+
+
+def open_backend(url: str, *, timeout_s: float) -> RemoteBackend:
+    """The backend for ``url`` (see :func:`backend_class`); it connects at its first command."""
+    return backend_class(url)(url, timeout_s=timeout_s)

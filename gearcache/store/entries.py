@@ -25,7 +25,8 @@ class EntryMixin:
         """The entry manifest, or None: missing, unreadable, another format, not trusted, or (with a signing key)
         unsigned or wrongly signed. ``load`` (a process about to load it): a bad manifest is moved to quarantine/
         and the artifact is leased before it is verified; with a remote store, a local miss is fetched from it (the
-        entry, then its artifact), checked and written here first."""
+        entry, checked; then its artifact, verified and published here; the entry is written here at exit:
+        ``FleetMixin.remote_entry``)."""
         if load and not self._checked:
             try:
                 self._ensure_root()             # first use: trust checks, leftovers of dead processes, max_size
@@ -34,13 +35,8 @@ class EntryMixin:
         path = self.entry_path(topology_folder, method, ekey)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            if not (load and self.remote is not None and self.remote_fetch_entry(topology_folder, method, ekey)):
-                return None
-            try:                                # fetched from the remote store, written here: read it as usual
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            except OSError:
-                return None
+        except FileNotFoundError:                   # with a remote: fetched, checked, its artifact published here
+            return self.remote_entry(topology_folder, method, ekey) if load and self.remote is not None else None
         except OSError as exc:
             log.warning("unreadable entry manifest %s (%s): treated as a miss", path, exc)
             return None

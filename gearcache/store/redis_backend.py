@@ -1,13 +1,18 @@
-"""The Redis backend (redis-py): ``remote="redis://host:6379/0"``. See ``backend.py`` for the contract.
+"""The Redis backend: ``remote="redis://host:6379/0"``. See ``backend.py`` for the contract.
 
+Reads (``get_many``: the whole fetch path of a warm node) go through ``resp.py``'s small reader, so a node that
+only fetches never imports redis-py (~0.1 s of CPU); writes, claims, scans and server facts go through redis-py,
+opened at their first use. A URL the reader does not handle (``rediss://``, URL options) is read by redis-py too.
 Every command is bounded by ``timeout_s`` (connect and socket timeouts, no retries: a retry would multiply the wait);
-claims are ``SET key owner NX PX ttl`` refreshed and dropped by compare-and-set scripts; ``commit`` is one
-``MULTI``/``EXEC`` transaction. redis-py's connection pool reopens its connections in a forked child.
+claims are ``SET key owner NX PX ttl`` refreshed and dropped by compare-and-set scripts; ``commit`` is one Lua
+script. Both clients' connection pools reopen their connections in a forked child.
 """
 from __future__ import annotations
 
-from typing import Iterator
+import threading
+from typing import Any, Iterator
 
+from . import resp
 from .backend import RemoteBackend, RemoteError
 
 _REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
@@ -23,20 +28,43 @@ return 1
 
 class RedisBackend(RemoteBackend):
     def __init__(self, url: str, *, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
+        target = resp.parse_url(url)
+        self._reader = resp.Reader(target, timeout_s) if target is not None else None
+        self._errors: tuple[type[BaseException], ...] = (OSError,)
+        self._redis: tuple[Any, dict[str, Any]] | None = None
+        self._open_lock = threading.Lock()
+
+    def _redis_py(self) -> tuple[Any, dict[str, Any]]:
+        """The redis-py client and its Lua scripts, created at first use (``RemoteError`` when redis-py is not
+        installed)."""
+        with self._open_lock:
+            if self._redis is None:
+                self._redis = self._open_redis_py()
+        return self._redis
+
+    @property
+    def _client(self) -> Any:
+        return self._redis_py()[0]
+
+    def _script(self, name: str) -> Any:
+        return self._redis_py()[1][name]
+
+    def _open_redis_py(self) -> tuple[Any, dict[str, Any]]:
         try:
             import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError:
-            raise RemoteError(url, "redis-py is not installed. Fix: pip install 'gearcache[fleet]' "
-                                   "(or pip install 'redis>=5')") from None
-        self.url = url
+            raise RemoteError(self.url, "redis-py is not installed. Fix: pip install 'gearcache[fleet]' "
+                                        "(or pip install 'redis>=5')") from None
+        client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                      socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0),
+                                      retry_on_timeout=False)
+        scripts = {name: client.register_script(text)
+                   for name, text in (("refresh", _REFRESH), ("release", _RELEASE), ("commit", _COMMIT))}
         self._errors = (redis.RedisError, OSError)
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                            retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
-        self._refresh = self._client.register_script(_REFRESH)
-        self._release = self._client.register_script(_RELEASE)
-        self._commit = self._client.register_script(_COMMIT)
+        return client, scripts
 
     def _run(self, what: str, fn, *args, **kwargs):
         try:
@@ -45,7 +73,11 @@ class RedisBackend(RemoteBackend):
             raise RemoteError(self.url, f"{what} failed ({type(exc).__name__}: {exc})") from exc
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return self._run("MGET", self._client.mget, keys) if keys else []
+        if not keys:
+            return []
+        if self._reader is None:
+            return self._run("MGET", lambda: self._client.mget(keys))
+        return self._run("MGET", self._reader.mget, keys)
 
     def put_temporary(self, items: dict[str, bytes], ttl_s: float) -> None:
         def put() -> None:
@@ -56,7 +88,7 @@ class RedisBackend(RemoteBackend):
         self._run("SET", put)
 
     def commit(self, key: str, value: bytes, keep: list[str]) -> None:
-        if not self._run("commit", self._commit, keys=[key, *keep], args=[value]):
+        if not self._run("commit", self._script("commit"), keys=[key, *keep], args=[value]):
             raise RemoteError(self.url, f"commit of {key} failed: a part expired or was evicted before it was "
                                         f"committed")
 
@@ -79,10 +111,11 @@ class RedisBackend(RemoteBackend):
         return holder.decode(errors="replace")
 
     def refresh(self, key: str, owner: str, ttl_s: float) -> bool:
-        return bool(self._run("PEXPIRE", self._refresh, keys=[key], args=[owner, max(1, int(ttl_s * 1000))]))
+        px = max(1, int(ttl_s * 1000))
+        return bool(self._run("PEXPIRE", self._script("refresh"), keys=[key], args=[owner, px]))
 
     def release(self, key: str, owner: str) -> None:
-        self._run("DEL", self._release, keys=[key], args=[owner])
+        self._run("DEL", self._script("release"), keys=[key], args=[owner])
 
     def describe(self) -> dict:
         info = self._run("INFO", self._client.info, "memory")

@@ -36,7 +36,7 @@ from ..counters import counters
 from ..errors import CacheCorruptionError
 from ..key import FORMAT_VERSION
 from . import files as fs
-from .backend import RemoteBackend, RemoteError, open_backend
+from .backend import RemoteBackend, RemoteError, backend_class
 from .files import HOST, MANIFEST, SIGNATURE, _makedirs, _tmp_tag, write_json_atomic
 from .signing import json_signature_ok
 
@@ -50,13 +50,15 @@ _POLL_S = (0.05, 0.5)            # a waiter polls for the claimer's artifact, ba
 
 
 class RemoteStore:
-    """The remote tier of one ``Store``. Cheap to create: the backend is opened at first use."""
+    """The remote tier of one ``Store``. Cheap to create: the backend's module is imported here (so a first call that
+    fetches imports nothing; ``ConfigError`` for an unknown scheme), the backend is opened at first use."""
 
     def __init__(self, url: str, *, trust: str = "signed", signing_key: bytes | None = None, timeout_s: float = 5.0,
                  chunk_bytes: int = 4 << 20, claim_ttl_s: float = 20.0, prefix: str | None = None):
         self.url, self.trust, self._key = url, trust, signing_key
         self.timeout_s, self.chunk_bytes, self.claim_ttl_s = timeout_s, chunk_bytes, claim_ttl_s
         self.prefix = prefix if prefix is not None else f"gearcache:f{FORMAT_VERSION}:"
+        self._backend_class = backend_class(url)
         self._backend: RemoteBackend | None = None
         self._down_until = 0.0
         self._warned: set[str] = set()
@@ -68,7 +70,7 @@ class RemoteStore:
     @property
     def backend(self) -> RemoteBackend:
         if self._backend is None:
-            self._backend = open_backend(self.url, timeout_s=self.timeout_s)
+            self._backend = self._backend_class(self.url, timeout_s=self.timeout_s)
         return self._backend
 
     def available(self) -> bool:

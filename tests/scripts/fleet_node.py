@@ -3,7 +3,8 @@
 usage: fleet_node.py CACHE_DIR [CONFIG_JSON]   (CONFIG_JSON: CompilerConfig fields, e.g. '{"remote": "redis://..."}')
 
 The report has the counters' change over the first call (compiles, traces, remote_loads, ...), the first call's
-seconds, and whether every output equals eager. Also used by benchmarks/fleet.py.
+seconds, whether every output equals eager, and whether redis-py was imported (a node that only fetches never
+needs it). Also used by benchmarks/fleet.py.
 """
 import json
 import logging
@@ -41,7 +42,8 @@ def main() -> None:
         first = time.perf_counter() - t0
         equal = torch.equal(out, model.fwd(x)) or torch.allclose(out, model.fwd(x), atol=1e-6)
     delta = {k: v for k, v in counters.delta(before).items() if not k.endswith("_seconds")}
-    print(json.dumps({"pid": os.getpid(), "first_call_s": first, "equal": bool(equal), **delta}))
+    print(json.dumps({"pid": os.getpid(), "first_call_s": first, "equal": bool(equal),
+                      "redis_py_imported": "redis" in sys.modules, **delta}))
 
 
 if __name__ == "__main__":
