@@ -25,7 +25,7 @@ import filelock
 import torch
 
 import gearcache.cached_function as cached_function_module
-from gearcache import CompilerConfig, cache_compile, counters
+from gearcache import CompilerConfig, cache_compile, counters, runplan
 from gearcache import compiler
 from gearcache.store import files as store_module
 from gearcache.store import Store
@@ -48,6 +48,14 @@ class Tiny(torch.nn.Module):
 
     def fwd(self, x):
         return torch.relu(self.lin(x)) * 2 - 1
+
+
+def read_by_load(folder: pathlib.Path, rel: str) -> bool:
+    """Whether loading the artifact ``folder`` through its run plan reads its file ``rel`` (what a load verifies
+    before anything runs: the manifest, its signature and ``runplan.files_read``)."""
+    parts = runplan.files_read(folder)
+    return rel in {"MANIFEST.json", "MANIFEST.sig"} or any(
+        rel == part or (part.endswith("/") and rel.startswith(part)) for part in parts)
 
 
 def make(cache_dir, config: CompilerConfig | None = None, seed: int = 0) -> Tiny:

@@ -109,12 +109,6 @@ def damage(path: pathlib.Path, how: str) -> None:
         path.unlink()
 
 
-def plan_read(folder: pathlib.Path, rel: str) -> bool:
-    """Whether loading through the run plan reads ``rel`` (what a load verifies before anything runs)."""
-    return rel in {"MANIFEST.json", "MANIFEST.sig"} or any(
-        rel == part or rel.startswith(part) for part in runplan.files_read(folder) if part.endswith("/") or part == rel)
-
-
 @pytest.mark.parametrize("how", ["truncate", "flip", "delete"])
 def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebuilt, akeys, tmp_path, fake_compile,
                                                                          caplog, how):
@@ -126,7 +120,7 @@ def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebui
     folder = prebuilt / "artifacts" / akey
     files = artifact_files(folder)
     assert len(files) >= 5 and "MANIFEST.json" in files and any(f.endswith(".so") for f in files)
-    read = [rel for rel in files if plan_read(folder, rel)]
+    read = [rel for rel in files if rc.read_by_load(folder, rel)]
     assert "runplan/plan.json" in read and any(f.endswith(".so") for f in read) and len(read) < len(files)
     for i, rel in enumerate(files):
         root = rc.copy_store(prebuilt, tmp_path / f"c{i}")
@@ -143,7 +137,7 @@ def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebui
                 with pytest.raises(CacheCorruptionError):
                     Store(root).verify_artifact(akey)
             continue
-        if not plan_read(folder, rel):
+        if not rc.read_by_load(folder, rel):
             with counters.expect(quarantined=0, compiles=0, loads=1, direct_loads=1):
                 assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
             with pytest.raises(CacheCorruptionError):
@@ -165,7 +159,7 @@ def test_damaged_torch_artifact_is_verified_before_torch_loader_reads_it(prebuil
     artifact is verified first, and a damaged file there is quarantined and rebuilt, never loaded."""
     akey = akeys["2"]
     folder = prebuilt / "artifacts" / akey
-    rel = next(r for r in artifact_files(folder) if not plan_read(folder, r) and r.endswith(".py"))
+    rel = next(r for r in artifact_files(folder) if not rc.read_by_load(folder, r) and r.endswith(".py"))
     root = rc.copy_store(prebuilt, tmp_path / "c")
     damage(root / "artifacts" / akey / rel, "flip")
 

@@ -21,7 +21,7 @@ import filelock
 import pytest
 
 import reliability_child as rc
-from gearcache import counters, runplan
+from gearcache import counters
 from gearcache.store import Store
 
 PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.standalone_compile",
@@ -65,11 +65,8 @@ def check(fork, root, prebuilt, config, out, corrupted=None) -> dict:
 def flip_a_byte(folder: pathlib.Path, rng: random.Random) -> None:
     """Flip a byte of a file a load reads (``runplan.files_read``: the run plan and the libraries it names), so
     that the next load finds the artifact corrupt."""
-    parts = runplan.files_read(folder)
-
-    def read(rel: str) -> bool:
-        return any(rel == part or (part.endswith("/") and rel.startswith(part)) for part in parts)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and read(p.relative_to(folder).as_posix()))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in ("MANIFEST.json", "MANIFEST.sig")
+                   and rc.read_by_load(folder, p.relative_to(folder).as_posix()))
     path = rng.choice(files)
     data = bytearray(path.read_bytes())
     data[rng.randrange(len(data))] ^= 0x10
