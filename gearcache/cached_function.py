@@ -199,18 +199,24 @@ class CachedFunction:
             if early is not None:
                 early.close(wait=False)
         combos = plan.combinations()
-        call = self._call_geared
+        call, capture_now = self._call_geared, False
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
             lazy = self.config.inference_config.capture_graphs == "first_call"
             call = self.graphs.prepare if lazy else self.graphs.call
-        if self.graphs is not None:
+            capture_now = not lazy and _on_cuda(leaves)
             self.graphs.timeline = timeline
         try:
+            gear_calls = []
             for sizes in combos:
+                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+                gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
+            if capture_now:
+                with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
+                    self.graphs.capture_all(plan, gear_calls)
+            for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
                 with timeline.span(f"gear {sizes}", "first run"):
-                    gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
-                    call(plan, gear_leaves, signature.rekey(key, gear_leaves))
+                    call(plan, gear_leaves, gear_key)
                     if self.config.inference_config.verify_padding:
                         self._verify_gear(plan, leaves, key, sizes)
         finally:
@@ -314,7 +320,7 @@ class CachedFunction:
             return None
         akey = manifest["akey"]
         try:        # what its run plan reads; faults.load_artifact verifies the rest if torch's loader is needed
-            self.store.verify_artifact(akey, only=runplan.files_read(self.store.artifact_dir(akey)))
+            self.store.verify_for_load(akey, runplan.files_read(self.store.artifact_dir(akey)))
         except FileNotFoundError:
             log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
             return None
@@ -487,6 +493,10 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
                 if isinstance(item, torch.Tensor) and id(item) in ids:
                     names[ids[id(item)]] = f"{name}[{k}]"
     return names
+
+
+def _on_cuda(leaves: tuple) -> bool:
+    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves)
 
 
 def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:

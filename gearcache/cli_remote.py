@@ -18,16 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
-import shutil
-import tempfile
 from typing import Any
 
 from .cli import FAILED, OK, USAGE, CliError, _emit, fmt_bytes, format_table
 from .errors import CacheCorruptionError, ConfigError
 from .store import Store
 from .store.backend import RemoteError
-from .store.remote import REMOTE_ENV, _unpack
+from .store.remote import REMOTE_ENV, checked_files
 
 REMOTE_COMMANDS = ("ls", "inspect", "verify", "stats", "prune")
 
@@ -147,19 +144,15 @@ def _inspect(args: argparse.Namespace, store: Store) -> int:
 
 
 def check_artifact(store: Store, akey: str) -> str:
-    """'ok', or why the remote artifact ``akey`` is not loadable (unpacked and verified in a temp folder)."""
+    """'ok', or why the remote artifact ``akey`` is not loadable (checked in memory as a fetch checks it)."""
     parts = store.remote._read_bundle(akey)
     if parts is None:
         return "missing, incomplete or unreadable (see the log)"
-    tmp = tempfile.mkdtemp(prefix="gearcache-verify-")
     try:
-        _unpack(pathlib.Path(tmp) / "a", *parts, 0o700)
-        store.verify_artifact(akey, pathlib.Path(tmp) / "a")
+        checked_files(store, akey, *parts)
         return "ok"
     except (CacheCorruptionError, ValueError) as exc:
         return getattr(exc, "reason", None) or str(exc)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _verify(args: argparse.Namespace, store: Store) -> int:

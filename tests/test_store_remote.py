@@ -21,7 +21,7 @@ import pytest
 
 from conftest import FLEET_KEY, TESTS, fleet_config
 from gearcache import counters
-from gearcache.errors import ConfigError
+from gearcache.errors import CacheCorruptionError, ConfigError
 from gearcache.store import Store
 from gearcache.store.fleet import flush_fetched_entries
 from redis_server import free_port
@@ -289,6 +289,46 @@ def test_damaged_remote_value_is_never_loaded(redis, tmp_path, how):
     nothing_partial(b, redis)
     c = store_at(tmp_path / "c", redis)
     assert c.publish_artifact(AKEY, Builder())[1] is False                  # and serves the fleet again
+
+
+@pytest.mark.parametrize("change", ["extra file", "unsafe path", "missing file"])
+def test_remote_head_listing_other_files_than_its_manifest_is_refused_before_anything_is_written(redis, tmp_path,
+                                                                                                change):
+    """A fetch checks the bundle in memory against the signed manifest before it writes a byte: a head that lists a
+    file the manifest does not (or a path outside the artifact), or leaves one out, is refused and rebuilt."""
+    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    client = redis.client()
+    hkey, = remote_keys(redis, "artifact")
+    head = json.loads(client.get(hkey))
+    if change == "missing file":
+        size = head["files"][-1][1]
+        head["files"] = head["files"][:-2] + [[head["files"][-2][0], head["files"][-2][1] + size, 0o644]]
+    else:
+        first = head["files"][0]
+        name = "inductor/extra.py" if change == "extra file" else "../../outside.py"
+        head["files"] = [[name, 1, 0o755], [first[0], first[1] - 1, first[2]]] + head["files"][1:]
+    client.set(hkey, json.dumps(head))
+    before = counters.snapshot()
+    b = store_at(tmp_path / "b", redis)
+    builder = Builder()
+    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert counters.delta(before)["remote_refused"] == 1
+    assert not (tmp_path / "outside.py").exists() and not (tmp_path / "b" / "outside.py").exists()
+    nothing_partial(b, redis)
+
+
+def test_a_fetched_artifact_skips_only_the_next_load_check(redis, tmp_path):
+    """Right after a fetch, the load's check would read back what was just checked in memory: it is skipped once;
+    the next load checks the folder again (a file damaged meanwhile is found)."""
+    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    b = store_at(tmp_path / "b", redis)
+    assert b.publish_artifact(AKEY, Builder())[1] is False                 # fetched
+    kernel = b.artifact_dir(AKEY) / "inductor" / "kernels" / "k.so"
+    os.chmod(kernel, 0o644)
+    kernel.write_bytes(b"damaged")
+    b.verify_for_load(AKEY, None)                       # skipped: the fetch checked these bytes
+    with pytest.raises(CacheCorruptionError, match="k.so does not match"):
+        b.verify_for_load(AKEY, None)
 
 
 def test_redis_down_at_start_costs_one_timeout(tmp_path):

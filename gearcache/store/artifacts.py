@@ -75,25 +75,43 @@ class ArtifactMixin:
             if not folder.exists():
                 raise FileNotFoundError(str(folder / MANIFEST)) from None      # removed meanwhile
             raise CacheCorruptionError(str(folder), "MANIFEST.json is missing") from None
+        sig = None
         if self._key is not None:
             try:
-                sig = (folder / SIGNATURE).read_text(encoding="ascii", errors="replace").strip()
+                sig = (folder / SIGNATURE).read_text(encoding="ascii", errors="replace")
             except FileNotFoundError:
-                raise CacheCorruptionError(str(folder), "it is not signed (no MANIFEST.sig) and a signing key is "
-                                                        "set") from None
-            if not hmac.compare_digest(sig, _hmac(self._key, raw)):
-                raise CacheCorruptionError(str(folder), "MANIFEST.sig does not match the manifest (tampered, or "
-                                                        "signed with another key)")
+                pass
+        return self.check_manifest(akey, raw, sig, str(folder))
+
+    def check_manifest(self, akey: str, raw: bytes, sig: str | None, where: str) -> dict[str, str]:
+        """The ``files`` (relative path -> sha256) of the manifest bytes ``raw``, once (with a signing key) ``sig``
+        (``MANIFEST.sig``'s text; None: there is none) is its HMAC and it names this format and key. Else
+        ``CacheCorruptionError`` naming ``where``."""
+        if self._key is not None:
+            if sig is None:
+                raise CacheCorruptionError(where, "it is not signed (no MANIFEST.sig) and a signing key is set")
+            if not hmac.compare_digest(sig.strip(), _hmac(self._key, raw)):
+                raise CacheCorruptionError(where, "MANIFEST.sig does not match the manifest (tampered, or signed "
+                                                  "with another key)")
         try:
             manifest = json.loads(raw)
             files: dict[str, str] = manifest["files"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise CacheCorruptionError(str(folder), f"MANIFEST.json unreadable ({exc})") from None
+            raise CacheCorruptionError(where, f"MANIFEST.json unreadable ({exc})") from None
         if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-            raise CacheCorruptionError(str(folder), "MANIFEST.json is malformed")
+            raise CacheCorruptionError(where, "MANIFEST.json is malformed")
         if manifest.get("format") != FORMAT_VERSION or manifest.get("akey") != akey:
-            raise CacheCorruptionError(str(folder), "MANIFEST.json names another format or key")
+            raise CacheCorruptionError(where, "MANIFEST.json names another format or key")
         return files
+
+    def verify_for_load(self, akey: str, only: Sequence[str] | None) -> None:
+        """``verify_artifact(akey, only=only)`` before a load, skipped once right after this Store wrote ``akey``
+        from bytes it had checked in memory (a fetch from the remote store: ``remote.py``), which would only read
+        back what was just checked."""
+        if akey in self._checked_in_memory:
+            self._checked_in_memory.discard(akey)
+            return
+        self.verify_artifact(akey, only=only)
 
     def _walk_part(self, top: str, part: str, present: set[str]) -> None:
         """Check every file and folder under ``top/part`` (``""``: the whole artifact; the part's own folder too):

@@ -71,6 +71,7 @@ class Store(TrustMixin, CleanupMixin, LockMixin, LeaseMixin, IndexMixin, EntryMi
         self._root_trusted: str | None = None          # None: not checked yet; "": trusted; else why not
         self._leased: set[str] = set()
         self._lease_finalizer = None
+        self._checked_in_memory: set[str] = set()   # artifacts written here from bytes checked in memory (a fetch)
         self.remote = self._open_remote(remote, remote_trust, timeout_s=remote_timeout_s,
                                         chunk_bytes=remote_chunk_bytes, claim_ttl_s=remote_claim_ttl_s)
 

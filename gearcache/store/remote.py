@@ -10,10 +10,12 @@ Remote layout (``P`` = ``gearcache:f<FORMAT_VERSION>:``; values are bytes)::
     P claim:<akey>                       "host/pid": that process compiles the artifact (expires unless refreshed)
 
 Writes: chunks first, each expiring after an hour; then one atomic commit makes them permanent *and* sets the
-head, then the entry key. A reader needs the head and every chunk: a missing chunk is a miss; the bundle's sha256,
-then (after unpacking into a work folder) every file's digest and, with a signing key, ``MANIFEST.sig`` and the
-entry's ``"sig"`` are checked before the artifact is renamed into ``artifacts/`` with the local folder's usual
-steps. What fails a check is refused (``counters.remote_refused``, a warning) and rebuilt; it is never executed.
+head, then the entry key. A reader needs the head and every chunk: a missing chunk is a miss; in memory, before
+anything is written, the bundle's length, every file's digest and, with a signing key, ``MANIFEST.sig`` and the
+entry's ``"sig"`` are checked; then the files are written into a work folder renamed into ``artifacts/`` with the
+local folder's usual steps. (The bundle's sha256 names its chunks; the file digests, under the signature, are what
+a reader checks.) What fails a check is refused (``counters.remote_refused``, a warning) and rebuilt; it is never
+executed.
 
 A remote fault (down, timed out, full) is a :class:`RemoteError`: logged once per process and kind, counted in
 ``counters.remote_errors``, and the remote is left alone for ``DOWN_BACKOFF_S`` (so a dead server costs one timeout,
@@ -138,17 +140,18 @@ class RemoteStore:
 
     # ------------------------------------------------------------------------------------------------ artifacts
     def fetch_artifact(self, store: Any, akey: str) -> bool:
-        """Fetch artifact ``akey`` into ``store``'s folder: unpacked into a work folder, verified there (digests,
-        signature, trust), renamed into ``artifacts/``. The caller holds the artifact's local lock. False when the
-        remote has no complete, valid copy. Raises ``RemoteError``."""
+        """Fetch artifact ``akey`` into ``store``'s folder: checked in memory (signature, trust, every file's digest:
+        :func:`checked_files`), written into a work folder, renamed into ``artifacts/``; the next load's check is
+        skipped once (``Store.verify_for_load``: it would read back what was just checked). The caller holds the
+        artifact's local lock. False when the remote has no complete, valid copy. Raises ``RemoteError``."""
         parts = self._read_bundle(akey)
         if parts is None:
             return False
         head, bundle = parts
         work = store.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
         try:
-            _unpack(work, head, bundle, store._dir_mode)
-            store.verify_artifact(akey, work)
+            rows = checked_files(store, akey, head, bundle)
+            _unpack(work, head, rows, store._dir_mode)
             final = store.artifact_dir(akey)
             if final.exists() or final.is_symlink():
                 store._remove(final, akey)
@@ -159,6 +162,7 @@ class RemoteStore:
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
+        store._checked_in_memory.add(akey)
         now = time.time()
         row = {"bytes": head["bytes"], "created": now, "last_used": now, "from": self.url}
 
@@ -171,6 +175,9 @@ class RemoteStore:
         return True
 
     def _read_bundle(self, akey: str) -> tuple[dict[str, Any], bytes] | None:
+        """The head and the bundle (every chunk, joined; its length checked), or None: no head, a missing chunk
+        (a miss), or an unreadable head (refused). The bundle's content is checked file by file against the signed
+        manifest (:func:`checked_files`), not by hashing it whole once more."""
         raw = self.backend.get(self.head_key(akey))
         if raw is None:
             return None
@@ -188,9 +195,10 @@ class RemoteStore:
             log.info("remote artifact %s is incomplete (chunk %d of %d missing: evicted, or its writer died); a miss",
                      akey, missing[0], n)
             return None
-        bundle = b"".join(chunks)
-        if hashlib.sha256(bundle).hexdigest() != bundle_sha or len(bundle) != head.get("bytes"):
-            self.refused(f"artifact {akey}", "its chunks do not match the head's sha256 (truncated or corrupted)")
+        bundle = chunks[0] if n == 1 else b"".join(chunks)
+        if len(bundle) != head.get("bytes"):
+            self.refused(f"artifact {akey}", f"its chunks hold {len(bundle)} bytes, its head says {head.get('bytes')} "
+                                             f"(truncated or corrupted)")
             return None
         return head, bundle
 
@@ -313,23 +321,46 @@ class RemoteStore:
         return sorted(k[len(start):] for k in self.backend.scan(start))
 
 
-def _unpack(work: pathlib.Path, head: dict[str, Any], bundle: bytes, dir_mode: int) -> None:
-    """Write the bundle's files into the new folder ``work`` (paths checked: relative, no ``..``), then
-    ``MANIFEST.json`` and ``MANIFEST.sig`` last. Raises ``ValueError`` on a malformed head."""
-    work.mkdir(mode=dir_mode)
-    offset = 0
+def checked_files(store: Any, akey: str, head: dict[str, Any], bundle: bytes) -> list[tuple[str, memoryview, int]]:
+    """The bundle cut into the head's files ``(relative path, bytes, mode)``, after the checks ``verify_artifact``
+    makes on a folder, made in memory before anything is written: the manifest's signature (with a key), format and
+    key (``Store.check_manifest``); every path safe (relative, no ``..``); exactly the manifest's files, each matching
+    its sha256 digest; the sizes adding up to the bundle. Raises ``CacheCorruptionError`` or ``ValueError``."""
+    where = f"remote artifact {akey}"
+    files = store.check_manifest(akey, str(head["manifest"]).encode(), head.get("sig"), where)
+    view, rows, offset = memoryview(bundle), [], 0
     for rel, size, mode in head["files"]:
-        parts = pathlib.PurePosixPath(rel).parts
-        if not isinstance(rel, str) or rel.startswith("/") or not parts or ".." in parts or "\\" in rel:
+        parts = pathlib.PurePosixPath(rel).parts if isinstance(rel, str) else ()
+        if not parts or rel.startswith("/") or ".." in parts or "\\" in rel:
             raise ValueError(f"the head lists an unsafe path {rel!r}")
-        path = work.joinpath(*parts)
-        _makedirs(path.parent, dir_mode)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), int(mode) & 0o755)
-        with os.fdopen(fd, "wb") as f:
-            f.write(bundle[offset:offset + int(size)])
+        if rel not in files:
+            raise CacheCorruptionError(where, f"{rel} is not listed in MANIFEST.json")
+        data = view[offset:offset + int(size)]
         offset += int(size)
+        if hashlib.sha256(data).hexdigest() != files[rel]:
+            raise CacheCorruptionError(where, f"{rel} does not match its sha256 digest")
+        rows.append((rel, data, int(mode) & 0o755))
     if offset != len(bundle):
         raise ValueError("the head's file sizes do not add up to the bundle")
+    missing = set(files) - {rel for rel, _, _ in rows}
+    if missing:
+        raise CacheCorruptionError(where, f"{sorted(missing)[0]} is missing")
+    return rows
+
+
+def _unpack(work: pathlib.Path, head: dict[str, Any], rows: list[tuple[str, memoryview, int]], dir_mode: int) -> None:
+    """Write the checked files ``rows`` (:func:`checked_files`) into the new folder ``work``, then ``MANIFEST.json``
+    and ``MANIFEST.sig`` last."""
+    work.mkdir(mode=dir_mode)
+    made = {work}
+    for rel, data, mode in rows:
+        path = work.joinpath(*rel.split("/"))
+        if path.parent not in made:
+            _makedirs(path.parent, dir_mode)
+            made.update(path.parents)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
     (work / MANIFEST).write_text(head["manifest"])
     if head.get("sig") is not None:
         (work / SIGNATURE).write_text(str(head["sig"]))
