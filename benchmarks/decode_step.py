@@ -43,14 +43,16 @@ def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: 
     return CachedGPT().to("cuda", torch.bfloat16).eval()
 
 
-def warm_child(cache_dir: str, capture: str) -> None:
+def warm_child(cache_dir: str, capture: str, threads: int | None = None) -> None:
     """A fresh process: load every gear and capture its graph (``capture="warmup"``), or load every gear and capture
     only B=1's on its first call (``"first_call"``); print the times and counters as JSON."""
     import torch
 
     import reference_decoder as ref
-    from gearcache import counters
+    from gearcache import counters, cuda_graphs
 
+    if threads:
+        cuda_graphs.CAPTURE_THREADS = threads
     model = make_cached(ref, "reduce-overhead", cache_dir, capture=capture)
     x, kv, pos = ref.inputs(64, "cuda", torch.bfloat16)
     one = ref.inputs(1, "cuda", torch.bfloat16)
@@ -66,6 +68,8 @@ def warm_child(cache_dir: str, capture: str) -> None:
         first = time.perf_counter() - t0
     print(model.cached_decode.warmup_timeline.summary(), file=sys.stderr)      # where the warm start goes
     print(json.dumps({"warm_all_gears_s": dt, "first_call_b1_s": first, "counters": dict(vars(counters)),
+                      "reserved_mib": torch.cuda.memory_reserved() / 2**20,
+                      "peak_reserved_mib": torch.cuda.max_memory_reserved() / 2**20,
                       "compiler_imported": "torch._inductor" in sys.modules or "torch._dynamo" in sys.modules}))
 
 
@@ -73,10 +77,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--child", choices=("warmup", "first_call"), help=argparse.SUPPRESS)
+    ap.add_argument("--capture-threads", type=int, default=None,
+                    help="with --child warmup: gears warmed up at once before their capture (default: "
+                         "gearcache.cuda_graphs.CAPTURE_THREADS)")
     opts = ap.parse_args()
     cache_dir = opts.cache_dir or tempfile.mkdtemp(prefix="gearcache-decode-")
     if opts.child:
-        return warm_child(cache_dir, opts.child)
+        return warm_child(cache_dir, opts.child, opts.capture_threads)
     import torch
 
     import reference_decoder as ref

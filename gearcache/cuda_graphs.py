@@ -22,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,6 +36,7 @@ from .errors import ConfigError, UnsupportedInputError
 
 log = logging.getLogger("gearcache")
 STATIC_ADDRESS_ATTR = "_gearcache_static_address"
+CAPTURE_THREADS = 8     # warm-up runs at once in CudaGraphs.capture_all (benchmarks/decode_step.py compares with 1)
 
 
 def mark_static_address(tensor: torch.Tensor) -> torch.Tensor:
@@ -148,6 +150,24 @@ class CudaGraphs:
 
         Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
         """
+        graphed, static_leaves = self._prepare(plan, leaves, key, targets)
+        t0 = time.perf_counter()
+        with self._phase(static_leaves, "graph warm-up run"):
+            # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
+            saved = [(leaves[i], leaves[i].clone()) for i, _ in graphed.static_ptrs]
+            counters.graph_warmups += 1
+            self._warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
+            for tensor, before in saved:
+                tensor.copy_(before)
+            _fill(graphed, leaves)
+        with self._phase(static_leaves, "graph record"):
+            graphed.graph, graphed.outs = self._record(graphed.entry, static_leaves)
+        self._captured(graphed, time.perf_counter() - t0)
+        return graphed
+
+    def _prepare(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple[GraphedEntry, tuple]:
+        """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
+        ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
         static_leaves = list(leaves)
         copies, static_ptrs = [], []
@@ -170,26 +190,65 @@ class CudaGraphs:
         graphed = GraphedEntry(None, None, [], copies, static_ptrs)
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
-        entry = self.cached._table.get(skey) or self.cached._miss(
+        graphed.entry = self.cached._table.get(skey) or self.cached._miss(
             *signature.unflatten(key[0], static_leaves), static_leaves, skey)
-        graphed.entry = entry
-        t0 = time.perf_counter()
-        _refuse_unmarked_writes(entry, copies)
-        with self._phase(static_leaves, "graph warm-up run"):
-            # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
-            saved = [(leaves[i], leaves[i].clone()) for i, _ in static_ptrs]
-            self._warm_up(entry, static_leaves, copies)
-            for tensor, before in saved:
-                tensor.copy_(before)
-            _fill(graphed, leaves)
-        with self._phase(static_leaves, "graph record"):
-            graphed.graph, graphed.outs = self._record(entry, static_leaves)
-        dt = time.perf_counter() - t0
+        _refuse_unmarked_writes(graphed.entry, copies)
+        return graphed, static_leaves
+
+    def _captured(self, graphed: GraphedEntry, seconds: float) -> None:
         counters.graph_captures += 1
-        counters.capture_seconds += dt
+        counters.capture_seconds += seconds
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
-                 [tuple(b.shape) for _, b, _ in copies], dt)
-        return graphed
+                 [tuple(b.shape) for _, b, _ in graphed.copies], seconds)
+
+    def capture_all(self, plan: Any, calls: list[tuple[tuple, tuple]], threads: int | None = None) -> int:
+        """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
+        graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
+
+        Their entries are found (loaded, or compiled) here, one after another; as soon as a gear's entry is here, a
+        thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
+        keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
+        recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
+        every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address
+        inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
+        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
+        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
+        for leaves, key in calls:
+            targets = plan.targets(leaves) if plan is not None else None
+            gkey = self._graph_key(plan, leaves, key, targets)
+            if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
+                todo.append((gkey, leaves, key, targets))
+        if not todo:
+            return 0
+        saved = _snapshot([x for _, leaves, _, _ in todo for x in leaves if _is_static_address(x)])
+        self._streams()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gear_threads, prepared = _GearThreads(self, len(todo), threads or CAPTURE_THREADS), []
+        try:
+            for gkey, leaves, key, targets in todo:
+                graphed, static_leaves = self._prepare(plan, leaves, key, targets)
+                prepared.append((gkey, leaves, graphed))
+                gear_threads.start(graphed, static_leaves)
+        except BaseException:
+            gear_threads.stop()
+            raise
+
+        def between() -> None:              # every warm-up has ended; no record has begun
+            for view, before in saved:
+                view.copy_(before)
+            for _, leaves, graphed in prepared:
+                _fill(graphed, leaves)
+
+        recorded = gear_threads.finish(between)
+        seconds = (time.perf_counter() - t0) / len(todo)
+        for (gkey, _, graphed), (graph, outs) in zip(prepared, recorded):
+            graphed.graph, graphed.outs = graph, outs
+            self.graphs[gkey] = graphed
+            counters.graph_warmups += 1
+            self._captured(graphed, seconds)
+        torch.cuda.empty_cache()
+        return len(todo)
 
     def _phase(self, static_leaves: tuple, phase: str) -> Any:
         """A span of the running warm-up's timeline (the device synchronised at its end, so the span holds the GPU
@@ -227,14 +286,12 @@ class CudaGraphs:
                 graph.capture_end()
         return graph, list(outs)
 
-    def _warm_up(self, entry: Any, static_leaves: tuple, copies: list) -> None:
-        """Run the entry once on a side stream before its capture (as CUDA graph capture requires: lazy
+    def _warm_up(self, entry: Any, static_leaves: tuple, copies: list, side: torch.cuda.Stream) -> None:
+        """Run the entry once on the stream ``side`` before its capture (as CUDA graph capture requires: lazy
         initialisation, cuBLAS workspaces and first kernel loads must not happen while capturing). An entry without a
         run plan does not say which inputs it writes: for it, this run also refuses writes to copied inputs."""
-        counters.graph_warmups += 1
         known = _mutated_leaves(entry) is not None
         before = [] if known else [buf.clone() for _, buf, _ in copies]
-        side, _ = self._streams()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             entry.compiled(*entry.gather(static_leaves))
@@ -242,6 +299,101 @@ class CudaGraphs:
         for (i, buf, _), old in zip(copies, before):
             if not torch.equal(buf, old):
                 raise UnsupportedInputError(_write_message(i))
+
+
+class _GearThreads:
+    """``CudaGraphs.capture_all``'s threads, one per gear (``start``ed as each gear's entry is found): its warm-up run
+    (at most ``limit`` at once), then, once every gear's has ended (``finish``), its record, one gear at a time in the
+    order they were started. A failure in any thread stops the records that follow and is raised in the caller."""
+
+    def __init__(self, graphs: CudaGraphs, n: int, limit: int):
+        self.graphs = graphs
+        self.slots = threading.Semaphore(max(1, limit))
+        self.warmed = threading.Barrier(n + 1)                      # every gear's thread, and the caller
+        self.gears: list[tuple[GraphedEntry, tuple]] = []
+        self.threads: list[threading.Thread] = []
+        self.turns = [threading.Event() for _ in range(n)]
+        self.errors: list[BaseException | None] = [None] * n
+        self.results: list[tuple[torch.cuda.CUDAGraph, list] | None] = [None] * n
+        self.abort = False
+        # thread-local state a new thread does not inherit: the device, grad and inference mode
+        self.modes = (torch.cuda.current_device(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+    def start(self, graphed: GraphedEntry, static_leaves: tuple) -> None:
+        k = len(self.threads)
+        self.gears.append((graphed, static_leaves))
+        thread = threading.Thread(target=self._gear, args=(k,), name=f"gearcache-capture-{k}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def stop(self) -> None:
+        """The caller failed before every gear was started: end the started threads without recording."""
+        self.abort = True
+        self.warmed.abort()
+        for k, thread in enumerate(self.threads):
+            self.turns[k].set()
+            thread.join()
+
+    def finish(self, between: Callable[[], None]) -> list[tuple[torch.cuda.CUDAGraph, list]]:
+        """Wait for every warm-up run, call ``between`` (unless one failed), then let each thread record in turn.
+        Returns each gear's (graph, static outputs)."""
+        self.warmed.wait()
+        try:
+            if not any(self.errors):
+                torch.cuda.synchronize()
+                between()
+                torch.cuda.synchronize()
+        finally:
+            for k, thread in enumerate(self.threads):
+                self.abort = self.abort or any(e is not None for e in self.errors)
+                self.turns[k].set()
+                thread.join()
+        for exc in self.errors:
+            if exc is not None:
+                raise exc
+        return self.results                                         # type: ignore[return-value]
+
+    def _gear(self, k: int) -> None:
+        graphed, static_leaves = self.gears[k]
+        device, grad, inference = self.modes
+        with contextlib.ExitStack() as modes:
+            try:
+                modes.enter_context(torch.cuda.device(device))
+                modes.enter_context(torch.inference_mode(inference))
+                modes.enter_context(torch.set_grad_enabled(grad))
+                with self.slots, self.graphs._phase(static_leaves, "graph warm-up run"):
+                    self.graphs._warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+            except BaseException as exc:                # raised in the caller
+                self.errors[k] = exc
+            finally:
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    self.warmed.wait()                  # (broken: the caller stopped)
+            self.turns[k].wait()
+            if self.abort or self.errors[k] is not None:
+                return
+            try:
+                with self.graphs._phase(static_leaves, "graph record"):
+                    self.results[k] = self.graphs._record(graphed.entry, static_leaves)
+            except BaseException as exc:
+                self.errors[k] = exc
+
+
+def _snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(view, copy)`` pairs to restore ``tensors`` later with ``view.copy_(copy)``: per storage, one byte view of the
+    smallest range that holds every one of ``tensors`` in it (gears' views of one KV cache share a storage)."""
+    ranges: dict[int, tuple[int, int, Any]] = {}
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        size = t.element_size()
+        lo = t.storage_offset() * size
+        hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * size
+        storage = t.untyped_storage()
+        a, b, _ = ranges.get(storage.data_ptr(), (lo, hi, storage))
+        ranges[storage.data_ptr()] = (min(a, lo), max(b, hi), storage)
+    views = [torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, lo, (hi - lo,))
+             for lo, hi, storage in ranges.values()]
+    return [(view, view.clone()) for view in views]
 
 
 def capture_order(combinations: list[list[int]]) -> list[list[int]]:
