@@ -47,6 +47,26 @@ def test_capture_order_is_largest_gear_first():
     assert cuda_graphs.capture_order([[1, 8], [2, 2], [8, 1], [4, 4]]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
 
 
+def test_snapshot_restores_every_view_of_a_storage_from_one_copy():
+    """capture_all restores what the gears' warm-up runs wrote to static-address inputs: gears' views of one KV cache
+    share a storage, saved once (the smallest byte range holding them all), other storages apart."""
+    kv = torch.arange(2 * 6 * 4, dtype=torch.float32).reshape(2, 6, 4)
+    other = torch.arange(5, dtype=torch.int64)
+    after_last = kv[1, 5].clone()                 # past the last byte of every view
+    views = [kv[:, :4], kv[:, :1], kv[1:, 2:5], other[1:3]]
+    saved = cuda_graphs._snapshot(views)
+    assert len(saved) == 2, "one copy per storage"
+    assert saved[0][0].numel() == (kv[1, 4, 3].data_ptr() + 4 - kv.data_ptr()), "the smallest range covering them"
+    expected = [v.clone() for v in views]
+    kv.mul_(-1)
+    other.mul_(-1)
+    for view, before in saved:
+        view.copy_(before)
+    for v, e in zip(views, expected):
+        assert torch.equal(v, e)
+    assert torch.equal(kv[1, 5], -after_last), "bytes outside the saved range are not touched"
+
+
 def test_run_plan_tells_which_inputs_a_graph_writes_so_capture_refuses_them_without_a_run(tmp_path):
     """The KV step's entry (compiled on CPU) writes its input 1 in place: a capture copying that input into a buffer
     of its own is refused from the run plan alone; once the input is static-address (not copied) it is accepted."""
