@@ -13,22 +13,71 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 
 
+class Script:
+    """``tests/scripts/<script>`` running in a fresh Python process, started at once; :meth:`result` waits for it.
+
+    Independent scripts are started together where a test needs several: a compiling process traces and lowers on
+    one thread, so on a 2-core machine a second process uses the core the first leaves idle."""
+
+    def __init__(self, script: str, *args: str, env: dict | None = None):
+        self.script = script
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "scripts" / script), *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+        self._report: dict | None = None
+
+    def result(self, timeout: float = 300) -> dict:
+        """The JSON report on the script's last stdout line (AssertionError if it failed; killed after ``timeout``)."""
+        if self._report is None:
+            try:
+                stdout, stderr = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+            if self.proc.returncode != 0:
+                raise AssertionError(f"{self.script} failed ({self.proc.returncode}):\n{stdout[-3000:]}\n"
+                                     f"{stderr[-3000:]}")
+            self._report = json.loads(stdout.strip().splitlines()[-1])
+        return self._report
+
+    def kill(self) -> None:
+        """Stop the script if it still runs (a fixture's teardown, or a timeout)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
 def run_script(script: str, *args: str, env: dict | None = None, timeout: float = 300) -> dict:
     """Run ``tests/scripts/<script>`` in a fresh Python process; return the JSON report on its last stdout line."""
-    full_env = {**os.environ, **(env or {})}
-    proc = subprocess.run([sys.executable, str(TESTS / "scripts" / script), *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return Script(script, *args, env=env).result(timeout)
+
+
+def empty_caches_env(folder: Path) -> dict:
+    """Environment pointing Inductor's and Triton's caches at (empty) folders under ``folder``."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
 @pytest.fixture(scope="session")
 def tiny_lm_cache(tmp_path_factory) -> tuple[Path, dict]:
-    """A cache folder holding TinyLM's prefill and decode entries, compiled by a separate (cold) process."""
+    """(cache folder, report): TinyLM's prefill and decode entries, compiled by a separate (cold) process with compile
+    hooks installed (tests/compile_hooks.py: the report's ``hooks`` counts what the cold compile ran) and empty
+    Inductor and Triton caches."""
     cache = tmp_path_factory.mktemp("tiny_lm_cache")
-    report = run_script("run_tiny_lm.py", str(cache))
-    return cache, report
+    env = empty_caches_env(tmp_path_factory.mktemp("tiny_lm_torch_caches"))
+    return cache, run_script("run_tiny_lm.py", str(cache), "--hooks", env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_warm(tiny_lm_cache, tmp_path_factory) -> dict[str, dict]:
+    """Reports of TinyLM run again on ``tiny_lm_cache`` by two fresh processes (run at once), each with empty Inductor
+    and Triton caches: ``"plain"`` as a server would (no hooks: nothing imports torch's compiler for it), and
+    ``"hooks"`` with compile hooks installed, which after the first calls also changes the weights (in place, a new
+    Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all)."""
+    cache, _ = tiny_lm_cache
+    scripts = {"plain": Script("run_tiny_lm.py", str(cache),
+                               env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_plain_torch_caches"))),
+               "hooks": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights",
+                               env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_hooks_torch_caches")))}
+    return {name: script.result() for name, script in scripts.items()}
 
 
 @pytest.fixture(scope="session")
@@ -48,34 +97,45 @@ def empty_torch_caches(tmp_path) -> dict:
     return {"TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(triton)}
 
 
+CORPUS_MODELS = ("bert", "llama")        # the corpus models the tests run (test_corpus.py, test_integrations_*.py)
+
+
 @pytest.fixture(scope="session")
 def corpus_cold(tmp_path_factory):
     """``corpus_cold(name)``: (store, report) of corpus model ``name`` (benchmarks/corpus.py, tiny, CPU) run cold in a
-    fresh process; each model is compiled once per session."""
-    done: dict[str, tuple[Path, dict]] = {}
+    fresh process; each model is compiled once per session. The first call starts every model of ``CORPUS_MODELS``
+    at once (each in its own process and store), later calls wait for theirs."""
+    started: dict[str, tuple[Path, Script]] = {}
 
     def cold(name: str) -> tuple[Path, dict]:
-        if name not in done:
-            store = tmp_path_factory.mktemp(f"corpus_{name}")
-            done[name] = store, run_script("run_corpus_model.py", name, str(store), timeout=900)
-        return done[name]
-    return cold
+        for n in dict.fromkeys((name, *CORPUS_MODELS)):
+            if n not in started:
+                store = tmp_path_factory.mktemp(f"corpus_{n}")
+                started[n] = store, Script("run_corpus_model.py", n, str(store))
+        store, script = started[name]
+        return store, script.result(timeout=900)
+    yield cold
+    for _, script in started.values():
+        script.kill()
 
 
 @pytest.fixture(scope="session")
 def corpus_warm(corpus_cold, tmp_path_factory):
     """``corpus_warm(name)``: the report of corpus model ``name`` run again on its cold store, in a fresh process with
-    compile hooks installed and empty Inductor and Triton caches; once per session."""
-    done: dict[str, dict] = {}
+    compile hooks installed and empty Inductor and Triton caches; once per session. The first call starts the warm
+    process of every model of ``CORPUS_MODELS`` at once (after their cold runs), later calls wait for theirs."""
+    started: dict[str, Script] = {}
 
     def warm(name: str) -> dict:
-        if name not in done:
-            store, _ = corpus_cold(name)
-            caches = tmp_path_factory.mktemp(f"corpus_{name}_torch_caches")
-            env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
-            done[name] = run_script("run_corpus_model.py", name, str(store), "--hooks", env=env, timeout=600)
-        return done[name]
-    return warm
+        for n in dict.fromkeys((name, *CORPUS_MODELS)):
+            if n not in started:
+                store, _ = corpus_cold(n)
+                env = empty_caches_env(tmp_path_factory.mktemp(f"corpus_{n}_torch_caches"))
+                started[n] = Script("run_corpus_model.py", n, str(store), "--hooks", env=env)
+        return started[name].result(timeout=600)
+    yield warm
+    for script in started.values():
+        script.kill()
 
 
 @pytest.fixture(scope="session")

@@ -1,47 +1,84 @@
 """Run the Hugging Face examples end to end (cold start, then warm start, each in a fresh process).
 
-Slow: every cold start compiles. The arguments keep each example to two compiled entries. Needs transformers
-(the "examples" extra, which .ci/run installs): without it these fail rather than skip."""
+Slow: every cold start compiles. The arguments keep each example to two compiled entries. The three examples are
+independent, so the module's first test starts all three at once (each example's starts stay one after the other,
+each in a fresh process; on a 2-core machine one example's single-threaded tracing and lowering leave a core to the
+others) and each test checks its own. Needs transformers (the "examples" extra, which .ci/run installs): without it
+these fail rather than skip."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run_example(name: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True,
-                          timeout=1200)
-    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(proc.stdout)
-    return summary
+def example_args(tmp: Path) -> dict[str, list[str]]:
+    """Each example's script and arguments, with its own store under ``tmp``."""
+    return {
+        # batch 3 (padded to gear 4), prompt 5 (padded to 8): one prefill and one decode entry
+        "hf_llama": ["hf_llama.py", "--cache-dir", str(tmp / "hf_llama" / "store"), "--gears", "4", "--batch", "3",
+                     "--prompt-len", "5", "--new-tokens", "4"],
+        # gears 2 and 4; batches 1..4, so 1 and 3 are padded
+        "hf_vit": ["hf_vit.py", "--cache-dir", str(tmp / "hf_vit" / "store"), "--gears", "2,4"],
+        # 2 ranks, toy size, gear 4 (batch 3 is padded): one prefill and one decode artifact, shared by both ranks
+        "tp_decoder": ["tp_decoder.py", "--nproc", "2", "--toy", "--device", "cpu", "--gears", "4", "--batch", "3",
+                       "--new-tokens", "2", "--cache-dir", str(tmp / "tp_decoder" / "store")],
+    }
 
 
-def test_hf_llama(tmp_path):
-    # batch 3 (padded to gear 4), prompt 5 (padded to 8): one prefill and one decode entry
-    s = run_example("hf_llama.py", "--cache-dir", str(tmp_path / "store"), "--gears", "4", "--batch", "3",
-                    "--prompt-len", "5", "--new-tokens", "4")
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    """``examples(name)``: the JSON summary of example ``name``; all three are started at once on the first call."""
+    tmp = tmp_path_factory.mktemp("examples")
+    procs: dict[str, subprocess.Popen] = {}
+    done: dict[str, dict] = {}
+
+    def run_example(name: str) -> dict:
+        if not procs:
+            for n, (script, *args) in example_args(tmp).items():
+                (tmp / n).mkdir()
+                procs[n] = subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+        if name not in done:
+            proc = procs[name]
+            try:
+                stdout, stderr = proc.communicate(timeout=1200)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+            assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+            print(stdout)
+            done[name] = json.loads(stdout.strip().splitlines()[-1])
+        return done[name]
+    yield run_example
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def test_hf_llama(examples):
+    s = examples("hf_llama")
     assert s["example"] == "hf_llama" and s["ok"] is True
     assert s["tokens_match_eager"] is True
     assert s["cold"]["compiles"] == 2 and s["cold"]["loads"] == 0
     assert s["warm"]["compiles"] == 0 and s["warm"]["traces"] == 0 and s["warm"]["loads"] == 2
 
 
-def test_hf_vit(tmp_path):
-    # gears 2 and 4; batches 1..4, so 1 and 3 are padded
-    s = run_example("hf_vit.py", "--cache-dir", str(tmp_path / "store"), "--gears", "2,4")
+def test_hf_vit(examples):
+    s = examples("hf_vit")
     assert s["example"] == "hf_vit" and s["ok"] is True
     assert s["predictions_match_eager"] is True
     assert s["cold"]["compiles"] == 2
     assert s["warm"]["compiles"] == 0 and s["warm"]["traces"] == 0 and s["warm"]["loads"] == 2
 
 
-def test_tp_decoder_toy_on_gloo(tmp_path):
-    # 2 ranks, toy size, gear 4 (batch 3 is padded): one prefill and one decode artifact, shared by both ranks
-    s = run_example("tp_decoder.py", "--nproc", "2", "--toy", "--device", "cpu", "--gears", "4", "--batch", "3",
-                    "--new-tokens", "2", "--cache-dir", str(tmp_path / "store"))
+def test_tp_decoder_toy_on_gloo(examples):
+    s = examples("tp_decoder")
     assert s["example"] == "tp_decoder" and s["ok"] is True
     assert s["equal_eager"] is True and s["tokens_same_cold_and_warm"] is True
     assert s["cold"]["compiles"] == 2 and s["cold"]["compiles_after_warmup"] == 0

@@ -1,4 +1,5 @@
 """Gears: marking, zip and product plans, padding and cutting, past-largest policies, verify mode, warm start."""
+import shutil
 import warnings
 
 import pytest
@@ -144,10 +145,13 @@ def test_product_moves_dims_that_meet_in_lockstep(tmp_path):
             m.cached(torch.randn(3, 3), torch.randn(1, 3), c)
 
 
-def test_verify_mode_catches_a_padding_unsafe_model(tmp_path):
+def test_verify_mode_catches_a_padding_unsafe_model(tmp_path, pair_cache):
     cfg = CompilerConfig()
     cfg.inference_config.dim_gears = {"x": {0: [2, 4]}}
     cfg.inference_config.verify_padding = True
+    # PairMLP's gears 2 and 4, compiled above (verify_padding is no key factor): the warm-up below loads them instead
+    # of compiling them again; it verifies every gear against eager whether it compiled or loaded it
+    shutil.copytree(pair_cache, tmp_path / "b", ignore=shutil.ignore_patterns("locks", "index", "leases"))
     with torch.no_grad():
         with pytest.raises(gearcache.PaddingUnsafeError, match="padding changes output 0 at gear"):
             BatchSoftmax(tmp_path / "a", cfg).cached.warmup(torch.randn(4, 3))

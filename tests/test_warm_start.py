@@ -3,7 +3,6 @@
 Runs on CPU by default; ``GEARCACHE_TEST_DEVICE=cuda python -m pytest tests/test_warm_start.py`` runs the same checks
 with the model and inputs on the GPU (Triton kernels, cubins), as done on the device machine.
 """
-from conftest import run_script
 
 
 def test_cold_process_compiles_each_entry_point_once_and_matches_eager(tiny_lm_cache):
@@ -14,9 +13,8 @@ def test_cold_process_compiles_each_entry_point_once_and_matches_eager(tiny_lm_c
     assert cold["counters"]["loads"] == 0
 
 
-def test_warm_process_traces_and_compiles_nothing(tiny_lm_cache, empty_torch_caches):
-    cache, _ = tiny_lm_cache
-    warm = run_script("run_tiny_lm.py", str(cache), "--hooks", env=empty_torch_caches)
+def test_warm_process_traces_and_compiles_nothing(tiny_lm_warm):
+    warm = tiny_lm_warm["hooks"]
     assert warm["equal"]
     assert warm["hooks"] == {"dynamo_frames": 0, "guard_builds": 0,
                              "inductor_compiles": 0, "inductor_codegen": 0, "cpp_builds": 0, "triton_compiles": 0}
@@ -24,26 +22,25 @@ def test_warm_process_traces_and_compiles_nothing(tiny_lm_cache, empty_torch_cac
     assert warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
 
 
-def test_warm_process_does_not_import_torchs_compiler(tiny_lm_cache, empty_torch_caches):
+def test_warm_process_does_not_import_torchs_compiler(tiny_lm_warm):
     """Entries load through their run plans (gearcache.runplan): Dynamo and Inductor are never imported."""
-    cache, _ = tiny_lm_cache
-    warm = run_script("run_tiny_lm.py", str(cache), env=empty_torch_caches)
+    warm = tiny_lm_warm["plain"]
     assert warm["equal"]
     assert warm["counters"]["direct_loads"] == 2 and warm["counters"]["loads"] == 2
     assert warm["compiler_modules"] == []
 
 
-def test_loaded_entry_reads_live_weights(tiny_lm_cache, empty_torch_caches):
-    cache, _ = tiny_lm_cache
-    warm = run_script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights", env=empty_torch_caches)
+def test_loaded_entry_reads_live_weights(tiny_lm_warm):
+    warm = tiny_lm_warm["hooks"]
     assert warm["mutated_equal"], "output after changing weights must equal eager with the new weights"
     assert warm["mutated_changed"], "changing weights must change the output"
     assert warm["hooks"]["inductor_compiles"] == 0 and warm["hooks"]["cpp_builds"] == 0
 
 
-def test_hooks_do_count_a_cold_compile(tmp_path, empty_torch_caches):
-    """The hooks are live: the same script on an empty gearcache folder trips them."""
-    cold = run_script("run_tiny_lm.py", str(tmp_path / "cache"), "--hooks", env=empty_torch_caches)
+def test_hooks_do_count_a_cold_compile(tiny_lm_cache):
+    """The hooks are live: the same script on an empty gearcache folder (the session's cold run, hooks installed,
+    empty Inductor and Triton caches) trips them."""
+    _, cold = tiny_lm_cache
     assert cold["hooks"]["dynamo_frames"] >= 2
     assert cold["hooks"]["inductor_compiles"] >= 2
     assert cold["hooks"]["guard_builds"] >= 2
