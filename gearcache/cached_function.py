@@ -204,7 +204,7 @@ class CachedFunction:
             combos = cuda_graphs.capture_order(combos)
             lazy = self.config.inference_config.capture_graphs == "first_call"
             call = self.graphs.prepare if lazy else self.graphs.call
-            capture_now = not lazy and _on_cuda(leaves)
+            capture_now = not lazy and cuda_graphs.on_cuda(leaves)
             self.graphs.timeline = timeline
         try:
             gear_calls = []
@@ -493,10 +493,6 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
                 if isinstance(item, torch.Tensor) and id(item) in ids:
                     names[ids[id(item)]] = f"{name}[{k}]"
     return names
-
-
-def _on_cuda(leaves: tuple) -> bool:
-    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves)
 
 
 def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:

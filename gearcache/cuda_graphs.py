@@ -47,6 +47,11 @@ def mark_static_address(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def on_cuda(leaves: tuple) -> bool:
+    """Whether a call has a CUDA tensor among its inputs (calls with none run without graphs, same entries)."""
+    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves)
+
+
 def _is_static_address(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) and getattr(leaf, STATIC_ADDRESS_ATTR, False)
 
@@ -106,7 +111,7 @@ class CudaGraphs:
         gkey = self._graph_key(plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
-            if not any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves):
+            if not on_cuda(leaves):
                 return self.cached._call_uncaptured(plan, leaves, key)      # CPU inputs: no graphs, same entries
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         else:
@@ -154,11 +159,11 @@ class CudaGraphs:
         t0 = time.perf_counter()
         with self._phase(static_leaves, "graph warm-up run"):
             # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
-            saved = [(leaves[i], leaves[i].clone()) for i, _ in graphed.static_ptrs]
+            saved = _snapshot([leaves[i] for i, _ in graphed.static_ptrs])
             counters.graph_warmups += 1
             self._warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
-            for tensor, before in saved:
-                tensor.copy_(before)
+            for view, before in saved:
+                view.copy_(before)
             _fill(graphed, leaves)
         with self._phase(static_leaves, "graph record"):
             graphed.graph, graphed.outs = self._record(graphed.entry, static_leaves)

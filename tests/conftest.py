@@ -14,16 +14,19 @@ sys.path.insert(0, str(TESTS))
 
 
 class Script:
-    """``tests/scripts/<script>`` running in a fresh Python process, started at once; :meth:`result` waits for it.
+    """A Python script running in a fresh process, started at once; :meth:`result` waits for it. ``script``: a name
+    under ``tests/scripts/``, or a path (the examples).
 
     Independent scripts are started together where a test needs several: a compiling process traces and lowers on
     one thread, so on a 2-core machine a second process uses the core the first leaves idle."""
 
-    def __init__(self, script: str, *args: str, env: dict | None = None):
-        self.script = script
-        self.proc = subprocess.Popen([sys.executable, str(TESTS / "scripts" / script), *args], stdout=subprocess.PIPE,
+    def __init__(self, script: str | Path, *args: str, env: dict | None = None):
+        self.script = str(script)
+        path = script if isinstance(script, Path) else TESTS / "scripts" / script
+        self.proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
         self._report: dict | None = None
+        self.stdout = ""
 
     def result(self, timeout: float = 300) -> dict:
         """The JSON report on the script's last stdout line (AssertionError if it failed; killed after ``timeout``)."""
@@ -36,6 +39,7 @@ class Script:
             if self.proc.returncode != 0:
                 raise AssertionError(f"{self.script} failed ({self.proc.returncode}):\n{stdout[-3000:]}\n"
                                      f"{stderr[-3000:]}")
+            self.stdout = stdout
             self._report = json.loads(stdout.strip().splitlines()[-1])
         return self._report
 
@@ -91,10 +95,10 @@ def gears_cache(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.fixture()
 def empty_torch_caches(tmp_path) -> dict:
     """Environment pointing Inductor's and Triton's caches at empty folders."""
-    inductor, triton = tmp_path / "inductor", tmp_path / "triton"
-    inductor.mkdir()
-    triton.mkdir()
-    return {"TORCHINDUCTOR_CACHE_DIR": str(inductor), "TRITON_CACHE_DIR": str(triton)}
+    env = empty_caches_env(tmp_path)
+    for folder in env.values():
+        os.mkdir(folder)
+    return env
 
 
 CORPUS_MODELS = ("bert", "llama")        # the corpus models the tests run (test_corpus.py, test_integrations_*.py)

@@ -5,12 +5,11 @@ independent, so the module's first test starts all three at once (each example's
 each in a fresh process; on a 2-core machine one example's single-threaded tracing and lowering leave a core to the
 others) and each test checks its own. Needs transformers (the "examples" extra, which .ci/run installs): without it
 these fail rather than skip."""
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import Script
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,32 +32,19 @@ def example_args(tmp: Path) -> dict[str, list[str]]:
 def examples(tmp_path_factory):
     """``examples(name)``: the JSON summary of example ``name``; all three are started at once on the first call."""
     tmp = tmp_path_factory.mktemp("examples")
-    procs: dict[str, subprocess.Popen] = {}
-    done: dict[str, dict] = {}
+    started: dict[str, Script] = {}
 
     def run_example(name: str) -> dict:
-        if not procs:
+        if not started:
             for n, (script, *args) in example_args(tmp).items():
                 (tmp / n).mkdir()
-                procs[n] = subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True)
-        if name not in done:
-            proc = procs[name]
-            try:
-                stdout, stderr = proc.communicate(timeout=1200)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise
-            assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{stdout[-3000:]}\n{stderr[-5000:]}"
-            print(stdout)
-            done[name] = json.loads(stdout.strip().splitlines()[-1])
-        return done[name]
+                started[n] = Script(EXAMPLES / script, *args)
+        summary = started[name].result(timeout=1200)
+        print(started[name].stdout)
+        return summary
     yield run_example
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
+    for script in started.values():
+        script.kill()
 
 
 def test_hf_llama(examples):
