@@ -7,10 +7,12 @@ compute between calls stays small and the pairs less noisy). Its entry is compil
 empty (run the script twice with the same folder to time a warm process's load), then:
 
 1. paired end to end: the loaded entry ``fn(x, kv, pos)`` and Inductor's ``call(list(args))`` on the same inputs,
-   interleaved (the order alternates every pair), p50 of each and the median of the paired differences;
+   interleaved (the order alternates every pair), p50 of each and the median of the paired differences; for the C
+   per-call path (``gearcache._callpath``, when built) and the Python one, in alternating blocks of the same run;
 2. the pieces, isolated (tight loops, p50): signature key, table lookup, gathering the graph inputs, the run plan's
-   per-call function around a ``call()`` that does nothing, building the result; and the whole hot path with that
-   null ``call()``;
+   per-call function around a ``call()`` that does nothing, building the result (the Python path's pieces); the
+   entry's ``run`` (gathering and run plan, on the path in use) around that null ``call()``; and the whole hot path
+   with it;
 3. the same null-``call()`` hot path, but each one right after a real ``call()`` (as in 1): caches, branch predictors
    and the allocator are in the state a real call leaves them in;
 4. Inductor's ``call()`` itself timed inside the loaded entry and alone (interleaved): the glue leaves caches in a
@@ -76,31 +78,41 @@ def main() -> None:
         args = entry.gather(leaves)
         outs = run(*args)
 
-        # 1. paired end to end
-        e_t, c_t, diffs = [], [], []
-        for i in range(n + 200):
-            if i % 2:
-                t0 = time.perf_counter_ns()
-                fn(x, kv, pos)
-                t1 = time.perf_counter_ns()
-                call(list(args))
-                t2 = time.perf_counter_ns()
-                e, c = t1 - t0, t2 - t1
-            else:
-                t0 = time.perf_counter_ns()
-                call(list(args))
-                t1 = time.perf_counter_ns()
-                fn(x, kv, pos)
-                t2 = time.perf_counter_ns()
-                c, e = t1 - t0, t2 - t1
-            if i >= 200:
-                e_t.append(e)
-                c_t.append(c)
-                diffs.append(e - c)
+        # 1. paired end to end, the C per-call path and the Python one in alternating blocks
+        paths = ["native", "python"] if entry.native else ["python"]
+        pairs = {p: ([], [], []) for p in paths}
+        blocks = 10
+        for b in range(blocks * len(paths)):
+            path = paths[b % len(paths)]
+            _use_path(entry, path)
+            e_t, c_t, diffs = pairs[path]
+            for i in range(n // blocks + 20):
+                if i % 2:
+                    t0 = time.perf_counter_ns()
+                    fn(x, kv, pos)
+                    t1 = time.perf_counter_ns()
+                    call(list(args))
+                    t2 = time.perf_counter_ns()
+                    e, c = t1 - t0, t2 - t1
+                else:
+                    t0 = time.perf_counter_ns()
+                    call(list(args))
+                    t1 = time.perf_counter_ns()
+                    fn(x, kv, pos)
+                    t2 = time.perf_counter_ns()
+                    c, e = t1 - t0, t2 - t1
+                if i >= 20:
+                    e_t.append(e)
+                    c_t.append(c)
+                    diffs.append(e - c)
         sync()
-        r["entry_p50_us"] = statistics.median(e_t) / 1e3
-        r["call_p50_us"] = statistics.median(c_t) / 1e3
-        r["paired_diff_p50_us"] = statistics.median(diffs) / 1e3
+        _use_path(entry, paths[0])
+        for path, (e_t, c_t, diffs) in pairs.items():
+            suffix = "" if path == paths[0] else "_python"
+            r["entry_p50_us" + suffix] = statistics.median(e_t) / 1e3
+            r["call_p50_us" + suffix] = statistics.median(c_t) / 1e3
+            r["paired_diff_p50_us" + suffix] = statistics.median(diffs) / 1e3
+        r["call_path"] = paths[0]
 
         # 2. pieces, isolated
         def p50(f):
@@ -118,6 +130,7 @@ def main() -> None:
         r["pieces_sum_us"] = sum(v for k, v in r.items() if k.startswith("piece_"))
         entry.compiled = null_run
         try:
+            r["run_null_call_us"] = p50(lambda: entry.run(leaves)) - base
             r["glue_isolated_us"] = p50(lambda: fn(x, kv, pos)) - base
             # 3. the same glue, each right after a real call()
             glue = []
@@ -154,11 +167,17 @@ def main() -> None:
     r["counters"] = {"loads": counters.loads, "direct_loads": counters.direct_loads, "compiles": counters.compiles}
     print(f"per-call overhead, {device}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {n} calls, decode B=1")
-    print(f"1. paired end to end: loaded entry p50 {r['entry_p50_us']:.1f} us, Inductor's call() p50 "
-          f"{r['call_p50_us']:.1f} us; median of paired differences {r['paired_diff_p50_us']:.2f} us")
+    print(f"1. paired end to end ({r['call_path']} per-call path): loaded entry p50 {r['entry_p50_us']:.1f} us, "
+          f"Inductor's call() p50 {r['call_p50_us']:.1f} us; median of paired differences "
+          f"{r['paired_diff_p50_us']:.2f} us")
+    if "paired_diff_p50_us_python" in r:
+        print(f"   same run, Python per-call path (alternating blocks): loaded entry p50 "
+              f"{r['entry_p50_us_python']:.1f} us, call() p50 {r['call_p50_us_python']:.1f} us; median of paired "
+              f"differences {r['paired_diff_p50_us_python']:.2f} us")
     print("2. pieces, isolated (p50, us): " + ", ".join(
         f"{k[6:-3]} {v:.2f}" for k, v in r.items() if k.startswith("piece_")) +
-        f"; sum {r['pieces_sum_us']:.2f}; whole hot path with a null call() {r['glue_isolated_us']:.2f}")
+        f"; sum {r['pieces_sum_us']:.2f}; entry.run ({r['call_path']}) {r['run_null_call_us']:.2f}; "
+        f"whole hot path with a null call() {r['glue_isolated_us']:.2f}")
     print(f"3. whole hot path with a null call(), each right after a real call(): {r['glue_after_call_us']:.2f} us")
     print(f"4. Inductor's call() itself, p50: inside the loaded entry {r['call_inside_entry_p50_us']:.1f} us, alone "
           f"{r['call_alone_p50_us']:.1f} us (interleaved): {r['call_inside_entry_p50_us'] - r['call_alone_p50_us']:.2f} us "
@@ -167,6 +186,12 @@ def main() -> None:
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(r, f, indent=1)
+
+
+def _use_path(entry, path):
+    """Switch a loaded entry between the C per-call path ("native") and the Python one."""
+    entry.native = path == "native"
+    entry.compiled = entry.compiled        # rebuilds entry.run
 
 
 def _null_run(run, outs, call=None):

@@ -221,6 +221,26 @@ def cubin_launcher() -> Callable[..., None]:
 
 
 # ------------------------------------------------------------------------------------------- CUDA-graph outputs
+def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
+    """A predicate in C++, ``match(*others) -> bool`` for exactly ``len(tensors)`` arguments (another count raises
+    TypeError): True when each has the same Python type, dispatch keys under the thread's dispatch state (device type, layout, inference mode),
+    dtype, device index, ``requires_grad``, sizes and strides as the tensor at its place. Nothing else (no values, no
+    storage offset or alignment). Holds no reference to ``tensors``. None where torch lacks it: the caller then keys
+    every call in Python (gearcache/signature.py).
+
+    Mechanism: Dynamo's ``torch._C._dynamo.guards.TensorGuards`` (guards.cpp ``TensorCheck``) with every size and
+    stride given, so no dimension is dynamic."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    tensor_guards = getattr(guards, "TensorGuards", None)
+    if tensor_guards is None:
+        return None
+    try:
+        return tensor_guards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                             dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+    except (TypeError, RuntimeError, SystemError):
+        return None
+
+
 def storage_alias(tensor: torch.Tensor) -> torch.Tensor:
     """A view of ``tensor``'s memory through a non-owning storage of its own (so that storage can be made
     unreadable without touching ``tensor``'s), as torch's CUDA-graph trees build their outputs."""

@@ -1,7 +1,9 @@
 """``CachedFunction``: what ``cache_compile`` returns. Dispatches each call to a compiled entry.
 
 Hot path (``__call__``): compute the call's signature key (shapes, strides, dtypes, devices, grad mode), look it up
-in a dict of loaded entries, run the entry. No Dynamo, no guards, no disk.
+in a dict of loaded entries, run the entry. No Dynamo, no guards, no disk. A call of positional tensors like the
+last such call skips the key: one C++ check of the tensors' metadata against that entry's signature
+(``signature.matcher``), then the entry's ``run`` (C too where ``gearcache._callpath`` is built, see entry.py).
 
 Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
 valid manifest and artifact for it, load it (no tracing, no compiler); otherwise capture the method with Dynamo,
@@ -56,6 +58,9 @@ class CachedFunction:
         self.name = _entry_point_name(method)
         self._table: dict[tuple, Entry] = {}
         self._first: Entry | None = None
+        # the shortcut for calls like the last plain one: (matches(args) -> bool, its entry); per key, once built
+        self._last: tuple[Callable[[tuple], bool], Entry] | None = None
+        self._shortcuts: dict[tuple, tuple[Callable[[tuple], bool], Entry] | None] = {}
         self._lock = threading.RLock()
         self._method_digest = source_digest(method.__func__)
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
@@ -65,6 +70,12 @@ class CachedFunction:
 
     # ----------------------------------------------------------------------------------------------- hot path
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        last = self._last
+        if last is not None and not kwargs and last[0](args):
+            entry = last[1]
+            counters.hits += 1
+            entry.hits += 1
+            return entry.build(entry.run(args), args)
         if not self.config.check_signature and self._first is not None and self._gears is None:
             return self._first(args)
         leaves, key = signature.call_key(args, kwargs)
@@ -83,7 +94,17 @@ class CachedFunction:
         else:
             counters.hits += 1
             entry.hits += 1
+        self._last = self._shortcut(key, leaves, entry)
         return entry(leaves)
+
+    def _shortcut(self, key: tuple, leaves: tuple, entry: Entry) -> tuple[Callable[[tuple], bool], Entry] | None:
+        """The hot path's shortcut to ``entry`` for calls with ``key`` (None where it has none); built once per key."""
+        try:
+            return self._shortcuts[key]
+        except KeyError:
+            matches = signature.matcher(leaves, key) if isinstance(entry, Entry) else None
+            shortcut = self._shortcuts[key] = None if matches is None else (matches, entry)
+            return shortcut
 
     def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
@@ -104,7 +125,7 @@ class CachedFunction:
         else:
             counters.hits += 1
             entry.hits += 1
-        outs = entry.compiled(*entry.gather(padded))
+        outs = entry.run(padded)
         if padded is not leaves:
             counters.pads += 1
             outs = plan.cut(entry, outs, leaves)

@@ -1,9 +1,15 @@
 """A loaded entry: a compiled graph plus the glue that feeds it a call's inputs and rebuilds the method's result.
 
-The glue is generated Python (two small functions per entry, built once at load) so a call does no interpretation:
-``gather(L, S0, S1, ...)`` returns the graph's input list from the call's flattened inputs ``L`` and the owning
-modules' ``_parameters`` / ``_buffers`` dicts ``S0, S1, ...`` (read at every call: a changed or replaced weight
-shows in the output); ``build(O, L)`` returns the method's result from the graph outputs ``O``.
+The glue is built once at load so a call does no interpretation:
+
+- ``run(L) -> O``: the graph outputs from the call's flattened inputs ``L``: gathers the graph's input list from
+  ``L`` and the owning modules' ``_parameters`` / ``_buffers`` dicts (read at every call: a changed or replaced
+  weight shows in the output) and runs the compiled graph. For a run plan this is a ``gearcache._callpath.Runner``
+  (C: the gathering, the alignment and grad-mode checks and Inductor's ``call()`` in one call; anything unusual is
+  handed to the run plan's Python ``run_list``); without the C extension, or for an artifact loaded by torch's
+  loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
+- ``gather(L, S0, S1, ...)``: generated Python returning the graph's input list (CUDA-graph capture, benchmarks).
+- ``build(O, L)``: generated Python returning the method's result from the graph outputs ``O``.
 """
 from __future__ import annotations
 
@@ -11,17 +17,27 @@ from typing import Any, Callable
 
 import torch
 
+try:
+    from . import _callpath         # built by setup.py (optional: no C compiler, no extension)
+except ImportError:                 # pragma: no cover - depends on how gearcache was installed
+    _callpath = None
+
+NATIVE = _callpath is not None
+"""Whether loaded run plans take the C per-call path (``gearcache._callpath``); see ``Entry.native``."""
 
 
 class Entry:
-    __slots__ = ("_compiled", "_run_list", "gather", "build", "manifest", "hits")
+    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "manifest", "hits")
 
-    def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any]):
-        self.compiled = compiled
+    def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
+                 native: bool = True):
         self.manifest = manifest
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
+        self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
+        self._recipe = _recipe(manifest["inputs"], module)
         self.gather = _make_gather(manifest["inputs"], module)
         self.build = _make_build(manifest["outputs"], module)
+        self.compiled = compiled
         stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
         if stable is not None:
             stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
@@ -34,11 +50,31 @@ class Entry:
     @compiled.setter
     def compiled(self, fn: Callable[..., Any]) -> None:
         self._compiled = fn
-        # A run plan takes the gathered list itself (no unpacking into arguments and copying back into a list).
-        self._run_list = getattr(fn, "run_list", None) or (lambda args: fn(*args))
+        self.run = _make_run(fn, self._recipe, self.gather, self.native)
 
     def __call__(self, leaves: tuple) -> Any:
-        return self.build(self._run_list(self.gather(leaves)), leaves)
+        return self.build(self.run(leaves), leaves)
+
+
+def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], list],
+              native: bool) -> Callable[[tuple], Any]:
+    """``run(leaves) -> outputs`` for the compiled callable ``fn`` (see the module docstring)."""
+    run_list = getattr(fn, "run_list", None)       # a run plan's: takes the gathered list itself
+    call = getattr(fn, "wrapper_call", None)
+    plan = getattr(fn, "plan", None)
+    if native and run_list is not None and call is not None and plan is not None:
+        return _callpath.Runner(call=call, fallback=run_list, recipe=recipe,
+                                check=tuple(plan.get("inputs_to_check", ())),
+                                always_fallback=bool(plan.get("version_bumped_inputs")),
+                                is_grad_enabled=torch.is_grad_enabled)
+    if run_list is not None:
+        return lambda leaves: run_list(gather(leaves))
+    return lambda leaves: fn(*gather(leaves))
+
+
+def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
+    """The graph inputs for ``_callpath.Runner``: a leaf index, or the (``_parameters``/``_buffers`` dict, name)."""
+    return tuple(int(ref) if kind == "leaf" else _state_dict_for(module, ref) for kind, ref in inputs)
 
 
 def _state_dict_for(module: torch.nn.Module, name: str) -> tuple[dict, str]:

@@ -190,8 +190,8 @@ def _writable(folder: pathlib.Path) -> bool:
 class EagerEntry:
     """Stands in for a compiled ``Entry`` under ``on_cache_error="eager"``: runs the method uncompiled.
 
-    Same interface as ``Entry`` (``gather``, ``compiled``, ``build``, ``manifest``, ``hits``, ``__call__``) so gears
-    and the plain call path use it unchanged. Every call counts in ``counters.eager_calls``."""
+    Same interface as ``Entry`` (``run``, ``gather``, ``compiled``, ``build``, ``manifest``, ``hits``,
+    ``__call__``) so gears and the plain call path use it unchanged. Every call counts in ``counters.eager_calls``."""
 
     __slots__ = ("method", "structure", "manifest", "hits", "out_structure", "__weakref__")
 
@@ -222,5 +222,8 @@ class EagerEntry:
     def build(self, outs: list, leaves: tuple) -> Any:
         return signature.rebuild(self.out_structure, iter(outs))
 
+    def run(self, leaves: tuple) -> list:
+        return self.compiled(*self.gather(leaves))
+
     def __call__(self, leaves: tuple) -> Any:
-        return self.build(self.compiled(*self.gather(leaves)), leaves)
+        return self.build(self.run(leaves), leaves)

@@ -4,13 +4,17 @@
 scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
 the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, and the
 grad / inference mode. Plain positional tensors take a fast path with no pytree work.
+
+``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
+tensors have that key, without building it: the hot path's shortcut for a call like the one before it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from . import _torch_compat as compat
 from .errors import UnsupportedInputError
 
 _Tensor = torch.Tensor
@@ -52,6 +56,22 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
     leaves: list = []
     structure = (_flatten(args, leaves), _flatten(kwargs, leaves))
     return tuple(leaves), (structure, mode, *[_leaf_key(leaf) for leaf in leaves])
+
+
+def matcher(leaves: tuple, key: tuple) -> Callable[[tuple], bool] | None:
+    """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
+    return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
+    grad off and the same inference mode. It checks more than the key (Python type, dispatch keys,
+    ``requires_grad``), so it may answer False for a call with this key; the caller then computes the key. None when
+    ``key`` is not of that kind (keyword arguments, non-tensors, grad on) or torch has no C++ check."""
+    if type(key[0]) is not int or key[1][0] or not all(isinstance(leaf, _Tensor) for leaf in leaves):
+        return None
+    check = compat.tensor_match(leaves)
+    if check is None:
+        return None
+    n, inference = len(leaves), key[1][1]
+    grad_enabled, inference_enabled = torch.is_grad_enabled, torch.is_inference_mode_enabled
+    return lambda args: len(args) == n and not grad_enabled() and inference_enabled() == inference and check(*args)
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:

@@ -62,6 +62,24 @@ def test_new_signature_with_error_policy_raises_and_names_the_known_entries(affi
     assert "[3, 4]" in text and "[2, 4]" in text and "on_new_signature" in text
 
 
+def test_the_shortcut_for_the_last_signature_never_serves_another(affine_cache):
+    m = Affine(affine_cache, config=CompilerConfig(on_new_signature="error"))
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.no_grad(), counters.expect(compiles=0, loads=1, misses=1, hits=2):
+        m.cached(x)
+        assert m.cached._last is not None                 # the next call like this one skips the key
+        torch.testing.assert_close(m.cached(y), m.fwd(y))
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+    with torch.no_grad():
+        for other in (torch.randn(3, 4), torch.randn(4, 2).t(), x.double()):      # shape, stride, dtype
+            with pytest.raises(gearcache.SignatureMismatchError):
+                m.cached(other)
+    with torch.inference_mode(), pytest.raises(gearcache.SignatureMismatchError):
+        m.cached(x)                                       # another mode
+    with pytest.raises(gearcache.GradModeError):
+        m.cached(x)                                       # grad on, trainable weights
+
+
 def test_dynamic_false_pins_the_first_signature(affine_cache):
     m = Affine(affine_cache, dynamic=False)
     with torch.no_grad():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import gearcache
-from gearcache.signature import call_key, describe, short
+from gearcache.signature import call_key, describe, matcher, short
 
 
 def key_of(*args, **kwargs):
@@ -119,3 +119,38 @@ def test_short():
     assert short(describe(leaves, key)) == "(float32[4, 16] cpu, float16[4, 8] cpu, int=3) grad=off"
     leaves, key = call_key((torch.zeros(1),), {})
     assert short(describe(leaves, key)).endswith(" grad=on")
+
+
+def test_matcher_says_true_only_for_calls_with_the_same_key():
+    x, kv = torch.randn(2, 4), torch.randn(3, 2, 5)
+    with torch.no_grad():
+        leaves, key = call_key((x, kv), {})
+        matches = matcher(leaves, key)
+        assert matches is not None
+        assert matches((torch.randn(2, 4), torch.zeros(3, 2, 5)))          # other values, same signature
+        variants = [
+            (torch.randn(2, 5), kv),                                       # shape
+            (torch.randn(4, 2).t(), kv),                                   # stride, same shape
+            (x.double(), kv),                                              # dtype
+            (torch.empty(2, 4, device="meta"), kv),                        # device
+            (x,),                                                          # count
+            (x, kv, kv),
+            (x, 3),                                                        # not a tensor
+        ]
+        for args in variants:
+            assert not matches(args), args
+            assert call_key(args, {})[1] != key
+        assert not matches((x, torch.nn.Parameter(kv)))    # same key, another Python type: False is safe (stricter)
+    assert not matches((x, kv))                                            # grad on
+    with torch.inference_mode():
+        assert not matches((x, kv))                                        # inference mode
+        assert not matches((torch.randn(2, 4), torch.randn(3, 2, 5)))      # inference tensors, inference mode
+
+
+def test_matcher_is_only_made_for_positional_tensors_with_grad_off():
+    x = torch.randn(2)
+    assert matcher(*call_key((x,), {})) is None                            # grad on: the call checks requires_grad
+    with torch.no_grad():
+        assert matcher(*call_key((x,), {"n": 1})) is None
+        assert matcher(*call_key((x, 1), {})) is None
+        assert matcher(*call_key(([x],), {})) is None

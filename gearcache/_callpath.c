@@ -1,0 +1,311 @@
+/* gearcache._callpath: a loaded entry's per-call work in C (optional; entry.py falls back to Python without it).
+ *
+ * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled) -> runner; runner(leaves) -> outputs
+ *
+ *   call             Inductor's generated call(list) (it empties the list it is given)
+ *   fallback         the run plan's Python run_list(list): realigns misaligned inputs (and copies mutated ones
+ *                    back), bumps version counters, turns grad off around call(); used for any call that needs one
+ *                    of these, so that behaviour is written once, in Python (runplan/loader.py)
+ *   recipe           one item per graph input, in order: an int i (the call's flattened input leaves[i]) or a
+ *                    (dict, key) pair (a module's _parameters or _buffers dict and the name; read on every call, so
+ *                    a replaced weight is seen at once)
+ *   check            indices of the graph inputs whose 16-byte alignment Inductor's code assumes
+ *                    (the plan's inputs_to_check)
+ *   always_fallback  true when every call needs the Python path (the graph bumps version counters)
+ *   is_grad_enabled  torch.is_grad_enabled
+ *
+ * Per call: build the input list from the recipe; check the alignment (tensor.data_ptr() % 16) of the checked
+ * inputs taken from the call's leaves, and of the checked module tensors only when one of the module tensors is a
+ * different object than on the last call that passed (strong references are kept, so an address cannot be reused
+ * by another tensor while it is remembered); with grad off and everything aligned, return call(list); otherwise
+ * return fallback(list), which re-checks everything itself.
+ *
+ * Only the CPython C API is used (no torch headers): it builds in a second with the C compiler of any machine that
+ * runs Triton or Inductor's C++ kernels.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define ALIGNMENT 16
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *call;
+    PyObject *fallback;
+    PyObject *is_grad_enabled;
+    PyObject *recipe;          /* tuple, kept for the dicts' and keys' references */
+    Py_ssize_t n;              /* graph inputs */
+    Py_ssize_t *leaf_index;    /* per input: >= 0 a leaf index, -1 a module tensor */
+    PyObject **dicts;          /* per input: borrowed from recipe (NULL for leaves) */
+    PyObject **keys;
+    PyObject **last;           /* per input: strong reference to the module tensor last seen aligned, or NULL */
+    Py_ssize_t *check_leaf;    /* checked inputs taken from the leaves */
+    Py_ssize_t n_check_leaf;
+    Py_ssize_t *check_state;   /* checked inputs taken from the module */
+    Py_ssize_t n_check_state;
+    int always_fallback;
+    Py_ssize_t fast_calls;     /* calls served without the Python fallback (tests and diagnostics read it) */
+    Py_ssize_t fallback_calls;
+} Runner;
+
+static PyObject *str_data_ptr;
+
+static void runner_free_arrays(Runner *self) {
+    if (self->last) {
+        for (Py_ssize_t i = 0; i < self->n; i++) Py_CLEAR(self->last[i]);
+    }
+    PyMem_Free(self->leaf_index); self->leaf_index = NULL;
+    PyMem_Free(self->dicts); self->dicts = NULL;
+    PyMem_Free(self->keys); self->keys = NULL;
+    PyMem_Free(self->last); self->last = NULL;
+    PyMem_Free(self->check_leaf); self->check_leaf = NULL;
+    PyMem_Free(self->check_state); self->check_state = NULL;
+}
+
+static int runner_traverse(Runner *self, visitproc visit, void *arg) {
+    Py_VISIT(self->call);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->is_grad_enabled);
+    Py_VISIT(self->recipe);
+    if (self->last) {
+        for (Py_ssize_t i = 0; i < self->n; i++) Py_VISIT(self->last[i]);
+    }
+    return 0;
+}
+
+static int runner_clear(Runner *self) {
+    Py_CLEAR(self->call);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->is_grad_enabled);
+    if (self->last) {
+        for (Py_ssize_t i = 0; i < self->n; i++) Py_CLEAR(self->last[i]);
+    }
+    /* the dicts and keys are borrowed from recipe: forget them with it */
+    if (self->dicts) {
+        for (Py_ssize_t i = 0; i < self->n; i++) { self->dicts[i] = NULL; self->keys[i] = NULL; self->leaf_index[i] = -2; }
+    }
+    Py_CLEAR(self->recipe);
+    return 0;
+}
+
+static void runner_dealloc(Runner *self) {
+    PyObject_GC_UnTrack(self);
+    runner_clear(self);
+    runner_free_arrays(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"call", "fallback", "recipe", "check", "always_fallback", "is_grad_enabled", NULL};
+    PyObject *call, *fallback, *recipe, *check, *grad;
+    int always;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OpO", kwlist, &call, &fallback, &PyTuple_Type, &recipe,
+                                     &check, &always, &grad))
+        return -1;
+    if (self->recipe != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Runner is initialised once");
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(recipe);
+    self->n = n;
+    self->leaf_index = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    self->dicts = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    self->keys = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    self->last = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    if (!self->leaf_index || !self->dicts || !self->keys || !self->last) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(recipe, i);
+        if (PyLong_Check(item)) {
+            Py_ssize_t j = PyLong_AsSsize_t(item);
+            if (j < 0) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "recipe[%zd]: leaf index must be >= 0, got %zd", i, j);
+                return -1;
+            }
+            self->leaf_index[i] = j;
+        } else if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2 && PyDict_Check(PyTuple_GET_ITEM(item, 0))) {
+            self->leaf_index[i] = -1;
+            self->dicts[i] = PyTuple_GET_ITEM(item, 0);
+            self->keys[i] = PyTuple_GET_ITEM(item, 1);
+        } else {
+            PyErr_Format(PyExc_TypeError, "recipe[%zd]: expected a leaf index or a (dict, key) pair, got %R", i, item);
+            return -1;
+        }
+    }
+    PyObject *fast = PySequence_Fast(check, "check must be a sequence of input indices");
+    if (!fast) return -1;
+    Py_ssize_t nc = PySequence_Fast_GET_SIZE(fast);
+    self->check_leaf = PyMem_Calloc(nc ? nc : 1, sizeof(Py_ssize_t));
+    self->check_state = PyMem_Calloc(nc ? nc : 1, sizeof(Py_ssize_t));
+    if (!self->check_leaf || !self->check_state) { Py_DECREF(fast); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t k = 0; k < nc; k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(fast, k));
+        if (i == -1 && PyErr_Occurred()) { Py_DECREF(fast); return -1; }
+        if (i < 0 || i >= n) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_ValueError, "check: input index %zd out of range for %zd inputs", i, n);
+            return -1;
+        }
+        if (self->leaf_index[i] >= 0) self->check_leaf[self->n_check_leaf++] = i;
+        else self->check_state[self->n_check_state++] = i;
+    }
+    Py_DECREF(fast);
+    Py_INCREF(call); self->call = call;
+    Py_INCREF(fallback); self->fallback = fallback;
+    Py_INCREF(grad); self->is_grad_enabled = grad;
+    Py_INCREF(recipe); self->recipe = recipe;
+    self->always_fallback = always;
+    return 0;
+}
+
+/* 1 misaligned, 0 aligned, -1 error */
+static int misaligned(PyObject *tensor) {
+    PyObject *ptr = PyObject_CallMethodNoArgs(tensor, str_data_ptr);
+    if (!ptr) return -1;
+    unsigned long long p = PyLong_AsUnsignedLongLong(ptr);
+    Py_DECREF(ptr);
+    if (p == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    return (p % ALIGNMENT) != 0;
+}
+
+static PyObject *missing_state(Runner *self, Py_ssize_t i) {
+    PyErr_Format(PyExc_KeyError,
+                 "gearcache: the module no longer has the parameter or buffer %R that compiled graph input %zd reads "
+                 "(it was deleted after the entry loaded); fix: keep the module's parameters and buffers registered, "
+                 "or build a new module and cache_compile it", self->keys[i], i);
+    return NULL;
+}
+
+static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
+    if (self->recipe == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Runner was cleared");
+        return NULL;
+    }
+    if (kwds && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Runner takes one argument, the call's leaves");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args) != 1) {
+        PyErr_Format(PyExc_TypeError, "Runner takes one argument, the call's leaves (%zd given)", PyTuple_GET_SIZE(args));
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(args, 0), "the call's leaves must be a tuple or list");
+    if (!seq) return NULL;
+    Py_ssize_t n_leaves = PySequence_Fast_GET_SIZE(seq);
+    PyObject **leaves = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t n = self->n;
+    PyObject *list = PyList_New(n);
+    if (!list) { Py_DECREF(seq); return NULL; }
+    int changed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = self->leaf_index[i];
+        PyObject *item;
+        if (j >= 0) {
+            if (j >= n_leaves) {
+                PyErr_Format(PyExc_IndexError, "graph input %zd reads leaf %zd of a call with %zd leaves", i, j, n_leaves);
+                goto error;
+            }
+            item = leaves[j];
+        } else {
+            item = PyDict_GetItemWithError(self->dicts[i], self->keys[i]);     /* borrowed */
+            if (!item) {
+                if (!PyErr_Occurred()) missing_state(self, i);
+                goto error;
+            }
+            if (item != self->last[i]) changed = 1;
+        }
+        Py_INCREF(item);
+        PyList_SET_ITEM(list, i, item);
+    }
+    Py_DECREF(seq);
+    seq = NULL;
+
+    int slow = self->always_fallback;
+    if (!slow) {
+        PyObject *grad = PyObject_CallNoArgs(self->is_grad_enabled);
+        if (!grad) goto error;
+        slow = (grad == Py_True);
+        Py_DECREF(grad);
+    }
+    for (Py_ssize_t k = 0; !slow && k < self->n_check_leaf; k++) {
+        int m = misaligned(PyList_GET_ITEM(list, self->check_leaf[k]));
+        if (m < 0) goto error;
+        slow = m;
+    }
+    if (!slow && changed) {
+        for (Py_ssize_t k = 0; !slow && k < self->n_check_state; k++) {
+            int m = misaligned(PyList_GET_ITEM(list, self->check_state[k]));
+            if (m < 0) goto error;
+            slow = m;
+        }
+        if (!slow) {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (self->leaf_index[i] < 0) {
+                    PyObject *item = PyList_GET_ITEM(list, i);
+                    Py_INCREF(item);
+                    Py_XSETREF(self->last[i], item);
+                }
+            }
+        }
+    }
+    PyObject *out;
+    if (slow) {
+        self->fallback_calls++;
+        out = PyObject_CallOneArg(self->fallback, list);
+    } else {
+        self->fast_calls++;
+        out = PyObject_CallOneArg(self->call, list);
+    }
+    Py_DECREF(list);
+    return out;
+
+error:
+    Py_XDECREF(seq);
+    Py_DECREF(list);
+    return NULL;
+}
+
+static PyObject *runner_get_fast_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fast_calls); }
+static PyObject *runner_get_fallback_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fallback_calls); }
+
+static PyGetSetDef runner_getset[] = {
+    {"fast_calls", (getter)runner_get_fast_calls, NULL, "calls that ran call() directly", NULL},
+    {"fallback_calls", (getter)runner_get_fallback_calls, NULL, "calls handed to the Python fallback", NULL},
+    {NULL}
+};
+
+static PyTypeObject RunnerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gearcache._callpath.Runner",
+    .tp_doc = "A loaded entry's per-call work: gather the graph inputs, check alignment and grad mode, run call().",
+    .tp_basicsize = sizeof(Runner),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)runner_init,
+    .tp_dealloc = (destructor)runner_dealloc,
+    .tp_traverse = (traverseproc)runner_traverse,
+    .tp_clear = (inquiry)runner_clear,
+    .tp_call = (ternaryfunc)runner_call,
+    .tp_getset = runner_getset,
+};
+
+static struct PyModuleDef callpath_module = {
+    PyModuleDef_HEAD_INIT, "gearcache._callpath",
+    "A loaded entry's per-call work in C (see gearcache/entry.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__callpath(void) {
+    str_data_ptr = PyUnicode_InternFromString("data_ptr");
+    if (!str_data_ptr) return NULL;
+    if (PyType_Ready(&RunnerType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&callpath_module);
+    if (!m) return NULL;
+    Py_INCREF(&RunnerType);
+    if (PyModule_AddObject(m, "Runner", (PyObject *)&RunnerType) < 0) {
+        Py_DECREF(&RunnerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "ALIGNMENT", ALIGNMENT) < 0) { Py_DECREF(m); return NULL; }
+    return m;
+}

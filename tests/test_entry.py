@@ -1,0 +1,175 @@
+"""A loaded entry's per-call path (gearcache/entry.py): the C runner (gearcache/_callpath.c) and the Python one do
+the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
+hand anything unusual to the run plan's Python ``run_list``."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+from gearcache import entry as entry_mod
+from gearcache import runplan
+from gearcache.entry import Entry
+from gearcache.runplan.loader import _make_run
+
+PATHS = [pytest.param(True, id="native"), pytest.param(False, id="python")]
+MANIFEST = {"inputs": [["leaf", 0], ["state", "lin.weight"], ["state", "lin.bias"], ["state", "scale"]],
+            "outputs": {"leaves": [["out", 0], ["leaf", 1]], "structure": ["tuple", [["leaf"], ["leaf"]]]}}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 2.0))
+
+
+def reference(net, x):
+    return torch.nn.functional.linear(x, net.lin.weight, net.lin.bias) * net.scale
+
+
+def make_entry(net, native, plan_extra=None, seen=None):
+    """An Entry over a hand-written run plan whose call() records what it was given (like Inductor's, it empties
+    the list)."""
+    seen = [] if seen is None else seen
+
+    def call(args):
+        seen.append({"aligned": [a.data_ptr() % runplan.ALIGNMENT == 0 for a in args],
+                     "grad": torch.is_grad_enabled(), "ids": [id(a) for a in args]})
+        x, w, b, s = args
+        args.clear()
+        if plan.get("mutated_inputs"):
+            x.add_(1.0)
+        return [torch.nn.functional.linear(x, w, b) * s]
+
+    plan = {"num_inputs": 4, "num_outputs": 1, "inputs_to_check": [0, 1, 2, 3], "mutated_inputs": [],
+            **(plan_extra or {})}
+    return Entry(_make_run(call, plan), net, MANIFEST, native=native), seen
+
+
+def test_the_c_extension_is_built():
+    # The README's install builds it (setup.py); without it every call takes the slower Python path.
+    assert entry_mod.NATIVE, "gearcache._callpath is not built: pip install -e . needs a C compiler"
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_a_call_gathers_inputs_and_module_tensors_and_builds_the_result(native):
+    net = Net()
+    entry, seen = make_entry(net, native)
+    assert isinstance(entry.run, entry_mod._callpath.Runner) is native
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        out, leaf = entry((x, "passed through"))
+    torch.testing.assert_close(out, reference(net, x))
+    assert leaf == "passed through"
+    assert seen[-1]["ids"] == [id(x), id(net.lin.weight), id(net.lin.bias), id(net.scale)]
+    assert seen[-1]["grad"] is False and all(seen[-1]["aligned"])
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_a_replaced_or_updated_weight_is_used_at_the_next_call(native):
+    net = Net()
+    entry, seen = make_entry(net, native)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        entry((x, None))
+        net.lin.weight = torch.nn.Parameter(torch.zeros(8, 8))      # a new object in the module's dict
+        torch.testing.assert_close(entry((x, None))[0], reference(net, x))
+        net.scale.fill_(3.0)                                       # an in-place update of a buffer
+        torch.testing.assert_close(entry((x, None))[0], reference(net, x))
+    assert seen[1]["ids"][1] == id(net.lin.weight)
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_misaligned_call_input_is_realigned_and_its_update_written_back(native):
+    net = Net()
+    entry, seen = make_entry(net, native, {"mutated_inputs": [0]})
+    x = torch.zeros(3 * 8 + 1)[1:].view(3, 8)                       # 4 bytes past an aligned allocation
+    assert x.data_ptr() % runplan.ALIGNMENT
+    with torch.no_grad():
+        out = entry((x, None))[0]
+    assert all(seen[-1]["aligned"])
+    assert torch.equal(x, torch.ones(3, 8))                          # the graph's in-place update reached the caller
+    torch.testing.assert_close(out, reference(net, x))
+    if native:
+        assert (entry.run.fast_calls, entry.run.fallback_calls) == (0, 1)
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_a_module_tensor_replaced_by_a_misaligned_one_is_realigned_every_call_until_it_is_aligned(native):
+    net = Net()
+    entry, seen = make_entry(net, native)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        entry((x, None))
+        net.lin.bias = torch.nn.Parameter(torch.zeros(9)[1:])      # misaligned view
+        entry((x, None))
+        entry((x, None))
+        net.lin.bias = torch.nn.Parameter(torch.zeros(8))
+        entry((x, None))
+        entry((x, None))
+    assert [all(s["aligned"]) for s in seen] == [True] * 5
+    if native:
+        assert (entry.run.fast_calls, entry.run.fallback_calls) == (3, 2)
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_grad_enabled_runs_with_grad_off_and_restores_it(native):
+    net = Net().requires_grad_(False)
+    entry, seen = make_entry(net, native)
+    with torch.enable_grad():
+        entry((torch.randn(3, 8), None))
+        assert torch.is_grad_enabled()
+    assert seen[-1]["grad"] is False
+    if native:
+        assert entry.run.fallback_calls == 1
+
+
+def test_a_graph_that_bumps_version_counters_always_takes_the_python_path():
+    net = Net()
+    entry, _ = make_entry(net, True, {"version_bumped_inputs": [0]})
+    x = torch.randn(3, 8)
+    before = x._version
+    with torch.no_grad():
+        entry((x, None))
+        entry((x, None))
+    assert x._version == before + 2
+    assert (entry.run.fast_calls, entry.run.fallback_calls) == (0, 2)
+
+
+@pytest.mark.parametrize("native", PATHS)
+def test_a_deleted_module_tensor_is_a_clear_error(native):
+    net = Net()
+    entry, _ = make_entry(net, native)
+    del net.lin._parameters["bias"]
+    with torch.no_grad(), pytest.raises(KeyError, match="bias"):
+        entry((torch.randn(3, 8), None))
+
+
+def test_runner_rejects_a_malformed_recipe_with_the_reason():
+    Runner = entry_mod._callpath.Runner
+
+    def make(recipe, check=()):
+        return Runner(call=print, fallback=print, recipe=recipe, check=check, always_fallback=False,
+                      is_grad_enabled=torch.is_grad_enabled)
+    with pytest.raises(TypeError, match=r"recipe\[0\]"):
+        make(("weight",))
+    with pytest.raises(ValueError, match="leaf index must be >= 0"):
+        make((-1,))
+    with pytest.raises(ValueError, match="out of range"):
+        make((0,), check=(1,))
+    with pytest.raises(IndexError, match="reads leaf 2"):
+        make((2,))((torch.zeros(1),))
+
+
+def test_an_entry_does_not_keep_its_module_alive():
+    net = Net()
+    entry, _ = make_entry(net, True)
+    with torch.no_grad():
+        entry((torch.randn(3, 8), None))
+    net.entry = entry                   # a cycle through the runner's references, as CachedFunction makes one
+    alive = weakref.ref(net)
+    del net, entry
+    gc.collect()
+    assert alive() is None
