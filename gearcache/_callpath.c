@@ -20,6 +20,13 @@
  * by another tensor while it is remembered); with grad off and everything aligned, return call(list); otherwise
  * return fallback(list), which re-checks everything itself.
  *
+ * Reading the module dicts: on Python 3.12+ every dict a runner reads is watched (PyDict_AddWatcher, one watcher
+ * for the process): any change to any watched dict (an added, replaced or deleted parameter, the dict cleared or
+ * freed) advances a process-wide generation counter. A call in the generation of the last call that read the dicts,
+ * and whose module tensors all passed then, takes them from the runner's own references instead of reading the
+ * dicts again: on a model with ~100 weights that saves ~100 dict reads, cold in the CPU caches after the previous
+ * call's kernel launches. Without watchers (Python 3.10/3.11, or all 8 watcher slots taken) every call reads them.
+ *
  * Only the CPython C API is used (no torch headers): it builds in a second with the C compiler of any machine that
  * runs Triton or Inductor's C++ kernels.
  */
@@ -46,9 +53,45 @@ typedef struct {
     int always_fallback;
     Py_ssize_t fast_calls;     /* calls served without the Python fallback (tests and diagnostics read it) */
     Py_ssize_t fallback_calls;
+    Py_ssize_t state_reads;    /* calls that read the module dicts */
+    int watched;               /* every module dict is watched: see the header */
+    int remembered;            /* last[] holds what the dicts held in generation `seen` */
+    unsigned long long seen;
 } Runner;
 
 static PyObject *str_data_ptr;
+
+/* The watcher: any change to a watched dict starts a new generation. -1: no watcher (see the header). */
+static int watcher_id = -1;
+static unsigned long long generation = 0;
+
+#if PY_VERSION_HEX >= 0x030C0000
+static int on_dict_event(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value) {
+    (void)event; (void)dict; (void)key; (void)new_value;
+    generation++;
+    return 0;
+}
+
+static void add_watcher(void) {
+    watcher_id = PyDict_AddWatcher(on_dict_event);
+    if (watcher_id < 0) PyErr_Clear();       /* all slots taken: every call reads the dicts */
+}
+
+/* 1 when every module dict of the runner is watched */
+static int watch_dicts(Runner *self) {
+    if (watcher_id < 0) return 0;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        if (self->dicts[i] && PyDict_Watch(watcher_id, self->dicts[i]) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+#else
+static void add_watcher(void) {}
+static int watch_dicts(Runner *self) { (void)self; return 0; }
+#endif
 
 static void runner_free_arrays(Runner *self) {
     if (self->last) {
@@ -155,6 +198,7 @@ static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(grad); self->is_grad_enabled = grad;
     Py_INCREF(recipe); self->recipe = recipe;
     self->always_fallback = always;
+    self->watched = watch_dicts(self);
     return 0;
 }
 
@@ -196,6 +240,9 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
     Py_ssize_t n = self->n;
     PyObject *list = PyList_New(n);
     if (!list) { Py_DECREF(seq); return NULL; }
+    /* module tensors from the runner's references when no watched dict changed since they were read */
+    unsigned long long now = generation;
+    int from_dicts = !(self->watched && self->remembered && self->seen == now);
     int changed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t j = self->leaf_index[i];
@@ -206,6 +253,8 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
                 goto error;
             }
             item = leaves[j];
+        } else if (!from_dicts) {
+            item = self->last[i];
         } else {
             item = PyDict_GetItemWithError(self->dicts[i], self->keys[i]);     /* borrowed */
             if (!item) {
@@ -219,6 +268,7 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
     }
     Py_DECREF(seq);
     seq = NULL;
+    if (from_dicts) self->state_reads++;
 
     int slow = self->always_fallback;
     if (!slow) {
@@ -232,13 +282,18 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
         if (m < 0) goto error;
         slow = m;
     }
-    if (!slow && changed) {
-        for (Py_ssize_t k = 0; !slow && k < self->n_check_state; k++) {
+    if (changed) {
+        /* new module tensors: remembered only once all the checked ones are aligned */
+        int state_misaligned = 0;
+        for (Py_ssize_t k = 0; !state_misaligned && k < self->n_check_state; k++) {
             int m = misaligned(PyList_GET_ITEM(list, self->check_state[k]));
             if (m < 0) goto error;
-            slow = m;
+            state_misaligned = m;
         }
-        if (!slow) {
+        if (state_misaligned) {
+            slow = 1;
+            self->remembered = 0;
+        } else {
             for (Py_ssize_t i = 0; i < n; i++) {
                 if (self->leaf_index[i] < 0) {
                     PyObject *item = PyList_GET_ITEM(list, i);
@@ -246,8 +301,12 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
                     Py_XSETREF(self->last[i], item);
                 }
             }
+            self->remembered = 1;
         }
+    } else if (from_dicts) {
+        self->remembered = 1;      /* the dicts hold what last[] holds */
     }
+    if (from_dicts) self->seen = now;
     PyObject *out;
     if (slow) {
         self->fallback_calls++;
@@ -267,10 +326,14 @@ error:
 
 static PyObject *runner_get_fast_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fast_calls); }
 static PyObject *runner_get_fallback_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fallback_calls); }
+static PyObject *runner_get_state_reads(Runner *self, void *closure) { return PyLong_FromSsize_t(self->state_reads); }
+static PyObject *runner_get_watched(Runner *self, void *closure) { return PyBool_FromLong(self->watched); }
 
 static PyGetSetDef runner_getset[] = {
     {"fast_calls", (getter)runner_get_fast_calls, NULL, "calls that ran call() directly", NULL},
     {"fallback_calls", (getter)runner_get_fallback_calls, NULL, "calls handed to the Python fallback", NULL},
+    {"state_reads", (getter)runner_get_state_reads, NULL, "calls that read the module dicts", NULL},
+    {"watched", (getter)runner_get_watched, NULL, "the module dicts are watched (Python 3.12+)", NULL},
     {NULL}
 };
 
@@ -297,6 +360,7 @@ static struct PyModuleDef callpath_module = {
 PyMODINIT_FUNC PyInit__callpath(void) {
     str_data_ptr = PyUnicode_InternFromString("data_ptr");
     if (!str_data_ptr) return NULL;
+    if (watcher_id < 0) add_watcher();
     if (PyType_Ready(&RunnerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&callpath_module);
     if (!m) return NULL;

@@ -2,6 +2,7 @@
 the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
 hand anything unusual to the run plan's Python ``run_list``."""
 import gc
+import sys
 import weakref
 
 import pytest
@@ -79,6 +80,28 @@ def test_a_replaced_or_updated_weight_is_used_at_the_next_call(native):
         net.scale.fill_(3.0)                                       # an in-place update of a buffer
         torch.testing.assert_close(entry((x, None))[0], reference(net, x))
     assert seen[1]["ids"][1] == id(net.lin.weight)
+
+
+def test_module_dicts_are_read_again_only_after_one_of_them_changed():
+    # Python 3.12+: the runner watches the module's dicts and skips reading them while none changed; before 3.12
+    # (no dict watchers) every call reads them. Either way a replaced weight is used at the next call.
+    net = Net()
+    entry, seen = make_entry(net, True)
+    runner = entry.run
+    assert runner.watched is (sys.version_info >= (3, 12))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            entry((x, None))
+        assert runner.state_reads == (1 if runner.watched else 3)
+        net.lin.weight = torch.nn.Parameter(torch.zeros(8, 8))
+        torch.testing.assert_close(entry((x, None))[0], reference(net, x))
+        entry((x, None))
+        assert runner.state_reads == (2 if runner.watched else 5)
+        del net.scale                               # a deleted buffer is noticed too
+        with pytest.raises(KeyError, match="scale"):
+            entry((x, None))
+    assert seen[3]["ids"][1] == id(net.lin.weight) and runner.fast_calls == 5
 
 
 @pytest.mark.parametrize("native", PATHS)
