@@ -1,4 +1,11 @@
-/* gearcache._callpath: a loaded entry's per-call work in C (optional; entry.py falls back to Python without it).
+/* gearcache._callpath: the per-call work in C (optional; without it gearcache does the same in Python).
+ *
+ * Two types:
+ *   Runner      a loaded entry's ``run(leaves) -> outputs`` (entry.py)
+ *   Dispatcher  the base class of CachedFunction: its __call__ serves a call like the last one through a shortcut
+ *               and hands every other call to the subclass's ``_call`` (dispatch.py)
+ *
+ * ---- Runner
  *
  * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled) -> runner; runner(leaves) -> outputs
  *
@@ -352,21 +359,191 @@ static PyTypeObject RunnerType = {
     .tp_getset = runner_getset,
 };
 
+/* ---- Dispatcher
+ *
+ * d._set_shortcut(matcher, entry, counters) / d._set_shortcut(None): the shortcut, or none.
+ *   matcher   signature.Matcher, a tuple (check, n, inference, is_grad_enabled, is_inference_mode_enabled):
+ *             a call takes the shortcut when it has exactly n positional arguments and no keywords, grad is off,
+ *             inference mode is `inference` and check(*args) is True
+ *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
+ *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented
+ * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
+ * d.shortcut_calls: calls served by the shortcut.
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *matcher;          /* NULL: no shortcut */
+    PyObject *entry;
+    PyObject *counters;
+    Py_ssize_t shortcut_calls;
+} Dispatcher;
+
+static PyObject *str_run, *str_build, *str_hits, *str_call;
+
+static int dispatcher_traverse(Dispatcher *self, visitproc visit, void *arg) {
+    Py_VISIT(self->matcher);
+    Py_VISIT(self->entry);
+    Py_VISIT(self->counters);
+    return 0;
+}
+
+static int dispatcher_clear(Dispatcher *self) {
+    Py_CLEAR(self->matcher);
+    Py_CLEAR(self->entry);
+    Py_CLEAR(self->counters);
+    return 0;
+}
+
+static void dispatcher_dealloc(Dispatcher *self) {
+    PyObject_GC_UnTrack(self);
+    dispatcher_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
+    PyObject *matcher, *entry = Py_None, *counters = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OO:_set_shortcut", &matcher, &entry, &counters)) return NULL;
+    if (matcher == Py_None) {
+        dispatcher_clear(self);
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_Check(matcher) || PyTuple_GET_SIZE(matcher) != 5 || !PyLong_Check(PyTuple_GET_ITEM(matcher, 1))) {
+        PyErr_Format(PyExc_TypeError, "_set_shortcut: matcher must be a signature.Matcher, got %R", matcher);
+        return NULL;
+    }
+    if (entry == Py_None || counters == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "_set_shortcut: a matcher needs its entry and the counters");
+        return NULL;
+    }
+    Py_INCREF(matcher); Py_XSETREF(self->matcher, matcher);
+    Py_INCREF(entry); Py_XSETREF(self->entry, entry);
+    Py_INCREF(counters); Py_XSETREF(self->counters, counters);
+    Py_RETURN_NONE;
+}
+
+/* obj.name += 1 */
+static int increment(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *w = one ? PyNumber_Add(v, one) : NULL;
+    Py_DECREF(v);
+    Py_XDECREF(one);
+    if (!w) return -1;
+    int r = PyObject_SetAttr(obj, name, w);
+    Py_DECREF(w);
+    return r;
+}
+
+/* 1: the shortcut applies, 0: it does not, -1: error */
+static int shortcut_applies(Dispatcher *self, PyObject *args, PyObject *kwargs) {
+    PyObject *m = self->matcher;
+    if (!m || (kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1)))
+        return 0;
+    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 3));          /* is_grad_enabled */
+    if (!r) return -1;
+    int grad = (r == Py_True);
+    Py_DECREF(r);
+    if (grad) return 0;
+    r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 4));                    /* is_inference_mode_enabled */
+    if (!r) return -1;
+    int same_mode = PyObject_IsTrue(r) == PyObject_IsTrue(PyTuple_GET_ITEM(m, 2));
+    Py_DECREF(r);
+    if (!same_mode) return 0;
+    r = PyObject_Call(PyTuple_GET_ITEM(m, 0), args, NULL);              /* check(*args) */
+    if (!r) return -1;
+    int ok = (r == Py_True);
+    Py_DECREF(r);
+    return ok;
+}
+
+static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwargs) {
+    int applies = shortcut_applies(self, args, kwargs);
+    if (applies < 0) return NULL;
+    if (!applies) {
+        PyObject *slow = PyObject_GetAttr((PyObject *)self, str_call);
+        if (!slow) return NULL;
+        PyObject *out = PyObject_Call(slow, args, kwargs);
+        Py_DECREF(slow);
+        return out;
+    }
+    PyObject *entry = self->entry;
+    Py_INCREF(entry);               /* the call may replace the shortcut */
+    PyObject *result = NULL, *outs = NULL, *build = NULL;
+    PyObject *run = PyObject_GetAttr(entry, str_run);
+    if (!run) goto done;
+    outs = PyObject_CallOneArg(run, args);
+    if (!outs) goto done;
+    build = PyObject_GetAttr(entry, str_build);
+    if (!build) goto done;
+    result = PyObject_CallFunctionObjArgs(build, outs, args, NULL);
+    if (!result) goto done;
+    self->shortcut_calls++;
+    if (increment(entry, str_hits) < 0 || increment(self->counters, str_hits) < 0) Py_CLEAR(result);
+done:
+    Py_XDECREF(run);
+    Py_XDECREF(outs);
+    Py_XDECREF(build);
+    Py_DECREF(entry);
+    return result;
+}
+
+static PyObject *dispatcher_get_shortcut_calls(Dispatcher *self, void *closure) {
+    return PyLong_FromSsize_t(self->shortcut_calls);
+}
+
+static PyMethodDef dispatcher_methods[] = {
+    {"_set_shortcut", (PyCFunction)dispatcher_set_shortcut, METH_VARARGS,
+     "_set_shortcut(matcher, entry, counters) or _set_shortcut(None)"},
+    {NULL}
+};
+
+static PyGetSetDef dispatcher_getset[] = {
+    {"shortcut_calls", (getter)dispatcher_get_shortcut_calls, NULL, "calls served by the shortcut", NULL},
+    {NULL}
+};
+
+static PyTypeObject DispatcherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gearcache._callpath.Dispatcher",
+    .tp_doc = "Base class of CachedFunction: a call like the last one through a shortcut, others to self._call.",
+    .tp_basicsize = sizeof(Dispatcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)dispatcher_dealloc,
+    .tp_traverse = (traverseproc)dispatcher_traverse,
+    .tp_clear = (inquiry)dispatcher_clear,
+    .tp_call = (ternaryfunc)dispatcher_call,
+    .tp_methods = dispatcher_methods,
+    .tp_getset = dispatcher_getset,
+};
+
 static struct PyModuleDef callpath_module = {
     PyModuleDef_HEAD_INIT, "gearcache._callpath",
-    "A loaded entry's per-call work in C (see gearcache/entry.py).", -1, NULL,
+    "The per-call work in C (see gearcache/entry.py and gearcache/dispatch.py).", -1, NULL,
 };
 
 PyMODINIT_FUNC PyInit__callpath(void) {
     str_data_ptr = PyUnicode_InternFromString("data_ptr");
     if (!str_data_ptr) return NULL;
+    str_run = PyUnicode_InternFromString("run");
+    str_build = PyUnicode_InternFromString("build");
+    str_hits = PyUnicode_InternFromString("hits");
+    str_call = PyUnicode_InternFromString("_call");
+    if (!str_run || !str_build || !str_hits || !str_call) return NULL;
     if (watcher_id < 0) add_watcher();
-    if (PyType_Ready(&RunnerType) < 0) return NULL;
+    if (PyType_Ready(&RunnerType) < 0 || PyType_Ready(&DispatcherType) < 0) return NULL;
     PyObject *m = PyModule_Create(&callpath_module);
     if (!m) return NULL;
     Py_INCREF(&RunnerType);
     if (PyModule_AddObject(m, "Runner", (PyObject *)&RunnerType) < 0) {
         Py_DECREF(&RunnerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DispatcherType);
+    if (PyModule_AddObject(m, "Dispatcher", (PyObject *)&DispatcherType) < 0) {
+        Py_DECREF(&DispatcherType);
         Py_DECREF(m);
         return NULL;
     }

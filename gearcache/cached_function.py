@@ -1,9 +1,9 @@
 """``CachedFunction``: what ``cache_compile`` returns. Dispatches each call to a compiled entry.
 
-Hot path (``__call__``): compute the call's signature key (shapes, strides, dtypes, devices, grad mode), look it up
+Hot path (``_call``): compute the call's signature key (shapes, strides, dtypes, devices, grad mode), look it up
 in a dict of loaded entries, run the entry. No Dynamo, no guards, no disk. A call of positional tensors like the
-last such call skips the key: one C++ check of the tensors' metadata against that entry's signature
-(``signature.matcher``), then the entry's ``run`` (C too where ``gearcache._callpath`` is built, see entry.py).
+last such call does not get here: the base class's ``__call__`` (dispatch.py, C where ``gearcache._callpath`` is
+built) serves it with one C++ check of the tensors' metadata (``signature.matcher``) and the entry's ``run``.
 
 Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
 valid manifest and artifact for it, load it (no tracing, no compiler); otherwise capture the method with Dynamo,
@@ -28,6 +28,7 @@ from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
 from . import compiler, cuda_graphs, faults, gears, runplan, warmup
+from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
@@ -44,8 +45,9 @@ from .topology import Topology, process_groups_factor
 log = logging.getLogger("gearcache")
 
 
-class CachedFunction:
-    """A bound method of an ``nn.Module`` served from compiled, persisted entries."""
+class CachedFunction(Dispatcher):
+    """A bound method of an ``nn.Module`` served from compiled, persisted entries. Calling it runs
+    ``Dispatcher.__call__`` (the shortcut for a call like the last one), then ``_call``."""
 
     def __init__(self, method: Callable, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None):
@@ -58,9 +60,7 @@ class CachedFunction:
         self.name = _entry_point_name(method)
         self._table: dict[tuple, Entry] = {}
         self._first: Entry | None = None
-        # the shortcut for calls like the last plain one: (matches(args) -> bool, its entry); per key, once built
-        self._last: tuple[Callable[[tuple], bool], Entry] | None = None
-        self._shortcuts: dict[tuple, tuple[Callable[[tuple], bool], Entry] | None] = {}
+        self._matchers: dict[tuple, signature.Matcher | None] = {}     # per key, for the shortcut (dispatch.py)
         self._lock = threading.RLock()
         self._method_digest = source_digest(method.__func__)
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
@@ -69,13 +69,7 @@ class CachedFunction:
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        last = self._last
-        if last is not None and not kwargs and last[0](args):
-            entry = last[1]
-            counters.hits += 1
-            entry.hits += 1
-            return entry.build(entry.run(args), args)
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         if not self.config.check_signature and self._first is not None and self._gears is None:
             return self._first(args)
         leaves, key = signature.call_key(args, kwargs)
@@ -94,17 +88,19 @@ class CachedFunction:
         else:
             counters.hits += 1
             entry.hits += 1
-        self._last = self._shortcut(key, leaves, entry)
+        self._shortcut_to(key, leaves, entry)
         return entry(leaves)
 
-    def _shortcut(self, key: tuple, leaves: tuple, entry: Entry) -> tuple[Callable[[tuple], bool], Entry] | None:
-        """The hot path's shortcut to ``entry`` for calls with ``key`` (None where it has none); built once per key."""
+    def _shortcut_to(self, key: tuple, leaves: tuple, entry: Entry) -> None:
+        """Serve the next calls with ``key`` through the base class's shortcut (none where ``key`` has no matcher)."""
         try:
-            return self._shortcuts[key]
+            matcher = self._matchers[key]
         except KeyError:
-            matches = signature.matcher(leaves, key) if isinstance(entry, Entry) else None
-            shortcut = self._shortcuts[key] = None if matches is None else (matches, entry)
-            return shortcut
+            matcher = self._matchers[key] = signature.matcher(leaves, key) if isinstance(entry, Entry) else None
+        if matcher is None:
+            self._set_shortcut(None)
+        else:
+            self._set_shortcut(matcher, entry, counters)
 
     def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""

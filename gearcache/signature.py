@@ -10,7 +10,7 @@ tensors have that key, without building it: the hot path's shortcut for a call l
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -58,7 +58,21 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
     return tuple(leaves), (structure, mode, *[_leaf_key(leaf) for leaf in leaves])
 
 
-def matcher(leaves: tuple, key: tuple) -> Callable[[tuple], bool] | None:
+class Matcher(NamedTuple):
+    """``matches(args) -> bool`` (see :func:`matcher`). A tuple, so the C dispatcher reads its fields directly."""
+
+    check: Callable[..., bool]                  # C++: the tensors' metadata (compat.tensor_match)
+    n: int                                      # positional arguments
+    inference: bool                             # inference mode on
+    is_grad_enabled: Callable[[], bool]
+    is_inference_mode_enabled: Callable[[], bool]
+
+    def __call__(self, args: tuple) -> bool:
+        return (len(args) == self.n and not self.is_grad_enabled()
+                and self.is_inference_mode_enabled() == self.inference and self.check(*args))
+
+
+def matcher(leaves: tuple, key: tuple) -> Matcher | None:
     """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
     grad off and the same inference mode. It checks more than the key (Python type, dispatch keys,
@@ -69,9 +83,7 @@ def matcher(leaves: tuple, key: tuple) -> Callable[[tuple], bool] | None:
     check = compat.tensor_match(leaves)
     if check is None:
         return None
-    n, inference = len(leaves), key[1][1]
-    grad_enabled, inference_enabled = torch.is_grad_enabled, torch.is_inference_mode_enabled
-    return lambda args: len(args) == n and not grad_enabled() and inference_enabled() == inference and check(*args)
+    return Matcher(check, len(leaves), bool(key[1][1]), torch.is_grad_enabled, torch.is_inference_mode_enabled)
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""The dispatcher every call enters first (gearcache/dispatch.py): the C one (gearcache/_callpath.c) and the Python
+one serve a call like the last one through the shortcut and hand every other call to ``_call``."""
+import gc
+import types
+import weakref
+
+import pytest
+import torch
+
+from gearcache import dispatch
+from gearcache.signature import call_key, matcher
+
+KINDS = [pytest.param(dispatch._NativeDispatcher, id="native"), pytest.param(dispatch.PyDispatcher, id="python")]
+
+
+def make(base):
+    class Fn(base):
+        def __init__(self):
+            self.slow = []
+
+        def _call(self, *args, **kwargs):
+            self.slow.append((args, kwargs))
+            return "slow"
+    return Fn()
+
+
+class FakeEntry:
+    """The two methods the shortcut calls on an entry, and its hit count."""
+
+    def __init__(self):
+        self.hits = 0
+        self.run = lambda args: [a * 2 for a in args]
+
+    def build(self, outs, args):
+        return ("built", outs, args)
+
+
+def shortcut_for(fn, *tensors):
+    with torch.no_grad():
+        m = matcher(*call_key(tensors, {}))
+    entry, counters = FakeEntry(), types.SimpleNamespace(hits=0)
+    fn._set_shortcut(m, entry, counters)
+    return entry, counters
+
+
+def test_the_native_dispatcher_is_the_one_in_use():
+    assert dispatch._NativeDispatcher is not None and dispatch.Dispatcher is dispatch._NativeDispatcher
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_a_call_like_the_shortcuts_is_served_by_it_and_counted(base):
+    fn = make(base)
+    x = torch.ones(2, 3)
+    assert fn(x) == "slow"                                  # no shortcut yet
+    entry, counters = shortcut_for(fn, x)
+    with torch.no_grad():
+        kind, outs, args = fn(torch.zeros(2, 3))
+    assert kind == "built" and torch.equal(outs[0], torch.zeros(2, 3)) and len(args) == 1
+    assert (fn.shortcut_calls, entry.hits, counters.hits, len(fn.slow)) == (1, 1, 1, 1)
+    entry.run = lambda args: ["replaced"]                   # read at every call (entry.compiled = ... changes it)
+    with torch.no_grad():
+        assert fn(x)[1] == ["replaced"]
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_every_other_call_goes_to_call(base):
+    fn = make(base)
+    x = torch.ones(2, 3)
+    entry, _ = shortcut_for(fn, x)
+    assert fn(x) == "slow"                                  # grad on
+    with torch.no_grad():
+        assert fn(x, scale=2) == "slow"                     # keywords
+        assert fn(x, x) == "slow"                           # count
+        assert fn() == "slow"
+        assert fn(torch.ones(3, 2)) == "slow"               # shape
+        assert fn(torch.ones(2, 3, dtype=torch.float64)) == "slow"
+        assert fn(1.0) == "slow"                            # not a tensor
+    with torch.inference_mode():
+        assert fn(x) == "slow"                              # another inference mode
+    assert fn.slow[1] == ((x,), {"scale": 2})
+    assert entry.hits == 0 and fn.shortcut_calls == 0
+    fn._set_shortcut(None)
+    with torch.no_grad():
+        assert fn(x) == "slow"
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_a_failing_entry_raises_and_counts_nothing(base):
+    fn = make(base)
+    x = torch.ones(2)
+    entry, counters = shortcut_for(fn, x)
+
+    def fail(args):
+        raise RuntimeError("kernel failed")
+    entry.run = fail
+    with torch.no_grad(), pytest.raises(RuntimeError, match="kernel failed"):
+        fn(x)
+    assert (entry.hits, counters.hits, fn.shortcut_calls) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_a_matcher_without_its_entry_is_refused(base):
+    fn = make(base)
+    with torch.no_grad():
+        m = matcher(*call_key((torch.ones(1),), {}))
+    with pytest.raises(TypeError, match="entry"):
+        fn._set_shortcut(m)
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_a_dispatcher_in_a_cycle_with_its_entry_is_collected(base):
+    fn = make(base)
+    entry, _ = shortcut_for(fn, torch.ones(1))
+    entry.owner = fn                                        # CachedFunction -> entry -> module -> CachedFunction
+    alive = weakref.ref(fn)
+    del fn, entry
+    gc.collect()
+    assert alive() is None
