@@ -366,7 +366,9 @@ static PyTypeObject RunnerType = {
  *             a call takes the shortcut when it has exactly n positional arguments and no keywords, grad is off,
  *             inference mode is `inference` and check(*args) is True
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
- *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented
+ *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented. Where
+ *             entry.result_outputs (read once) is an int i or a tuple of ints, the result is outputs[i] or the
+ *             tuple of those outputs, built here instead of by entry.build
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
  * d.shortcut_calls: calls served by the shortcut.
  */
@@ -375,15 +377,17 @@ typedef struct {
     PyObject *matcher;          /* NULL: no shortcut */
     PyObject *entry;
     PyObject *counters;
+    PyObject *result_outputs;   /* NULL: entry.build builds the result */
     Py_ssize_t shortcut_calls;
 } Dispatcher;
 
-static PyObject *str_run, *str_build, *str_hits, *str_call;
+static PyObject *str_run, *str_build, *str_hits, *str_call, *str_result_outputs;
 
 static int dispatcher_traverse(Dispatcher *self, visitproc visit, void *arg) {
     Py_VISIT(self->matcher);
     Py_VISIT(self->entry);
     Py_VISIT(self->counters);
+    Py_VISIT(self->result_outputs);
     return 0;
 }
 
@@ -391,6 +395,7 @@ static int dispatcher_clear(Dispatcher *self) {
     Py_CLEAR(self->matcher);
     Py_CLEAR(self->entry);
     Py_CLEAR(self->counters);
+    Py_CLEAR(self->result_outputs);
     return 0;
 }
 
@@ -398,6 +403,52 @@ static void dispatcher_dealloc(Dispatcher *self) {
     PyObject_GC_UnTrack(self);
     dispatcher_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* an int >= 0, or a tuple of them */
+static int valid_result_outputs(PyObject *r) {
+    if (PyLong_Check(r)) {
+        if (PyLong_AsSsize_t(r) >= 0) return 1;
+        PyErr_Clear();
+        return 0;
+    }
+    if (!PyTuple_Check(r)) return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(r); k++) {
+        PyObject *i = PyTuple_GET_ITEM(r, k);
+        if (!PyLong_Check(i)) return 0;
+        Py_ssize_t v = PyLong_AsSsize_t(i);
+        if (v < 0) { PyErr_Clear(); return 0; }
+    }
+    return 1;
+}
+
+/* outputs[i] for r an int, the tuple of outputs[i] for r a tuple of ints (an IndexError for a short outputs) */
+static PyObject *pick_outputs(PyObject *outs, PyObject *r) {
+    PyObject *seq = PySequence_Fast(outs, "a compiled graph returns a list or tuple of outputs");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *result = NULL;
+    if (PyLong_Check(r)) {
+        Py_ssize_t i = PyLong_AsSsize_t(r);
+        if (i >= n) PyErr_Format(PyExc_IndexError, "graph output %zd of %zd", i, n);
+        else { result = items[i]; Py_INCREF(result); }
+    } else {
+        Py_ssize_t k = PyTuple_GET_SIZE(r);
+        result = PyTuple_New(k);
+        for (Py_ssize_t j = 0; result && j < k; j++) {
+            Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(r, j));
+            if (i >= n) {
+                PyErr_Format(PyExc_IndexError, "graph output %zd of %zd", i, n);
+                Py_CLEAR(result);
+                break;
+            }
+            Py_INCREF(items[i]);
+            PyTuple_SET_ITEM(result, j, items[i]);
+        }
+    }
+    Py_DECREF(seq);
+    return result;
 }
 
 static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
@@ -415,9 +466,17 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "_set_shortcut: a matcher needs its entry and the counters");
         return NULL;
     }
+    PyObject *result_outputs = PyObject_GetAttr(entry, str_result_outputs);
+    if (!result_outputs) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+    } else if (!valid_result_outputs(result_outputs)) {
+        Py_CLEAR(result_outputs);
+    }
     Py_INCREF(matcher); Py_XSETREF(self->matcher, matcher);
     Py_INCREF(entry); Py_XSETREF(self->entry, entry);
     Py_INCREF(counters); Py_XSETREF(self->counters, counters);
+    Py_XSETREF(self->result_outputs, result_outputs);
     Py_RETURN_NONE;
 }
 
@@ -474,9 +533,13 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
     if (!run) goto done;
     outs = PyObject_CallOneArg(run, args);
     if (!outs) goto done;
-    build = PyObject_GetAttr(entry, str_build);
-    if (!build) goto done;
-    result = PyObject_CallFunctionObjArgs(build, outs, args, NULL);
+    if (self->result_outputs) {
+        result = pick_outputs(outs, self->result_outputs);
+    } else {
+        build = PyObject_GetAttr(entry, str_build);
+        if (!build) goto done;
+        result = PyObject_CallFunctionObjArgs(build, outs, args, NULL);
+    }
     if (!result) goto done;
     self->shortcut_calls++;
     if (increment(entry, str_hits) < 0 || increment(self->counters, str_hits) < 0) Py_CLEAR(result);
@@ -530,7 +593,8 @@ PyMODINIT_FUNC PyInit__callpath(void) {
     str_build = PyUnicode_InternFromString("build");
     str_hits = PyUnicode_InternFromString("hits");
     str_call = PyUnicode_InternFromString("_call");
-    if (!str_run || !str_build || !str_hits || !str_call) return NULL;
+    str_result_outputs = PyUnicode_InternFromString("result_outputs");
+    if (!str_run || !str_build || !str_hits || !str_call || !str_result_outputs) return NULL;
     if (watcher_id < 0) add_watcher();
     if (PyType_Ready(&RunnerType) < 0 || PyType_Ready(&DispatcherType) < 0) return NULL;
     PyObject *m = PyModule_Create(&callpath_module);

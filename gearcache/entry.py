@@ -10,6 +10,8 @@ The glue is built once at load so a call does no interpretation:
   loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
 - ``gather(L, S0, S1, ...)``: generated Python returning the graph's input list (CUDA-graph capture, benchmarks).
 - ``build(O, L)``: generated Python returning the method's result from the graph outputs ``O``.
+- ``result_outputs``: for a method returning one graph output ``i`` or a flat tuple of graph outputs, ``i`` or the
+  tuple of their indices (the C dispatcher then builds the result itself, see dispatch.py); else None.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ NATIVE = _callpath is not None
 
 
 class Entry:
-    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "manifest", "hits")
+    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "result_outputs", "manifest", "hits")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
@@ -37,6 +39,7 @@ class Entry:
         self._recipe = _recipe(manifest["inputs"], module)
         self.gather = _make_gather(manifest["inputs"], module)
         self.build = _make_build(manifest["outputs"], module)
+        self.result_outputs = _result_outputs(manifest["outputs"])
         self.compiled = compiled
         stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
         if stable is not None:
@@ -124,6 +127,18 @@ def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[l
     defaults = "".join(f", {k}={k}" for k in env)
     src = f"def build(O, L{defaults}):\n    return {body}\n"
     return _compile(src, "build", env)
+
+
+def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
+    """``Entry.result_outputs``: what ``build`` returns when it is one graph output or a flat tuple of them."""
+    leaves, structure = outputs["leaves"], outputs["structure"]
+    if not all(kind == "out" for kind, _ in leaves):
+        return None
+    if structure == ["leaf"] and len(leaves) == 1:
+        return int(leaves[0][1])
+    if structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1]) and len(structure[1]) == len(leaves):
+        return tuple(int(ref) for _, ref in leaves)
+    return None
 
 
 def _structure_expr(node: list, items, env: dict[str, Any]) -> str:

@@ -35,10 +35,10 @@ class FakeEntry:
         return ("built", outs, args)
 
 
-def shortcut_for(fn, *tensors):
+def shortcut_for(fn, *tensors, entry=None):
     with torch.no_grad():
         m = matcher(*call_key(tensors, {}))
-    entry, counters = FakeEntry(), types.SimpleNamespace(hits=0)
+    entry, counters = entry or FakeEntry(), types.SimpleNamespace(hits=0)
     fn._set_shortcut(m, entry, counters)
     return entry, counters
 
@@ -116,3 +116,22 @@ def test_a_dispatcher_in_a_cycle_with_its_entry_is_collected(base):
     del fn, entry
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.parametrize("base", KINDS)
+@pytest.mark.parametrize("result_outputs", [None, 1, (1, 0)])
+def test_a_result_of_graph_outputs_is_the_same_built_either_way(base, result_outputs):
+    # Entry.result_outputs lets the C dispatcher pick the outputs itself instead of calling entry.build
+    expected = {None: ("built",), 1: "b", (1, 0): ("b", "a")}[result_outputs]
+    entry = FakeEntry()
+    entry.run = lambda args: ["a", "b"]
+    entry.build = lambda outs, args: expected
+    entry.result_outputs = result_outputs
+    fn = make(base)
+    x = torch.ones(2)
+    shortcut_for(fn, x, entry=entry)
+    entry.build = lambda outs, args: "build was called"
+    with torch.no_grad():
+        result = fn(x)
+    assert result == (expected if base is dispatch._NativeDispatcher and result_outputs is not None
+                      else "build was called")

@@ -196,3 +196,14 @@ def test_an_entry_does_not_keep_its_module_alive():
     del net, entry
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.parametrize("outputs, expected", [
+    ({"leaves": [["out", 0]], "structure": ["leaf"]}, 0),
+    ({"leaves": [["out", 1], ["out", 0]], "structure": ["tuple", [["leaf"], ["leaf"]]]}, (1, 0)),
+    ({"leaves": [["out", 0], ["leaf", 1]], "structure": ["tuple", [["leaf"], ["leaf"]]]}, None),    # an input
+    ({"leaves": [["out", 0], ["out", 1]], "structure": ["list", [["leaf"], ["leaf"]]]}, None),     # a list
+    ({"leaves": [["out", 0]], "structure": ["tuple", [["tuple", [["leaf"]]]]]}, None),             # nested
+])
+def test_result_outputs_names_only_results_that_are_graph_outputs_or_a_flat_tuple_of_them(outputs, expected):
+    assert entry_mod._result_outputs(outputs) == expected
