@@ -75,12 +75,15 @@ def tiny_lm_warm(tiny_lm_cache, tmp_path_factory) -> dict[str, dict]:
     """Reports of TinyLM run again on ``tiny_lm_cache`` by two fresh processes (run at once), each with empty Inductor
     and Triton caches: ``"plain"`` as a server would (no hooks: nothing imports torch's compiler for it), and
     ``"hooks"`` with compile hooks installed, which after the first calls also changes the weights (in place, a new
-    Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all)."""
+    Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all); and
+    ``"python"``, like ``"hooks"`` but as where gearcache's C extension is not built (``--no-c-extension``)."""
     cache, _ = tiny_lm_cache
     scripts = {"plain": Script("run_tiny_lm.py", str(cache),
                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_plain_torch_caches"))),
                "hooks": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights",
-                               env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_hooks_torch_caches")))}
+                               env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_hooks_torch_caches"))),
+               "python": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights", "--no-c-extension",
+                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_python_torch_caches")))}
     return {name: script.result() for name, script in scripts.items()}
 
 

@@ -37,6 +37,18 @@ def test_loaded_entry_reads_live_weights(tiny_lm_warm):
     assert warm["hooks"]["inductor_compiles"] == 0 and warm["hooks"]["cpp_builds"] == 0
 
 
+def test_without_the_c_extension_the_same_calls_run_in_python_with_the_same_results(tiny_lm_warm):
+    """Where gearcache._callpath is not built (no C compiler at install), the per-call path is the Python one:
+    same results, live weights, shortcut, and still nothing compiled."""
+    native, python = tiny_lm_warm["hooks"], tiny_lm_warm["python"]
+    # shortcut calls: decode twice more, prefill again, prefill after the weight changes (one shortcut per method)
+    assert native["call_path"] == {"native_entries": True, "dispatcher": "gearcache._callpath", "shortcut_calls": 4}
+    assert python["call_path"] == {"native_entries": False, "dispatcher": "gearcache.dispatch", "shortcut_calls": 4}
+    for report in (native, python):
+        assert report["equal"] and report["repeat_equal"] and report["mutated_equal"] and report["mutated_changed"]
+        assert report["hooks"]["inductor_compiles"] == 0 and report["counters"]["compiles"] == 0
+
+
 def test_hooks_do_count_a_cold_compile(tiny_lm_cache):
     """The hooks are live: the same script on an empty gearcache folder (the session's cold run, hooks installed,
     empty Inductor and Triton caches) trips them."""

@@ -1,6 +1,8 @@
 """Run TinyLM's prefill and decode through gearcache in this process; print a JSON report on the last line.
 
-usage: run_tiny_lm.py CACHE_DIR [--hooks] [--mutate-weights]
+usage: run_tiny_lm.py CACHE_DIR [--hooks] [--mutate-weights] [--no-c-extension]
+
+--no-c-extension: gearcache runs as where its C extension (gearcache._callpath) is not built: the import fails.
 """
 import json
 import os
@@ -8,6 +10,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--no-c-extension" in sys.argv:
+    sys.modules["gearcache._callpath"] = None          # `import gearcache._callpath` raises ImportError
 if "--hooks" in sys.argv:
     import compile_hooks
 
@@ -15,7 +19,7 @@ if "--hooks" in sys.argv:
 import torch
 
 import models
-from gearcache import counters
+from gearcache import counters, dispatch, entry
 
 cache_dir = sys.argv[1]
 device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
@@ -27,11 +31,16 @@ with torch.inference_mode():
     logits, kv1 = model(ids, kv)
     report["first_call_s"] = time.perf_counter() - t0
     logits2, kv2 = model(step, kv1, pos)
+    for _ in range(2):                                 # like the last call: served through the shortcut
+        again, _ = model(step, kv1, pos)
+        report.setdefault("repeat_equal", True)
+        report["repeat_equal"] &= bool(torch.equal(again, logits2))
     ref1, refkv1 = model.prefill(ids, kv)
     ref2, refkv2 = model.decode(step, refkv1, pos)
     report["equal"] = all(torch.allclose(a, b, atol=1e-5) for a, b in
                           [(logits, ref1), (kv1, refkv1), (logits2, ref2), (kv2, refkv2)])
     if "--mutate-weights" in sys.argv:
+        model(ids, kv)                                 # the prefill after the changes takes the shortcut
         model.head.weight.mul_(2.0)                                        # in place
         model.proj.weight = torch.nn.Parameter(torch.randn_like(model.proj.weight))   # a new Parameter object
         model.scale.fill_(3.0)                                             # a buffer
@@ -40,6 +49,8 @@ with torch.inference_mode():
         report["mutated_equal"] = bool(torch.allclose(out, ref, atol=1e-5))
         report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
 report["device"] = str(kv.device)
+report["call_path"] = {"native_entries": entry.NATIVE, "dispatcher": dispatch.Dispatcher.__module__,
+                       "shortcut_calls": model.cached_prefill.shortcut_calls + model.cached_decode.shortcut_calls}
 # torch's compiler stack, which a warm start must not import (the hooks above import it themselves)
 report["compiler_modules"] = sorted(m for m in sys.modules if m.split(".")[:2] in (["torch", "_inductor"],
                                                                                   ["torch", "_dynamo"]))
