@@ -8,7 +8,8 @@ empty (run the script twice with the same folder to time a warm process's load),
 
 1. paired end to end: the loaded entry ``fn(x, kv, pos)`` and Inductor's ``call(list(args))`` on the same inputs,
    interleaved (the order alternates every pair), p50 of each and the median of the paired differences; for the C
-   per-call path (``gearcache._callpath``, when built) and the Python one, in alternating blocks of the same run;
+   per-call path (``gearcache._callpath``, when built) and the Python one gearcache runs without it
+   (``dispatch.PyDispatcher`` and the Python ``entry.run``), in alternating blocks of the same run;
 2. the pieces, isolated (tight loops, p50): signature key, table lookup, gathering the graph inputs, the run plan's
    per-call function around a ``call()`` that does nothing, building the result (the Python path's pieces); the
    entry's ``run`` (gathering and run plan, on the path in use) around that null ``call()``; and the whole hot path
@@ -80,16 +81,18 @@ def main() -> None:
 
         # 1. paired end to end, the C per-call path and the Python one in alternating blocks
         paths = ["native", "python"] if entry.native else ["python"]
+        callers = {"native": fn, "python": _python_path(fn, key, entry)}
         pairs = {p: ([], [], []) for p in paths}
         blocks = 10
         for b in range(blocks * len(paths)):
             path = paths[b % len(paths)]
             _use_path(entry, path)
             e_t, c_t, diffs = pairs[path]
+            f = callers[path]
             for i in range(n // blocks + 20):
                 if i % 2:
                     t0 = time.perf_counter_ns()
-                    fn(x, kv, pos)
+                    f(x, kv, pos)
                     t1 = time.perf_counter_ns()
                     call(list(args))
                     t2 = time.perf_counter_ns()
@@ -98,7 +101,7 @@ def main() -> None:
                     t0 = time.perf_counter_ns()
                     call(list(args))
                     t1 = time.perf_counter_ns()
-                    fn(x, kv, pos)
+                    f(x, kv, pos)
                     t2 = time.perf_counter_ns()
                     c, e = t1 - t0, t2 - t1
                 if i >= 20:
@@ -186,6 +189,21 @@ def main() -> None:
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(r, f, indent=1)
+
+
+def _python_path(fn, key, entry):
+    """``fn`` as it runs where gearcache._callpath is not built: dispatch.PyDispatcher's shortcut (Python) to the
+    same entry; with ``_use_path(entry, "python")`` its ``run`` is Python too."""
+    from gearcache import counters, dispatch
+
+    class PythonPath(dispatch.PyDispatcher):
+        _call = staticmethod(fn._call)
+
+    caller = PythonPath()
+    matcher = fn._matchers.get(key)
+    if matcher is not None:
+        caller._set_shortcut(matcher, entry, counters)
+    return caller
 
 
 def _use_path(entry, path):
