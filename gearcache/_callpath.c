@@ -494,10 +494,9 @@ static int increment(PyObject *obj, PyObject *name) {
     return r;
 }
 
-/* 1: the shortcut applies, 0: it does not, -1: error */
-static int shortcut_applies(Dispatcher *self, PyObject *args, PyObject *kwargs) {
-    PyObject *m = self->matcher;
-    if (!m || (kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1)))
+/* 1: the shortcut applies, 0: it does not, -1: error. `m` is a strong reference the caller holds. */
+static int shortcut_applies(PyObject *m, PyObject *args, PyObject *kwargs) {
+    if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1)))
         return 0;
     PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 3));          /* is_grad_enabled */
     if (!r) return -1;
@@ -517,24 +516,30 @@ static int shortcut_applies(Dispatcher *self, PyObject *args, PyObject *kwargs) 
 }
 
 static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwargs) {
-    int applies = shortcut_applies(self, args, kwargs);
-    if (applies < 0) return NULL;
+    /* strong references for the whole call: the code it runs may replace the shortcut */
+    PyObject *matcher = self->matcher, *entry = self->entry, *counters = self->counters;
+    PyObject *picks = self->result_outputs;
+    int applies = 0;
+    if (matcher) {
+        Py_INCREF(matcher); Py_INCREF(entry); Py_INCREF(counters); Py_XINCREF(picks);
+        applies = shortcut_applies(matcher, args, kwargs);
+    }
+    PyObject *result = NULL, *outs = NULL, *build = NULL, *run = NULL;
+    if (applies < 0) goto done;
     if (!applies) {
         PyObject *slow = PyObject_GetAttr((PyObject *)self, str_call);
-        if (!slow) return NULL;
-        PyObject *out = PyObject_Call(slow, args, kwargs);
-        Py_DECREF(slow);
-        return out;
+        if (slow) {
+            result = PyObject_Call(slow, args, kwargs);
+            Py_DECREF(slow);
+        }
+        goto done;
     }
-    PyObject *entry = self->entry;
-    Py_INCREF(entry);               /* the call may replace the shortcut */
-    PyObject *result = NULL, *outs = NULL, *build = NULL;
-    PyObject *run = PyObject_GetAttr(entry, str_run);
+    run = PyObject_GetAttr(entry, str_run);
     if (!run) goto done;
     outs = PyObject_CallOneArg(run, args);
     if (!outs) goto done;
-    if (self->result_outputs) {
-        result = pick_outputs(outs, self->result_outputs);
+    if (picks) {
+        result = pick_outputs(outs, picks);
     } else {
         build = PyObject_GetAttr(entry, str_build);
         if (!build) goto done;
@@ -542,12 +547,14 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
     }
     if (!result) goto done;
     self->shortcut_calls++;
-    if (increment(entry, str_hits) < 0 || increment(self->counters, str_hits) < 0) Py_CLEAR(result);
+    if (increment(entry, str_hits) < 0 || increment(counters, str_hits) < 0) Py_CLEAR(result);
 done:
     Py_XDECREF(run);
     Py_XDECREF(outs);
     Py_XDECREF(build);
-    Py_DECREF(entry);
+    if (matcher) {
+        Py_DECREF(matcher); Py_DECREF(entry); Py_DECREF(counters); Py_XDECREF(picks);
+    }
     return result;
 }
 

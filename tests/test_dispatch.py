@@ -135,3 +135,33 @@ def test_a_result_of_graph_outputs_is_the_same_built_either_way(base, result_out
         result = fn(x)
     assert result == (expected if base is dispatch._NativeDispatcher and result_outputs is not None
                       else "build was called")
+
+
+@pytest.mark.parametrize("base", KINDS)
+def test_a_call_that_drops_the_shortcut_it_runs_through_is_safe(base):
+    # The shortcut's matcher, entry and counters are held for the whole call: here the entry's run drops the
+    # shortcut (as a call of another signature from inside would), and nothing else refers to them.
+    class Counters:
+        hits = 0
+
+    fn = make(base)
+    x = torch.ones(2)
+    entry, counters = FakeEntry(), Counters()
+
+    def run(args):
+        fn._set_shortcut(None)
+        gc.collect()
+        return [args[0] + 1]
+    entry.run = run
+    entry.result_outputs = (0,)
+    with torch.no_grad():
+        fn._set_shortcut(matcher(*call_key((x,), {})), entry, counters)
+    entry_alive, counters_alive = weakref.ref(entry), weakref.ref(counters)
+    del entry, counters
+    with torch.no_grad():
+        result = fn(x)
+    picked = result[0] if base is dispatch._NativeDispatcher else result[1][0]     # C picks; Python builds
+    assert torch.equal(picked, torch.full((2,), 2.0))
+    assert entry_alive() is None and counters_alive() is None                      # released after the call
+    with torch.no_grad():
+        assert fn(x) == "slow"
