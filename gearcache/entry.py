@@ -37,7 +37,7 @@ class Entry:
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
         self._recipe = _recipe(manifest["inputs"], module)
-        self.gather = _make_gather(manifest["inputs"], module)
+        self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
         self.result_outputs = _result_outputs(manifest["outputs"])
         self.compiled = compiled
@@ -76,7 +76,8 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
 
 
 def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
-    """The graph inputs for ``_callpath.Runner``: a leaf index, or the (``_parameters``/``_buffers`` dict, name)."""
+    """The graph inputs, resolved once (``_callpath.Runner`` and ``gather``): a leaf index, or the
+    (``_parameters``/``_buffers`` dict, name)."""
     return tuple(int(ref) if kind == "leaf" else _state_dict_for(module, ref) for kind, ref in inputs)
 
 
@@ -90,14 +91,15 @@ def _state_dict_for(module: torch.nn.Module, name: str) -> tuple[dict, str]:
     raise KeyError(f"module has no parameter or buffer {name!r}")
 
 
-def _make_gather(recipe: list[list], module: torch.nn.Module) -> Callable[[tuple], list]:
+def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
+    """``gather(L)`` in generated Python from the recipe of :func:`_recipe` (the dicts already resolved)."""
     dicts: list[dict] = []
     items = []
-    for kind, ref in recipe:
-        if kind == "leaf":
-            items.append(f"L[{int(ref)}]")
+    for item in recipe:
+        if isinstance(item, int):
+            items.append(f"L[{item}]")
         else:
-            d, attr = _state_dict_for(module, ref)
+            d, attr = item
             idx = next((i for i, x in enumerate(dicts) if x is d), None)
             if idx is None:
                 dicts.append(d)
