@@ -7,7 +7,8 @@
  *
  * ---- Runner
  *
- * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled) -> runner; runner(leaves) -> outputs
+ * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled, is_autocast_enabled) -> runner;
+ * runner(leaves) -> outputs
  *
  *   call             Inductor's generated call(list) (it empties the list it is given)
  *   fallback         the run plan's Python run_list(list): realigns misaligned inputs (and copies mutated ones
@@ -20,11 +21,13 @@
  *                    (the plan's inputs_to_check)
  *   always_fallback  true when every call needs the Python path (the graph bumps version counters)
  *   is_grad_enabled  torch.is_grad_enabled
+ *   is_autocast_enabled  torch._C._is_any_autocast_enabled (compiled code runs with autocast off: its casts are
+ *                    in the graph; the Python path turns autocast off around the call, as AOTAutograd does)
  *
  * Per call: build the input list from the recipe; check the alignment (tensor.data_ptr() % 16) of the checked
  * inputs taken from the call's leaves, and of the checked module tensors only when one of the module tensors is a
  * different object than on the last call that passed (strong references are kept, so an address cannot be reused
- * by another tensor while it is remembered); with grad off and everything aligned, return call(list); otherwise
+ * by another tensor while it is remembered); with grad and autocast off and everything aligned, return call(list); otherwise
  * return fallback(list), which re-checks everything itself.
  *
  * Reading the module dicts: on Python 3.12+ every dict a runner reads is watched (PyDict_AddWatcher, one watcher
@@ -47,6 +50,7 @@ typedef struct {
     PyObject *call;
     PyObject *fallback;
     PyObject *is_grad_enabled;
+    PyObject *is_autocast_enabled;
     PyObject *recipe;          /* tuple, kept for the dicts' and keys' references */
     Py_ssize_t n;              /* graph inputs */
     Py_ssize_t *leaf_index;    /* per input: >= 0 a leaf index, -1 a module tensor */
@@ -116,6 +120,7 @@ static int runner_traverse(Runner *self, visitproc visit, void *arg) {
     Py_VISIT(self->call);
     Py_VISIT(self->fallback);
     Py_VISIT(self->is_grad_enabled);
+    Py_VISIT(self->is_autocast_enabled);
     Py_VISIT(self->recipe);
     if (self->last) {
         for (Py_ssize_t i = 0; i < self->n; i++) Py_VISIT(self->last[i]);
@@ -127,6 +132,7 @@ static int runner_clear(Runner *self) {
     Py_CLEAR(self->call);
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->is_grad_enabled);
+    Py_CLEAR(self->is_autocast_enabled);
     if (self->last) {
         for (Py_ssize_t i = 0; i < self->n; i++) Py_CLEAR(self->last[i]);
     }
@@ -146,11 +152,12 @@ static void runner_dealloc(Runner *self) {
 }
 
 static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"call", "fallback", "recipe", "check", "always_fallback", "is_grad_enabled", NULL};
-    PyObject *call, *fallback, *recipe, *check, *grad;
+    static char *kwlist[] = {"call", "fallback", "recipe", "check", "always_fallback", "is_grad_enabled",
+                             "is_autocast_enabled", NULL};
+    PyObject *call, *fallback, *recipe, *check, *grad, *autocast;
     int always;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OpO", kwlist, &call, &fallback, &PyTuple_Type, &recipe,
-                                     &check, &always, &grad))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OpOO", kwlist, &call, &fallback, &PyTuple_Type, &recipe,
+                                     &check, &always, &grad, &autocast))
         return -1;
     if (self->recipe != NULL) {
         PyErr_SetString(PyExc_TypeError, "Runner is initialised once");
@@ -203,6 +210,7 @@ static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(call); self->call = call;
     Py_INCREF(fallback); self->fallback = fallback;
     Py_INCREF(grad); self->is_grad_enabled = grad;
+    Py_INCREF(autocast); self->is_autocast_enabled = autocast;
     Py_INCREF(recipe); self->recipe = recipe;
     self->always_fallback = always;
     self->watched = watch_dicts(self);
@@ -284,6 +292,12 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
         slow = (grad == Py_True);
         Py_DECREF(grad);
     }
+    if (!slow) {
+        PyObject *autocast = PyObject_CallNoArgs(self->is_autocast_enabled);
+        if (!autocast) goto error;
+        slow = (autocast == Py_True);
+        Py_DECREF(autocast);
+    }
     for (Py_ssize_t k = 0; !slow && k < self->n_check_leaf; k++) {
         int m = misaligned(PyList_GET_ITEM(list, self->check_leaf[k]));
         if (m < 0) goto error;
@@ -347,7 +361,7 @@ static PyGetSetDef runner_getset[] = {
 static PyTypeObject RunnerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "gearcache._callpath.Runner",
-    .tp_doc = "A loaded entry's per-call work: gather the graph inputs, check alignment and grad mode, run call().",
+    .tp_doc = "A loaded entry's per-call work: gather the graph inputs, check alignment, grad and autocast, run call().",
     .tp_basicsize = sizeof(Runner),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
@@ -362,8 +376,9 @@ static PyTypeObject RunnerType = {
 /* ---- Dispatcher
  *
  * d._set_shortcut(matcher, entry, counters) / d._set_shortcut(None): the shortcut, or none.
- *   matcher   signature.Matcher, a tuple (check, n, inference, is_grad_enabled, is_inference_mode_enabled):
- *             a call takes the shortcut when it has exactly n positional arguments and no keywords, grad is off,
+ *   matcher   signature.Matcher, a tuple (check, n, inference, same_state, is_inference_mode_enabled):
+ *             a call takes the shortcut when it has exactly n positional arguments and no keywords,
+ *             same_state() is True (grad off and the thread's global torch state as when the matcher was made),
  *             inference mode is `inference` and check(*args) is True
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
  *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented. Where
@@ -498,11 +513,11 @@ static int increment(PyObject *obj, PyObject *name) {
 static int shortcut_applies(PyObject *m, PyObject *args, PyObject *kwargs) {
     if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1)))
         return 0;
-    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 3));          /* is_grad_enabled */
+    PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 3));          /* same_state: grad off, ... */
     if (!r) return -1;
-    int grad = (r == Py_True);
+    int same = (r == Py_True);
     Py_DECREF(r);
-    if (grad) return 0;
+    if (!same) return 0;
     r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 4));                    /* is_inference_mode_enabled */
     if (!r) return -1;
     int same_mode = PyObject_IsTrue(r) == PyObject_IsTrue(PyTuple_GET_ITEM(m, 2));

@@ -323,6 +323,79 @@ def device_capability(device: str) -> str:
     return dev.type
 
 
+# ----------------------------------------------------------------------------------------------------- global state
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia", "privateuseone")
+
+
+def _sdp_backends() -> dict[str, bool]:
+    cuda = torch.backends.cuda
+    return {name: bool(getattr(cuda, f"{name}_sdp_enabled", lambda: None)())
+            for name in ("flash", "mem_efficient", "math", "cudnn")}
+
+
+def global_state() -> dict[str, Any]:
+    """The thread's torch settings, other than grad and inference mode (the signature holds those), that change what a
+    capture traces or what Inductor generates for it, as JSON-able values (a cache key factor; equal dicts mean the
+    same compiled code):
+
+    - ``autocast``: ``{device type: dtype}`` for each device type whose autocast is on (the traced graph casts);
+    - ``default_dtype``, ``deterministic`` (algorithms on, warn only), ``torch_function`` (enabled, all disabled);
+    - ``matmul``: TF32 and reduced-precision reductions of cuBLAS, cuDNN's TF32, the float32 matmul precision;
+    - ``sdp``: the scaled-dot-product attention backends enabled (Dynamo picks one at trace time).
+
+    The set follows Dynamo's global-state guard (``GlobalStateGuard``) without the thread count (it changes CPU code
+    only: gearcache/cached_function.py keys CPU entries by it), plus ``matmul``'s cuDNN/precision parts and ``sdp``,
+    which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
+    :func:`state_guard`)."""
+    autocast = {}
+    for device_type in _AUTOCAST_DEVICE_TYPES:
+        try:
+            if torch.is_autocast_enabled(device_type):
+                autocast[device_type] = str(torch.get_autocast_dtype(device_type))
+        except (RuntimeError, ValueError):      # a device type this build does not know
+            continue
+    matmul = torch.backends.cuda.matmul
+    return {
+        "autocast": autocast,
+        "autocast_cache": torch.is_autocast_cache_enabled() if autocast else None,
+        "default_dtype": str(torch.get_default_dtype()),
+        "deterministic": [torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled()],
+        "torch_function": [torch._C._is_torch_function_enabled(),
+                           bool(getattr(torch._C, "_is_torch_function_all_disabled", lambda: False)())],
+        "matmul": {"cuda_tf32": matmul.allow_tf32,
+                   "fp16_reduced": matmul.allow_fp16_reduced_precision_reduction,
+                   "bf16_reduced": matmul.allow_bf16_reduced_precision_reduction,
+                   "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+                   "float32_precision": torch.get_float32_matmul_precision()},
+        "sdp": _sdp_backends(),
+    }
+
+
+def state_guard() -> Callable[[], bool] | None:
+    """``same() -> bool`` in C++: True while the calling thread's grad mode, autocast, default dtype, deterministic
+    algorithms, cuBLAS TF32/reduced-precision flags, torch-function state and thread count are what they were when
+    this was called (~0.2-0.5 us). It does not see the SDPA backends or cuDNN's TF32 flag (torch.compile does not
+    either). None where torch lacks it (callers then compute :func:`global_state` each time).
+
+    Mechanism: Dynamo's ``torch._C._dynamo.guards.GlobalStateGuard`` (guards.cpp), a snapshot taken at construction."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    guard_type = getattr(guards, "GlobalStateGuard", None)
+    if guard_type is None:
+        return None
+    try:
+        return guard_type().check
+    except (TypeError, RuntimeError):
+        return None
+
+
+any_autocast_enabled: Callable[[], bool] = torch._C._is_any_autocast_enabled
+"""True when autocast is on for any device type in this thread (C++; what AOTAutograd reads at load)."""
+disable_autocast: Callable[[], contextlib.AbstractContextManager] = torch._C._DisableAutocast
+"""Autocast off for every device type within the block: compiled code runs so, as its casts are already in the graph
+(AOTAutograd's runtime wrapper does the same: ``disable_amp``)."""
+
+
 # ------------------------------------------------------------------------------------------------------------ pytree
 def tree_flatten(tree: Any):
     return torch.utils._pytree.tree_flatten(tree)

@@ -168,6 +168,7 @@ class CachedFunction(Dispatcher):
             ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
             ("policy", ic.dynamic_gears_merge_policy),
             ("module_state", _module_state(self._module)),
+            ("global_state", compat.global_state()),
             ("software", compat.software_versions()),
         ])
         return pkey
@@ -320,6 +321,7 @@ class CachedFunction(Dispatcher):
             ("module_state", _module_state(self._module)),
             ("config", self.config.compile_factors()),
             ("decompositions", decompositions_factor(self._decompositions)),
+            ("global_state", _global_state_factor(devices)),
             ("software", compat.software_versions()),
             ("devices", [compat.device_capability(d) for d in devices]),
             ("process_groups", process_groups_factor()),
@@ -447,6 +449,7 @@ class CachedFunction(Dispatcher):
             ("inputs", inputs),
             ("config", values["config"]),
             ("decompositions", values["decompositions"]),
+            ("global_state", values["global_state"]),       # autocast etc. change what AOTAutograd traces
             ("software", values["software"]),
             ("devices", values["devices"]),
             ("process_groups", values["process_groups"]),
@@ -524,6 +527,16 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
     for leaf in cut:
         new[leaf] = new[leaf].contiguous()
     return tuple(new)
+
+
+def _global_state_factor(devices: list[str]) -> dict[str, Any]:
+    """The thread's global torch state as it changes the compiled code (``compat.global_state()``: autocast, TF32,
+    SDPA backends, ...), computed afresh at each miss; plus the thread count where the graph runs on the CPU (Inductor
+    writes it into its C++ kernels)."""
+    state = compat.global_state()
+    if any(d.startswith("cpu") for d in devices):
+        state["cpu_threads"] = torch.get_num_threads()
+    return state
 
 
 def _entry_point_name(method: Callable) -> str:

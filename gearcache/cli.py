@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable
 
 OK, FAILED, USAGE = 0, 1, 2
 ENTRY_PREFIX_MIN = 6
-FACTOR_ORDER = ["format", "method", "signature", "module_state", "config", "decompositions", "software", "devices",
-                "process_groups"]
+FACTOR_ORDER = ["format", "method", "signature", "module_state", "config", "decompositions", "global_state", "software",
+                "devices", "process_groups"]
 
 log = logging.getLogger("gearcache.cli")
 

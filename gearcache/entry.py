@@ -5,7 +5,7 @@ The glue is built once at load so a call does no interpretation:
 - ``run(L) -> O``: the graph outputs from the call's flattened inputs ``L``: gathers the graph's input list from
   ``L`` and the owning modules' ``_parameters`` / ``_buffers`` dicts (a weight changed in place or replaced shows in
   the next call's output) and runs the compiled graph. For a run plan this is a ``gearcache._callpath.Runner``
-  (C: the gathering, the alignment and grad-mode checks and Inductor's ``call()`` in one call; anything unusual is
+  (C: the gathering, the alignment, grad-mode and autocast checks and Inductor's ``call()`` in one call; anything unusual is
   handed to the run plan's Python ``run_list``); without the C extension, or for an artifact loaded by torch's
   loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
 - ``gather(L, S0, S1, ...)``: generated Python returning the graph's input list (CUDA-graph capture, benchmarks).
@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+from . import _torch_compat as compat
 
 try:
     from . import _callpath         # built by setup.py (optional: no C compiler, no extension)
@@ -69,7 +71,8 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
         return _callpath.Runner(call=call, fallback=run_list, recipe=recipe,
                                 check=tuple(plan.get("inputs_to_check", ())),
                                 always_fallback=bool(plan.get("version_bumped_inputs")),
-                                is_grad_enabled=torch.is_grad_enabled)
+                                is_grad_enabled=torch.is_grad_enabled,
+                                is_autocast_enabled=compat.any_autocast_enabled)
     if run_list is not None:
         return lambda leaves: run_list(gather(leaves))
     return lambda leaves: fn(*gather(leaves))

@@ -2,14 +2,18 @@
 
 ``call_key(args, kwargs)`` returns ``(leaves, key)``: ``leaves`` are the call's flattened inputs (the tensors and
 scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
-the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, and the
-grad / inference mode. Plain positional tensors take a fast path with no pytree work.
+the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, the
+grad / inference mode, and the thread's other global torch state (autocast, default dtype, TF32, ...: see
+``state_tag``). Plain positional tensors take a fast path with no pytree work.
 
 ``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
 tensors have that key, without building it: the hot path's shortcut for a call like the one before it.
 """
 from __future__ import annotations
 
+import json
+import sys
+import threading
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -46,8 +50,36 @@ def _flatten(obj: Any, leaves: list) -> Any:
     return None
 
 
+class _StateSnapshot(threading.local):
+    same: Callable[[], bool] | None = None
+    tag: str = ""
+
+
+_snapshot = _StateSnapshot()
+
+
+def state_tag() -> str:
+    """The calling thread's global torch state (``compat.global_state()``: autocast, default dtype, deterministic
+    algorithms, TF32 and reduced-precision flags, SDPA backends) as a canonical JSON string, part of every key.
+
+    Per thread, the last tag is kept with a C++ snapshot of the state it was computed in (``compat.state_guard``);
+    while the snapshot still holds, the tag is returned without recomputing it. The snapshot does not cover the SDPA
+    backends or cuDNN's TF32 flag: a change of only those in a running process is seen by the next miss (whose entry
+    key computes the state afresh), not by signatures already served, as with ``torch.compile``."""
+    snap = _snapshot
+    same = snap.same
+    if same is not None and same():
+        return snap.tag
+    same = compat.state_guard()
+    tag = json.dumps(compat.global_state(), sort_keys=True, separators=(",", ":"))
+    if tag != snap.tag:
+        tag = sys.intern(tag)
+    snap.same, snap.tag = same, tag
+    return tag
+
+
 def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
-    mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), state_tag())
     if not kwargs:
         try:
             return args, (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
@@ -64,31 +96,36 @@ class Matcher(NamedTuple):
     check: Callable[..., bool]                  # C++: the tensors' metadata (compat.tensor_match)
     n: int                                      # positional arguments
     inference: bool                             # inference mode on
-    is_grad_enabled: Callable[[], bool]
+    same_state: Callable[[], bool]              # C++: grad off and the global state as at creation (state_guard)
     is_inference_mode_enabled: Callable[[], bool]
 
     def __call__(self, args: tuple) -> bool:
-        return (len(args) == self.n and not self.is_grad_enabled()
+        return (len(args) == self.n and self.same_state()
                 and self.is_inference_mode_enabled() == self.inference and self.check(*args))
 
 
 def matcher(leaves: tuple, key: tuple) -> Matcher | None:
     """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
-    grad off and the same inference mode. It checks more than the key (Python type, dispatch keys,
-    ``requires_grad``), so it may answer False for a call with this key; the caller then computes the key. None when
-    ``key`` is not of that kind (keyword arguments, non-tensors, grad on) or torch has no C++ check."""
+    grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
+    state is snapshotted here). It checks more than the key (Python type, dispatch keys, ``requires_grad``, the thread
+    count), so it may answer False for a call with this key; the caller then computes the key. None when ``key`` is
+    not of that kind (keyword arguments, non-tensors, grad on), its state is not the thread's, or torch has no C++
+    check."""
     if type(key[0]) is not int or key[1][0] or not all(isinstance(leaf, _Tensor) for leaf in leaves):
+        return None
+    same_state = compat.state_guard()
+    if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
     check = compat.tensor_match(leaves)
     if check is None:
         return None
-    return Matcher(check, len(leaves), bool(key[1][1]), torch.is_grad_enabled, torch.is_inference_mode_enabled)
+    return Matcher(check, len(leaves), bool(key[1][1]), same_state, torch.is_inference_mode_enabled)
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
     """A JSON-able description of a call signature (a key factor, and what error messages show)."""
-    grad, inference = key[1]
+    grad, inference = key[1][0], key[1][1]
     desc = []
     for leaf in leaves:
         if isinstance(leaf, _Tensor):
@@ -96,11 +133,14 @@ def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
                          "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
-    return {"structure": str(key[0]), "grad_enabled": grad, "inference_mode": inference, "leaves": desc}
+    autocast = json.loads(key[1][2])["autocast"] if len(key[1]) > 2 else {}
+    return {"structure": str(key[0]), "grad_enabled": grad, "inference_mode": inference, "autocast": autocast,
+            "leaves": desc}
 
 
 def short(desc: dict[str, Any]) -> str:
-    """One line for messages: ``(float32[4, 16] cpu, float32[4, 8] cpu) grad=off``."""
+    """One line for messages: ``(float32[4, 16] cpu, float32[4, 8] cpu) grad=off`` (`` autocast=cpu:bfloat16`` added
+    where autocast is on)."""
     parts = []
     for leaf in desc["leaves"]:
         if "shape" in leaf:
@@ -108,7 +148,8 @@ def short(desc: dict[str, Any]) -> str:
             parts.append(f"{dt}{leaf['shape']} {leaf['device']}")
         else:
             parts.append(f"{leaf['type']}={leaf['value']}")
-    return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}"
+    autocast = "".join(f" autocast={d}:{t.replace('torch.', '')}" for d, t in (desc.get("autocast") or {}).items())
+    return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}{autocast}"
 
 
 def rekey(key: tuple, leaves: tuple) -> tuple:

@@ -76,8 +76,38 @@ def test_the_shortcut_for_the_last_signature_never_serves_another(affine_cache):
                 m.cached(other)
     with torch.inference_mode(), pytest.raises(gearcache.SignatureMismatchError):
         m.cached(x)                                       # another mode
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(gearcache.SignatureMismatchError, match="autocast=cpu:bfloat16"):
+            m.cached(x)                                   # another global state
     with pytest.raises(gearcache.GradModeError):
         m.cached(x)                                       # grad on, trainable weights
+
+
+def test_autocast_gets_an_entry_of_its_own_that_matches_eager_under_autocast(affine_cache):
+    # The graph traced under autocast casts; the entry without it must never serve such a call (nor the reverse),
+    # in this process (the key, the shortcut) or another (the entry and artifact keys).
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    amp = lambda: torch.autocast("cpu", dtype=torch.bfloat16)     # noqa: E731
+    with torch.no_grad():
+        with counters.expect(compiles=0, loads=1):
+            plain = m.cached(x)                           # sets the shortcut
+        with amp(), counters.expect(compiles=1, traces=1):
+            cast = m.cached(x)
+            want = m.fwd(x)
+        with counters.expect(compiles=0, loads=0):
+            again = m.cached(x)
+        with amp(), counters.expect(compiles=0, loads=0):
+            cast_again = m.cached(x)
+        other = Affine(affine_cache)
+        other.load_state_dict(m.state_dict())
+        with amp(), counters.expect(compiles=0, loads=1):
+            fresh = other.cached(x)                       # a new object loads the autocast entry from the store
+    assert plain.dtype == again.dtype == torch.float32
+    assert want.dtype == cast.dtype == cast_again.dtype == fresh.dtype == torch.bfloat16
+    torch.testing.assert_close(cast, want)
+    torch.testing.assert_close(fresh, want)
+    torch.testing.assert_close(again, m.fwd(x))
 
 
 def test_dynamic_false_pins_the_first_signature(affine_cache):

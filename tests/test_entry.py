@@ -8,6 +8,7 @@ import weakref
 import pytest
 import torch
 
+from gearcache import _torch_compat as compat
 from gearcache import entry as entry_mod
 from gearcache import runplan
 from gearcache.entry import Entry
@@ -37,7 +38,8 @@ def make_entry(net, native, plan_extra=None, seen=None):
 
     def call(args):
         seen.append({"aligned": [a.data_ptr() % runplan.ALIGNMENT == 0 for a in args],
-                     "grad": torch.is_grad_enabled(), "ids": [id(a) for a in args]})
+                     "grad": torch.is_grad_enabled(), "autocast": compat.any_autocast_enabled(),
+                     "ids": [id(a) for a in args]})
         x, w, b, s = args
         args.clear()
         if plan.get("mutated_inputs"):
@@ -149,6 +151,28 @@ def test_grad_enabled_runs_with_grad_off_and_restores_it(native):
         assert entry.run.fallback_calls == 1
 
 
+@pytest.mark.parametrize("native", PATHS)
+def test_compiled_code_runs_with_autocast_off_and_autocast_is_restored(native):
+    # A graph's casts are in the graph: autocast around its extern kernels would cast them again (AOTAutograd's
+    # runtime wrapper turns it off too).
+    net = Net()
+    entry, seen = make_entry(net, native)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = entry((x, None))
+        assert torch.is_autocast_enabled("cpu")
+    assert seen[-1]["autocast"] is False
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, reference(net, x))
+    if native:
+        assert (entry.run.fast_calls, entry.run.fallback_calls) == (0, 1)
+    with torch.no_grad():
+        entry((x, None))
+    assert seen[-1]["autocast"] is False
+    if native:
+        assert (entry.run.fast_calls, entry.run.fallback_calls) == (1, 1)
+
+
 def test_a_graph_that_bumps_version_counters_always_takes_the_python_path():
     net = Net()
     entry, _ = make_entry(net, True, {"version_bumped_inputs": [0]})
@@ -175,7 +199,7 @@ def test_runner_rejects_a_malformed_recipe_with_the_reason():
 
     def make(recipe, check=()):
         return Runner(call=print, fallback=print, recipe=recipe, check=check, always_fallback=False,
-                      is_grad_enabled=torch.is_grad_enabled)
+                      is_grad_enabled=torch.is_grad_enabled, is_autocast_enabled=compat.any_autocast_enabled)
     with pytest.raises(TypeError, match=r"recipe\[0\]"):
         make(("weight",))
     with pytest.raises(ValueError, match="leaf index must be >= 0"):

@@ -1,7 +1,12 @@
+import contextlib
+import json
+import threading
+
 import pytest
 import torch
 
 import gearcache
+from gearcache import _torch_compat as compat
 from gearcache.signature import call_key, describe, matcher, short
 
 
@@ -39,11 +44,11 @@ def test_key_sensitivity(kwargs):
 
 
 def test_grad_mode_recorded_in_key():
-    assert key_of(torch.zeros(1))[1] == (True, False)
+    assert key_of(torch.zeros(1))[1][:2] == (True, False)
     with torch.no_grad():
-        assert key_of(torch.zeros(1))[1] == (False, False)
+        assert key_of(torch.zeros(1))[1][:2] == (False, False)
     with torch.inference_mode():
-        assert key_of(torch.zeros(1))[1] == (False, True)
+        assert key_of(torch.zeros(1))[1][:2] == (False, True)
 
 
 def test_device_and_dtype_values_in_key():
@@ -154,3 +159,107 @@ def test_matcher_is_only_made_for_positional_tensors_with_grad_off():
         assert matcher(*call_key((x,), {"n": 1})) is None
         assert matcher(*call_key((x, 1), {})) is None
         assert matcher(*call_key(([x],), {})) is None
+
+
+GLOBAL_STATES = {
+    "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+    "autocast_dtype": lambda: torch.autocast("cpu", dtype=torch.float16),
+    "default_dtype": lambda: _setting(torch.get_default_dtype, torch.set_default_dtype, torch.float64),
+    "deterministic": lambda: _setting(torch.are_deterministic_algorithms_enabled,
+                                      torch.use_deterministic_algorithms, True),
+    "cuda_tf32": lambda: _attr(torch.backends.cuda.matmul, "allow_tf32", True),
+    "cudnn_sdp": lambda: _setting(torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp,
+                                  False),
+}
+
+
+@contextlib.contextmanager
+def _setting(get, set_, value):
+    before = get()
+    set_(value)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+@contextlib.contextmanager
+def _attr(obj, name, value):
+    before = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, before)
+
+
+@pytest.mark.parametrize("name", [n for n in GLOBAL_STATES if n != "cudnn_sdp"])
+def test_global_torch_state_is_part_of_the_key(name):
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        plain = call_key((x,), {})[1]
+        with GLOBAL_STATES[name]():
+            changed = call_key((x,), {})[1]
+        assert call_key((x,), {})[1] == plain
+    assert changed != plain
+    assert changed[1][:2] == plain[1][:2]           # grad and inference mode unchanged: the state tag differs
+    assert json.loads(changed[1][2]) != json.loads(plain[1][2])
+
+
+@pytest.mark.parametrize("name", GLOBAL_STATES)
+def test_every_setting_changes_the_global_state_factor(name):
+    plain = compat.global_state()
+    with GLOBAL_STATES[name]():
+        changed = compat.global_state()
+    assert changed != plain
+    assert compat.global_state() == plain
+
+
+def test_sdpa_backends_are_keyed_at_a_miss_not_per_call():
+    # Outside the C++ snapshot (torch.compile does not guard them either): a running process keeps serving the
+    # signatures it has; a new signature (a miss) computes the entry key afresh with them.
+    x = torch.randn(2, 4)
+    plain = call_key((x,), {})[1]
+    with GLOBAL_STATES["cudnn_sdp"]():
+        assert call_key((x,), {})[1] == plain
+        assert compat.global_state()["sdp"]["cudnn"] is False
+
+
+@pytest.mark.parametrize("name", [n for n in GLOBAL_STATES if n != "cudnn_sdp"])
+def test_the_matcher_says_false_under_another_global_state(name):
+    # (the SDPA backends are outside the C++ snapshot: torch.compile does not guard them either; a miss keys them)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        matches = matcher(*call_key((x,), {}))
+        assert matches((x,))
+        with GLOBAL_STATES[name]():
+            assert not matches((x,))
+        assert matches((x,))
+
+
+def test_the_matcher_is_not_made_for_a_key_of_another_state():
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            leaves, key = call_key((x,), {})
+        assert matcher(leaves, key) is None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert matcher(leaves, key)((x,))
+
+
+def test_the_state_tag_is_per_thread():
+    x = torch.randn(2, 4)
+    seen = {}
+
+    def other():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            seen["other"] = call_key((x,), {})[1]
+
+    with torch.no_grad():
+        before = call_key((x,), {})[1]
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert call_key((x,), {})[1] == before
+    assert seen["other"] != before
+    assert json.loads(seen["other"][1][2])["autocast"] == {"cpu": "torch.bfloat16"}

@@ -161,7 +161,7 @@ def _wrapper_code(path: pathlib.Path, compiled: str | None) -> types.CodeType:
 def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[..., Any]:
     """The per-call function: what torch's AOTAutograd and CompiledFxGraph wrappers do around ``call`` for an
     inference graph without aliased outputs or mutations applied outside the graph (the only kind that gets a plan):
-    grad off during the call, version counters of inputs mutated in the graph bumped, misaligned inputs cloned (and
+    grad and autocast off during the call, version counters of inputs mutated in the graph bumped, misaligned inputs cloned (and
     written back when the graph mutates them).
 
     Alignment is checked on every call for every input, except the inputs named by ``run.set_stable_inputs(indices)``
@@ -173,6 +173,7 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
     bumped = tuple(plan.get("version_bumped_inputs", ()))
     n_in, n_out = plan["num_inputs"], plan["num_outputs"]
     grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
+    any_autocast = compat.any_autocast_enabled
     bump = torch.autograd.graph.increment_version
     same = operator.is_
     each_call, stable, get_stable, last = check, (), None, None
@@ -208,6 +209,15 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
                 last = None if any(misaligned) else current
         return copies
 
+    def call_grad_off(args: list) -> Any:
+        if grad_enabled():
+            set_grad(False)
+            try:
+                return call(args)
+            finally:
+                set_grad(True)
+        return call(args)
+
     def run_list(args: list) -> Any:
         """The per-call work on a list the caller hands over (it is changed: realigned, then cleared by call())."""
         if len(args) != n_in:
@@ -215,14 +225,11 @@ def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[...
         copies = realign(args) if check else ()
         if bumped:
             bump([args[i] for i in bumped])
-        if grad_enabled():
-            set_grad(False)
-            try:
-                outs = call(args)
-            finally:
-                set_grad(True)
+        if any_autocast():
+            with compat.disable_autocast():
+                outs = call_grad_off(args)
         else:
-            outs = call(args)
+            outs = call_grad_off(args)
         for original, copy in copies:
             original.copy_(copy)
         return outs
