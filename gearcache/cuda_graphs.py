@@ -214,7 +214,9 @@ class CudaGraphs:
         thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
         keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
-        every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address
+        every warm-up has ended (while a graph is recorded no other thread uses the device). In a process group of
+        several ranks (collectives may be in the graphs) every gear is warmed up and recorded in the calling thread,
+        one after another in ``calls``' order, so each rank's collectives reach the group in the same order. The static-address
         inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
         emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
         todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
@@ -225,6 +227,13 @@ class CudaGraphs:
                 todo.append((gkey, leaves, key, targets))
         if not todo:
             return 0
+        if _collectives_possible():
+            # Collectives in warm-up runs of several threads would reach the group in a different order on each rank
+            # (a hang): one gear at a time, in ``calls``' order, the same on every rank.
+            for gkey, leaves, key, targets in todo:
+                self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+            torch.cuda.empty_cache()
+            return len(todo)
         saved = _snapshot([x for _, leaves, _, _ in todo for x in leaves if _is_static_address(x)])
         self._streams()
         torch.cuda.synchronize()
@@ -381,6 +390,11 @@ class _GearThreads:
                     self.results[k] = self.graphs._record(graphed.entry, static_leaves)
             except BaseException as exc:
                 self.errors[k] = exc
+
+
+def _collectives_possible() -> bool:
+    """Whether this process belongs to a process group of several ranks (its graphs may hold collectives)."""
+    return any(len(g["ranks"]) > 1 for g in compat.process_groups().values())
 
 
 def _snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
