@@ -56,8 +56,8 @@ def make():
 '''
 
 METHOD = "cli_model.Tiny.fwd"
-FACTORS = {"format", "method", "signature", "module_state", "config", "decompositions", "software", "devices",
-           "process_groups"}
+FACTORS = {"format", "method", "signature", "module_state", "config", "decompositions", "global_state", "software",
+           "devices", "process_groups"}
 
 
 def _env(**extra: str) -> dict:
