@@ -1,13 +1,18 @@
 """Decode-step benchmark on the GPU: eager, torch.compile, torch.compile reduce-overhead, gearcache, gearcache with
 CUDA graphs, side by side in one process.
 
-    python benchmarks/decode_step.py [--cache-dir DIR]
+    python benchmarks/decode_step.py [--cache-dir DIR] [--sdpa no-cudnn]
 
 Reference decoder (hidden 1024, 8 layers, bf16), decode step at B = 1, 8, 32: per step = the median over 10 repeats of
 (CUDA-event time of 20 back-to-back steps) / 20. gearcache serves every batch through gears 1, 2, 4, ..., 64 (zip over
 x's and the KV cache's batch dims). Then, for gearcache with CUDA graphs: capture time and GPU memory of the 7 gears'
 graphs, a batch sweep 1..64 (compiles after warm-up, padding waste), and a warm start in a fresh process (every gear
 loaded from the folder with empty Inductor/Triton caches, and captured).
+
+``--sdpa no-cudnn`` turns cuDNN's attention off for every path (``torch.backends.cuda.enable_cudnn_sdp(False)`` at
+the start of each process: the decoder's masked attention then runs mem-efficient attention). cuDNN builds an
+execution plan per new shape (~40 ms each on an H200, and threads do not overlap them:
+``benchmarks/sdpa_new_shapes.py``), which every new gear's first run pays; the other backends have no such step.
 """
 import argparse
 import json
@@ -41,6 +46,14 @@ def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: 
 
     torch.manual_seed(0)
     return CachedGPT().to("cuda", torch.bfloat16).eval()
+
+
+def apply_sdpa(choice: str) -> None:
+    """The attention backends of this process (see the module docstring)."""
+    if choice == "no-cudnn":
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def warm_child(cache_dir: str, capture: str, threads: int | None = None) -> None:
@@ -80,7 +93,10 @@ def main() -> None:
     ap.add_argument("--capture-threads", type=int, default=None,
                     help="with --child warmup: gears warmed up at once before their capture (default: "
                          "gearcache.cuda_graphs.CAPTURE_THREADS)")
+    ap.add_argument("--sdpa", choices=("default", "no-cudnn"), default="default",
+                    help="no-cudnn: cuDNN attention off in every path (see the module docstring)")
     opts = ap.parse_args()
+    apply_sdpa(opts.sdpa)
     cache_dir = opts.cache_dir or tempfile.mkdtemp(prefix="gearcache-decode-")
     if opts.child:
         return warm_child(cache_dir, opts.child, opts.capture_threads)
@@ -143,12 +159,14 @@ def main() -> None:
                PYTHONPYCACHEPREFIX=os.path.join(tempfile.gettempdir(), "gearcache-pyc"))
     children = {}
     for capture in ("warmup", "first_call"):
-        out = subprocess.run([sys.executable, __file__, "--child", capture, "--cache-dir", cache_dir],
+        out = subprocess.run([sys.executable, __file__, "--child", capture, "--cache-dir", cache_dir,
+                              "--sdpa", opts.sdpa],
                              capture_output=True, text=True, env=env, check=True)
         children[capture] = json.loads(out.stdout.strip().splitlines()[-1])
     warm, lazy = children["warmup"], children["first_call"]
 
-    print(f"decode step, reference decoder bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"decode step, reference decoder bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"attention backends: {opts.sdpa}")
     print(f"{'path':34}" + "".join(f"{'B=' + str(b):>11}" for b in BATCHES) + "   (us per step, median)")
     for name, r in rows.items():
         print(f"{name:34}" + "".join(f"{r[b]:>11.0f}" for b in BATCHES))

@@ -210,19 +210,19 @@ class CachedFunction(Dispatcher):
             if plan is None:
                 self(*args, **kwargs)
                 return 1
+            lazy = self.config.inference_config.capture_graphs == "first_call"
+            capture_now = self.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
             pool, early = early, None           # compile_missing owns (and closes) it from here
             warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline,
-                                   pool)
+                                   pool, defer_loads=capture_now)      # capture_all loads stored gears
         finally:
             if early is not None:
                 early.close(wait=False)
         combos = plan.combinations()
-        call, capture_now = self._call_geared, False
+        call = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
-            lazy = self.config.inference_config.capture_graphs == "first_call"
             call = self.graphs.prepare if lazy else self.graphs.call
-            capture_now = not lazy and cuda_graphs.on_cuda(leaves)
             self.graphs.timeline = timeline
         try:
             gear_calls = []
@@ -305,6 +305,12 @@ class CachedFunction(Dispatcher):
         desc = signature.describe(leaves, key)
         ekey, factors = self._entry_key(desc, leaves)
         return desc, ekey, factors, self._load_entry(ekey, _cuda_index(leaves, self._module))
+
+    def _stored(self, leaves: tuple, key: tuple) -> bool:
+        """Whether the store has an entry manifest for this signature (not loaded, nor its artifact checked: a load
+        may still miss)."""
+        ekey, _ = self._entry_key(signature.describe(leaves, key), leaves)
+        return self.store.read_entry(self.topology.folder, self.name, ekey) is not None
 
     def _remember(self, key: tuple, entry: Entry) -> None:
         self._table[key] = entry

@@ -210,7 +210,8 @@ class CudaGraphs:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
         graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
 
-        Their entries are found (loaded, or compiled) here, one after another; as soon as a gear's entry is here, a
+        Their entries are found (loaded, or compiled) here, one after another (``warmup()`` leaves stored gears to be
+        loaded here: ``compile_missing(defer_loads=True)``); as soon as a gear's entry is here, a
         thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
         keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
@@ -241,7 +242,8 @@ class CudaGraphs:
         gear_threads, prepared = _GearThreads(self, len(todo), threads or CAPTURE_THREADS), []
         try:
             for gkey, leaves, key, targets in todo:
-                graphed, static_leaves = self._prepare(plan, leaves, key, targets)
+                with self._look_up(leaves):
+                    graphed, static_leaves = self._prepare(plan, leaves, key, targets)
                 prepared.append((gkey, leaves, graphed))
                 gear_threads.start(graphed, static_leaves)
         except BaseException:
@@ -263,6 +265,13 @@ class CudaGraphs:
             self._captured(graphed, seconds)
         torch.cuda.empty_cache()
         return len(todo)
+
+    def _look_up(self, leaves: tuple) -> Any:
+        """A span of the running warm-up's timeline for finding (loading) a gear's entry; nothing outside a warm-up."""
+        if self.timeline is None:
+            return contextlib.nullcontext()
+        return self.timeline.span("gear " + str([tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)][:1]),
+                                  "look up")
 
     def _phase(self, static_leaves: tuple, phase: str) -> Any:
         """A span of the running warm-up's timeline (the device synchronised at its end, so the span holds the GPU

@@ -126,12 +126,14 @@ def start_workers(cf: "CachedFunction", gears: int, leaves: tuple, workers: int 
 
 
 def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None,
-                    timeline: Timeline, pool: WorkerPool | None = None) -> None:
+                    timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
     """Give ``cf`` an entry for every gear of ``plan`` (the example call's ``leaves`` and ``key``): stored entries are
     loaded, missing ones compiled in rank order, in worker processes when there are several (see the module
     docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where
     each phase's span is recorded; ``pool``: workers already started (:func:`start_workers`), used if several gears
-    are missing and closed in any case."""
+    are missing and closed in any case. ``defer_loads``: a gear whose entry manifest is stored is only checked for,
+    not loaded (the caller loads it next: CUDA-graph capture starts each gear's warm-up run as soon as its entry is
+    loaded, beside the next gear's load)."""
     from .cached_function import _narrowed
 
     combos = plan.combinations()
@@ -146,6 +148,12 @@ def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, 
                     progress.step(combos[i], "already loaded", 0.0)
                     continue
                 t0 = time.perf_counter()
+                if defer_loads:
+                    with timeline.span(f"gear {combos[i]}", "find stored entry"):
+                        stored = cf._stored(gear_leaves, gkey)
+                    if stored:
+                        progress.step(combos[i], "stored", time.perf_counter() - t0)
+                        continue
                 with timeline.span(f"gear {combos[i]}", "look up"):
                     desc, ekey, factors, entry = cf._find_entry(gear_leaves, gkey)
                 if entry is not None:

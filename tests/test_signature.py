@@ -102,8 +102,8 @@ def test_describe_fields():
     with torch.inference_mode():
         leaves, key = call_key((x, 2.5), {})
     desc = describe(leaves, key)
-    assert set(desc) == {"structure", "grad_enabled", "inference_mode", "leaves"}
-    assert (desc["grad_enabled"], desc["inference_mode"]) == (False, True)
+    assert set(desc) == {"structure", "grad_enabled", "inference_mode", "autocast", "leaves"}
+    assert (desc["grad_enabled"], desc["inference_mode"], desc["autocast"]) == (False, True, {})
     assert desc["leaves"][0] == {"shape": [4, 3], "stride": [6, 1], "dtype": "torch.float32", "device": "cpu",
                                  "contiguous": False}
     assert desc["leaves"][1] == {"type": "float", "value": "2.5"}
