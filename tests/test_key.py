@@ -100,7 +100,7 @@ def changed(a, b):
 def test_entry_key_factors(tmp_path):
     ekey, factors = entry_key(tmp_path)
     assert list(factors["hashes"]) == ["format", "method", "signature", "module_state", "config", "decompositions",
-                                       "software", "devices", "process_groups"]
+                                       "global_state", "software", "devices", "process_groups"]
     assert factors["values"]["process_groups"] == [], "no torch.distributed group in this process"
     assert factors["values"]["method"]["name"].endswith("Net.run")
     assert entry_key(tmp_path) == (ekey, factors)
@@ -131,6 +131,30 @@ def test_entry_key_mode(tmp_path):
     b = entry_key(tmp_path, config=CompilerConfig(mode="max-autotune-no-cudagraphs"))
     c = entry_key(tmp_path, config=CompilerConfig(inductor_options={"coordinate_descent_tuning": True}))
     assert changed(a, b) == {"config"} and changed(a, c) == {"config"} and len({a[0], b[0], c[0]}) == 3
+
+
+def test_entry_key_global_state(tmp_path):
+    # Settings that change what is traced or generated; the SDPA backends too, though a running process's hot path
+    # does not watch them (tests/test_signature.py): the entry key is computed afresh at each miss.
+    base = entry_key(tmp_path)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = entry_key(tmp_path)
+    assert changed(base, amp) == {"signature", "global_state"}         # the signature names autocast for messages
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(not before)
+    try:
+        sdp = entry_key(tmp_path)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)                                 # Inductor writes it into CPU kernels
+    try:
+        more_threads = entry_key(tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    assert changed(base, sdp) == changed(base, more_threads) == {"global_state"}
+    assert len({base[0], amp[0], sdp[0], more_threads[0]}) == 4
+    assert entry_key(tmp_path) == base
 
 
 def _my_gelu(x):
