@@ -27,8 +27,8 @@
  * Per call: build the input list from the recipe; check the alignment (tensor.data_ptr() % 16) of the checked
  * inputs taken from the call's leaves, and of the checked module tensors only when one of the module tensors is a
  * different object than on the last call that passed (strong references are kept, so an address cannot be reused
- * by another tensor while it is remembered); with grad and autocast off and everything aligned, return call(list); otherwise
- * return fallback(list), which re-checks everything itself.
+ * by another tensor while it is remembered); with grad and autocast off and everything aligned, return call(list);
+ * otherwise return fallback(list), which re-checks everything itself.
  *
  * Reading the module dicts: on Python 3.12+ every dict a runner reads is watched (PyDict_AddWatcher, one watcher
  * for the process): any change to any watched dict (an added, replaced or deleted parameter, the dict cleared or

@@ -217,8 +217,8 @@ class CudaGraphs:
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
         every warm-up has ended (while a graph is recorded no other thread uses the device). In a process group of
         several ranks (collectives may be in the graphs) every gear is warmed up and recorded in the calling thread,
-        one after another in ``calls``' order, so each rank's collectives reach the group in the same order. The static-address
-        inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
+        one after another in ``calls``' order, so each rank's collectives reach the group in the same order. The
+        static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
         emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
         todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
         for leaves, key in calls:
