@@ -47,6 +47,11 @@ def test_capture_order_is_largest_gear_first():
     assert cuda_graphs.capture_order([[1, 8], [2, 2], [8, 1], [4, 4]]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
 
 
+def test_a_process_without_a_group_of_several_ranks_warms_gears_up_in_threads():
+    # (tests/test_ranks.py: under torchrun with 2 and 4 ranks it is True, and capture_all then takes one thread)
+    assert cuda_graphs._collectives_possible() is False
+
+
 def test_snapshot_restores_every_view_of_a_storage_from_one_copy():
     """capture_all restores what the gears' warm-up runs wrote to static-address inputs: gears' views of one KV cache
     share a storage, saved once (the smallest byte range holding them all), other storages apart."""

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from gearcache import cache_compile, counters
+from gearcache import cache_compile, counters, cuda_graphs
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -67,7 +67,8 @@ def main() -> None:
         ref = model.fwd(x)
     report = {"rank": rank, "equal": all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)), "counters": dict(vars(counters)),
               "imported_before_eager": imported,
-              "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device}
+              "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device,
+              "captures_in_one_thread": cuda_graphs._collectives_possible()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
