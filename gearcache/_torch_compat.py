@@ -389,6 +389,51 @@ def state_guard() -> Callable[[], bool] | None:
         return None
 
 
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+def _set_settings(state: dict[str, Any]) -> None:
+    """Set the non-autocast parts of a :func:`global_state` (the matmul precision first: it sets the TF32 flag)."""
+    torch.set_default_dtype(_dtype(state["default_dtype"]))
+    torch.use_deterministic_algorithms(state["deterministic"][0], warn_only=state["deterministic"][1])
+    matmul = state["matmul"]
+    torch.set_float32_matmul_precision(matmul["float32_precision"])
+    cuda = torch.backends.cuda.matmul
+    cuda.allow_tf32 = matmul["cuda_tf32"]
+    cuda.allow_fp16_reduced_precision_reduction = matmul["fp16_reduced"]
+    cuda.allow_bf16_reduced_precision_reduction = matmul["bf16_reduced"]
+    torch.backends.cudnn.allow_tf32 = matmul["cudnn_tf32"]
+    for name, enabled in state["sdp"].items():
+        getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
+
+
+@contextlib.contextmanager
+def global_state_applied(state: dict[str, Any]):
+    """Within the block, this thread's global torch state is ``state`` (a :func:`global_state` of another thread or
+    process: a compile worker compiles under the caller's autocast, TF32 flags, ...); the previous state is restored
+    after. ValueError (nothing changed) when the state cannot be reproduced here, e.g. another torch-function state:
+    the caller then compiles in its own thread."""
+    before = global_state()
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.callback(_set_settings, before)
+            _set_settings(state)
+            for device_type, dtype in state["autocast"].items():
+                stack.enter_context(torch.autocast(device_type, dtype=_dtype(dtype),
+                                                   cache_enabled=state["autocast_cache"]))
+            now = global_state()
+            if now != state:
+                differ = sorted(k for k in state if now.get(k) != state.get(k))
+                raise ValueError(f"the global torch state cannot be reproduced here (differs in {differ})")
+        except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"global_state_applied: {exc}") from exc
+        yield
+
+
 any_autocast_enabled: Callable[[], bool] = torch._C._is_any_autocast_enabled
 """True when autocast is on for any device type in this thread (C++; what AOTAutograd reads at load)."""
 disable_autocast: Callable[[], contextlib.AbstractContextManager] = torch._C._DisableAutocast

@@ -239,7 +239,8 @@ def _job(cf: "CachedFunction", p: "PendingEntry") -> dict[str, Any] | None:
         return None
     return {"graph": graph, "inputs": [input_spec(x) for x in p.captured.example_inputs],
             "patches": cf._compile_patches(), "settings": compat.compiler_settings(),
-            "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}
+            "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(),
+            "global_state": compat.global_state()}
 
 
 class _RemoteBuild:
@@ -251,8 +252,9 @@ class _RemoteBuild:
         self.cf, self.p, self.job, self.pool = cf, p, job, pool
         self.capture_lock, self.finish_lock = locks
         self.timeline, self.who = timeline, who
-        # grad and inference mode are per thread: this runs in a pool thread, under the caller's modes
+        # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        self.state = compat.global_state()
 
     def __call__(self, folder) -> None:
         if self.job is not None:
@@ -271,7 +273,8 @@ class _RemoteBuild:
                 counters.compile_seconds += reply["seconds"] + time.perf_counter() - t0
                 return
         with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
-                torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+                compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
+                torch.set_grad_enabled(self.grad):
             self.cf._build(self.p.captured, folder)
 
     def _compile_remotely(self, folder) -> dict[str, Any]:

@@ -6,7 +6,8 @@ over its stdin and stdout; each message is an 8-byte big-endian length then a pi
 
 * job (caller → worker): ``{"graph": bytes from _torch_compat.graph_to_bytes, "inputs": [input spec], "folder":
   str, "patches": {Inductor setting: value}, "settings": _torch_compat.compiler_settings(), "grad": bool,
-  "inference": bool}``; an input spec is ``["tensor", shape, stride, storage_offset, dtype, device, requires_grad,
+  "inference": bool, "global_state": _torch_compat.global_state()}`` (the compile runs under the caller's autocast,
+  TF32 flags, ...: they change what AOTAutograd traces and Inductor generates); an input spec is ``["tensor", shape, stride, storage_offset, dtype, device, requires_grad,
   is_parameter, is_inference]`` or ``["value", v]``;
 * reply (worker → caller): ``{"ok": True, "seconds": float, "times": {...}}`` or ``{"ok": False, "error": str,
   "times": {...}}``; ``times`` are the worker's ``time.time()`` stamps: ``started`` (its interpreter ran the first
@@ -104,7 +105,8 @@ def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     compat.apply_compiler_settings(job["settings"])
     gm = compat.graph_from_bytes(job["graph"])
     inputs = [build_input(s) for s in job["inputs"]]
-    with torch.inference_mode(job["inference"]), torch.set_grad_enabled(job["grad"]):
+    with compat.global_state_applied(job["global_state"]), torch.inference_mode(job["inference"]), \
+            torch.set_grad_enabled(job["grad"]):
         compat.compile_unloaded(gm, inputs, pathlib.Path(job["folder"]), config_patches=job["patches"])
     return {"ok": True, "seconds": time.perf_counter() - t0}
 

@@ -107,3 +107,72 @@ def test_two_ranks_sharing_a_folder_split_the_gears(tmp_path):
     assert reports[0]["compiled"] == [2] and reports[1]["compiled"] == [4], "each rank compiled its own gear"
     assert sum(r["counters"]["compiles"] for r in reports) == 2, "each gear compiled once across ranks"
     assert all(r["counters"]["compiles"] == len(r["compiled"]) for r in reports)
+
+
+class _Lin(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def fwd(self, x):
+        return torch.tanh(self.lin(x))
+
+
+def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
+    # Dynamo's graph has no casts: AOTAutograd adds them when it traces under autocast. A worker process does not
+    # share the caller's (per-thread) autocast or flags, so its job carries them (``global_state``).
+    from gearcache import _torch_compat as compat
+    from gearcache import cache_compile, signature, workers
+    from gearcache.warmup import _job
+
+    m = _Lin().eval()
+    cf = cache_compile(m.fwd, cache_dir=tmp_path / "cache")
+    x = torch.randn(2, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        leaves, key = signature.call_key((x,), {})
+        desc, ekey, factors, _ = cf._find_entry(leaves, key)
+        pending = cf._capture_entry((x,), {}, leaves, desc, ekey, factors)
+        job = _job(cf, pending)
+        want = m.fwd(x)
+    assert job is not None and job["global_state"]["autocast"] == {"cpu": "torch.bfloat16"}
+    before = compat.global_state()
+    with torch.no_grad():                                      # this thread has no autocast, as a worker
+        reply = workers._run_job({**job, "folder": str(tmp_path / "artifact")})
+    assert reply["ok"] and compat.global_state() == before, "the caller's state is applied for the job only"
+    out = compat.load_folder(tmp_path / "artifact")(*pending.captured.example_inputs)
+    assert want.dtype == out[0].dtype == torch.bfloat16
+    torch.testing.assert_close(out[0], want)
+
+
+def test_global_state_applied_reproduces_a_state_in_another_thread_and_restores_it():
+    import threading
+
+    from gearcache import _torch_compat as compat
+
+    base = compat.global_state()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            wanted = compat.global_state()
+        finally:
+            torch.use_deterministic_algorithms(False)
+    wanted["sdp"]["cudnn"] = not wanted["sdp"]["cudnn"]
+    seen = {}
+
+    def other():
+        with compat.global_state_applied(wanted):
+            seen["inside"] = compat.global_state()
+        seen["after"] = compat.global_state()
+        bad = {**wanted, "torch_function": [False, True]}      # not reproducible by setting flags
+        try:
+            with compat.global_state_applied(bad):
+                seen["bad"] = "entered"
+        except ValueError as exc:
+            seen["bad"] = str(exc)
+        seen["after_bad"] = compat.global_state()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert seen["inside"] == wanted and seen["after"] == base == seen["after_bad"] == compat.global_state()
+    assert "torch_function" in seen["bad"]
