@@ -215,11 +215,12 @@ class CudaGraphs:
         thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
         keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
-        every warm-up has ended (while a graph is recorded no other thread uses the device). In a process group of
-        several ranks (collectives may be in the graphs) every gear is warmed up and recorded in the calling thread,
-        one after another in ``calls``' order, so each rank's collectives reach the group in the same order. The
-        static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
-        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
+        every warm-up has ended (while a graph is recorded no other thread uses the device). In a process that
+        belongs to a process group (collectives may be in the graphs) every gear is warmed up and recorded in the
+        calling thread, one after another in ``calls``' order, so each rank's collectives reach the group in the same
+        order. The static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then
+        the allocator's cache is emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools
+        keep theirs)."""
         todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
         for leaves, key in calls:
             targets = plan.targets(leaves) if plan is not None else None
@@ -402,8 +403,10 @@ class _GearThreads:
 
 
 def _collectives_possible() -> bool:
-    """Whether this process belongs to a process group of several ranks (its graphs may hold collectives)."""
-    return any(len(g["ranks"]) > 1 for g in compat.process_groups().values())
+    """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
+    in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
+    one thread)."""
+    return bool(compat.process_groups())
 
 
 def _snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:

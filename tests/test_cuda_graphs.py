@@ -47,7 +47,7 @@ def test_capture_order_is_largest_gear_first():
     assert cuda_graphs.capture_order([[1, 8], [2, 2], [8, 1], [4, 4]]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
 
 
-def test_a_process_without_a_group_of_several_ranks_warms_gears_up_in_threads():
+def test_a_process_without_a_process_group_warms_gears_up_in_threads():
     # (tests/test_ranks.py: under torchrun with 2 and 4 ranks it is True, and capture_all then takes one thread)
     assert cuda_graphs._collectives_possible() is False
 

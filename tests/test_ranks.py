@@ -41,8 +41,8 @@ def test_tensor_parallel_cold_then_warm_start_with_collectives_inside(tmp_path, 
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
     assert all(r["counters"]["loads"] == 1 and r["counters"]["direct_loads"] == 1 for r in warm), "through the plan"
     assert all(r["imported_before_eager"] == [] for r in warm), "a warm rank imports neither Dynamo nor Inductor"
-    # CUDA graphs of a several-rank job are warmed up and recorded in one thread, in one order on every rank: warm-up
-    # threads would send the graphs' collectives to the group in a different order per rank (a hang on 2 GPUs)
+    # CUDA graphs of a job with process groups are warmed up and recorded in one thread, in one order on every rank:
+    # warm-up threads would send the graphs' collectives to the group in a different order per rank (a hang on 2 GPUs)
     assert all(r["captures_in_one_thread"] for r in warm)
     if nproc == 2:
         _other_groups_never_load(cache, tmp_path)
