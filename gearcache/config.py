@@ -109,7 +109,8 @@ class CompilerConfig(BaseModel):
 
     check_signature: bool = True
     """Look each call's shapes, dtypes and devices up in the entry table. ``False`` skips even that and sends every
-    call to the first entry: only for callers that guarantee one fixed signature."""
+    call to the first entry: only for callers that guarantee one fixed signature (and the same grad mode, inference
+    mode and global torch state, e.g. autocast, as that first call)."""
 
     lock_timeout_s: float = Field(default=900.0, gt=0)
     """How long a process waits for another that is compiling the same artifact."""
