@@ -397,18 +397,28 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def _set_settings(state: dict[str, Any]) -> None:
-    """Set the non-autocast parts of a :func:`global_state` (the matmul precision first: it sets the TF32 flag)."""
-    torch.set_default_dtype(_dtype(state["default_dtype"]))
-    torch.use_deterministic_algorithms(state["deterministic"][0], warn_only=state["deterministic"][1])
-    matmul = state["matmul"]
-    torch.set_float32_matmul_precision(matmul["float32_precision"])
+    """Set the non-autocast parts of a :func:`global_state` that differ from this thread's (only those: setting a
+    value equal to the current one can still change torch's state, e.g. the float32 matmul precision also sets the
+    ``fp32_precision`` fields, which Inductor's cache keys read; the precision goes first: it sets the TF32 flag)."""
+    now = global_state()
+    if state["default_dtype"] != now["default_dtype"]:
+        torch.set_default_dtype(_dtype(state["default_dtype"]))
+    if state["deterministic"] != now["deterministic"]:
+        torch.use_deterministic_algorithms(state["deterministic"][0], warn_only=state["deterministic"][1])
+    matmul, now_matmul = state["matmul"], now["matmul"]
+    if matmul["float32_precision"] != now_matmul["float32_precision"]:
+        torch.set_float32_matmul_precision(matmul["float32_precision"])
+        now_matmul = global_state()["matmul"]
     cuda = torch.backends.cuda.matmul
-    cuda.allow_tf32 = matmul["cuda_tf32"]
-    cuda.allow_fp16_reduced_precision_reduction = matmul["fp16_reduced"]
-    cuda.allow_bf16_reduced_precision_reduction = matmul["bf16_reduced"]
-    torch.backends.cudnn.allow_tf32 = matmul["cudnn_tf32"]
+    for key, attr in (("cuda_tf32", "allow_tf32"), ("fp16_reduced", "allow_fp16_reduced_precision_reduction"),
+                      ("bf16_reduced", "allow_bf16_reduced_precision_reduction")):
+        if matmul[key] != now_matmul[key]:
+            setattr(cuda, attr, matmul[key])
+    if matmul["cudnn_tf32"] != now_matmul["cudnn_tf32"]:
+        torch.backends.cudnn.allow_tf32 = matmul["cudnn_tf32"]
     for name, enabled in state["sdp"].items():
-        getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
+        if enabled != now["sdp"].get(name):
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
 
 
 @contextlib.contextmanager

@@ -176,3 +176,10 @@ def test_global_state_applied_reproduces_a_state_in_another_thread_and_restores_
     t.join()
     assert seen["inside"] == wanted and seen["after"] == base == seen["after_bad"] == compat.global_state()
     assert "torch_function" in seen["bad"]
+    # An equal state sets nothing: setting the matmul precision would also set the fp32_precision fields Inductor's
+    # cache keys read (a worker's artifacts then differed from the caller's)
+    fields = lambda: [getattr(torch.backends.cuda.matmul, "fp32_precision", None),     # noqa: E731
+                      getattr(torch.backends, "fp32_precision", None)]
+    before = fields()
+    with compat.global_state_applied(base):
+        assert fields() == before
