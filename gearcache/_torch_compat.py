@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -333,7 +333,7 @@ def _sdp_backends() -> dict[str, bool]:
             for name in ("flash", "mem_efficient", "math", "cudnn")}
 
 
-def global_state() -> dict[str, Any]:
+def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
     """The thread's torch settings, other than grad and inference mode (the signature holds those), that change what a
     capture traces or what Inductor generates for it, as JSON-able values (a cache key factor; equal dicts mean the
     same compiled code):
@@ -341,10 +341,11 @@ def global_state() -> dict[str, Any]:
     - ``autocast``: ``{device type: dtype}`` for each device type whose autocast is on (the traced graph casts);
     - ``default_dtype``, ``deterministic`` (algorithms on, warn only), ``torch_function`` (enabled, all disabled);
     - ``matmul``: TF32 and reduced-precision reductions of cuBLAS, cuDNN's TF32, the float32 matmul precision;
-    - ``sdp``: the scaled-dot-product attention backends enabled (Dynamo picks one at trace time).
+    - ``sdp``: the scaled-dot-product attention backends enabled (Dynamo picks one at trace time);
+    - ``cpu_threads``, only where a CPU is among ``devices`` (a key's devices): Inductor writes the thread count into
+      its C++ kernels.
 
-    The set follows Dynamo's global-state guard (``GlobalStateGuard``) without the thread count (it changes CPU code
-    only: gearcache/cached_function.py keys CPU entries by it), plus ``matmul``'s cuDNN/precision parts and ``sdp``,
+    The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus ``matmul``'s cuDNN/precision parts and ``sdp``,
     which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
     :func:`state_guard`)."""
     autocast = {}
@@ -355,7 +356,7 @@ def global_state() -> dict[str, Any]:
         except (RuntimeError, ValueError):      # a device type this build does not know
             continue
     matmul = torch.backends.cuda.matmul
-    return {
+    state = {
         "autocast": autocast,
         "autocast_cache": torch.is_autocast_cache_enabled() if autocast else None,
         "default_dtype": str(torch.get_default_dtype()),
@@ -370,6 +371,9 @@ def global_state() -> dict[str, Any]:
                    "float32_precision": torch.get_float32_matmul_precision()},
         "sdp": _sdp_backends(),
     }
+    if any(str(d).startswith("cpu") for d in devices):
+        state["cpu_threads"] = torch.get_num_threads()
+    return state
 
 
 def state_guard() -> Callable[[], bool] | None:

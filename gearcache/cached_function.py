@@ -302,15 +302,20 @@ class CachedFunction(Dispatcher):
         """A miss: the signature's description, entry key and factors, and its entry if the store has one."""
         counters.misses += 1
         diagnostics.track_hits(self)
-        desc = signature.describe(leaves, key)
-        ekey, factors = self._entry_key(desc, leaves)
+        desc, ekey, factors = self._signature_entry_key(leaves, key)
         return desc, ekey, factors, self._load_entry(ekey, _cuda_index(leaves, self._module))
 
     def _stored(self, leaves: tuple, key: tuple) -> bool:
         """Whether the store has an entry manifest for this signature (not loaded, nor its artifact checked: a load
         may still miss)."""
-        ekey, _ = self._entry_key(signature.describe(leaves, key), leaves)
+        _, ekey, _ = self._signature_entry_key(leaves, key)
         return self.store.read_entry(self.topology.folder, self.name, ekey) is not None
+
+    def _signature_entry_key(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
+        """The signature's description, its entry key and the key's factors."""
+        desc = signature.describe(leaves, key)
+        ekey, factors = self._entry_key(desc, leaves)
+        return desc, ekey, factors
 
     def _remember(self, key: tuple, entry: Entry) -> None:
         self._table[key] = entry
@@ -327,7 +332,7 @@ class CachedFunction(Dispatcher):
             ("module_state", _module_state(self._module)),
             ("config", self.config.compile_factors()),
             ("decompositions", decompositions_factor(self._decompositions)),
-            ("global_state", _global_state_factor(devices)),
+            ("global_state", compat.global_state(devices)),
             ("software", compat.software_versions()),
             ("devices", [compat.device_capability(d) for d in devices]),
             ("process_groups", process_groups_factor()),
@@ -533,16 +538,6 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
     for leaf in cut:
         new[leaf] = new[leaf].contiguous()
     return tuple(new)
-
-
-def _global_state_factor(devices: list[str]) -> dict[str, Any]:
-    """The thread's global torch state as it changes the compiled code (``compat.global_state()``: autocast, TF32,
-    SDPA backends, ...), computed afresh at each miss; plus the thread count where the graph runs on the CPU (Inductor
-    writes it into its C++ kernels)."""
-    state = compat.global_state()
-    if any(d.startswith("cpu") for d in devices):
-        state["cpu_threads"] = torch.get_num_threads()
-    return state
 
 
 def _entry_point_name(method: Callable) -> str:

@@ -243,7 +243,7 @@ class CudaGraphs:
         gear_threads, prepared = _GearThreads(self, len(todo), threads or CAPTURE_THREADS), []
         try:
             for gkey, leaves, key, targets in todo:
-                with self._look_up(leaves):
+                with self._phase(leaves, "look up", synchronize=False):
                     graphed, static_leaves = self._prepare(plan, leaves, key, targets)
                 prepared.append((gkey, leaves, graphed))
                 gear_threads.start(graphed, static_leaves)
@@ -267,20 +267,13 @@ class CudaGraphs:
         torch.cuda.empty_cache()
         return len(todo)
 
-    def _look_up(self, leaves: tuple) -> Any:
-        """A span of the running warm-up's timeline for finding (loading) a gear's entry; nothing outside a warm-up."""
+    def _phase(self, leaves: tuple, phase: str, synchronize: bool = True) -> Any:
+        """A span of the running warm-up's timeline (with ``synchronize``, the device synchronised at its end, so the
+        span holds the GPU work it queued), or nothing outside a warm-up."""
         if self.timeline is None:
             return contextlib.nullcontext()
-        return self.timeline.span("gear " + str([tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)][:1]),
-                                  "look up")
-
-    def _phase(self, static_leaves: tuple, phase: str) -> Any:
-        """A span of the running warm-up's timeline (the device synchronised at its end, so the span holds the GPU
-        work it queued), or nothing outside a warm-up."""
-        if self.timeline is None:
-            return contextlib.nullcontext()
-        who = "gear " + str([tuple(x.shape) for x in static_leaves if isinstance(x, torch.Tensor)][:1])
-        return self.timeline.span(who, phase, synchronize=torch.cuda.synchronize)
+        who = "gear " + str([tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)][:1])
+        return self.timeline.span(who, phase, synchronize=torch.cuda.synchronize if synchronize else None)
 
     def _streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The side stream of warm-up runs and the capture stream, made once per method (not once per gear)."""

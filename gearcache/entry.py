@@ -6,8 +6,8 @@ The glue is built once at load so a call does no interpretation:
   ``L`` and the owning modules' ``_parameters`` / ``_buffers`` dicts (a weight changed in place or replaced shows in
   the next call's output) and runs the compiled graph. For a run plan this is a ``gearcache._callpath.Runner``
   (C: the gathering, the alignment, grad-mode and autocast checks and Inductor's ``call()`` in one call; anything
-  unusual is handed to the run plan's Python ``run_list``); without the C extension, or for an artifact loaded by torch's
-  loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
+  unusual is handed to the run plan's Python ``run_list``); without the C extension, or for an artifact loaded by
+  torch's loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
 - ``gather(L, S0, S1, ...)``: generated Python returning the graph's input list (CUDA-graph capture, benchmarks).
 - ``build(O, L)``: generated Python returning the method's result from the graph outputs ``O``.
 - ``result_outputs``: for a method returning one graph output ``i`` or a flat tuple of graph outputs, ``i`` or the

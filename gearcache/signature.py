@@ -71,9 +71,7 @@ def state_tag() -> str:
     if same is not None and same():
         return snap.tag
     same = compat.state_guard()
-    tag = json.dumps(compat.global_state(), sort_keys=True, separators=(",", ":"))
-    if tag != snap.tag:
-        tag = sys.intern(tag)
+    tag = sys.intern(json.dumps(compat.global_state(), sort_keys=True, separators=(",", ":")))
     snap.same, snap.tag = same, tag
     return tag
 
@@ -133,7 +131,7 @@ def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
                          "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
-    autocast = json.loads(key[1][2])["autocast"] if len(key[1]) > 2 else {}
+    autocast = json.loads(key[1][2])["autocast"]
     return {"structure": str(key[0]), "grad_enabled": grad, "inference_mode": inference, "autocast": autocast,
             "leaves": desc}
 

@@ -252,7 +252,7 @@ class _RemoteBuild:
         self.cf, self.p, self.job, self.pool = cf, p, job, pool
         self.capture_lock, self.finish_lock = locks
         self.timeline, self.who = timeline, who
-        # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's
+        # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's state
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self.state = compat.global_state()
 

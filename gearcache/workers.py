@@ -7,8 +7,8 @@ over its stdin and stdout; each message is an 8-byte big-endian length then a pi
 * job (caller → worker): ``{"graph": bytes from _torch_compat.graph_to_bytes, "inputs": [input spec], "folder":
   str, "patches": {Inductor setting: value}, "settings": _torch_compat.compiler_settings(), "grad": bool,
   "inference": bool, "global_state": _torch_compat.global_state()}`` (the compile runs under the caller's autocast,
-  TF32 flags, ...: they change what AOTAutograd traces and Inductor generates); an input spec is ``["tensor", shape, stride, storage_offset, dtype, device, requires_grad,
-  is_parameter, is_inference]`` or ``["value", v]``;
+  TF32 flags, ...: they change what AOTAutograd traces and Inductor generates); an input spec is ``["tensor", shape,
+  stride, storage_offset, dtype, device, requires_grad, is_parameter, is_inference]`` or ``["value", v]``;
 * reply (worker → caller): ``{"ok": True, "seconds": float, "times": {...}}`` or ``{"ok": False, "error": str,
   "times": {...}}``; ``times`` are the worker's ``time.time()`` stamps: ``started`` (its interpreter ran the first
   line), ``ready`` (torch and the compiler imported, Inductor's compile pool started), ``job_start``, ``job_end``.

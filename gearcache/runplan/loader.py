@@ -161,8 +161,8 @@ def _wrapper_code(path: pathlib.Path, compiled: str | None) -> types.CodeType:
 def _make_run(call: Callable[[list], Any], plan: dict[str, Any]) -> Callable[..., Any]:
     """The per-call function: what torch's AOTAutograd and CompiledFxGraph wrappers do around ``call`` for an
     inference graph without aliased outputs or mutations applied outside the graph (the only kind that gets a plan):
-    grad and autocast off during the call, version counters of inputs mutated in the graph bumped, misaligned inputs cloned (and
-    written back when the graph mutates them).
+    grad and autocast off during the call, version counters of inputs mutated in the graph bumped, misaligned inputs
+    cloned (and written back when the graph mutates them).
 
     Alignment is checked on every call for every input, except the inputs named by ``run.set_stable_inputs(indices)``
     (a module's parameters and buffers, which stay the same tensors from call to call): those are checked whenever a
