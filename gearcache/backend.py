@@ -115,7 +115,7 @@ class GearedGraph:
             ("format", FORMAT_VERSION), ("graph", sha256_text(static.code)),
             ("inputs", [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
                         else repr(x) for x in inputs]),
-            ("config", self.config.compile_factors()), ("global_state", compat.global_state()),
+            ("config", self.config.compile_factors()), ("global_state", compat.global_state(devices)),
             ("software", compat.software_versions()),
             ("devices", [compat.device_capability(d) for d in devices]),
             ("process_groups", process_groups_factor()),
