@@ -42,6 +42,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>       /* T_OBJECT_EX, READONLY: the entry's __slots__ member for hits */
 
 #define ALIGNMENT 16
 
@@ -235,20 +236,14 @@ static PyObject *missing_state(Runner *self, Py_ssize_t i) {
     return NULL;
 }
 
-static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
+/* The per-call work (see the header). `state_checked`: the caller has just checked that grad and autocast are off
+ * (the dispatcher's shortcut for a matcher made in that state), so they are not read again. */
+static PyObject *runner_run(Runner *self, PyObject *leaves_seq, int state_checked) {
     if (self->recipe == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Runner was cleared");
         return NULL;
     }
-    if (kwds && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "Runner takes one argument, the call's leaves");
-        return NULL;
-    }
-    if (PyTuple_GET_SIZE(args) != 1) {
-        PyErr_Format(PyExc_TypeError, "Runner takes one argument, the call's leaves (%zd given)", PyTuple_GET_SIZE(args));
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(args, 0), "the call's leaves must be a tuple or list");
+    PyObject *seq = PySequence_Fast(leaves_seq, "the call's leaves must be a tuple or list");
     if (!seq) return NULL;
     Py_ssize_t n_leaves = PySequence_Fast_GET_SIZE(seq);
     PyObject **leaves = PySequence_Fast_ITEMS(seq);
@@ -286,13 +281,13 @@ static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
     if (from_dicts) self->state_reads++;
 
     int slow = self->always_fallback;
-    if (!slow) {
+    if (!slow && !state_checked) {
         PyObject *grad = PyObject_CallNoArgs(self->is_grad_enabled);
         if (!grad) goto error;
         slow = (grad == Py_True);
         Py_DECREF(grad);
     }
-    if (!slow) {
+    if (!slow && !state_checked) {
         PyObject *autocast = PyObject_CallNoArgs(self->is_autocast_enabled);
         if (!autocast) goto error;
         slow = (autocast == Py_True);
@@ -345,6 +340,18 @@ error:
     return NULL;
 }
 
+static PyObject *runner_call(Runner *self, PyObject *args, PyObject *kwds) {
+    if (kwds && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Runner takes one argument, the call's leaves");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args) != 1) {
+        PyErr_Format(PyExc_TypeError, "Runner takes one argument, the call's leaves (%zd given)", PyTuple_GET_SIZE(args));
+        return NULL;
+    }
+    return runner_run(self, PyTuple_GET_ITEM(args, 0), 0);
+}
+
 static PyObject *runner_get_fast_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fast_calls); }
 static PyObject *runner_get_fallback_calls(Runner *self, void *closure) { return PyLong_FromSsize_t(self->fallback_calls); }
 static PyObject *runner_get_state_reads(Runner *self, void *closure) { return PyLong_FromSsize_t(self->state_reads); }
@@ -376,14 +383,18 @@ static PyTypeObject RunnerType = {
 /* ---- Dispatcher
  *
  * d._set_shortcut(matcher, entry, counters) / d._set_shortcut(None): the shortcut, or none.
- *   matcher   signature.Matcher, a tuple (check, n, inference, same_state, is_inference_mode_enabled):
+ *   matcher   signature.Matcher, a tuple (check, n, inference, same_state, is_inference_mode_enabled, plain):
  *             a call takes the shortcut when it has exactly n positional arguments and no keywords,
  *             same_state() is True (grad off and the thread's global torch state as when the matcher was made),
- *             inference mode is `inference` and check(*args) is True
+ *             inference mode is `inference` and check(*args) is True; `plain`: autocast was off when the matcher
+ *             was made (so it is off whenever same_state() holds), and a Runner is then called directly, told
+ *             that grad and autocast are off (it does not read them again)
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
- *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented. Where
- *             entry.result_outputs (read once) is an int i or a tuple of ints, the result is outputs[i] or the
- *             tuple of those outputs, built here instead of by entry.build
+ *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented (in place:
+ *             through the entry's __slots__ member and the counters' instance dict, found once here; through
+ *             getattr/setattr where they are not of that kind). Where entry.result_outputs (read once) is an int
+ *             i or a tuple of ints, the result is outputs[i] or the tuple of those outputs, built here instead of
+ *             by entry.build
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
  * d.shortcut_calls: calls served by the shortcut.
  */
@@ -393,6 +404,9 @@ typedef struct {
     PyObject *entry;
     PyObject *counters;
     PyObject *result_outputs;   /* NULL: entry.build builds the result */
+    int plain;                  /* autocast off in the matcher's state: a Runner need not check the state */
+    Py_ssize_t hits_offset;     /* entry.hits as a __slots__ member: its offset in the entry; 0: getattr/setattr */
+    PyObject *counters_dict;    /* counters.__dict__ where it holds "hits" as a plain attribute; NULL: setattr */
     Py_ssize_t shortcut_calls;
 } Dispatcher;
 
@@ -403,6 +417,7 @@ static int dispatcher_traverse(Dispatcher *self, visitproc visit, void *arg) {
     Py_VISIT(self->entry);
     Py_VISIT(self->counters);
     Py_VISIT(self->result_outputs);
+    Py_VISIT(self->counters_dict);
     return 0;
 }
 
@@ -411,6 +426,8 @@ static int dispatcher_clear(Dispatcher *self) {
     Py_CLEAR(self->entry);
     Py_CLEAR(self->counters);
     Py_CLEAR(self->result_outputs);
+    Py_CLEAR(self->counters_dict);
+    self->hits_offset = 0;
     return 0;
 }
 
@@ -466,6 +483,32 @@ static PyObject *pick_outputs(PyObject *outs, PyObject *r) {
     return result;
 }
 
+/* The offset of obj's __slots__ member `name` holding an object, or 0 where `name` is not such a member. */
+static Py_ssize_t member_offset(PyObject *obj, PyObject *name) {
+    PyObject *descr = PyObject_GetAttr((PyObject *)Py_TYPE(obj), name);
+    if (!descr) { PyErr_Clear(); return 0; }
+    Py_ssize_t offset = 0;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY) && m->offset > 0) offset = m->offset;
+    }
+    Py_DECREF(descr);
+    return offset;
+}
+
+/* obj.__dict__ (a new reference) where `name` is a plain instance attribute in it, else NULL (no error set). */
+static PyObject *plain_attribute_dict(PyObject *obj, PyObject *name) {
+    PyObject *on_type = PyObject_GetAttr((PyObject *)Py_TYPE(obj), name);
+    if (!on_type) PyErr_Clear();
+    else if (Py_TYPE(on_type)->tp_descr_set) { Py_DECREF(on_type); return NULL; }   /* a data descriptor */
+    Py_XDECREF(on_type);
+    PyObject *dict = PyObject_GenericGetDict(obj, NULL);
+    if (!dict) { PyErr_Clear(); return NULL; }
+    PyObject *value = PyDict_GetItemWithError(dict, name);
+    if (!value || !PyLong_CheckExact(value)) { PyErr_Clear(); Py_DECREF(dict); return NULL; }
+    return dict;
+}
+
 static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
     PyObject *matcher, *entry = Py_None, *counters = Py_None;
     if (!PyArg_ParseTuple(args, "O|OO:_set_shortcut", &matcher, &entry, &counters)) return NULL;
@@ -473,7 +516,7 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
         dispatcher_clear(self);
         Py_RETURN_NONE;
     }
-    if (!PyTuple_Check(matcher) || PyTuple_GET_SIZE(matcher) != 5 || !PyLong_Check(PyTuple_GET_ITEM(matcher, 1))) {
+    if (!PyTuple_Check(matcher) || PyTuple_GET_SIZE(matcher) != 6 || !PyLong_Check(PyTuple_GET_ITEM(matcher, 1))) {
         PyErr_Format(PyExc_TypeError, "_set_shortcut: matcher must be a signature.Matcher, got %R", matcher);
         return NULL;
     }
@@ -488,10 +531,15 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
     } else if (!valid_result_outputs(result_outputs)) {
         Py_CLEAR(result_outputs);
     }
+    int plain = PyObject_IsTrue(PyTuple_GET_ITEM(matcher, 5));
+    if (plain < 0) { Py_XDECREF(result_outputs); return NULL; }
     Py_INCREF(matcher); Py_XSETREF(self->matcher, matcher);
     Py_INCREF(entry); Py_XSETREF(self->entry, entry);
     Py_INCREF(counters); Py_XSETREF(self->counters, counters);
     Py_XSETREF(self->result_outputs, result_outputs);
+    self->plain = plain;
+    self->hits_offset = member_offset(entry, str_hits);
+    Py_XSETREF(self->counters_dict, plain_attribute_dict(counters, str_hits));
     Py_RETURN_NONE;
 }
 
@@ -507,6 +555,45 @@ static int increment(PyObject *obj, PyObject *name) {
     int r = PyObject_SetAttr(obj, name, w);
     Py_DECREF(w);
     return r;
+}
+
+/* *slot += 1 for an int held in an object's slot or a dict (the value is re-read: Python code may have set it) */
+static int increment_slot(PyObject **slot) {
+    PyObject *v = *slot;
+    if (!v || !PyLong_CheckExact(v)) {
+        PyErr_SetString(PyExc_TypeError, "gearcache: a hit counter is not an int");
+        return -1;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    PyObject *w = PyLong_FromSsize_t(n + 1);
+    if (!w) return -1;
+    Py_SETREF(*slot, w);
+    return 0;
+}
+
+static int count_hit(PyObject *entry, PyObject *counters, PyObject *counters_dict, Py_ssize_t hits_offset) {
+    if (hits_offset) {
+        if (increment_slot((PyObject **)((char *)entry + hits_offset)) < 0) return -1;
+    } else if (increment(entry, str_hits) < 0) {
+        return -1;
+    }
+    if (counters_dict) {
+        PyObject *v = PyDict_GetItemWithError(counters_dict, str_hits);     /* borrowed */
+        if (!v) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "gearcache: counters.hits was deleted");
+            return -1;
+        }
+        if (!PyLong_CheckExact(v)) return increment(counters, str_hits);
+        Py_ssize_t n = PyLong_AsSsize_t(v);
+        if (n == -1 && PyErr_Occurred()) return -1;
+        PyObject *w = PyLong_FromSsize_t(n + 1);
+        if (!w) return -1;
+        int r = PyDict_SetItem(counters_dict, str_hits, w);
+        Py_DECREF(w);
+        return r;
+    }
+    return increment(counters, str_hits);
 }
 
 /* 1: the shortcut applies, 0: it does not, -1: error. `m` is a strong reference the caller holds. */
@@ -533,10 +620,12 @@ static int shortcut_applies(PyObject *m, PyObject *args, PyObject *kwargs) {
 static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwargs) {
     /* strong references for the whole call: the code it runs may replace the shortcut */
     PyObject *matcher = self->matcher, *entry = self->entry, *counters = self->counters;
-    PyObject *picks = self->result_outputs;
+    PyObject *picks = self->result_outputs, *counters_dict = self->counters_dict;
+    Py_ssize_t hits_offset = self->hits_offset;
+    int plain = self->plain;
     int applies = 0;
     if (matcher) {
-        Py_INCREF(matcher); Py_INCREF(entry); Py_INCREF(counters); Py_XINCREF(picks);
+        Py_INCREF(matcher); Py_INCREF(entry); Py_INCREF(counters); Py_XINCREF(picks); Py_XINCREF(counters_dict);
         applies = shortcut_applies(matcher, args, kwargs);
     }
     PyObject *result = NULL, *outs = NULL, *build = NULL, *run = NULL;
@@ -551,7 +640,7 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
     }
     run = PyObject_GetAttr(entry, str_run);
     if (!run) goto done;
-    outs = PyObject_CallOneArg(run, args);
+    outs = Py_IS_TYPE(run, &RunnerType) ? runner_run((Runner *)run, args, plain) : PyObject_CallOneArg(run, args);
     if (!outs) goto done;
     if (picks) {
         result = pick_outputs(outs, picks);
@@ -562,13 +651,13 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
     }
     if (!result) goto done;
     self->shortcut_calls++;
-    if (increment(entry, str_hits) < 0 || increment(counters, str_hits) < 0) Py_CLEAR(result);
+    if (count_hit(entry, counters, counters_dict, hits_offset) < 0) Py_CLEAR(result);
 done:
     Py_XDECREF(run);
     Py_XDECREF(outs);
     Py_XDECREF(build);
     if (matcher) {
-        Py_DECREF(matcher); Py_DECREF(entry); Py_DECREF(counters); Py_XDECREF(picks);
+        Py_DECREF(matcher); Py_DECREF(entry); Py_DECREF(counters); Py_XDECREF(picks); Py_XDECREF(counters_dict);
     }
     return result;
 }

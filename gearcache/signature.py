@@ -96,6 +96,7 @@ class Matcher(NamedTuple):
     inference: bool                             # inference mode on
     same_state: Callable[[], bool]              # C++: grad off and the global state as at creation (state_guard)
     is_inference_mode_enabled: Callable[[], bool]
+    plain: bool                                 # autocast off in that state (the C runner then skips its checks)
 
     def __call__(self, args: tuple) -> bool:
         return (len(args) == self.n and self.same_state()
@@ -118,7 +119,8 @@ def matcher(leaves: tuple, key: tuple) -> Matcher | None:
     check = compat.tensor_match(leaves)
     if check is None:
         return None
-    return Matcher(check, len(leaves), bool(key[1][1]), same_state, torch.is_inference_mode_enabled)
+    return Matcher(check, len(leaves), bool(key[1][1]), same_state, torch.is_inference_mode_enabled,
+                   not compat.any_autocast_enabled())
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:

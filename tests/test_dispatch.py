@@ -165,3 +165,69 @@ def test_a_call_that_drops_the_shortcut_it_runs_through_is_safe(base):
     assert entry_alive() is None and counters_alive() is None                      # released after the call
     with torch.no_grad():
         assert fn(x) == "slow"
+
+
+class SlotEntry:
+    """An entry whose hit count is a __slots__ member, as gearcache.entry.Entry's is."""
+    __slots__ = ("hits", "run", "build", "result_outputs")
+
+    def __init__(self):
+        self.hits, self.run, self.result_outputs = 0, (lambda args: [args[0]]), 0
+        self.build = lambda outs, args: outs[0]
+
+
+class PropertyCounters:
+    """Counters whose hits is a property: the C dispatcher must go through setattr."""
+
+    def __init__(self):
+        self.seen = []
+
+    @property
+    def hits(self):
+        return len(self.seen)
+
+    @hits.setter
+    def hits(self, value):
+        self.seen.append(value)
+
+
+@pytest.mark.parametrize("base", KINDS)
+@pytest.mark.parametrize("entry_kind", [SlotEntry, FakeEntry])
+@pytest.mark.parametrize("counters_kind", [lambda: types.SimpleNamespace(hits=0), PropertyCounters])
+def test_hits_are_counted_on_every_kind_of_entry_and_counters(base, entry_kind, counters_kind):
+    fn = make(base)
+    x = torch.ones(2)
+    entry, counters = entry_kind(), counters_kind()
+    with torch.no_grad():
+        fn._set_shortcut(matcher(*call_key((x,), {})), entry, counters)
+        fn(x)
+        fn(x)
+        entry.hits = 10                                      # set from Python: the next count starts from it
+        counters.hits = 20 if isinstance(counters, types.SimpleNamespace) else counters.hits
+        fn(x)
+    assert entry.hits == 11 and counters.hits == (21 if isinstance(counters, types.SimpleNamespace) else 4)
+    assert fn.shortcut_calls == 3
+
+
+def test_the_native_runner_skips_its_state_checks_only_for_a_plain_matcher():
+    # A matcher made with autocast off is "plain": the C dispatcher then tells the runner that grad and autocast
+    # are off. Under autocast the runner reads the state itself and hands the call to its fallback (which turns
+    # autocast off around call(), as AOTAutograd does).
+    from gearcache import _callpath, _torch_compat as compat
+
+    calls = []
+    runner = _callpath.Runner(call=lambda a: calls.append("call") or [a[0]],
+                              fallback=lambda a: calls.append("fallback") or [a[0]], recipe=(0,), check=(),
+                              always_fallback=False, is_grad_enabled=torch.is_grad_enabled,
+                              is_autocast_enabled=compat.any_autocast_enabled)
+    entry = SlotEntry()
+    entry.run = runner
+    x = torch.ones(2)
+    for autocast, expected in ((False, "call"), (True, "fallback")):
+        fn = make(dispatch._NativeDispatcher)
+        with torch.no_grad(), torch.autocast("cpu", enabled=autocast):
+            m = matcher(*call_key((x,), {}))
+            assert m.plain is (not autocast)
+            fn._set_shortcut(m, entry, types.SimpleNamespace(hits=0))
+            assert torch.equal(fn(x), x) and fn.shortcut_calls == 1
+        assert calls[-1] == expected
