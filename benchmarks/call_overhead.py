@@ -9,7 +9,8 @@ empty (run the script twice with the same folder to time a warm process's load),
 1. paired end to end: the loaded entry ``fn(x, kv, pos)`` and Inductor's ``call(list(args))`` on the same inputs,
    interleaved (the order alternates every pair), p50 of each and the median of the paired differences; for the C
    per-call path (``gearcache._callpath``, when built) and the Python one gearcache runs without it
-   (``dispatch.PyDispatcher`` and the Python ``entry.run``), in alternating blocks of the same run;
+   (``dispatch.PyDispatcher`` and the Python ``entry.run``), in alternating blocks of the same run; then the entry's
+   ``run(leaves)`` alone paired with ``call()`` the same way (the dispatcher's share is the rest);
 2. the pieces, isolated (tight loops, p50): signature key, table lookup, gathering the graph inputs, the run plan's
    per-call function around a ``call()`` that does nothing, building the result (the Python path's pieces); the
    entry's ``run`` (gathering and run plan, on the path in use) around that null ``call()``; and the whole hot path
@@ -108,8 +109,30 @@ def main() -> None:
                     e_t.append(e)
                     c_t.append(c)
                     diffs.append(e - c)
-        sync()
+        # 1b. the same pairing with the entry's run alone (gathering, checks, call()) instead of the whole call:
+        # what the dispatcher adds (matcher, result, hit counts) is the rest of 1's difference
         _use_path(entry, paths[0])
+        run_diffs = []
+        run_leaves = entry.run
+        for i in range(n + 20):
+            if i % 2:
+                t0 = time.perf_counter_ns()
+                run_leaves(leaves)
+                t1 = time.perf_counter_ns()
+                call(list(args))
+                t2 = time.perf_counter_ns()
+                d = (t1 - t0) - (t2 - t1)
+            else:
+                t0 = time.perf_counter_ns()
+                call(list(args))
+                t1 = time.perf_counter_ns()
+                run_leaves(leaves)
+                t2 = time.perf_counter_ns()
+                d = (t2 - t1) - (t1 - t0)
+            if i >= 20:
+                run_diffs.append(d)
+        r["paired_run_diff_p50_us"] = statistics.median(run_diffs) / 1e3
+        sync()
         for path, (e_t, c_t, diffs) in pairs.items():
             suffix = "" if path == paths[0] else "_python"
             r["entry_p50_us" + suffix] = statistics.median(e_t) / 1e3
@@ -173,6 +196,8 @@ def main() -> None:
     print(f"1. paired end to end ({r['call_path']} per-call path): loaded entry p50 {r['entry_p50_us']:.1f} us, "
           f"Inductor's call() p50 {r['call_p50_us']:.1f} us; median of paired differences "
           f"{r['paired_diff_p50_us']:.2f} us")
+    print(f"   of which the entry's run alone (gather, checks, call()), paired the same way: "
+          f"{r['paired_run_diff_p50_us']:.2f} us; the dispatcher the rest")
     if "paired_diff_p50_us_python" in r:
         print(f"   same run, Python per-call path (alternating blocks): loaded entry p50 "
               f"{r['entry_p50_us_python']:.1f} us, call() p50 {r['call_p50_us_python']:.1f} us; median of paired "

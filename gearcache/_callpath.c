@@ -398,36 +398,31 @@ static PyTypeObject RunnerType = {
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
  * d.shortcut_calls: calls served by the shortcut.
  */
+/* The shortcut: one tuple, so that a call holds it alive with one reference (the objects a call touches after
+ * Inductor's call() are cold in the CPU caches by then: the fewer, the better) */
+enum { S_MATCHER, S_ENTRY, S_COUNTERS, S_PICKS, S_COUNTERS_DICT, S_SIZE };
+
 typedef struct {
     PyObject_HEAD
-    PyObject *matcher;          /* NULL: no shortcut */
-    PyObject *entry;
-    PyObject *counters;
-    PyObject *result_outputs;   /* NULL: entry.build builds the result */
+    PyObject *shortcut;         /* NULL: no shortcut; else a tuple indexed by S_*: */
+                                /*   S_PICKS: entry.result_outputs, or None (entry.build builds the result) */
+                                /*   S_COUNTERS_DICT: counters.__dict__ holding "hits" as a plain attribute, or None */
     int plain;                  /* autocast off in the matcher's state: a Runner need not check the state */
     Py_ssize_t hits_offset;     /* entry.hits as a __slots__ member: its offset in the entry; 0: getattr/setattr */
-    PyObject *counters_dict;    /* counters.__dict__ where it holds "hits" as a plain attribute; NULL: setattr */
     Py_ssize_t shortcut_calls;
 } Dispatcher;
 
 static PyObject *str_run, *str_build, *str_hits, *str_call, *str_result_outputs;
 
 static int dispatcher_traverse(Dispatcher *self, visitproc visit, void *arg) {
-    Py_VISIT(self->matcher);
-    Py_VISIT(self->entry);
-    Py_VISIT(self->counters);
-    Py_VISIT(self->result_outputs);
-    Py_VISIT(self->counters_dict);
+    Py_VISIT(self->shortcut);
     return 0;
 }
 
 static int dispatcher_clear(Dispatcher *self) {
-    Py_CLEAR(self->matcher);
-    Py_CLEAR(self->entry);
-    Py_CLEAR(self->counters);
-    Py_CLEAR(self->result_outputs);
-    Py_CLEAR(self->counters_dict);
+    Py_CLEAR(self->shortcut);
     self->hits_offset = 0;
+    self->plain = 0;
     return 0;
 }
 
@@ -533,21 +528,23 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
     }
     int plain = PyObject_IsTrue(PyTuple_GET_ITEM(matcher, 5));
     if (plain < 0) { Py_XDECREF(result_outputs); return NULL; }
-    Py_INCREF(matcher); Py_XSETREF(self->matcher, matcher);
-    Py_INCREF(entry); Py_XSETREF(self->entry, entry);
-    Py_INCREF(counters); Py_XSETREF(self->counters, counters);
-    Py_XSETREF(self->result_outputs, result_outputs);
-    self->plain = plain;
+    PyObject *counters_dict = plain_attribute_dict(counters, str_hits);
+    PyObject *shortcut = PyTuple_Pack(S_SIZE, matcher, entry, counters, result_outputs ? result_outputs : Py_None,
+                                      counters_dict ? counters_dict : Py_None);
+    Py_XDECREF(result_outputs);
+    Py_XDECREF(counters_dict);
+    if (!shortcut) return NULL;
     self->hits_offset = member_offset(entry, str_hits);
-    Py_XSETREF(self->counters_dict, plain_attribute_dict(counters, str_hits));
+    self->plain = plain;
+    Py_XSETREF(self->shortcut, shortcut);
     Py_RETURN_NONE;
 }
 
-/* obj.name += 1 */
-static int increment(PyObject *obj, PyObject *name) {
+/* obj.name += delta */
+static int add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (!v) return -1;
-    PyObject *one = PyLong_FromLong(1);
+    PyObject *one = PyLong_FromSsize_t(delta);
     PyObject *w = one ? PyNumber_Add(v, one) : NULL;
     Py_DECREF(v);
     Py_XDECREF(one);
@@ -557,8 +554,8 @@ static int increment(PyObject *obj, PyObject *name) {
     return r;
 }
 
-/* *slot += 1 for an int held in an object's slot or a dict (the value is re-read: Python code may have set it) */
-static int increment_slot(PyObject **slot) {
+/* *slot += delta for an int held in an object's slot (the value is re-read: Python code may have set it) */
+static int add_to_slot(PyObject **slot, Py_ssize_t delta) {
     PyObject *v = *slot;
     if (!v || !PyLong_CheckExact(v)) {
         PyErr_SetString(PyExc_TypeError, "gearcache: a hit counter is not an int");
@@ -566,34 +563,35 @@ static int increment_slot(PyObject **slot) {
     }
     Py_ssize_t n = PyLong_AsSsize_t(v);
     if (n == -1 && PyErr_Occurred()) return -1;
-    PyObject *w = PyLong_FromSsize_t(n + 1);
+    PyObject *w = PyLong_FromSsize_t(n + delta);
     if (!w) return -1;
     Py_SETREF(*slot, w);
     return 0;
 }
 
-static int count_hit(PyObject *entry, PyObject *counters, PyObject *counters_dict, Py_ssize_t hits_offset) {
+/* entry.hits += delta and counters.hits += delta, in place where _set_shortcut found how */
+static int count_hits(PyObject *shortcut, Py_ssize_t hits_offset, Py_ssize_t delta) {
+    PyObject *entry = PyTuple_GET_ITEM(shortcut, S_ENTRY), *counters = PyTuple_GET_ITEM(shortcut, S_COUNTERS);
+    PyObject *counters_dict = PyTuple_GET_ITEM(shortcut, S_COUNTERS_DICT);
     if (hits_offset) {
-        if (increment_slot((PyObject **)((char *)entry + hits_offset)) < 0) return -1;
-    } else if (increment(entry, str_hits) < 0) {
+        if (add_to_slot((PyObject **)((char *)entry + hits_offset), delta) < 0) return -1;
+    } else if (add_to_attr(entry, str_hits, delta) < 0) {
         return -1;
     }
-    if (counters_dict) {
-        PyObject *v = PyDict_GetItemWithError(counters_dict, str_hits);     /* borrowed */
-        if (!v) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "gearcache: counters.hits was deleted");
-            return -1;
-        }
-        if (!PyLong_CheckExact(v)) return increment(counters, str_hits);
-        Py_ssize_t n = PyLong_AsSsize_t(v);
-        if (n == -1 && PyErr_Occurred()) return -1;
-        PyObject *w = PyLong_FromSsize_t(n + 1);
-        if (!w) return -1;
-        int r = PyDict_SetItem(counters_dict, str_hits, w);
-        Py_DECREF(w);
-        return r;
+    if (counters_dict == Py_None) return add_to_attr(counters, str_hits, delta);
+    PyObject *v = PyDict_GetItemWithError(counters_dict, str_hits);     /* borrowed */
+    if (!v) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "gearcache: counters.hits was deleted");
+        return -1;
     }
-    return increment(counters, str_hits);
+    if (!PyLong_CheckExact(v)) return add_to_attr(counters, str_hits, delta);
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    PyObject *w = PyLong_FromSsize_t(n + delta);
+    if (!w) return -1;
+    int r = PyDict_SetItem(counters_dict, str_hits, w);
+    Py_DECREF(w);
+    return r;
 }
 
 /* 1: the shortcut applies, 0: it does not, -1: error. `m` is a strong reference the caller holds. */
@@ -618,17 +616,16 @@ static int shortcut_applies(PyObject *m, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwargs) {
-    /* strong references for the whole call: the code it runs may replace the shortcut */
-    PyObject *matcher = self->matcher, *entry = self->entry, *counters = self->counters;
-    PyObject *picks = self->result_outputs, *counters_dict = self->counters_dict;
+    /* a strong reference for the whole call: the code it runs may replace the shortcut */
+    PyObject *shortcut = self->shortcut;
     Py_ssize_t hits_offset = self->hits_offset;
     int plain = self->plain;
     int applies = 0;
-    if (matcher) {
-        Py_INCREF(matcher); Py_INCREF(entry); Py_INCREF(counters); Py_XINCREF(picks); Py_XINCREF(counters_dict);
-        applies = shortcut_applies(matcher, args, kwargs);
+    if (shortcut) {
+        Py_INCREF(shortcut);
+        applies = shortcut_applies(PyTuple_GET_ITEM(shortcut, S_MATCHER), args, kwargs);
     }
-    PyObject *result = NULL, *outs = NULL, *build = NULL, *run = NULL;
+    PyObject *result = NULL, *outs = NULL, *run = NULL;
     if (applies < 0) goto done;
     if (!applies) {
         PyObject *slow = PyObject_GetAttr((PyObject *)self, str_call);
@@ -638,27 +635,32 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
         }
         goto done;
     }
+    /* counted before the run, while the counters are still in the CPU caches; taken back if the call fails */
+    PyObject *entry = PyTuple_GET_ITEM(shortcut, S_ENTRY), *picks = PyTuple_GET_ITEM(shortcut, S_PICKS);
+    if (count_hits(shortcut, hits_offset, 1) < 0) goto done;
     run = PyObject_GetAttr(entry, str_run);
-    if (!run) goto done;
-    outs = Py_IS_TYPE(run, &RunnerType) ? runner_run((Runner *)run, args, plain) : PyObject_CallOneArg(run, args);
-    if (!outs) goto done;
-    if (picks) {
-        result = pick_outputs(outs, picks);
-    } else {
-        build = PyObject_GetAttr(entry, str_build);
-        if (!build) goto done;
-        result = PyObject_CallFunctionObjArgs(build, outs, args, NULL);
+    if (run) outs = Py_IS_TYPE(run, &RunnerType) ? runner_run((Runner *)run, args, plain) : PyObject_CallOneArg(run, args);
+    if (outs) {
+        if (picks != Py_None) {
+            result = pick_outputs(outs, picks);
+        } else {
+            PyObject *build = PyObject_GetAttr(entry, str_build);
+            result = build ? PyObject_CallFunctionObjArgs(build, outs, args, NULL) : NULL;
+            Py_XDECREF(build);
+        }
     }
-    if (!result) goto done;
-    self->shortcut_calls++;
-    if (count_hit(entry, counters, counters_dict, hits_offset) < 0) Py_CLEAR(result);
+    if (result) {
+        self->shortcut_calls++;
+    } else {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        if (count_hits(shortcut, hits_offset, -1) < 0) PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
 done:
     Py_XDECREF(run);
     Py_XDECREF(outs);
-    Py_XDECREF(build);
-    if (matcher) {
-        Py_DECREF(matcher); Py_DECREF(entry); Py_DECREF(counters); Py_XDECREF(picks); Py_XDECREF(counters_dict);
-    }
+    Py_XDECREF(shortcut);
     return result;
 }
 
