@@ -390,9 +390,10 @@ static PyTypeObject RunnerType = {
  *             was made (so it is off whenever same_state() holds), and a Runner is then called directly, told
  *             that grad and autocast are off (it does not read them again)
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
- *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented (in place:
- *             through the entry's __slots__ member and the counters' instance dict, found once here; through
- *             getattr/setattr where they are not of that kind). Where entry.result_outputs (read once) is an int
+ *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented before the
+ *             run and decremented again if it raises (in place: through the entry's __slots__ member and the
+ *             counters' instance dict, found once here; through getattr/setattr where they are not of that
+ *             kind). Where entry.result_outputs (read once) is an int
  *             i or a tuple of ints, the result is outputs[i] or the tuple of those outputs, built here instead of
  *             by entry.build
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
