@@ -99,13 +99,17 @@ def test_autocast_gets_an_entry_of_its_own_that_matches_eager_under_autocast(aff
             again = m.cached(x)
         with amp(), counters.expect(compiles=0, loads=0):
             cast_again = m.cached(x)
+            calls = m.cached.shortcut_calls
+            through_shortcut = m.cached(x)                # the shortcut, made under autocast: the state is re-read
+        assert m.cached.shortcut_calls == calls + 1
         other = Affine(affine_cache)
         other.load_state_dict(m.state_dict())
         with amp(), counters.expect(compiles=0, loads=1):
             fresh = other.cached(x)                       # a new object loads the autocast entry from the store
     assert plain.dtype == again.dtype == torch.float32
-    assert want.dtype == cast.dtype == cast_again.dtype == fresh.dtype == torch.bfloat16
+    assert want.dtype == cast.dtype == cast_again.dtype == through_shortcut.dtype == fresh.dtype == torch.bfloat16
     torch.testing.assert_close(cast, want)
+    torch.testing.assert_close(through_shortcut, want)
     torch.testing.assert_close(fresh, want)
     torch.testing.assert_close(again, m.fwd(x))
 
