@@ -1,7 +1,8 @@
 """Timing helper shared by the benchmarks."""
 import statistics
+import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 
 def p50_us(call: Callable[[], object], n: int, sync: Callable[[], None], warmup: int = 200) -> float:
@@ -45,3 +46,19 @@ def step_us(fn, inputs, device: str = "cuda") -> float:
         torch.cuda.synchronize()
         per_step.append(start.elapsed_time(end) * 1e3 / 20)
     return statistics.median(per_step)
+
+
+def wall_s(fn: Callable[[object], object], items: Iterable, mode: str) -> float:
+    """Seconds of wall time to run ``fn(item)`` for every item: one after another (``mode="serial"``) or each in a
+    thread of its own, all started at once (``"threads"``)."""
+    t0 = time.perf_counter()
+    if mode == "serial":
+        for item in items:
+            fn(item)
+    else:
+        threads = [threading.Thread(target=fn, args=(item,)) for item in items]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return time.perf_counter() - t0

@@ -14,11 +14,11 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from _timing import wall_s  # noqa: E402
 GEARS = [64, 32, 16, 8, 4, 2, 1]
 
 
@@ -46,17 +46,7 @@ def main() -> None:
             torch.cuda.current_stream().synchronize()
             first[b] = time.perf_counter() - t
 
-    t0 = time.perf_counter()
-    if opts.mode == "serial":
-        for b in GEARS:
-            run(b)
-    else:
-        threads = [threading.Thread(target=run, args=(b,)) for b in GEARS]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    wall = time.perf_counter() - t0
+    wall = wall_s(run, GEARS, opts.mode)
     second = {}
     with torch.inference_mode():
         for b in GEARS:

@@ -9,13 +9,16 @@ shape in the main thread. cuDNN builds an execution plan for each new shape and 
 ``MHA.cpp`` graph cache is ``thread_local``); this shows whether those builds overlap across threads. It bounds a
 warm process's "every gear captured": each gear's warm-up run pays its shape's first call.
 """
+import os
 import sys
-import threading
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import wall_s  # noqa: E402
 
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
 SIZES = [64, 32, 16, 8, 4, 2, 1]
@@ -44,17 +47,7 @@ def main() -> None:
         torch.cuda.synchronize()
         times[b] = time.perf_counter() - t
 
-    t0 = time.perf_counter()
-    if mode == "serial":
-        for b in SIZES:
-            first(b)
-    else:
-        threads = [threading.Thread(target=first, args=(b,)) for b in SIZES]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    wall = time.perf_counter() - t0
+    wall = wall_s(first, SIZES, mode)
     t = time.perf_counter()
     with sdpa_kernel([backend]):
         for b in SIZES:
