@@ -390,10 +390,9 @@ static PyTypeObject RunnerType = {
  *             was made (so it is off whenever same_state() holds), and a Runner is then called directly, told
  *             that grad and autocast are off (it does not read them again)
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
- *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented before the
- *             run and decremented again if it raises (in place: through the entry's __slots__ member and the
- *             counters' instance dict, found once here; through getattr/setattr where they are not of that
- *             kind). Where entry.result_outputs (read once) is an int
+ *             (it changes when entry.compiled does); entry.hits and counters.hits are incremented (in place:
+ *             through the entry's __slots__ member and the counters' instance dict, found once here; through
+ *             getattr/setattr where they are not of that kind). Where entry.result_outputs (read once) is an int
  *             i or a tuple of ints, the result is outputs[i] or the tuple of those outputs, built here instead of
  *             by entry.build
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
@@ -541,11 +540,11 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* obj.name += delta */
-static int add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta) {
+/* obj.name += 1 */
+static int increment(PyObject *obj, PyObject *name) {
     PyObject *v = PyObject_GetAttr(obj, name);
     if (!v) return -1;
-    PyObject *one = PyLong_FromSsize_t(delta);
+    PyObject *one = PyLong_FromLong(1);
     PyObject *w = one ? PyNumber_Add(v, one) : NULL;
     Py_DECREF(v);
     Py_XDECREF(one);
@@ -555,41 +554,24 @@ static int add_to_attr(PyObject *obj, PyObject *name, Py_ssize_t delta) {
     return r;
 }
 
-/* *slot += delta for an int held in an object's slot (the value is re-read: Python code may have set it) */
-static int add_to_slot(PyObject **slot, Py_ssize_t delta) {
-    PyObject *v = *slot;
-    if (!v || !PyLong_CheckExact(v)) {
-        PyErr_SetString(PyExc_TypeError, "gearcache: a hit counter is not an int");
-        return -1;
-    }
+/* v + 1 for an exact int v (a new reference); NULL with no error set when v is not one */
+static PyObject *int_plus_one(PyObject *v) {
+    if (!v || !PyLong_CheckExact(v)) return NULL;
     Py_ssize_t n = PyLong_AsSsize_t(v);
-    if (n == -1 && PyErr_Occurred()) return -1;
-    PyObject *w = PyLong_FromSsize_t(n + delta);
-    if (!w) return -1;
-    Py_SETREF(*slot, w);
-    return 0;
+    return (n == -1 && PyErr_Occurred()) ? NULL : PyLong_FromSsize_t(n + 1);
 }
 
-/* entry.hits += delta and counters.hits += delta, in place where _set_shortcut found how */
-static int count_hits(PyObject *shortcut, Py_ssize_t hits_offset, Py_ssize_t delta) {
+/* entry.hits += 1 and counters.hits += 1: in place where _set_shortcut found how, else through getattr/setattr */
+static int count_hit(PyObject *shortcut, Py_ssize_t hits_offset) {
     PyObject *entry = PyTuple_GET_ITEM(shortcut, S_ENTRY), *counters = PyTuple_GET_ITEM(shortcut, S_COUNTERS);
     PyObject *counters_dict = PyTuple_GET_ITEM(shortcut, S_COUNTERS_DICT);
-    if (hits_offset) {
-        if (add_to_slot((PyObject **)((char *)entry + hits_offset), delta) < 0) return -1;
-    } else if (add_to_attr(entry, str_hits, delta) < 0) {
-        return -1;
-    }
-    if (counters_dict == Py_None) return add_to_attr(counters, str_hits, delta);
-    PyObject *v = PyDict_GetItemWithError(counters_dict, str_hits);     /* borrowed */
-    if (!v) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "gearcache: counters.hits was deleted");
-        return -1;
-    }
-    if (!PyLong_CheckExact(v)) return add_to_attr(counters, str_hits, delta);
-    Py_ssize_t n = PyLong_AsSsize_t(v);
-    if (n == -1 && PyErr_Occurred()) return -1;
-    PyObject *w = PyLong_FromSsize_t(n + delta);
-    if (!w) return -1;
+    PyObject **slot = hits_offset ? (PyObject **)((char *)entry + hits_offset) : NULL;
+    PyObject *w = slot ? int_plus_one(*slot) : NULL;
+    if (w) Py_SETREF(*slot, w);
+    else if (PyErr_Occurred() || increment(entry, str_hits) < 0) return -1;
+    if (counters_dict == Py_None) return increment(counters, str_hits);
+    w = int_plus_one(PyDict_GetItemWithError(counters_dict, str_hits));    /* borrowed item */
+    if (!w) return PyErr_Occurred() ? -1 : increment(counters, str_hits);
     int r = PyDict_SetItem(counters_dict, str_hits, w);
     Py_DECREF(w);
     return r;
@@ -636,28 +618,21 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
         }
         goto done;
     }
-    /* counted before the run, while the counters are still in the CPU caches; taken back if the call fails */
     PyObject *entry = PyTuple_GET_ITEM(shortcut, S_ENTRY), *picks = PyTuple_GET_ITEM(shortcut, S_PICKS);
-    if (count_hits(shortcut, hits_offset, 1) < 0) goto done;
     run = PyObject_GetAttr(entry, str_run);
-    if (run) outs = Py_IS_TYPE(run, &RunnerType) ? runner_run((Runner *)run, args, plain) : PyObject_CallOneArg(run, args);
-    if (outs) {
-        if (picks != Py_None) {
-            result = pick_outputs(outs, picks);
-        } else {
-            PyObject *build = PyObject_GetAttr(entry, str_build);
-            result = build ? PyObject_CallFunctionObjArgs(build, outs, args, NULL) : NULL;
-            Py_XDECREF(build);
-        }
-    }
-    if (result) {
-        self->shortcut_calls++;
+    if (!run) goto done;
+    outs = Py_IS_TYPE(run, &RunnerType) ? runner_run((Runner *)run, args, plain) : PyObject_CallOneArg(run, args);
+    if (!outs) goto done;
+    if (picks != Py_None) {
+        result = pick_outputs(outs, picks);
     } else {
-        PyObject *type, *value, *traceback;
-        PyErr_Fetch(&type, &value, &traceback);
-        if (count_hits(shortcut, hits_offset, -1) < 0) PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
+        PyObject *build = PyObject_GetAttr(entry, str_build);
+        result = build ? PyObject_CallFunctionObjArgs(build, outs, args, NULL) : NULL;
+        Py_XDECREF(build);
     }
+    if (!result) goto done;
+    self->shortcut_calls++;
+    if (count_hit(shortcut, hits_offset) < 0) Py_CLEAR(result);
 done:
     Py_XDECREF(run);
     Py_XDECREF(outs);
