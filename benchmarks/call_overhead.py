@@ -20,6 +20,8 @@ empty (run the script twice with the same folder to time a warm process's load),
 4. Inductor's ``call()`` itself timed inside the loaded entry and alone (interleaved): the glue leaves caches in a
    state that slows the ``call()`` after it. 1 is accounted for when 3 + (4's difference) matches it.
 The numbers are host time (CUDA kernels are queued asynchronously; the device is synchronised before and after).
+The shortcut's checks are gearcache's native ones where they are built (``python -m gearcache.native.build``), else
+Dynamo's; ``GEARCACHE_NATIVE=0`` runs with Dynamo's, to compare. The first line says which.
 """
 import argparse
 import json
@@ -50,7 +52,7 @@ def main() -> None:
         for k, v in CPU_SIZES.items():
             os.environ.setdefault(k, v)
     import reference_decoder as ref
-    from gearcache import cache_compile, counters
+    from gearcache import cache_compile, counters, native
     from gearcache.signature import call_key
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -191,8 +193,10 @@ def main() -> None:
         finally:
             entry.compiled = run
     r["counters"] = {"loads": counters.loads, "direct_loads": counters.direct_loads, "compiles": counters.compiles}
+    r["checks"] = "native" if native.guards(build_if_missing=False) is not None else "dynamo"
     print(f"per-call overhead, {device}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {n} calls, decode B=1")
+          f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, {n} calls, decode B=1, "
+          f"shortcut checks: {r['checks']}")
     print(f"1. paired end to end ({r['call_path']} per-call path): loaded entry p50 {r['entry_p50_us']:.1f} us, "
           f"Inductor's call() p50 {r['call_p50_us']:.1f} us; median of paired differences "
           f"{r['paired_diff_p50_us']:.2f} us")

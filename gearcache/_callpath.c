@@ -7,8 +7,8 @@
  *
  * ---- Runner
  *
- * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled, is_autocast_enabled) -> runner;
- * runner(leaves) -> outputs
+ * Runner(call, fallback, recipe, check, always_fallback, is_grad_enabled, is_autocast_enabled, data_ptr=None)
+ *   -> runner; runner(leaves) -> outputs
  *
  *   call             Inductor's generated call(list) (it empties the list it is given)
  *   fallback         the run plan's Python run_list(list): realigns misaligned inputs (and copies mutated ones
@@ -23,6 +23,9 @@
  *   is_grad_enabled  torch.is_grad_enabled
  *   is_autocast_enabled  torch._C._is_any_autocast_enabled (compiled code runs with autocast off: its casts are
  *                    in the graph; the Python path turns autocast off around the call, as AOTAutograd does)
+ *   data_ptr         None, or a PyCapsule named "gearcache.data_ptr" holding
+ *                    int (*)(PyObject *tensor, uintptr_t *out) (gearcache.native's DATA_PTR): reads a tensor's
+ *                    address in C for the alignment checks; where it returns -1, or without it, tensor.data_ptr()
  *
  * Per call: build the input list from the recipe; check the alignment (tensor.data_ptr() % 16) of the checked
  * inputs taken from the call's leaves, and of the checked module tensors only when one of the module tensors is a
@@ -63,6 +66,8 @@ typedef struct {
     Py_ssize_t *check_state;   /* checked inputs taken from the module */
     Py_ssize_t n_check_state;
     int always_fallback;
+    int (*data_ptr)(PyObject *, uintptr_t *);  /* NULL: tensor.data_ptr() */
+    PyObject *data_ptr_capsule;                 /* keeps the capsule (and so its module) alive */
     Py_ssize_t fast_calls;     /* calls served without the Python fallback (tests and diagnostics read it) */
     Py_ssize_t fallback_calls;
     Py_ssize_t state_reads;    /* calls that read the module dicts */
@@ -134,6 +139,8 @@ static int runner_clear(Runner *self) {
     Py_CLEAR(self->fallback);
     Py_CLEAR(self->is_grad_enabled);
     Py_CLEAR(self->is_autocast_enabled);
+    self->data_ptr = NULL;
+    Py_CLEAR(self->data_ptr_capsule);
     if (self->last) {
         for (Py_ssize_t i = 0; i < self->n; i++) Py_CLEAR(self->last[i]);
     }
@@ -154,12 +161,17 @@ static void runner_dealloc(Runner *self) {
 
 static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"call", "fallback", "recipe", "check", "always_fallback", "is_grad_enabled",
-                             "is_autocast_enabled", NULL};
-    PyObject *call, *fallback, *recipe, *check, *grad, *autocast;
+                             "is_autocast_enabled", "data_ptr", NULL};
+    PyObject *call, *fallback, *recipe, *check, *grad, *autocast, *data_ptr = Py_None;
     int always;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OpOO", kwlist, &call, &fallback, &PyTuple_Type, &recipe,
-                                     &check, &always, &grad, &autocast))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OpOO|O", kwlist, &call, &fallback, &PyTuple_Type, &recipe,
+                                     &check, &always, &grad, &autocast, &data_ptr))
         return -1;
+    if (data_ptr != Py_None && !PyCapsule_IsValid(data_ptr, "gearcache.data_ptr")) {
+        PyErr_Format(PyExc_TypeError, "data_ptr: expected None or gearcache.native's DATA_PTR capsule, got %R",
+                     data_ptr);
+        return -1;
+    }
     if (self->recipe != NULL) {
         PyErr_SetString(PyExc_TypeError, "Runner is initialised once");
         return -1;
@@ -213,13 +225,19 @@ static int runner_init(Runner *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(grad); self->is_grad_enabled = grad;
     Py_INCREF(autocast); self->is_autocast_enabled = autocast;
     Py_INCREF(recipe); self->recipe = recipe;
+    if (data_ptr != Py_None) {
+        self->data_ptr = (int (*)(PyObject *, uintptr_t *))PyCapsule_GetPointer(data_ptr, "gearcache.data_ptr");
+        Py_INCREF(data_ptr); self->data_ptr_capsule = data_ptr;
+    }
     self->always_fallback = always;
     self->watched = watch_dicts(self);
     return 0;
 }
 
 /* 1 misaligned, 0 aligned, -1 error */
-static int misaligned(PyObject *tensor) {
+static int misaligned(Runner *self, PyObject *tensor) {
+    uintptr_t address;
+    if (self->data_ptr && self->data_ptr(tensor, &address) == 0) return (address % ALIGNMENT) != 0;
     PyObject *ptr = PyObject_CallMethodNoArgs(tensor, str_data_ptr);
     if (!ptr) return -1;
     unsigned long long p = PyLong_AsUnsignedLongLong(ptr);
@@ -294,7 +312,7 @@ static PyObject *runner_run(Runner *self, PyObject *leaves_seq, int state_checke
         Py_DECREF(autocast);
     }
     for (Py_ssize_t k = 0; !slow && k < self->n_check_leaf; k++) {
-        int m = misaligned(PyList_GET_ITEM(list, self->check_leaf[k]));
+        int m = misaligned(self, PyList_GET_ITEM(list, self->check_leaf[k]));
         if (m < 0) goto error;
         slow = m;
     }
@@ -302,7 +320,7 @@ static PyObject *runner_run(Runner *self, PyObject *leaves_seq, int state_checke
         /* new module tensors: remembered only once all the checked ones are aligned */
         int state_misaligned = 0;
         for (Py_ssize_t k = 0; !state_misaligned && k < self->n_check_state; k++) {
-            int m = misaligned(PyList_GET_ITEM(list, self->check_state[k]));
+            int m = misaligned(self, PyList_GET_ITEM(list, self->check_state[k]));
             if (m < 0) goto error;
             state_misaligned = m;
         }
@@ -386,7 +404,8 @@ static PyTypeObject RunnerType = {
  *   matcher   signature.Matcher, a tuple (check, n, inference, same_state, is_inference_mode_enabled, plain):
  *             a call takes the shortcut when it has exactly n positional arguments and no keywords,
  *             same_state() is True (grad off and the thread's global torch state as when the matcher was made),
- *             inference mode is `inference` and check(*args) is True; `plain`: autocast was off when the matcher
+ *             inference mode is `inference` (is_inference_mode_enabled None: same_state() covers it) and
+ *             check(*args) is True; `plain`: autocast was off when the matcher
  *             was made (so it is off whenever same_state() holds), and a Runner is then called directly, told
  *             that grad and autocast are off (it does not read them again)
  *   entry     the entry the shortcut serves: entry.build(entry.run(args), args); entry.run is read at every call
@@ -586,11 +605,14 @@ static int shortcut_applies(PyObject *m, PyObject *args, PyObject *kwargs) {
     int same = (r == Py_True);
     Py_DECREF(r);
     if (!same) return 0;
-    r = PyObject_CallNoArgs(PyTuple_GET_ITEM(m, 4));                    /* is_inference_mode_enabled */
-    if (!r) return -1;
-    int same_mode = PyObject_IsTrue(r) == PyObject_IsTrue(PyTuple_GET_ITEM(m, 2));
-    Py_DECREF(r);
-    if (!same_mode) return 0;
+    PyObject *inference = PyTuple_GET_ITEM(m, 4);                      /* is_inference_mode_enabled, or None */
+    if (inference != Py_None) {
+        r = PyObject_CallNoArgs(inference);
+        if (!r) return -1;
+        int same_mode = PyObject_IsTrue(r) == PyObject_IsTrue(PyTuple_GET_ITEM(m, 2));
+        Py_DECREF(r);
+        if (!same_mode) return 0;
+    }
     r = PyObject_Call(PyTuple_GET_ITEM(m, 0), args, NULL);              /* check(*args) */
     if (!r) return -1;
     int ok = (r == Py_True);

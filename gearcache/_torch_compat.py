@@ -14,7 +14,9 @@ process runs no compiler. Loading points Inductor's cache at the folder for the 
 
 Warm processes normally do not use torch's loader but gearcache's own (``gearcache/runplan/``); what it needs from
 torch's private run-time API (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
-This module imports nothing from gearcache.
+The dispatch shortcut's checks come from gearcache's native module where it is built for this torch (compiled
+against torch's own headers, so its private C++ API is checked by the compiler; ``gearcache/native/``), else from
+Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` imports nothing from gearcache.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ import threading
 from typing import Any, Callable, Iterable
 
 import torch
+
+from . import native as gearcache_native
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore
 
@@ -223,13 +227,20 @@ def cubin_launcher() -> Callable[..., None]:
 # ------------------------------------------------------------------------------------------- CUDA-graph outputs
 def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
     """A predicate in C++, ``match(*others) -> bool`` for exactly ``len(tensors)`` arguments (another count raises
-    TypeError): True when each has the same Python type, dispatch keys under the thread's dispatch state (device type, layout, inference mode),
-    dtype, device index, ``requires_grad``, sizes and strides as the tensor at its place. Nothing else (no values, no
-    storage offset or alignment). Holds no reference to ``tensors``. None where torch lacks it: the caller then keys
-    every call in Python (gearcache/signature.py).
+    TypeError): True when each has the same Python type, dispatch keys under the thread's dispatch state (device type,
+    layout, inference mode), dtype, device index, ``requires_grad``, sizes and strides as the tensor at its place, and
+    no argument is passed twice. Nothing else (no values, no storage offset or alignment). Holds no reference to
+    ``tensors``. None where torch lacks it: the caller then keys every call in Python (gearcache/signature.py).
 
-    Mechanism: Dynamo's ``torch._C._dynamo.guards.TensorGuards`` (guards.cpp ``TensorCheck``) with every size and
-    stride given, so no dimension is dynamic."""
+    Mechanism: gearcache's native ``TensorMatch`` (gearcache/native/guards.cpp) where it is built for this torch,
+    else Dynamo's ``torch._C._dynamo.guards.TensorGuards`` (guards.cpp ``TensorCheck``) with every size and stride
+    given, so no dimension is dynamic."""
+    native = gearcache_native.guards()
+    if native is not None:
+        try:
+            return native.TensorMatch(tuple(tensors))
+        except TypeError:       # not all plain strided tensors (sparse, nested, symbolic): Dynamo's check
+            pass
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     tensor_guards = getattr(guards, "TensorGuards", None)
     if tensor_guards is None:
@@ -239,6 +250,20 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
                              dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
     except (TypeError, RuntimeError, SystemError):
         return None
+
+
+def native_data_ptr() -> Any:
+    """gearcache's native ``DATA_PTR`` capsule (``tensor.data_ptr()`` in C, for the C runner's alignment checks:
+    gearcache/_callpath.c), or None where the native module is not loaded (the runner then calls ``data_ptr()``)."""
+    native = gearcache_native.guards()
+    return getattr(native, "DATA_PTR", None) if native is not None else None
+
+
+def state_guard_covers_inference_mode(same: Callable[[], bool]) -> bool:
+    """True when ``same`` (from :func:`state_guard`) also says False once inference mode differs from its snapshot's
+    (gearcache's native snapshot does; Dynamo's does not)."""
+    native = gearcache_native.guards()
+    return native is not None and isinstance(same, native.StateSnapshot)
 
 
 def storage_alias(tensor: torch.Tensor) -> torch.Tensor:
@@ -379,10 +404,16 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
 def state_guard() -> Callable[[], bool] | None:
     """``same() -> bool`` in C++: True while the calling thread's grad mode, autocast, default dtype, deterministic
     algorithms, cuBLAS TF32/reduced-precision flags, torch-function state and thread count are what they were when
-    this was called (~0.2-0.5 us). It does not see the SDPA backends or cuDNN's TF32 flag (torch.compile does not
-    either). None where torch lacks it (callers then compute :func:`global_state` each time).
+    this was called (~0.2-0.5 us). With gearcache's native module it also sees inference mode, the thread's dispatch
+    keys and the SDPA backends; neither sees cuDNN's TF32 flag nor the float32 matmul precision beyond what it does to
+    cuBLAS TF32 (torch.compile does not either). None where torch lacks both (callers then compute
+    :func:`global_state` each time).
 
-    Mechanism: Dynamo's ``torch._C._dynamo.guards.GlobalStateGuard`` (guards.cpp), a snapshot taken at construction."""
+    Mechanism: gearcache's native ``StateSnapshot`` (gearcache/native/guards.cpp) where it is built for this torch,
+    else Dynamo's ``torch._C._dynamo.guards.GlobalStateGuard`` (guards.cpp); a snapshot taken at construction."""
+    native = gearcache_native.guards()
+    if native is not None:
+        return native.StateSnapshot()
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     guard_type = getattr(guards, "GlobalStateGuard", None)
     if guard_type is None:

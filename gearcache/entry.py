@@ -72,7 +72,7 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
                                 check=tuple(plan.get("inputs_to_check", ())),
                                 always_fallback=bool(plan.get("version_bumped_inputs")),
                                 is_grad_enabled=torch.is_grad_enabled,
-                                is_autocast_enabled=compat.any_autocast_enabled)
+                                is_autocast_enabled=compat.any_autocast_enabled, data_ptr=compat.native_data_ptr())
     if run_list is not None:
         return lambda leaves: run_list(gather(leaves))
     return lambda leaves: fn(*gather(leaves))

@@ -63,9 +63,10 @@ def state_tag() -> str:
     algorithms, TF32 and reduced-precision flags, SDPA backends) as a canonical JSON string, part of every key.
 
     Per thread, the last tag is kept with a C++ snapshot of the state it was computed in (``compat.state_guard``);
-    while the snapshot still holds, the tag is returned without recomputing it. The snapshot does not cover the SDPA
-    backends or cuDNN's TF32 flag: a change of only those in a running process is seen by the next miss (whose entry
-    key computes the state afresh), not by signatures already served, as with ``torch.compile``."""
+    while the snapshot still holds, the tag is returned without recomputing it. Neither snapshot covers cuDNN's TF32
+    flag or the float32 matmul precision (beyond what it does to cuBLAS TF32), and Dynamo's (without gearcache's
+    native module) not the SDPA backends either: a change of only those in a running process is seen by the next
+    miss (whose entry key computes the state afresh), not by signatures already served, as with ``torch.compile``."""
     snap = _snapshot
     same = snap.same
     if same is not None and same():
@@ -95,12 +96,13 @@ class Matcher(NamedTuple):
     n: int                                      # positional arguments
     inference: bool                             # inference mode on
     same_state: Callable[[], bool]              # C++: grad off and the global state as at creation (state_guard)
-    is_inference_mode_enabled: Callable[[], bool]
+    is_inference_mode_enabled: Callable[[], bool] | None    # None: same_state covers inference mode
     plain: bool                                 # autocast off in that state (the C runner then skips its checks)
 
     def __call__(self, args: tuple) -> bool:
         return (len(args) == self.n and self.same_state()
-                and self.is_inference_mode_enabled() == self.inference and self.check(*args))
+                and (self.is_inference_mode_enabled is None or self.is_inference_mode_enabled() == self.inference)
+                and self.check(*args))
 
 
 def matcher(leaves: tuple, key: tuple) -> Matcher | None:
@@ -119,8 +121,8 @@ def matcher(leaves: tuple, key: tuple) -> Matcher | None:
     check = compat.tensor_match(leaves)
     if check is None:
         return None
-    return Matcher(check, len(leaves), bool(key[1][1]), same_state, torch.is_inference_mode_enabled,
-                   not compat.any_autocast_enabled())
+    inference = None if compat.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
+    return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not compat.any_autocast_enabled())
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:

@@ -60,6 +60,29 @@ def empty_caches_env(folder: Path) -> dict:
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_checks() -> str:
+    """The path of gearcache's native checks (gearcache/native/), built before any test runs, so that this process
+    and every script it starts load them (none starts a background build). Built once per source and torch build: a
+    later session loads it from the user's cache folder. A test that wants Dynamo's checks instead takes ``checks``."""
+    from gearcache.native import build
+
+    return build.build()
+
+
+@pytest.fixture(params=["native", "dynamo"])
+def checks(request, monkeypatch) -> str:
+    """Run a test with each implementation of the dispatch shortcut's checks: gearcache's native module, or Dynamo's
+    (``GEARCACHE_NATIVE=0``). The calling thread's cached state snapshot is dropped first (signature.state_tag)."""
+    from gearcache import signature
+
+    if request.param == "dynamo":
+        monkeypatch.setenv("GEARCACHE_NATIVE", "0")
+    signature._snapshot.same = None
+    yield request.param
+    signature._snapshot.same = None
+
+
 @pytest.fixture(scope="session")
 def tiny_lm_cache(tmp_path_factory) -> tuple[Path, dict]:
     """(cache folder, report): TinyLM's prefill and decode entries, compiled by a separate (cold) process with compile
@@ -76,14 +99,16 @@ def tiny_lm_warm(tiny_lm_cache, tmp_path_factory) -> dict[str, dict]:
     and Triton caches: ``"plain"`` as a server would (no hooks: nothing imports torch's compiler for it), and
     ``"hooks"`` with compile hooks installed, which after the first calls also changes the weights (in place, a new
     Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all); and
-    ``"python"``, like ``"hooks"`` but as where gearcache's C extension is not built (``--no-c-extension``)."""
+    ``"python"``, like ``"hooks"`` but as where neither gearcache's C extension (``--no-c-extension``) nor its native
+    checks (``GEARCACHE_NATIVE=0``: Dynamo's checks) are built."""
     cache, _ = tiny_lm_cache
     scripts = {"plain": Script("run_tiny_lm.py", str(cache),
                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_plain_torch_caches"))),
                "hooks": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights",
                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_hooks_torch_caches"))),
                "python": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights", "--no-c-extension",
-                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_python_torch_caches")))}
+                                env={**empty_caches_env(tmp_path_factory.mktemp("tiny_lm_python_torch_caches")),
+                                     "GEARCACHE_NATIVE": "0"})}
     return {name: script.result() for name, script in scripts.items()}
 
 

@@ -210,6 +210,31 @@ def test_runner_rejects_a_malformed_recipe_with_the_reason():
         make((2,))((torch.zeros(1),))
 
 
+@pytest.mark.parametrize("reader", ["native DATA_PTR", "tensor.data_ptr()"])
+def test_the_runner_checks_alignment_alike_with_the_native_address_reader_or_without(reader):
+    Runner = entry_mod._callpath.Runner
+    capsule = compat.native_data_ptr()
+    assert capsule is not None                      # the session builds the native module (tests/conftest.py)
+    calls = []
+    runner = Runner(call=lambda a: calls.append("call") or a.clear(), fallback=lambda a: calls.append("fallback"),
+                    recipe=(0, 1), check=(0, 1), always_fallback=False, is_grad_enabled=torch.is_grad_enabled,
+                    is_autocast_enabled=compat.any_autocast_enabled,
+                    data_ptr=capsule if reader == "native DATA_PTR" else None)
+    aligned, misaligned = torch.zeros(8), torch.zeros(9)[1:]
+    with torch.no_grad():
+        for leaves in [(aligned, aligned), (aligned, misaligned), (misaligned, aligned), (aligned, aligned)]:
+            runner(leaves)
+    assert calls == ["call", "fallback", "fallback", "call"]
+    assert (runner.fast_calls, runner.fallback_calls) == (2, 2)
+
+
+def test_the_runner_takes_only_the_native_address_reader():
+    with pytest.raises(TypeError, match="data_ptr: expected None or gearcache.native's DATA_PTR capsule"):
+        entry_mod._callpath.Runner(call=print, fallback=print, recipe=(0,), check=(), always_fallback=False,
+                                   is_grad_enabled=torch.is_grad_enabled,
+                                   is_autocast_enabled=compat.any_autocast_enabled, data_ptr=print)
+
+
 def test_an_entry_does_not_keep_its_module_alive():
     net = Net()
     entry, _ = make_entry(net, True)

@@ -19,7 +19,7 @@ if "--hooks" in sys.argv:
 import torch
 
 import models
-from gearcache import counters, dispatch, entry
+from gearcache import counters, dispatch, entry, native
 
 cache_dir = sys.argv[1]
 device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
@@ -50,6 +50,7 @@ with torch.inference_mode():
         report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
 report["device"] = str(kv.device)
 report["call_path"] = {"native_entries": entry.NATIVE, "dispatcher": dispatch.Dispatcher.__module__,
+                       "native_checks": native.guards(build_if_missing=False) is not None,
                        "shortcut_calls": model.cached_prefill.shortcut_calls + model.cached_decode.shortcut_calls}
 # torch's compiler stack, which a warm start must not import (the hooks above import it themselves)
 report["compiler_modules"] = sorted(m for m in sys.modules if m.split(".")[:2] in (["torch", "_inductor"],

@@ -1,0 +1,352 @@
+// gearcache.native's compiled module: the dispatch shortcut's checks, read straight from torch's C++ state.
+//
+// Built against the headers of the torch it runs with (gearcache/native/build.py), once per machine and torch
+// build, and loaded only into a process whose torch has the same build key (BUILD_KEY below). Two types, drop-ins
+// for what gearcache used from Dynamo (torch._C._dynamo.guards) before, and a C function for gearcache._callpath:
+//
+//   TensorMatch(tensors)     match(*others) -> bool, as TensorGuards(...).check with every size and stride given:
+//                            each argument has the same Python type, dispatch keys under the thread's dispatch
+//                            state, dtype, device index, requires_grad, sizes and strides as the tensor at its
+//                            place, and no argument is passed twice. Another argument count raises TypeError.
+//   StateSnapshot()          same() -> bool: True while the calling thread's torch state is as at construction:
+//                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
+//                            every device type), autocast's dtypes and cache where it is on, default dtype,
+//                            deterministic algorithms (on, warn only), torch-function state (enabled, subclasses or
+//                            all disabled), cuBLAS TF32 and reduced-precision reductions, the four scaled-dot-product
+//                            attention backends, the thread count. Like Dynamo's GlobalStateGuard it leaves out
+//                            cuDNN's TF32 flag and the float32 matmul precision (but "highest" against "high" or
+//                            "medium" moves cuBLAS TF32, which it reads): reading those costs ~1,000 instructions on
+//                            torch 2.13 (a hash lookup each); a change of only those is seen at the next miss.
+//   DATA_PTR                 a PyCapsule named "gearcache.data_ptr" holding
+//                            int gearcache_data_ptr(PyObject* tensor, uintptr_t* out): tensor.data_ptr() in C, for
+//                            gearcache._callpath's alignment checks (0: done; -1: ask Python)
+//
+// Why: Dynamo's checks are general (symbolic sizes, a hash set for aliasing, a vector per tensor) and cost ~5,400
+// instructions per call of the decode step; these read the same fields directly. A check that cannot answer (a
+// C++ exception) answers False: the caller then takes its general path, which computes the full key.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#ifndef GEARCACHE_BUILD_KEY
+#error "build with -DGEARCACHE_BUILD_KEY=\"...\" (gearcache/native/build.py does)"
+#endif
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------ TensorMatch
+uint64_t effective_keys(c10::DispatchKeySet keys, const c10::impl::LocalDispatchKeySet& tls) {
+    return ((keys | tls.included_) - tls.excluded_).raw_repr();
+}
+
+struct Expected {
+    PyTypeObject* type;
+    uint64_t keys;                  // effective_keys at construction
+    caffe2::TypeMeta dtype;
+    c10::DeviceIndex device_index;
+    bool requires_grad;
+    size_t offset;                  // of this tensor's sizes, then strides, in TensorMatch::dims
+    size_t ndim;
+};
+
+struct TensorMatch {
+    PyObject_HEAD
+    std::vector<Expected>* expected;
+    std::vector<int64_t>* dims;
+};
+
+bool plain_strided(const c10::TensorImpl* impl) {
+    return impl->layout() == c10::kStrided && !impl->has_symbolic_sizes_strides() && !impl->is_nested();
+}
+
+int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
+    PyObject* tensors = nullptr;
+    static const char* kwlist[] = {"tensors", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", const_cast<char**>(kwlist), &PyTuple_Type, &tensors))
+        return -1;
+    try {
+        auto expected = std::vector<Expected>();
+        auto dims = std::vector<int64_t>();
+        const auto tls = c10::impl::tls_local_dispatch_key_set();
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors); i++) {
+            PyObject* item = PyTuple_GET_ITEM(tensors, i);
+            if (!THPVariable_Check(item)) {
+                PyErr_Format(PyExc_TypeError, "TensorMatch: tensors[%zd] is a %s, not a tensor", i,
+                             Py_TYPE(item)->tp_name);
+                return -1;
+            }
+            const at::Tensor& t = THPVariable_Unpack(item);
+            const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+            if (!plain_strided(impl)) {
+                PyErr_Format(PyExc_TypeError, "TensorMatch: tensors[%zd] is not a plain strided tensor", i);
+                return -1;
+            }
+            const auto sizes = impl->sizes();
+            const auto strides = impl->strides();
+            expected.push_back(Expected{Py_TYPE(item), effective_keys(impl->key_set(), tls), impl->dtype(),
+                                        impl->device().index(), t.requires_grad(), dims.size(), sizes.size()});
+            dims.insert(dims.end(), sizes.begin(), sizes.end());
+            dims.insert(dims.end(), strides.begin(), strides.end());
+        }
+        self->expected = new std::vector<Expected>(std::move(expected));
+        self->dims = new std::vector<int64_t>(std::move(dims));
+    } catch (const std::exception& e) {
+        PyErr_Format(PyExc_RuntimeError, "TensorMatch: %s", e.what());
+        return -1;
+    }
+    return 0;
+}
+
+void tensor_match_dealloc(TensorMatch* self) {
+    delete self->expected;
+    delete self->dims;
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+bool matches(const TensorMatch* self, PyObject* args) {
+    const auto& expected = *self->expected;
+    const int64_t* dims = self->dims->data();
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    const auto tls = c10::impl::tls_local_dispatch_key_set();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* item = PyTuple_GET_ITEM(args, i);
+        const Expected& e = expected[i];
+        if (Py_TYPE(item) != e.type) return false;                  // the type was a tensor type at construction
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (PyTuple_GET_ITEM(args, j) == item) return false;    // passed twice (Dynamo's check refuses it too)
+        }
+        const at::Tensor& t = THPVariable_Unpack(item);
+        const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+        if (effective_keys(impl->key_set(), tls) != e.keys || impl->dtype() != e.dtype || !plain_strided(impl) ||
+            impl->device().index() != e.device_index || t.requires_grad() != e.requires_grad)
+            return false;
+        const auto sizes = impl->sizes();
+        if (sizes.size() != e.ndim) return false;
+        const auto strides = impl->strides();
+        const int64_t* want = dims + e.offset;
+        for (size_t d = 0; d < e.ndim; d++) {
+            if (sizes[d] != want[d] || strides[d] != want[e.ndim + d]) return false;
+        }
+    }
+    return true;
+}
+
+PyObject* tensor_match_call(TensorMatch* self, PyObject* args, PyObject* kwargs) {
+    if (kwargs && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "TensorMatch takes positional tensors only");
+        return nullptr;
+    }
+    if (PyTuple_GET_SIZE(args) != static_cast<Py_ssize_t>(self->expected->size())) {
+        PyErr_Format(PyExc_TypeError, "TensorMatch made for %zd tensors called with %zd arguments",
+                     static_cast<Py_ssize_t>(self->expected->size()), PyTuple_GET_SIZE(args));
+        return nullptr;
+    }
+    bool ok = false;
+    try {
+        ok = matches(self, args);
+    } catch (const std::exception&) {
+        ok = false;
+    }
+    return PyBool_FromLong(ok);
+}
+
+PyTypeObject TensorMatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---------------------------------------------------------------------------------------------- StateSnapshot
+constexpr std::array<c10::DeviceType, 8> kAutocastDevices = {
+    c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU, c10::DeviceType::MPS,
+    c10::DeviceType::HPU, c10::DeviceType::XLA, c10::DeviceType::MTIA, c10::DeviceType::PrivateUse1};
+
+// autocast_known[i]: this torch has autocast for kAutocastDevices[i] (asking about another one throws); set once,
+// when the module is imported
+std::array<bool, kAutocastDevices.size()> autocast_known{};
+
+void find_autocast_devices() {
+    for (size_t i = 0; i < kAutocastDevices.size(); i++) {
+        try {
+            (void)at::autocast::is_autocast_enabled(kAutocastDevices[i]);
+            autocast_known[i] = true;
+        } catch (const std::exception&) {
+            autocast_known[i] = false;
+        }
+    }
+}
+
+// The thread's torch state. now() reads all of it; same_as(then) reads it again, cheapest parts first, and stops at
+// the first difference. The thread's local dispatch key set holds autocast's on/off for every device type (autocast
+// is on for a device type while its Autocast key is not excluded) and inference mode's keys, so the autocast dtypes
+// and cache flag are read only where autocast was on.
+struct State {
+    uint64_t tls_included, tls_excluded;
+    bool grad, inference;
+    bool autocast_any;                                              // autocast on for some device type
+    std::array<c10::ScalarType, kAutocastDevices.size()> autocast_dtype;   // Undefined where off or unknown
+    bool autocast_cache;
+    caffe2::TypeMeta default_dtype;
+    bool deterministic, deterministic_warn_only;
+    at::impl::TorchFunctionDisabledState torch_function;            // enabled, subclasses or all disabled
+    bool cublas_tf32;
+    // the reduced-precision flags are bools on some torch versions and enums on others
+    std::decay_t<decltype(std::declval<at::Context&>().allowFP16ReductionCuBLAS())> fp16_reduced;
+    std::decay_t<decltype(std::declval<at::Context&>().allowBF16ReductionCuBLAS())> bf16_reduced;
+    bool sdp_flash, sdp_mem_efficient, sdp_math, sdp_cudnn;
+    int threads;
+
+    static State now() {
+        State s{};
+        auto& ctx = at::globalContext();
+        const auto tls = c10::impl::tls_local_dispatch_key_set();
+        s.tls_included = tls.included_.raw_repr();
+        s.tls_excluded = tls.excluded_.raw_repr();
+        s.grad = c10::GradMode::is_enabled();
+        s.inference = c10::InferenceMode::is_enabled();
+        s.autocast_any = false;
+        for (size_t i = 0; i < kAutocastDevices.size(); i++) {
+            const bool on = autocast_known[i] && at::autocast::is_autocast_enabled(kAutocastDevices[i]);
+            s.autocast_dtype[i] = on ? at::autocast::get_autocast_dtype(kAutocastDevices[i])
+                                     : c10::ScalarType::Undefined;
+            s.autocast_any |= on;
+        }
+        s.autocast_cache = at::autocast::is_autocast_cache_enabled();
+        s.default_dtype = c10::get_default_dtype();
+        s.deterministic = ctx.deterministicAlgorithms();
+        s.deterministic_warn_only = ctx.deterministicAlgorithmsWarnOnly();
+        s.torch_function = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+        s.cublas_tf32 = ctx.allowTF32CuBLAS();
+        s.fp16_reduced = ctx.allowFP16ReductionCuBLAS();
+        s.bf16_reduced = ctx.allowBF16ReductionCuBLAS();
+        s.sdp_flash = ctx.userEnabledFlashSDP();
+        s.sdp_mem_efficient = ctx.userEnabledMemEfficientSDP();
+        s.sdp_math = ctx.userEnabledMathSDP();
+        s.sdp_cudnn = ctx.userEnabledCuDNNSDP();
+        s.threads = at::get_num_threads();
+        return s;
+    }
+
+    bool same_as_now() const {
+        const auto tls = c10::impl::tls_local_dispatch_key_set();
+        if (tls.included_.raw_repr() != tls_included || tls.excluded_.raw_repr() != tls_excluded) return false;
+        if (c10::GradMode::is_enabled() != grad || c10::InferenceMode::is_enabled() != inference) return false;
+        if (autocast_any) {             // on/off per device type is as then (the key set): compare what is on
+            for (size_t i = 0; i < kAutocastDevices.size(); i++) {
+                if (autocast_dtype[i] != c10::ScalarType::Undefined &&
+                    at::autocast::get_autocast_dtype(kAutocastDevices[i]) != autocast_dtype[i])
+                    return false;
+            }
+            if (at::autocast::is_autocast_cache_enabled() != autocast_cache) return false;
+        }
+        auto& ctx = at::globalContext();
+        return c10::get_default_dtype() == default_dtype && ctx.deterministicAlgorithms() == deterministic &&
+               ctx.deterministicAlgorithmsWarnOnly() == deterministic_warn_only &&
+               at::impl::PythonTorchFunctionTLS::get_disabled_state() == torch_function &&
+               ctx.allowFP16ReductionCuBLAS() == fp16_reduced && ctx.allowBF16ReductionCuBLAS() == bf16_reduced &&
+               ctx.userEnabledFlashSDP() == sdp_flash && ctx.userEnabledMemEfficientSDP() == sdp_mem_efficient &&
+               ctx.userEnabledMathSDP() == sdp_math && ctx.userEnabledCuDNNSDP() == sdp_cudnn &&
+               at::get_num_threads() == threads && ctx.allowTF32CuBLAS() == cublas_tf32;
+    }
+};
+
+struct StateSnapshot {
+    PyObject_HEAD
+    State state;
+};
+
+int state_snapshot_init(StateSnapshot* self, PyObject* args, PyObject* kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "StateSnapshot() takes no arguments");
+        return -1;
+    }
+    try {
+        self->state = State::now();
+    } catch (const std::exception& e) {
+        PyErr_Format(PyExc_RuntimeError, "StateSnapshot: %s", e.what());
+        return -1;
+    }
+    return 0;
+}
+
+PyObject* state_snapshot_call(StateSnapshot* self, PyObject* args, PyObject* kwargs) {
+    if (PyTuple_GET_SIZE(args) || (kwargs && PyDict_GET_SIZE(kwargs))) {
+        PyErr_SetString(PyExc_TypeError, "a StateSnapshot is called with no arguments");
+        return nullptr;
+    }
+    bool same = false;
+    try {
+        same = self->state.same_as_now();
+    } catch (const std::exception&) {
+        same = false;
+    }
+    return PyBool_FromLong(same);
+}
+
+PyTypeObject StateSnapshotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// --------------------------------------------------------------------------------------------------- module
+// The C function behind the DATA_PTR capsule, for gearcache._callpath's alignment checks: 0 and the address of the
+// tensor's first element (tensor.data_ptr()), or -1 (not a tensor, or no data: the caller asks Python instead).
+// No Python error is set either way.
+extern "C" int gearcache_data_ptr(PyObject* obj, uintptr_t* out) noexcept {
+    if (!THPVariable_Check(obj)) return -1;
+    try {
+        *out = reinterpret_cast<uintptr_t>(THPVariable_Unpack(obj).const_data_ptr());
+        return 0;
+    } catch (const std::exception&) {
+        return -1;
+    }
+}
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "gearcache_native_guards", "gearcache's native dispatch checks",
+                          -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_gearcache_native_guards(void) {
+    TensorMatchType.tp_name = "gearcache_native_guards.TensorMatch";
+    TensorMatchType.tp_basicsize = sizeof(TensorMatch);
+    TensorMatchType.tp_flags = Py_TPFLAGS_DEFAULT;
+    TensorMatchType.tp_doc = "match(*tensors) -> bool: the tensors' metadata as at construction";
+    TensorMatchType.tp_new = PyType_GenericNew;
+    TensorMatchType.tp_init = reinterpret_cast<initproc>(tensor_match_init);
+    TensorMatchType.tp_dealloc = reinterpret_cast<destructor>(tensor_match_dealloc);
+    TensorMatchType.tp_call = reinterpret_cast<ternaryfunc>(tensor_match_call);
+    StateSnapshotType.tp_name = "gearcache_native_guards.StateSnapshot";
+    StateSnapshotType.tp_basicsize = sizeof(StateSnapshot);
+    StateSnapshotType.tp_flags = Py_TPFLAGS_DEFAULT;
+    StateSnapshotType.tp_doc = "same() -> bool: the thread's torch state as at construction";
+    StateSnapshotType.tp_new = PyType_GenericNew;
+    StateSnapshotType.tp_init = reinterpret_cast<initproc>(state_snapshot_init);
+    StateSnapshotType.tp_call = reinterpret_cast<ternaryfunc>(state_snapshot_call);
+    find_autocast_devices();
+    if (PyType_Ready(&TensorMatchType) < 0 || PyType_Ready(&StateSnapshotType) < 0) return nullptr;
+    PyObject* m = PyModule_Create(&module_def);
+    if (!m) return nullptr;
+    PyObject* data_ptr = PyCapsule_New(reinterpret_cast<void*>(&gearcache_data_ptr), "gearcache.data_ptr", nullptr);
+    if (!data_ptr || PyModule_AddObject(m, "DATA_PTR", data_ptr) < 0) {
+        Py_XDECREF(data_ptr);
+        Py_DECREF(m);
+        return nullptr;
+    }
+    if (PyModule_AddStringConstant(m, "BUILD_KEY", GEARCACHE_BUILD_KEY) < 0 ||
+        PyModule_AddObjectRef(m, "TensorMatch", reinterpret_cast<PyObject*>(&TensorMatchType)) < 0 ||
+        PyModule_AddObjectRef(m, "StateSnapshot", reinterpret_cast<PyObject*>(&StateSnapshotType)) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}
