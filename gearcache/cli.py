@@ -8,6 +8,7 @@
     gearcache prune --older-than DAYS ...  delete entries (a dry run unless --yes)
     gearcache warmup MODULE:FACTORY        compile or load every gear of a model's cached methods
     gearcache stats                        totals across the folder
+    gearcache native [status|build]        gearcache's native checks for this torch (gearcache/native/): where, built?
     gearcache push / pull --remote URL     a fleet's remote store (and ls/inspect/verify/stats/prune --remote URL):
                                            gearcache/cli_remote.py
 
@@ -906,6 +907,30 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return OK
 
 
+# ========================================================================================================== native
+def cmd_native(args: argparse.Namespace) -> int:
+    """``status``: the native checks' folder, key and state; ``build``: build them now (exit 1 if that fails)."""
+    from . import native
+    from .native import build
+
+    if args.action == "build":
+        try:
+            build.build()
+        except native.NativeBuildError as exc:
+            raise CliError(str(exc), FAILED) from exc
+    doc = native.status()
+    doc["loaded_in_this_process"] = native.guards(build_if_missing=False) is not None
+
+    def human() -> str:
+        state = "built" if doc["built"] else ("failed (see build.log)" if doc["failed"] else "not built")
+        lines = [f"native checks: {state}{'' if doc['enabled'] else ' (turned off: GEARCACHE_NATIVE=0)'}",
+                 f"folder: {os.path.join(doc['dir'], doc['key'])}",
+                 *[f"  {name}: {value}" for name, value in doc["key_parts"].items()]]
+        return "\n".join(lines)
+    _emit(args, doc, human)
+    return OK
+
+
 # ========================================================================================================== main
 def build_parser() -> argparse.ArgumentParser:
     from . import cli_remote
@@ -970,6 +995,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", parents=[common], help="totals",
                        description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste.")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("native", help="gearcache's native checks for this torch: status, or build them now",
+                       description="The dispatch shortcut's checks compiled against this torch's headers "
+                                   "(gearcache/native/): where they live, their build key and whether they are "
+                                   "built; `build` builds them now (a process that lacks them starts that in the "
+                                   "background). Ignores --cache-dir: they live in $GEARCACHE_NATIVE_DIR, else "
+                                   "~/.cache/gearcache/native.")
+    p.add_argument("action", nargs="?", choices=("status", "build"), default="status")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.set_defaults(func=cmd_native)
 
     cli_remote.add_commands(sub, common)
     return parser

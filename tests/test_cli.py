@@ -332,3 +332,16 @@ def test_prune_leaves_an_artifact_a_live_process_uses(cache_copy):
     assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]
     assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]
     assert len(done["deleted_artifacts"]) == 1
+
+
+# ========================================================================================================== native
+def test_native_status_says_where_the_native_checks_are_and_build_says_why_it_failed(native_checks, tmp_path):
+    built = as_json(gc("native", "--json"))
+    assert built["built"] and built["loaded_in_this_process"] and built["enabled"]
+    assert Path(built["dir"], built["key"], "gearcache_native_guards.so").samefile(native_checks)
+    empty = gc("native", env=_env(GEARCACHE_NATIVE_DIR=str(tmp_path)))
+    assert empty.returncode == 0 and "native checks: not built" in empty.stdout and str(tmp_path) in empty.stdout
+    failed = gc("native", "build", env=_env(GEARCACHE_NATIVE_DIR=str(tmp_path), CXX="false"))
+    assert failed.returncode == 1
+    assert "building gearcache's native checks failed" in failed.stderr and "build.log" in failed.stderr
+    assert "failed (see build.log)" in gc("native", env=_env(GEARCACHE_NATIVE_DIR=str(tmp_path))).stdout
