@@ -1,6 +1,5 @@
 """gearcache.native: the native checks answer as Dynamo's do (and see more of the state), are loaded only when built
 for this torch and safe to load, and are built in the background by the first process that lacks them."""
-import contextlib
 import os
 import shutil
 import stat
@@ -10,6 +9,7 @@ import time
 
 import pytest
 import torch
+from torch_settings import attribute, setting
 
 from gearcache import _torch_compat as compat
 from gearcache import native
@@ -70,6 +70,8 @@ def test_tensor_match_checks_its_arguments(module):
         module.TensorMatch((a, 3))
     with pytest.raises(TypeError, match="not a plain strided tensor"):
         module.TensorMatch((torch.eye(3).to_sparse(),))
+    with pytest.raises(TypeError, match="not initialised"):
+        module.TensorMatch.__new__(module.TensorMatch)(a)
 
 
 def test_a_sparse_tensor_gets_dynamos_check(module):
@@ -80,20 +82,6 @@ def test_a_sparse_tensor_gets_dynamos_check(module):
 
 
 # --------------------------------------------------------------------------------------------- StateSnapshot
-@contextlib.contextmanager
-def _setting(get, set_, value):
-    before = get()
-    set_(value)
-    try:
-        yield
-    finally:
-        set_(before)
-
-
-def _attr(obj, name, value):
-    return _setting(lambda: getattr(obj, name), lambda v: setattr(obj, name, v), value)
-
-
 matmul = torch.backends.cuda.matmul
 STATES = {
     "grad on": lambda: torch.enable_grad(),
@@ -101,31 +89,31 @@ STATES = {
     "autocast cpu": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
     "autocast cpu float16": lambda: torch.autocast("cpu", dtype=torch.float16),
     "autocast cache off": lambda: torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False),
-    "default dtype": lambda: _setting(torch.get_default_dtype, torch.set_default_dtype, torch.float64),
-    "deterministic": lambda: _setting(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms,
+    "default dtype": lambda: setting(torch.get_default_dtype, torch.set_default_dtype, torch.float64),
+    "deterministic": lambda: setting(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms,
                                       True),
-    "deterministic warn only": lambda: _setting(
+    "deterministic warn only": lambda: setting(
         lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
         lambda v: torch.use_deterministic_algorithms(v[0], warn_only=v[1]), (True, True)),
     "torch function for subclasses disabled": lambda: torch._C.DisableTorchFunctionSubclass(),
     "all torch function disabled": lambda: torch._C.DisableTorchFunction(),
-    "cuBLAS TF32": lambda: _attr(matmul, "allow_tf32", not matmul.allow_tf32),
-    "fp16 reduced precision": lambda: _attr(matmul, "allow_fp16_reduced_precision_reduction",
+    "cuBLAS TF32": lambda: attribute(matmul, "allow_tf32", not matmul.allow_tf32),
+    "fp16 reduced precision": lambda: attribute(matmul, "allow_fp16_reduced_precision_reduction",
                                             not matmul.allow_fp16_reduced_precision_reduction),
-    "bf16 reduced precision": lambda: _attr(matmul, "allow_bf16_reduced_precision_reduction",
+    "bf16 reduced precision": lambda: attribute(matmul, "allow_bf16_reduced_precision_reduction",
                                             not matmul.allow_bf16_reduced_precision_reduction),
-    "float32 matmul precision": lambda: _setting(torch.get_float32_matmul_precision,
+    "float32 matmul precision": lambda: setting(torch.get_float32_matmul_precision,
                                                  torch.set_float32_matmul_precision, "medium"),
-    **{f"SDPA {name}": (lambda name=name: _setting(getattr(torch.backends.cuda, f"{name}_sdp_enabled"),
+    **{f"SDPA {name}": (lambda name=name: setting(getattr(torch.backends.cuda, f"{name}_sdp_enabled"),
                                                    getattr(torch.backends.cuda, f"enable_{name}_sdp"),
                                                    not getattr(torch.backends.cuda, f"{name}_sdp_enabled")()))
        for name in ("flash", "mem_efficient", "math", "cudnn")},
-    "thread count": lambda: _setting(torch.get_num_threads, torch.set_num_threads, torch.get_num_threads() + 1),
+    "thread count": lambda: setting(torch.get_num_threads, torch.set_num_threads, torch.get_num_threads() + 1),
 }
 
 
 def cudnn_tf32():
-    return _attr(torch.backends.cudnn, "allow_tf32", not torch.backends.cudnn.allow_tf32)
+    return attribute(torch.backends.cudnn, "allow_tf32", not torch.backends.cudnn.allow_tf32)
 
 
 @pytest.mark.parametrize("name", STATES)

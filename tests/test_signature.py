@@ -1,9 +1,9 @@
-import contextlib
 import json
 import threading
 
 import pytest
 import torch
+from torch_settings import attribute, setting
 
 import gearcache
 from gearcache import _torch_compat as compat
@@ -164,33 +164,13 @@ def test_matcher_is_only_made_for_positional_tensors_with_grad_off():
 GLOBAL_STATES = {
     "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
     "autocast_dtype": lambda: torch.autocast("cpu", dtype=torch.float16),
-    "default_dtype": lambda: _setting(torch.get_default_dtype, torch.set_default_dtype, torch.float64),
-    "deterministic": lambda: _setting(torch.are_deterministic_algorithms_enabled,
+    "default_dtype": lambda: setting(torch.get_default_dtype, torch.set_default_dtype, torch.float64),
+    "deterministic": lambda: setting(torch.are_deterministic_algorithms_enabled,
                                       torch.use_deterministic_algorithms, True),
-    "cuda_tf32": lambda: _attr(torch.backends.cuda.matmul, "allow_tf32", True),
-    "cudnn_sdp": lambda: _setting(torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp,
+    "cuda_tf32": lambda: attribute(torch.backends.cuda.matmul, "allow_tf32", True),
+    "cudnn_sdp": lambda: setting(torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.enable_cudnn_sdp,
                                   False),
 }
-
-
-@contextlib.contextmanager
-def _setting(get, set_, value):
-    before = get()
-    set_(value)
-    try:
-        yield
-    finally:
-        set_(before)
-
-
-@contextlib.contextmanager
-def _attr(obj, name, value):
-    before = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, before)
 
 
 @pytest.mark.parametrize("name", [n for n in GLOBAL_STATES if n != "cudnn_sdp"])

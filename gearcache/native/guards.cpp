@@ -152,6 +152,10 @@ PyObject* tensor_match_call(TensorMatch* self, PyObject* args, PyObject* kwargs)
         PyErr_SetString(PyExc_TypeError, "TensorMatch takes positional tensors only");
         return nullptr;
     }
+    if (!self->expected) {
+        PyErr_SetString(PyExc_TypeError, "TensorMatch was not initialised: make it with TensorMatch(tensors)");
+        return nullptr;
+    }
     if (PyTuple_GET_SIZE(args) != static_cast<Py_ssize_t>(self->expected->size())) {
         PyErr_Format(PyExc_TypeError, "TensorMatch made for %zd tensors called with %zd arguments",
                      static_cast<Py_ssize_t>(self->expected->size()), PyTuple_GET_SIZE(args));
@@ -311,27 +315,29 @@ extern "C" int gearcache_data_ptr(PyObject* obj, uintptr_t* out) noexcept {
     }
 }
 
+void init_type(PyTypeObject& type, const char* name, size_t size, const char* doc, initproc init, ternaryfunc call) {
+    type.tp_name = name;
+    type.tp_basicsize = static_cast<Py_ssize_t>(size);
+    type.tp_flags = Py_TPFLAGS_DEFAULT;
+    type.tp_doc = doc;
+    type.tp_new = PyType_GenericNew;
+    type.tp_init = init;
+    type.tp_call = call;
+}
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "gearcache_native_guards", "gearcache's native dispatch checks",
                           -1, nullptr};
 
 }  // namespace
 
 PyMODINIT_FUNC PyInit_gearcache_native_guards(void) {
-    TensorMatchType.tp_name = "gearcache_native_guards.TensorMatch";
-    TensorMatchType.tp_basicsize = sizeof(TensorMatch);
-    TensorMatchType.tp_flags = Py_TPFLAGS_DEFAULT;
-    TensorMatchType.tp_doc = "match(*tensors) -> bool: the tensors' metadata as at construction";
-    TensorMatchType.tp_new = PyType_GenericNew;
-    TensorMatchType.tp_init = reinterpret_cast<initproc>(tensor_match_init);
+    init_type(TensorMatchType, "gearcache_native_guards.TensorMatch", sizeof(TensorMatch),
+              "match(*tensors) -> bool: the tensors' metadata as at construction",
+              reinterpret_cast<initproc>(tensor_match_init), reinterpret_cast<ternaryfunc>(tensor_match_call));
     TensorMatchType.tp_dealloc = reinterpret_cast<destructor>(tensor_match_dealloc);
-    TensorMatchType.tp_call = reinterpret_cast<ternaryfunc>(tensor_match_call);
-    StateSnapshotType.tp_name = "gearcache_native_guards.StateSnapshot";
-    StateSnapshotType.tp_basicsize = sizeof(StateSnapshot);
-    StateSnapshotType.tp_flags = Py_TPFLAGS_DEFAULT;
-    StateSnapshotType.tp_doc = "same() -> bool: the thread's torch state as at construction";
-    StateSnapshotType.tp_new = PyType_GenericNew;
-    StateSnapshotType.tp_init = reinterpret_cast<initproc>(state_snapshot_init);
-    StateSnapshotType.tp_call = reinterpret_cast<ternaryfunc>(state_snapshot_call);
+    init_type(StateSnapshotType, "gearcache_native_guards.StateSnapshot", sizeof(StateSnapshot),
+              "same() -> bool: the thread's torch state as at construction",
+              reinterpret_cast<initproc>(state_snapshot_init), reinterpret_cast<ternaryfunc>(state_snapshot_call));
     find_autocast_devices();
     if (PyType_Ready(&TensorMatchType) < 0 || PyType_Ready(&StateSnapshotType) < 0) return nullptr;
     PyObject* m = PyModule_Create(&module_def);
