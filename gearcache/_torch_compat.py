@@ -239,7 +239,7 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
     if native is not None:
         try:
             return native.TensorMatch(tuple(tensors))
-        except TypeError:       # not all plain strided tensors (sparse, nested, symbolic): Dynamo's check
+        except (TypeError, RuntimeError):     # not all plain strided tensors (sparse, nested, symbolic): Dynamo's
             pass
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     tensor_guards = getattr(guards, "TensorGuards", None)
