@@ -1,7 +1,7 @@
 """gearcache's native checks: the dispatch shortcut's tensor and torch-state checks compiled against the headers of
 the torch that runs them (``guards.cpp``: what they check and why). Optional: without them gearcache uses Dynamo's
-checks (``torch._C._dynamo.guards``), which answer the same questions more slowly (~5 of the ~8 µs gearcache adds
-to a call).
+checks (``torch._C._dynamo.guards``), which answer the same questions more slowly (~5,400 instructions per call of
+a decode step against ~1,000; docs/DESIGN.md, "Call path").
 
 The module is built once per machine and torch build, outside any call: the first process that wants it and finds
 none starts ``python -m gearcache.native.build --if-idle`` in the background (``build.py``) and goes on with Dynamo's
