@@ -213,3 +213,20 @@ def test_a_process_without_the_module_builds_it_in_the_background(tmp_path):
     later = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert later.returncode == 0, later.stderr
     assert later.stdout.split() == ["True", "TensorMatch", "True"]
+
+
+def test_processes_building_at_once_compile_once(tmp_path):
+    """Two builds of the same key at once: one compiles, the other waits on the lock and finds the module."""
+    counter = tmp_path / "compiles"
+    cxx = tmp_path / "counting-c++"
+    cxx.write_text(f'#!/bin/sh\necho x >> "{counter}"\nexec "{native_build.compiler()}" "$@"\n')
+    cxx.chmod(0o755)
+    env = {**os.environ, "GEARCACHE_NATIVE_DIR": str(tmp_path / "native"), "CXX": str(cxx)}
+    procs = [subprocess.Popen([sys.executable, "-m", "gearcache.native.build"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    paths = {out.strip() for out, _ in results}
+    assert len(paths) == 1 and os.path.exists(paths.pop())
+    assert counter.read_text().count("x") == 1
+    assert list((tmp_path / "native").glob("*/.build-*")) == []
