@@ -918,8 +918,8 @@ def cmd_native(args: argparse.Namespace) -> int:
             build.build()
         except native.NativeBuildError as exc:
             raise CliError(str(exc), FAILED) from exc
+    native.guards(build_if_missing=False)           # load it if it is there: status() then says so
     doc = native.status()
-    doc["loaded_in_this_process"] = native.guards(build_if_missing=False) is not None
 
     def human() -> str:
         state = "built" if doc["built"] else ("failed (see build.log)" if doc["failed"] else "not built")

@@ -76,9 +76,10 @@ def build_key_parts() -> list[tuple[str, str]]:
             ("platform", f"{sys.platform} {platform.machine()}")]
 
 
-def build_key() -> str:
+def build_key(parts: list[tuple[str, str]] | None = None) -> str:
+    """The key of ``parts`` (default: :func:`build_key_parts`)."""
     digest = hashlib.sha256()
-    for name, value in build_key_parts():
+    for name, value in parts if parts is not None else build_key_parts():
         digest.update(f"{name}={value}\n".encode())
         log.debug("native build key part %s: %s", name, hashlib.sha256(value.encode()).hexdigest()[:12])
     return digest.hexdigest()[:24]
@@ -89,11 +90,13 @@ def key_dir(key: str) -> str:
 
 
 class _Loaded:
-    """This process's view: the module once loaded, and whether a background build was started."""
+    """This process's view: the module once loaded (or refused: not tried again), and whether a background build
+    was started."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.module: ModuleType | None = None
+        self.refused = False
         self.key: str | None = None
         self.build_started = False
 
@@ -105,13 +108,13 @@ def guards(*, build_if_missing: bool = True) -> ModuleType | None:
     """The loaded native module, or None (disabled, not built yet, or refused: see the module docstring). On the
     first call that finds none, starts the background build unless ``build_if_missing`` is False or an earlier try
     failed. ``$GEARCACHE_NATIVE`` is read at every call (``0``: None). Cheap after the first call: a process loads
-    the module at most once; while it is missing each call costs one ``stat``."""
+    (or refuses) the module at most once; while it is missing each call costs one ``stat``."""
     if not enabled():
         return None
-    if _loaded.module is not None:
+    if _loaded.module is not None or _loaded.refused:
         return _loaded.module
     with _loaded.lock:
-        if _loaded.module is not None:
+        if _loaded.module is not None or _loaded.refused:
             return _loaded.module
         if _loaded.key is None:
             _loaded.key = build_key()
@@ -119,6 +122,7 @@ def guards(*, build_if_missing: bool = True) -> ModuleType | None:
         path = os.path.join(folder, MODULE_FILE)
         if os.path.exists(path):
             _loaded.module = _load(path, _loaded.key)
+            _loaded.refused = _loaded.module is None
             return _loaded.module
         if build_if_missing and not _loaded.build_started and not os.path.exists(os.path.join(folder, FAILED_FILE)):
             _loaded.build_started = True
@@ -172,9 +176,10 @@ def _start_background_build() -> None:
 
 def status() -> dict:
     """For ``gearcache native status`` and diagnostics: the switch, the key, its folder and what is in it."""
-    key = build_key()
+    parts = build_key_parts()
+    key = build_key(parts)
     folder = key_dir(key)
-    return {"enabled": enabled(), "dir": native_dir(), "key": key, "key_parts": dict(build_key_parts()),
+    return {"enabled": enabled(), "dir": native_dir(), "key": key, "key_parts": dict(parts),
             "built": os.path.exists(os.path.join(folder, MODULE_FILE)),
             "failed": os.path.exists(os.path.join(folder, FAILED_FILE)),
             "loaded_in_this_process": _loaded.module is not None}

@@ -28,10 +28,8 @@ COMPILE_TIMEOUT_S = 600
 
 def compiler() -> str | None:
     """The C++ compiler: ``$CXX``, else ``c++``, ``g++`` or ``clang++`` on the PATH; None if there is none."""
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    found = (shutil.which(name) for name in (os.environ.get("CXX"), "c++", "g++", "clang++") if name)
+    return next((path for path in found if path), None)
 
 
 def compile_command(cxx: str, output: str, key: str) -> list[str]:
