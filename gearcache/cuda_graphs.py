@@ -7,9 +7,11 @@ first call; the capture time is counted (``counters.graph_captures``, ``counters
 Per graph, every tensor input that is not a weight gets a static buffer. A call copies (and pads) its inputs into the
 buffers in one step per input (a fill of the pad value, then the copy of the real rows), replays, cuts the outputs
 back to the call's sizes and returns copies of them (``inference_config.graph_outputs = "copy"``, the default), or
-views into the graph's static outputs (``"view"``: the next replay of that gear overwrites them). ``"view-checked"``
-catches misuse of such views: each call hands out views through storages of their own, and the next call of that
-gear makes the previous ones raise on any access (torch's CUDA-graph trees check their outputs the same way).
+views into the graph's static outputs (``"view"``). Such views hold until the method's next call, whatever its gear:
+the gears' graphs share one memory pool, so a gear captured after another may keep its static outputs in memory the
+other's graph uses for its intermediates, and a replay of either can overwrite the other's outputs. ``"view-checked"``
+catches misuse of such views: each call hands out views through storages of their own, and the method's next call
+makes every earlier one raise on any access (torch's CUDA-graph trees check their outputs the same way).
 
 Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
 then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
@@ -63,19 +65,6 @@ class GraphedEntry:
         self.entry, self.graph, self.outs = entry, graph, outs
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
-        self.handed_out: list[torch.Tensor] = []      # "view-checked": views returned by the last call
-
-    def checked_views(self, outs: list, name: str) -> list:
-        """Views of ``outs`` through storages of their own; the views the previous call returned stop being
-        readable (any access raises)."""
-        message = (f"gearcache: this output of {name} is a view into its CUDA graph's static output, overwritten by a "
-                   f"later call of the same gear (graph_outputs='view-checked'). Fix: .clone() it before calling "
-                   f"again, or use graph_outputs='copy'")
-        for old in self.handed_out:
-            compat.forbid_storage_access(old, message)
-        views = [compat.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
-        self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
-        return views
 
     def run(self, leaves: tuple) -> list:
         _fill(self, leaves)
@@ -98,9 +87,17 @@ class CudaGraphs:
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side = self._capture_stream = None
         self.timeline: Any = None       # set by warmup(): captures then record their phases in its Timeline
+        self.handed_out: list[torch.Tensor] = []        # "view-checked": the views the last call returned
+
+    def __del__(self) -> None:
+        # The views "view-checked" handed out do not keep the pool's memory: make them raise rather than read it
+        # once it is gone (at interpreter exit torch may be half torn down: nothing to protect then).
+        with contextlib.suppress(Exception):
+            self._retire_views()
 
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
+        self._retire_views()
         self.graphs.clear()
         self.pool = None
 
@@ -116,6 +113,7 @@ class CudaGraphs:
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         else:
             counters.hits += 1
+        self._retire_views()
         outs = graphed.run(leaves)
         if plan is not None:
             outs = plan.cut(graphed.entry, outs, leaves)
@@ -123,8 +121,27 @@ class CudaGraphs:
         if mode == "copy":
             outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
         elif mode == "view-checked":
-            outs = graphed.checked_views(outs, self.cached.name)
+            outs = self._checked_views(outs)
         return graphed.entry.build(outs, leaves)
+
+    def _checked_views(self, outs: list) -> list:
+        """``"view-checked"``: views of ``outs`` through storages of their own, retired by the method's next call."""
+        views = [compat.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
+        self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
+        return views
+
+    def _retire_views(self) -> None:
+        """Make the views the last call handed out raise on any access (before any graph of the method replays: the
+        gears share one pool, so any replay may overwrite them; and before ``reset`` drops the graphs)."""
+        if not self.handed_out:
+            return
+        message = (f"gearcache: this output of {self.cached.name} is a view into a CUDA graph's static output, "
+                   f"overwritten by a later call of the same method, whatever its gear "
+                   f"(graph_outputs='view-checked'). Fix: .clone() it before calling again, or use "
+                   f"graph_outputs='copy'")
+        for old in self.handed_out:
+            compat.forbid_storage_access(old, message)
+        self.handed_out = []
 
     @staticmethod
     def _graph_key(plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:

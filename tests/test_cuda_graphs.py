@@ -174,10 +174,48 @@ def test_view_checked_outputs_raise_when_read_after_the_next_call(tmp_path):
         assert torch.allclose(first, m.fwd(x1)[0], atol=1e-5)        # readable until the next call
         second, _ = m.cached(x2)
         assert torch.allclose(second, m.fwd(x2)[0], atol=1e-5)
-        with pytest.raises(RuntimeError, match="overwritten by a later call of the same gear"):
+        with pytest.raises(RuntimeError, match="overwritten by a later call of the same method"):
             first.sum().item()
         third, _ = m.cached(x1)
         assert torch.allclose(third, m.fwd(x1)[0], atol=1e-5)
+
+
+@needs_cuda
+def test_view_checked_outputs_raise_after_a_call_of_another_gear(tmp_path):
+    """The gears' graphs share one pool: a gear captured later may keep its outputs where an earlier gear's graph
+    keeps its intermediates, so a call of any gear retires every view handed out before it."""
+    cfg = _config(x={0: [1, 2, 4, 8]})
+    cfg.inference_config.graph_outputs = "view-checked"
+    m = Step(tmp_path, cfg).cuda()
+    with torch.inference_mode():
+        m.cached.warmup(torch.randn(8, 8, device="cuda"))
+        small = torch.randn(2, 8, device="cuda")
+        out, _ = m.cached(small)
+        assert torch.allclose(out, m.fwd(small)[0], atol=1e-5)
+        m.cached(torch.randn(8, 8, device="cuda"))                         # another gear
+        with pytest.raises(RuntimeError, match="overwritten by a later call of the same method"):
+            out.sum().item()
+        last, _ = m.cached(small)
+        m.cached.graphs.reset()                                             # the graphs and their pool are dropped
+        with pytest.raises(RuntimeError, match="overwritten by a later call of the same method"):
+            last.sum().item()
+
+
+@needs_cuda
+def test_copied_outputs_of_every_gear_stay_right_across_calls_of_the_others(tmp_path):
+    """graph_outputs="copy" (the default): each output is the caller's, whatever the other gears' replays write."""
+    m = Step(tmp_path, _config(x={0: [1, 2, 4, 8]})).cuda()
+    torch.manual_seed(0)
+    xs = [torch.randn(b, 8, device="cuda") for b in (1, 2, 3, 4, 5, 8)]
+    with torch.inference_mode():
+        m.cached.warmup(torch.randn(8, 8, device="cuda"))
+        kept = [m.cached(x) for x in xs]
+        for x in reversed(xs):
+            m.cached(x)
+        for x, (out, total) in zip(xs, kept):
+            ref_out, ref_total = m.fwd(x)
+            torch.testing.assert_close(out, ref_out)
+            torch.testing.assert_close(total, ref_total)
 
 
 def test_storage_alias_views_the_same_memory_through_its_own_storage():
