@@ -20,16 +20,16 @@ def p50_us(call: Callable[[], object], n: int, sync: Callable[[], None], warmup:
     return statistics.median(times) / 1e3
 
 
-def step_us(fn, inputs, device: str = "cuda") -> float:
-    """One decode step in µs: the median over 10 repeats of (20 back-to-back ``fn(*inputs)``) / 20, after 5 warm-up
-    calls; CUDA-event time on a GPU, wall time otherwise."""
+def step_us(fn, inputs, device: str = "cuda", repeats: int = 10) -> float:
+    """One decode step in µs: the median over ``repeats`` repeats of (20 back-to-back ``fn(*inputs)``) / 20, after 5
+    warm-up calls; CUDA-event time on a GPU, wall time otherwise."""
     import torch
 
     for _ in range(5):
         fn(*inputs)
     if not device.startswith("cuda"):
         per = []
-        for _ in range(10):
+        for _ in range(repeats):
             t = time.perf_counter()
             for _ in range(20):
                 fn(*inputs)
@@ -37,7 +37,7 @@ def step_us(fn, inputs, device: str = "cuda") -> float:
         return statistics.median(per)
     torch.cuda.synchronize()
     per_step = []
-    for _ in range(10):
+    for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(20):

@@ -4,10 +4,14 @@ CUDA graphs, side by side in one process.
     python benchmarks/decode_step.py [--cache-dir DIR] [--sdpa no-cudnn]
 
 Reference decoder (hidden 1024, 8 layers, bf16), decode step at B = 1, 8, 32: per step = the median over 10 repeats of
-(CUDA-event time of 20 back-to-back steps) / 20. gearcache serves every batch through gears 1, 2, 4, ..., 64 (zip over
-x's and the KV cache's batch dims). Then, for gearcache with CUDA graphs: capture time and GPU memory of the 7 gears'
-graphs, a batch sweep 1..64 (compiles after warm-up, padding waste), and a warm start in a fresh process (every gear
-loaded from the folder with empty Inductor/Triton caches, and captured).
+(CUDA-event time of 20 back-to-back steps) / 20. The four CUDA-graph rows (torch.compile reduce-overhead and
+gearcache's three) are measured in 5 alternating rounds of 4 repeats each, median of the 20: they differ by ~1 %,
+and a drift of the host over the run then hits each alike. gearcache with CUDA graphs runs once per
+``graph_outputs``: copies (the default), views, and view-checked (the contract of reduce-overhead's outputs:
+overwritten by the next run, an error if read after it). gearcache serves every batch through gears 1, 2, 4, ..., 64
+(zip over x's and the KV cache's batch dims). Then, for gearcache with CUDA graphs: capture time and GPU memory of the
+7 gears' graphs, a batch sweep 1..64 (compiles after warm-up, padding waste), and a warm start in a fresh process
+(every gear loaded from the folder with empty Inductor/Triton caches, and captured).
 
 ``--sdpa no-cudnn`` turns cuDNN's attention off for every path (``torch.backends.cuda.enable_cudnn_sdp(False)`` at
 the start of each process: the decoder's masked attention then runs mem-efficient attention). cuDNN builds an
@@ -17,6 +21,7 @@ execution plan per new shape (~40 ms each on an H200, and threads do not overlap
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +32,7 @@ sys.path.insert(0, HERE)
 from _timing import step_us  # noqa: E402
 GEARS = [1, 2, 4, 8, 16, 32, 64]
 BATCHES = (1, 8, 32)
+ROUNDS = 5          # alternating rounds over the CUDA-graph paths
 
 
 def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: str = "warmup"):
@@ -111,10 +117,9 @@ def main() -> None:
     with torch.inference_mode():
         model = ref.make("cuda", dtype)
         rows["eager"] = {b: step_us(model.decode, inputs[b]) for b in BATCHES}
-        for name, mode in (("torch.compile", None), ("torch.compile reduce-overhead", "reduce-overhead")):
-            torch._dynamo.reset()
-            fn = torch.compile(model.decode, fullgraph=True, dynamic=False, mode=mode)
-            rows[name] = {b: step_us(fn, inputs[b]) for b in BATCHES}
+        torch._dynamo.reset()
+        fn = torch.compile(model.decode, fullgraph=True, dynamic=False)
+        rows["torch.compile"] = {b: step_us(fn, inputs[b]) for b in BATCHES}
         torch._dynamo.reset()
         plain = make_cached(ref, "default", cache_dir)
         t0 = time.perf_counter()
@@ -132,11 +137,30 @@ def main() -> None:
         capture_s = time.perf_counter() - t0
         capture_only = counters.capture_seconds - cap0
         graph_mem = torch.cuda.memory_reserved() - mem0
-        rows["gearcache + CUDA graphs"] = {b: step_us(graphed.cached_decode, inputs[b]) for b in BATCHES}
         views = make_cached(ref, "reduce-overhead", cache_dir, outputs="view")
         views.cached_decode.warmup(*ref.inputs(64, "cuda", dtype))
-        rows["gearcache + CUDA graphs, views"] = {b: step_us(views.cached_decode, inputs[b]) for b in BATCHES}
-        del views
+        checked = make_cached(ref, "reduce-overhead", cache_dir, outputs="view-checked")
+        checked.cached_decode.warmup(*ref.inputs(64, "cuda", dtype))
+        torch._dynamo.reset()
+        reduce_overhead = torch.compile(model.decode, fullgraph=True, dynamic=False, mode="reduce-overhead")
+        for b in BATCHES:                                      # compile and record each batch size
+            for _ in range(3):
+                reduce_overhead(*inputs[b])
+        # The graphed paths differ by ~1 %: measured in alternating rounds, so drift over the run hits each alike.
+        graphed_paths = {"torch.compile reduce-overhead": reduce_overhead,
+                         "gearcache + CUDA graphs": graphed.cached_decode,
+                         "gearcache + CUDA graphs, views": views.cached_decode,
+                         "gearcache + CUDA graphs, view-checked": checked.cached_decode}
+        samples = {name: {b: [] for b in BATCHES} for name in graphed_paths}
+        for _ in range(ROUNDS):
+            for name, fn in graphed_paths.items():
+                for b in BATCHES:
+                    samples[name][b].append(step_us(fn, inputs[b], repeats=4))
+        for name in graphed_paths:
+            rows[name] = {b: statistics.median(samples[name][b]) for b in BATCHES}
+        order = ["eager", "torch.compile", "torch.compile reduce-overhead", "gearcache", *list(graphed_paths)[1:]]
+        rows = {name: rows[name] for name in order}
+        del views, checked
         # sweep
         before = counters.compiles + counters.traces
         total, padded, real = 0.0, 0, 0
@@ -167,13 +191,18 @@ def main() -> None:
 
     print(f"decode step, reference decoder bf16, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"attention backends: {opts.sdpa}")
-    print(f"{'path':34}" + "".join(f"{'B=' + str(b):>11}" for b in BATCHES) + "   (us per step, median)")
+    print(f"{'path':40}" + "".join(f"{'B=' + str(b):>11}" for b in BATCHES) + "   (us per step, median)")
     for name, r in rows.items():
-        print(f"{name:34}" + "".join(f"{r[b]:>11.0f}" for b in BATCHES))
+        print(f"{name:40}" + "".join(f"{r[b]:>11.0f}" for b in BATCHES))
     g, t, ro = rows["gearcache + CUDA graphs"], rows["torch.compile"], rows["torch.compile reduce-overhead"]
-    v = rows["gearcache + CUDA graphs, views"]
+    v, vc = rows["gearcache + CUDA graphs, views"], rows["gearcache + CUDA graphs, view-checked"]
     print(f"\nB=1: gearcache + CUDA graphs is {t[1] / g[1]:.2f}x torch.compile, {ro[1] / g[1]:.2f}x its reduce-overhead "
-          f"(views: {t[1] / v[1]:.2f}x and {ro[1] / v[1]:.2f}x)")
+          f"(views: {t[1] / v[1]:.2f}x and {ro[1] / v[1]:.2f}x; view-checked, reduce-overhead's own output contract: "
+          f"{ro[1] / vc[1]:.2f}x)")
+    print("step time over reduce-overhead's, B=1 / 8 / 32 (below 1: faster): "
+          + "; ".join(f"{name.replace('gearcache + CUDA graphs', 'graphs')} "
+                      + " / ".join(f"{r[b] / ro[b]:.3f}" for b in BATCHES)
+                      for name, r in (("copies", g), ("views", v), ("view-checked", vc))))
     print(f"gearcache warm-up of {len(GEARS)} gears (compile or load): {warmup_s:.1f} s; "
           f"then loading + capturing the {len(GEARS)} graphs: {capture_s:.2f} s "
           f"(capture alone {capture_only:.2f} s, compiles {counters.compiles - c0}), "
