@@ -66,7 +66,8 @@ class GraphedEntry:
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
 
-    def run(self, leaves: tuple) -> list:
+    def fill(self, leaves: tuple) -> None:
+        """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs."""
         _fill(self, leaves)
         for i, ptr in self.static_ptrs:
             if leaves[i].data_ptr() != ptr:
@@ -74,6 +75,9 @@ class GraphedEntry:
                     f"input {i} was marked with mark_static_address, but this call passes another tensor (storage "
                     f"{leaves[i].data_ptr():#x}, captured {ptr:#x}). Pass the same tensor on every call, or call "
                     f".graphs.reset() on the cached method after replacing it")
+
+    def replay(self) -> list:
+        """Run the graph on what ``fill`` left in the buffers; returns its static outputs."""
         self.graph.replay()
         return self.outs
 
@@ -113,8 +117,9 @@ class CudaGraphs:
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         else:
             counters.hits += 1
+        graphed.fill(leaves)        # first: the inputs may be views the last call handed out (a decode loop's KV cache)
         self._retire_views()
-        outs = graphed.run(leaves)
+        outs = graphed.replay()
         if plan is not None:
             outs = plan.cut(graphed.entry, outs, leaves)
         mode = self.cached.config.inference_config.graph_outputs
@@ -131,8 +136,9 @@ class CudaGraphs:
         return views
 
     def _retire_views(self) -> None:
-        """Make the views the last call handed out raise on any access (before any graph of the method replays: the
-        gears share one pool, so any replay may overwrite them; and before ``reset`` drops the graphs)."""
+        """Make the views the last call handed out raise on any access: before any graph of the method replays (the
+        gears share one pool, so any replay may overwrite them; after the call's inputs are copied into the static
+        buffers, since they may be such views), and before ``reset`` drops the graphs."""
         if not self.handed_out:
             return
         message = (f"gearcache: this output of {self.cached.name} is a view into a CUDA graph's static output, "

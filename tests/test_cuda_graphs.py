@@ -178,6 +178,9 @@ def test_view_checked_outputs_raise_when_read_after_the_next_call(tmp_path):
             first.sum().item()
         third, _ = m.cached(x1)
         assert torch.allclose(third, m.fwd(x1)[0], atol=1e-5)
+        expected = m.fwd(third.clone())[0]
+        fourth, _ = m.cached(third)         # the last call's view as this call's input (a decode loop's KV cache)
+        assert torch.allclose(fourth, expected, atol=1e-5)
 
 
 @needs_cuda
