@@ -161,11 +161,27 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
     options: dict[str, Any] = {"config_patches": dict(config_patches)}
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in example_inputs):
+        _probe_cpu_isa()
     with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
         with temporary_cache_dir(scratch), _load_patches():
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
         artifact.save(path=str(folder), format="unpacked")
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
+
+
+def _probe_cpu_isa() -> None:
+    """Run Inductor's CPU instruction-set probes (small C++ builds, once per process: ``valid_vec_isa_list`` is
+    cached) in a throw-away cache, before a CPU compile or the load of an artifact with C++ kernels. Otherwise the
+    process's first compile builds them into its private cache (and :func:`_copy_compiled_libraries` copies them
+    into that artifact), or its first load into the artifact's folder: a gear's artifact would hold other files
+    when compiled or loaded first in a process (warm-up workers, the caller of a parallel warm-up) than later."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-isa-") as scratch:
+        with temporary_cache_dir(scratch), _load_patches():
+            cpu_vec_isa.valid_vec_isa_list()
 
 
 def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> None:
@@ -191,9 +207,12 @@ def _load_patches() -> contextlib.AbstractContextManager:
 
 
 def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
-    """Load an artifact folder written by :func:`compile_to_folder`; returns ``fn(*flat_inputs) -> list[Tensor]``."""
+    """Load an artifact's Inductor folder (``<artifact>/inductor``) written by :func:`compile_to_folder`; returns
+    ``fn(*flat_inputs) -> list[Tensor]``."""
     from torch._inductor.standalone_compile import CompiledArtifact
 
+    if any(pathlib.Path(folder).glob("*/*.cpp")):      # C++ kernels: a first load in this process would probe here
+        _probe_cpu_isa()
     with _INDUCTOR_LOCK, _load_patches():
         artifact = CompiledArtifact.load(path=str(folder), format="unpacked")
     return artifact
@@ -344,8 +363,21 @@ def device_capability(device: str) -> str:
         major, minor = torch.cuda.get_device_capability(idx)
         return f"cuda:sm_{major}{minor}:{torch.cuda.get_device_name(idx)}"
     if dev.type == "cpu":
-        return f"cpu:{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}"
+        extras = "+".join(name for name in CPU_ISA_EXTRAS if _cpu_supports(name))
+        return f"cpu:{platform.machine()}:{torch.backends.cpu.get_cpu_capability()}" + (f"+{extras}" if extras else "")
     return dev.type
+
+
+# Instruction-set extensions beyond ATen's CPU capability for which Inductor adds compiler flags when the CPU has them
+# (-mavx512bf16, -mavx512vnni, -mamx-tile, -mamx-fp16: torch._inductor.cpu_vec_isa): kernels built with them may not
+# run on a CPU of the same capability that lacks them, so they are part of the device's key factor.
+CPU_ISA_EXTRAS = ("avx512_bf16", "vnni", "amx_tile", "amx_fp16")
+
+
+def _cpu_supports(extension: str) -> bool:
+    """``torch.cpu._is_<extension>_supported()`` (reads the CPU's flags; False where torch has no such check)."""
+    check = getattr(torch.cpu, f"_is_{extension}_supported", None)
+    return bool(check()) if check is not None else False
 
 
 # ----------------------------------------------------------------------------------------------------- global state

@@ -216,3 +216,17 @@ def test_artifact_text_without_the_device_index():
     assert without_device_index('[[2, 3], "cpu"]', 0) == '[[2, 3], "cpu"]'
     for pinned in ("y = x.to(0)", "y = torch.ones(3, device = 0)", "y = x.cuda(0)", "d = torch.device('cuda', 0)"):
         assert without_device_index(pinned, 0) is None, pinned                # a GPU meant whatever the caller's
+
+
+def test_the_cpu_device_factor_names_the_isa_extensions_inductor_builds_for(tmp_path):
+    """Inductor adds -mavx512bf16, -mavx512vnni, -mamx-* when the CPU has them: a kernel built so may not run on a CPU
+    of the same ATen capability that lacks one, so the key's device factor names each extension this CPU has."""
+    from gearcache import _torch_compat as compat
+
+    device = entry_key(tmp_path)[1]["values"]["devices"][0]
+    assert device == compat.device_capability("cpu")
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert device.startswith("cpu:") and f":{capability}" in device
+    has = {name for name in compat.CPU_ISA_EXTRAS if getattr(torch.cpu, f"_is_{name}_supported", lambda: False)()}
+    named = set(device.split(":")[-1].split("+")[1:])
+    assert named == has
