@@ -32,7 +32,6 @@ import concurrent.futures
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ import torch
 from . import _torch_compat as compat
 from . import compiler, faults, signature
 from .counters import counters
+from .progress import Progress
 from .runplan.collectives import communicates
 from .timeline import Timeline
 from .workers import WorkerError, WorkerPool, input_spec
@@ -88,29 +88,6 @@ def default_workers(missing: int, example_inputs: list[Any]) -> int:
 
 def _nbytes(x: Any) -> int:
     return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else 0
-
-
-class Progress:
-    """``gearcache warmup NAME: k/n gears`` as one carriage-return line on a terminal, else one log line per gear."""
-
-    def __init__(self, name: str, total: int, what: str):
-        self.name, self.total, self.what, self.done = name, total, what, 0
-        self.tty = sys.stderr.isatty()
-        self._lock = threading.Lock()
-
-    def step(self, gear: list[int], how: str, seconds: float) -> None:
-        with self._lock:
-            self.done += 1
-            if self.tty:
-                print(f"\rgearcache warmup {self.name}: {self.done}/{self.total} gears {self.what}", end="",
-                      file=sys.stderr, flush=True)
-            else:
-                log.info("warmup %s: gear %s %s in %.2f s (%d/%d)", self.name, gear, how, seconds, self.done,
-                         self.total)
-
-    def close(self) -> None:
-        if self.tty and self.done:
-            print(file=sys.stderr)
 
 
 def start_workers(cf: "CachedFunction", gears: int, leaves: tuple, workers: int | None,
