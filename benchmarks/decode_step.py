@@ -35,12 +35,14 @@ BATCHES = (1, 8, 32)
 ROUNDS = 5          # alternating rounds over the CUDA-graph paths
 
 
-def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: str = "warmup"):
+def make_cached(ref, mode: str, cache_dir: str, outputs: str = "copy", capture: str = "warmup",
+                gears: list[int] = GEARS):
+    """The reference decoder on the GPU, its decode step cached by gearcache with ``gears`` over the batch."""
     from gearcache import CompilerConfig, cache_compile
 
     config = CompilerConfig(mode=mode)
     config.inference_config.capture_graphs = capture
-    config.inference_config.dim_gears = {"x": {0: GEARS}, "kv": {2: GEARS}}
+    config.inference_config.dim_gears = {"x": {0: gears}, "kv": {2: gears}}
     config.inference_config.graph_outputs = outputs
 
     class CachedGPT(ref.GPT):

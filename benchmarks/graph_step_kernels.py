@@ -20,28 +20,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _timing import step_us  # noqa: E402
+from decode_step import make_cached  # noqa: E402
 
 GEARS = [1, 2]
 ROUNDS = 5
 PROFILED_STEPS = 20
-
-
-def make_cached(ref, outputs: str, cache_dir: str):
-    import torch
-
-    from gearcache import CompilerConfig, cache_compile
-
-    config = CompilerConfig(mode="reduce-overhead")
-    config.inference_config.dim_gears = {"x": {0: GEARS}, "kv": {2: GEARS}}
-    config.inference_config.graph_outputs = outputs
-
-    class CachedGPT(ref.GPT):
-        def __init__(self):
-            super().__init__()
-            self.cached_decode = cache_compile(self.decode, config=config, cache_dir=cache_dir)
-
-    torch.manual_seed(0)
-    return CachedGPT().to("cuda", torch.bfloat16).eval()
 
 
 def enqueue_us(fn, inputs, n: int = 50) -> float:
@@ -91,7 +74,7 @@ def main() -> None:
         model = ref.make("cuda", torch.bfloat16)
         paths["reduce-overhead"] = torch.compile(model.decode, fullgraph=True, dynamic=False, mode="reduce-overhead")
         for outputs in ("copy", "view", "view-checked"):
-            cached = make_cached(ref, outputs, cache_dir)
+            cached = make_cached(ref, "reduce-overhead", cache_dir, outputs=outputs, gears=GEARS)
             cached.cached_decode.warmup(*ref.inputs(GEARS[-1], "cuda", torch.bfloat16))
             paths["gearcache, " + outputs] = cached.cached_decode
         for fn in paths.values():
