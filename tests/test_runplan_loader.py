@@ -41,6 +41,28 @@ def test_wrapper_importing_more_of_torchs_compiler_is_not_used(tmp_path):
     assert runplan.load(tmp_path) is None
 
 
+def test_wrapper_checking_an_output_with_torch_215s_assert_tensor_metadata_loads_and_checks(tmp_path):
+    """torch 2.15's wrappers check an extern kernel's output with runtime_utils.assert_tensor_metadata (dtype, sizes,
+    strides): the loader serves it without importing that module, and it still refuses a wrong output."""
+    (tmp_path / "runplan").mkdir()
+    (tmp_path / "runplan" / "wrapper.py").write_text(
+        "import torch\n"
+        "from torch._inductor.runtime.runtime_utils import assert_tensor_metadata\n"
+        "def call(args):\n"
+        "    out = args[0] * 2\n"
+        "    assert_tensor_metadata(out, (2, 3), (3, 1), torch.float32, 'aten.mm')\n"
+        "    assert_tensor_metadata(None, (2, 3), (3, 1), torch.float32)\n"
+        "    return (out,)\n")
+    plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "num_inputs": 1, "num_outputs": 1}
+    (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
+    fn = runplan.load(tmp_path)
+    assert fn is not None and torch.equal(fn(torch.ones(2, 3))[0], torch.full((2, 3), 2.0))
+    with pytest.raises(RuntimeError, match="expected dtype torch.float32 but got torch.float64\nError in op: aten.mm"):
+        fn(torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(AssertionError, match="size"):
+        fn(torch.ones(3, 2))
+
+
 def test_misaligned_input_is_cloned_and_its_update_written_back():
     seen = {}
 

@@ -38,6 +38,19 @@ def _no_op(*_: Any) -> None:
     """Bandwidth-profiling bookkeeping (``start_graph``/``end_graph``) is not done for entries loaded by gearcache."""
 
 
+def _assert_tensor_metadata(tensor: torch.Tensor | None, expected_size: tuple, expected_stride: tuple,
+                            expected_dtype: torch.dtype, op_name: str | None = None) -> None:
+    """``torch._inductor.runtime.runtime_utils.assert_tensor_metadata`` (wrappers of torch 2.15 check an extern
+    kernel's output with it): the dtype here, sizes and strides by the C check the wrapper's ``assert_size_stride``
+    is. That module itself imports ``torch._dynamo``."""
+    if tensor is None:
+        return
+    if tensor.dtype != expected_dtype:
+        raise RuntimeError(f"expected dtype {expected_dtype} but got {tensor.dtype}"
+                           + (f"\nError in op: {op_name}" if op_name else ""))
+    torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
+
+
 def _module(name: str, **attrs: Any) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
@@ -56,6 +69,8 @@ def stand_ins(kernels: Any, extern: types.SimpleNamespace) -> dict[str, types.Mo
         "torch._inductor.select_algorithm": _module("torch._inductor.select_algorithm", extern_kernels=extern),
         "torch._inductor.runtime.triton_heuristics": _module("torch._inductor.runtime.triton_heuristics",
                                                              start_graph=_no_op, end_graph=_no_op),
+        "torch._inductor.runtime.runtime_utils": _module("torch._inductor.runtime.runtime_utils",
+                                                         assert_tensor_metadata=_assert_tensor_metadata),
         # The wrapper imports triton for the kernel sources it passes to async_compile, which are never compiled.
         "triton": _module("triton", language=language),
         "triton.language": language,
