@@ -223,6 +223,13 @@ def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
 CPP_KERNEL_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 
 
+def assert_size_stride(tensor: torch.Tensor, size: tuple, stride: tuple, op_name: str | None = None) -> None:
+    """The C check Inductor's wrappers run on a kernel's output (``torch._C._dynamo.guards.assert_size_stride``,
+    which ``torch._inductor.runtime.runtime_utils.assert_tensor_metadata`` calls in 2.15): AssertionError naming the
+    differing size or stride."""
+    torch._C._dynamo.guards.assert_size_stride(tensor, size, stride, op_name)
+
+
 def cpp_kernel_env_value() -> str:
     """What Inductor's C++ kernel libraries read from ``CPP_KERNEL_ENV`` when imported (their tensor data-pointer
     offset; ``CppPythonBindingsCodeCache._load_library_inner`` sets it the same way)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .. import _torch_compat as compat
 from .format import ALIGN_BYTES
 
 
@@ -42,13 +43,13 @@ def _assert_tensor_metadata(tensor: torch.Tensor | None, expected_size: tuple, e
                             expected_dtype: torch.dtype, op_name: str | None = None) -> None:
     """``torch._inductor.runtime.runtime_utils.assert_tensor_metadata`` (wrappers of torch 2.15 check an extern
     kernel's output with it): the dtype here, sizes and strides by the C check the wrapper's ``assert_size_stride``
-    is. That module itself imports ``torch._dynamo``."""
+    is (that module itself imports ``torch._dynamo``)."""
     if tensor is None:
         return
     if tensor.dtype != expected_dtype:
         raise RuntimeError(f"expected dtype {expected_dtype} but got {tensor.dtype}"
                            + (f"\nError in op: {op_name}" if op_name else ""))
-    torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
+    compat.assert_size_stride(tensor, expected_size, expected_stride, op_name)
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
