@@ -22,15 +22,21 @@ def test_plan_without_a_registered_operator_is_not_used(tmp_path):
     assert runplan.load(tmp_path) is None                   # the caller falls back to torch's loader
 
 
-def test_wrapper_importing_more_of_torchs_compiler_is_not_used(tmp_path):
-    (tmp_path / "runplan").mkdir()
-    (tmp_path / "runplan" / "wrapper.py").write_text(
-        "from torch._inductor.hooks import run_intermediate_hooks\n"
-        "from torch._inductor.codegen.memory_planning import _align as align\n"
-        "import triton\nimport triton.language as tl\n"
-        "def call(args):\n    return (args[0] * align(3),)\n")
+def _write_plan(folder, wrapper: str) -> dict:
+    """A one-input, one-output run plan in ``folder`` whose wrapper's source is ``wrapper``; returns the plan."""
+    (folder / "runplan").mkdir(exist_ok=True)
+    (folder / "runplan" / "wrapper.py").write_text(wrapper)
     plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "num_inputs": 1, "num_outputs": 1}
-    (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
+    (folder / "runplan" / "plan.json").write_text(json.dumps(plan))
+    return plan
+
+
+def test_wrapper_importing_more_of_torchs_compiler_is_not_used(tmp_path):
+    plan = _write_plan(tmp_path,
+                       "from torch._inductor.hooks import run_intermediate_hooks\n"
+                       "from torch._inductor.codegen.memory_planning import _align as align\n"
+                       "import triton\nimport triton.language as tl\n"
+                       "def call(args):\n    return (args[0] * align(3),)\n")
     fn = runplan.load(tmp_path)
     assert fn is not None and torch.equal(fn(torch.ones(1))[0], torch.full((1,), 64.0))
     (tmp_path / "runplan" / "wrapper.py").write_text(
@@ -44,17 +50,14 @@ def test_wrapper_importing_more_of_torchs_compiler_is_not_used(tmp_path):
 def test_wrapper_checking_an_output_with_torch_215s_assert_tensor_metadata_loads_and_checks(tmp_path):
     """torch 2.15's wrappers check an extern kernel's output with runtime_utils.assert_tensor_metadata (dtype, sizes,
     strides): the loader serves it without importing that module, and it still refuses a wrong output."""
-    (tmp_path / "runplan").mkdir()
-    (tmp_path / "runplan" / "wrapper.py").write_text(
-        "import torch\n"
-        "from torch._inductor.runtime.runtime_utils import assert_tensor_metadata\n"
-        "def call(args):\n"
-        "    out = args[0] * 2\n"
-        "    assert_tensor_metadata(out, (2, 3), (3, 1), torch.float32, 'aten.mm')\n"
-        "    assert_tensor_metadata(None, (2, 3), (3, 1), torch.float32)\n"
-        "    return (out,)\n")
-    plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "num_inputs": 1, "num_outputs": 1}
-    (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
+    _write_plan(tmp_path,
+                "import torch\n"
+                "from torch._inductor.runtime.runtime_utils import assert_tensor_metadata\n"
+                "def call(args):\n"
+                "    out = args[0] * 2\n"
+                "    assert_tensor_metadata(out, (2, 3), (3, 1), torch.float32, 'aten.mm')\n"
+                "    assert_tensor_metadata(None, (2, 3), (3, 1), torch.float32)\n"
+                "    return (out,)\n")
     fn = runplan.load(tmp_path)
     assert fn is not None and torch.equal(fn(torch.ones(2, 3))[0], torch.full((2, 3), 2.0))
     with pytest.raises(RuntimeError, match="expected dtype torch.float32 but got torch.float64\nError in op: aten.mm"):
