@@ -66,7 +66,8 @@ class InferenceConfig(BaseModel):
     """Under mode="reduce-overhead": return copies of the CUDA graph's outputs, or views into its static outputs
     (no copy; valid until the method's next call, whatever its gear: the gears' graphs share one memory pool), or such
     views checked for misuse (reading a view after the method's next call raises an error naming the fix, as
-    torch's CUDA-graph trees do; ~25 µs of host time per call, hidden while the GPU is the bottleneck)."""
+    torch's CUDA-graph trees do; 16-57 µs more host time per call than "view" on an H200 host, hidden while the GPU
+    is the bottleneck)."""
 
     capture_graphs: Literal["warmup", "first_call"] = "warmup"
     """Under mode="reduce-overhead", when each gear's CUDA graph is captured. ``"warmup"``: ``warmup()`` loads every
