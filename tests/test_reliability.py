@@ -553,6 +553,31 @@ def test_publishing_past_max_size_evicts_the_least_recently_used(tmp_path, caplo
     assert "artifact:" + "b" * 40 in index
 
 
+def test_an_entry_written_while_eviction_runs_goes_with_its_artifact(tmp_path):
+    """The 8-process stress test once ended with an entry (manifest and index row) naming an evicted artifact: a
+    process had written it after the evictor listed the entries and let go of its lease before the evictor reached
+    that artifact. Here a second entry for the artifact is written at that moment, just before it is evicted."""
+    root = tmp_path / "cache"
+    publish(root, "a" * 40, last_used=time.time() - 300)
+    publish(root, "b" * 40)
+    late_ekey = "f" + "a" * 39
+
+    class EvictorMeetingALateWriter(Store):
+        def _evict_one(self, akey, *args):
+            other = Store(root)                             # another process: it publishes (a no-op: it is
+            other.publish_artifact(akey, Builder())          # there), writes its entry, and ends
+            other.write_entry("t", "m", late_ekey, {"format": FORMAT_VERSION, "ekey": late_ekey, "akey": akey})
+            del other
+            return super()._evict_one(akey, *args)
+
+    with counters.expect(evictions=1):
+        EvictorMeetingALateWriter(root, max_size=1500).evict()
+    assert [p.name for p in (root / "artifacts").iterdir()] == ["b" * 40]
+    assert not [p for p in (root / "entries").rglob("*.json") if "a" * 40 in p.read_text()], "entries of a went too"
+    index = Store(root).index
+    assert late_ekey not in index and "e" + "a" * 39 not in index and "e" + "b" * 39 in index
+
+
 def test_leased_artifact_is_not_evicted_and_lru_falls_back_to_manifest_age(tmp_path):
     root = tmp_path / "cache"
     for i, c in enumerate("abc"):

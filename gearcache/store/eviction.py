@@ -84,14 +84,13 @@ class EvictionMixin:
                 return []
             used = self._last_used()
             order = sorted((a for a in sizes if a not in keep), key=lambda a: (used.get(a, sizes[a][1]), sizes[a][1]))
-            refs = self._entries_by_artifact()
             evicted, before = [], total
             for akey in order:
                 if total <= self.max_size:
                     break
                 reason = f"the folder held {before} bytes of artifacts, over max_size={self.max_size}" + (
                     f" {when}" if when else "")
-                if self._evict_one(akey, refs.get(akey, []), sizes[akey][0], used.get(akey), reason):
+                if self._evict_one(akey, sizes[akey][0], used.get(akey), reason):
                     total -= sizes[akey][0]
                     evicted.append(akey)
             if total > self.max_size:
@@ -102,8 +101,13 @@ class EvictionMixin:
             log.warning("eviction in %s failed (%s: %s)", self.root, type(exc).__name__, exc)
             return []
 
-    def _evict_one(self, akey: str, entry_paths: list[pathlib.Path], size: int, last_used: float | None,
-                   reason: str) -> bool:
+    def _evict_one(self, akey: str, size: int, last_used: float | None, reason: str) -> bool:
+        """Evict ``akey`` with every entry manifest (and index row) naming it, unless a live process leases it.
+
+        The entries are listed under the artifact's lease lock, not before: a process writes an entry for ``akey``
+        only while it holds a lease on it (``publish_artifact`` and ``read_entry`` take one first), so with no live
+        lease under the lock every entry naming ``akey`` is on disk already, and no new one can appear until the
+        artifact is gone (a list made earlier missed the entries written in between: they outlived their artifact)."""
         lock = self._lock_path(akey, "lease")
         try:
             with self._locked(lock, 0.5):
@@ -112,7 +116,7 @@ class EvictionMixin:
                     log.debug("artifact %s is in use by %s: not evicted", akey, ", ".join(live))
                     return False
                 gone, ekeys = [], []
-                for path in entry_paths:
+                for path in self._entries_by_artifact().get(akey, []):
                     with contextlib.suppress(OSError, ValueError, AttributeError):
                         data = json.loads(path.read_bytes())
                         if data.get("akey") == akey:
