@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,6 +234,17 @@ def test_fetched_entry_is_loaded_from_memory_and_written_at_exit_after_its_artif
     flush_fetched_entries()
     assert b.read_entry("t", "m", "e1", load=False) == manifest            # then written, signed
     nothing_partial(b, redis)
+
+
+def test_fetched_entry_whose_artifact_was_evicted_before_exit_is_not_written(redis, tmp_path):
+    a = store_at(tmp_path / "a", redis)
+    a.publish_artifact(AKEY, Builder())
+    a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    b = store_at(tmp_path / "b", redis)
+    assert b.read_entry("t", "m", "e1")["akey"] == AKEY                     # fetched, published here, queued
+    shutil.rmtree(b.artifact_dir(AKEY))                                     # evicted (by another process) since
+    flush_fetched_entries()
+    assert not b.entry_path("t", "m", "e1").exists(), "an entry naming an evicted artifact"
 
 
 def test_fetched_entry_whose_artifact_is_refused_is_not_written(redis, tmp_path):

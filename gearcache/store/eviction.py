@@ -105,9 +105,11 @@ class EvictionMixin:
         """Evict ``akey`` with every entry manifest (and index row) naming it, unless a live process leases it.
 
         The entries are listed under the artifact's lease lock, not before: a process writes an entry for ``akey``
-        only while it holds a lease on it (``publish_artifact`` and ``read_entry`` take one first), so with no live
-        lease under the lock every entry naming ``akey`` is on disk already, and no new one can appear until the
-        artifact is gone (a list made earlier missed the entries written in between: they outlived their artifact)."""
+        while it holds a lease on it (``publish_artifact`` and ``read_entry`` take one first), so with no live lease
+        under the lock every such entry is on disk already (a list made earlier missed the entries written in
+        between: they outlived their artifact). The one write without a lease, a fetched entry written at exit
+        (``fleet.flush_fetched_entries``), checks that its artifact is still there; an entry that names a missing
+        artifact anyway is a miss to its reader, never a wrong answer."""
         lock = self._lock_path(akey, "lease")
         try:
             with self._locked(lock, 0.5):

@@ -32,14 +32,18 @@ _AT_EXIT_REGISTERED = [False]
 
 
 def flush_fetched_entries() -> None:
-    """Write the fetched entry manifests this process queued (atomic, fsync'd; not into a folder that vanished).
-    Runs at exit; never raises."""
+    """Write the fetched entry manifests this process queued (atomic, fsync'd; not into a folder that vanished, nor
+    one whose artifact was evicted since: at exit this process may no longer lease it). Runs at exit; never raises."""
     with _AT_EXIT_LOCK:
         pending = list(_AT_EXIT)
         _AT_EXIT.clear()
     for pid, root, path, data, dir_mode in pending:
-        if pid == os.getpid():                  # a forked child leaves its parent's to the parent
+        if pid != os.getpid():                  # a forked child leaves its parent's to the parent
+            continue
+        if (root / "artifacts" / str(data.get("akey"))).is_dir():
             _write_entry(root, path, data, dir_mode)
+        else:
+            log.info("fetched entry manifest %s not written here: its artifact was evicted since", path.stem)
 
 
 def _write_at_exit(root: pathlib.Path, path: pathlib.Path, data: dict[str, Any], dir_mode: int) -> None:
