@@ -59,15 +59,13 @@ class EvictionMixin:
             out[folder.name] = (size, st.st_mtime)
         return out
 
-    def _entries_by_artifact(self) -> dict[str, list[pathlib.Path]]:
-        out: dict[str, list[pathlib.Path]] = {}
+    def _entries_naming(self, akey: str) -> list[pathlib.Path]:
+        """The entry manifests that name artifact ``akey`` (unreadable ones are skipped)."""
+        out = []
         for path in (self.root / "entries").glob("*/*/*.json"):
-            try:
-                akey = json.loads(path.read_bytes()).get("akey")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(akey, str):
-                out.setdefault(akey, []).append(path)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                if json.loads(path.read_bytes()).get("akey") == akey:
+                    out.append(path)
         return out
 
     def evict(self, *, keep: set[str] | frozenset[str] = frozenset(), when: str | None = None) -> list[str]:
@@ -117,14 +115,12 @@ class EvictionMixin:
                 if live:
                     log.debug("artifact %s is in use by %s: not evicted", akey, ", ".join(live))
                     return False
-                gone, ekeys = [], []
-                for path in self._entries_by_artifact().get(akey, []):
-                    with contextlib.suppress(OSError, ValueError, AttributeError):
-                        data = json.loads(path.read_bytes())
-                        if data.get("akey") == akey:
-                            path.unlink()
-                            gone.append(path)
-                            ekeys.append(path.stem)
+                gone = []
+                for path in self._entries_naming(akey):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                        gone.append(path)
+                ekeys = [path.stem for path in gone]
                 aside = self.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
                 try:
                     fs._rename(self.artifact_dir(akey), aside)
