@@ -170,6 +170,9 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
 
 
+_ISA_PROBED: list[bool] = []        # non-empty once _probe_cpu_isa ran in this process
+
+
 def _probe_cpu_isa() -> None:
     """Run Inductor's CPU instruction-set probes (small C++ builds, once per process: ``valid_vec_isa_list`` is
     cached) in a throw-away cache, before a CPU compile or the load of an artifact with C++ kernels. Otherwise the
@@ -179,9 +182,13 @@ def _probe_cpu_isa() -> None:
     from torch._inductor import cpu_vec_isa
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
-    with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-isa-") as scratch:
-        with temporary_cache_dir(scratch), _load_patches():
-            cpu_vec_isa.valid_vec_isa_list()
+    with _INDUCTOR_LOCK:
+        if _ISA_PROBED:
+            return                      # (a throw-away cache costs a folder and two clears of Inductor's caches)
+        with tempfile.TemporaryDirectory(prefix="gearcache-isa-") as scratch:
+            with temporary_cache_dir(scratch), _load_patches():
+                cpu_vec_isa.valid_vec_isa_list()
+        _ISA_PROBED.append(True)
 
 
 def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> None:
