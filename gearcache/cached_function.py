@@ -27,7 +27,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, padding, runplan, warmup
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
@@ -124,6 +124,8 @@ class CachedFunction(Dispatcher):
         outs = entry.run(padded)
         if padded is not leaves:
             counters.pads += 1
+            if plan.written_padded:
+                plan.copy_back(padded, leaves)
             outs = plan.cut(entry, outs, leaves)
         return entry.build(outs, leaves)
 
@@ -165,6 +167,7 @@ class CachedFunction(Dispatcher):
             ("format", FORMAT_VERSION),
             ("method", {"name": self.name, "source_sha256": self._method_digest}),
             ("structure", repr(key[0])),
+            ("plan_format", gears.PLAN_FORMAT),
             ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
             ("policy", ic.dynamic_gears_merge_policy),
             ("module_state", _module_state(self._module)),
@@ -174,24 +177,36 @@ class CachedFunction(Dispatcher):
         return pkey
 
     def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
+        """The stored gear plan for these marks, else one built from a symbolic trace (with its padding analysis) and
+        stored."""
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
         pkey = self._plan_key(marks, key)
         saved = self.store.read_plan(self.topology.folder, self.name, pkey)
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
-            return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+            plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+        else:
+            plan, deps = self._build_plan(marks, leaves, key)
+            self.store.write_plan(self.topology.folder, self.name, pkey, {
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps})
+        return plan
+
+    def _build_plan(self, marks: list, leaves: tuple, key: tuple) -> tuple["gears.GearPlan", list]:
+        """Trace the method with the marked dims symbolic (at the largest gear) and analyse its padding."""
+        ic = self.config.inference_config
         counters.traces += 1
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             _narrowed(leaves, marks, largest), list(largest))
-        symbols_traced, output_dims, deps = symbolic_shapes(self._method, self._module, key[0], sample, traced)
-        it = iter(symbols_traced)
+        trace = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
+        report = padding.analyse(trace, names, {m.leaf for m in marks})
+        it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
-        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims)
-        self.store.write_plan(self.topology.folder, self.name, pkey, {
-            "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps})
-        return plan
+        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+                                trace.output_dims, report)
+        return plan, trace.dependencies
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
