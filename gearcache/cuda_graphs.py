@@ -109,6 +109,9 @@ class CudaGraphs:
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:
             return self.cached._past_largest(plan, leaves, key)
+        if plan is not None and plan.verify_first and tuple(targets) not in plan.verified and any(
+                leaves[d.leaf].shape[d.dim] != t for d, t in zip(plan.dims, targets)):
+            self.cached._verify_first_use(plan, leaves, key, targets)       # padding_check.py
         gkey = self._graph_key(plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
@@ -197,6 +200,12 @@ class CudaGraphs:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
+        for i in plan.written_padded if plan is not None else ():
+            raise UnsupportedInputError(
+                f"input {i} has gears and the method writes it in place; under CUDA graphs a padded input is copied "
+                f"into a static buffer, so the write would not reach the caller's tensor. Fix: pass it without gears "
+                f"and with gearcache.mark_static_address (the same tensor on every call), or use mode='default', "
+                f"where gearcache copies its real rows back after each call")
         static_leaves = list(leaves)
         copies, static_ptrs = [], []
         for i, leaf in enumerate(leaves):
