@@ -52,6 +52,25 @@ def test_a_warm_process_equals_eager_and_compiles_nothing(padding_runs):
     assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0
 
 
+@pytest.mark.parametrize("process", ["cold", "warm"])
+def test_a_state_write_and_a_batch_mean_are_refused_in_both_processes(padding_runs, process):
+    """The issue's two measured bugs, on a batch of 3 served by gear 4: ``self.seen[:B].copy_(x)`` (eager writes rows
+    0-2; the padded call would also zero row 3) and ``h - h.mean(0)`` (the mean takes in a pad row). A warm process
+    refuses them from the stored plan's padding report: no trace, no compile."""
+    run = dict(zip(("cold", "warm"), padding_runs))[process]
+    seen, center = run["seen_rows"], run["center"]
+    assert seen["error"] is not None and "self.seen[: x.shape[0]].copy_(x)" in seen["error"]
+    assert "into parameter or buffer seen" in seen["error"] and "Fix: " in seen["error"]
+    assert seen["state_unchanged"], "refused before anything ran: the buffer keeps row 3"
+    assert seen["counters"]["padding_verifications"] == 0 and seen["counters"]["compiles"] == 0
+    assert center["error"] is not None and "padding changes output 0 at gear [4] (real sizes [3]" in center["error"]
+    assert "h - h.mean(0)" in center["error"]
+    assert center["counters"]["padding_verifications"] == 1 and center["counters"]["compiles"] == 0
+    for case in (seen, center):
+        assert case["counters"]["traces"] == (1 if process == "cold" else 0)
+        assert case["counters"]["loads"] == 0
+
+
 # --------------------------------------------------------------------------------------------------- refused
 def test_a_write_through_a_padded_extent_into_a_buffer_is_refused_before_anything_runs(tmp_path):
     m = SeenRows(tmp_path, _config(x={0: [4]}))

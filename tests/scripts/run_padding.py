@@ -1,11 +1,15 @@
-"""Serve three geared models whose padding the analysis handles differently, against eager twins; JSON report on the
-last line. Run twice on one folder: the first process compiles (cold), the second loads (warm).
+"""Serve five geared models whose padding the analysis handles differently, against eager twins; JSON report on the
+last line. Run twice on one folder: the first process compiles (cold), the second loads (warm): the padding report
+comes from the stored gear plan there, so refusals and verifications happen without a trace or a compiler.
 
 * KVStep: padding-safe, writes its padded KV cache argument in place (copied back): never verified;
 * RunningSum: adds the batch's sums to a buffer: mixing, exact with pad value 0: verified once per process;
-* BatchSoftmax: a softmax over the batch: mixing, exact with pad value -inf: verified once per process.
+* BatchSoftmax: a softmax over the batch: mixing, exact with pad value -inf: verified once per process;
+* SeenRows: writes ``self.seen[:B]``: refused before anything runs (the buffer keeps every row);
+* Center: ``h - h.mean(0)``: mixing, not exact with any pad value: refused by its verification at the first padded
+  call, before anything compiles.
 
-Each warms up its one gear (4), then serves batches 1..4 (3 of them padded) twice; every output, the KV cache and the
+The first three warm up their one gear (4), then serves batches 1..4 (3 of them padded) twice; every output, the KV cache and the
 buffer are compared with an eager twin (the same weights and state, called directly).
 
 usage: run_padding.py CACHE_DIR [--hooks]
@@ -21,8 +25,8 @@ if "--hooks" in sys.argv:
     compile_hooks.install()
 import torch
 
-from gear_models import BatchSoftmax, KVStep, RunningSum
-from gearcache import CompilerConfig, counters
+from gear_models import BatchSoftmax, Center, KVStep, RunningSum, SeenRows
+from gearcache import CompilerConfig, PaddingUnsafeError, counters
 
 DEVICE = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
 
@@ -85,8 +89,23 @@ def batch_softmax() -> dict:
     return {"equal": equal, "counters": counters.delta(before)}
 
 
+def refused(cls, state: str | None) -> dict:
+    """A batch of 3 on gear 4: the PaddingUnsafeError's message (None if served), whether the model's ``state``
+    buffer kept its value."""
+    model = cls(sys.argv[1], config({"x": {0: [4]}})).to(DEVICE)
+    before, kept = counters.snapshot(), getattr(model, state).clone() if state else None
+    try:
+        model.cached(torch.randn(3, 4, device=DEVICE))
+        error = None
+    except PaddingUnsafeError as exc:
+        error = str(exc)
+    unchanged = kept is None or bool(torch.equal(getattr(model, state), kept))
+    return {"error": error, "state_unchanged": unchanged, "counters": counters.delta(before)}
+
+
 with torch.inference_mode():
-    report = {"kv_step": kv_step(), "running_sum": running_sum(), "batch_softmax": batch_softmax()}
+    report = {"kv_step": kv_step(), "running_sum": running_sum(), "batch_softmax": batch_softmax(),
+              "seen_rows": refused(SeenRows, "seen"), "center": refused(Center, None)}
 report["counters"] = dict(vars(counters))
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
