@@ -6,8 +6,14 @@ last such call does not get here: the base class's ``__call__`` (dispatch.py, C 
 built) serves it with one C++ check of the tensors' metadata (``signature.matcher``) and the entry's ``run``.
 
 Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
-valid manifest and artifact for it, load it (no tracing, no compiler); otherwise capture the method with Dynamo,
-compile it with Inductor (once across all processes sharing the folder), publish, and load.
+valid manifest and artifact for it whose value guards hold here (gearcache/guards.py), load it (no tracing, no
+compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all processes sharing the
+folder), publish, and load.
+
+Value guards per call: the entries in memory stay valid while nothing on their guards' paths changes; a
+:class:`~gearcache.guard_watch.GuardWatch` notices a change at the cost of a comparison per call (in C on the
+shortcut), and the next call re-checks the guards (``_revalidate``): entries whose guards no longer hold are dropped,
+so that call misses and loads or compiles the entry for the new values.
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, guard_watch, runplan, warmup
+from . import guards as value_guards
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
@@ -66,10 +73,16 @@ class CachedFunction(Dispatcher):
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
+        self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
+        self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
+        self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
+        watch = self._watch
+        if watch is not None and not watch.valid():
+            self._revalidate()
         if not self.config.check_signature and self._first is not None and self._gears is None:
             return self._first(args)
         leaves, key = signature.call_key(args, kwargs)
@@ -100,7 +113,32 @@ class CachedFunction(Dispatcher):
         if matcher is None:
             self._set_shortcut(None)
         else:
-            self._set_shortcut(matcher, entry, counters)
+            self._set_shortcut(matcher, entry, counters, self._watch)
+
+    def _revalidate(self) -> None:
+        """An object on the paths of the value guards changed (``self._watch``): drop the entries, and the gear plan,
+        whose guards no longer hold (their next call misses), and watch the rest anew."""
+        with self._lock:
+            for key, entry in list(self._table.items()):
+                guards = getattr(entry, "guards", None)
+                mismatch = guards.mismatch(self._scope) if guards is not None else None
+                if mismatch is not None:
+                    log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
+                             entry.manifest.get("ekey"), mismatch)
+                    del self._table[key]
+                    self._matchers.pop(key, None)
+            if self._plan_guards is not None and self._plan_guards.mismatch(self._scope) is not None:
+                self._gears, self._gears_checked, self._plan_guards = None, False, None
+            self._first = next(iter(self._table.values()), None)
+            self._set_shortcut(None)
+            if self.graphs is not None:
+                self.graphs.drop_unless(set(map(id, self._table.values())))
+            self._rewatch()
+
+    def _rewatch(self) -> None:
+        """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
+        self._watch = guard_watch.watch([getattr(e, "guards", None) for e in self._table.values()] +
+                                        [self._plan_guards], self._scope)
 
     def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
@@ -176,21 +214,29 @@ class CachedFunction(Dispatcher):
     def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
-        pkey = self._plan_key(marks, key)
-        saved = self.store.read_plan(self.topology.folder, self.name, pkey)
+        found = value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+                                    self._plan_key(marks, key), self._scope)
+        saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
+            self._plan_guards = found.guards
+            self._rewatch()
             return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
         counters.traces += 1
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             _narrowed(leaves, marks, largest), list(largest))
-        symbols_traced, output_dims, deps = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        symbols_traced, output_dims, deps, plan_guards = symbolic_shapes(self._method, self._module, key[0], sample,
+                                                                         traced)
         it = iter(symbols_traced)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
         plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims)
-        self.store.write_plan(self.topology.folder, self.name, pkey, {
-            "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps})
+        self._plan_guards = plan_guards
+        self._rewatch()
+        if plan_guards.local is None:
+            self.store.write_plan(self.topology.folder, self.name, pkey, {
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps,
+                "guards": plan_guards.to_json()})
         return plan
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
@@ -251,7 +297,8 @@ class CachedFunction(Dispatcher):
         marks = self._marks(args, kwargs, leaves)
         if not marks or self.config.inference_config.warmup_workers == 1:
             return None
-        if self.store.read_plan(self.topology.folder, self.name, self._plan_key(marks, key)) is not None:
+        if value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+                               self._plan_key(marks, key), self._scope).record is not None:
             return None
         policy = self.config.inference_config.dynamic_gears_merge_policy
         return warmup.start_workers(self, gears.most_combinations(marks, policy), leaves,
@@ -299,17 +346,29 @@ class CachedFunction(Dispatcher):
             return entry
 
     def _find_entry(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any], Entry | None]:
-        """A miss: the signature's description, entry key and factors, and its entry if the store has one."""
+        """A miss: the signature's description, the key its entry is (or is to be) stored under, the key's factors,
+        and its entry if the store has one whose value guards hold here."""
         counters.misses += 1
         diagnostics.track_hits(self)
         desc, ekey, factors = self._signature_entry_key(leaves, key)
-        return desc, ekey, factors, self._load_entry(ekey, _cuda_index(leaves, self._module))
+        found = self._choose(ekey)
+        if found.mismatch is not None:
+            factors = {**factors, "guard_miss": str(found.mismatch)}
+        entry = None
+        if found.record is not None:
+            entry = self._load_entry(found.record, found.key, found.guards, _cuda_index(leaves, self._module))
+        return desc, found.key, factors, entry
+
+    def _choose(self, ekey: str) -> value_guards.Choice:
+        """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
+        folder, name = self.topology.folder, self.name
+        return value_guards.choose(lambda k: self.store.read_entry(folder, name, k), ekey, self._scope)
 
     def _stored(self, leaves: tuple, key: tuple) -> bool:
-        """Whether the store has an entry manifest for this signature (not loaded, nor its artifact checked: a load
-        may still miss)."""
+        """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
+        its artifact checked: a load may still miss)."""
         _, ekey, _ = self._signature_entry_key(leaves, key)
-        return self.store.read_entry(self.topology.folder, self.name, ekey) is not None
+        return self._choose(ekey).record is not None
 
     def _signature_entry_key(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
         """The signature's description, its entry key and the key's factors."""
@@ -321,6 +380,8 @@ class CachedFunction(Dispatcher):
         self._table[key] = entry
         if self._first is None:
             self._first = entry
+        if getattr(entry, "guards", None) is not None:
+            self._rewatch()
 
     def _entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
@@ -340,10 +401,9 @@ class CachedFunction(Dispatcher):
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
 
-    def _load_entry(self, ekey: str, index: int | None) -> Entry | None:
-        manifest = self.store.read_entry(self.topology.folder, self.name, ekey)
-        if manifest is None:
-            return None
+    def _load_entry(self, manifest: dict[str, Any], ekey: str, guards: value_guards.GuardSet,
+                    index: int | None) -> Entry | None:
+        """Load the stored entry ``manifest`` (stored under ``ekey``; its value guards hold here), or None (a miss)."""
         changed = dependencies_changed(manifest.get("dependencies", []))
         if changed:
             log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
@@ -368,6 +428,7 @@ class CachedFunction(Dispatcher):
             return None                                       # vanished since it was verified: a miss
         self.store.lease(akey)                                # in use: not evicted under max_size
         entry = Entry(compiled, self._module, manifest)
+        entry.guards = guards
         dt = time.perf_counter() - t0
         counters.loads += 1
         counters.load_seconds += dt
@@ -394,6 +455,7 @@ class CachedFunction(Dispatcher):
                     "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
                     "config.on_new_signature='compile'")
         diagnostics.record_miss(self.store, self.topology.folder, self.name, ekey, factors)
+        factors = {k: v for k, v in factors.items() if k != "guard_miss"}
         t0 = time.perf_counter()
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
@@ -410,13 +472,16 @@ class CachedFunction(Dispatcher):
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
             "topology": self.topology.folder, "signature": p.desc, "factors": p.factors,
             "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
-            "dependencies": captured.dependencies, "created": time.time(),
+            "dependencies": captured.dependencies, "guards": None if captured.guards.local else captured.guards.to_json(),
+            "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self._method, args, kwargs, manifest)
         entry = Entry(compiled, self._module, manifest)
-        if faults.persisted(self.store, akey, folder):
+        entry.guards = captured.guards
+        value_guards.warn_local(self.name, captured.guards)
+        if faults.persisted(self.store, akey, folder) and captured.guards.local is None:
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
         log.info("%s: %s entry %s (artifact %s) in %.2f s", self.name, "compiled" if built else "reused artifact for",

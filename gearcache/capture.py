@@ -8,7 +8,9 @@ backend that records the graph instead of compiling it, and returns a :class:`Ca
   (a parameter or buffer of the module, read live at every call, so a changed weight shows in the output);
 * ``outputs``: the method's return structure (a serialised pytree spec) and one recipe per leaf, ``["out", i]``
   (the graph's i-th output), ``["leaf", i]``, ``["state", name]`` or ``["const", value]``;
-* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load.
+* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load;
+* ``guards``: the Python values the graph bakes in (module attributes, globals, constants, closure cells, ...), from
+  Dynamo's guards (gearcache/guards.py): an entry is served only where they still hold.
 
 A graph break raises :class:`~gearcache.errors.GraphBreakError` listing every break (from ``torch._dynamo.explain``).
 """
@@ -22,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
+from . import guards as value_guards
 from .errors import GearcacheError, GraphBreakError, UnsupportedInputError
 from .key import sha256_text
 
@@ -35,6 +38,7 @@ class Captured:
     inputs: list[list]
     outputs: dict[str, Any]
     dependencies: list[dict[str, Any]]
+    guards: value_guards.GuardSet
 
 
 def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
@@ -53,7 +57,9 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         return run
 
     code = method.__func__.__code__
-    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record)
+    recording = compat.GuardRecording()
+    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
+                             options=compat.guard_recording_options(recording, method.__func__.__globals__))
     compat.forget_dynamo_cache(code)
     try:
         with compat.dynamo_capture_config(), compat.without_dynamic_marks(leaves):
@@ -74,6 +80,7 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
         outputs=_output_recipe(result, state.get("flat_out", []), leaves, state_names),
         dependencies=_dependencies(state["code"]),
+        guards=value_guards.from_dynamo(recording, method),
     )
 
 
@@ -197,12 +204,14 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
 
 
 def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
-                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list]:
+                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list,
+                                                           value_guards.GuardSet]:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
-    Returns ``(symbols, output_dims, dependencies)``: the symbol of each marked dim (dims that meet in the graph share
-    one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; and the traced
-    user functions. A marked dim the model specialises on (its size became a constant) cannot be padded: error.
+    Returns ``(symbols, output_dims, dependencies, guards)``: the symbol of each marked dim (dims that meet in the
+    graph share one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; the
+    traced user functions; and the trace's value guards. A marked dim the model specialises on (its size became a
+    constant) cannot be padded: error.
     """
     from .signature import unflatten
 
@@ -227,9 +236,12 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
 
     code = method.__func__.__code__
     compat.forget_dynamo_cache(code)
+    recording = compat.GuardRecording()
     try:
         with compat.dynamo_capture_config(), compat.symbolic_capture_config():
-            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record)(*args, **kwargs)
+            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
+                                   options=compat.guard_recording_options(
+                                       recording, method.__func__.__globals__))(*args, **kwargs)
     except Exception as exc:
         if compat.is_graph_break(exc):
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
@@ -275,4 +287,4 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
                         f"not equal to one, so it cannot be cut back. Fix: remove the gears of that dim")
         if dims:
             output_dims[j] = dims
-    return symbols, output_dims, _dependencies(state["code"])
+    return symbols, output_dims, _dependencies(state["code"]), value_guards.from_dynamo(recording, method)

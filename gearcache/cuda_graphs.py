@@ -105,6 +105,15 @@ class CudaGraphs:
         self.graphs.clear()
         self.pool = None
 
+    def drop_unless(self, entry_ids: set[int]) -> None:
+        """Drop the graphs whose entry is not among ``entry_ids`` (the method dropped it: its value guards no longer
+        hold); the others stay."""
+        stale = [g for g, graphed in self.graphs.items() if id(graphed.entry) not in entry_ids]
+        if stale:
+            self._retire_views()
+            for gkey in stale:
+                del self.graphs[gkey]
+
     def call(self, plan: Any, leaves: tuple, key: tuple) -> Any:
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:

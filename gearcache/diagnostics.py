@@ -63,7 +63,9 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
     try:
         known = store.list_entries(topology_folder, method)
         nearest, diff = nearest_entry(known, factors["hashes"], exclude=ekey)
-        if any(m.get("ekey") == ekey for m in known):
+        if factors.get("guard_miss"):
+            reason = f"a value the graph bakes in differs from the stored entry's: {factors['guard_miss']}"
+        elif any(m.get("ekey") == ekey for m in known):
             reason = "its entry is on disk but could not be used (stale or missing artifact, logged above)"
         elif nearest is None:
             reason = "no entry of this method on disk yet"
@@ -77,7 +79,8 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
         write_json_atomic(folder / f"{ekey}.json", {
             "format": FORMAT_VERSION, "ekey": ekey, "method": method, "topology": topology_folder,
             "time": time.time(), "pid": os.getpid(), "factors": factors,
-            "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff})
+            "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff,
+            "guard": factors.get("guard_miss")})
         _trim(folder, MAX_MISSES_PER_METHOD)
     except Exception as exc:                # diagnostics must never fail a call
         log.warning("%s: could not record the miss of entry %s (%s)", method, ekey, exc)

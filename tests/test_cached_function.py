@@ -190,3 +190,115 @@ def test_in_place_update_of_an_input_happens_once_on_the_compiling_call(tmp_path
     with torch.no_grad():
         m.cached(cache, x)
     assert torch.equal(cache, torch.full((3,), 2.0))
+
+
+# ------------------------------------------------------------------------------------------------- value guards
+SCALE = 1.0
+
+
+class Settings(torch.nn.Module):
+    """A graph that bakes in module attributes (heads, eps, approximate), a global (SCALE) and a list item."""
+
+    def __init__(self, cache_dir, heads=4, eps=1e-5, approximate="none", config=None):
+        super().__init__()
+        self.heads = heads
+        self.lin = torch.nn.Linear(8, 8)
+        self.ln = torch.nn.LayerNorm(8, eps=eps)
+        self.approximate = approximate
+        self.offsets = [0.0, 0.5]
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        h = torch.nn.functional.gelu(self.ln(self.lin(x)), approximate=self.approximate) * SCALE
+        return h.view(x.shape[0], self.heads, -1).sum(-1) + self.offsets[1]
+
+
+def settings(cache_dir, **kw) -> Settings:
+    torch.manual_seed(0)
+    return Settings(cache_dir, **kw).eval()
+
+
+@pytest.fixture(scope="module")
+def settings_cache(tmp_path_factory):
+    """Settings(heads=4, eps=1e-5, approximate="none") compiled once."""
+    cache = tmp_path_factory.mktemp("settings")
+    with torch.inference_mode():
+        settings(cache).cached(torch.randn(2, 8))
+    return cache
+
+
+def test_instances_with_other_settings_never_share_a_graph(settings_cache):
+    """Issue #26: a second instance with other attribute values loaded the first one's graph (off by 0.25)."""
+    x = torch.randn(2, 8)
+    other = settings(settings_cache, heads=8, eps=1e-1, approximate="tanh")
+    with torch.inference_mode(), counters.expect(compiles=1, loads=0):
+        out = other.cached(x)
+    torch.testing.assert_close(out, other.fwd(x))
+    same = settings(settings_cache)                    # the first settings again: its stored entry loads
+    with torch.inference_mode(), counters.expect(compiles=0, traces=0, loads=1):
+        torch.testing.assert_close(same.cached(x), same.fwd(x))
+    again = settings(settings_cache, heads=8, eps=1e-1, approximate="tanh")     # and the variant is stored too
+    with torch.inference_mode(), counters.expect(compiles=0, traces=0, loads=1):
+        torch.testing.assert_close(again.cached(x), again.fwd(x))
+
+
+@pytest.mark.parametrize("change, compiles", [
+    (lambda m: setattr(m.ln, "eps", 1e-1), 1),
+    (lambda m: setattr(m, "ln", torch.nn.LayerNorm(8, eps=1e-1)), 0),   # same values as above: that entry loads
+    (lambda m: m.offsets.__setitem__(1, 2.0), 1),
+    (lambda m: setattr(sys.modules[__name__], "SCALE", 3.0), 1),
+])
+def test_a_value_changed_after_the_first_call_is_never_served_from_the_old_graph(settings_cache, change, compiles):
+    """The calls before the change take the C shortcut; the first call after it misses (and loads or compiles the
+    entry for the new value), and every output equals eager."""
+    m = settings(settings_cache)
+    x = torch.randn(2, 8)
+    try:
+        with torch.inference_mode():
+            for _ in range(3):
+                torch.testing.assert_close(m.cached(x), m.fwd(x))
+            shortcut_calls = m.cached.shortcut_calls
+            change(m)
+            with counters.expect(compiles=compiles, misses=1):
+                out = m.cached(x)
+            torch.testing.assert_close(out, m.fwd(x))
+            torch.testing.assert_close(m.cached(x), m.fwd(x))
+            assert m.cached.shortcut_calls == shortcut_calls + 1     # the call after the miss: the shortcut again
+    finally:
+        setattr(sys.modules[__name__], "SCALE", 1.0)
+
+
+def test_a_fixed_signature_method_is_guarded_too(settings_cache):
+    """``check_signature=False`` serves every call with the first entry without a key: not past a changed value."""
+    m = settings(settings_cache, config=CompilerConfig(check_signature=False))
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        m.cached(x)
+        m.ln.eps = 1e-1
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
+def test_across_processes_changed_constants_compile_their_own_entry_and_the_old_ones_still_load(tmp_path):
+    """Issue #26, across processes: a module-level constant, a constant in another file the method imports, and a
+    constructor default (eps, approximate) different from the process that compiled the entry: each compiles its own
+    entry (never the stale one), equal to eager; a later process with any of those values compiles nothing."""
+    from conftest import Script, run_script
+
+    cache = tmp_path / "cache"
+    first = run_script("run_values.py", str(cache), str(tmp_path / "code0"))
+    assert first["equal"] and first["counters"]["compiles"] == 1
+    variants = {"scale": ["--scale", "3.0"], "helper": ["--alpha", "0.2"],
+                "defaults": ["--eps", "1e-2", "--approximate", "tanh"]}
+    changed = {name: Script("run_values.py", str(cache), str(tmp_path / name), *flags)
+               for name, flags in variants.items()}
+    for name, script in changed.items():
+        report = script.result()
+        assert report["equal"], (name, report["max_abs_diff"])
+        assert report["counters"]["compiles"] == 1 and report["counters"]["loads"] == 0, name
+    warm = {name: Script("run_values.py", str(cache), str(tmp_path / f"warm_{name}"), *flags)
+            for name, flags in {"first": [], **variants}.items()}
+    for name, script in warm.items():
+        report = script.result()
+        assert report["equal"], name
+        assert report["counters"]["loads"] == 1 and report["counters"]["compiles"] == 0, name
+        assert report["hooks"]["dynamo_frames"] == 0 and report["hooks"]["inductor_compiles"] == 0, name
