@@ -11,6 +11,7 @@ compile it with Inductor (once across all processes sharing the folder), publish
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import inspect
@@ -18,6 +19,7 @@ import json
 import logging
 import re
 import threading
+import types
 import warnings
 import time
 from typing import Any, Callable
@@ -490,6 +492,28 @@ class CachedFunction(Dispatcher):
 
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
+
+    def __deepcopy__(self, memo: dict) -> "CachedFunction":
+        """``copy.deepcopy(model)``: the copy's cached method is rebuilt (its entries load again, nothing is copied),
+        bound to the copy of the module, sharing this one's store and config."""
+        module = copy.deepcopy(self._module, memo)
+        return CachedFunction(types.MethodType(self._method.__func__, module), config=self.config, store=self.store,
+                              topology=self.topology, decompositions=self._decompositions)
+
+    def __reduce__(self) -> tuple:
+        """``pickle`` / ``torch.save(model)``: stored as what rebuilds it (the module, the method's name, the config,
+        the store's folder, the topology, the decompositions); unpickled, it loads its entries from that folder."""
+        return _unpickle, (self._module, self._method.__name__, self.config, str(self.store.root), self.topology,
+                           self._decompositions)
+
+
+def _unpickle(module: torch.nn.Module, name: str, config: CompilerConfig, root: str, topology: Topology,
+              decompositions: dict[Any, Callable] | None) -> CachedFunction:
+    """Rebuild a pickled ``CachedFunction`` (``CachedFunction.__reduce__``). The module may not have its state yet
+    (pickle sets it after its attributes are rebuilt): only its class is read here."""
+    method = types.MethodType(getattr(type(module), name), module)
+    return CachedFunction(method, config=config, store=Store.from_config(root, config), topology=topology,
+                          decompositions=decompositions)
 
 
 @dataclasses.dataclass

@@ -190,3 +190,30 @@ def test_in_place_update_of_an_input_happens_once_on_the_compiling_call(tmp_path
     with torch.no_grad():
         m.cached(cache, x)
     assert torch.equal(cache, torch.full((3,), 2.0))
+
+
+def test_a_model_holding_a_cached_method_deep_copies_and_pickles(affine_cache):
+    """The copy's cached method is rebuilt, bound to the copy (its weights), sharing the store and config; a pickled
+    model's is rebuilt on the same store folder. Neither compiles: both load the stored entry."""
+    import copy
+    import io
+
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        m.cached(x)
+        twin = copy.deepcopy(m)
+        torch.nn.init.ones_(twin.lin.weight)                        # the copy's own weights, not m's
+        assert twin.cached._module is twin and twin.cached is not m.cached
+        assert twin.cached.store is m.cached.store and twin.cached.config is m.cached.config
+        assert twin.cached.name == m.cached.name
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert loaded.cached._module is loaded and loaded.cached.store.root == m.cached.store.root
+        assert loaded.cached.config == m.cached.config
+        with counters.expect(compiles=0, traces=0, loads=2):
+            torch.testing.assert_close(twin.cached(x), twin.fwd(x))
+            torch.testing.assert_close(loaded.cached(x), m.fwd(x))
+        assert not torch.allclose(twin.cached(x), m.cached(x))
