@@ -17,7 +17,9 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
 import re
+import sys
 import threading
 import types
 import warnings
@@ -565,9 +567,32 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
 
 
 def _entry_point_name(method: Callable) -> str:
+    """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
-    raw = f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
+    raw = f"{_importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _importable_module(name: str) -> str:
+    """The name a module is imported by. For the script run as ``__main__``: ``__main__.__spec__.name`` under
+    ``python -m pkg.mod``; else, from its file, its stem with every enclosing folder that holds an ``__init__.py``
+    (``python pkg/mod.py`` -> ``pkg.mod``), so ``gearcache warmup pkg.mod:make`` warms the entries it loads.
+    ``__main__`` where there is no file (``python -c``, a notebook)."""
+    if name != "__main__":
+        return name
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name
+    path = getattr(main, "__file__", None)
+    if not path:
+        return name
+    folder, file = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(file)[0]]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        parts.insert(0, package)
+    return ".".join(parts)
 
 
 def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:

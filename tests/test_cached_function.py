@@ -217,3 +217,71 @@ def test_a_model_holding_a_cached_method_deep_copies_and_pickles(affine_cache):
             torch.testing.assert_close(twin.cached(x), twin.fwd(x))
             torch.testing.assert_close(loaded.cached(x), m.fwd(x))
         assert not torch.allclose(twin.cached(x), m.cached(x))
+
+
+RUN_THREE_WAYS = '''
+"""Imported by `gearcache warmup pkg.mod:make`, run as `python pkg/mod.py` and as `python -m pkg.mod`."""
+import json
+
+if __name__ == "__main__":
+    import compile_hooks
+
+    compile_hooks.install()
+import torch
+
+from gearcache import cache_compile, counters
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.cached = cache_compile(self.fwd)            # the store: $GEARCACHE_HOME
+
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+
+
+def make():
+    torch.manual_seed(0)
+    return Tiny().eval(), (torch.randn(2, 4),)
+
+
+if __name__ == "__main__":
+    model, (x,) = make()
+    with torch.inference_mode():
+        equal = bool(torch.allclose(model.cached(x), model.fwd(x)))
+    print(json.dumps({"name": model.cached.name, "equal": equal, "hooks": compile_hooks.COUNTS,
+                      "counters": {k: getattr(counters, k) for k in ("traces", "compiles", "loads")}}))
+'''
+
+
+def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
+    """A class of the script run as ``__main__`` is named by the module it is imported as: entries warmed up by the
+    CLI (which imports it) load in `python pkg/mod.py` and `python -m pkg.mod`, which trace and compile nothing."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(RUN_THREE_WAYS)
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "GEARCACHE_HOME": str(tmp_path / "store")}
+    env.pop("GEARCACHE_LOG", None)
+    warm = subprocess.run([sys.executable, "-m", "gearcache.cli", "warmup", "pkg.mod:make", "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert [(m["method"], m["compiled"]) for m in json.loads(warm.stdout)["methods"]] == [("pkg.mod.Tiny.fwd", 1)]
+    runs = {how: subprocess.Popen([sys.executable, *cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            for how, cmd in {"file": [str(Path("pkg", "mod.py"))], "module": ["-m", "pkg.mod"]}.items()}
+    for how, proc in runs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{how}: {err[-3000:]}"
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["name"] == "pkg.mod.Tiny.fwd" and report["equal"], (how, report)
+        assert report["counters"] == {"traces": 0, "compiles": 0, "loads": 1}, (how, report)
+        assert set(report["hooks"].values()) == {0}, (how, report)
