@@ -32,6 +32,7 @@ from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
 from . import compiler, cuda_graphs, faults, gears, runplan, warmup
+from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
@@ -70,6 +71,7 @@ class CachedFunction(Dispatcher):
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
+        self._recompiles = RecompileWatch(self.name)   # warns when an argument compiles per value or size
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
@@ -85,9 +87,14 @@ class CachedFunction(Dispatcher):
         if self.graphs is not None:
             return self.graphs.call(plan, leaves, key)
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=True)
         entry = self._table.get(key)
         if entry is None:
+            if gears.has_marks(leaves):             # marked after an unmarked first call: gears from now on
+                plan = self._init_gears(args, kwargs, leaves, key, again=True)
+                if plan is not None:
+                    return self._call_geared(plan, leaves, key, served=True)
+            self._note_miss(args, kwargs, leaves, geared=False)
             entry = self._miss(args, kwargs, leaves, key)
         else:
             counters.hits += 1
@@ -109,11 +116,12 @@ class CachedFunction(Dispatcher):
     def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=True)
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
+        """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
         targets = plan.targets(leaves)
         if targets is None:
             return self._past_largest(plan, leaves, key)
@@ -121,6 +129,8 @@ class CachedFunction(Dispatcher):
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
+            if served:
+                self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
             entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
         else:
             counters.hits += 1
@@ -146,10 +156,17 @@ class CachedFunction(Dispatcher):
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple) -> "gears.GearPlan | None":
-        """Build (or load) the gear plan from the first call's marks; None when nothing is marked."""
+    def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
+        """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""
+        self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared, gear_plans_stored=lambda: any(
+            self.store.plan_path(self.topology.folder, self.name, "-").parent.glob("*.json")))
+
+    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                    again: bool = False) -> "gears.GearPlan | None":
+        """Build (or load) the gear plan from the first call's marks; None when nothing is marked. ``again``: look
+        for marks on this call too when an earlier call had none."""
         with self._lock:
-            if self._gears_checked:
+            if self._gears_checked and not (again and self._gears is None):
                 return self._gears
             marks = self._marks(args, kwargs, leaves)
             if marks:
@@ -211,6 +228,8 @@ class CachedFunction(Dispatcher):
                 if not self._gears_checked:
                     early = self._early_workers(args, kwargs, leaves, key, timeline)
                 plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+                if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
+                    plan = self._init_gears(args, kwargs, leaves, key, again=True)
             if plan is None:
                 self(*args, **kwargs)
                 return 1

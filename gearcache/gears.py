@@ -246,6 +246,11 @@ def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int
     return marks
 
 
+def has_marks(leaves: tuple) -> bool:
+    """Whether a call's tensors carry ``set_dim_gears`` marks (checked on a miss, not on every call)."""
+    return any(isinstance(leaf, torch.Tensor) and getattr(leaf, GEARS_ATTR, None) for leaf in leaves)
+
+
 def check_marks(marks: list[MarkedDim], policy: str) -> None:
     """Errors that need no trace: under ``zip`` every marked dim needs as many sizes."""
     if policy == "zip" and len({len(m.sizes) for m in marks}) != 1:
