@@ -131,10 +131,8 @@ class Cache:
             self._index = {}
             folder = self.root / "index"
             if folder.is_dir():
-                try:
-                    import diskcache
-
-                    index = diskcache.Index(str(folder))
+                try:            # an index SQLite cannot read is moved aside and rebuilt (warned once)
+                    index = self.store().read_index()
                     self._index = {k: v for k, v in index.items() if isinstance(v, dict)}
                 except Exception as exc:
                     _warn(f"cannot read the index at {folder} ({exc}); loads, hits and last used are not shown")
