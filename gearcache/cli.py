@@ -4,7 +4,8 @@
     gearcache inspect ENTRY                an entry's key factors, artifact, generated code, recipes, dependencies
     gearcache explain ENTRY_A ENTRY_B      the key factors two entries differ in, with both values
     gearcache explain --method NAME        why the latest recorded miss of a method missed (vs the nearest entry)
-    gearcache verify                       artifact digests, compatibility with this machine, missing artifacts
+    gearcache verify                       artifact digests, compatibility, missing artifacts, modes or owners the
+                                           runtime refuses
     gearcache prune --older-than DAYS ...  delete entries (a dry run unless --yes)
     gearcache warmup MODULE:FACTORY        compile or load every gear of a model's cached methods
     gearcache stats                        totals across the folder
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import getpass
 import importlib
 import json
 import logging
@@ -577,20 +579,49 @@ def _artifact_status(cache: Cache, akey: str, memo: dict[str, tuple[str, str]]) 
     return memo[akey]
 
 
+def _trust_fix(path: pathlib.Path, why: str) -> str:
+    if "owned by" in why:
+        return f"`chown -R {getpass.getuser()} {path}` (the serving user must own the store), or use a private cache_dir"
+    return f"`chmod go-w {path}`"
+
+
+def untrusted_folders(cache: Cache) -> list[dict[str, str]]:
+    """The store's folders the runtime refuses (gearcache/store/trust.py): another user owns them or others can
+    write them. A refused root, ``entries/`` or ``artifacts/`` refuses the whole store. ``[{"path", "why", "fix"}]``."""
+    store = cache.store()
+    out = []
+    for path in (cache.root, cache.root / "entries", cache.root / "artifacts"):
+        why = store.untrusted_why(path)
+        if why is not None:
+            out.append({"path": str(path), "why": why, "fix": _trust_fix(path, why)})
+    return out
+
+
+def _untrusted_entry(cache: Cache, ref: EntryRef) -> tuple[str, str] | None:
+    """("untrusted", why and fix) when the runtime refuses this entry manifest or its method folder."""
+    for path in (ref.path.parent, ref.path):
+        why = cache.store().untrusted_why(path)
+        if why is not None:
+            return ("untrusted", f"{path}: {why}; the entry is never loaded. Fix: {_trust_fix(path, why)}")
+    return None
+
+
 def check_entries(cache: Cache) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
-    """Per entry: its problems ``[(status, detail)]``, in order corrupt, orphaned, incompatible. Also the artifacts'
-    statuses."""
+    """Per entry: its problems ``[(status, detail)]``, in order corrupt, orphaned, untrusted, incompatible. Also
+    the artifacts' statuses."""
     software, devices = _machine()
     memo: dict[str, tuple[str, str]] = {}
     results = []
     for ref in cache.entries():
         problems = []
+        untrusted = _untrusted_entry(cache, ref)
         if ref.manifest is None:
             problems.append(ref.problem)
         else:
             status, detail = _artifact_status(cache, ref.akey, memo)
             if status != "ok":
                 problems.append((status, detail))
+            problems += [untrusted] if untrusted else []
             problems += [("incompatible", why) for why in incompatibilities(ref.manifest, software, devices)]
         results.append({"ref": ref, "problems": problems})
     for akey in cache.artifact_keys():
@@ -613,12 +644,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     summary: dict[str, int] = {}
     for row in rows:
         summary[row["status"]] = summary.get(row["status"], 0) + 1
-    failed = any(r["status"] != "ok" for r in rows) or any(a["status"] == "corrupt" for a in loose)
+    refused = untrusted_folders(cache)
+    failed = (any(r["status"] != "ok" for r in rows) or any(a["status"] == "corrupt" for a in loose)
+              or bool(refused))
     doc = {"cache_dir": str(cache.root), "ok": not failed, "summary": summary, "entries": rows,
-           "unreferenced_artifacts": loose}
+           "unreferenced_artifacts": loose, "untrusted_folders": refused}
 
     def human() -> str:
         out = []
+        if refused:
+            out += ["REFUSED: gearcache loads nothing from this store and writes nothing to it (every call compiles, "
+                    "in memory only):"]
+            out += [f"  {f['path']}: {f['why']}. Fix: {f['fix']}" for f in refused] + [""]
         if rows:
             out.append(format_table(["STATUS", "METHOD", "ENTRY", "ARTIFACT", "DETAIL"], [
                 [r["status"], r["method"], r["ekey"][:12], (r["akey"] or "-")[:12],
@@ -745,7 +782,7 @@ def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str
     """Delete entry manifests, then the artifacts no remaining entry references (under their locks; an artifact a
     live process has a lease on stays), then index rows. Returns (deleted artifact keys, artifact keys skipped because
     a running process holds their lock or uses them)."""
-    import filelock
+    from .errors import LockTimeoutError
 
     for c in chosen.values():
         ref = c["ref"]
@@ -759,17 +796,13 @@ def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str
     for akey in artifacts:
         if akey in still_used:
             continue                # an entry written meanwhile uses it again
-        lock = filelock.FileLock(str(cache.root / "locks" / f"{akey}.lock"), timeout=0)
-        try:
-            lock.acquire()
-        except filelock.Timeout:
+        try:                        # the writers' own lock, of either lock_mode (flock or soft)
+            with cache.store().locked_in_every_mode(akey, 0):
+                status = cache.store().remove_artifact(akey)      # moved aside at once: never seen half deleted
+        except LockTimeoutError:
             locked.append(akey)
             _warn(f"artifact {akey} is locked by a running process; left in place")
             continue
-        try:
-            status = cache.store().remove_artifact(akey)      # moved aside at once: never seen half deleted
-        finally:
-            lock.release()
         if status == "removed":
             deleted.append(akey)
             log.info("pruned artifact %s", akey)
@@ -967,8 +1000,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", parents=[common], help="check digests and compatibility",
                        description="Check every artifact's digests, each entry's compatibility with this machine "
-                                   "(software versions, devices) and that its artifact exists. Reports ok / corrupt "
-                                   "/ incompatible / orphaned per entry; exits 1 on any problem.")
+                                   "(software versions, devices), that its artifact exists, and every folder and "
+                                   "file mode or owner the runtime refuses to load from (with the fix). Reports ok "
+                                   "/ corrupt / orphaned / untrusted / incompatible per entry; exits 1 on any "
+                                   "problem.")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", parents=[common], help="delete entries (dry run unless --yes)",

@@ -21,6 +21,7 @@ import time
 import weakref
 from typing import Any, Iterable
 
+from .errors import UntrustedCacheError
 from .key import FORMAT_VERSION
 from .store import Store, flush_index_updates, write_json_atomic
 
@@ -79,6 +80,8 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
             "time": time.time(), "pid": os.getpid(), "factors": factors,
             "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff})
         _trim(folder, MAX_MISSES_PER_METHOD)
+    except UntrustedCacheError as exc:      # the store is refused: warned once where the refusal is met
+        log.debug("%s: miss of entry %s not recorded (%s)", method, ekey, exc)
     except Exception as exc:                # diagnostics must never fail a call
         log.warning("%s: could not record the miss of entry %s (%s)", method, ekey, exc)
 
@@ -180,6 +183,8 @@ def flush_hits() -> None:
                     row["hits"] = row.get("hits", 0) + n
                     row["last_used"] = now
                     index[ekey] = row
+        except UntrustedCacheError as exc:      # the store is refused: warned once where the refusal is met
+            log.debug("cache index update of entry hits skipped (%s)", exc)
         except Exception as exc:
             log.warning("cache index update of entry hits failed (%s)", exc)
         finally:

@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 from . import runplan, signature
 from .counters import counters
-from .errors import CacheCorruptionError, LockTimeoutError, UntrustedCacheError
+from .errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError, UntrustedCacheError
 from .store import Store, storage_fix
+from .store.trust import first_untrusted_warning
 
 log = logging.getLogger("gearcache.faults")
 
@@ -52,6 +53,9 @@ def _kind(exc: BaseException) -> str:
 def warn_once(store: Store, exc: BaseException, consequence: str) -> None:
     """Log one warning per process, folder and kind of fault, naming the error and the fix."""
     key = (str(store.root), _kind(exc))
+    untrusted = isinstance(exc, UntrustedCacheError) and not isinstance(exc, UntrustedArtifactError)
+    if untrusted and not first_untrusted_warning(store.root):
+        return                          # warned already (the store's trust check, gearcache/store/trust.py)
     with _warned_lock:
         if key in _warned:
             return

@@ -345,3 +345,59 @@ def test_native_status_says_where_the_native_checks_are_and_build_says_why_it_fa
     assert failed.returncode == 1
     assert "building gearcache's native checks failed" in failed.stderr and "build.log" in failed.stderr
     assert "failed (see build.log)" in gc("native", env=_env(GEARCACHE_NATIVE_DIR=str(tmp_path))).stdout
+
+
+# ------------------------------------------------------------------------------------ what the runtime refuses
+def test_verify_reports_every_mode_the_runtime_refuses_with_the_fix(cache_copy, listing):
+    entry = listing[0]
+    manifest = next(cache_copy.glob(f"entries/*/*/{entry['ekey']}.json"))
+    manifest.chmod(0o664)                                   # group-writable: that entry is never loaded
+    try:
+        cache_copy.chmod(0o777)                             # world-writable: the whole store is refused
+        proc = gc("verify", "--cache-dir", cache_copy)
+        doc = gc_json("verify", "--cache-dir", cache_copy, rc=1)
+    finally:
+        cache_copy.chmod(0o700)
+    assert proc.returncode == 1 and "PROBLEMS FOUND" in proc.stdout and "all ok" not in proc.stdout
+    assert f"{cache_copy}: mode 0o777 lets every user write it. Fix: `chmod go-w {cache_copy}`" in proc.stdout
+    assert doc["untrusted_folders"] == [{"path": str(cache_copy), "why": "mode 0o777 lets every user write it",
+                                         "fix": f"`chmod go-w {cache_copy}`"}]
+    rows = {r["ekey"]: r for r in doc["entries"]}
+    assert rows[entry["ekey"]]["status"] == "untrusted"
+    assert f"`chmod go-w {manifest}`" in rows[entry["ekey"]]["problems"][0]["detail"]
+    assert [r["status"] for k, r in rows.items() if k != entry["ekey"]] == ["ok"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_verify_reports_a_folder_another_user_owns(cache_copy):
+    os.chown(cache_copy / "entries", 12345, -1)
+    doc = gc_json("verify", "--cache-dir", cache_copy, rc=1)
+    assert doc["untrusted_folders"][0]["path"] == str(cache_copy / "entries")
+    assert "owned by uid 12345" in doc["untrusted_folders"][0]["why"]
+    assert "chown" in doc["untrusted_folders"][0]["fix"]
+
+
+def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
+    """Writers with lock_mode="soft" lock ``locks/<akey>.softlock``: prune takes the store's locks of both modes."""
+    from gearcache.store import Store
+
+    akey = sorted(p.name for p in (cache_copy / "artifacts").iterdir())[0]
+    writer = Store(cache_copy, lock_mode="soft")
+    with writer._locked(writer._lock_path(akey), 5):
+        done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
+    assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]
+    assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]
+
+
+def test_an_unreadable_index_is_rebuilt_once_and_ls_and_stats_work(cache_copy, listing):
+    db = cache_copy / "index" / "cache.db"
+    db.write_bytes(b"this is no SQLite file " * 200)
+    first = gc("ls", "--cache-dir", cache_copy, "--json")
+    second = gc("stats", "--cache-dir", cache_copy, "--json")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "rebuilt it from 2 entry manifest(s)" in first.stderr and "cannot read" not in first.stderr
+    assert second.stderr == "", second.stderr                         # repaired: nothing to say any more
+    rows = json.loads(first.stdout)["entries"]
+    assert sorted(r["ekey"] for r in rows) == sorted(e["ekey"] for e in listing)
+    assert all(r["last_used"] and r["loads"] == 0 for r in rows)       # counts restart after a repair
+    assert json.loads(second.stdout)["entries"] == 2

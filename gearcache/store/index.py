@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..errors import UntrustedCacheError
 from . import files as fs
 from .files import _makedirs, _tmp_tag
 
@@ -170,7 +171,7 @@ class IndexMixin:
         try:
             self.index[key] = value
         except Exception as exc:        # bookkeeping must never fail a call
-            log.warning("cache index update failed (%s); entries stay usable", exc)
+            _index_failed(exc)
 
     def _index_pop(self, keys: list[str], akey: str | None = None) -> None:
         """Remove index rows (an entry row only while it still names ``akey``)."""
@@ -182,8 +183,8 @@ class IndexMixin:
                     if row is not None and (akey is None or key.startswith("artifact:") or
                                             (isinstance(row, dict) and row.get("akey") == akey)):
                         del index[key]
-        except Exception as exc:
-            log.warning("cache index update failed (%s); entries stay usable", exc)
+        except Exception as exc:        # bookkeeping must never fail a call
+            _index_failed(exc)
 
     def touch(self, ekey: str) -> None:
         """Record a load of an entry (not called per call: once per entry per process)."""
@@ -192,8 +193,8 @@ class IndexMixin:
             if row is not None:
                 row = dict(row, last_used=time.time(), loads=row.get("loads", 0) + 1)
                 self.index[ekey] = row
-        except Exception as exc:
-            log.warning("cache index update failed (%s)", exc)
+        except Exception as exc:        # bookkeeping must never fail a call
+            _index_failed(exc)
 
 
 def _index_problem(folder: str) -> str | None:
@@ -218,3 +219,12 @@ def _warn_once(folder: str, message: str) -> None:
     if folder not in _WARNED:
         _WARNED.add(folder)
         log.warning("%s", message)
+
+
+def _index_failed(exc: Exception) -> None:
+    """Log a failed index update: a warning, unless the store is refused (``UntrustedCacheError``: warned once where
+    the refusal is met, gearcache/store/trust.py)."""
+    if isinstance(exc, UntrustedCacheError):
+        log.debug("cache index update skipped (%s)", exc)
+    else:
+        log.warning("cache index update failed (%s); entries stay usable", exc)
