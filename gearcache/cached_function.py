@@ -85,7 +85,7 @@ class CachedFunction(Dispatcher):
         if plan is None and not self._gears_checked:
             plan = self._init_gears(args, kwargs, leaves, key)
         if self.graphs is not None:
-            return self.graphs.call(plan, leaves, key)
+            return self.graphs.call(plan, leaves, key, served=True)
         if plan is not None:
             return self._call_geared(plan, leaves, key, served=True)
         entry = self._table.get(key)
@@ -113,10 +113,10 @@ class CachedFunction(Dispatcher):
         else:
             self._set_shortcut(matcher, entry, counters)
 
-    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
+    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if plan is not None:
-            return self._call_geared(plan, leaves, key, served=True)
+            return self._call_geared(plan, leaves, key, served=served)
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
@@ -136,6 +136,8 @@ class CachedFunction(Dispatcher):
             counters.hits += 1
             entry.hits += 1
         outs = entry.run(padded)
+        if served:
+            plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
             outs = plan.cut(entry, outs, leaves)

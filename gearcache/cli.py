@@ -910,10 +910,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     def total(key: str) -> float:
         return sum(r.get(key, 0) or 0 for r in rows)
 
-    padded, real = total("padded_rows"), total("real_rows")
-    recorded = any("padded_rows" in r for r in rows)
-    # padded_rows: rows the compiled graphs ran (after padding up to a gear); real_rows: the rows callers passed
-    waste = (1.0 - real / padded) if recorded and padded else None
+    # elements of the geared inputs of served calls: as the entries ran them (padded to a gear), as callers passed them
+    padded, real = total("padded_elements"), total("real_elements")
+    waste = (1.0 - real / padded) if padded else None
     doc = {
         "cache_dir": str(cache.root), "entries": len(entries),
         "methods": len({(e.topology, e.method) for e in entries}),
@@ -921,6 +920,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "loads": int(total("loads")), "hits": int(total("hits")),
         "compile_seconds": round(sum(float(e.manifest.get("compile_seconds") or 0) for e in entries), 3),
         "load_seconds": round(total("load_seconds"), 3), "padding_waste": waste,
+        "real_elements": int(real), "padded_elements": int(padded),
         "unreadable_entries": len(cache.entries()) - len(entries),
     }
 
@@ -1026,7 +1026,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("stats", parents=[common], help="totals",
-                       description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste.")
+                       description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste "
+                                   "(the share of padding in the geared inputs the entries ran for callers' calls, "
+                                   "recorded by every process at exit; n/a without geared calls).")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("native", help="gearcache's native checks for this torch: status, or build them now",

@@ -1,14 +1,16 @@
-"""Bookkeeping for ``gearcache explain``, ``ls`` and ``stats``: recorded misses, loads and hits.
+"""Bookkeeping for ``gearcache explain``, ``ls`` and ``stats``: recorded misses, loads, hits and padding.
 
 Nothing here runs on the call path. ``record_miss`` runs once per compile, ``record_load`` once per load, and hits are
-counted by the call path as one integer increment on the entry (``Entry.hits``) and written to the index by one
+counted by the call path as one integer increment on the entry (``Entry.hits``; a geared call also adds its inputs'
+real and padded elements: ``Entry.real_elements``, ``Entry.padded_elements``) and written to the index by one
 ``atexit`` flush per process (:func:`flush_hits`; call it yourself in a long-running server to write them earlier).
 Every write is wrapped: a failure logs a warning and never raises into the caller.
 
 On disk::
 
     <root>/misses/<topology>/<method>/<ekey>.json   the key factors of a miss that compiled (newest 50 per method)
-    <root>/index/                                   index rows: loads, last_used, load_seconds, hits
+    <root>/index/                                   index rows: loads, last_used, load_seconds, hits,
+                                                    real_elements, padded_elements (padding waste: stats)
 """
 from __future__ import annotations
 
@@ -118,7 +120,9 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
 # collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
 _lock = threading.Lock()
 _tracked: "weakref.WeakKeyDictionary[Any, weakref.finalize]" = weakref.WeakKeyDictionary()
-_pending: dict[tuple[str, str, str, str], int] = {}        # (root, topology, method, ekey) -> hits not yet written
+COUNTED = ("hits", "real_elements", "padded_elements")     # what entries count per call, flushed to their rows
+# (root, topology, method, ekey) -> {name in COUNTED: count not yet written}
+_pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
 _atexit_registered = False
 
 
@@ -144,17 +148,21 @@ def _stash(root: str, table: dict) -> None:
         if id(entry) in seen:
             continue
         seen.add(id(entry))
-        n = getattr(entry, "hits", 0)
-        if n:
-            entry.hits = 0
+        counts = {name: getattr(entry, name, 0) for name in COUNTED}
+        if any(counts.values()):
+            for name in COUNTED:
+                setattr(entry, name, 0)
             m = entry.manifest
             k = (root, m.get("topology", ""), m.get("method", ""), m["ekey"])
-            _pending[k] = _pending.get(k, 0) + n
+            row = _pending.setdefault(k, dict.fromkeys(COUNTED, 0))
+            for name, n in counts.items():
+                row[name] += n
 
 
 def flush_hits() -> None:
-    """Add the hits counted in this process since the last flush to the index rows' ``hits`` (and write the other
-    queued index updates: ``store.flush_index_updates``). Never raises."""
+    """Add the hits (and geared calls' elements) counted in this process since the last flush to the index rows'
+    ``hits`` (``real_elements``, ``padded_elements``), and write the other queued index updates
+    (``store.flush_index_updates``). Never raises."""
     global _pending
     flush_index_updates()
     try:
@@ -164,9 +172,9 @@ def flush_hits() -> None:
     except Exception as exc:
         log.warning("could not collect entry hits (%s)", exc)
         return
-    by_root: dict[str, list[tuple[str, str, str, int]]] = {}
-    for (root, topology, method, ekey), n in pending.items():
-        by_root.setdefault(root, []).append((topology, method, ekey, n))
+    by_root: dict[str, list[tuple[str, str, str, dict[str, int]]]] = {}
+    for (root, topology, method, ekey), counts in pending.items():
+        by_root.setdefault(root, []).append((topology, method, ekey, counts))
     now = time.time()
     for root, rows in by_root.items():
         if not os.path.isdir(root):
@@ -175,12 +183,14 @@ def flush_hits() -> None:
         try:
             index = store.index
             with index.transact():
-                for topology, method, ekey, n in rows:
+                for topology, method, ekey, counts in rows:
                     row = index.get(ekey)
                     if row is None and not store.entry_path(topology, method, ekey).is_file():
                         continue        # the entry was pruned meanwhile
                     row = dict(row or {"method": method, "topology": topology})
-                    row["hits"] = row.get("hits", 0) + n
+                    for name, n in counts.items():
+                        if n or name == "hits":
+                            row[name] = row.get(name, 0) + n
                     row["last_used"] = now
                     index[ekey] = row
         except UntrustedCacheError as exc:      # the store is refused: warned once where the refusal is met
