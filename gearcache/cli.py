@@ -3,7 +3,8 @@
     gearcache ls                           one row per entry: method, signature, gears, size, last used, loads, hits
     gearcache inspect ENTRY                an entry's key factors, artifact, generated code, recipes, dependencies
     gearcache explain ENTRY_A ENTRY_B      the key factors two entries differ in, with both values
-    gearcache explain --method NAME        why the latest recorded miss of a method missed (vs the nearest entry)
+    gearcache explain --method NAME        why the latest recorded miss of a method that is still a miss missed (vs the
+                                           nearest entry), or what the latest miss has compiled to since
     gearcache verify                       artifact digests, compatibility, missing artifacts, modes or owners the
                                            runtime refuses
     gearcache prune --older-than DAYS ...  delete entries (a dry run unless --yes)
@@ -14,8 +15,8 @@
                                            gearcache/cli_remote.py
 
 Every subcommand takes ``--cache-dir`` (default ``$GEARCACHE_HOME``, else ``./.gearcache``) and ``--json`` (one JSON
-document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss or a
-difference); 2 a usage error, a missing cache folder or an unknown entry.
+document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss that is still a
+miss, or two entries that differ); 2 a usage error, a missing cache folder or an unknown entry.
 
 ``ls``, ``inspect``, ``explain``, ``verify`` and ``stats`` only read (``verify`` quarantines nothing). ``prune --yes``
 deletes entry manifests first, then the artifacts no remaining entry references (each under its lock, skipped if
@@ -478,10 +479,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _explain_miss(args: argparse.Namespace) -> int:
-    from .diagnostics import nearest_entry
-
+    """The latest recorded miss of the method that is still a miss (no entry of its key on disk), against the nearest
+    entry: exit 1. When every recorded miss has compiled since: the latest one, what it compiled to and why it
+    missed then: exit 0."""
     cache = _open(args)
     method = _resolve_method(cache, args.method)
+    records = _miss_records(cache, method)
+    if not records:
+        doc = {"method": method, "miss": None, "differs": []}
+        _emit(args, doc, lambda: f"no recorded miss of {method} in {cache.root} (misses are recorded when gearcache "
+                                 f"compiles an entry)")
+        return OK
+    entries = {(r.topology, r.ekey): r for r in cache.good_entries() if r.method == method}
+    missing = [r for r in records if (r[2].get("topology") or r[1].parent.parent.name, r[2].get("ekey")) not in
+               entries]
+    when, path, miss = max(missing or records, key=lambda r: r[0])
+    topology = miss.get("topology") or path.parent.parent.name
+    compiled = entries.get((topology, miss.get("ekey")))
+    doc: dict[str, Any] = {
+        "method": method, "topology": topology,
+        "miss": {"ekey": miss.get("ekey"), "time": when, "time_iso": _iso(when), "record": str(path),
+                 "signature": short_signature(miss["factors"].get("values", {}).get("signature")),
+                 "compiled_as_entry": compiled is not None}}
+    head = (f"latest miss of {method} ({topology}) at {fmt_time(when)}: entry {miss.get('ekey')}\n"
+            f"  call signature: {doc['miss']['signature']}")
+    if compiled is not None:
+        return _explain_compiled(args, doc, head, miss, compiled)
+    return _explain_still_missing(args, cache, doc, head, miss)
+
+
+def _miss_records(cache: Cache, method: str) -> list[tuple[float, pathlib.Path, dict[str, Any]]]:
+    """The recorded misses of ``method`` (diagnostics.record_miss): ``(time, path, record)``."""
     records = []
     for path in (cache.root / "misses").glob(f"*/{method}/*.json"):
         try:
@@ -490,13 +518,33 @@ def _explain_miss(args: argparse.Namespace) -> int:
                 records.append((float(data.get("time", path.stat().st_mtime)), path, data))
         except (OSError, ValueError, TypeError):
             continue
-    if not records:
-        doc = {"method": method, "miss": None, "differs": []}
-        _emit(args, doc, lambda: f"no recorded miss of {method} in {cache.root} (misses are recorded when gearcache "
-                                 f"compiles an entry)")
-        return OK
-    when, path, miss = max(records, key=lambda r: r[0])
-    topology = miss.get("topology") or path.parent.parent.name
+    return records
+
+
+def _explain_compiled(args: argparse.Namespace, doc: dict[str, Any], head: str, miss: dict[str, Any],
+                      entry: EntryRef) -> int:
+    """Every recorded miss compiled since: say what the latest one compiled to (and why it missed then); exit 0."""
+    m = entry.manifest or {}
+    doc.update(compiled_to={"ekey": entry.ekey, "akey": entry.akey, "created": m.get("created")},
+               nearest=None, differs=[], missed_before=miss.get("nearest"),
+               missed_because=list(miss.get("differs") or []))
+
+    def human() -> str:
+        why = (f"it missed because key factor(s) {', '.join(doc['missed_because'])} differed from entry "
+               f"{doc['missed_before']}" if doc["missed_because"] else "it was the method's first compile")
+        return (f"{head}\nhas since compiled: entry {entry.ekey} (artifact {entry.akey}, created "
+                f"{fmt_time(m.get('created'))}); {why}. No recorded miss of the method is still a miss.")
+
+    _emit(args, doc, human)
+    return OK
+
+
+def _explain_still_missing(args: argparse.Namespace, cache: Cache, doc: dict[str, Any], head: str,
+                           miss: dict[str, Any]) -> int:
+    """The miss has no entry on disk: the key factors it differs in from the nearest entry of the method; exit 1."""
+    from .diagnostics import nearest_entry
+
+    topology, method = doc["topology"], doc["method"]
     hashes, values = miss["factors"].get("hashes", {}), miss["factors"].get("values", {})
     candidates = [r.manifest for r in cache.good_entries() if r.method == method and r.topology == topology]
     nearest, _ = nearest_entry(candidates, hashes, exclude=miss.get("ekey"))
@@ -504,18 +552,13 @@ def _explain_miss(args: argparse.Namespace) -> int:
     if nearest is not None:
         nf = nearest.get("factors", {})
         diffs = _diff_doc(hashes, values, nf.get("hashes", {}), nf.get("values", {}))
-    compiled = any(r.ekey == miss.get("ekey") for r in cache.good_entries() if r.method == method)
-    doc = {"method": method, "topology": topology,
-           "miss": {"ekey": miss.get("ekey"), "time": when, "time_iso": _iso(when), "record": str(path),
-                    "signature": short_signature(values.get("signature")), "compiled_as_entry": compiled},
-           "nearest": nearest.get("ekey") if nearest else None, "differs": diffs}
+    doc.update(compiled_to=None, nearest=nearest.get("ekey") if nearest else None, differs=diffs)
 
     def human() -> str:
-        head = (f"latest miss of {method} ({topology}) at {fmt_time(when)}: entry {miss.get('ekey')}"
-                f"{' (compiled since)' if compiled else ''}\n  call signature: {doc['miss']['signature']}")
+        top = f"{head}\nstill a miss: no entry of this key is on disk"
         if nearest is None:
-            return f"{head}\nno other entry of {method} to compare with: it was the method's first compile"
-        return (f"{head}\nnearest entry: {nearest['ekey']} ({short_signature(nearest.get('signature'))})\n"
+            return f"{top}\nno other entry of {method} to compare with"
+        return (f"{top}\nnearest entry: {nearest['ekey']} ({short_signature(nearest.get('signature'))})\n"
                 f"{len(diffs)} key factor(s) differ: {', '.join(d['factor'] for d in diffs)}\n\n"
                 f"{_diff_table(diffs, 'MISS', 'NEAREST ENTRY')}")
 
@@ -974,7 +1017,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="gearcache", description="Look into, check, prune and warm up a gearcache folder.",
-        epilog="exit status: 0 ok, 1 a check failed (verify found problems, explain found a miss), "
+        epilog="exit status: 0 ok, 1 a check failed (verify found problems, explain found a miss that is still one), "
                "2 usage error, missing folder or unknown entry")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -993,7 +1036,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", parents=[common], help="which key factors differ (two entries, or a miss)",
                        description="`explain A B`: the key factors two entries differ in, with both values. "
                                    "`explain --method NAME`: the key factors in which the latest recorded miss of "
-                                   "NAME differs from the nearest entry. Exits 1 when differences are shown.")
+                                   "NAME that is still a miss (no entry of its key on disk) differs from the "
+                                   "nearest entry; when every recorded miss has compiled since, what the latest one "
+                                   "compiled to (exit 0). Exits 1 when differences are shown.")
     p.add_argument("entries", nargs="*", metavar="ENTRY", help="two entry keys (or prefixes)")
     p.add_argument("--method", metavar="NAME", help="a method name (module.Class.method, or a unique end of one)")
     p.set_defaults(func=cmd_explain)

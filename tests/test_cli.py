@@ -205,13 +205,29 @@ def test_explain_two_entries_names_signature(reads):
     assert "float32[2, 4]" in row and "float32[3, 4]" in row            # both values
 
 
-def test_explain_latest_miss_of_a_method(reads, listing):
-    doc = as_json(reads["explain_method"], rc=1)
+def test_explain_a_miss_that_has_since_compiled_says_what_it_compiled_to(reads, listing):
+    """Both recorded misses compiled: nothing misses now (exit 0); the latest one's entry and why it missed then."""
+    doc = as_json(reads["explain_method"], rc=0)
     assert doc["method"] == METHOD
     assert doc["miss"]["signature"] == "(float32[3, 4] cpu) grad=off" and doc["miss"]["compiled_as_entry"]
+    three = next(e for e in listing if e["signature"] == "(float32[3, 4] cpu) grad=off")
+    assert doc["compiled_to"] == {"ekey": three["ekey"], "akey": three["akey"], "created": three["created"]}
+    assert doc["differs"] == [] and doc["missed_because"] == ["signature"]
+
+
+def test_explain_the_latest_miss_that_is_still_a_miss(cache_copy, listing):
+    """The entry of the first miss was pruned: that miss is explained (against the entry there is), not the later
+    miss that compiled."""
+    two = next(e for e in listing if e["signature"] == "(float32[2, 4] cpu) grad=off")
+    three = next(e for e in listing if e["signature"] == "(float32[3, 4] cpu) grad=off")
+    next(cache_copy.glob(f"entries/*/*/{two['ekey']}.json")).unlink()
+    proc = gc("explain", "--method", "Tiny.fwd", "--cache-dir", cache_copy)
+    doc = gc_json("explain", "--method", "Tiny.fwd", "--cache-dir", cache_copy, rc=1)
+    assert doc["miss"]["ekey"] == two["ekey"] and not doc["miss"]["compiled_as_entry"]
+    assert doc["compiled_to"] is None and doc["nearest"] == three["ekey"]
     assert [d["factor"] for d in doc["differs"]] == ["signature"]
     assert doc["differs"][0]["hash_a"] != doc["differs"][0]["hash_b"]
-    assert doc["nearest"] != doc["miss"]["ekey"] and doc["nearest"] in {e["ekey"] for e in listing}
+    assert proc.returncode == 1 and "still a miss" in proc.stdout and "1 key factor(s) differ: signature" in proc.stdout
 
 
 def test_stats_consistent_with_ls(reads, listing):
