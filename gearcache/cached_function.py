@@ -444,8 +444,11 @@ class CachedFunction(Dispatcher):
         if faults.persisted(self.store, akey, folder):
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
-        log.info("%s: %s entry %s (artifact %s) in %.2f s", self.name, "compiled" if built else "reused artifact for",
-                 ekey, akey, time.perf_counter() - t0)
+        if built:
+            log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
+        else:
+            log.info("%s: entry %s reuses artifact %s, compiled by another process or for another entry (nothing "
+                     "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         return entry
 
     def _load_published(self, p: "PendingEntry", folder, built: bool) -> tuple[Any, bool, Any]:

@@ -62,7 +62,8 @@ def misses_dir(root: pathlib.Path, topology_folder: str, method: str) -> pathlib
 
 def record_miss(store: Store, topology_folder: str, method: str, ekey: str, factors: dict[str, Any]) -> None:
     """Write a miss's key factors to ``misses/<topology>/<method>/<ekey>.json`` (newest 50 kept per method) and log
-    at INFO which factors differ from the nearest existing entry of the method. Never raises."""
+    at INFO which factors differ from the nearest existing entry of the method (whether this process then compiles
+    the artifact, or waits for another one compiling it, is logged by the store). Never raises."""
     try:
         known = store.list_entries(topology_folder, method)
         nearest, diff = nearest_entry(known, factors["hashes"], exclude=ekey)
@@ -72,7 +73,7 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
             reason = "no entry of this method on disk yet"
         else:
             reason = f"key factor(s) {', '.join(diff)} differ from the nearest entry {nearest['ekey']}"
-        log.info("%s: miss, compiling entry %s: %s", method, ekey, reason)
+        log.info("%s: miss for entry %s: %s; capturing it", method, ekey, reason)
         store._ensure_root()
         folder = misses_dir(store.root, topology_folder, method)
         for d in (folder.parent.parent, folder.parent, folder):

@@ -142,8 +142,9 @@ def reads(populated, listing) -> dict[str, subprocess.CompletedProcess]:
 # ------------------------------------------------------------------------------------------------ the process side
 def test_logging_reports_miss_compile_and_load(populated):
     _, cold, warm = populated
-    misses = [line for line in cold.stderr.splitlines() if ": miss, compiling entry" in line]
+    misses = [line for line in cold.stderr.splitlines() if ": miss for entry" in line]
     assert len(misses) == 2, cold.stderr[-3000:]
+    assert sum("compiling artifact" in line for line in cold.stderr.splitlines()) == 2
     assert "no entry of this method on disk yet" in misses[0]
     assert "signature" in misses[1] and "nearest entry" in misses[1]
     assert sum("compiled entry" in line for line in cold.stderr.splitlines()) == 2
@@ -160,6 +161,26 @@ def test_warmup(populated):
     assert row[:3] == ["cached", METHOD, "1"]              # attribute, method, gears
     assert row[3:5] == ["0", "1"]                          # nothing compiled, one entry loaded
     assert str(cache.resolve()) in warm.stdout             # --cache-dir reached cache_compile(cache_dir=None)
+
+
+def test_two_cold_starts_log_what_each_one_does(tmp_path):
+    """Two processes miss the same entry at once: one compiles, the other waits for it and reuses the artifact, and
+    says so: it never logs that it compiles."""
+    script = Path(__file__).parent / "scripts" / "race_compile.py"
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(GEARCACHE_LOG="INFO")) for _ in range(2)]
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        runs.append((json.loads(out.strip().splitlines()[-1]), err))
+    (compiler, compiler_log), (waiter, waiter_log) = sorted(runs, key=lambda r: -r[0]["compiles"])
+    assert compiler["compiles"] == 1 and waiter["compiles"] == 0 and compiler["equal"] and waiter["equal"]
+    assert "miss for entry" in compiler_log and "compiling artifact" in compiler_log and "compiled entry" in compiler_log
+    assert "miss for entry" in waiter_log, waiter_log[-3000:]
+    assert "compiling artifact" not in waiter_log and "miss, compiling" not in waiter_log, waiter_log[-3000:]
+    assert "compiled entry" not in waiter_log, waiter_log[-3000:]
+    assert "compiled by another process" in waiter_log, waiter_log[-3000:]
 
 
 # --------------------------------------------------------------------------------------------------------- reads

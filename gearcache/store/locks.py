@@ -5,7 +5,7 @@ import contextlib
 import logging
 import pathlib
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import filelock
 
@@ -36,13 +36,19 @@ class LockMixin:
                 yield
 
     @contextlib.contextmanager
-    def _locked(self, path: pathlib.Path, timeout: float, mode: str | None = None) -> Iterator[None]:
+    def _locked(self, path: pathlib.Path, timeout: float, mode: str | None = None,
+                on_wait: Callable[[], None] | None = None) -> Iterator[None]:
         """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery: this store's
-        ``lock_mode``, or ``mode``); ``LockTimeoutError``."""
+        ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first."""
         if (mode or self.lock_mode) == "flock":
             lock = filelock.FileLock(str(path), timeout=timeout)
             try:
-                lock.acquire()
+                try:
+                    lock.acquire(timeout=0)
+                except filelock.Timeout:
+                    if on_wait is not None:
+                        on_wait()
+                    lock.acquire()
             except filelock.Timeout:
                 raise LockTimeoutError(str(path), timeout) from None
         else:
@@ -54,6 +60,9 @@ class LockMixin:
                     lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
                     break
                 except filelock.Timeout:
+                    if on_wait is not None:
+                        on_wait()
+                        on_wait = None
                     if time.monotonic() >= deadline:
                         raise LockTimeoutError(str(path), timeout) from None
         try:
