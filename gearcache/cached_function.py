@@ -17,13 +17,17 @@ so that call misses and loads or compiles the entry for the new values.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import inspect
 import json
 import logging
+import os
 import re
+import sys
 import threading
+import types
 import warnings
 import time
 from typing import Any, Callable
@@ -35,6 +39,7 @@ from . import diagnostics
 from . import signature
 from . import compiler, cuda_graphs, faults, gears, guard_watch, runplan, warmup
 from . import guards as value_guards
+from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
@@ -76,6 +81,7 @@ class CachedFunction(Dispatcher):
         self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
         self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
+        self._recompiles = RecompileWatch(self.name)   # warns when an argument compiles per value or size
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
@@ -92,11 +98,16 @@ class CachedFunction(Dispatcher):
         if plan is None and not self._gears_checked:
             plan = self._init_gears(args, kwargs, leaves, key)
         if self.graphs is not None:
-            return self.graphs.call(plan, leaves, key)
+            return self.graphs.call(plan, leaves, key, served=True)
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=True)
         entry = self._table.get(key)
         if entry is None:
+            if gears.has_marks(leaves):             # marked after an unmarked first call: gears from now on
+                plan = self._init_gears(args, kwargs, leaves, key, again=True)
+                if plan is not None:
+                    return self._call_geared(plan, leaves, key, served=True)
+            self._note_miss(args, kwargs, leaves, geared=False)
             entry = self._miss(args, kwargs, leaves, key)
         else:
             counters.hits += 1
@@ -140,14 +151,15 @@ class CachedFunction(Dispatcher):
         self._watch = guard_watch.watch([getattr(e, "guards", None) for e in self._table.values()] +
                                         [self._plan_guards], self._scope)
 
-    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
+    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=served)
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
+        """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
         targets = plan.targets(leaves)
         if targets is None:
             return self._past_largest(plan, leaves, key)
@@ -155,11 +167,15 @@ class CachedFunction(Dispatcher):
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
+            if served:
+                self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
             entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
         else:
             counters.hits += 1
             entry.hits += 1
         outs = entry.run(padded)
+        if served:
+            plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
             outs = plan.cut(entry, outs, leaves)
@@ -180,10 +196,17 @@ class CachedFunction(Dispatcher):
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple) -> "gears.GearPlan | None":
-        """Build (or load) the gear plan from the first call's marks; None when nothing is marked."""
+    def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
+        """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""
+        self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared, gear_plans_stored=lambda: any(
+            self.store.plan_path(self.topology.folder, self.name, "-").parent.glob("*.json")))
+
+    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                    again: bool = False) -> "gears.GearPlan | None":
+        """Build (or load) the gear plan from the first call's marks; None when nothing is marked. ``again``: look
+        for marks on this call too when an earlier call had none."""
         with self._lock:
-            if self._gears_checked:
+            if self._gears_checked and not (again and self._gears is None):
                 return self._gears
             marks = self._marks(args, kwargs, leaves)
             if marks:
@@ -253,6 +276,8 @@ class CachedFunction(Dispatcher):
                 if not self._gears_checked:
                     early = self._early_workers(args, kwargs, leaves, key, timeline)
                 plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+                if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
+                    plan = self._init_gears(args, kwargs, leaves, key, again=True)
             if plan is None:
                 self(*args, **kwargs)
                 return 1
@@ -484,8 +509,11 @@ class CachedFunction(Dispatcher):
         if faults.persisted(self.store, akey, folder) and captured.guards.local is None:
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
-        log.info("%s: %s entry %s (artifact %s) in %.2f s", self.name, "compiled" if built else "reused artifact for",
-                 ekey, akey, time.perf_counter() - t0)
+        if built:
+            log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
+        else:
+            log.info("%s: entry %s reuses artifact %s, compiled by another process or for another entry (nothing "
+                     "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         return entry
 
     def _load_published(self, p: "PendingEntry", folder, built: bool) -> tuple[Any, bool, Any]:
@@ -556,6 +584,28 @@ class CachedFunction(Dispatcher):
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
 
+    def __deepcopy__(self, memo: dict) -> "CachedFunction":
+        """``copy.deepcopy(model)``: the copy's cached method is rebuilt (its entries load again, nothing is copied),
+        bound to the copy of the module, sharing this one's store and config."""
+        module = copy.deepcopy(self._module, memo)
+        return CachedFunction(types.MethodType(self._method.__func__, module), config=self.config, store=self.store,
+                              topology=self.topology, decompositions=self._decompositions)
+
+    def __reduce__(self) -> tuple:
+        """``pickle`` / ``torch.save(model)``: stored as what rebuilds it (the module, the method's name, the config,
+        the store's folder, the topology, the decompositions); unpickled, it loads its entries from that folder."""
+        return _unpickle, (self._module, self._method.__name__, self.config, str(self.store.root), self.topology,
+                           self._decompositions)
+
+
+def _unpickle(module: torch.nn.Module, name: str, config: CompilerConfig, root: str, topology: Topology,
+              decompositions: dict[Any, Callable] | None) -> CachedFunction:
+    """Rebuild a pickled ``CachedFunction`` (``CachedFunction.__reduce__``). The module may not have its state yet
+    (pickle sets it after its attributes are rebuilt): only its class is read here."""
+    method = types.MethodType(getattr(type(module), name), module)
+    return CachedFunction(method, config=config, store=Store.from_config(root, config), topology=topology,
+                          decompositions=decompositions)
+
 
 @dataclasses.dataclass
 class PendingEntry:
@@ -606,9 +656,32 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
 
 
 def _entry_point_name(method: Callable) -> str:
+    """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
-    raw = f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
+    raw = f"{_importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _importable_module(name: str) -> str:
+    """The name a module is imported by. For the script run as ``__main__``: ``__main__.__spec__.name`` under
+    ``python -m pkg.mod``; else, from its file, its stem with every enclosing folder that holds an ``__init__.py``
+    (``python pkg/mod.py`` -> ``pkg.mod``), so ``gearcache warmup pkg.mod:make`` warms the entries it loads.
+    ``__main__`` where there is no file (``python -c``, a notebook)."""
+    if name != "__main__":
+        return name
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name
+    path = getattr(main, "__file__", None)
+    if not path:
+        return name
+    folder, file = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(file)[0]]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        parts.insert(0, package)
+    return ".".join(parts)
 
 
 def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:

@@ -302,3 +302,96 @@ def test_across_processes_changed_constants_compile_their_own_entry_and_the_old_
         assert report["equal"], name
         assert report["counters"]["loads"] == 1 and report["counters"]["compiles"] == 0, name
         assert report["hooks"]["dynamo_frames"] == 0 and report["hooks"]["inductor_compiles"] == 0, name
+def test_a_model_holding_a_cached_method_deep_copies_and_pickles(affine_cache):
+    """The copy's cached method is rebuilt, bound to the copy (its weights), sharing the store and config; a pickled
+    model's is rebuilt on the same store folder. Neither compiles: both load the stored entry."""
+    import copy
+    import io
+
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        m.cached(x)
+        twin = copy.deepcopy(m)
+        torch.nn.init.ones_(twin.lin.weight)                        # the copy's own weights, not m's
+        assert twin.cached._module is twin and twin.cached is not m.cached
+        assert twin.cached.store is m.cached.store and twin.cached.config is m.cached.config
+        assert twin.cached.name == m.cached.name
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert loaded.cached._module is loaded and loaded.cached.store.root == m.cached.store.root
+        assert loaded.cached.config == m.cached.config
+        with counters.expect(compiles=0, traces=0, loads=2):
+            torch.testing.assert_close(twin.cached(x), twin.fwd(x))
+            torch.testing.assert_close(loaded.cached(x), m.fwd(x))
+        assert not torch.allclose(twin.cached(x), m.cached(x))
+
+
+RUN_THREE_WAYS = '''
+"""Imported by `gearcache warmup pkg.mod:make`, run as `python pkg/mod.py` and as `python -m pkg.mod`."""
+import json
+
+if __name__ == "__main__":
+    import compile_hooks
+
+    compile_hooks.install()
+import torch
+
+from gearcache import cache_compile, counters
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.cached = cache_compile(self.fwd)            # the store: $GEARCACHE_HOME
+
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+
+
+def make():
+    torch.manual_seed(0)
+    return Tiny().eval(), (torch.randn(2, 4),)
+
+
+if __name__ == "__main__":
+    model, (x,) = make()
+    with torch.inference_mode():
+        equal = bool(torch.allclose(model.cached(x), model.fwd(x)))
+    print(json.dumps({"name": model.cached.name, "equal": equal, "hooks": compile_hooks.COUNTS,
+                      "counters": {k: getattr(counters, k) for k in ("traces", "compiles", "loads")}}))
+'''
+
+
+def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
+    """A class of the script run as ``__main__`` is named by the module it is imported as: entries warmed up by the
+    CLI (which imports it) load in `python pkg/mod.py` and `python -m pkg.mod`, which trace and compile nothing."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(RUN_THREE_WAYS)
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "GEARCACHE_HOME": str(tmp_path / "store")}
+    env.pop("GEARCACHE_LOG", None)
+    warm = subprocess.run([sys.executable, "-m", "gearcache.cli", "warmup", "pkg.mod:make", "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert [(m["method"], m["compiled"]) for m in json.loads(warm.stdout)["methods"]] == [("pkg.mod.Tiny.fwd", 1)]
+    runs = {how: subprocess.Popen([sys.executable, *cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            for how, cmd in {"file": [str(Path("pkg", "mod.py"))], "module": ["-m", "pkg.mod"]}.items()}
+    for how, proc in runs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{how}: {err[-3000:]}"
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["name"] == "pkg.mod.Tiny.fwd" and report["equal"], (how, report)
+        assert report["counters"] == {"traces": 0, "compiles": 0, "loads": 1}, (how, report)
+        assert set(report["hooks"].values()) == {0}, (how, report)
