@@ -102,7 +102,7 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
         aten = compat.aten_graph(trace.graph)
         symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)
         report = _Analysis(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same).run()
-        report.mixing.extend(_guard_findings(trace.guards, symbols, trace.same))
+        report.mixing.extend(_guard_findings(trace.size_guards, symbols, trace.same))
         return report
     except Exception as exc:          # noqa: BLE001 - an unreadable graph is treated as mixing (verified), not trusted
         reason = f"the graph could not be analysed ({type(exc).__name__}: {str(exc).strip()[:200]})"
