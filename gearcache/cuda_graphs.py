@@ -16,8 +16,13 @@ makes every earlier one raise on any access (torch's CUDA-graph trees check thei
 Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
 then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
 that the graph writes to is detected at capture and refused (its update would land in a private buffer).
-All graphs of a method share one memory pool. Weights are read at the addresses they had at capture: update them in
-place (``load_state_dict`` and ``.copy_()`` do); replacing a Parameter object needs :meth:`CudaGraphs.reset`.
+All graphs of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are
+read and written at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need
+nothing; a parameter or buffer replaced by another tensor is noticed (a watch over the module's ``_parameters`` and
+``_buffers`` items, ``GraphedEntry.state_watch``) and the gear's graph is captured again at its next call.
+The warm-up run before a capture writes what the graph writes (a KV cache, a position counter): every such tensor
+(the run plan's ``mutated_inputs``, module state included) is saved before it and restored after, so each call
+updates the state once, as eager.
 """
 from __future__ import annotations
 
