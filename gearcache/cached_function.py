@@ -35,7 +35,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, guard_watch, padding, padding_check, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, guard_watch, padding_check, runplan, warmup
 from . import guards as value_guards
 from .naming import importable_module
 from .snapshot import kept
@@ -274,6 +274,8 @@ class CachedFunction(Dispatcher):
             _narrowed(leaves, marks, largest), list(largest))
         trace = symbolic_shapes(self._method, self._module, key[0], sample, traced)
         names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
+        from . import padding     # the analysis (and sympy) only where a gear plan is built, never on a warm load
+
         report = padding.analyse(trace, names, {m.leaf for m in marks})
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]

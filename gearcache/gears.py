@@ -37,7 +37,7 @@ from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .counters import counters
 from .errors import ConfigError, GearcacheError, PaddingUnsafeError   # noqa: F401 - PaddingUnsafeError: re-exported
-from .padding import PaddingReport
+from .padding_report import PaddingReport
 
 GEARS_ATTR = "_gearcache_dim_gears"
 STATIC_ATTR = "_gearcache_static"

@@ -75,6 +75,8 @@ def hops_for(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope)
     done: set[tuple] = set()
     for gs in guard_sets:
         for g in gs.guards:
+            if guards_mod.unloaded_torch_module(g):
+                continue
             for path in (g.path, g.arg) if g.kind == "same_as" else (g.path,):
                 _add_path(hops, path, scope, values, done)
     return hops

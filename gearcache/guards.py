@@ -162,6 +162,8 @@ class GuardSet:
         """The first guard that does not hold on the live objects, or None."""
         values: dict[tuple, Any] = {}
         for g in self.guards:
+            if unloaded_torch_module(g):
+                continue
             live = live_fingerprint(g, scope, values)
             if live != g.expected:
                 return Mismatch(g, live)
@@ -169,7 +171,17 @@ class GuardSet:
 
     def live_fingerprints(self, scope: Scope) -> list:
         values: dict[tuple, Any] = {}
-        return [live_fingerprint(g, scope, values) for g in self.guards]
+        return [g.expected if unloaded_torch_module(g) else live_fingerprint(g, scope, values) for g in self.guards]
+
+
+def unloaded_torch_module(guard: ValueGuard) -> bool:
+    """Whether ``guard`` reads a module of torch's own that this process has not imported (Dynamo's helpers such as
+    ``torch._dynamo.polyfills``, which its traces import). Such a guard holds without a check: the module's values are
+    those of this torch version (a key factor) as imported, since nothing in this process could have set them; and
+    importing it to check would import torch's compiler into a warm process that never needs it."""
+    roots = [guard.path[0]] + ([guard.arg[0]] if guard.kind == "same_as" else [])
+    return any(isinstance(r, tuple) and r[0] == "module" and (r[1] == "torch" or r[1].startswith("torch."))
+               and r[1] not in sys.modules for r in roots)
 
 
 def variant_key(ekey: str, first: GuardSet, scope: Scope) -> str:

@@ -53,46 +53,12 @@ import sympy
 import torch
 
 from . import _torch_compat as compat
+from .padding_report import Finding, PaddingReport
 
 if TYPE_CHECKING:
     from .capture import SymbolicTrace
 
 Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy expression (a padded one); () is size 1
-
-
-# ------------------------------------------------------------------------------------------------------- report
-@dataclasses.dataclass(frozen=True)
-class Finding:
-    op: str             # the ATen op, e.g. "aten.mean.dim"
-    where: str          # the user's source line, e.g. "model.py:12 in fwd: return h - h.mean(0)"
-    why: str            # e.g. "reduces over a padded dim"
-    reaches: str        # e.g. "output 0", "buffer total", "argument kv"
-
-    def __str__(self) -> str:
-        return f"{self.op} at {self.where or '(source unknown)'}: {self.why}; it reaches {self.reaches}"
-
-
-@dataclasses.dataclass
-class PaddingReport:
-    """What :func:`analyse` found (see the module docstring)."""
-    complete: bool = True
-    mixing: list[Finding] = dataclasses.field(default_factory=list)
-    unsafe_writes: list[Finding] = dataclasses.field(default_factory=list)
-    written_leaves: list[int] = dataclasses.field(default_factory=list)
-    written_state: list[str] = dataclasses.field(default_factory=list)
-    meets: list[list[str]] = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"complete": self.complete, "mixing": [dataclasses.asdict(f) for f in self.mixing],
-                "unsafe_writes": [dataclasses.asdict(f) for f in self.unsafe_writes],
-                "written_leaves": list(self.written_leaves), "written_state": list(self.written_state),
-                "meets": [list(m) for m in self.meets]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "PaddingReport":
-        return cls(bool(data["complete"]), [Finding(**f) for f in data["mixing"]],
-                   [Finding(**f) for f in data["unsafe_writes"]], [int(i) for i in data["written_leaves"]],
-                   [str(n) for n in data["written_state"]], [[str(a), str(b)] for a, b in data["meets"]])
 
 
 def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int]) -> PaddingReport:

@@ -240,3 +240,17 @@ def test_dynamos_source_expressions_parse_into_paths(source, path):
 def test_other_source_forms_are_refused_not_guessed(source):
     with pytest.raises(guards.Unpersistable):
         guards.parse_source(source)
+
+
+def test_a_guard_on_a_torch_module_this_process_has_not_imported_holds_without_importing_it():
+    """Dynamo's traces import helpers of torch's own (torch._dynamo.polyfills); a warm process never imports them:
+    their guards hold without a check (the torch version is a key factor), and checking them imports nothing."""
+    name = "torch._gearcache_never_imported"
+    guard = guards.ValueGuard("value", (("module", name), ("attr", "flag")), None, ["bool", True])
+    scope = guards.Scope(torch.nn.Linear(1, 1), {})
+    assert guards.unloaded_torch_module(guard)
+    assert guards.GuardSet([guard]).mismatch(scope) is None
+    assert guards.GuardSet([guard]).live_fingerprints(scope) == [["bool", True]]
+    assert name not in sys.modules
+    other = guards.ValueGuard("value", (("module", "json"), ("attr", "flag")), None, ["bool", True])
+    assert not guards.unloaded_torch_module(other), "only torch's own modules"

@@ -55,6 +55,7 @@ report["call_path"] = {"native_entries": entry.NATIVE, "dispatcher": dispatch.Di
 # torch's compiler stack, which a warm start must not import (the hooks above import it themselves)
 report["compiler_modules"] = sorted(m for m in sys.modules if m.split(".")[:2] in (["torch", "_inductor"],
                                                                                   ["torch", "_dynamo"]))
+report["sympy_imported"] = "sympy" in sys.modules        # only a trace or the padding analysis needs it (~0.2 s)
 report["counters"] = {k: v for k, v in vars(counters).items()}
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
