@@ -1,14 +1,18 @@
 """gearcache demo: a fresh process compiles (cold start), a second fresh process loads (warm start).
 
     python examples/demo.py            # default store: $GEARCACHE_HOME or ./.gearcache
+    python examples/demo.py --small    # a smaller model (quicker compiles); --json: a JSON summary as the last line
 
 Each start runs in its own Python process, as a real server restart would. The demo first removes its own entries
-(and only those) from the store, so the first start is really cold.
+(and only those) from the store, and gives each start empty Inductor and Triton caches of its own
+(``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` pointed at fresh temporary folders): the cold start is cold on
+every run, and the warm start loads from gearcache's store alone.
 """
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -56,12 +60,20 @@ class TinyGPT(nn.Module):
         return self._run(ids, kv, pos)
 
 
-def one_start() -> dict:
+SMALL = {"vocab": 64, "d": 32, "heads": 2, "layers": 1, "tmax": 48}      # --small
+TORCH_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def one_start(small: bool) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    caches = {name: os.environ.get(name) for name in TORCH_CACHES}
+    empty = all(path and not (os.path.isdir(path) and os.listdir(path)) for path in caches.values())
     torch.manual_seed(0)
-    model = TinyGPT().to(device).eval()
-    kv = torch.zeros(2, 2, 1, 4, 64, 64, device=device)
-    prompt = torch.randint(0, 1000, (1, 8), device=device)
+    size = SMALL if small else {}
+    model = TinyGPT(**size).to(device).eval()
+    layers, heads, d, tmax = len(model.qkv), model.heads, model.head.in_features, model.tmax
+    kv = torch.zeros(layers, 2, 1, heads, tmax, d // heads, device=device)
+    prompt = torch.randint(0, model.head.out_features, (1, 8), device=device)
     with torch.inference_mode():
         t0 = time.perf_counter()
         logits, kv = model.cached_prefill(prompt, kv, torch.arange(8, device=device))
@@ -80,7 +92,7 @@ def one_start() -> dict:
         per_step = (time.perf_counter() - t0) / 32
     return {"device": device, "first_prefill_s": first_prefill, "first_decode_s": first_decode,
             "decode_step_ms": per_step * 1e3, "compiles": counters.compiles, "loads": counters.loads,
-            "traces": counters.traces}
+            "traces": counters.traces, "torch_caches": {**caches, "empty_at_start": empty}}
 
 
 def remove_demo_entries(root: str) -> None:
@@ -102,9 +114,19 @@ def remove_demo_entries(root: str) -> None:
             os.remove(path)
 
 
+def start(small: bool) -> dict:
+    """Run one start in a fresh process with empty Inductor and Triton caches of its own; its report."""
+    with tempfile.TemporaryDirectory(prefix="gearcache-demo-torch-caches-") as folder:
+        env = {**os.environ, **{name: os.path.join(folder, name.lower()) for name in TORCH_CACHES}}
+        args = [sys.executable, __file__, "--child"] + (["--small"] if small else [])
+        out = subprocess.run(args, capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
+    small = "--small" in sys.argv
     if "--child" in sys.argv:
-        print(json.dumps(one_start()))
+        print(json.dumps(one_start(small)))
         return
     root = os.environ.get("GEARCACHE_HOME") or ".gearcache"
     remove_demo_entries(root)
@@ -112,17 +134,19 @@ def main() -> None:
     results = []
     for label in ("cold start (trace + compile + publish)", "warm start (load from the store)"):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, "--child"], capture_output=True, text=True, check=True)
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r = start(small)
         r["process_s"] = time.perf_counter() - t0
         results.append(r)
         print(f"\n{label}, {r['device']}, fresh process:\n"
               f"  first prefill call {r['first_prefill_s']:7.3f} s   first decode call {r['first_decode_s']:7.3f} s\n"
               f"  decode step        {r['decode_step_ms']:7.3f} ms  whole process     {r['process_s']:7.1f} s\n"
-              f"  traced {r['traces']}, compiled {r['compiles']}, loaded {r['loads']} entries")
+              f"  traced {r['traces']}, compiled {r['compiles']}, loaded {r['loads']} entries "
+              f"(empty Inductor and Triton caches of its own)")
     cold, warm = results
     speedup = (cold["first_prefill_s"] + cold["first_decode_s"]) / (warm["first_prefill_s"] + warm["first_decode_s"])
     print(f"\nwarm start's first calls are {speedup:.1f}x faster than the cold start's")
+    if "--json" in sys.argv:
+        print(json.dumps({"cold": cold, "warm": warm, "speedup": speedup}))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 /* gearcache._callpath: the per-call work in C (optional; without it gearcache does the same in Python).
  *
- * Two types:
+ * Three types:
  *   Runner      a loaded entry's ``run(leaves) -> outputs`` (entry.py)
  *   Dispatcher  the base class of CachedFunction: its __call__ serves a call like the last one through a shortcut
  *               and hands every other call to the subclass's ``_call`` (dispatch.py)
+ *   GuardWatch  notices that an object on the paths of an entry's value guards may have changed (guard_watch.py)
  *
  * ---- Runner
  *
@@ -398,9 +399,346 @@ static PyTypeObject RunnerType = {
     .tp_getset = runner_getset,
 };
 
+/* ---- GuardWatch
+ *
+ * GuardWatch(dicts, types, checked, absent) -> watch; watch.valid() -> bool (see gearcache/guard_watch.py)
+ *   dicts    [(dict, key, expected)]: dict[key] is `expected` (`absent`: the key is not there); key None: any change
+ *            of the dict counts
+ *   types    [type]: any change of the class (an attribute set, its bases) counts
+ *   checked  [(op, parent, key, expected)]: getattr(parent, key) (op "attr") or parent[key] (op "item") is
+ *            `expected`, re-read at every valid()
+ * valid() is 1 until a change is seen; it never turns back to 1 (the caller re-checks the guards and makes a new
+ * watch). Python 3.12+: the dicts and types are watched (PyDict_Watch with a filter of the keys on the paths,
+ * PyType_Watch): any event that may matter advances one process-wide generation, and valid() compares it with the
+ * watch's (other processes' watches share it: an event makes every watch re-check once). Where a watcher cannot be
+ * had, or before 3.12, valid() compares each dict's version tag and re-reads the keys of a dict whose tag moved, and
+ * compares each type's version tag.
+ */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n_dicts;
+    PyObject **dicts, **dict_keys, **dict_expected;   /* strong; a key may be NULL: every key */
+    uint64_t *versions;                               /* the dicts' version tags when last seen valid (< 3.12) */
+    Py_ssize_t n_types;
+    PyObject **types;
+    unsigned int *type_tags;
+    Py_ssize_t n_checked;
+    PyObject **parents, **keys, **expected;
+    int *is_attr;
+    PyObject *absent;
+    int watched;                /* 3.12+: every dict and type is watched */
+    unsigned long long gen;
+    int changed;                /* a change was seen: valid() stays 0 */
+} GuardWatch;
+
+static unsigned long long guard_generation = 0;
+static PyObject *guard_filters = NULL;     /* {address of a watched dict: set of keys, or None: every key} */
+
+#if PY_VERSION_HEX >= 0x030C0000
+static int guard_dict_watcher = -1, guard_type_watcher = -1;
+
+static void forget_filter(PyObject *dict) {
+    if (!guard_filters) return;
+    PyObject *addr = PyLong_FromVoidPtr(dict);
+    if (addr) {
+        if (PyDict_DelItem(guard_filters, addr) < 0) PyErr_Clear();
+        Py_DECREF(addr);
+    }
+}
+
+static int on_guard_dict_event(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value) {
+    (void)new_value;
+    PyObject *pending = PyErr_GetRaisedException();    /* a callback must leave a pending exception as it was */
+    int matters = 1;
+    if (event == PyDict_EVENT_DEALLOCATED) {
+        forget_filter(dict);
+    } else if (key != NULL && guard_filters != NULL &&
+               (event == PyDict_EVENT_ADDED || event == PyDict_EVENT_MODIFIED || event == PyDict_EVENT_DELETED)) {
+        PyObject *addr = PyLong_FromVoidPtr(dict);
+        PyObject *filter = addr ? PyDict_GetItemWithError(guard_filters, addr) : NULL;     /* borrowed */
+        Py_XDECREF(addr);
+        if (filter != NULL && filter != Py_None) {
+            int r = PySet_Contains(filter, key);
+            matters = (r != 0);                            /* on error: conservatively a change */
+        }
+        PyErr_Clear();
+    }
+    if (matters) guard_generation++;
+    PyErr_SetRaisedException(pending);
+    return 0;
+}
+
+static int on_guard_type_event(PyTypeObject *type) {
+    (void)type;
+    guard_generation++;
+    return 0;
+}
+
+static void add_guard_watchers(void) {
+    guard_dict_watcher = PyDict_AddWatcher(on_guard_dict_event);
+    if (guard_dict_watcher < 0) PyErr_Clear();
+    guard_type_watcher = PyType_AddWatcher(on_guard_type_event);
+    if (guard_type_watcher < 0) PyErr_Clear();
+}
+
+/* 0 ok, -1 error: watch `dict` for `key` (NULL: every key) */
+static int watch_guard_dict(PyObject *dict, PyObject *key) {
+    if (PyDict_Watch(guard_dict_watcher, dict) < 0) return -1;
+    PyObject *addr = PyLong_FromVoidPtr(dict);
+    if (!addr) return -1;
+    PyObject *filter = PyDict_GetItemWithError(guard_filters, addr);       /* borrowed */
+    int r = 0;
+    if (!filter && PyErr_Occurred()) r = -1;
+    else if (key == NULL) r = PyDict_SetItem(guard_filters, addr, Py_None);
+    else if (filter == Py_None) r = 0;
+    else if (filter) r = PySet_Add(filter, key);
+    else {
+        PyObject *set = PySet_New(NULL);
+        r = (!set || PySet_Add(set, key) < 0 || PyDict_SetItem(guard_filters, addr, set) < 0) ? -1 : 0;
+        Py_XDECREF(set);
+    }
+    Py_DECREF(addr);
+    return r;
+}
+
+static int watch_all(GuardWatch *self) {
+    if (guard_dict_watcher < 0 || guard_type_watcher < 0 || !guard_filters) return 0;
+    for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
+        if (watch_guard_dict(self->dicts[i], self->dict_keys[i]) < 0) { PyErr_Clear(); return 0; }
+    }
+    for (Py_ssize_t i = 0; i < self->n_types; i++) {
+        if (PyType_Watch(guard_type_watcher, self->types[i]) < 0) { PyErr_Clear(); return 0; }
+    }
+    return 1;
+}
+
+static uint64_t dict_version(PyObject *dict) { (void)dict; return 0; }
+#else
+static void add_guard_watchers(void) {}
+static int watch_all(GuardWatch *self) { (void)self; return 0; }
+static uint64_t dict_version(PyObject *dict) { return ((PyDictObject *)dict)->ma_version_tag; }
+#endif
+
+/* the type's version tag, assigned now if it has none (0: it cannot get one) */
+static unsigned int type_tag(PyObject *type) {
+    PyTypeObject *t = (PyTypeObject *)type;
+    if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        static PyObject *name = NULL;
+        if (!name) name = PyUnicode_InternFromString("__dict__");
+        if (name) (void)_PyType_Lookup(t, name);        /* a lookup through the method cache assigns a tag */
+    }
+    return (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? t->tp_version_tag : 0;
+}
+
+static int guardwatch_traverse(GuardWatch *self, visitproc visit, void *arg) {
+    for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
+        Py_VISIT(self->dicts[i]); Py_VISIT(self->dict_keys[i]); Py_VISIT(self->dict_expected[i]);
+    }
+    for (Py_ssize_t i = 0; i < self->n_types; i++) Py_VISIT(self->types[i]);
+    for (Py_ssize_t i = 0; i < self->n_checked; i++) {
+        Py_VISIT(self->parents[i]); Py_VISIT(self->keys[i]); Py_VISIT(self->expected[i]);
+    }
+    Py_VISIT(self->absent);
+    return 0;
+}
+
+static int guardwatch_clear(GuardWatch *self) {
+    for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
+        Py_CLEAR(self->dicts[i]); Py_CLEAR(self->dict_keys[i]); Py_CLEAR(self->dict_expected[i]);
+    }
+    for (Py_ssize_t i = 0; i < self->n_types; i++) Py_CLEAR(self->types[i]);
+    for (Py_ssize_t i = 0; i < self->n_checked; i++) {
+        Py_CLEAR(self->parents[i]); Py_CLEAR(self->keys[i]); Py_CLEAR(self->expected[i]);
+    }
+    Py_CLEAR(self->absent);
+    self->changed = 1;                  /* a cleared watch vouches for nothing */
+    return 0;
+}
+
+static void guardwatch_dealloc(GuardWatch *self) {
+    PyObject_GC_UnTrack(self);
+    guardwatch_clear(self);
+    PyMem_Free(self->dicts); PyMem_Free(self->dict_keys); PyMem_Free(self->dict_expected); PyMem_Free(self->versions);
+    PyMem_Free(self->types); PyMem_Free(self->type_tags);
+    PyMem_Free(self->parents); PyMem_Free(self->keys); PyMem_Free(self->expected); PyMem_Free(self->is_attr);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* a list of `width`-tuples as a fast sequence (new reference), or NULL with an error */
+static PyObject *tuple_rows(PyObject *rows, Py_ssize_t width, const char *what) {
+    PyObject *fast = PySequence_Fast(rows, what);
+    if (!fast) return NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(fast, i);
+        if (width && (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width)) {
+            PyErr_Format(PyExc_TypeError, "%s: item %zd must be a %zd-tuple, got %R", what, i, width, row);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    return fast;
+}
+
+static PyObject *own(PyObject *o) { Py_XINCREF(o); return o; }
+
+static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"dicts", "types", "checked", "absent", NULL};
+    PyObject *dicts, *types, *checked, *absent;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &dicts, &types, &checked, &absent)) return -1;
+    if (self->absent != NULL) { PyErr_SetString(PyExc_TypeError, "GuardWatch is initialised once"); return -1; }
+    PyObject *d = tuple_rows(dicts, 3, "dicts"), *t = d ? tuple_rows(types, 0, "types") : NULL;
+    PyObject *c = t ? tuple_rows(checked, 4, "checked") : NULL;
+    if (!c) { Py_XDECREF(d); Py_XDECREF(t); return -1; }
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(d), nt = PySequence_Fast_GET_SIZE(t), nc = PySequence_Fast_GET_SIZE(c);
+    self->dicts = PyMem_Calloc(nd + 1, sizeof(PyObject *));
+    self->dict_keys = PyMem_Calloc(nd + 1, sizeof(PyObject *));
+    self->dict_expected = PyMem_Calloc(nd + 1, sizeof(PyObject *));
+    self->versions = PyMem_Calloc(nd + 1, sizeof(uint64_t));
+    self->types = PyMem_Calloc(nt + 1, sizeof(PyObject *));
+    self->type_tags = PyMem_Calloc(nt + 1, sizeof(unsigned int));
+    self->parents = PyMem_Calloc(nc + 1, sizeof(PyObject *));
+    self->keys = PyMem_Calloc(nc + 1, sizeof(PyObject *));
+    self->expected = PyMem_Calloc(nc + 1, sizeof(PyObject *));
+    self->is_attr = PyMem_Calloc(nc + 1, sizeof(int));
+    int r = -1;
+    if (!self->dicts || !self->dict_keys || !self->dict_expected || !self->versions || !self->types ||
+        !self->type_tags || !self->parents || !self->keys || !self->expected || !self->is_attr) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(d, i), *dict = PyTuple_GET_ITEM(row, 0);
+        if (!PyDict_Check(dict)) { PyErr_Format(PyExc_TypeError, "dicts: item %zd is not a dict", i); goto done; }
+        PyObject *key = PyTuple_GET_ITEM(row, 1);
+        self->dicts[i] = own(dict);
+        self->dict_keys[i] = key == Py_None ? NULL : own(key);
+        self->dict_expected[i] = own(PyTuple_GET_ITEM(row, 2));
+        self->versions[i] = dict_version(dict);
+        self->n_dicts = i + 1;
+    }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        PyObject *type = PySequence_Fast_GET_ITEM(t, i);
+        if (!PyType_Check(type)) { PyErr_Format(PyExc_TypeError, "types: item %zd is not a type", i); goto done; }
+        self->types[i] = own(type);
+        self->type_tags[i] = type_tag(type);
+        self->n_types = i + 1;
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(c, i);
+        int attr = PyUnicode_Check(PyTuple_GET_ITEM(row, 0)) &&
+                   PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(row, 0), "attr") == 0;
+        self->is_attr[i] = attr;
+        self->parents[i] = own(PyTuple_GET_ITEM(row, 1));
+        self->keys[i] = own(PyTuple_GET_ITEM(row, 2));
+        self->expected[i] = own(PyTuple_GET_ITEM(row, 3));
+        self->n_checked = i + 1;
+        if (attr && !PyUnicode_Check(self->keys[i])) {
+            PyErr_Format(PyExc_TypeError, "checked: item %zd reads an attribute whose name is not a str", i);
+            goto done;
+        }
+    }
+    self->absent = own(absent);
+    self->watched = watch_all(self);
+    self->gen = guard_generation;
+    r = 0;
+done:
+    Py_DECREF(d); Py_DECREF(t); Py_DECREF(c);
+    return r;
+}
+
+/* 1: the read value is `expected`; 0: not (a failed read counts as `absent`); -1 error */
+static int reads_expected(PyObject *got, PyObject *expected, PyObject *absent) {
+    if (got) {
+        int same = (got == expected);
+        Py_DECREF(got);
+        return same;
+    }
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) || PyErr_ExceptionMatches(PyExc_LookupError) ||
+        PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        return expected == absent;
+    }
+    return -1;
+}
+
+/* 1 valid, 0 a change was seen, -1 error */
+static int guardwatch_valid(GuardWatch *self) {
+    if (self->changed) return 0;
+    if (self->watched) {
+        if (self->gen != guard_generation) goto changed;
+    } else {
+        for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
+            uint64_t v = dict_version(self->dicts[i]);
+            if (v != 0 && v == self->versions[i]) continue;
+            if (self->dict_keys[i] == NULL) goto changed;
+            PyObject *got = PyDict_GetItemWithError(self->dicts[i], self->dict_keys[i]);     /* borrowed */
+            if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
+            if ((got ? got : self->absent) != self->dict_expected[i]) goto changed;
+            self->versions[i] = v;
+        }
+        for (Py_ssize_t i = 0; i < self->n_types; i++) {
+            if (self->type_tags[i] && type_tag(self->types[i]) != self->type_tags[i]) goto changed;
+        }
+    }
+    for (Py_ssize_t i = 0; i < self->n_checked; i++) {
+        PyObject *got = self->is_attr[i] ? PyObject_GetAttr(self->parents[i], self->keys[i])
+                                         : PyObject_GetItem(self->parents[i], self->keys[i]);
+        int same = reads_expected(got, self->expected[i], self->absent);
+        if (same < 0) return -1;
+        if (!same) goto changed;
+    }
+    return 1;
+changed:
+    self->changed = 1;
+    return 0;
+}
+
+static PyObject *guardwatch_valid_method(GuardWatch *self, PyObject *unused) {
+    (void)unused;
+    int v = guardwatch_valid(self);
+    if (v < 0) return NULL;
+    return PyBool_FromLong(v);
+}
+
+static PyObject *guardwatch_get_watched(GuardWatch *self, void *closure) { return PyBool_FromLong(self->watched); }
+static PyObject *guardwatch_get_counts(GuardWatch *self, void *closure) {
+    return Py_BuildValue("{s:n,s:n,s:n}", "dicts", self->n_dicts, "types", self->n_types, "checked", self->n_checked);
+}
+
+static PyMethodDef guardwatch_methods[] = {
+    {"valid", (PyCFunction)guardwatch_valid_method, METH_NOARGS, "True until a change of a watched object is seen"},
+    {NULL}
+};
+
+static PyGetSetDef guardwatch_getset[] = {
+    {"watched", (getter)guardwatch_get_watched, NULL, "dicts and types watched by the interpreter (3.12+)", NULL},
+    {"counts", (getter)guardwatch_get_counts, NULL, "{dicts, types, checked}: what is watched and re-read", NULL},
+    {NULL}
+};
+
+static PyTypeObject GuardWatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gearcache._callpath.GuardWatch",
+    .tp_doc = "Notices a change of an object on the paths of value guards (see gearcache/guard_watch.py).",
+    .tp_basicsize = sizeof(GuardWatch),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)guardwatch_init,
+    .tp_dealloc = (destructor)guardwatch_dealloc,
+    .tp_traverse = (traverseproc)guardwatch_traverse,
+    .tp_clear = (inquiry)guardwatch_clear,
+    .tp_methods = guardwatch_methods,
+    .tp_getset = guardwatch_getset,
+};
+
+static PyObject *guard_generation_fn(PyObject *module, PyObject *unused) {
+    (void)module; (void)unused;
+    return PyLong_FromUnsignedLongLong(guard_generation);
+}
+
 /* ---- Dispatcher
  *
- * d._set_shortcut(matcher, entry, counters) / d._set_shortcut(None): the shortcut, or none.
+ * d._set_shortcut(matcher, entry, counters, watch=None) / d._set_shortcut(None): the shortcut, or none.
  *   matcher   signature.Matcher, a tuple (check, n, inference, same_state, is_inference_mode_enabled, plain):
  *             a call takes the shortcut when it has exactly n positional arguments and no keywords,
  *             same_state() is True (grad off and the thread's global torch state as when the matcher was made),
@@ -414,18 +752,21 @@ static PyTypeObject RunnerType = {
  *             getattr/setattr where they are not of that kind). Where entry.result_outputs (read once) is an int
  *             i or a tuple of ints, the result is outputs[i] or the tuple of those outputs, built here instead of
  *             by entry.build
+ *   watch     None, or a GuardWatch over the value guards of the method's entries: the shortcut applies only while
+ *             watch.valid() (checked first, in C)
  * d(*args, **kwargs): the shortcut when it applies, else d._call(*args, **kwargs).
  * d.shortcut_calls: calls served by the shortcut.
  */
 /* The shortcut: one tuple, so that a call holds it alive with one reference (the objects a call touches after
  * Inductor's call() are cold in the CPU caches by then: the fewer, the better) */
-enum { S_MATCHER, S_ENTRY, S_COUNTERS, S_PICKS, S_COUNTERS_DICT, S_SIZE };
+enum { S_MATCHER, S_ENTRY, S_COUNTERS, S_PICKS, S_COUNTERS_DICT, S_WATCH, S_SIZE };
 
 typedef struct {
     PyObject_HEAD
     PyObject *shortcut;         /* NULL: no shortcut; else a tuple indexed by S_*: */
                                 /*   S_PICKS: entry.result_outputs, or None (entry.build builds the result) */
                                 /*   S_COUNTERS_DICT: counters.__dict__ holding "hits" as a plain attribute, or None */
+                                /*   S_WATCH: a GuardWatch, or None */
     int plain;                  /* autocast off in the matcher's state: a Runner need not check the state */
     Py_ssize_t hits_offset;     /* entry.hits as a __slots__ member: its offset in the entry; 0: getattr/setattr */
     Py_ssize_t shortcut_calls;
@@ -524,8 +865,12 @@ static PyObject *plain_attribute_dict(PyObject *obj, PyObject *name) {
 }
 
 static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
-    PyObject *matcher, *entry = Py_None, *counters = Py_None;
-    if (!PyArg_ParseTuple(args, "O|OO:_set_shortcut", &matcher, &entry, &counters)) return NULL;
+    PyObject *matcher, *entry = Py_None, *counters = Py_None, *watch = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OOO:_set_shortcut", &matcher, &entry, &counters, &watch)) return NULL;
+    if (watch != Py_None && !Py_IS_TYPE(watch, &GuardWatchType)) {
+        PyErr_Format(PyExc_TypeError, "_set_shortcut: watch must be a GuardWatch or None, got %R", watch);
+        return NULL;
+    }
     if (matcher == Py_None) {
         dispatcher_clear(self);
         Py_RETURN_NONE;
@@ -549,7 +894,7 @@ static PyObject *dispatcher_set_shortcut(Dispatcher *self, PyObject *args) {
     if (plain < 0) { Py_XDECREF(result_outputs); return NULL; }
     PyObject *counters_dict = plain_attribute_dict(counters, str_hits);
     PyObject *shortcut = PyTuple_Pack(S_SIZE, matcher, entry, counters, result_outputs ? result_outputs : Py_None,
-                                      counters_dict ? counters_dict : Py_None);
+                                      counters_dict ? counters_dict : Py_None, watch);
     Py_XDECREF(result_outputs);
     Py_XDECREF(counters_dict);
     if (!shortcut) return NULL;
@@ -628,7 +973,9 @@ static PyObject *dispatcher_call(Dispatcher *self, PyObject *args, PyObject *kwa
     int applies = 0;
     if (shortcut) {
         Py_INCREF(shortcut);
-        applies = shortcut_applies(PyTuple_GET_ITEM(shortcut, S_MATCHER), args, kwargs);
+        PyObject *watch = PyTuple_GET_ITEM(shortcut, S_WATCH);
+        applies = watch == Py_None ? 1 : guardwatch_valid((GuardWatch *)watch);
+        if (applies > 0) applies = shortcut_applies(PyTuple_GET_ITEM(shortcut, S_MATCHER), args, kwargs);
     }
     PyObject *result = NULL, *outs = NULL, *run = NULL;
     if (applies < 0) goto done;
@@ -668,7 +1015,7 @@ static PyObject *dispatcher_get_shortcut_calls(Dispatcher *self, void *closure) 
 
 static PyMethodDef dispatcher_methods[] = {
     {"_set_shortcut", (PyCFunction)dispatcher_set_shortcut, METH_VARARGS,
-     "_set_shortcut(matcher, entry, counters) or _set_shortcut(None)"},
+     "_set_shortcut(matcher, entry, counters, watch=None) or _set_shortcut(None)"},
     {NULL}
 };
 
@@ -692,9 +1039,16 @@ static PyTypeObject DispatcherType = {
     .tp_getset = dispatcher_getset,
 };
 
+static PyMethodDef module_methods[] = {
+    {"guard_generation", guard_generation_fn, METH_NOARGS,
+     "how many changes of watched guard objects the interpreter reported (tests)"},
+    {NULL}
+};
+
 static struct PyModuleDef callpath_module = {
     PyModuleDef_HEAD_INIT, "gearcache._callpath",
-    "The per-call work in C (see gearcache/entry.py and gearcache/dispatch.py).", -1, NULL,
+    "The per-call work in C (see gearcache/entry.py, gearcache/dispatch.py and gearcache/guard_watch.py).", -1,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__callpath(void) {
@@ -707,7 +1061,13 @@ PyMODINIT_FUNC PyInit__callpath(void) {
     str_result_outputs = PyUnicode_InternFromString("result_outputs");
     if (!str_run || !str_build || !str_hits || !str_call || !str_result_outputs) return NULL;
     if (watcher_id < 0) add_watcher();
-    if (PyType_Ready(&RunnerType) < 0 || PyType_Ready(&DispatcherType) < 0) return NULL;
+    if (!guard_filters) {
+        guard_filters = PyDict_New();
+        if (!guard_filters) return NULL;
+        add_guard_watchers();
+    }
+    if (PyType_Ready(&RunnerType) < 0 || PyType_Ready(&DispatcherType) < 0 || PyType_Ready(&GuardWatchType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&callpath_module);
     if (!m) return NULL;
     Py_INCREF(&RunnerType);
@@ -719,6 +1079,12 @@ PyMODINIT_FUNC PyInit__callpath(void) {
     Py_INCREF(&DispatcherType);
     if (PyModule_AddObject(m, "Dispatcher", (PyObject *)&DispatcherType) < 0) {
         Py_DECREF(&DispatcherType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GuardWatchType);
+    if (PyModule_AddObject(m, "GuardWatch", (PyObject *)&GuardWatchType) < 0) {
+        Py_DECREF(&GuardWatchType);
         Py_DECREF(m);
         return NULL;
     }

@@ -21,6 +21,7 @@ Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` im
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import logging
@@ -28,6 +29,7 @@ import os
 import pathlib
 import pickle
 import platform
+import re
 import shutil
 import sys
 import tempfile
@@ -92,6 +94,90 @@ def forget_dynamo_cache(code: Any) -> None:
     """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
     nothing of the capture stays installed on the user's function."""
     torch._dynamo.eval_frame.reset_code(code)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamoGuard:
+    """One of Dynamo's guards for a capture, in plain terms (gearcache/guards.py turns it into a value guard).
+
+    ``kind``: Dynamo's guard type (``"CONSTANT_MATCH"``, ``"TYPE_MATCH"``, ...); ``source``: the guarded object as
+    the Python expression Dynamo evaluates it with (``L['self']._modules['ln'].eps``, ``G['SCALE']``; ``""`` for
+    global-state guards); ``value``: the object (``has_value`` False where there is none, e.g. a missing attribute);
+    ``detail``: what the guard checks beyond the object: ``{"attr": name}`` (``HASATTR``,
+    ``NOT_PRESENT_IN_GENERIC_DICT``), ``{"key": key, "invert": bool}`` (``DICT_CONTAINS`` and the like),
+    ``{"other": source}`` (``DUPLICATE_INPUT``: the two sources are one object)."""
+
+    kind: str
+    source: str
+    has_value: bool
+    value: Any
+    detail: dict
+
+
+# Names of the globals Dynamo installs (install_global / install_global_by_id); an earlier capture in the process may
+# have left one in the module before this capture began
+_DYNAMO_GLOBAL = re.compile(r"__import_\w+|__builtins_dict__\w*|_\d+_c\d+|___\w+")
+
+
+@dataclasses.dataclass
+class GuardRecording:
+    """What :func:`guard_recording_options` records: ``guards`` (:class:`DynamoGuard`, in Dynamo's order) and
+    ``installed``, the globals Dynamo added to the method's module for the trace (``__import_torch_dot_nn``-style
+    modules, ``__builtins_dict___0``, ``_<id>_c<n>`` objects), which guard sources start from; Dynamo removes them
+    when the method's cache entries are reset."""
+    guards: list = dataclasses.field(default_factory=list)
+    installed: dict = dataclasses.field(default_factory=dict)
+
+
+def guard_recording_options(recording: GuardRecording, globals_: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile(options=...)`` under which Dynamo hands every guard of the capture of a function whose globals
+    are ``globals_`` to ``recording`` and keeps them all. Mechanism: torch.compile's ``guard_filter_fn`` option (its
+    entries: ``name``, ``has_value``, ``value``, ``guard_type``, ``orig_guard``), called while Dynamo's installed
+    globals are still there; a fresh dict per call (torch pops the option from it)."""
+    before = set(globals_)
+
+    def record(entries: Any) -> list[bool]:
+        recording.guards.extend(_dynamo_guard(e) for e in entries)
+        recording.installed.update({k: globals_[k] for k in list(globals_)
+                                    if k not in before or _DYNAMO_GLOBAL.fullmatch(k)})
+        return [True] * len(entries)
+
+    return {"guard_filter_fn": record}
+
+
+def _source_name(source: Any) -> str:
+    name = source.name
+    return name() if callable(name) else name
+
+
+def _dynamo_guard(entry: Any) -> DynamoGuard:
+    guard = entry.orig_guard
+    source = guard.originating_source
+    keywords = dict(getattr(guard.create_fn, "keywords", None) or {})
+    kind = entry.guard_type
+    detail: dict[str, Any] = {}
+    name = _source_name(source)
+    if kind in ("HASATTR", "NOT_PRESENT_IN_GENERIC_DICT"):
+        if "attr" in keywords:
+            detail["attr"] = keywords["attr"]
+        else:       # older Dynamo: the source is the attribute itself
+            detail["attr"], name = source.member, _source_name(source.base)
+    elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS", "SET_CONTAINS", "SET_NOT_CONTAINS"):
+        detail["key"] = keywords.get("key")
+        detail["invert"] = bool(keywords.get("invert", kind.endswith("NOT_CONTAINS")))
+    elif kind == "DUPLICATE_INPUT" and "source_b" in keywords:
+        detail["other"] = _source_name(keywords["source_b"])
+    return DynamoGuard(kind, "" if name is None else name, bool(entry.has_value),
+                       entry.value if entry.has_value else None, detail)
+
+
+def default_device() -> str | None:
+    """The device ``torch.set_default_device`` set for this thread (None: torch's own default). Dynamo guards it
+    (``DEFAULT_DEVICE``): factory calls in a captured method are traced on it."""
+    from torch.utils import _device
+
+    device = _device.CURRENT_DEVICE
+    return None if device is None else str(device)
 
 
 def is_graph_break(exc: BaseException) -> bool:
@@ -335,6 +421,22 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
+def process_group_identity(obj: Any) -> list | None:
+    """``["process_group", name, ranks]`` for a ``ProcessGroup`` this process belongs to (its c10d registry name and
+    global ranks: what :func:`process_groups` keys, and what a graph's collectives name), else None. Dynamo guards a
+    group a method reads (``dist.group.WORLD``) by identity; that name and those ranks identify it in any process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and isinstance(obj, dist.ProcessGroup)):
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    name, ranks = c10d._world.pg_names.get(obj), c10d._world.pg_group_ranks.get(obj)
+    if name is None or ranks is None:
+        return None
+    return ["process_group", str(name), sorted(int(r) for r in ranks)]
+
+
 def intercepting_ops(namespaces: frozenset[str],
                      handler: Callable[[str, str, tuple, dict], Any]) -> contextlib.AbstractContextManager:
     """A context in which every call of an operator of one of ``namespaces`` (e.g. ``"_c10d_functional"``) from this
@@ -413,6 +515,7 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
     - ``default_dtype``, ``deterministic`` (algorithms on, warn only), ``torch_function`` (enabled, all disabled);
     - ``matmul``: TF32 and reduced-precision reductions of cuBLAS, cuDNN's TF32, the float32 matmul precision;
     - ``sdp``: the scaled-dot-product attention backends enabled (Dynamo picks one at trace time);
+    - ``default_device``: ``torch.set_default_device``'s (factory calls in the method are traced on it);
     - ``cpu_threads``, only where a CPU is among ``devices`` (a key's devices): Inductor writes the thread count into
       its C++ kernels.
 
@@ -441,6 +544,7 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
                    "cudnn_tf32": torch.backends.cudnn.allow_tf32,
                    "float32_precision": torch.get_float32_matmul_precision()},
         "sdp": _sdp_backends(),
+        "default_device": default_device(),
     }
     if any(str(d).startswith("cpu") for d in devices):
         state["cpu_threads"] = torch.get_num_threads()

@@ -6,18 +6,28 @@ last such call does not get here: the base class's ``__call__`` (dispatch.py, C 
 built) serves it with one C++ check of the tensors' metadata (``signature.matcher``) and the entry's ``run``.
 
 Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
-valid manifest and artifact for it, load it (no tracing, no compiler); otherwise capture the method with Dynamo,
-compile it with Inductor (once across all processes sharing the folder), publish, and load.
+valid manifest and artifact for it whose value guards hold here (gearcache/guards.py), load it (no tracing, no
+compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all processes sharing the
+folder), publish, and load.
+
+Value guards per call: the entries in memory stay valid while nothing on their guards' paths changes; a
+:class:`~gearcache.guard_watch.GuardWatch` notices a change at the cost of a comparison per call (in C on the
+shortcut), and the next call re-checks the guards (``_revalidate``): entries whose guards no longer hold are dropped,
+so that call misses and loads or compiles the entry for the new values.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import inspect
 import json
 import logging
+import os
 import re
+import sys
 import threading
+import types
 import warnings
 import time
 from typing import Any, Callable
@@ -27,7 +37,9 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, guard_watch, runplan, warmup
+from . import guards as value_guards
+from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
@@ -66,10 +78,17 @@ class CachedFunction(Dispatcher):
         self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
+        self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
+        self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
+        self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
+        self._recompiles = RecompileWatch(self.name)   # warns when an argument compiles per value or size
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
+        watch = self._watch
+        if watch is not None and not watch.valid():
+            self._revalidate()
         if not self.config.check_signature and self._first is not None and self._gears is None:
             return self._first(args)
         leaves, key = signature.call_key(args, kwargs)
@@ -79,11 +98,16 @@ class CachedFunction(Dispatcher):
         if plan is None and not self._gears_checked:
             plan = self._init_gears(args, kwargs, leaves, key)
         if self.graphs is not None:
-            return self.graphs.call(plan, leaves, key)
+            return self.graphs.call(plan, leaves, key, served=True)
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=True)
         entry = self._table.get(key)
         if entry is None:
+            if gears.has_marks(leaves):             # marked after an unmarked first call: gears from now on
+                plan = self._init_gears(args, kwargs, leaves, key, again=True)
+                if plan is not None:
+                    return self._call_geared(plan, leaves, key, served=True)
+            self._note_miss(args, kwargs, leaves, geared=False)
             entry = self._miss(args, kwargs, leaves, key)
         else:
             counters.hits += 1
@@ -100,16 +124,42 @@ class CachedFunction(Dispatcher):
         if matcher is None:
             self._set_shortcut(None)
         else:
-            self._set_shortcut(matcher, entry, counters)
+            self._set_shortcut(matcher, entry, counters, self._watch)
 
-    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple) -> Any:
+    def _revalidate(self) -> None:
+        """An object on the paths of the value guards changed (``self._watch``): drop the entries, and the gear plan,
+        whose guards no longer hold (their next call misses), and watch the rest anew."""
+        with self._lock:
+            for key, entry in list(self._table.items()):
+                guards = getattr(entry, "guards", None)
+                mismatch = guards.mismatch(self._scope) if guards is not None else None
+                if mismatch is not None:
+                    log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
+                             entry.manifest.get("ekey"), mismatch)
+                    del self._table[key]
+                    self._matchers.pop(key, None)
+            if self._plan_guards is not None and self._plan_guards.mismatch(self._scope) is not None:
+                self._gears, self._gears_checked, self._plan_guards = None, False, None
+            self._first = next(iter(self._table.values()), None)
+            self._set_shortcut(None)
+            if self.graphs is not None:
+                self.graphs.drop_unless(set(map(id, self._table.values())))
+            self._rewatch()
+
+    def _rewatch(self) -> None:
+        """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
+        self._watch = guard_watch.watch([getattr(e, "guards", None) for e in self._table.values()] +
+                                        [self._plan_guards], self._scope)
+
+    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if plan is not None:
-            return self._call_geared(plan, leaves, key)
+            return self._call_geared(plan, leaves, key, served=served)
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
+        """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
         targets = plan.targets(leaves)
         if targets is None:
             return self._past_largest(plan, leaves, key)
@@ -117,11 +167,15 @@ class CachedFunction(Dispatcher):
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
+            if served:
+                self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
             entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
         else:
             counters.hits += 1
             entry.hits += 1
         outs = entry.run(padded)
+        if served:
+            plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
             outs = plan.cut(entry, outs, leaves)
@@ -142,10 +196,17 @@ class CachedFunction(Dispatcher):
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
-    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple) -> "gears.GearPlan | None":
-        """Build (or load) the gear plan from the first call's marks; None when nothing is marked."""
+    def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
+        """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""
+        self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared, gear_plans_stored=lambda: any(
+            self.store.plan_path(self.topology.folder, self.name, "-").parent.glob("*.json")))
+
+    def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                    again: bool = False) -> "gears.GearPlan | None":
+        """Build (or load) the gear plan from the first call's marks; None when nothing is marked. ``again``: look
+        for marks on this call too when an earlier call had none."""
         with self._lock:
-            if self._gears_checked:
+            if self._gears_checked and not (again and self._gears is None):
                 return self._gears
             marks = self._marks(args, kwargs, leaves)
             if marks:
@@ -176,21 +237,29 @@ class CachedFunction(Dispatcher):
     def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
-        pkey = self._plan_key(marks, key)
-        saved = self.store.read_plan(self.topology.folder, self.name, pkey)
+        found = value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+                                    self._plan_key(marks, key), self._scope)
+        saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
+            self._plan_guards = found.guards
+            self._rewatch()
             return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
         counters.traces += 1
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             _narrowed(leaves, marks, largest), list(largest))
-        symbols_traced, output_dims, deps = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        symbols_traced, output_dims, deps, plan_guards = symbolic_shapes(self._method, self._module, key[0], sample,
+                                                                         traced)
         it = iter(symbols_traced)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
         plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims)
-        self.store.write_plan(self.topology.folder, self.name, pkey, {
-            "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps})
+        self._plan_guards = plan_guards
+        self._rewatch()
+        if plan_guards.local is None:
+            self.store.write_plan(self.topology.folder, self.name, pkey, {
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps,
+                "guards": plan_guards.to_json()})
         return plan
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
@@ -207,6 +276,8 @@ class CachedFunction(Dispatcher):
                 if not self._gears_checked:
                     early = self._early_workers(args, kwargs, leaves, key, timeline)
                 plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+                if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
+                    plan = self._init_gears(args, kwargs, leaves, key, again=True)
             if plan is None:
                 self(*args, **kwargs)
                 return 1
@@ -251,7 +322,8 @@ class CachedFunction(Dispatcher):
         marks = self._marks(args, kwargs, leaves)
         if not marks or self.config.inference_config.warmup_workers == 1:
             return None
-        if self.store.read_plan(self.topology.folder, self.name, self._plan_key(marks, key)) is not None:
+        if value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+                               self._plan_key(marks, key), self._scope).record is not None:
             return None
         policy = self.config.inference_config.dynamic_gears_merge_policy
         return warmup.start_workers(self, gears.most_combinations(marks, policy), leaves,
@@ -299,17 +371,29 @@ class CachedFunction(Dispatcher):
             return entry
 
     def _find_entry(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any], Entry | None]:
-        """A miss: the signature's description, entry key and factors, and its entry if the store has one."""
+        """A miss: the signature's description, the key its entry is (or is to be) stored under, the key's factors,
+        and its entry if the store has one whose value guards hold here."""
         counters.misses += 1
         diagnostics.track_hits(self)
         desc, ekey, factors = self._signature_entry_key(leaves, key)
-        return desc, ekey, factors, self._load_entry(ekey, _cuda_index(leaves, self._module))
+        found = self._choose(ekey)
+        if found.mismatch is not None:
+            factors = {**factors, "guard_miss": str(found.mismatch)}
+        entry = None
+        if found.record is not None:
+            entry = self._load_entry(found.record, found.key, found.guards, _cuda_index(leaves, self._module))
+        return desc, found.key, factors, entry
+
+    def _choose(self, ekey: str) -> value_guards.Choice:
+        """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
+        folder, name = self.topology.folder, self.name
+        return value_guards.choose(lambda k: self.store.read_entry(folder, name, k), ekey, self._scope)
 
     def _stored(self, leaves: tuple, key: tuple) -> bool:
-        """Whether the store has an entry manifest for this signature (not loaded, nor its artifact checked: a load
-        may still miss)."""
+        """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
+        its artifact checked: a load may still miss)."""
         _, ekey, _ = self._signature_entry_key(leaves, key)
-        return self.store.read_entry(self.topology.folder, self.name, ekey) is not None
+        return self._choose(ekey).record is not None
 
     def _signature_entry_key(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
         """The signature's description, its entry key and the key's factors."""
@@ -321,6 +405,8 @@ class CachedFunction(Dispatcher):
         self._table[key] = entry
         if self._first is None:
             self._first = entry
+        if getattr(entry, "guards", None) is not None:
+            self._rewatch()
 
     def _entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
@@ -340,10 +426,9 @@ class CachedFunction(Dispatcher):
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
 
-    def _load_entry(self, ekey: str, index: int | None) -> Entry | None:
-        manifest = self.store.read_entry(self.topology.folder, self.name, ekey)
-        if manifest is None:
-            return None
+    def _load_entry(self, manifest: dict[str, Any], ekey: str, guards: value_guards.GuardSet,
+                    index: int | None) -> Entry | None:
+        """Load the stored entry ``manifest`` (stored under ``ekey``; its value guards hold here), or None (a miss)."""
         changed = dependencies_changed(manifest.get("dependencies", []))
         if changed:
             log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
@@ -368,6 +453,7 @@ class CachedFunction(Dispatcher):
             return None                                       # vanished since it was verified: a miss
         self.store.lease(akey)                                # in use: not evicted under max_size
         entry = Entry(compiled, self._module, manifest)
+        entry.guards = guards
         dt = time.perf_counter() - t0
         counters.loads += 1
         counters.load_seconds += dt
@@ -394,6 +480,7 @@ class CachedFunction(Dispatcher):
                     "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
                     "config.on_new_signature='compile'")
         diagnostics.record_miss(self.store, self.topology.folder, self.name, ekey, factors)
+        factors = {k: v for k, v in factors.items() if k != "guard_miss"}
         t0 = time.perf_counter()
         counters.traces += 1
         captured = capture(self._method, self._module, args, kwargs, leaves)
@@ -410,17 +497,23 @@ class CachedFunction(Dispatcher):
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
             "topology": self.topology.folder, "signature": p.desc, "factors": p.factors,
             "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
-            "dependencies": captured.dependencies, "created": time.time(),
+            "dependencies": captured.dependencies, "guards": None if captured.guards.local else captured.guards.to_json(),
+            "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self._method, args, kwargs, manifest)
         entry = Entry(compiled, self._module, manifest)
-        if faults.persisted(self.store, akey, folder):
+        entry.guards = captured.guards
+        value_guards.warn_local(self.name, captured.guards)
+        if faults.persisted(self.store, akey, folder) and captured.guards.local is None:
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
-        log.info("%s: %s entry %s (artifact %s) in %.2f s", self.name, "compiled" if built else "reused artifact for",
-                 ekey, akey, time.perf_counter() - t0)
+        if built:
+            log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
+        else:
+            log.info("%s: entry %s reuses artifact %s, compiled by another process or for another entry (nothing "
+                     "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         return entry
 
     def _load_published(self, p: "PendingEntry", folder, built: bool) -> tuple[Any, bool, Any]:
@@ -491,6 +584,28 @@ class CachedFunction(Dispatcher):
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
 
+    def __deepcopy__(self, memo: dict) -> "CachedFunction":
+        """``copy.deepcopy(model)``: the copy's cached method is rebuilt (its entries load again, nothing is copied),
+        bound to the copy of the module, sharing this one's store and config."""
+        module = copy.deepcopy(self._module, memo)
+        return CachedFunction(types.MethodType(self._method.__func__, module), config=self.config, store=self.store,
+                              topology=self.topology, decompositions=self._decompositions)
+
+    def __reduce__(self) -> tuple:
+        """``pickle`` / ``torch.save(model)``: stored as what rebuilds it (the module, the method's name, the config,
+        the store's folder, the topology, the decompositions); unpickled, it loads its entries from that folder."""
+        return _unpickle, (self._module, self._method.__name__, self.config, str(self.store.root), self.topology,
+                           self._decompositions)
+
+
+def _unpickle(module: torch.nn.Module, name: str, config: CompilerConfig, root: str, topology: Topology,
+              decompositions: dict[Any, Callable] | None) -> CachedFunction:
+    """Rebuild a pickled ``CachedFunction`` (``CachedFunction.__reduce__``). The module may not have its state yet
+    (pickle sets it after its attributes are rebuilt): only its class is read here."""
+    method = types.MethodType(getattr(type(module), name), module)
+    return CachedFunction(method, config=config, store=Store.from_config(root, config), topology=topology,
+                          decompositions=decompositions)
+
 
 @dataclasses.dataclass
 class PendingEntry:
@@ -541,9 +656,32 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
 
 
 def _entry_point_name(method: Callable) -> str:
+    """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
-    raw = f"{cls.__module__}.{cls.__qualname__}.{method.__name__}"
+    raw = f"{_importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _importable_module(name: str) -> str:
+    """The name a module is imported by. For the script run as ``__main__``: ``__main__.__spec__.name`` under
+    ``python -m pkg.mod``; else, from its file, its stem with every enclosing folder that holds an ``__init__.py``
+    (``python pkg/mod.py`` -> ``pkg.mod``), so ``gearcache warmup pkg.mod:make`` warms the entries it loads.
+    ``__main__`` where there is no file (``python -c``, a notebook)."""
+    if name != "__main__":
+        return name
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return spec.name
+    path = getattr(main, "__file__", None)
+    if not path:
+        return name
+    folder, file = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(file)[0]]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        parts.insert(0, package)
+    return ".".join(parts)
 
 
 def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:

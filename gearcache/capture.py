@@ -8,7 +8,9 @@ backend that records the graph instead of compiling it, and returns a :class:`Ca
   (a parameter or buffer of the module, read live at every call, so a changed weight shows in the output);
 * ``outputs``: the method's return structure (a serialised pytree spec) and one recipe per leaf, ``["out", i]``
   (the graph's i-th output), ``["leaf", i]``, ``["state", name]`` or ``["const", value]``;
-* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load.
+* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load;
+* ``guards``: the Python values the graph bakes in (module attributes, globals, constants, closure cells, ...), from
+  Dynamo's guards (gearcache/guards.py): an entry is served only where they still hold.
 
 A graph break raises :class:`~gearcache.errors.GraphBreakError` listing every break (from ``torch._dynamo.explain``).
 """
@@ -22,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
+from . import guards as value_guards
 from .errors import GearcacheError, GraphBreakError, UnsupportedInputError
 from .key import sha256_text
 
@@ -35,6 +38,7 @@ class Captured:
     inputs: list[list]
     outputs: dict[str, Any]
     dependencies: list[dict[str, Any]]
+    guards: value_guards.GuardSet
 
 
 def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
@@ -46,14 +50,17 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         def run(*flat):
             # Do not run the graph: the call's real run is the compiled entry's, once (an in-place update of an
             # input must not happen twice). Empty outputs of the right metadata let Dynamo build the result.
-            out = [_empty_like_example(n) for n in _output_nodes(gm)]
+            nodes = _output_nodes(gm)
+            out = _mark_numbers([_empty_like_example(n) for n in nodes], nodes)
             state["flat_out"] = out
             return out
 
         return run
 
     code = method.__func__.__code__
-    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record)
+    recording = compat.GuardRecording()
+    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
+                             options=compat.guard_recording_options(recording, method.__func__.__globals__))
     compat.forget_dynamo_cache(code)
     try:
         with compat.dynamo_capture_config(), compat.without_dynamic_marks(leaves):
@@ -65,21 +72,79 @@ def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict
         raise
     finally:
         compat.forget_dynamo_cache(code)
-    if "gm" not in state:
-        raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
+    if "gm" not in state:           # no tensor work at all (it returns constants): an empty graph serves it
+        state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
     state_names = _state_names(module)
+    outputs = _output_recipe(result, state.get("flat_out", []), leaves, state_names)
+    _ensure_an_output(state["gm"], state["inputs"])
     return Captured(
         graph=state["gm"],
         example_inputs=state["inputs"],
         inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
-        outputs=_output_recipe(result, state.get("flat_out", []), leaves, state_names),
+        outputs=outputs,
         dependencies=_dependencies(state["code"]),
+        guards=value_guards.from_dynamo(recording, method),
     )
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list:
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    return list(out) if isinstance(out, (list, tuple)) else [out]
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return []
+    return list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+
+
+def _ensure_an_output(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Give a graph without outputs (a method returning None or constants, maybe after in-place updates) one empty
+    tensor output, which no output recipe reads: Inductor saves no artifact for a graph that returns nothing."""
+    if _output_nodes(gm):
+        return
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    graph = gm.graph
+    old = next((n for n in graph.nodes if n.op == "output"), None)
+    if old is not None:
+        graph.erase_node(old)
+    graph.output((graph.call_function(torch.empty, ((0,),), {"device": device}),))
+    gm.recompile()
+
+
+class _GraphNumber:
+    """Stands in, during a capture, for a Python number the graph computes (a ``SymInt``, ``SymFloat`` or ``SymBool``
+    output: ``.item()``, ``float(t)``, ``int(t)`` on a tensor, or a size that gears pad). A compiled graph returns
+    tensors only, so such a number cannot be served: :func:`_output_recipe` names where it is in the result."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def message(self, path: str) -> str:
+        return (f"the method's {path} is a Python {self.kind} computed from a tensor (by .item(), float(), int() or "
+                f"bool() on a tensor, or from a size that gears pad): a compiled graph returns tensors only, so "
+                f"gearcache cannot serve it (it would be the compiling call's value on every call). Fix: return the "
+                f"0-d tensor instead (e.g. `t.sum()` rather than `float(t.sum())` or `t.sum().item()`) and call "
+                f".item() on the result outside the cached method (a size: read it from the input there)")
+
+
+class _FloatProbe(torch.Tensor):
+    """The 0-d tensor Dynamo turns a Python float result into (``torch.scalar_tensor``), then reads back with
+    ``.item()``: here ``.item()`` gives a :class:`_GraphNumber`. Returned as a tensor, it is that graph output."""
+
+    def item(self):
+        return _GraphNumber("float")
+
+
+def _mark_numbers(outs: list, nodes: list) -> list:
+    """``outs`` (one per graph output node) with every Python number the graph computes made recognisable:
+    a ``_GraphNumber`` for a symbolic int or bool output, a ``_FloatProbe`` for a float made a 0-d tensor."""
+    marked = []
+    for value, node in zip(outs, nodes):
+        example = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(example, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            value = _GraphNumber(type(example).__name__[3:].lower())
+        elif (isinstance(value, torch.Tensor) and isinstance(node, torch.fx.Node) and node.op == "call_function"
+              and node.target is torch.scalar_tensor):
+            value = torch.Tensor._make_subclass(_FloatProbe, value)
+        marked.append(value)
+    return marked
 
 
 def _empty_like_example(node: Any) -> Any:
@@ -129,23 +194,28 @@ def _output_recipe(result: Any, flat_out: list, leaves: tuple, state_names: dict
     with one recipe per leaf in order."""
     recipe: list[list] = []
 
-    def walk(obj: Any) -> list:
+    def walk(obj: Any, path: str) -> list:
         t = type(obj)
         if t is tuple or t is list:
-            return [t.__name__, [walk(o) for o in obj]]
+            return [t.__name__, [walk(o, f"{path}[{i}]") for i, o in enumerate(obj)]]
         if t is dict and all(type(k) in (str, int) for k in obj):
-            return ["dict", list(obj), [walk(v) for v in obj.values()]]
+            return ["dict", list(obj), [walk(v, f"{path}[{k!r}]") for k, v in obj.items()]]
         if isinstance(obj, torch.Tensor):
             recipe.append(_tensor_output(obj, flat_out, leaves, state_names))
+        elif isinstance(obj, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise UnsupportedInputError(_GraphNumber(type(obj).__name__[3:].lower()).message(path))
+        elif isinstance(obj, _GraphNumber):
+            raise UnsupportedInputError(obj.message(path))
         elif isinstance(obj, (int, float, bool, str, type(None))):
             recipe.append(["const", obj])
         else:
             raise UnsupportedInputError(
-                f"the method returns a {type(obj).__qualname__}; cached methods return tensors, Python scalars and "
-                f"tuples, lists and dicts (with str or int keys) of them")
+                f"the method's {path} is a {type(obj).__qualname__}; cached methods return tensors, Python scalars "
+                f"(constants) and tuples, lists and dicts (with str or int keys) of them. Fix: return tensors "
+                f"(convert {type(obj).__qualname__} to one) or build it outside the cached method")
         return ["leaf"]
 
-    structure = walk(result)
+    structure = walk(result, "output")
     return {"structure": structure, "leaves": recipe}
 
 
@@ -197,12 +267,14 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
 
 
 def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
-                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list]:
+                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list,
+                                                           value_guards.GuardSet]:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
-    Returns ``(symbols, output_dims, dependencies)``: the symbol of each marked dim (dims that meet in the graph share
-    one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; and the traced
-    user functions. A marked dim the model specialises on (its size became a constant) cannot be padded: error.
+    Returns ``(symbols, output_dims, dependencies, guards)``: the symbol of each marked dim (dims that meet in the
+    graph share one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; the
+    traced user functions; and the trace's value guards. A marked dim the model specialises on (its size became a
+    constant) cannot be padded: error.
     """
     from .signature import unflatten
 
@@ -219,7 +291,8 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
 
         def run(*flat):
-            out = gm(*flat)
+            nodes = _output_nodes(gm)
+            out = _mark_numbers(list(gm(*flat)), nodes)
             state["flat_out"] = out
             return out
 
@@ -227,9 +300,12 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
 
     code = method.__func__.__code__
     compat.forget_dynamo_cache(code)
+    recording = compat.GuardRecording()
     try:
         with compat.dynamo_capture_config(), compat.symbolic_capture_config():
-            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record)(*args, **kwargs)
+            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
+                                   options=compat.guard_recording_options(
+                                       recording, method.__func__.__globals__))(*args, **kwargs)
     except Exception as exc:
         if compat.is_graph_break(exc):
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
@@ -275,4 +351,4 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
                         f"not equal to one, so it cannot be cut back. Fix: remove the gears of that dim")
         if dims:
             output_dims[j] = dims
-    return symbols, output_dims, _dependencies(state["code"])
+    return symbols, output_dims, _dependencies(state["code"]), value_guards.from_dynamo(recording, method)

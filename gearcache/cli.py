@@ -3,8 +3,10 @@
     gearcache ls                           one row per entry: method, signature, gears, size, last used, loads, hits
     gearcache inspect ENTRY                an entry's key factors, artifact, generated code, recipes, dependencies
     gearcache explain ENTRY_A ENTRY_B      the key factors two entries differ in, with both values
-    gearcache explain --method NAME        why the latest recorded miss of a method missed (vs the nearest entry)
-    gearcache verify                       artifact digests, compatibility with this machine, missing artifacts
+    gearcache explain --method NAME        why the latest recorded miss of a method that is still a miss missed (vs the
+                                           nearest entry), or what the latest miss has compiled to since
+    gearcache verify                       artifact digests, compatibility, missing artifacts, modes or owners the
+                                           runtime refuses
     gearcache prune --older-than DAYS ...  delete entries (a dry run unless --yes)
     gearcache warmup MODULE:FACTORY        compile or load every gear of a model's cached methods
     gearcache stats                        totals across the folder
@@ -13,8 +15,8 @@
                                            gearcache/cli_remote.py
 
 Every subcommand takes ``--cache-dir`` (default ``$GEARCACHE_HOME``, else ``./.gearcache``) and ``--json`` (one JSON
-document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss or a
-difference); 2 a usage error, a missing cache folder or an unknown entry.
+document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss that is still a
+miss, or two entries that differ); 2 a usage error, a missing cache folder or an unknown entry.
 
 ``ls``, ``inspect``, ``explain``, ``verify`` and ``stats`` only read (``verify`` quarantines nothing). ``prune --yes``
 deletes entry manifests first, then the artifacts no remaining entry references (each under its lock, skipped if
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import getpass
 import importlib
 import json
 import logging
@@ -131,10 +134,8 @@ class Cache:
             self._index = {}
             folder = self.root / "index"
             if folder.is_dir():
-                try:
-                    import diskcache
-
-                    index = diskcache.Index(str(folder))
+                try:            # an index SQLite cannot read is moved aside and rebuilt (warned once)
+                    index = self.store().read_index()
                     self._index = {k: v for k, v in index.items() if isinstance(v, dict)}
                 except Exception as exc:
                     _warn(f"cannot read the index at {folder} ({exc}); loads, hits and last used are not shown")
@@ -478,10 +479,37 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _explain_miss(args: argparse.Namespace) -> int:
-    from .diagnostics import nearest_entry
-
+    """The latest recorded miss of the method that is still a miss (no entry of its key on disk), against the nearest
+    entry: exit 1. When every recorded miss has compiled since: the latest one, what it compiled to and why it
+    missed then: exit 0."""
     cache = _open(args)
     method = _resolve_method(cache, args.method)
+    records = _miss_records(cache, method)
+    if not records:
+        doc = {"method": method, "miss": None, "differs": []}
+        _emit(args, doc, lambda: f"no recorded miss of {method} in {cache.root} (misses are recorded when gearcache "
+                                 f"compiles an entry)")
+        return OK
+    entries = {(r.topology, r.ekey): r for r in cache.good_entries() if r.method == method}
+    missing = [r for r in records if (r[2].get("topology") or r[1].parent.parent.name, r[2].get("ekey")) not in
+               entries]
+    when, path, miss = max(missing or records, key=lambda r: r[0])
+    topology = miss.get("topology") or path.parent.parent.name
+    compiled = entries.get((topology, miss.get("ekey")))
+    doc: dict[str, Any] = {
+        "method": method, "topology": topology,
+        "miss": {"ekey": miss.get("ekey"), "time": when, "time_iso": _iso(when), "record": str(path),
+                 "signature": short_signature(miss["factors"].get("values", {}).get("signature")),
+                 "compiled_as_entry": compiled is not None}}
+    head = (f"latest miss of {method} ({topology}) at {fmt_time(when)}: entry {miss.get('ekey')}\n"
+            f"  call signature: {doc['miss']['signature']}")
+    if compiled is not None:
+        return _explain_compiled(args, doc, head, miss, compiled)
+    return _explain_still_missing(args, cache, doc, head, miss)
+
+
+def _miss_records(cache: Cache, method: str) -> list[tuple[float, pathlib.Path, dict[str, Any]]]:
+    """The recorded misses of ``method`` (diagnostics.record_miss): ``(time, path, record)``."""
     records = []
     for path in (cache.root / "misses").glob(f"*/{method}/*.json"):
         try:
@@ -490,13 +518,33 @@ def _explain_miss(args: argparse.Namespace) -> int:
                 records.append((float(data.get("time", path.stat().st_mtime)), path, data))
         except (OSError, ValueError, TypeError):
             continue
-    if not records:
-        doc = {"method": method, "miss": None, "differs": []}
-        _emit(args, doc, lambda: f"no recorded miss of {method} in {cache.root} (misses are recorded when gearcache "
-                                 f"compiles an entry)")
-        return OK
-    when, path, miss = max(records, key=lambda r: r[0])
-    topology = miss.get("topology") or path.parent.parent.name
+    return records
+
+
+def _explain_compiled(args: argparse.Namespace, doc: dict[str, Any], head: str, miss: dict[str, Any],
+                      entry: EntryRef) -> int:
+    """Every recorded miss compiled since: say what the latest one compiled to (and why it missed then); exit 0."""
+    m = entry.manifest or {}
+    doc.update(compiled_to={"ekey": entry.ekey, "akey": entry.akey, "created": m.get("created")},
+               nearest=None, differs=[], missed_before=miss.get("nearest"),
+               missed_because=list(miss.get("differs") or []))
+
+    def human() -> str:
+        why = (f"it missed because key factor(s) {', '.join(doc['missed_because'])} differed from entry "
+               f"{doc['missed_before']}" if doc["missed_because"] else "it was the method's first compile")
+        return (f"{head}\nhas since compiled: entry {entry.ekey} (artifact {entry.akey}, created "
+                f"{fmt_time(m.get('created'))}); {why}. No recorded miss of the method is still a miss.")
+
+    _emit(args, doc, human)
+    return OK
+
+
+def _explain_still_missing(args: argparse.Namespace, cache: Cache, doc: dict[str, Any], head: str,
+                           miss: dict[str, Any]) -> int:
+    """The miss has no entry on disk: the key factors it differs in from the nearest entry of the method; exit 1."""
+    from .diagnostics import nearest_entry
+
+    topology, method = doc["topology"], doc["method"]
     hashes, values = miss["factors"].get("hashes", {}), miss["factors"].get("values", {})
     candidates = [r.manifest for r in cache.good_entries() if r.method == method and r.topology == topology]
     nearest, _ = nearest_entry(candidates, hashes, exclude=miss.get("ekey"))
@@ -504,18 +552,13 @@ def _explain_miss(args: argparse.Namespace) -> int:
     if nearest is not None:
         nf = nearest.get("factors", {})
         diffs = _diff_doc(hashes, values, nf.get("hashes", {}), nf.get("values", {}))
-    compiled = any(r.ekey == miss.get("ekey") for r in cache.good_entries() if r.method == method)
-    doc = {"method": method, "topology": topology,
-           "miss": {"ekey": miss.get("ekey"), "time": when, "time_iso": _iso(when), "record": str(path),
-                    "signature": short_signature(values.get("signature")), "compiled_as_entry": compiled},
-           "nearest": nearest.get("ekey") if nearest else None, "differs": diffs}
+    doc.update(compiled_to=None, nearest=nearest.get("ekey") if nearest else None, differs=diffs)
 
     def human() -> str:
-        head = (f"latest miss of {method} ({topology}) at {fmt_time(when)}: entry {miss.get('ekey')}"
-                f"{' (compiled since)' if compiled else ''}\n  call signature: {doc['miss']['signature']}")
+        top = f"{head}\nstill a miss: no entry of this key is on disk"
         if nearest is None:
-            return f"{head}\nno other entry of {method} to compare with: it was the method's first compile"
-        return (f"{head}\nnearest entry: {nearest['ekey']} ({short_signature(nearest.get('signature'))})\n"
+            return f"{top}\nno other entry of {method} to compare with"
+        return (f"{top}\nnearest entry: {nearest['ekey']} ({short_signature(nearest.get('signature'))})\n"
                 f"{len(diffs)} key factor(s) differ: {', '.join(d['factor'] for d in diffs)}\n\n"
                 f"{_diff_table(diffs, 'MISS', 'NEAREST ENTRY')}")
 
@@ -579,20 +622,49 @@ def _artifact_status(cache: Cache, akey: str, memo: dict[str, tuple[str, str]]) 
     return memo[akey]
 
 
+def _trust_fix(path: pathlib.Path, why: str) -> str:
+    if "owned by" in why:
+        return f"`chown -R {getpass.getuser()} {path}` (the serving user must own the store), or use a private cache_dir"
+    return f"`chmod go-w {path}`"
+
+
+def untrusted_folders(cache: Cache) -> list[dict[str, str]]:
+    """The store's folders the runtime refuses (gearcache/store/trust.py): another user owns them or others can
+    write them. A refused root, ``entries/`` or ``artifacts/`` refuses the whole store. ``[{"path", "why", "fix"}]``."""
+    store = cache.store()
+    out = []
+    for path in (cache.root, cache.root / "entries", cache.root / "artifacts"):
+        why = store.untrusted_why(path)
+        if why is not None:
+            out.append({"path": str(path), "why": why, "fix": _trust_fix(path, why)})
+    return out
+
+
+def _untrusted_entry(cache: Cache, ref: EntryRef) -> tuple[str, str] | None:
+    """("untrusted", why and fix) when the runtime refuses this entry manifest or its method folder."""
+    for path in (ref.path.parent, ref.path):
+        why = cache.store().untrusted_why(path)
+        if why is not None:
+            return ("untrusted", f"{path}: {why}; the entry is never loaded. Fix: {_trust_fix(path, why)}")
+    return None
+
+
 def check_entries(cache: Cache) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
-    """Per entry: its problems ``[(status, detail)]``, in order corrupt, orphaned, incompatible. Also the artifacts'
-    statuses."""
+    """Per entry: its problems ``[(status, detail)]``, in order corrupt, orphaned, untrusted, incompatible. Also
+    the artifacts' statuses."""
     software, devices = _machine()
     memo: dict[str, tuple[str, str]] = {}
     results = []
     for ref in cache.entries():
         problems = []
+        untrusted = _untrusted_entry(cache, ref)
         if ref.manifest is None:
             problems.append(ref.problem)
         else:
             status, detail = _artifact_status(cache, ref.akey, memo)
             if status != "ok":
                 problems.append((status, detail))
+            problems += [untrusted] if untrusted else []
             problems += [("incompatible", why) for why in incompatibilities(ref.manifest, software, devices)]
         results.append({"ref": ref, "problems": problems})
     for akey in cache.artifact_keys():
@@ -615,12 +687,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     summary: dict[str, int] = {}
     for row in rows:
         summary[row["status"]] = summary.get(row["status"], 0) + 1
-    failed = any(r["status"] != "ok" for r in rows) or any(a["status"] == "corrupt" for a in loose)
+    refused = untrusted_folders(cache)
+    failed = (any(r["status"] != "ok" for r in rows) or any(a["status"] == "corrupt" for a in loose)
+              or bool(refused))
     doc = {"cache_dir": str(cache.root), "ok": not failed, "summary": summary, "entries": rows,
-           "unreferenced_artifacts": loose}
+           "unreferenced_artifacts": loose, "untrusted_folders": refused}
 
     def human() -> str:
         out = []
+        if refused:
+            out += ["REFUSED: gearcache loads nothing from this store and writes nothing to it (every call compiles, "
+                    "in memory only):"]
+            out += [f"  {f['path']}: {f['why']}. Fix: {f['fix']}" for f in refused] + [""]
         if rows:
             out.append(format_table(["STATUS", "METHOD", "ENTRY", "ARTIFACT", "DETAIL"], [
                 [r["status"], r["method"], r["ekey"][:12], (r["akey"] or "-")[:12],
@@ -747,7 +825,7 @@ def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str
     """Delete entry manifests, then the artifacts no remaining entry references (under their locks; an artifact a
     live process has a lease on stays), then index rows. Returns (deleted artifact keys, artifact keys skipped because
     a running process holds their lock or uses them)."""
-    import filelock
+    from .errors import LockTimeoutError
 
     for c in chosen.values():
         ref = c["ref"]
@@ -761,17 +839,13 @@ def _delete(cache: Cache, chosen: dict[str, dict[str, Any]], artifacts: list[str
     for akey in artifacts:
         if akey in still_used:
             continue                # an entry written meanwhile uses it again
-        lock = filelock.FileLock(str(cache.root / "locks" / f"{akey}.lock"), timeout=0)
-        try:
-            lock.acquire()
-        except filelock.Timeout:
+        try:                        # the writers' own lock, of either lock_mode (flock or soft)
+            with cache.store().locked_in_every_mode(akey, 0):
+                status = cache.store().remove_artifact(akey)      # moved aside at once: never seen half deleted
+        except LockTimeoutError:
             locked.append(akey)
             _warn(f"artifact {akey} is locked by a running process; left in place")
             continue
-        try:
-            status = cache.store().remove_artifact(akey)      # moved aside at once: never seen half deleted
-        finally:
-            lock.release()
         if status == "removed":
             deleted.append(akey)
             log.info("pruned artifact %s", akey)
@@ -879,10 +953,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     def total(key: str) -> float:
         return sum(r.get(key, 0) or 0 for r in rows)
 
-    padded, real = total("padded_rows"), total("real_rows")
-    recorded = any("padded_rows" in r for r in rows)
-    # padded_rows: rows the compiled graphs ran (after padding up to a gear); real_rows: the rows callers passed
-    waste = (1.0 - real / padded) if recorded and padded else None
+    # elements of the geared inputs of served calls: as the entries ran them (padded to a gear), as callers passed them
+    padded, real = total("padded_elements"), total("real_elements")
+    waste = (1.0 - real / padded) if padded else None
     doc = {
         "cache_dir": str(cache.root), "entries": len(entries),
         "methods": len({(e.topology, e.method) for e in entries}),
@@ -890,6 +963,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         "loads": int(total("loads")), "hits": int(total("hits")),
         "compile_seconds": round(sum(float(e.manifest.get("compile_seconds") or 0) for e in entries), 3),
         "load_seconds": round(total("load_seconds"), 3), "padding_waste": waste,
+        "real_elements": int(real), "padded_elements": int(padded),
         "unreadable_entries": len(cache.entries()) - len(entries),
     }
 
@@ -943,7 +1017,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="gearcache", description="Look into, check, prune and warm up a gearcache folder.",
-        epilog="exit status: 0 ok, 1 a check failed (verify found problems, explain found a miss), "
+        epilog="exit status: 0 ok, 1 a check failed (verify found problems, explain found a miss that is still one), "
                "2 usage error, missing folder or unknown entry")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -962,15 +1036,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", parents=[common], help="which key factors differ (two entries, or a miss)",
                        description="`explain A B`: the key factors two entries differ in, with both values. "
                                    "`explain --method NAME`: the key factors in which the latest recorded miss of "
-                                   "NAME differs from the nearest entry. Exits 1 when differences are shown.")
+                                   "NAME that is still a miss (no entry of its key on disk) differs from the "
+                                   "nearest entry; when every recorded miss has compiled since, what the latest one "
+                                   "compiled to (exit 0). Exits 1 when differences are shown.")
     p.add_argument("entries", nargs="*", metavar="ENTRY", help="two entry keys (or prefixes)")
     p.add_argument("--method", metavar="NAME", help="a method name (module.Class.method, or a unique end of one)")
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("verify", parents=[common], help="check digests and compatibility",
                        description="Check every artifact's digests, each entry's compatibility with this machine "
-                                   "(software versions, devices) and that its artifact exists. Reports ok / corrupt "
-                                   "/ incompatible / orphaned per entry; exits 1 on any problem.")
+                                   "(software versions, devices), that its artifact exists, and every folder and "
+                                   "file mode or owner the runtime refuses to load from (with the fix). Reports ok "
+                                   "/ corrupt / orphaned / untrusted / incompatible per entry; exits 1 on any "
+                                   "problem.")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", parents=[common], help="delete entries (dry run unless --yes)",
@@ -993,7 +1071,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_warmup)
 
     p = sub.add_parser("stats", parents=[common], help="totals",
-                       description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste.")
+                       description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste "
+                                   "(the share of padding in the geared inputs the entries ran for callers' calls, "
+                                   "recorded by every process at exit; n/a without geared calls).")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("native", help="gearcache's native checks for this torch: status, or build them now",

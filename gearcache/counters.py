@@ -7,7 +7,8 @@ Usage::
         model(x)
 
 Counters only ever go up; ``expect`` compares the change across the ``with`` block, so tests do not interfere.
-Nothing here is on the hot path except ``hits`` and ``pads``, which are plain integer increments.
+Nothing here is on the hot path except ``hits``, ``pads`` and the elements of geared calls, which are plain
+integer increments.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class Counters:
     misses: int = 0            # calls whose signature had no entry in memory
     eager_calls: int = 0       # calls run uncompiled by policy (past the largest gear, or a cache fault)
     pads: int = 0              # calls that were padded up to a gear
+    real_elements: int = 0     # elements of the geared inputs of served geared calls, as the caller passed them
+    padded_elements: int = 0   # ... as the entries ran them (padded to the gear): padding waste = 1 - real/padded
     quarantined: int = 0       # artifacts moved aside after a failed digest or signature check
     evictions: int = 0         # entries evicted under config.max_size
     graph_captures: int = 0    # CUDA graphs captured (mode="reduce-overhead")

@@ -105,7 +105,18 @@ class CudaGraphs:
         self.graphs.clear()
         self.pool = None
 
-    def call(self, plan: Any, leaves: tuple, key: tuple) -> Any:
+    def drop_unless(self, entry_ids: set[int]) -> None:
+        """Drop the graphs whose entry is not among ``entry_ids`` (the method dropped it: its value guards no longer
+        hold); the others stay."""
+        stale = [g for g, graphed in self.graphs.items() if id(graphed.entry) not in entry_ids]
+        if stale:
+            self._retire_views()
+            for gkey in stale:
+                del self.graphs[gkey]
+
+    def call(self, plan: Any, leaves: tuple, key: tuple, served: bool = False) -> Any:
+        """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
+        (its padding is counted: ``GearPlan.record_padding``)."""
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:
             return self.cached._past_largest(plan, leaves, key)
@@ -113,7 +124,7 @@ class CudaGraphs:
         graphed = self.graphs.get(gkey)
         if graphed is None:
             if not on_cuda(leaves):
-                return self.cached._call_uncaptured(plan, leaves, key)      # CPU inputs: no graphs, same entries
+                return self.cached._call_uncaptured(plan, leaves, key, served)  # CPU inputs: no graphs
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         else:
             counters.hits += 1
@@ -122,6 +133,8 @@ class CudaGraphs:
         outs = graphed.replay()
         if plan is not None:
             outs = plan.cut(graphed.entry, outs, leaves)
+            if served:
+                plan.record_padding(graphed.entry, leaves, targets)
         mode = self.cached.config.inference_config.graph_outputs
         if mode == "copy":
             outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]

@@ -1,14 +1,16 @@
-"""Bookkeeping for ``gearcache explain``, ``ls`` and ``stats``: recorded misses, loads and hits.
+"""Bookkeeping for ``gearcache explain``, ``ls`` and ``stats``: recorded misses, loads, hits and padding.
 
 Nothing here runs on the call path. ``record_miss`` runs once per compile, ``record_load`` once per load, and hits are
-counted by the call path as one integer increment on the entry (``Entry.hits``) and written to the index by one
+counted by the call path as one integer increment on the entry (``Entry.hits``; a geared call also adds its inputs'
+real and padded elements: ``Entry.real_elements``, ``Entry.padded_elements``) and written to the index by one
 ``atexit`` flush per process (:func:`flush_hits`; call it yourself in a long-running server to write them earlier).
 Every write is wrapped: a failure logs a warning and never raises into the caller.
 
 On disk::
 
     <root>/misses/<topology>/<method>/<ekey>.json   the key factors of a miss that compiled (newest 50 per method)
-    <root>/index/                                   index rows: loads, last_used, load_seconds, hits
+    <root>/index/                                   index rows: loads, last_used, load_seconds, hits,
+                                                    real_elements, padded_elements (padding waste: stats)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import time
 import weakref
 from typing import Any, Iterable
 
+from .errors import UntrustedCacheError
 from .key import FORMAT_VERSION
 from .store import Store, flush_index_updates, write_json_atomic
 
@@ -59,17 +62,20 @@ def misses_dir(root: pathlib.Path, topology_folder: str, method: str) -> pathlib
 
 def record_miss(store: Store, topology_folder: str, method: str, ekey: str, factors: dict[str, Any]) -> None:
     """Write a miss's key factors to ``misses/<topology>/<method>/<ekey>.json`` (newest 50 kept per method) and log
-    at INFO which factors differ from the nearest existing entry of the method. Never raises."""
+    at INFO which factors differ from the nearest existing entry of the method (whether this process then compiles
+    the artifact, or waits for another one compiling it, is logged by the store). Never raises."""
     try:
         known = store.list_entries(topology_folder, method)
         nearest, diff = nearest_entry(known, factors["hashes"], exclude=ekey)
-        if any(m.get("ekey") == ekey for m in known):
+        if factors.get("guard_miss"):
+            reason = f"a value the graph bakes in differs from the stored entry's: {factors['guard_miss']}"
+        elif any(m.get("ekey") == ekey for m in known):
             reason = "its entry is on disk but could not be used (stale or missing artifact, logged above)"
         elif nearest is None:
             reason = "no entry of this method on disk yet"
         else:
             reason = f"key factor(s) {', '.join(diff)} differ from the nearest entry {nearest['ekey']}"
-        log.info("%s: miss, compiling entry %s: %s", method, ekey, reason)
+        log.info("%s: miss for entry %s: %s; capturing it", method, ekey, reason)
         store._ensure_root()
         folder = misses_dir(store.root, topology_folder, method)
         for d in (folder.parent.parent, folder.parent, folder):
@@ -77,8 +83,11 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
         write_json_atomic(folder / f"{ekey}.json", {
             "format": FORMAT_VERSION, "ekey": ekey, "method": method, "topology": topology_folder,
             "time": time.time(), "pid": os.getpid(), "factors": factors,
-            "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff})
+            "nearest": nearest["ekey"] if nearest is not None else None, "differs": diff,
+            "guard": factors.get("guard_miss")})
         _trim(folder, MAX_MISSES_PER_METHOD)
+    except UntrustedCacheError as exc:      # the store is refused: warned once where the refusal is met
+        log.debug("%s: miss of entry %s not recorded (%s)", method, ekey, exc)
     except Exception as exc:                # diagnostics must never fail a call
         log.warning("%s: could not record the miss of entry %s (%s)", method, ekey, exc)
 
@@ -115,7 +124,9 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
 # collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
 _lock = threading.Lock()
 _tracked: "weakref.WeakKeyDictionary[Any, weakref.finalize]" = weakref.WeakKeyDictionary()
-_pending: dict[tuple[str, str, str, str], int] = {}        # (root, topology, method, ekey) -> hits not yet written
+COUNTED = ("hits", "real_elements", "padded_elements")     # what entries count per call, flushed to their rows
+# (root, topology, method, ekey) -> {name in COUNTED: count not yet written}
+_pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
 _atexit_registered = False
 
 
@@ -141,17 +152,21 @@ def _stash(root: str, table: dict) -> None:
         if id(entry) in seen:
             continue
         seen.add(id(entry))
-        n = getattr(entry, "hits", 0)
-        if n:
-            entry.hits = 0
+        counts = {name: getattr(entry, name, 0) for name in COUNTED}
+        if any(counts.values()):
+            for name in COUNTED:
+                setattr(entry, name, 0)
             m = entry.manifest
             k = (root, m.get("topology", ""), m.get("method", ""), m["ekey"])
-            _pending[k] = _pending.get(k, 0) + n
+            row = _pending.setdefault(k, dict.fromkeys(COUNTED, 0))
+            for name, n in counts.items():
+                row[name] += n
 
 
 def flush_hits() -> None:
-    """Add the hits counted in this process since the last flush to the index rows' ``hits`` (and write the other
-    queued index updates: ``store.flush_index_updates``). Never raises."""
+    """Add the hits (and geared calls' elements) counted in this process since the last flush to the index rows'
+    ``hits`` (``real_elements``, ``padded_elements``), and write the other queued index updates
+    (``store.flush_index_updates``). Never raises."""
     global _pending
     flush_index_updates()
     try:
@@ -161,9 +176,9 @@ def flush_hits() -> None:
     except Exception as exc:
         log.warning("could not collect entry hits (%s)", exc)
         return
-    by_root: dict[str, list[tuple[str, str, str, int]]] = {}
-    for (root, topology, method, ekey), n in pending.items():
-        by_root.setdefault(root, []).append((topology, method, ekey, n))
+    by_root: dict[str, list[tuple[str, str, str, dict[str, int]]]] = {}
+    for (root, topology, method, ekey), counts in pending.items():
+        by_root.setdefault(root, []).append((topology, method, ekey, counts))
     now = time.time()
     for root, rows in by_root.items():
         if not os.path.isdir(root):
@@ -172,14 +187,18 @@ def flush_hits() -> None:
         try:
             index = store.index
             with index.transact():
-                for topology, method, ekey, n in rows:
+                for topology, method, ekey, counts in rows:
                     row = index.get(ekey)
                     if row is None and not store.entry_path(topology, method, ekey).is_file():
                         continue        # the entry was pruned meanwhile
                     row = dict(row or {"method": method, "topology": topology})
-                    row["hits"] = row.get("hits", 0) + n
+                    for name, n in counts.items():
+                        if n or name == "hits":
+                            row[name] = row.get(name, 0) + n
                     row["last_used"] = now
                     index[ekey] = row
+        except UntrustedCacheError as exc:      # the store is refused: warned once where the refusal is met
+            log.debug("cache index update of entry hits skipped (%s)", exc)
         except Exception as exc:
             log.warning("cache index update of entry hits failed (%s)", exc)
         finally:

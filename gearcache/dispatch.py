@@ -1,10 +1,11 @@
 """``Dispatcher``: the base class of ``CachedFunction``, whose ``__call__`` is the first thing every call runs.
 
 A call like the last plain one (the same number of positional tensors, no keywords, grad off, the same inference
-mode, and ``check(*args)`` True: the C++ metadata check of ``signature.Matcher``) is served through the shortcut:
+mode, ``check(*args)`` True: the C++ metadata check of ``signature.Matcher``, and the method's value guards still
+watched valid: ``watch.valid()``, gearcache/guard_watch.py) is served through the shortcut:
 ``entry.build(entry.run(args), args)``, counting ``entry.hits`` and ``counters.hits``. Every other call goes to the
 subclass's ``_call(*args, **kwargs)``, which computes the signature key and sets the next shortcut with
-``_set_shortcut(matcher, entry, counters)`` (or none: ``_set_shortcut(None)``).
+``_set_shortcut(matcher, entry, counters, watch)`` (or none: ``_set_shortcut(None)``).
 
 ``gearcache._callpath.Dispatcher`` does this in C (no Python frame between the user's call and the entry's C
 runner); ``PyDispatcher`` below is the same in Python, used where the extension is not built.
@@ -25,15 +26,16 @@ class PyDispatcher:
     _shortcut: tuple | None = None
     shortcut_calls = 0
 
-    def _set_shortcut(self, matcher: Any, entry: Any = None, counters: Any = None) -> None:
+    def _set_shortcut(self, matcher: Any, entry: Any = None, counters: Any = None, watch: Any = None) -> None:
         if matcher is not None and (entry is None or counters is None):
             raise TypeError("_set_shortcut: a matcher needs its entry and the counters")
-        self._shortcut = None if matcher is None else (matcher, entry, counters)
+        self._shortcut = None if matcher is None else (matcher, entry, counters, watch)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         shortcut = self._shortcut
-        if shortcut is not None and not kwargs and shortcut[0](args):
-            matcher, entry, counters = shortcut
+        if (shortcut is not None and not kwargs and (shortcut[3] is None or shortcut[3].valid())
+                and shortcut[0](args)):
+            matcher, entry, counters, _ = shortcut
             result = entry.build(entry.run(args), args)
             self.shortcut_calls += 1
             entry.hits += 1

@@ -31,12 +31,15 @@ NATIVE = _callpath is not None
 
 
 class Entry:
-    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "result_outputs", "manifest", "hits")
+    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "result_outputs", "manifest", "hits",
+                 "guards", "real_elements", "padded_elements")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
         self.manifest = manifest
+        self.guards = None          # its value guards (gearcache/guards.py), set by whoever loaded or compiled it
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
+        self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
         self._recipe = _recipe(manifest["inputs"], module)
         self.gather = _make_gather(self._recipe)

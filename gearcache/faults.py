@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 from . import runplan, signature
 from .counters import counters
-from .errors import CacheCorruptionError, LockTimeoutError, UntrustedCacheError
+from .errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError, UntrustedCacheError
 from .store import Store, storage_fix
+from .store.trust import first_untrusted_warning
 
 log = logging.getLogger("gearcache.faults")
 
@@ -52,6 +53,9 @@ def _kind(exc: BaseException) -> str:
 def warn_once(store: Store, exc: BaseException, consequence: str) -> None:
     """Log one warning per process, folder and kind of fault, naming the error and the fix."""
     key = (str(store.root), _kind(exc))
+    untrusted = isinstance(exc, UntrustedCacheError) and not isinstance(exc, UntrustedArtifactError)
+    if untrusted and not first_untrusted_warning(store.root):
+        return                          # warned already (the store's trust check, gearcache/store/trust.py)
     with _warned_lock:
         if key in _warned:
             return
@@ -193,7 +197,8 @@ class EagerEntry:
     Same interface as ``Entry`` (``run``, ``gather``, ``compiled``, ``build``, ``manifest``, ``hits``,
     ``__call__``) so gears and the plain call path use it unchanged. Every call counts in ``counters.eager_calls``."""
 
-    __slots__ = ("method", "structure", "manifest", "hits", "out_structure", "__weakref__")
+    __slots__ = ("method", "structure", "manifest", "hits", "real_elements", "padded_elements", "out_structure",
+                 "__weakref__")
 
     def __init__(self, method: Callable, args: tuple, kwargs: dict, manifest: dict[str, Any]):
         self.method = method
@@ -201,7 +206,7 @@ class EagerEntry:
         # the compiled graph's output recipe does not apply: here the "graph outputs" are the method's output leaves
         self.manifest = {k: v for k, v in manifest.items() if k != "outputs"}
         self.manifest["eager"] = True
-        self.hits = 0
+        self.hits = self.real_elements = self.padded_elements = 0
         self.out_structure = None
         warnings.warn(f"gearcache: {manifest.get('method', 'a cached method')} runs uncompiled for this input "
                       f"signature: the cache folder failed (see the log) and config.on_cache_error='eager'",

@@ -29,6 +29,7 @@ import torch
 
 from . import _torch_compat as compat
 from .config import normalise_dim_gears
+from .counters import counters
 from .errors import ConfigError, GearcacheError
 
 GEARS_ATTR = "_gearcache_dim_gears"
@@ -119,6 +120,9 @@ class GearPlan:
             self._first = [_first_index(dims[g[0]].sizes) for g in groups]
         self._graph_cuts: dict[int, list[tuple[int, int, int]]] = {}
         self._warned_eager = False
+        self._leaf_dims: dict[int, list[tuple[int, int]]] = {}      # marked leaf -> [(dim, marked dim index)]
+        for m, d in enumerate(dims):
+            self._leaf_dims.setdefault(d.leaf, []).append((d.dim, m))
 
     # ---------------------------------------------------------------------------------------------- hot path
     def targets(self, leaves: tuple) -> list[int] | None:
@@ -157,6 +161,21 @@ class GearPlan:
             out[tuple(slice(0, s) for s in src.shape)] = src
             new[leaf] = out
         return tuple(new)
+
+    def record_padding(self, entry: Any, leaves: tuple, targets: list[int]) -> None:
+        """Count a served call's elements of its marked inputs, as passed and as run (padded to ``targets``): on
+        ``entry`` (flushed to the index at exit: ``gearcache stats``' padding waste) and in ``counters``."""
+        real = padded = 0
+        for leaf, dims in self._leaf_dims.items():
+            shape = list(leaves[leaf].shape)
+            real += math.prod(shape)
+            for dim, m in dims:
+                shape[dim] = targets[m]
+            padded += math.prod(shape)
+        entry.real_elements += real
+        entry.padded_elements += padded
+        counters.real_elements += real
+        counters.padded_elements += padded
 
     def cut(self, entry: Any, outs: list, leaves: tuple) -> list:
         """Cut the compiled graph's outputs back to the call's real sizes along every dim that follows a marked dim."""
@@ -244,6 +263,11 @@ def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int
         raise ConfigError(f"inference_config.dim_gears names {sorted(unknown)}, which are not tensor arguments of the "
                           f"method (its tensor arguments: {sorted(set(names.values()))})")
     return marks
+
+
+def has_marks(leaves: tuple) -> bool:
+    """Whether a call's tensors carry ``set_dim_gears`` marks (checked on a miss, not on every call)."""
+    return any(isinstance(leaf, torch.Tensor) and getattr(leaf, GEARS_ATTR, None) for leaf in leaves)
 
 
 def check_marks(marks: list[MarkedDim], policy: str) -> None:

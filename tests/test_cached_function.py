@@ -190,3 +190,208 @@ def test_in_place_update_of_an_input_happens_once_on_the_compiling_call(tmp_path
     with torch.no_grad():
         m.cached(cache, x)
     assert torch.equal(cache, torch.full((3,), 2.0))
+
+
+# ------------------------------------------------------------------------------------------------- value guards
+SCALE = 1.0
+
+
+class Settings(torch.nn.Module):
+    """A graph that bakes in module attributes (heads, eps, approximate), a global (SCALE) and a list item."""
+
+    def __init__(self, cache_dir, heads=4, eps=1e-5, approximate="none", config=None):
+        super().__init__()
+        self.heads = heads
+        self.lin = torch.nn.Linear(8, 8)
+        self.ln = torch.nn.LayerNorm(8, eps=eps)
+        self.approximate = approximate
+        self.offsets = [0.0, 0.5]
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        h = torch.nn.functional.gelu(self.ln(self.lin(x)), approximate=self.approximate) * SCALE
+        return h.view(x.shape[0], self.heads, -1).sum(-1) + self.offsets[1]
+
+
+def settings(cache_dir, **kw) -> Settings:
+    torch.manual_seed(0)
+    return Settings(cache_dir, **kw).eval()
+
+
+@pytest.fixture(scope="module")
+def settings_cache(tmp_path_factory):
+    """Settings(heads=4, eps=1e-5, approximate="none") compiled once."""
+    cache = tmp_path_factory.mktemp("settings")
+    with torch.inference_mode():
+        settings(cache).cached(torch.randn(2, 8))
+    return cache
+
+
+def test_instances_with_other_settings_never_share_a_graph(settings_cache):
+    """Issue #26: a second instance with other attribute values loaded the first one's graph (off by 0.25)."""
+    x = torch.randn(2, 8)
+    other = settings(settings_cache, heads=8, eps=1e-1, approximate="tanh")
+    with torch.inference_mode(), counters.expect(compiles=1, loads=0):
+        out = other.cached(x)
+    torch.testing.assert_close(out, other.fwd(x))
+    same = settings(settings_cache)                    # the first settings again: its stored entry loads
+    with torch.inference_mode(), counters.expect(compiles=0, traces=0, loads=1):
+        torch.testing.assert_close(same.cached(x), same.fwd(x))
+    again = settings(settings_cache, heads=8, eps=1e-1, approximate="tanh")     # and the variant is stored too
+    with torch.inference_mode(), counters.expect(compiles=0, traces=0, loads=1):
+        torch.testing.assert_close(again.cached(x), again.fwd(x))
+
+
+@pytest.mark.parametrize("change, compiles", [
+    (lambda m: setattr(m.ln, "eps", 1e-1), 1),
+    (lambda m: setattr(m, "ln", torch.nn.LayerNorm(8, eps=1e-1)), 0),   # same values as above: that entry loads
+    (lambda m: m.offsets.__setitem__(1, 2.0), 1),
+    (lambda m: setattr(sys.modules[__name__], "SCALE", 3.0), 1),
+])
+def test_a_value_changed_after_the_first_call_is_never_served_from_the_old_graph(settings_cache, change, compiles):
+    """The calls before the change take the C shortcut; the first call after it misses (and loads or compiles the
+    entry for the new value), and every output equals eager."""
+    m = settings(settings_cache)
+    x = torch.randn(2, 8)
+    try:
+        with torch.inference_mode():
+            for _ in range(3):
+                torch.testing.assert_close(m.cached(x), m.fwd(x))
+            shortcut_calls = m.cached.shortcut_calls
+            change(m)
+            with counters.expect(compiles=compiles, misses=1):
+                out = m.cached(x)
+            torch.testing.assert_close(out, m.fwd(x))
+            torch.testing.assert_close(m.cached(x), m.fwd(x))
+            assert m.cached.shortcut_calls == shortcut_calls + 1     # the call after the miss: the shortcut again
+    finally:
+        setattr(sys.modules[__name__], "SCALE", 1.0)
+
+
+def test_a_fixed_signature_method_is_guarded_too(settings_cache):
+    """``check_signature=False`` serves every call with the first entry without a key: not past a changed value."""
+    m = settings(settings_cache, config=CompilerConfig(check_signature=False))
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        m.cached(x)
+        m.ln.eps = 1e-1
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
+def test_across_processes_changed_constants_compile_their_own_entry_and_the_old_ones_still_load(tmp_path):
+    """Issue #26, across processes: a module-level constant, a constant in another file the method imports, and a
+    constructor default (eps, approximate) different from the process that compiled the entry: each compiles its own
+    entry (never the stale one), equal to eager; a later process with any of those values compiles nothing."""
+    from conftest import Script, run_script
+
+    cache = tmp_path / "cache"
+    first = run_script("run_values.py", str(cache), str(tmp_path / "code0"))
+    assert first["equal"] and first["counters"]["compiles"] == 1
+    variants = {"scale": ["--scale", "3.0"], "helper": ["--alpha", "0.2"],
+                "defaults": ["--eps", "1e-2", "--approximate", "tanh"]}
+    changed = {name: Script("run_values.py", str(cache), str(tmp_path / name), *flags)
+               for name, flags in variants.items()}
+    for name, script in changed.items():
+        report = script.result()
+        assert report["equal"], (name, report["max_abs_diff"])
+        assert report["counters"]["compiles"] == 1 and report["counters"]["loads"] == 0, name
+    warm = {name: Script("run_values.py", str(cache), str(tmp_path / f"warm_{name}"), *flags)
+            for name, flags in {"first": [], **variants}.items()}
+    for name, script in warm.items():
+        report = script.result()
+        assert report["equal"], name
+        assert report["counters"]["loads"] == 1 and report["counters"]["compiles"] == 0, name
+        assert report["hooks"]["dynamo_frames"] == 0 and report["hooks"]["inductor_compiles"] == 0, name
+def test_a_model_holding_a_cached_method_deep_copies_and_pickles(affine_cache):
+    """The copy's cached method is rebuilt, bound to the copy (its weights), sharing the store and config; a pickled
+    model's is rebuilt on the same store folder. Neither compiles: both load the stored entry."""
+    import copy
+    import io
+
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        m.cached(x)
+        twin = copy.deepcopy(m)
+        torch.nn.init.ones_(twin.lin.weight)                        # the copy's own weights, not m's
+        assert twin.cached._module is twin and twin.cached is not m.cached
+        assert twin.cached.store is m.cached.store and twin.cached.config is m.cached.config
+        assert twin.cached.name == m.cached.name
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert loaded.cached._module is loaded and loaded.cached.store.root == m.cached.store.root
+        assert loaded.cached.config == m.cached.config
+        with counters.expect(compiles=0, traces=0, loads=2):
+            torch.testing.assert_close(twin.cached(x), twin.fwd(x))
+            torch.testing.assert_close(loaded.cached(x), m.fwd(x))
+        assert not torch.allclose(twin.cached(x), m.cached(x))
+
+
+RUN_THREE_WAYS = '''
+"""Imported by `gearcache warmup pkg.mod:make`, run as `python pkg/mod.py` and as `python -m pkg.mod`."""
+import json
+
+if __name__ == "__main__":
+    import compile_hooks
+
+    compile_hooks.install()
+import torch
+
+from gearcache import cache_compile, counters
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.cached = cache_compile(self.fwd)            # the store: $GEARCACHE_HOME
+
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+
+
+def make():
+    torch.manual_seed(0)
+    return Tiny().eval(), (torch.randn(2, 4),)
+
+
+if __name__ == "__main__":
+    model, (x,) = make()
+    with torch.inference_mode():
+        equal = bool(torch.allclose(model.cached(x), model.fwd(x)))
+    print(json.dumps({"name": model.cached.name, "equal": equal, "hooks": compile_hooks.COUNTS,
+                      "counters": {k: getattr(counters, k) for k in ("traces", "compiles", "loads")}}))
+'''
+
+
+def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
+    """A class of the script run as ``__main__`` is named by the module it is imported as: entries warmed up by the
+    CLI (which imports it) load in `python pkg/mod.py` and `python -m pkg.mod`, which trace and compile nothing."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "mod.py").write_text(RUN_THREE_WAYS)
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "GEARCACHE_HOME": str(tmp_path / "store")}
+    env.pop("GEARCACHE_LOG", None)
+    warm = subprocess.run([sys.executable, "-m", "gearcache.cli", "warmup", "pkg.mod:make", "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert [(m["method"], m["compiled"]) for m in json.loads(warm.stdout)["methods"]] == [("pkg.mod.Tiny.fwd", 1)]
+    runs = {how: subprocess.Popen([sys.executable, *cmd], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            for how, cmd in {"file": [str(Path("pkg", "mod.py"))], "module": ["-m", "pkg.mod"]}.items()}
+    for how, proc in runs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{how}: {err[-3000:]}"
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["name"] == "pkg.mod.Tiny.fwd" and report["equal"], (how, report)
+        assert report["counters"] == {"traces": 0, "compiles": 0, "loads": 1}, (how, report)
+        assert set(report["hooks"].values()) == {0}, (how, report)

@@ -49,3 +49,50 @@ def test_method_returning_nested_structures_round_trips(tmp_path):
     torch.testing.assert_close(out["y"], ref["y"])
     torch.testing.assert_close(out["pair"][0], ref["pair"][0])
     assert out["pair"][1] is b and out["w"] is m.w and out["n"] == 7
+
+
+class Returns(torch.nn.Module):
+    """Returns what ``kind`` names: Python numbers computed from tensors (unservable) or constants (served)."""
+
+    def __init__(self, cache_dir, kind):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.kind = kind
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        y = self.lin(x)
+        if self.kind == "float":
+            return y, float(y.sum())
+        if self.kind == "item":
+            return {"logits": y, "score": [y.mean().item()]}
+        if self.kind == "int":
+            return y.argmax().item()
+        if self.kind == "none":                 # computes, keeps nothing: the graph has no output
+            return None
+        if self.kind == "constants":            # no tensor work at all
+            return 3.5, None, "tag"
+        return y, None, 7
+
+
+@pytest.mark.parametrize("kind, path, type_name", [("float", "output[1]", "float"),
+                                                   ("item", "output['score'][0]", "float"),
+                                                   ("int", "output", "int")])
+def test_a_python_number_computed_from_a_tensor_is_a_clear_error(tmp_path, kind, path, type_name):
+    with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError) as info:
+        Returns(tmp_path, kind).cached(torch.randn(2, 4))
+    text = str(info.value)
+    assert f"{path} is a Python {type_name} computed from a tensor" in text, text
+    assert "Fix: return the 0-d tensor" in text and ".item()" in text
+    artifacts = tmp_path / "artifacts"
+    assert not artifacts.exists() or not any(artifacts.iterdir()), "nothing is compiled for it"
+
+
+@pytest.mark.parametrize("kind, want", [("none", None), ("constants", (3.5, None, "tag"))])
+def test_none_and_constant_returns_are_served_and_load_in_another_object(tmp_path, kind, want):
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        with gearcache.counters.expect(compiles=1, traces=1):
+            assert Returns(tmp_path, kind).cached(x) == want
+        with gearcache.counters.expect(compiles=0, traces=0, loads=1):
+            assert Returns(tmp_path, kind).cached(x) == want

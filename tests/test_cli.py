@@ -142,8 +142,9 @@ def reads(populated, listing) -> dict[str, subprocess.CompletedProcess]:
 # ------------------------------------------------------------------------------------------------ the process side
 def test_logging_reports_miss_compile_and_load(populated):
     _, cold, warm = populated
-    misses = [line for line in cold.stderr.splitlines() if ": miss, compiling entry" in line]
+    misses = [line for line in cold.stderr.splitlines() if ": miss for entry" in line]
     assert len(misses) == 2, cold.stderr[-3000:]
+    assert sum("compiling artifact" in line for line in cold.stderr.splitlines()) == 2
     assert "no entry of this method on disk yet" in misses[0]
     assert "signature" in misses[1] and "nearest entry" in misses[1]
     assert sum("compiled entry" in line for line in cold.stderr.splitlines()) == 2
@@ -160,6 +161,26 @@ def test_warmup(populated):
     assert row[:3] == ["cached", METHOD, "1"]              # attribute, method, gears
     assert row[3:5] == ["0", "1"]                          # nothing compiled, one entry loaded
     assert str(cache.resolve()) in warm.stdout             # --cache-dir reached cache_compile(cache_dir=None)
+
+
+def test_two_cold_starts_log_what_each_one_does(tmp_path):
+    """Two processes miss the same entry at once: one compiles, the other waits for it and reuses the artifact, and
+    says so: it never logs that it compiles."""
+    script = Path(__file__).parent / "scripts" / "race_compile.py"
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_env(GEARCACHE_LOG="INFO")) for _ in range(2)]
+    runs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        runs.append((json.loads(out.strip().splitlines()[-1]), err))
+    (compiler, compiler_log), (waiter, waiter_log) = sorted(runs, key=lambda r: -r[0]["compiles"])
+    assert compiler["compiles"] == 1 and waiter["compiles"] == 0 and compiler["equal"] and waiter["equal"]
+    assert "miss for entry" in compiler_log and "compiling artifact" in compiler_log and "compiled entry" in compiler_log
+    assert "miss for entry" in waiter_log, waiter_log[-3000:]
+    assert "compiling artifact" not in waiter_log and "miss, compiling" not in waiter_log, waiter_log[-3000:]
+    assert "compiled entry" not in waiter_log, waiter_log[-3000:]
+    assert "compiled by another process" in waiter_log, waiter_log[-3000:]
 
 
 # --------------------------------------------------------------------------------------------------------- reads
@@ -205,13 +226,29 @@ def test_explain_two_entries_names_signature(reads):
     assert "float32[2, 4]" in row and "float32[3, 4]" in row            # both values
 
 
-def test_explain_latest_miss_of_a_method(reads, listing):
-    doc = as_json(reads["explain_method"], rc=1)
+def test_explain_a_miss_that_has_since_compiled_says_what_it_compiled_to(reads, listing):
+    """Both recorded misses compiled: nothing misses now (exit 0); the latest one's entry and why it missed then."""
+    doc = as_json(reads["explain_method"], rc=0)
     assert doc["method"] == METHOD
     assert doc["miss"]["signature"] == "(float32[3, 4] cpu) grad=off" and doc["miss"]["compiled_as_entry"]
+    three = next(e for e in listing if e["signature"] == "(float32[3, 4] cpu) grad=off")
+    assert doc["compiled_to"] == {"ekey": three["ekey"], "akey": three["akey"], "created": three["created"]}
+    assert doc["differs"] == [] and doc["missed_because"] == ["signature"]
+
+
+def test_explain_the_latest_miss_that_is_still_a_miss(cache_copy, listing):
+    """The entry of the first miss was pruned: that miss is explained (against the entry there is), not the later
+    miss that compiled."""
+    two = next(e for e in listing if e["signature"] == "(float32[2, 4] cpu) grad=off")
+    three = next(e for e in listing if e["signature"] == "(float32[3, 4] cpu) grad=off")
+    next(cache_copy.glob(f"entries/*/*/{two['ekey']}.json")).unlink()
+    proc = gc("explain", "--method", "Tiny.fwd", "--cache-dir", cache_copy)
+    doc = gc_json("explain", "--method", "Tiny.fwd", "--cache-dir", cache_copy, rc=1)
+    assert doc["miss"]["ekey"] == two["ekey"] and not doc["miss"]["compiled_as_entry"]
+    assert doc["compiled_to"] is None and doc["nearest"] == three["ekey"]
     assert [d["factor"] for d in doc["differs"]] == ["signature"]
     assert doc["differs"][0]["hash_a"] != doc["differs"][0]["hash_b"]
-    assert doc["nearest"] != doc["miss"]["ekey"] and doc["nearest"] in {e["ekey"] for e in listing}
+    assert proc.returncode == 1 and "still a miss" in proc.stdout and "1 key factor(s) differ: signature" in proc.stdout
 
 
 def test_stats_consistent_with_ls(reads, listing):
@@ -345,3 +382,70 @@ def test_native_status_says_where_the_native_checks_are_and_build_says_why_it_fa
     assert failed.returncode == 1
     assert "building gearcache's native checks failed" in failed.stderr and "build.log" in failed.stderr
     assert "failed (see build.log)" in gc("native", env=_env(GEARCACHE_NATIVE_DIR=str(tmp_path))).stdout
+
+
+# ------------------------------------------------------------------------------------ what the runtime refuses
+def test_verify_reports_every_mode_the_runtime_refuses_with_the_fix(cache_copy, listing):
+    entry = listing[0]
+    manifest = next(cache_copy.glob(f"entries/*/*/{entry['ekey']}.json"))
+    manifest.chmod(0o664)                                   # group-writable: that entry is never loaded
+    try:
+        cache_copy.chmod(0o777)                             # world-writable: the whole store is refused
+        proc = gc("verify", "--cache-dir", cache_copy)
+        doc = gc_json("verify", "--cache-dir", cache_copy, rc=1)
+    finally:
+        cache_copy.chmod(0o700)
+    assert proc.returncode == 1 and "PROBLEMS FOUND" in proc.stdout and "all ok" not in proc.stdout
+    assert f"{cache_copy}: mode 0o777 lets every user write it. Fix: `chmod go-w {cache_copy}`" in proc.stdout
+    assert doc["untrusted_folders"] == [{"path": str(cache_copy), "why": "mode 0o777 lets every user write it",
+                                         "fix": f"`chmod go-w {cache_copy}`"}]
+    rows = {r["ekey"]: r for r in doc["entries"]}
+    assert rows[entry["ekey"]]["status"] == "untrusted"
+    assert f"`chmod go-w {manifest}`" in rows[entry["ekey"]]["problems"][0]["detail"]
+    assert [r["status"] for k, r in rows.items() if k != entry["ekey"]] == ["ok"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_verify_reports_a_folder_another_user_owns(cache_copy):
+    os.chown(cache_copy / "entries", 12345, -1)
+    doc = gc_json("verify", "--cache-dir", cache_copy, rc=1)
+    assert doc["untrusted_folders"][0]["path"] == str(cache_copy / "entries")
+    assert "owned by uid 12345" in doc["untrusted_folders"][0]["why"]
+    assert "chown" in doc["untrusted_folders"][0]["fix"]
+
+
+def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
+    """Writers with lock_mode="soft" lock ``locks/<akey>.softlock``: prune takes the store's locks of both modes."""
+    from gearcache.store import Store
+
+    akey = sorted(p.name for p in (cache_copy / "artifacts").iterdir())[0]
+    writer = Store(cache_copy, lock_mode="soft")
+    with writer._locked(writer._lock_path(akey), 5):
+        done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
+    assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]
+    assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]
+
+
+def test_an_unreadable_index_is_rebuilt_once_and_ls_and_stats_work(cache_copy, listing):
+    db = cache_copy / "index" / "cache.db"
+    db.write_bytes(b"this is no SQLite file " * 200)
+    first = gc("ls", "--cache-dir", cache_copy, "--json")
+    second = gc("stats", "--cache-dir", cache_copy, "--json")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "rebuilt it from 2 entry manifest(s)" in first.stderr and "cannot read" not in first.stderr
+    assert second.stderr == "", second.stderr                         # repaired: nothing to say any more
+    rows = json.loads(first.stdout)["entries"]
+    assert sorted(r["ekey"] for r in rows) == sorted(e["ekey"] for e in listing)
+    assert all(r["last_used"] and r["loads"] == 0 for r in rows)       # counts restart after a repair
+    assert json.loads(second.stdout)["entries"] == 2
+
+
+def test_stats_reports_padding_waste(gears_cache, tmp_path):
+    """run_gears.py serves sizes 1..8 of x and y [n, 4] on gears 2, 4, 8: 288 real elements run as 352 (its warm-up
+    runs are not calls). Its warm run in test_gears, if any, adds the same calls: the share is the same."""
+    cache = tmp_path / "cache"
+    shutil.copytree(gears_cache[0], cache, ignore=shutil.ignore_patterns("locks", "leases"))
+    stats = gc_json("stats", "--cache-dir", cache)
+    assert stats["padding_waste"] == pytest.approx(1 - 288 / 352)
+    assert "padding waste    18.2%" in gc("stats", "--cache-dir", cache).stdout
+

@@ -70,3 +70,32 @@ def test_tp_decoder_toy_on_gloo(examples):
     assert s["cold"]["compiles"] == 2 and s["cold"]["compiles_after_warmup"] == 0
     assert s["warm"]["compiles"] == 0 and s["warm"]["traces"] == 0
     assert s["warm"]["loads"] == 4 and s["warm"]["direct_loads"] == 4, "both ranks load both entries by run plan"
+
+
+def test_demo_starts_with_empty_torch_caches_of_its_own(tmp_path):
+    """examples/demo.py gives each start fresh, empty Inductor and Triton cache folders (never the user's), so its
+    cold start is cold on every run; its warm start loads from gearcache's store alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    user = {name: tmp_path / name.lower() for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    for folder in user.values():
+        folder.mkdir()
+        (folder / "left-by-an-earlier-run").write_text("")
+    env = {**os.environ, "GEARCACHE_HOME": str(tmp_path / "store"), **{k: str(v) for k, v in user.items()}}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "demo.py"), "--small", "--json"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    cold, warm = summary["cold"], summary["warm"]
+    assert cold["compiles"] == 2 and cold["loads"] == 0
+    assert warm["compiles"] == 0 and warm["traces"] == 0 and warm["loads"] == 2
+    for start in (cold, warm):
+        caches = start["torch_caches"]
+        assert caches["empty_at_start"], caches
+        for name, mine in user.items():
+            assert caches[name] and not caches[name].startswith(str(mine)) and not os.path.exists(caches[name])
+    assert cold["torch_caches"]["TORCHINDUCTOR_CACHE_DIR"] != warm["torch_caches"]["TORCHINDUCTOR_CACHE_DIR"]
+    assert all(os.listdir(folder) == ["left-by-an-earlier-run"] for folder in user.values())

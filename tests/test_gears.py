@@ -90,6 +90,41 @@ def test_zip_pads_every_size_and_matches_eager(pair_cache):
         assert m.cached.entries == 2
 
 
+def test_calls_whose_tensors_lost_their_marks_are_padded_all_the_same(pair_cache):
+    """The gear plan is kept from the first marked call: later tensors need no marks (slices and clones drop them)."""
+    torch.manual_seed(0)
+    m = PairMLP(pair_cache)
+    x, y = set_dim_gears(torch.randn(4, 4), {0: [2, 4]}), set_dim_gears(torch.randn(4, 4), {0: [2, 4]})
+    with torch.no_grad():
+        m.cached.warmup(x, y)
+        for a, b in [(x[:3], y[1:4]), (x[:1].clone(), y[:1].clone()), ((x * 2)[:3], y[:3] + 1)]:
+            assert not hasattr(a, "_gearcache_dim_gears") and not hasattr(b, "_gearcache_dim_gears")
+            gear = 2 if len(a) <= 2 else 4                  # elements of x and y, as passed and as run (padded)
+            with counters.expect(compiles=0, traces=0, pads=1, real_elements=2 * 4 * len(a),
+                                 padded_elements=2 * 4 * gear):
+                out, total = m.cached(a, b)
+            ref, ref_total = m.fwd(a, b)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(total, ref_total)
+
+
+def test_marks_on_a_call_after_an_unmarked_first_call_build_the_gear_plan(pair_cache):
+    torch.manual_seed(0)
+    gears = {0: [2, 4]}
+    with torch.no_grad():
+        PairMLP(pair_cache).cached.warmup(set_dim_gears(torch.zeros(4, 4), gears),
+                                          set_dim_gears(torch.zeros(4, 4), gears))     # loaded if compiled above
+        m = PairMLP(pair_cache)
+        m.cached(torch.randn(2, 4), torch.randn(2, 4))      # unmarked: an exact entry (gear 2's signature)
+        a, b = set_dim_gears(torch.randn(3, 4), gears), set_dim_gears(torch.randn(3, 4), gears)
+        with counters.expect(compiles=0, traces=0, pads=1):
+            out, total = m.cached(a, b)                      # the plan (stored), then padded to the 4-gear
+        ref, ref_total = m.fwd(a, b)
+    assert m.cached._gears is not None and out.shape == (3, 3)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(total, ref_total)
+
+
 def test_past_largest_gear_policies(pair_cache):
     def model(policy):
         cfg = CompilerConfig()

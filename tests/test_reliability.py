@@ -64,8 +64,12 @@ def fake_compile(prebuilt, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def warn_again(monkeypatch):
-    """faults warns once per process and folder kind; every test starts afresh."""
+    """faults warns once per process and folder kind (and the store once per untrusted folder); every test starts
+    afresh."""
+    from gearcache.store import trust
+
     monkeypatch.setattr(faults, "_warned", set())
+    monkeypatch.setattr(trust, "_warned_untrusted", set())
 
 
 def entry_of(root: pathlib.Path, akey: str) -> pathlib.Path:
@@ -475,6 +479,23 @@ def test_untrusted_folder_policy(tmp_path, fake_compile, caplog):
     assert "chmod go-w" in caplog.text and not list(root.iterdir())
     with pytest.raises(UntrustedCacheError):
         rc.check_call(rc.make(root, CompilerConfig(on_cache_error="raise")), 2)
+
+
+def test_an_untrusted_folder_is_warned_about_once_per_process(tmp_path, fake_compile, caplog):
+    from gearcache import diagnostics
+
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o777)
+    with caplog.at_level(logging.WARNING, logger="gearcache"):
+        for model in (rc.make(root), rc.make(root)):            # two cached methods on the folder, two shapes each
+            for rows in rc.ROWS[:2]:
+                assert rc.check_call(model, rows) and rc.check_call(model, rows)
+        diagnostics.flush_hits()                                # what a process does at exit
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    assert "mode 0o777" in warned[0] and "chmod go-w" in warned[0] and "in memory only" in warned[0]
+    assert not list(root.iterdir())
 
 
 def test_eager_entry_stands_in_for_a_compiled_one():

@@ -235,3 +235,40 @@ def test_errors_pickle(error):
     assert type(copy) is type(error)
     assert str(copy) == str(error)
     assert copy.args == error.args
+
+
+def _damage_index(db, how: str) -> None:
+    if how == "not a database":
+        db.write_bytes(b"this is no SQLite file " * 200)
+    else:                               # the header is intact, every page after the first is overwritten
+        data = bytearray(db.read_bytes())
+        assert len(data) > 4096
+        data[4096:] = b"\xa5" * (len(data) - 4096)
+        db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["malformed", "not a database"])
+def test_an_unreadable_index_is_moved_aside_and_rebuilt_from_the_manifests(store, published, how, caplog):
+    import logging
+
+    topology = "world1_rank0_tp0_pp0"
+    for ekey in ("e1", "e2"):
+        store.write_entry(topology, "m.Net.run", ekey, {"format": FORMAT_VERSION, "ekey": ekey, "akey": AKEY,
+                                                        "created": 1000.0})
+        store.touch(ekey)
+    assert store.index["e1"]["loads"] == 1
+    store.index.cache.close()
+    _damage_index(store.root / "index" / "cache.db", how)
+    with caplog.at_level(logging.WARNING, logger="gearcache"):
+        rows = dict(Store(store.root).index.items())
+        Store(store.root).touch("e1")                                  # the repaired index is used
+        assert dict(Store(store.root).read_index().items())["e1"]["loads"] == 1
+    assert set(rows) == {"e1", "e2", f"artifact:{AKEY}"}
+    assert {k: v for k, v in rows["e1"].items() if k != "last_used"} == {
+        "method": "m.Net.run", "topology": topology, "akey": AKEY, "created": 1000.0}
+    assert rows[f"artifact:{AKEY}"]["bytes"] == sum(len(d) for d in FILES.values())
+    warned = [r.getMessage() for r in caplog.records if "index" in r.getMessage()]
+    assert len(warned) == 1, warned                                    # once, though three Stores opened it
+    assert "unreadable" in warned[0] and "rebuilt it from 2 entry manifest(s)" in warned[0], warned[0]
+    aside = list((store.root / "quarantine").glob("index.*"))
+    assert len(aside) == 1 and (aside[0] / "cache.db").is_file() and str(aside[0]) in warned[0]

@@ -202,10 +202,13 @@ class ArtifactMixin:
         final = self.artifact_dir(akey)
         if self._valid(akey, quarantine=False):
             return final, False
-        with self._locked(self._lock_path(akey), self.lock_timeout_s):
+        with self._locked(self._lock_path(akey), self.lock_timeout_s, on_wait=lambda: log.info(
+                "artifact %s: another process holds its lock (compiling it); waiting for it (up to "
+                "lock_timeout_s=%g s)", akey, self.lock_timeout_s)):
             if self._valid(akey, quarantine=True):
                 return final, False
             if self.remote is None:
+                log.info("compiling artifact %s", akey)
                 size = self._build_artifact(akey, build)
             else:                           # one compile per fleet: fetched, or built here and pushed
                 size = self.remote_publish(akey, lambda: self._build_artifact(akey, build))

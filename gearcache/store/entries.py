@@ -10,10 +10,12 @@ import uuid
 from typing import Any
 
 from ..counters import counters
+from ..errors import UntrustedCacheError
 from ..key import FORMAT_VERSION
 from . import files as fs
 from .files import _makedirs, storage_fix, write_json_atomic
 from .signing import json_signature_ok, sign_json
+from .trust import first_untrusted_warning
 
 log = logging.getLogger("gearcache.store")
 
@@ -98,6 +100,8 @@ class EntryMixin:
             self._ensure_root()
             write_json_atomic(path, data, dir_mode=self._dir_mode)
         except OSError as exc:
+            if isinstance(exc, UntrustedCacheError) and not first_untrusted_warning(self.root):
+                return                          # warned once already, with the fix
             log.warning("could not write entry manifest %s (%s: %s): this process keeps using the entry, but later "
                         "processes will compile it again. Fix: %s", path, type(exc).__name__, exc,
                         storage_fix(exc, self.root))
@@ -130,6 +134,8 @@ class EntryMixin:
             self._ensure_root()
             write_json_atomic(path, sign_json(self._key, plan) if self._key else plan, dir_mode=self._dir_mode)
         except OSError as exc:
+            if isinstance(exc, UntrustedCacheError) and not first_untrusted_warning(self.root):
+                return                          # warned once already, with the fix
             log.warning("could not write gear plan %s (%s); later processes will trace it again. Fix: %s", path,
                         exc, storage_fix(exc, self.root))
 

@@ -1,14 +1,31 @@
-"""The diskcache index: bookkeeping (loads, hits, last used) for ls/stats/eviction, never on the call path."""
+"""The diskcache index: bookkeeping (loads, hits, last used) for ls/stats/eviction, never on the call path.
+
+``<root>/index/`` is a diskcache ``Index`` (SQLite, ``cache.db``). Rows: ``<ekey>`` -> ``{"method", "topology",
+"akey", "created", "last_used", "loads", "load_seconds", "hits", "padded_elements", "real_elements"}`` and
+``artifact:<akey>`` -> ``{"bytes", "created", "last_used"}``. Everything in it can be lost: an index SQLite cannot
+read (``database disk image is malformed``, ``file is not a database``) is moved to ``quarantine/index.<time>.<tag>``
+and rebuilt from the entry manifests and artifact manifests (loads and hits then count from zero; last used is the
+time of the repair), with one warning per process.
+"""
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 from typing import Any, Callable
 
+from ..errors import UntrustedCacheError
+from . import files as fs
+from .files import _makedirs, _tmp_tag
+
 log = logging.getLogger("gearcache.store")
+INDEX_LOCK_TIMEOUT_S = 30.0
+_HEALTHY: set[str] = set()          # index folders found readable by this process (checked once)
+_WARNED: set[str] = set()           # index folders this process warned about
 
 
 # Index bookkeeping (last_used, load counts) is queued and written in one transaction at exit, or when
@@ -76,20 +93,85 @@ class IndexMixin:
 
     @property
     def index(self):
-        """diskcache index of entries and artifacts (bookkeeping only); reopened after a fork."""
+        """diskcache index of entries and artifacts (bookkeeping only); reopened after a fork; repaired if SQLite
+        cannot read it (:meth:`read_index`)."""
         if self._index is None or self._index_pid != os.getpid():
-            import diskcache
-
             self._ensure_root()
-            self._index = diskcache.Index(str(self.root / "index"))
+            self._index = self.read_index()
             self._index_pid = os.getpid()
         return self._index
+
+    def read_index(self):
+        """Open the index (without the first-use checks of the store: ``gearcache ls`` reads it too). One SQLite cannot
+        read is moved to ``quarantine/`` and rebuilt from the manifests (:meth:`_rebuild_index`)."""
+        import diskcache
+
+        folder = str(self.root / "index")
+        problem = None if folder in _HEALTHY else _index_problem(folder)
+        if problem is None:
+            try:
+                index = diskcache.Index(folder)
+                _HEALTHY.add(folder)
+                return index
+            except sqlite3.DatabaseError as exc:
+                problem = str(exc)
+        return self._rebuild_index(problem)
+
+    def _rebuild_index(self, problem: str):
+        """Move the unreadable index aside and write a new one from the entry manifests (one row per entry: method,
+        topology, artifact, created) and the artifacts (bytes, created); ``last_used`` is now. Under
+        ``locks/index.lock``: a process that finds it rebuilt by another meanwhile opens that one. Warned once."""
+        import diskcache
+
+        folder = self.root / "index"
+        _makedirs(self.root / "locks", self._dir_mode)
+        with self._locked(self._lock_path("index"), INDEX_LOCK_TIMEOUT_S):
+            problem = _index_problem(str(folder)) and problem
+            if problem:
+                dest = self.root / "quarantine" / f"index.{int(time.time())}.{_tmp_tag()}"
+                try:
+                    _makedirs(dest.parent, self._dir_mode)
+                    fs._rename(folder, dest)
+                except OSError as exc:
+                    _warn_once(str(folder), f"cache index {folder} is unreadable ({problem}) and could not be moved "
+                                            f"aside ({exc}): loads, hits and last used are not recorded. Fix: "
+                                            f"remove {folder} (bookkeeping only; it is rebuilt)")
+                    raise
+                index = diskcache.Index(str(folder))
+                rows = self._index_rows_from_manifests()
+                with index.transact():
+                    for key, row in rows.items():
+                        index[key] = row
+                _warn_once(str(folder), f"cache index {folder} was unreadable ({problem}); moved it to {dest} and "
+                                        f"rebuilt it from {sum(not k.startswith('artifact:') for k in rows)} entry "
+                                        f"manifest(s): loads and hits before now are lost (warned once per process)")
+            else:
+                index = diskcache.Index(str(folder))
+        _HEALTHY.add(str(folder))
+        return index
+
+    def _index_rows_from_manifests(self) -> dict[str, dict[str, Any]]:
+        """The index rows the entry manifests and artifacts on disk give (loads and hits unknown: none)."""
+        now = time.time()
+        rows: dict[str, dict[str, Any]] = {}
+        for path in sorted((self.root / "entries").glob("*/*/*.json")):
+            try:
+                data = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("ekey") == path.stem and isinstance(data.get("akey"), str):
+                created = data.get("created") if isinstance(data.get("created"), (int, float)) else now
+                rows[path.stem] = {"method": path.parent.name, "topology": path.parent.parent.name,
+                                   "akey": data["akey"], "created": created, "last_used": now}
+        for akey, (size, mtime) in self.artifact_sizes().items():
+            rows[f"artifact:{akey}"] = {"bytes": size, "created": mtime, "last_used": now}
+        return rows
 
     def _index_put(self, key: str, value: dict[str, Any]) -> None:
         try:
             self.index[key] = value
         except Exception as exc:        # bookkeeping must never fail a call
-            log.warning("cache index update failed (%s); entries stay usable", exc)
+            _index_failed(exc)
 
     def _index_pop(self, keys: list[str], akey: str | None = None) -> None:
         """Remove index rows (an entry row only while it still names ``akey``)."""
@@ -101,8 +183,8 @@ class IndexMixin:
                     if row is not None and (akey is None or key.startswith("artifact:") or
                                             (isinstance(row, dict) and row.get("akey") == akey)):
                         del index[key]
-        except Exception as exc:
-            log.warning("cache index update failed (%s); entries stay usable", exc)
+        except Exception as exc:        # bookkeeping must never fail a call
+            _index_failed(exc)
 
     def touch(self, ekey: str) -> None:
         """Record a load of an entry (not called per call: once per entry per process)."""
@@ -111,7 +193,38 @@ class IndexMixin:
             if row is not None:
                 row = dict(row, last_used=time.time(), loads=row.get("loads", 0) + 1)
                 self.index[ekey] = row
-        except Exception as exc:
-            log.warning("cache index update failed (%s)", exc)
+        except Exception as exc:        # bookkeeping must never fail a call
+            _index_failed(exc)
 
 
+def _index_problem(folder: str) -> str | None:
+    """Why SQLite cannot read the index at ``folder`` (``PRAGMA quick_check``); None when it can, or there is none."""
+    db = os.path.join(folder, "cache.db")
+    if not os.path.isfile(db):
+        return None
+    try:
+        con = sqlite3.connect(db, timeout=30)
+        try:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        return str(exc)
+    if rows != [("ok",)]:
+        return "; ".join(str(r[0]) for r in rows[:3])
+    return None
+
+
+def _warn_once(folder: str, message: str) -> None:
+    if folder not in _WARNED:
+        _WARNED.add(folder)
+        log.warning("%s", message)
+
+
+def _index_failed(exc: Exception) -> None:
+    """Log a failed index update: a warning, unless the store is refused (``UntrustedCacheError``: warned once where
+    the refusal is met, gearcache/store/trust.py)."""
+    if isinstance(exc, UntrustedCacheError):
+        log.debug("cache index update skipped (%s)", exc)
+    else:
+        log.warning("cache index update failed (%s); entries stay usable", exc)

@@ -5,7 +5,7 @@ import contextlib
 import logging
 import pathlib
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import filelock
 
@@ -19,19 +19,36 @@ log = logging.getLogger("gearcache.store")
 class LockMixin:
     """Part of ``Store``: the per-artifact publish lock and lease lock."""
 
-    def _lock_path(self, akey: str, kind: str = "") -> pathlib.Path:
+    def _lock_path(self, akey: str, kind: str = "", mode: str | None = None) -> pathlib.Path:
         """``locks/<akey>[.lease].lock`` (flock) or ``.softlock`` (soft lock files, which are held while they exist,
-        so they never share a name with a flock file that stays behind after use)."""
-        suffix = "lock" if self.lock_mode == "flock" else "softlock"
+        so they never share a name with a flock file that stays behind after use). ``mode``: another lock mode's
+        path than this store's ``lock_mode``."""
+        suffix = "lock" if (mode or self.lock_mode) == "flock" else "softlock"
         return self.root / "locks" / (f"{akey}.{kind}.{suffix}" if kind else f"{akey}.{suffix}")
 
     @contextlib.contextmanager
-    def _locked(self, path: pathlib.Path, timeout: float) -> Iterator[None]:
-        """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery); ``LockTimeoutError``."""
-        if self.lock_mode == "flock":
+    def locked_in_every_mode(self, akey: str, timeout: float) -> Iterator[None]:
+        """Hold artifact ``akey``'s publish lock of both lock modes (``locks/<akey>.lock`` by flock, then
+        ``.softlock``): for a process that does not know the writers' ``lock_mode`` (``gearcache prune``), which
+        then excludes the writers of either. ``LockTimeoutError`` when one is held."""
+        with self._locked(self._lock_path(akey, mode="flock"), timeout, mode="flock"):
+            with self._locked(self._lock_path(akey, mode="soft"), timeout, mode="soft"):
+                yield
+
+    @contextlib.contextmanager
+    def _locked(self, path: pathlib.Path, timeout: float, mode: str | None = None,
+                on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery: this store's
+        ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first."""
+        if (mode or self.lock_mode) == "flock":
             lock = filelock.FileLock(str(path), timeout=timeout)
             try:
-                lock.acquire()
+                try:
+                    lock.acquire(timeout=0)
+                except filelock.Timeout:
+                    if on_wait is not None:
+                        on_wait()
+                    lock.acquire()
             except filelock.Timeout:
                 raise LockTimeoutError(str(path), timeout) from None
         else:
@@ -43,6 +60,9 @@ class LockMixin:
                     lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
                     break
                 except filelock.Timeout:
+                    if on_wait is not None:
+                        on_wait()
+                        on_wait = None
                     if time.monotonic() >= deadline:
                         raise LockTimeoutError(str(path), timeout) from None
         try:

@@ -9,6 +9,17 @@ import stat
 from ..errors import UntrustedArtifactError, UntrustedCacheError
 
 log = logging.getLogger("gearcache.store")
+_warned_untrusted: set[str] = set()     # store roots this process has warned about as untrusted
+
+
+def first_untrusted_warning(root: str | os.PathLike) -> bool:
+    """True the first time this process is about to warn that the store at ``root`` is not trusted, False after:
+    whichever part of gearcache meets the refusal first warns (with the fix), the others stay quiet."""
+    key = str(root)
+    if key in _warned_untrusted:
+        return False
+    _warned_untrusted.add(key)
+    return True
 
 
 class TrustMixin:
@@ -45,8 +56,20 @@ class TrustMixin:
                 self._root_trusted = ""
             except UntrustedCacheError as exc:
                 self._root_trusted = str(exc)
-                log.warning("%s; entries in it are not loaded (treated as misses)", exc)
+                if first_untrusted_warning(self.root):
+                    log.warning("%s; its entries are not loaded and nothing is written to it: calls compile as "
+                                "config.on_cache_error says (default 'memory': in memory only) (warned once per "
+                                "process)", exc)
         return self._root_trusted
+
+    def untrusted_why(self, path: pathlib.Path) -> str | None:
+        """Why the runtime refuses ``path`` (another user owns it, or others can write it), or None (also when it
+        does not exist): what ``gearcache verify`` reports."""
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return self._untrusted_why(st, stat.S_ISDIR(st.st_mode))
 
     def _untrusted_dir(self, folder: pathlib.Path) -> str | None:
         try:

@@ -1,0 +1,604 @@
+"""Value guards: the Python values a captured graph bakes in, recorded at capture and checked before it is served.
+
+Dynamo specialises a capture on every Python value the method reads — module attributes (``self.heads``,
+``self.ln.eps``, ``self.training``), globals and constants of any module (``SCALE``, ``helper.ALPHA``), closure
+cells, config objects, the identity of the functions and classes it calls, empty hook dicts — and records each as a
+*guard*. ``torch.compile`` checks its guards at every call; a gearcache entry keeps them as value guards:
+
+* at capture, :func:`from_dynamo` turns Dynamo's guards (``_torch_compat.DynamoGuard``) into :class:`ValueGuard`
+  records: a path from a root (the module, a Python module's globals, builtins) to the guarded object, what is
+  checked about it (``kind``) and the expected *fingerprint*, a JSON value that means the same in every process;
+* an entry or a gear plan is served only where every fingerprint computed on the live objects equals the recorded
+  one (:meth:`GuardSet.mismatch`, at load and whenever :mod:`gearcache.guard_watch` sees a guarded object change);
+* stored entries of one call signature whose guards differ live side by side: the first is stored under the
+  signature's entry key, each other one under :func:`variant_key` (that key plus the live fingerprints of the first
+  one's guards), so a lookup reads at most two manifests.
+
+Guards on the call's arguments (the signature key has them), on tensors (the signature and the module's parameter
+and buffer shapes have them) and on global torch state (the key's ``global_state`` factor) are left out.
+
+On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected], ...]``. ``path`` is
+``[root, step, ...]``: root ``"self"`` (the module), ``["global", name]`` (the method's module's globals),
+``["module", name]`` (a Python module, ``sys.modules[name]``) or ``"builtins"``; a step is ``["attr", name]``,
+``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
+``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``, ``in_dict``), a key (``contains``) or another path
+(``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
+
+A guard gearcache cannot re-evaluate in another process (an object known only by its identity, a source expression
+of a form not parsed here) makes the entry *local*: it is compiled and served in this process (checked by identity)
+but never written to the store; one warning names the guard.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+import logging
+import sys
+import types
+import warnings
+from collections.abc import Mapping
+from typing import Any, Iterable
+
+import torch
+
+from . import _torch_compat as compat
+
+log = logging.getLogger("gearcache.guards")
+
+MISSING = ["missing"]                   # the fingerprint of a path that no longer leads anywhere
+
+# Dynamo guard types whose values gearcache keys elsewhere (signature, module state, global state) or that hold no
+# value of the method's (the shape environment of a static capture).
+_COVERED = frozenset({
+    "TENSOR_MATCH", "GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE",
+    "DEFAULT_DEVICE", "SHAPE_ENV", "AUTOGRAD_SAVED_TENSORS_HOOKS", "FSDP_TRAINING_STATE", "FUNCTORCH_STACK_MATCH",
+    "DUAL_LEVEL", "DISPATCH_KEY_SET_MATCH", "TORCH_FUNCTION_MODE_STACK",
+})
+
+# Dynamo guard type -> gearcache kind
+_KINDS = {
+    "CONSTANT_MATCH": "value", "EQUALS_MATCH": "value", "BOOL_MATCH": "value", "NONE_MATCH": "value",
+    "CONSTANT_SUBCLASS_MATCH": "value",
+    "TYPE_MATCH": "type", "NN_MODULE": "type", "FAKE_SCRIPT_TYPE_MATCH": "type",
+    "OPAQUE_OBJ_GUARD_FN_MATCH": "identity",
+    "ID_MATCH": "identity", "CLASS_MATCH": "identity", "MODULE_MATCH": "identity", "BUILTIN_MATCH": "identity",
+    "FUNCTION_MATCH": "identity", "CLOSURE_MATCH": "identity",
+    "SEQUENCE_LENGTH": "length", "DICT_LENGTH": "length", "EMPTY_NN_MODULE_HOOKS_DICT": "length",
+    "DICT_KEYS_MATCH": "keys", "DICT_KEYS": "keys", "MAPPING_KEYS_CHECK": "keys",
+    "HASATTR": "hasattr", "NOT_PRESENT_IN_GENERIC_DICT": "in_dict",
+    "DICT_CONTAINS": "contains", "DICT_NOT_CONTAINS": "contains", "SET_CONTAINS": "contains",
+    "SET_NOT_CONTAINS": "contains",
+    "DUPLICATE_INPUT": "same_as", "NOT_NONE_MATCH": "not_none",
+}
+
+
+class Unpersistable(Exception):
+    """A guarded value has no fingerprint that means the same in another process."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueGuard:
+    kind: str
+    path: tuple                 # (root, *steps), steps as tuples
+    arg: Any                    # see the module docstring
+    expected: Any               # the fingerprint (JSON); for a local guard, the live object itself
+
+    def text(self) -> str:
+        """``self.ln.eps``-style, for messages."""
+        return path_text(self.path)
+
+    def to_json(self) -> list:
+        arg = _path_json(self.arg) if self.kind == "same_as" else self.arg
+        return [self.kind, _path_json(self.path), arg, self.expected]
+
+    @classmethod
+    def from_json(cls, data: list) -> "ValueGuard":
+        kind, path, arg, expected = data
+        if kind == "same_as":
+            arg = _path_tuple(arg)
+        return cls(kind, _path_tuple(path), arg, expected)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """The first guard whose live fingerprint differs from the recorded one."""
+    guard: ValueGuard
+    live: Any
+
+    def __str__(self) -> str:
+        return (f"{self.guard.text()} ({self.guard.kind}): compiled with {_show(self.guard.expected)}, "
+                f"now {_show(self.live)}")
+
+
+class Scope:
+    """Where guard paths start in a process: the cached method's module and its function's globals."""
+
+    def __init__(self, module: torch.nn.Module, globals_: dict[str, Any]):
+        self.module, self.globals = module, globals_
+        self.installed: dict[str, Any] = {}         # at capture: the globals Dynamo added for the trace
+
+    def root(self, root: Any) -> Any:
+        if root == "self":
+            return self.module
+        if root == "builtins":
+            return builtins.__dict__
+        kind, name = root
+        if kind == "global":
+            return self.globals[name]
+        module = sys.modules.get(name)
+        if module is None:
+            import importlib
+            module = importlib.import_module(name)
+        return module
+
+
+class GuardSet:
+    """The value guards of one capture. ``local`` (a message) when one of them cannot be checked in another process:
+    the entry is then served in this process only."""
+
+    def __init__(self, guards: list[ValueGuard], local: str | None = None):
+        self.guards = guards
+        self.local = local
+
+    def __len__(self) -> int:
+        return len(self.guards)
+
+    def to_json(self) -> list:
+        if self.local is not None:
+            raise Unpersistable(self.local)
+        return [g.to_json() for g in self.guards]
+
+    @classmethod
+    def from_json(cls, data: list | None) -> "GuardSet":
+        return cls([ValueGuard.from_json(g) for g in data or []])
+
+    def mismatch(self, scope: Scope) -> Mismatch | None:
+        """The first guard that does not hold on the live objects, or None."""
+        values: dict[tuple, Any] = {}
+        for g in self.guards:
+            live = live_fingerprint(g, scope, values)
+            if live != g.expected:
+                return Mismatch(g, live)
+        return None
+
+    def live_fingerprints(self, scope: Scope) -> list:
+        values: dict[tuple, Any] = {}
+        return [live_fingerprint(g, scope, values) for g in self.guards]
+
+
+def variant_key(ekey: str, first: GuardSet, scope: Scope) -> str:
+    """Where an entry of signature key ``ekey`` whose guards differ from ``first``'s (the entry stored under ``ekey``)
+    is stored: ``ekey`` + the live fingerprints of ``first``'s guards. Two processes whose guarded values agree on
+    those guards compute the same key."""
+    text = json.dumps([ekey, first.live_fingerprints(scope)], sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+@dataclasses.dataclass
+class Choice:
+    """What :func:`choose` found: ``record`` (None: a miss) with its ``guards``, the ``key`` it is (or, on a miss, is
+    to be) stored under, and on a miss caused by guards the ``mismatch`` with the signature's first record."""
+    record: dict | None
+    guards: GuardSet | None
+    key: str
+    mismatch: Mismatch | None = None
+
+
+def choose(read: Any, key: str, scope: Scope) -> Choice:
+    """The stored record (an entry manifest or a gear plan) of ``key`` whose guards hold on ``scope``: the one stored
+    under ``key`` or its variant (:func:`variant_key`). ``read(key) -> record or None``."""
+    first = read(key)
+    if first is None:
+        return Choice(None, None, key)
+    first_guards = GuardSet.from_json(first.get("guards"))
+    mismatch = first_guards.mismatch(scope)
+    if mismatch is None:
+        return Choice(first, first_guards, key)
+    vkey = variant_key(key, first_guards, scope)
+    variant = read(vkey)
+    if variant is not None:
+        variant_guards = GuardSet.from_json(variant.get("guards"))
+        if variant_guards.mismatch(scope) is None:
+            return Choice(variant, variant_guards, vkey)
+    return Choice(None, None, vkey, mismatch)
+
+
+# ------------------------------------------------------------------------------------------------------- capture
+def from_dynamo(recording: Any, method: Any) -> GuardSet:
+    """The value guards of a capture of the bound ``method``, from Dynamo's guards
+    (``_torch_compat.GuardRecording``)."""
+    self_name = method.__func__.__code__.co_varnames[0]
+    scope = Scope(method.__self__, {**method.__func__.__globals__, **recording.installed})
+    scope.installed = recording.installed
+    guards: dict[tuple, ValueGuard] = {}
+    local: list[str] = []
+    values: dict[tuple, Any] = {}
+    for dg in recording.guards:
+        if dg.kind in _COVERED or not dg.source:
+            continue
+        try:
+            guard = _value_guard(dg, self_name, scope, values)
+        except Unpersistable as exc:
+            local.append(f"{dg.kind} on {dg.source}: {exc}")
+            guard = _local_guard(dg, self_name, scope, values)
+        if guard is not None:
+            guards.setdefault((guard.kind, guard.path, _hashable(guard.arg)), guard)
+    message = None
+    if local:
+        message = (f"{len(local)} guard(s) cannot be checked in another process, e.g. {local[0]}")
+        log.debug("local guards: %s", local)
+    return GuardSet(list(guards.values()), message)
+
+
+def _value_guard(dg: Any, self_name: str, scope: Scope, values: dict) -> ValueGuard | None:
+    kind = _KINDS.get(dg.kind)
+    if kind is None:
+        raise Unpersistable(f"Dynamo guard type {dg.kind} is not one gearcache can re-check")
+    path = _resolve(parse_source(dg.source), self_name, scope)
+    if path is None:
+        return None                                     # an argument: the signature key has it
+    obj = evaluate(path, scope, values)
+    if dg.has_value and not _same_object(obj, dg.value):
+        raise Unpersistable(f"gearcache's reading of {dg.source} is not the object Dynamo guarded")
+    arg = dg.detail.get("attr", dg.detail.get("key"))
+    if kind == "same_as":
+        arg = _resolve(parse_source(dg.detail["other"]), self_name, scope)
+        if arg is None:
+            return None
+    guard = ValueGuard(kind, path, arg, None)
+    return dataclasses.replace(guard, expected=fingerprint(guard, obj, scope, values))
+
+
+def _local_guard(dg: Any, self_name: str, scope: Scope, values: dict) -> ValueGuard | None:
+    """An identity guard on the object Dynamo guarded, for an entry served in this process only; None where even
+    the path cannot be read (the entry is then used as long as nothing it was built from is replaced)."""
+    try:
+        path = _resolve(parse_source(dg.source), self_name, scope)
+    except Unpersistable:
+        return None
+    if path is None:
+        return None
+    return ValueGuard("live", path, None, LiveObject(evaluate(path, scope, values)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LiveObject:
+    """A local guard's expected value: equal only to the same object."""
+    obj: Any
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, LiveObject) and other.obj is self.obj
+
+    __hash__ = object.__hash__
+
+
+# ------------------------------------------------------------------------------------------------ source parsing
+def parse_source(text: str) -> tuple:
+    """Dynamo's source expression (``L['self']._modules['ln'].eps``, ``G['SCALE']``,
+    ``dict(type(G['c']).__mro__[1].__dict__)['f']``, ``dict.__getitem__(X, list(dict.keys(X))[1])``) as a path whose
+    root is ``("L", name)`` or ``("G", name)``. Unpersistable for any other form."""
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        raise Unpersistable(f"source {text!r} is not an expression") from None
+    return _parse(node, text)
+
+
+def _parse(node: ast.AST, text: str) -> tuple:
+    if _is_key_at(node):
+        return _parse(node.value.args[0].args[0], text) + (("key_at", node.slice.value),)
+    if isinstance(node, ast.Subscript):
+        key = _constant(node.slice, text)
+        if isinstance(node.value, ast.Name) and node.value.id in ("L", "G"):
+            return ((node.value.id, key),)
+        return _parse(node.value, text) + (("item", key),)
+    if isinstance(node, ast.Attribute):
+        return _parse(node.value, text) + (("attr", node.attr),)
+    if isinstance(node, ast.Call) and not node.keywords:
+        func, args = node.func, node.args
+        if isinstance(func, ast.Name) and func.id == "type" and len(args) == 1:
+            return _parse(args[0], text) + (("type",),)
+        if isinstance(func, ast.Name) and func.id == "dict" and len(args) == 1:
+            return _parse(args[0], text)                # a copy of a mapping: items read the same
+        if isinstance(func, ast.Name) and func.id == "___odict_getitem" and len(args) == 2:
+            return _parse(args[0], text) + (("item", _constant(args[1], text)),)
+        if _is_dict_getitem_at(func, args):
+            return _parse(args[0], text) + (("item_at", args[1].slice.value),)
+    raise Unpersistable(f"source {text!r} has a form gearcache does not read")
+
+
+def _is_dict_getitem_at(func: ast.AST, args: list) -> bool:
+    """``dict.__getitem__(X, list(dict.keys(X))[i])``: the value at X's i-th key."""
+    if not (isinstance(func, ast.Attribute) and func.attr == "__getitem__" and isinstance(func.value, ast.Name)
+            and func.value.id == "dict" and len(args) == 2):
+        return False
+    return _is_key_at(args[1]) and ast.dump(args[1].value.args[0].args[0]) == ast.dump(args[0])
+
+
+def _is_key_at(node: ast.AST) -> bool:
+    """``list(dict.keys(X))[i]``: X's i-th key."""
+    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, int) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name) and node.value.func.id == "list" and len(node.value.args) == 1):
+        return False
+    keys = node.value.args[0]
+    return (isinstance(keys, ast.Call) and isinstance(keys.func, ast.Attribute) and keys.func.attr == "keys"
+            and isinstance(keys.func.value, ast.Name) and keys.func.value.id == "dict" and len(keys.args) == 1)
+
+
+def _constant(node: ast.AST, text: str) -> Any:
+    if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (str, int, float, bool)):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -node.operand.value
+    raise Unpersistable(f"source {text!r} indexes with a key that is not a constant")
+
+
+def _resolve(path: tuple, self_name: str, scope: Scope) -> tuple | None:
+    """Replace Dynamo's root (``L[name]``, ``G[name]``) by a gearcache root; None for an argument other than self.
+    ``scope.installed`` holds the globals Dynamo added for the trace (gone from the module once its cache entries are
+    reset): modules become module roots, builtins the builtins root."""
+    where, name = path[0]
+    if where == "L":
+        return ("self",) + path[1:] if name == self_name else None
+    if name in scope.installed:                     # a global Dynamo added for the trace (a module, builtins, ...)
+        value = scope.installed[name]
+        if isinstance(value, types.ModuleType):
+            return (("module", value.__name__),) + path[1:]
+        if value is builtins.__dict__:
+            return ("builtins",) + path[1:]
+        raise Unpersistable(f"Dynamo reads it through {name}, an object of type {type_name(type(value))} it "
+                            f"installed by identity")
+    return (("global", name),) + path[1:]
+
+
+# ------------------------------------------------------------------------------------------------------ evaluation
+def evaluate(path: tuple, scope: Scope, values: dict | None = None) -> Any:
+    """The object at ``path`` (``MISSING_OBJECT`` where a step fails). ``values`` caches prefixes across calls."""
+    if values is not None and path in values:
+        return values[path]
+    if len(path) == 1:
+        try:
+            obj = scope.root(path[0])
+        except (KeyError, ImportError):
+            obj = MISSING_OBJECT
+    else:
+        obj = step(evaluate(path[:-1], scope, values), path[-1])
+    if values is not None:
+        values[path] = obj
+    return obj
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING_OBJECT = _Missing()
+
+
+def step(obj: Any, s: tuple) -> Any:
+    """One step of a path from ``obj`` (``MISSING_OBJECT`` where it fails)."""
+    if obj is MISSING_OBJECT:
+        return obj
+    try:
+        op = s[0]
+        if op == "attr":
+            return getattr(obj, s[1])
+        if op == "item":
+            return obj[s[1]]
+        if op in ("item_at", "key_at"):
+            key = list(dict.keys(obj) if isinstance(obj, dict) else obj.keys())[s[1]]
+            return obj[key] if op == "item_at" else key
+        if op == "type":
+            return type(obj)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return MISSING_OBJECT
+    raise ValueError(f"unknown path step {s!r}")
+
+
+def live_fingerprint(guard: ValueGuard, scope: Scope, values: dict | None = None) -> Any:
+    obj = evaluate(guard.path, scope, values)
+    if guard.kind == "live":
+        return LiveObject(obj)
+    try:
+        return fingerprint(guard, obj, scope, values)
+    except Unpersistable as exc:
+        return ["unreadable", str(exc)]
+
+
+def fingerprint(guard: ValueGuard, obj: Any, scope: Scope, values: dict | None = None) -> Any:
+    """What ``guard`` checks about ``obj``, as JSON (Unpersistable where that has no meaning across processes)."""
+    if obj is MISSING_OBJECT:
+        return MISSING
+    return _FINGERPRINT[guard.kind](obj, guard, scope, values)
+
+
+def _contains(obj: Any, g: ValueGuard, scope: Scope, values: Any) -> Any:
+    try:
+        return [key_fp(g.arg), g.arg in obj]
+    except TypeError:
+        return [key_fp(g.arg), "unhashable"]
+
+
+_FINGERPRINT = {
+    "value": lambda obj, g, scope, values: value_fp(obj),
+    "type": lambda obj, g, scope, values: type_name(type(obj)),
+    "identity": lambda obj, g, scope, values: identity_fp(obj),
+    "length": lambda obj, g, scope, values: len(obj),
+    "keys": lambda obj, g, scope, values: [key_fp(k) for k in (dict.keys(obj) if isinstance(obj, dict)
+                                                                 else obj.keys())],
+    "hasattr": lambda obj, g, scope, values: [g.arg, hasattr(obj, g.arg)],
+    "in_dict": lambda obj, g, scope, values: [g.arg, g.arg in getattr(obj, "__dict__", {})],
+    "contains": _contains,
+    "same_as": lambda obj, g, scope, values: obj is evaluate(g.arg, scope, values),
+    "not_none": lambda obj, g, scope, values: obj is not None,
+}
+
+
+# -------------------------------------------------------------------------------------------------- fingerprints
+def type_name(t: type) -> str:
+    return f"{getattr(t, '__module__', '?')}.{getattr(t, '__qualname__', getattr(t, '__name__', repr(t)))}"
+
+
+def value_fp(v: Any) -> Any:
+    """A constant's fingerprint: its type and value (containers element by element)."""
+    t = type(v)
+    if v is None or t in (bool, int, str):
+        return [t.__name__, v]
+    if t is float or t is complex:
+        return [t.__name__, repr(v)]                    # repr: exact, and nan/inf are valid JSON this way
+    if t is bytes:
+        return ["bytes", v.hex()]
+    if isinstance(v, enum.Enum):
+        return ["enum", type_name(t), v.name]
+    if isinstance(v, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return [type_name(t), str(v)]
+    if t in (tuple, list) or isinstance(v, (tuple, list)):     # torch.Size, named tuples
+        return [type_name(t), [value_fp(x) for x in v]]
+    if isinstance(v, (set, frozenset)):
+        return [type_name(t), sorted((value_fp(x) for x in v), key=_sort_key)]
+    if isinstance(v, dict):
+        return [type_name(t), [[key_fp(k), value_fp(x)] for k, x in v.items()]]
+    if t in (slice, range):
+        return [t.__name__, [value_fp(v.start), value_fp(v.stop), value_fp(v.step)]]
+    if isinstance(v, (int, float, str)):                # other subclasses of the constant types
+        return [type_name(t), repr(v)]
+    return identity_fp(v)
+
+
+def key_fp(k: Any) -> Any:
+    if k is None or type(k) in (bool, int, str, float):
+        return value_fp(k)
+    return identity_fp(k) if not isinstance(k, tuple) else [value_fp(x) for x in k]
+
+
+def identity_fp(v: Any) -> Any:
+    """An object known by identity: what identifies it in any process (a module's, class's or function's name and
+    a function's code), Unpersistable for an object that has nothing but its identity."""
+    if v is None or type(v) in (bool, int, str, float) or isinstance(v, (enum.Enum, torch.dtype, torch.device)):
+        return value_fp(v)
+    if isinstance(v, types.ModuleType):
+        return ["module", v.__name__]
+    if isinstance(v, type):
+        return ["class", type_name(v)]
+    if isinstance(v, types.CodeType):
+        return ["code", v.co_qualname if hasattr(v, "co_qualname") else v.co_name, code_digest(v)]
+    if isinstance(v, types.FunctionType):
+        return ["function", type_name(v), code_digest(v.__code__)]
+    if isinstance(v, types.MethodType):
+        return ["method", identity_fp(v.__func__), identity_fp(v.__self__)]
+    if isinstance(v, functools.partial):
+        return ["partial", identity_fp(v.func), value_fp(v.args), value_fp(v.keywords)]
+    if isinstance(v, torch.nn.Module):
+        return ["nn.Module", type_name(type(v))]
+    group = compat.process_group_identity(v)
+    if group is not None:
+        return group
+    if isinstance(v, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                      types.ClassMethodDescriptorType)) or type_name(type(v)).startswith("torch._ops."):
+        name = getattr(v, "__qualname__", None) or getattr(v, "__name__", None) or str(v)
+        module = getattr(v, "__module__", None) or getattr(getattr(v, "__objclass__", None), "__module__", "")
+        return ["builtin", f"{module}.{name}"]
+    raise Unpersistable(f"an object of type {type_name(type(v))} known only by its identity")
+
+
+_CODE_DIGESTS: dict[int, tuple[Any, str]] = {}
+
+
+def code_digest(code: types.CodeType) -> str:
+    """sha256 of what a code object does: bytecode, names, constants (nested code too); not its file or lines."""
+    cached = _CODE_DIGESTS.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    h = hashlib.sha256()
+    for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+                 code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount, code.co_flags):
+        h.update(repr(part).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            h.update(code_digest(const).encode())
+        elif isinstance(const, frozenset):
+            h.update(repr(sorted(repr(x) for x in const)).encode())     # set order follows string hashing
+        else:
+            h.update(repr(const).encode())
+    digest = h.hexdigest()[:24]
+    _CODE_DIGESTS[id(code)] = (code, digest)
+    return digest
+
+
+def _same_object(obj: Any, value: Any) -> bool:
+    """Whether gearcache's reading of a source is what Dynamo guarded: the same object, a mapping with the same items
+    (Dynamo reads a class's ``__dict__`` through a copy), or an equal constant."""
+    if obj is value:
+        return True
+    if isinstance(obj, Mapping) and isinstance(value, Mapping):
+        return obj.keys() == value.keys() and all(obj[k] is value[k] for k in obj)
+    try:
+        return value_fp(obj) == value_fp(value)
+    except Unpersistable:
+        return False
+
+
+def _sort_key(fp: Any) -> str:
+    return json.dumps(fp, sort_keys=True, default=repr)
+
+
+def _hashable(arg: Any) -> Any:
+    try:
+        hash(arg)
+        return arg
+    except TypeError:
+        return repr(arg)
+
+
+def _show(fp: Any) -> str:
+    if isinstance(fp, list) and len(fp) == 2 and fp[0] in ("bool", "int", "str", "float", "NoneType"):
+        return repr(fp[1]) if fp[0] != "float" else fp[1]
+    if isinstance(fp, LiveObject):
+        return f"<object at {id(fp.obj):#x}>"
+    text = json.dumps(fp, default=repr)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+# ---------------------------------------------------------------------------------------------------- paths
+def _path_json(path: tuple) -> list:
+    root = path[0]
+    return [root if isinstance(root, str) else list(root)] + [list(s) for s in path[1:]]
+
+
+def _path_tuple(data: list) -> tuple:
+    root = data[0]
+    return (root if isinstance(root, str) else tuple(root),) + tuple(tuple(s) for s in data[1:])
+
+
+def path_text(path: tuple) -> str:
+    root = path[0]
+    text = root if isinstance(root, str) else (root[1] if root[0] == "global" else root[1])
+    for s in path[1:]:
+        if s[0] == "attr":
+            text += f".{s[1]}"
+        elif s[0] == "item":
+            text += f"[{s[1]!r}]"
+        elif s[0] == "item_at":
+            text += f".<value at key {s[1]}>"
+        elif s[0] == "key_at":
+            text += f".<key {s[1]}>"
+        else:
+            text = f"type({text})"
+    return text
+
+
+def warn_local(method_name: str, guards: GuardSet, _warned: set = set()) -> None:   # noqa: B006 - once per method
+    """Warn, once per method, that its entries are served in this process only (``guards.local`` says why)."""
+    if guards.local is None or method_name in _warned:
+        return
+    _warned.add(method_name)
+    warnings.warn(f"gearcache: {method_name}: {guards.local}; its entries are compiled and served in this process "
+                  f"only, not stored. Fix: make the value a constant (int, float, str, enum, tuple) or a module "
+                  f"attribute gearcache can read", stacklevel=4)
