@@ -42,18 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary())
     print(f"work folder: {work}")
     if args.json:
-        args.json.write_text(json.dumps(to_json(report), indent=1))
+        args.json.write_text(json.dumps(report.to_json(), indent=1))
     return 1 if report.failures or report.stale else 0
-
-
-def to_json(report) -> dict:
-    return {"seed": report.seed, "cases": len(report.cases), "programs": report.programs,
-            "outcomes": {side: dict(report.outcomes(side)) for side in report.results},
-            "totals": {side: report.totals(side) for side in report.results}, "stale": report.stale,
-            "coverage": {tag: dict(c) for tag, c in report.coverage().items()}, "seconds": report.seconds,
-            "failures": report.failures, "reproducers": report.reproducers,
-            "compile_identities": report.compile_identities,
-            "results": {side: {str(i): r for i, r in rs.items()} for side, rs in report.results.items()}}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Layout of the work folder::
     store/     the one gearcache store every case of the session shares
     warm/      batch_<k>.json and results_<k>.json of the fresh processes
     repro/     case_<id>_<side>.py: a runnable reproducer per shrunk failure
+    report.json  counts, coverage, failures, every case drawn and every result (Report.to_json)
 
 Sides: ``main`` (this process: it compiles what no earlier case did) and ``warm`` (fresh processes started by
 :func:`run_warm_batches`, one per batch: ``tests/scripts/difftest_warm.py``). A **stale load** is a case that used
@@ -71,6 +72,16 @@ class Report:
                     for tag in case["tags"] + [f"side:{side}"]:
                         cov[tag][rs[case["id"]]["outcome"]] += 1
         return dict(sorted(cov.items()))
+
+    def to_json(self) -> dict:
+        """Counts, coverage, failures and every result (``work/report.json`` of a session)."""
+        return {"seed": self.seed, "cases": len(self.cases), "programs": self.programs,
+                "outcomes": {side: dict(self.outcomes(side)) for side in self.results},
+                "totals": {side: self.totals(side) for side in self.results}, "stale": self.stale,
+                "coverage": {tag: dict(c) for tag, c in self.coverage().items()}, "seconds": self.seconds,
+                "failures": self.failures, "reproducers": self.reproducers,
+                "compile_identities": self.compile_identities,
+                "results": {side: {str(i): r for i, r in rs.items()} for side, rs in self.results.items()}}
 
     def summary(self) -> str:
         lines = [f"difftest: run seed {self.seed}, {len(self.cases)} cases over {len(self.programs)} programs, "
@@ -208,4 +219,5 @@ def run_difftest(seed: int, cases: int, work: Path, *, device: str = "cpu", grap
         report.reproducers = shrinker.shrink_failures(report, first, work, shrink, shrink_seconds, log)
         seconds["shrink"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
+    (work / "report.json").write_text(json.dumps(dict(report.to_json(), drawn=drawn), indent=1))
     return report
