@@ -160,8 +160,9 @@ def _dynamo_guard(entry: Any) -> DynamoGuard:
     if kind in ("HASATTR", "NOT_PRESENT_IN_GENERIC_DICT"):
         if "attr" in keywords:
             detail["attr"] = keywords["attr"]
-        else:       # older Dynamo: the source is the attribute itself
-            detail["attr"], name = source.member, _source_name(source.base)
+        else:       # older Dynamo (2.11): the source is the attribute itself, the value the attribute's, not the
+            detail["attr"], name = source.member, _source_name(source.base)     # base's that the guard reads
+            return DynamoGuard(kind, "" if name is None else name, False, None, detail)
     elif kind in ("DICT_CONTAINS", "DICT_NOT_CONTAINS", "SET_CONTAINS", "SET_NOT_CONTAINS"):
         detail["key"] = keywords.get("key")
         detail["invert"] = bool(keywords.get("invert", kind.endswith("NOT_CONTAINS")))

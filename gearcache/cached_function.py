@@ -23,9 +23,7 @@ import dataclasses
 import inspect
 import json
 import logging
-import os
 import re
-import sys
 import threading
 import types
 import warnings
@@ -39,6 +37,8 @@ from . import diagnostics
 from . import signature
 from . import compiler, cuda_graphs, faults, gears, guard_watch, runplan, warmup
 from . import guards as value_guards
+from .naming import importable_module
+from .snapshot import kept
 from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import Captured, capture, dependencies_changed, symbolic_shapes
@@ -267,7 +267,8 @@ class CachedFunction(Dispatcher):
         the config's gears by name apply); returns the number of gears. Missing gears are compiled in worker
         processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). With
         ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
-        input and raises ``PaddingUnsafeError`` with the offending output if they differ."""
+        input and raises ``PaddingUnsafeError`` with the offending output if they differ. The runs on the examples
+        leave no trace: what they write in place (the module's buffers, the example tensors) is restored after them."""
         self.warmup_timeline = timeline = Timeline()
         early = None                            # worker processes started before the gear plan's trace
         try:
@@ -279,7 +280,8 @@ class CachedFunction(Dispatcher):
                 if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
                     plan = self._init_gears(args, kwargs, leaves, key, again=True)
             if plan is None:
-                self(*args, **kwargs)
+                with kept([*leaves, *self._module.buffers()]):
+                    self(*args, **kwargs)
                 return 1
             lazy = self.config.inference_config.capture_graphs == "first_call"
             capture_now = self.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
@@ -303,15 +305,25 @@ class CachedFunction(Dispatcher):
             if capture_now:
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                     self.graphs.capture_all(plan, gear_calls)
-            for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
-                with timeline.span(f"gear {sizes}", "first run"):
-                    call(plan, gear_leaves, gear_key)
-                    if self.config.inference_config.verify_padding:
-                        self._verify_gear(plan, leaves, key, sizes)
+            with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
+                for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
+                    with timeline.span(f"gear {sizes}", "first run"):
+                        call(plan, gear_leaves, gear_key)
+                        if self.config.inference_config.verify_padding:
+                            self._verify_gear(plan, leaves, key, sizes)
         finally:
             if self.graphs is not None:
                 self.graphs.timeline = None
         return len(combos)
+
+    def _written_by(self, gear_calls: list[tuple[tuple, tuple]], unknown: list) -> list:
+        """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
+        gear's entry is not found yet (it is found by its first run)."""
+        written: list = []
+        for gear_leaves, gear_key in gear_calls:
+            entry = self._table.get(gear_key)
+            written += unknown if entry is None else cuda_graphs.written_tensors(entry, gear_leaves)
+        return written
 
     def _early_workers(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
                        timeline: Timeline) -> "WorkerPool | None":
@@ -658,30 +670,8 @@ def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
 def _entry_point_name(method: Callable) -> str:
     """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
-    raw = f"{_importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
+    raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
-
-
-def _importable_module(name: str) -> str:
-    """The name a module is imported by. For the script run as ``__main__``: ``__main__.__spec__.name`` under
-    ``python -m pkg.mod``; else, from its file, its stem with every enclosing folder that holds an ``__init__.py``
-    (``python pkg/mod.py`` -> ``pkg.mod``), so ``gearcache warmup pkg.mod:make`` warms the entries it loads.
-    ``__main__`` where there is no file (``python -c``, a notebook)."""
-    if name != "__main__":
-        return name
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name:
-        return spec.name
-    path = getattr(main, "__file__", None)
-    if not path:
-        return name
-    folder, file = os.path.split(os.path.abspath(path))
-    parts = [os.path.splitext(file)[0]]
-    while os.path.isfile(os.path.join(folder, "__init__.py")):
-        folder, package = os.path.split(folder)
-        parts.insert(0, package)
-    return ".".join(parts)
 
 
 def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
+from .snapshot import kept
 from . import guards as value_guards
 from .errors import GearcacheError, GraphBreakError, UnsupportedInputError
 from .key import sha256_text
@@ -302,7 +303,9 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
     compat.forget_dynamo_cache(code)
     recording = compat.GuardRecording()
     try:
-        with compat.dynamo_capture_config(), compat.symbolic_capture_config():
+        # the trace runs the graph (on clones of the call's tensors): what it writes into the module's buffers is
+        # put back, so a call that builds the plan updates the state once, as eager does
+        with compat.dynamo_capture_config(), compat.symbolic_capture_config(), kept(list(module.buffers())):
             result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
                                    options=compat.guard_recording_options(
                                        recording, method.__func__.__globals__))(*args, **kwargs)

@@ -31,7 +31,8 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
-from . import signature
+from . import guard_watch, signature
+from .snapshot import snapshot
 from .counters import counters
 from .entry import Entry
 from .errors import ConfigError, UnsupportedInputError
@@ -65,6 +66,14 @@ class GraphedEntry:
         self.entry, self.graph, self.outs = entry, graph, outs
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
+        self.state_watch: Any = None          # valid() while every parameter and buffer the graph reads is the same
+        #                                       tensor as at its capture (``_state_watch``)
+
+    def state_replaced(self) -> bool:
+        """Whether a parameter or buffer the graph reads was replaced by another tensor since its capture (a new KV
+        cache bound to the module, ``module.weight = Parameter(...)``): its replays would read and write the old
+        one's memory, so the graph must be captured again."""
+        return self.state_watch is not None and not self.state_watch.valid()
 
     def fill(self, leaves: tuple) -> None:
         """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs."""
@@ -113,6 +122,10 @@ class CudaGraphs:
             self._retire_views()
             for gkey in stale:
                 del self.graphs[gkey]
+            if not self.graphs:
+                # torch keeps a pool whose graphs are all gone while its memory is in use (outputs handed out), and
+                # refuses a capture into it: the next capture starts a pool of its own
+                self.pool = None
 
     def call(self, plan: Any, leaves: tuple, key: tuple, served: bool = False) -> Any:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
@@ -125,6 +138,13 @@ class CudaGraphs:
         if graphed is None:
             if not on_cuda(leaves):
                 return self.cached._call_uncaptured(plan, leaves, key, served)  # CPU inputs: no graphs
+            graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+        elif graphed.state_replaced():
+            log.info("%s: a parameter or buffer of the graph %s was replaced since its capture; capturing it again",
+                     self.cached.name, [tuple(b.shape) for _, b, _ in graphed.copies])
+            self._retire_views()
+            # captured before the old graph is released: torch refuses a capture into a pool none of whose graphs
+            # is alive while its memory is in use
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         else:
             counters.hits += 1
@@ -194,8 +214,9 @@ class CudaGraphs:
         graphed, static_leaves = self._prepare(plan, leaves, key, targets)
         t0 = time.perf_counter()
         with self._phase(static_leaves, "graph warm-up run"):
-            # The warm-up run writes to static-address inputs (a KV cache): undo it, so this call updates them once.
-            saved = _snapshot([leaves[i] for i, _ in graphed.static_ptrs])
+            # The warm-up run writes to static-address inputs and to state (a KV cache, a position counter): undo it,
+            # so this call updates them once.
+            saved = snapshot(written_tensors(graphed.entry, static_leaves))
             counters.graph_warmups += 1
             self._warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
             for view, before in saved:
@@ -203,6 +224,7 @@ class CudaGraphs:
             _fill(graphed, leaves)
         with self._phase(static_leaves, "graph record"):
             graphed.graph, graphed.outs = self._record(graphed.entry, static_leaves)
+        graphed.state_watch = _state_watch(graphed.entry)
         self._captured(graphed, time.perf_counter() - t0)
         return graphed
 
@@ -272,16 +294,20 @@ class CudaGraphs:
                 self.graphs[gkey] = self._capture(plan, leaves, key, targets)
             torch.cuda.empty_cache()
             return len(todo)
-        saved = _snapshot([x for _, leaves, _, _ in todo for x in leaves if _is_static_address(x)])
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         gear_threads, prepared = _GearThreads(self, len(todo), threads or CAPTURE_THREADS), []
+        written: list[torch.Tensor] = []
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         try:
             for gkey, leaves, key, targets in todo:
                 with self._phase(leaves, "look up", synchronize=False):
                     graphed, static_leaves = self._prepare(plan, leaves, key, targets)
                 prepared.append((gkey, leaves, graphed))
+                fresh = [t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in written)]
+                saved += snapshot(fresh)   # (what the gears started before write is in ``written``: not again)
+                written += fresh
                 gear_threads.start(graphed, static_leaves)
         except BaseException:
             gear_threads.stop()
@@ -297,6 +323,7 @@ class CudaGraphs:
         seconds = (time.perf_counter() - t0) / len(todo)
         for (gkey, _, graphed), (graph, outs) in zip(prepared, recorded):
             graphed.graph, graphed.outs = graph, outs
+            graphed.state_watch = _state_watch(graphed.entry)
             self.graphs[gkey] = graphed
             counters.graph_warmups += 1
             self._captured(graphed, seconds)
@@ -438,24 +465,6 @@ def _collectives_possible() -> bool:
     return bool(compat.process_groups())
 
 
-def _snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(view, copy)`` pairs to restore ``tensors`` later with ``view.copy_(copy)``: per storage, one byte view of the
-    smallest range that holds every one of ``tensors`` in it (gears' views of one KV cache share a storage)."""
-    ranges: dict[int, tuple[int, int, Any]] = {}
-    for t in tensors:
-        if t.numel() == 0:
-            continue
-        size = t.element_size()
-        lo = t.storage_offset() * size
-        hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * size
-        storage = t.untyped_storage()
-        a, b, _ = ranges.get(storage.data_ptr(), (lo, hi, storage))
-        ranges[storage.data_ptr()] = (min(a, lo), max(b, hi), storage)
-    views = [torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, lo, (hi - lo,))
-             for lo, hi, storage in ranges.values()]
-    return [(view, view.clone()) for view in views]
-
-
 def capture_order(combinations: list[list[int]]) -> list[list[int]]:
     """The order ``warmup`` captures gears in: largest first (by padded elements, then sizes), so the graphs of the
     smaller gears reuse blocks the larger ones freed into the shared pool instead of growing it."""
@@ -470,6 +479,31 @@ def _mutated_leaves(entry: Any) -> list[int] | None:
         return None
     inputs = entry.manifest["inputs"]
     return [int(inputs[j][1]) for j in plan.get("mutated_inputs", ()) if inputs[j][0] == "leaf"]
+
+
+def written_tensors(entry: Any, static_leaves: tuple) -> list[torch.Tensor]:
+    """The tensors a run of ``entry`` on ``static_leaves`` may write in place: its run plan's ``mutated_inputs``
+    (call leaves and module state alike: a KV cache, a position counter); without a plan, every static-address leaf
+    and every buffer it reads (a run alone could tell; these are what a method may legitimately update). For an
+    eager stand-in (``faults.EagerEntry``), which runs the method as written: every tensor leaf."""
+    if not isinstance(entry, Entry):
+        return [x for x in static_leaves if isinstance(x, torch.Tensor)]
+    inputs = entry.gather(static_leaves)
+    plan = getattr(entry.compiled, "plan", None)
+    if plan is not None:
+        return [inputs[j] for j in plan.get("mutated_inputs", ()) if isinstance(inputs[j], torch.Tensor)]
+    kinds = entry.manifest["inputs"]
+    return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
+        (kind == "leaf" and _is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]
+
+
+def _state_watch(entry: Any) -> Any:
+    """A watch over the ``_parameters`` / ``_buffers`` items the entry's graph reads (``GraphedEntry.state_watch``):
+    the graph holds their addresses, so replacing one of them must lead to a new capture. None when it reads none."""
+    if not isinstance(entry, Entry):
+        return None
+    items = [(d, name, d[name]) for d, name in entry.state_refs()]
+    return guard_watch.GuardWatch(items, [], [], guard_watch.ABSENT) if items else None
 
 
 def _refuse_unmarked_writes(entry: Any, copies: list) -> None:

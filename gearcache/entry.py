@@ -50,6 +50,11 @@ class Entry:
         if stable is not None:
             stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
 
+    def state_refs(self) -> list[tuple[dict, str]]:
+        """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
+        call (a CUDA graph holds their addresses at capture instead: ``cuda_graphs``)."""
+        return [item for item in self._recipe if not isinstance(item, int)]
+
     @property
     def compiled(self) -> Callable[..., Any]:
         """``compiled(*graph_inputs) -> outputs``: the loaded artifact (a run plan's ``run``, or torch's callable)."""

@@ -47,6 +47,7 @@ from typing import Any, Iterable
 import torch
 
 from . import _torch_compat as compat
+from .naming import importable_module
 
 log = logging.getLogger("gearcache.guards")
 
@@ -443,7 +444,9 @@ _FINGERPRINT = {
 
 # -------------------------------------------------------------------------------------------------- fingerprints
 def type_name(t: type) -> str:
-    return f"{getattr(t, '__module__', '?')}.{getattr(t, '__qualname__', getattr(t, '__name__', repr(t)))}"
+    """``module.QualName``, the module named as it is imported (a class of the script run as ``__main__`` has the
+    same name as when it is imported: ``naming.importable_module``)."""
+    return f"{importable_module(getattr(t, '__module__', '?'))}.{getattr(t, '__qualname__', getattr(t, '__name__', repr(t)))}"
 
 
 def value_fp(v: Any) -> Any:

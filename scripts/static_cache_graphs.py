@@ -27,7 +27,11 @@ def run(served, model, cache, eager_cache, prompt, steps) -> None:
     ids = prompt
     for i in range(steps + 1):
         want = model(input_ids=ids, past_key_values=eager_cache, use_cache=True).logits
-        got = served(ids, cache)
+        try:
+            got = served(ids, cache)
+        except Exception as exc:                    # show what the call raised, and go on to the next cache
+            print(f"  call {i}: {type(exc).__name__}: {str(exc)[:300]}")
+            return
         diff = (got.float() - want.float()).abs().max().item()
         keys = max((a.keys - b.keys).abs().max().item() for a, b in zip(cache.layers, eager_cache.layers))
         print(f"  call {i} ({'prefill' if i == 0 else 'decode'}): max|logits-eager| {diff:.3g}, max|keys-eager| "

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gearcache
-from gearcache import CompilerConfig, counters, cuda_graphs, mark_static_address
+from gearcache import CompilerConfig, counters, cuda_graphs, mark_static_address, snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 
@@ -59,7 +59,7 @@ def test_snapshot_restores_every_view_of_a_storage_from_one_copy():
     other = torch.arange(5, dtype=torch.int64)
     after_last = kv[1, 5].clone()                 # past the last byte of every view
     views = [kv[:, :4], kv[:, :1], kv[1:, 2:5], other[1:3]]
-    saved = cuda_graphs._snapshot(views)
+    saved = snapshot.snapshot(views)
     assert len(saved) == 2, "one copy per storage"
     assert saved[0][0].numel() == (kv[1, 4, 3].data_ptr() + 4 - kv.data_ptr()), "the smallest range covering them"
     expected = [v.clone() for v in views]
@@ -248,3 +248,75 @@ def test_prefill_style_gears_over_the_sequence_dim_replay_equal_eager(tmp_path):
             torch.testing.assert_close(out, ref)
             torch.testing.assert_close(total, ref_total)
         assert counters.graph_captures - before == 3
+
+
+class Counted(torch.nn.Module):
+    """State the graph updates in place, as transformers' StaticCache does: a cache written at a position counter,
+    and the counter advanced (not idempotent: a warm-up run left in place would shift every later position)."""
+
+    def __init__(self, cache_dir, config):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("cache", torch.zeros(16, 8))
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):                                # x [B, 8]
+        self.cache.index_copy_(0, self.pos, self.lin(x).sum(0, keepdim=True))
+        self.pos.add_(1)
+        return self.cache.cumsum(0)[self.pos - 1] + x
+
+
+def _counted_pair(tmp_path, config):
+    torch.manual_seed(0)
+    served = Counted(tmp_path, config).cuda()
+    twin = Counted(tmp_path / "twin", CompilerConfig()).cuda()
+    twin.load_state_dict(served.state_dict())
+    return served, twin
+
+
+def _assert_state_equal(served, twin):
+    torch.testing.assert_close(served.pos, twin.pos)
+    torch.testing.assert_close(served.cache, twin.cache)
+
+
+@needs_cuda
+@pytest.mark.parametrize("capture", ["first_call", "warmup"])
+def test_state_the_graph_advances_in_place_is_advanced_once_per_call(tmp_path, capture):
+    """The warm-up run before a capture writes the module's state too (a position counter, a cache): it is restored,
+    so outputs and state equal eager after every call, whether gears are captured at warm-up or at first call."""
+    cfg = CompilerConfig(mode="reduce-overhead")
+    cfg.inference_config.capture_graphs = capture
+    served, twin = _counted_pair(tmp_path, cfg)
+    with torch.inference_mode():
+        if capture == "warmup":
+            served.cached.warmup(torch.zeros(1, 8, device="cuda"))
+            _assert_state_equal(served, twin)
+        for step in range(6):
+            x = torch.randn(1, 8, device="cuda")
+            torch.testing.assert_close(served.cached(x), twin.fwd(x))
+            _assert_state_equal(served, twin)
+        assert int(served.pos) == 6
+
+
+@needs_cuda
+def test_state_replaced_after_capture_is_captured_again(tmp_path):
+    """A graph holds the addresses of the state it read at capture; a buffer replaced by another tensor (a new KV
+    cache bound to the module) makes the next call capture again, so the new tensor is the one read and written."""
+    served, twin = _counted_pair(tmp_path, CompilerConfig(mode="reduce-overhead"))
+    with torch.inference_mode():
+        for _ in range(2):
+            x = torch.randn(1, 8, device="cuda")
+            torch.testing.assert_close(served.cached(x), twin.fwd(x))
+        old = served.cache
+        served.cache = torch.zeros(16, 8, device="cuda")         # nn.Module.__setattr__: into _buffers
+        twin.cache = torch.zeros(16, 8, device="cuda")
+        served.register_buffer("pos", torch.tensor([3], device="cuda"))
+        twin.register_buffer("pos", torch.tensor([3], device="cuda"))
+        frozen = old.clone()
+        with counters.expect(graph_captures=1, compiles=0):
+            for _ in range(3):
+                x = torch.randn(1, 8, device="cuda")
+                torch.testing.assert_close(served.cached(x), twin.fwd(x))
+                _assert_state_equal(served, twin)
+        assert torch.equal(old, frozen), "the replaced cache is left alone"

@@ -68,3 +68,32 @@ def test_model_config_is_part_of_the_key(tmp_path):
     b = StaticCacheLM(_tiny_llama(rope_theta=1234.0), cache_dir=str(tmp_path))
     names = lambda m: {n for n, _ in m.named_buffers() if n.startswith("hf_config_")}   # noqa: E731
     assert names(a) and names(a) != names(b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+def test_cuda_graphs_update_the_static_cache_like_eager(tmp_path):
+    """mode="reduce-overhead": prefill and decode steps replayed from CUDA graphs equal eager, logits and the cache's
+    state (keys, values, cumulative_length) after every call; a second StaticCache (a new request) is captured again
+    and equal too. (The cause of the old failure: the warm-up run before a capture advanced the cache's position
+    counter a second time, and a graph kept writing the first cache bound.)"""
+    from transformers import StaticCache
+
+    from gearcache import CompilerConfig, counters
+
+    model = _tiny_llama().cuda()
+    served = StaticCacheLM(model, cache_dir=tmp_path, config=CompilerConfig(mode="reduce-overhead"))
+    prompt = torch.randint(0, 64, (1, 5), device="cuda")
+    with torch.inference_mode():
+        for request in range(2):
+            cache = StaticCache(config=model.config, max_cache_len=16)
+            eager_cache = StaticCache(config=model.config, max_cache_len=16)
+            ids = prompt
+            for _ in range(5):
+                want = model(input_ids=ids, past_key_values=eager_cache, use_cache=True).logits
+                torch.testing.assert_close(served(ids, cache), want)
+                for got_layer, want_layer in zip(cache.layers, eager_cache.layers):
+                    for attr, value in vars(want_layer).items():
+                        if isinstance(value, torch.Tensor):
+                            torch.testing.assert_close(getattr(got_layer, attr), value, msg=attr)
+                ids = want[:, -1:].argmax(-1)
+    assert counters.graph_captures >= 4, "prefill and decode captured for each request's cache"

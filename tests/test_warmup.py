@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import TESTS, run_script
+import gearcache
 from gearcache import CompilerConfig
 from gearcache.warmup import default_workers, rank_order
 from gearcache.workers import build_input, input_spec
@@ -183,3 +184,42 @@ def test_global_state_applied_reproduces_a_state_in_another_thread_and_restores_
     before = fields()
     with compat.global_state_applied(base):
         assert fields() == before
+
+
+class _Advancing(torch.nn.Module):
+    """Advances a position counter and writes a row of a cache at every call (state a warm-up must not change)."""
+
+    def __init__(self, cache_dir, gears):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("cache", torch.zeros(8, 4))
+        config = gearcache.CompilerConfig()
+        config.inference_config.dim_gears = gears
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        self.cache.index_copy_(0, self.pos, self.lin(x[:1]))
+        self.pos.add_(1)
+        return self.lin(x) + self.pos
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warmup", "first call"])
+@pytest.mark.parametrize("gears", [{}, {"x": {0: [1, 2]}}], ids=["no gears", "gears"])
+def test_warmup_leaves_the_state_its_runs_write_as_it_was(tmp_path, gears, warm):
+    """warmup() runs the method on its example (once per gear): the counter and cache those runs advance are restored,
+    so the calls after it equal eager's from the same state. Without warmup(), the first call traces the gear plan
+    (a run of the graph on copies of the inputs): it advances the state once, as eager."""
+    torch.manual_seed(0)
+    m = _Advancing(tmp_path, gears)
+    twin = _Advancing(tmp_path / "twin", {})
+    twin.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        if warm:
+            m.cached.warmup(torch.ones(2, 4))
+            assert int(m.pos) == 0 and not m.cache.any(), "warm-up runs left their writes"
+        for n in (1, 2, 2):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(m.cached(x), twin.fwd(x))
+        torch.testing.assert_close(m.cache, twin.cache)
+        assert int(m.pos) == int(twin.pos) == 3

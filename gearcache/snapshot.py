@@ -1,0 +1,37 @@
+"""Saving tensors' bytes and putting them back: what a run that must leave no trace (a CUDA graph's warm-up run,
+``warmup()``'s runs on examples, the gear plan's trace) wrote in place is restored from it."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+
+def snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(view, copy)`` pairs to restore ``tensors`` later with ``view.copy_(copy)``: per storage, one byte view of the
+    smallest range that holds every one of ``tensors`` in it (gears' views of one KV cache share a storage)."""
+    ranges: dict[int, tuple[int, int, Any]] = {}
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        size = t.element_size()
+        lo = t.storage_offset() * size
+        hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * size
+        storage = t.untyped_storage()
+        a, b, _ = ranges.get(storage.data_ptr(), (lo, hi, storage))
+        ranges[storage.data_ptr()] = (min(a, lo), max(b, hi), storage)
+    views = [torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, lo, (hi - lo,))
+             for lo, hi, storage in ranges.values()]
+    return [(view, view.clone()) for view in views]
+
+
+@contextlib.contextmanager
+def kept(tensors: list[Any]) -> Iterator[None]:
+    """Restore ``tensors`` (those of them that are tensors) after the block, however it ends."""
+    saved = snapshot([t for t in tensors if isinstance(t, torch.Tensor)])
+    try:
+        yield
+    finally:
+        for view, before in saved:
+            view.copy_(before)
