@@ -25,6 +25,11 @@ REQUIRED_TAGS = ({f"block:{b}" for b in programs.BLOCKS} | {f"output:{o}" for o 
                   "dynamic:false", "decompositions", "warmup", "verify-padding", "input:non-contiguous",
                   "input:optional-None", "input:optional-tensor", "const:assigned-in-process", "const:file-edited",
                   "values:entry-shared-with-other-values", "side:main", "side:warm"})
+# features at least one case must show *equal* to eager (a gearcache that refused them all would pass otherwise)
+REQUIRED_EQUAL = {"route:torch_compile", "gears:padded-call", "input:optional-None", "input:optional-tensor",
+                  "input:int-scalar", "input:float-scalar", "input:non-contiguous", "dtype:bfloat16", "dtype:int64",
+                  "const:assigned-in-process", "const:file-edited", "values:entry-shared-with-other-values",
+                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm"}
 
 
 # ------------------------------------------------------------------------------------------------- CI's slice
@@ -40,6 +45,8 @@ def test_generated_cases_equal_eager_or_are_refused(slice_report):
     assert {side: len(r) for side, r in report.results.items()} == {"main": 300, "warm": 300}
     ran = {tag for tag, outcomes in report.coverage().items() if sum(outcomes.values())}
     assert REQUIRED_TAGS <= ran, f"features no case exercised: {sorted(REQUIRED_TAGS - ran)}"
+    shown = {tag for tag, outcomes in report.coverage().items() if outcomes["equal"]}
+    assert REQUIRED_EQUAL <= shown, f"features no case showed equal to eager: {sorted(REQUIRED_EQUAL - shown)}"
     assert report.compile_identities <= 48
     failures = [f"case {f['id']} ({f['side']}): {f['outcome']} at {f['call']}: {f['detail']}"
                 for f in report.failures]
