@@ -48,15 +48,20 @@ MAX_LEN = 128          # KV cache slots per sequence: the prompt-length gears (<
 class TensorKVCache:
     """What the HF attention layers need of ``past_key_values``: ``update(k, v, layer_idx)`` returns the layer's full
     keys and values. Functional: each layer's slice of ``kv`` is ``index_copy``-ed (a new tensor), collected in
-    ``self.updated`` and returned by the cached method as the new cache."""
+    ``self.updated`` and returned by the cached method as the new cache. ``real`` ([B, T], True for a real token): a
+    pad token's slot keeps its old keys and values, so a prompt padded up to its length gear leaves the cache exactly
+    as the unpadded prompt does (gearcache's padding check verifies that against eager)."""
 
-    def __init__(self, kv: torch.Tensor, positions: torch.Tensor):
-        self.kv, self.positions = kv, positions
+    def __init__(self, kv: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+        self.kv, self.positions, self.real = kv, positions, real[:, None, :, None]
         self.updated: list[torch.Tensor] = []
 
+    def _written(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        return old.index_copy(2, self.positions, torch.where(self.real, new, old.index_select(2, self.positions)))
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        keys = self.kv[layer_idx, 0].index_copy(2, self.positions, key_states)
-        values = self.kv[layer_idx, 1].index_copy(2, self.positions, value_states)
+        keys = self._written(self.kv[layer_idx, 0], key_states)
+        values = self._written(self.kv[layer_idx, 1], value_states)
         self.updated.append(torch.stack([keys, values]))
         return keys, values
 
@@ -74,7 +79,9 @@ class CachedLlama(torch.nn.Module):
         self.cached_decode = cache_compile(self.decode, config=decode_config, cache_dir=cache_dir)
 
     def _forward(self, input_ids, kv, positions):
-        cache = TensorKVCache(kv, positions)
+        real = input_ids >= 0                   # configs/llm_prefill.toml pads prompts with token id -1
+        input_ids = input_ids.clamp(min=0)
+        cache = TensorKVCache(kv, positions, real)
         # Slot j of the static cache holds position j: a query at position p sees slots 0..p. Passing a prepared 4D
         # mask makes transformers use it as is (True = attend).
         mask = torch.arange(kv.shape[4], device=kv.device)[None, :] <= positions[:, None]

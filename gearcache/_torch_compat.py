@@ -200,6 +200,51 @@ def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[
     return breaks
 
 
+# ------------------------------------------------------------------------------------------------ padding analysis
+# gearcache/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at the ATen
+# level, where every op has a schema (which arguments it writes, which it returns a view of).
+def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` retraced to ATen ops on its own fake example inputs (nothing runs on real data): ``make_fx`` of an FX
+    interpreter under the graph's fake mode, as AOTAutograd traces it but without functionalisation, so in-place ops
+    and views stay in the graph; each node keeps the ``stack_trace`` of the Dynamo node it came from."""
+    import torch.fx.traceback as fx_traceback
+    from torch._guards import detect_fake_mode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fakes = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
+    with detect_fake_mode(fakes) or contextlib.nullcontext(), fx_traceback.preserve_node_meta(), torch.no_grad():
+        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="real")(*fakes)
+
+
+def op_schema(target: Any) -> Any:
+    """The schema (``torch._C.FunctionSchema``) of an ATen op overload; None for anything else."""
+    return getattr(target, "_schema", None) if isinstance(target, torch._ops.OpOverload) else None
+
+
+def sym_expr(value: Any) -> Any:
+    """The sympy expression of a SymInt, SymFloat or SymBool; plain numbers come back as they are."""
+    node = getattr(value, "node", None)
+    return node.expr if node is not None and hasattr(node, "expr") else value
+
+
+def size_hint(value: Any) -> int:
+    """The example value of a size that may be a SymInt (what the trace's example input had)."""
+    node = getattr(value, "node", None)
+    return int(node.hint) if node is not None else int(value)
+
+
+def shape_guards(gm: torch.fx.GraphModule) -> list[tuple[Any, str]]:
+    """The guards the trace put on sizes, ``(sympy expression, user source line or "")``: a Python branch on a
+    marked dim's size shows here (``s0 > 2``)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")])
+    env = getattr(mode, "shape_env", None)
+    if env is None:
+        return []
+    return [(g.expr, str(getattr(g.sloc, "maybe_user_loc", "") or "")) for g in env.guards]
+
+
 # --------------------------------------------------------------------------------------------------------- compile
 def compiled_mode(mode: str) -> str:
     """The mode whose Inductor settings a compile in ``mode`` uses: its own, minus CUDA graphs (gearcache captures

@@ -35,7 +35,7 @@ import torch
 from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, guard_watch, runplan, warmup
+from . import compiler, cuda_graphs, faults, gears, guard_watch, padding, padding_check, runplan, warmup
 from . import guards as value_guards
 from .naming import importable_module
 from .snapshot import kept
@@ -164,6 +164,8 @@ class CachedFunction(Dispatcher):
         if targets is None:
             return self._past_largest(plan, leaves, key)
         padded = plan.pad(leaves, targets)
+        if plan.verify_first and padded is not leaves and tuple(targets) not in plan.verified:
+            self._verify_first_use(plan, leaves, key, targets)
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
@@ -178,8 +180,17 @@ class CachedFunction(Dispatcher):
             plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
+            if plan.written_padded:
+                plan.copy_back(padded, leaves)
             outs = plan.cut(entry, outs, leaves)
         return entry.build(outs, leaves)
+
+    def _verify_first_use(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
+        """Before gear ``targets`` first serves a padded call in this process, check it against eager on this call
+        (padding_check.verify; only for plans whose padding analysis found mixing)."""
+        with self._lock:
+            if tuple(targets) not in plan.verified:
+                padding_check.verify(self.name, self._method, self._module, plan, key[0], leaves, targets)
 
     def _past_largest(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
         policy = self.config.inference_config.past_largest_gear
@@ -226,6 +237,7 @@ class CachedFunction(Dispatcher):
             ("format", FORMAT_VERSION),
             ("method", {"name": self.name, "source_sha256": self._method_digest}),
             ("structure", repr(key[0])),
+            ("plan_format", gears.PLAN_FORMAT),
             ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
             ("policy", ic.dynamic_gears_merge_policy),
             ("module_state", _module_state(self._module)),
@@ -235,6 +247,8 @@ class CachedFunction(Dispatcher):
         return pkey
 
     def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
+        """The stored gear plan for these marks, else one built from a symbolic trace (with its padding analysis) and
+        stored; either way checked against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
         found = value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
@@ -243,32 +257,45 @@ class CachedFunction(Dispatcher):
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             self._plan_guards = found.guards
             self._rewatch()
-            return gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+            plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+        else:
+            plan = self._build_plan(marks, leaves, key, pkey)
+        padding_check.apply(self.name, plan, ic.padding_check)
+        return plan
+
+    def _build_plan(self, marks: list, leaves: tuple, key: tuple, pkey: str) -> "gears.GearPlan":
+        """Trace the method with the marked dims symbolic (at the largest gear), analyse its padding, and store the
+        plan under ``pkey`` (unless its value guards read a local value, which no other process can check)."""
+        ic = self.config.inference_config
         counters.traces += 1
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             _narrowed(leaves, marks, largest), list(largest))
-        symbols_traced, output_dims, deps, plan_guards = symbolic_shapes(self._method, self._module, key[0], sample,
-                                                                         traced)
-        it = iter(symbols_traced)
+        trace = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
+        report = padding.analyse(trace, names, {m.leaf for m in marks})
+        it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
-        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims)
-        self._plan_guards = plan_guards
+        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+                                trace.output_dims, report)
+        self._plan_guards = trace.plan_guards
         self._rewatch()
-        if plan_guards.local is None:
+        if trace.plan_guards.local is None:
             self.store.write_plan(self.topology.folder, self.name, pkey, {
-                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": deps,
-                "guards": plan_guards.to_json()})
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": trace.dependencies,
+                "guards": trace.plan_guards.to_json()})
         return plan
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
         the config's gears by name apply); returns the number of gears. Missing gears are compiled in worker
-        processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). With
-        ``config.inference_config.verify_padding``, also checks each gear against eager on a smaller, unpadded
-        input and raises ``PaddingUnsafeError`` with the offending output if they differ. The runs on the examples
-        leave no trace: what they write in place (the module's buffers, the example tensors) is restored after them."""
+        processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). First,
+        before anything is compiled, each gear whose padding the analysis could not prove exact (every gear with
+        ``config.inference_config.verify_padding``) is checked against eager on the example narrowed to the
+        smallest real sizes that pad up to it: ``PaddingUnsafeError`` names what padding changes
+        (``inference_config.padding_check``, gearcache/padding_check.py). The runs on the examples leave no trace:
+        what they write in place (the module's buffers, the example tensors) is restored after them."""
         self.warmup_timeline = timeline = Timeline()
         early = None                            # worker processes started before the gear plan's trace
         try:
@@ -283,6 +310,7 @@ class CachedFunction(Dispatcher):
                 with kept([*leaves, *self._module.buffers()]):
                     self(*args, **kwargs)
                 return 1
+            self._verify_gears(plan, leaves, key, timeline)     # eager runs only: before anything is compiled
             lazy = self.config.inference_config.capture_graphs == "first_call"
             capture_now = self.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
             pool, early = early, None           # compile_missing owns (and closes) it from here
@@ -309,8 +337,6 @@ class CachedFunction(Dispatcher):
                 for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
                     with timeline.span(f"gear {sizes}", "first run"):
                         call(plan, gear_leaves, gear_key)
-                        if self.config.inference_config.verify_padding:
-                            self._verify_gear(plan, leaves, key, sizes)
         finally:
             if self.graphs is not None:
                 self.graphs.timeline = None
@@ -341,27 +367,23 @@ class CachedFunction(Dispatcher):
         return warmup.start_workers(self, gears.most_combinations(marks, policy), leaves,
                                     self.config.inference_config.warmup_workers, timeline)
 
+    def _verify_gears(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
+        """warmup()'s verification of every gear (padding_check.py): where the padding analysis found mixing, or
+        ``verify_padding`` asks for it."""
+        if plan.verify_first or self.config.inference_config.verify_padding:
+            for sizes in plan.combinations():
+                with timeline.span(f"gear {sizes}", "verify padding"):
+                    self._verify_gear(plan, leaves, key, sizes)
+
     def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
-        real = [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(plan.dims, sizes)]
-        if real == sizes:
-            return                          # no size below this gear pads up to it
+        """Check gear ``sizes`` against eager on warmup()'s example narrowed to the smallest real sizes that pad up to
+        it (padding_check.verify), unless no size pads up to it or it passed already."""
+        real = padding_check.real_sizes(plan, sizes)
+        if real == sizes or tuple(sizes) in plan.verified:
+            return
         real_leaves = plan.pad(_narrowed(leaves, plan.dims, real), real)
-        out = self._call_geared(plan, real_leaves, signature.rekey(key, real_leaves))
-        args, kwargs = signature.unflatten(key[0], real_leaves)
-        ref = self._method(*args, **kwargs)
-        got, want = [], []
-        signature._flatten(out, got)
-        signature._flatten(ref, want)
-        for j, (a, b) in enumerate(zip(got, want)):
-            if isinstance(a, torch.Tensor):
-                close = a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4)
-                if not close:
-                    diff = (a.float() - b.float()).abs().max().item() if a.shape == b.shape else "shape differs"
-                    raise gears.PaddingUnsafeError(
-                        f"{self.name}: padding changes output {j} at gear {sizes} (real sizes {real}; shape "
-                        f"{list(a.shape)} vs eager {list(b.shape)}, max abs diff {diff}). The method reduces over a "
-                        f"padded dim (a softmax or mean over it, say). Fix: pass a pad value that is neutral for it "
-                        f"(pad_value / inference_config.pad_values, e.g. -inf for a mask), or drop that dim's gears")
+        with self._lock:
+            padding_check.verify(self.name, self._method, self._module, plan, key[0], real_leaves, sizes)
 
     def _check_no_grad(self, leaves: tuple) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]

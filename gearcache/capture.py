@@ -267,15 +267,29 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
     return None
 
 
+@dataclasses.dataclass
+class SymbolicTrace:
+    """What the gear plan's symbolic trace found (:func:`symbolic_shapes`)."""
+    symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
+    output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol
+    dependencies: list[dict[str, Any]]          # the traced user functions
+    plan_guards: value_guards.GuardSet          # the trace's value guards (guards.py)
+    graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/padding.py)
+    inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
+    outputs: dict[int, int]                     # graph output index -> method output leaf
+    size_guards: list[tuple[Any, str]]          # the trace's size guards: (sympy expression, user source line)
+    same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)
+
+
 def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
-                    marked: list[tuple[int, int]]) -> tuple[list[str], dict[int, list[tuple[int, str]]], list,
-                                                           value_guards.GuardSet]:
+                    marked: list[tuple[int, int]]) -> SymbolicTrace:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
-    Returns ``(symbols, output_dims, dependencies, guards)``: the symbol of each marked dim (dims that meet in the
-    graph share one); for each output leaf, ``(dim, symbol)`` for every dim whose size is exactly a marked symbol; the
-    traced user functions; and the trace's value guards. A marked dim the model specialises on (its size became a
-    constant) cannot be padded: error.
+    Returns the symbol of each marked dim (dims that meet in the graph share one); for each output leaf, ``(dim,
+    symbol)`` for every dim whose size is exactly a marked symbol; the traced user functions; the trace's value guards;
+    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its outputs are empty tensors of the
+    example's sizes, so the trace writes nothing (a buffer or input the method updates in place keeps its value). A
+    marked dim the model specialises on (its size became a constant) cannot be padded: error.
     """
     from .signature import unflatten
 
@@ -293,7 +307,7 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
 
         def run(*flat):
             nodes = _output_nodes(gm)
-            out = _mark_numbers(list(gm(*flat)), nodes)
+            out = _mark_numbers([_empty_like_hint(n) for n in nodes], nodes)
             state["flat_out"] = out
             return out
 
@@ -303,8 +317,8 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
     compat.forget_dynamo_cache(code)
     recording = compat.GuardRecording()
     try:
-        # the trace runs the graph (on clones of the call's tensors): what it writes into the module's buffers is
-        # put back, so a call that builds the plan updates the state once, as eager does
+        # the graph is not run (``run`` returns empty outputs); whatever tracing itself writes into the module's
+        # buffers is put back all the same, so a call that builds the plan updates the state once, as eager does
         with compat.dynamo_capture_config(), compat.symbolic_capture_config(), kept(list(module.buffers())):
             result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
                                    options=compat.guard_recording_options(
@@ -320,12 +334,65 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
         raise
     finally:
         compat.forget_dynamo_cache(code)
-    placeholders = [n for n in state["gm"].graph.nodes if n.op == "placeholder"]
-    fake_of: dict[int, Any] = {}
-    for node, example in zip(placeholders, state["inputs"]):
-        for i, clone in enumerate(clones):
-            if example is clone:
-                fake_of[i] = node.meta.get("example_value")
+    if "gm" not in state:
+        raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
+    gm, state_names = state["gm"], _state_names(module)
+    guards = compat.shape_guards(gm)
+    same = size_classes(guards)
+    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
+    symbols = _marked_symbols(method, gm, inputs, marked, same)
+    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
+    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
+    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
+                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+
+
+def size_classes(guards: list[tuple[Any, str]]) -> dict[Any, Any]:
+    """symbol -> the symbol it equals by the trace's guards, one representative per class. Two marked dims that meet
+    in an op Dynamo does not unify them in keep two symbols and get a guard ``Eq(s91, s77)`` instead."""
+    import sympy
+
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for expr, _ in guards:
+        if isinstance(expr, sympy.Eq) and expr.lhs.is_Symbol and expr.rhs.is_Symbol:
+            a, b = sorted((find(expr.lhs), find(expr.rhs)), key=str)
+            parent[b] = a
+            parent.setdefault(a, a)
+    return {x: find(x) for x in parent if find(x) != x}
+
+
+def _empty_like_hint(node: Any) -> Any:
+    """An empty tensor shaped like an output node's example value at the trace's example sizes."""
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else node
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided([compat.size_hint(s) for s in value.shape],
+                                   [compat.size_hint(s) for s in value.stride()], dtype=value.dtype,
+                                   device=value.device)
+    return value
+
+
+def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
+    """A graph input of the symbolic trace: ``["leaf", i]``, ``["state", name]``, ``["size"]`` (a SymInt) or
+    ``["other"]``."""
+    if not isinstance(t, torch.Tensor):
+        return ["size"]
+    for i, clone in enumerate(clones):
+        if clone is t:
+            return ["leaf", i]
+    return ["state", state_names[id(t)]] if id(t) in state_names else ["other"]
+
+
+def _marked_symbols(method: Callable, gm: torch.fx.GraphModule, inputs: list[list],
+                    marked: list[tuple[int, int]], same: dict[Any, Any]) -> list[str]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_of = {recipe[1]: node.meta.get("example_value") for node, recipe in zip(placeholders, inputs)
+               if recipe[0] == "leaf"}
     symbols = []
     for leaf_index, dim in marked:
         size = fake_of[leaf_index].shape[dim] if leaf_index in fake_of else None
@@ -334,24 +401,28 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
                 f"{_qualname(method)}: input {leaf_index} dim {dim} is marked with gears, but the traced graph "
                 f"treats it as the constant {size}: the method specialises on that size, so padding it would change "
                 f"its result. Fix: remove the gears of that dim")
-        symbols.append(str(size.node.expr))
-    out_nodes = next(n for n in state["gm"].graph.nodes if n.op == "output").args[0]
-    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), _state_names(module))
+        symbols.append(str(compat.sym_expr(size).xreplace(same)))
+    return symbols
+
+
+def _cut_dims(method: Callable, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
+              same: dict[Any, Any]) -> dict[int, list[tuple[int, str]]]:
+    """For each method output leaf made by the graph, ``(dim, symbol)`` for each dim whose size is a marked symbol;
+    a dim derived from one without equalling it cannot be cut back: error."""
+    out_nodes = _output_nodes(gm)
     output_dims: dict[int, list[tuple[int, str]]] = {}
-    for j, (kind, ref) in enumerate(recipe["leaves"]):
-        if kind != "out":
-            continue
-        value = out_nodes[int(ref)].meta.get("example_value")
+    for i, j in sorted(outputs.items(), key=lambda item: item[1]):
+        value = out_nodes[i].meta.get("example_value")
         dims = []
         for dim, size in enumerate(getattr(value, "shape", [])):
             if isinstance(size, torch.SymInt):
-                expr = str(size.node.expr)
-                if expr in symbols:
-                    dims.append((dim, expr))
-                elif any(s in {str(x) for x in size.node.expr.free_symbols} for s in symbols):
+                expr = compat.sym_expr(size).xreplace(same)
+                if str(expr) in symbols:
+                    dims.append((dim, str(expr)))
+                elif any(s in {str(x) for x in expr.free_symbols} for s in symbols):
                     raise GearcacheError(
                         f"{_qualname(method)}: output {j} dim {dim} has size {expr}, derived from a padded dim but "
                         f"not equal to one, so it cannot be cut back. Fix: remove the gears of that dim")
         if dims:
             output_dims[j] = dims
-    return symbols, output_dims, _dependencies(state["code"]), value_guards.from_dynamo(recording, method)
+    return output_dims

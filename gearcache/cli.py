@@ -357,7 +357,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "factors": factors, "akey": akey, "artifact_dir": str(folder), "artifact_exists": folder.is_dir(),
         "artifact_bytes": cache.artifact_bytes(akey), "artifact_factors": m.get("artifact_factors"),
         "generated_code": code, "kernels": kernels, "inputs": m.get("inputs"), "outputs": m.get("outputs"),
-        "dependencies": deps, "index": row, "run_plan": run_plan,
+        "dependencies": deps, "index": row, "run_plan": run_plan, "value_guards": m.get("guards", []),
     }
 
     def human() -> str:
@@ -387,6 +387,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out += ["", f"graph outputs (recipe): structure {compact(outs.get('structure'), 90)}", _indent(format_table(
             ["#", "KIND", "SOURCE"], [[i, k, compact(r, 60)] for i, (k, r) in enumerate(outs.get("leaves", []))],
             right=(0,)))]
+        out += ["", f"value guards ({len(doc['value_guards'])}: Python values the graph bakes in, checked when the "
+                    f"entry is chosen):"]
+        out += [f"  {_describe_guard(g)}" for g in doc["value_guards"][:40]] or ["  (none)"]
+        if len(doc["value_guards"]) > 40:
+            out.append(f"  ... {len(doc['value_guards']) - 40} more (--json lists them all)")
         out += ["", "dependencies:"]
         out += [f"  {d.get('file')}:{d.get('first_line')}+{d.get('n_lines')}  {d.get('name')}  "
                 f"sha256 {str(d.get('sha256'))[:12]}{'  CHANGED since compile' if d['changed'] else ''}"
@@ -395,6 +400,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     _emit(args, doc, human)
     return OK
+
+
+def _describe_guard(record: list) -> str:
+    """One value guard of a manifest, as ``path (kind): expected``."""
+    from .guards import ValueGuard
+
+    try:
+        guard = ValueGuard.from_json(record)
+        return f"{guard.text()} ({guard.kind}): {compact(guard.expected, 60)}"
+    except (TypeError, ValueError, KeyError):
+        return f"malformed: {compact(record, 80)}"
 
 
 def _describe_input(kind: str, ref: Any, manifest: dict[str, Any]) -> str:

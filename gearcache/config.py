@@ -77,8 +77,16 @@ class InferenceConfig(BaseModel):
     call pays one warm-up run plus the capture, a few ms, and gears captured smallest first may grow the pool more
     than largest first would)."""
 
+    padding_check: Literal["verify", "refuse", "off"] = "verify"
+    """What gearcache does with what the padding analysis of a geared method finds (gearcache/padding_check.py).
+    ``"verify"``: a write that padding would spread into a parameter, a buffer or an unpadded input is refused when
+    the gear plan is built (``PaddingUnsafeError``); a gear whose padding the analysis cannot prove harmless (a
+    reduction or softmax over a padded dim, ...) is checked against eager before it first serves a padded call
+    (every gear at ``warmup()``), and refused if padding changes an output or a written tensor. ``"refuse"``: refuse
+    both at once. ``"off"``: check nothing (you assert that padding is exact)."""
+
     verify_padding: bool = False
-    """At warm-up, check that each gear's cut-back output equals eager on an unpadded smaller input."""
+    """Also verify, at ``warmup()``, the gears the padding analysis found safe (a check of the analysis)."""
 
     warmup_workers: int | None = Field(default=None, ge=1)
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured

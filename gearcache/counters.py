@@ -38,6 +38,7 @@ class Counters:
     remote_errors: int = 0     # remote store faults (down, timeout, full): the local folder carried on alone
     remote_waits: int = 0      # times this process waited for another fleet process compiling an artifact
     graph_warmups: int = 0     # runs of an entry before its capture (one per captured graph, on a side stream)
+    padding_verifications: int = 0     # gears checked against eager because padding may mix rows (padding_check)
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0

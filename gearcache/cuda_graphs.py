@@ -16,8 +16,13 @@ makes every earlier one raise on any access (torch's CUDA-graph trees check thei
 Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
 then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
 that the graph writes to is detected at capture and refused (its update would land in a private buffer).
-All graphs of a method share one memory pool. Weights are read at the addresses they had at capture: update them in
-place (``load_state_dict`` and ``.copy_()`` do); replacing a Parameter object needs :meth:`CudaGraphs.reset`.
+All graphs of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are
+read and written at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need
+nothing; a parameter or buffer replaced by another tensor is noticed (a watch over the module's ``_parameters`` and
+``_buffers`` items, ``GraphedEntry.state_watch``) and the gear's graph is captured again at its next call.
+The warm-up run before a capture writes what the graph writes (a KV cache, a position counter): every such tensor
+(the run plan's ``mutated_inputs``, module state included) is saved before it and restored after, so each call
+updates the state once, as eager.
 """
 from __future__ import annotations
 
@@ -133,6 +138,9 @@ class CudaGraphs:
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:
             return self.cached._past_largest(plan, leaves, key)
+        if plan is not None and plan.verify_first and tuple(targets) not in plan.verified and any(
+                leaves[d.leaf].shape[d.dim] != t for d, t in zip(plan.dims, targets)):
+            self.cached._verify_first_use(plan, leaves, key, targets)       # padding_check.py
         gkey = self._graph_key(plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
@@ -232,6 +240,12 @@ class CudaGraphs:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
+        for i in plan.written_padded if plan is not None else ():
+            raise UnsupportedInputError(
+                f"input {i} has gears and the method writes it in place; under CUDA graphs a padded input is copied "
+                f"into a static buffer, so the write would not reach the caller's tensor. Fix: pass it without gears "
+                f"and with gearcache.mark_static_address (the same tensor on every call), or use mode='default', "
+                f"where gearcache copies its real rows back after each call")
         static_leaves = list(leaves)
         copies, static_ptrs = [], []
         for i, leaf in enumerate(leaves):

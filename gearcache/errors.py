@@ -57,6 +57,12 @@ class GradModeError(GearcacheError):
     """A cached method was called with autograd recording: gearcache entries are inference only."""
 
 
+class PaddingUnsafeError(GearcacheError):
+    """Padding a call up to its gear could change the method's results or state: the padding analysis found a write
+    that would spread padding into state, or an op that mixes padded rows into real ones and, verified against eager,
+    does (gearcache/padding.py, gearcache/padding_check.py). The message names the op, its source line and the fix."""
+
+
 class UnsupportedInputError(GearcacheError, TypeError):
     """An argument of a kind gearcache cannot key or feed to a compiled graph."""
 

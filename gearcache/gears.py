@@ -12,10 +12,16 @@ A :class:`GearPlan` is built once per cached method from the first call's marks:
   together; ``product`` forms one group per distinct symbol of a symbolic trace (two inputs whose batch dims meet in
   the graph share a symbol), so no combination the model cannot run is ever formed;
 * ``cuts``: for each output leaf of the method, the output dims equal to a marked input dim (from the symbolic
-  trace's output shapes), cut back to the call's real size.
+  trace's output shapes), cut back to the call's real size;
+* ``padding``: what the padding analysis of the symbolic trace found (padding.py): ops that may mix padded rows into
+  real ones, writes that padding would spread into state, and the inputs the method writes in place. A padded input
+  the method writes is written in its padded copy; ``copy_back`` copies the copy's real rows into the caller's tensor
+  after the call. ``lockstep``: under ``zip``, marked dims that meet in the graph (their real sizes must be equal).
 
 The plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
 table lookup per marked dim (``first[size]`` = index of the smallest gear size >= size), never a loop over gears.
+On disk (the ``"plan"`` of a stored plan record): ``{"dims", "groups", "policy", "cuts", "lockstep", "padding"}``;
+:data:`PLAN_FORMAT` is part of the plan's key.
 """
 from __future__ import annotations
 
@@ -30,20 +36,19 @@ import torch
 from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .counters import counters
-from .errors import ConfigError, GearcacheError
+from .errors import ConfigError, GearcacheError, PaddingUnsafeError   # noqa: F401 - PaddingUnsafeError: re-exported
+from .padding import PaddingReport
 
 GEARS_ATTR = "_gearcache_dim_gears"
 STATIC_ATTR = "_gearcache_static"
 PAD_ATTR = "_gearcache_pad_value"
 MAX_COMBINATIONS_BEFORE_WARNING = 1000
+PLAN_FORMAT = 2
+"""The stored plan's format (a factor of the plan key). 2: plans carry the padding analysis and zip's lockstep."""
 
 
 class PastLargestGearError(GearcacheError, ValueError):
     """A call is larger than the largest gear and ``past_largest_gear == "error"``."""
-
-
-class PaddingUnsafeError(GearcacheError):
-    """``verify_padding`` found a gear whose cut-back output differs from eager on the unpadded input."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:
@@ -111,9 +116,16 @@ class GearPlan:
     """Resolves, pads and cuts calls of one cached method. Built by :func:`build_plan`; JSON round-trips."""
 
     def __init__(self, dims: list[MarkedDim], groups: list[list[int]], policy: str,
-                 cuts: dict[int, list[list[int]]], past_largest: str):
+                 cuts: dict[int, list[list[int]]], past_largest: str, lockstep: list[list[int]] | None = None,
+                 padding: PaddingReport | None = None):
         self.dims, self.groups, self.policy, self.past_largest = dims, groups, policy, past_largest
         self.cuts = {int(k): [tuple(c) for c in v] for k, v in cuts.items()}   # output leaf -> [(out dim, marked)]
+        self.lockstep = [list(g) for g in lockstep or []]   # zip: marked dims whose sizes must be equal
+        self.padding = padding or PaddingReport()
+        marked = {d.leaf for d in dims}
+        self.written_padded = [i for i in self.padding.written_leaves if i in marked]    # copied back after a call
+        self.verify_first: bool = False     # a padded call's gear is verified first (set by padding_check.apply)
+        self.verified: set[tuple[int, ...]] = set()        # gears verified in this process
         if policy == "zip":
             self._first = [_first_index(d.sizes) for d in dims]
         else:
@@ -131,6 +143,9 @@ class GearPlan:
         try:
             if self.policy == "zip":
                 i = max([f[leaves[d.leaf].shape[d.dim]] for f, d in zip(self._first, dims)])
+                for g in self.lockstep:
+                    if len({leaves[dims[m].leaf].shape[dims[m].dim] for m in g}) != 1:
+                        raise ConfigError(self._lockstep_message(g, leaves))
                 return [d.sizes[i] for d in dims]
             out = [0] * len(dims)
             for g, f in zip(self.groups, self._first):
@@ -161,6 +176,12 @@ class GearPlan:
             out[tuple(slice(0, s) for s in src.shape)] = src
             new[leaf] = out
         return tuple(new)
+
+    def copy_back(self, padded: tuple, leaves: tuple) -> None:
+        """Copy the real rows of each padded input the method wrote in place back into the caller's tensor."""
+        for i in self.written_padded:
+            if padded[i] is not leaves[i]:
+                leaves[i].copy_(padded[i][tuple(slice(0, s) for s in leaves[i].shape)])
 
     def record_padding(self, entry: Any, leaves: tuple, targets: list[int]) -> None:
         """Count a served call's elements of its marked inputs, as passed and as run (padded to ``targets``): on
@@ -230,11 +251,13 @@ class GearPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"dims": [dataclasses.asdict(d) for d in self.dims], "groups": self.groups, "policy": self.policy,
-                "cuts": {str(k): [list(c) for c in v] for k, v in self.cuts.items()}}
+                "cuts": {str(k): [list(c) for c in v] for k, v in self.cuts.items()}, "lockstep": self.lockstep,
+                "padding": self.padding.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], past_largest: str) -> "GearPlan":
-        return cls([MarkedDim(**d) for d in data["dims"]], data["groups"], data["policy"], data["cuts"], past_largest)
+        return cls([MarkedDim(**d) for d in data["dims"]], data["groups"], data["policy"], data["cuts"], past_largest,
+                   data["lockstep"], PaddingReport.from_json(data["padding"]))
 
 
 # ------------------------------------------------------------------------------------------------ plan building
@@ -287,19 +310,24 @@ def most_combinations(marks: list, policy: str) -> int:
 
 
 def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: list[str],
-               output_dims: dict[int, list[tuple[int, str]]]) -> GearPlan:
+               output_dims: dict[int, list[tuple[int, str]]], padding: PaddingReport | None = None) -> GearPlan:
     """Group marked dims by their symbol in a symbolic trace; map output dims equal to a symbol to cuts.
 
     ``symbols[m]``: the symbol of marked dim m; ``output_dims[j]``: for method output leaf j, ``(dim, symbol)`` for
-    each of its dims whose size is exactly one symbol.
+    each of its dims whose size is exactly one symbol; ``padding``: the padding analysis, whose ``meets`` (marked
+    dims that meet in an op the trace did not unify them in) join their symbols.
     """
     check_marks(marks, policy)
+    joined = _joined(padding.meets if padding is not None else [])
+    symbols = [joined.get(s, s) for s in symbols]
+    output_dims = {j: [(dim, joined.get(s, s)) for dim, s in dims] for j, dims in output_dims.items()}
+    by_symbol: dict[str, list[int]] = {}
+    for m, sym in enumerate(symbols):
+        by_symbol.setdefault(sym, []).append(m)
+    lockstep = [g for g in by_symbol.values() if len(g) > 1] if policy == "zip" else []
     if policy == "zip":
         groups = [list(range(len(marks)))]
     else:
-        by_symbol: dict[str, list[int]] = {}
-        for m, sym in enumerate(symbols):
-            by_symbol.setdefault(sym, []).append(m)
         groups = list(by_symbol.values())
         for g in groups:
             if len({tuple(marks[m].sizes) for m in g}) != 1:
@@ -315,4 +343,20 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
         first_of_symbol.setdefault(sym, m)
     cuts = {j: [[dim, first_of_symbol[sym]] for dim, sym in dims if sym in first_of_symbol]
             for j, dims in output_dims.items()}
-    return GearPlan(marks, groups, policy, {j: c for j, c in cuts.items() if c}, past_largest)
+    return GearPlan(marks, groups, policy, {j: c for j, c in cuts.items() if c}, past_largest, lockstep, padding)
+
+
+def _joined(meets: list[list[str]]) -> dict[str, str]:
+    """symbol -> one representative symbol, for symbols joined by ``meets`` pairs."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for a, b in meets:
+        low, high = sorted((find(a), find(b)))
+        if low != high:
+            parent[high] = low
+    return {x: find(x) for x in parent}

@@ -216,6 +216,8 @@ def test_inspect_by_prefix(reads, listing, populated):
     assert [k for k, _ in doc["inputs"]].count("leaf") == 1 and doc["outputs"]["leaves"]
     assert doc["dependencies"][0]["file"].endswith("cli_model.py") and not doc["dependencies"][0]["changed"]
     assert doc["run_plan"].startswith("yes") and "run plan" in human.stdout
+    assert "value guards (" in human.stdout and doc["value_guards"], "the values the graph bakes in are listed"
+    assert any(g[1][0] == "self" and ["attr", "lin"] in g[1] or "lin" in str(g[1]) for g in doc["value_guards"])
 
 
 def test_explain_two_entries_names_signature(reads):

@@ -31,7 +31,7 @@ def test_llm_prefill():
     batch, length = ic.dim_gears["input_ids"][0], ic.dim_gears["input_ids"][1]
     assert ic.dim_gears["kv"] == {2: batch}           # lockstep with input_ids' batch dim: the same gears
     assert length == [8, 16, 32, 64] and max(length) <= 128    # fits examples/hf_llama.py's MAX_LEN
-    assert ic.pad_values == {"input_ids": 0.0}
+    assert ic.pad_values == {"input_ids": -1.0}
 
 
 def test_vision_batch():

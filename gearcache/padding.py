@@ -1,0 +1,1036 @@
+"""Padding analysis: can padding a geared method's call change its results or its state?
+
+A call is padded up to its gear (gears.py): its marked dims get extra rows of a pad value, the gear's entry runs, the
+outputs are cut back. That is exact when the real rows never see the padded ones and nothing outside the padded
+copies is written through them. This module finds, once per gear plan, every op of the method's graph that could
+break that, from the plan's symbolic trace (capture.symbolic_shapes: a Dynamo graph whose marked dims are SymInts),
+retraced to ATen ops (``_torch_compat.aten_graph``), where every op has a schema saying which arguments it writes and
+which it returns a view of. Nothing runs on real data.
+
+**Padded values.** A dim whose size involves a marked dim's symbol is *padded*: its first (real size) rows are the
+real ones, the rest are padding. Each tensor value carries its dims as lists of *factors*, outer to inner (a
+``view`` that merges ``[s, 4]`` into ``[4 * s]`` gives one dim of factors ``(s, 4)``; a factor is an int, or a sympy
+expression for a padded one), so a later view that splits it again is followed exactly. A value is *clean* while
+its real rows equal those eager would compute from the unpadded call; ops that could make them differ make it
+*dirty*, with the op as its origin, and dirt flows on through every op that reads it (and through every view of a
+storage written with dirty data).
+
+**Rules**, by op (the rest of the module): pointwise ops (``torch.Tag.pointwise``) and views keep padded rows in
+line; a reduction, softmax, cumsum, sort, top-k, norm, matmul, attention, convolution, pooling, gather/scatter or
+cat *along* a padded dim mixes them (attention over a padded key dim with ``is_causal`` and queries padded alike
+does not); a view that cannot keep rows in line (a reshape moving a padded dim inside another, a negative index)
+moves them; using a padded size as a *value* (``x * x.shape[0]``) differs from eager; an op without a rule that
+reads a padded or dirty value is assumed to mix (so an unknown op costs a verification, never a wrong answer). A
+size guard of the trace beyond ``s >= 2`` or an upper bound (a Python branch on a padded size) also counts as
+mixing.
+
+**Findings**, on what the method leaves behind (graph outputs and in-place writes into its inputs or state):
+
+* ``unsafe_writes``: an in-place write into a module parameter or buffer, or an input that is not padded, whose
+  written region spans a padded extent (``self.seen[:B].copy_(x)``), whose positions come from padded rows (an index
+  tensor with a padded dim) or move with the padded size. Such a write changes state eager leaves alone: refused.
+* ``mixing``: a dirty value reaching an output, or written into the state or an input. Exact only if the pad value
+  is neutral for the op (0 before a sum, -inf before a softmax or max): verified by running the method eagerly, or
+  refused (padding_check.py).
+* ``written_leaves`` / ``written_state``: the call leaves and the parameters or buffers the graph writes in place. A
+  padded leaf is written in its padded copy: after the call the copy's real rows are copied back into the caller's
+  tensor (``GearPlan.copy_back``), which is exact when no mixing reaches it.
+* ``complete``: False when the graph could not be analysed (an ATen retrace failed): then ``mixing`` holds one
+  finding saying why, and every tensor the method may write is treated as written.
+
+On disk (the gear plan's JSON, key ``"padding"``): ``{"complete": bool, "mixing": [F], "unsafe_writes": [F],
+"written_leaves": [int], "written_state": [str]}`` with ``F = {"op", "where", "why", "reaches"}``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import re
+from typing import TYPE_CHECKING, Any, Callable
+
+import sympy
+import torch
+
+from . import _torch_compat as compat
+
+if TYPE_CHECKING:
+    from .capture import SymbolicTrace
+
+Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy expression (a padded one); () is size 1
+
+
+# ------------------------------------------------------------------------------------------------------- report
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    op: str             # the ATen op, e.g. "aten.mean.dim"
+    where: str          # the user's source line, e.g. "model.py:12 in fwd: return h - h.mean(0)"
+    why: str            # e.g. "reduces over a padded dim"
+    reaches: str        # e.g. "output 0", "buffer total", "argument kv"
+
+    def __str__(self) -> str:
+        return f"{self.op} at {self.where or '(source unknown)'}: {self.why}; it reaches {self.reaches}"
+
+
+@dataclasses.dataclass
+class PaddingReport:
+    """What :func:`analyse` found (see the module docstring)."""
+    complete: bool = True
+    mixing: list[Finding] = dataclasses.field(default_factory=list)
+    unsafe_writes: list[Finding] = dataclasses.field(default_factory=list)
+    written_leaves: list[int] = dataclasses.field(default_factory=list)
+    written_state: list[str] = dataclasses.field(default_factory=list)
+    meets: list[list[str]] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"complete": self.complete, "mixing": [dataclasses.asdict(f) for f in self.mixing],
+                "unsafe_writes": [dataclasses.asdict(f) for f in self.unsafe_writes],
+                "written_leaves": list(self.written_leaves), "written_state": list(self.written_state),
+                "meets": [list(m) for m in self.meets]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "PaddingReport":
+        return cls(bool(data["complete"]), [Finding(**f) for f in data["mixing"]],
+                   [Finding(**f) for f in data["unsafe_writes"]], [int(i) for i in data["written_leaves"]],
+                   [str(n) for n in data["written_state"]], [[str(a), str(b)] for a, b in data["meets"]])
+
+
+def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int]) -> PaddingReport:
+    """Analyse the gear plan's symbolic trace (capture.symbolic_shapes); ``names``: leaf index -> argument name, for
+    messages; ``padded_leaves``: the leaves with marked dims."""
+    try:
+        aten = compat.aten_graph(trace.graph)
+        symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)
+        report = _Analysis(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same).run()
+        report.mixing.extend(_guard_findings(trace.size_guards, symbols, trace.same))
+        return report
+    except Exception as exc:          # noqa: BLE001 - an unreadable graph is treated as mixing (verified), not trusted
+        reason = f"the graph could not be analysed ({type(exc).__name__}: {str(exc).strip()[:200]})"
+        return PaddingReport(False, [Finding("(whole graph)", "", reason, "every output")], [],
+                             sorted({r[1] for r in trace.inputs if r[0] == "leaf"}),
+                             sorted({r[1] for r in trace.inputs if r[0] == "state"}))
+
+
+def _gear_symbols(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves: set[int], same: dict) -> frozenset:
+    """The sympy symbols of the marked dims: every free symbol of a padded leaf's example sizes."""
+    symbols: set = set()
+    for node, recipe in zip(graph.graph.find_nodes(op="placeholder"), inputs):
+        if recipe[0] == "leaf" and recipe[1] in padded_leaves:
+            for size in getattr(node.meta.get("example_value"), "shape", ()):
+                symbols |= getattr(_size(size, same), "free_symbols", set())
+    return frozenset(symbols)
+
+
+def _guard_findings(guards: list[tuple[Any, str]], symbols: frozenset, same: dict) -> list[Finding]:
+    """A size guard on a padded dim beyond ``s >= 2``, an upper bound or two marked dims being equal: the method took
+    a Python branch on that size, which a smaller real size may take otherwise."""
+    found = []
+    for expr, where in guards:
+        expr = expr.xreplace(same) if hasattr(expr, "xreplace") else expr
+        if expr is sympy.true:
+            continue            # Eq(s91, s77) once both are one symbol
+        if getattr(expr, "free_symbols", set()) & symbols and not _benign_guard(expr):
+            found.append(Finding("(size guard)", where.strip(), f"the traced graph holds only while {expr}: the "
+                                 f"method branches on the size of a padded dim", "every output"))
+    return found
+
+
+def _benign_guard(expr: Any) -> bool:
+    """``s >= c`` with c <= 2 (Dynamo's own assumption for dynamic sizes) or ``s <= c`` (the trace ran at the largest
+    gear, so every real size meets it)."""
+    if not isinstance(expr, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
+        return False
+    lhs, rhs = expr.lhs, expr.rhs
+    if lhs.is_number and rhs.is_Symbol:                       # c < s  ->  s > c
+        expr = expr.reversed
+        lhs, rhs = expr.lhs, expr.rhs
+    if not (lhs.is_Symbol and rhs.is_number):
+        return False
+    if isinstance(expr, (sympy.LessThan, sympy.StrictLessThan)):
+        return True
+    lowest = rhs + 1 if isinstance(expr, sympy.StrictGreaterThan) else rhs
+    return bool(lowest <= 2)
+
+
+# ---------------------------------------------------------------------------------------------- abstract values
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+    """Why a value's real rows may differ from eager's: the op that made it so."""
+    op: str
+    where: str
+    why: str
+    positional: bool        # the op moves rows (a write through such a view lands elsewhere than eager's)
+
+
+@dataclasses.dataclass
+class _Tensor:
+    dims: tuple             # one Dim per dim
+    dirty: _Origin | None
+    base: str               # the storage it views: the name of the node that made it
+    moved: _Origin | None = None    # an op on the way here moved rows (a write through it lands elsewhere)
+
+
+@dataclasses.dataclass
+class _Size:
+    """A SymInt, SymFloat or SymBool the graph computes."""
+    padded: bool            # depends on a marked dim's size
+    dirty: _Origin | None
+
+
+def _size(value: Any, same: dict) -> Any:
+    """A size as an int, or a sympy expression when it involves a symbol (each symbol replaced by the one ``same``
+    says it equals: see capture.size_classes)."""
+    expr = compat.sym_expr(value)
+    if isinstance(expr, (int, bool)):
+        return int(expr)
+    return int(expr) if getattr(expr, "is_number", False) else expr.xreplace(same)
+
+
+def _padded(dim: Dim) -> bool:
+    return any(not isinstance(f, int) for f in dim)
+
+
+def _dim_size(dim: Dim) -> Any:
+    return sympy.Mul(*dim) if any(not isinstance(f, int) for f in dim) else math.prod(dim)
+
+
+def _canonical(dim: Dim) -> tuple:
+    """Adjacent plain factors merged: two dims hold their padded rows in line iff these are equal."""
+    out: list = []
+    for f in dim:
+        if isinstance(f, int) and out and isinstance(out[-1], int):
+            out[-1] *= f
+        elif f != 1:
+            out.append(f)
+    return tuple(out)
+
+
+
+
+def _whole(x: Any) -> bool:
+    """A positive integer, or an expression with no denominator (``4 * s / s``, ``s``)."""
+    if isinstance(x, int):
+        return x >= 1
+    x = sympy.cancel(x)
+    return bool(sympy.fraction(x)[1] == 1) and not (x.is_number and x < 1)
+
+
+def _regroup(dims: tuple, sizes: list) -> tuple | None:
+    """The factors of ``dims`` (in row-major order) regrouped into dims of ``sizes``, as ``view``/``reshape`` does;
+    None when that would split a padded factor (its rows would no longer line up)."""
+    queue = [f for d in dims for f in d if f != 1]
+    out = []
+    for size in sizes:
+        group, prod = [], 1
+        while not _equal(prod, size):
+            if not queue:
+                return None
+            f = queue[0]
+            rest = _divide(size, _mul(prod, f))
+            if rest is not None:
+                group.append(queue.pop(0))
+                prod = _mul(prod, f)
+                continue
+            need = _divide(size, prod)
+            left = _divide(f, need) if need is not None and isinstance(f, int) and isinstance(need, int) else None
+            if left is None:
+                return None
+            group.append(need)
+            queue[0] = left
+            prod = size
+        out.append(tuple(group))
+    return tuple(out) if not queue else None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    return a * b if isinstance(a, int) and isinstance(b, int) else sympy.sympify(a) * b
+
+
+def _divide(a: Any, b: Any) -> Any:
+    """``a / b`` when it is whole (see :func:`_whole`), else None."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a // b if b and a % b == 0 else None
+    q = sympy.cancel(sympy.sympify(a) / b)
+    if not _whole(q):
+        return None
+    return int(q) if q.is_number else q
+
+
+def _where(node: torch.fx.Node) -> str:
+    """``file:line in function: code`` of the user's source line that made ``node`` (from its stack trace)."""
+    lines = (node.meta.get("stack_trace") or "").rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', lines[i])
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)} in {m.group(3)}: {code}"
+    return ""
+
+
+# ------------------------------------------------------------------------------------------------------ analysis
+class _Analysis:
+    """One pass over the ATen graph in program order (see the module docstring)."""
+
+    def __init__(self, graph: torch.fx.GraphModule, inputs: list[list], outputs: dict[int, int],
+                 names: dict[int, str], padded_leaves: set[int], symbols: frozenset, same: dict):
+        self.graph, self.inputs, self.outputs, self.names = graph, inputs, outputs, names
+        self.padded_leaves, self.symbols, self.same = padded_leaves, symbols, same
+        self.met: dict = {}                             # symbol -> the symbol it met (see ``aligned``)
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.input_of: dict[str, list] = {}             # base name -> input recipe, for the graph's inputs
+        self.storage_dirty: dict[str, _Origin] = {}     # base name -> why data written into it is dirty
+        self.report = PaddingReport()
+
+    def run(self) -> PaddingReport:
+        placeholders = iter(self.inputs)
+        for node in self.graph.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, next(placeholders))
+            elif node.op == "get_attr":
+                value = getattr(self.graph, node.target)
+                self.env[node] = _Tensor(self._dims(getattr(value, "shape", ())), None, node.name)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                self._outputs(node)
+        r = self.report
+        r.written_leaves, r.written_state = sorted(set(r.written_leaves)), sorted(set(r.written_state))
+        r.mixing, r.unsafe_writes = list(dict.fromkeys(r.mixing)), list(dict.fromkeys(r.unsafe_writes))
+        return r
+
+    def _placeholder(self, node: torch.fx.Node, recipe: list) -> Any:
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if not isinstance(value, torch.Tensor):
+            return _Size(self._is_padded(value), None)
+        self.input_of[node.name] = recipe
+        return _Tensor(self._dims(value.shape), None, node.name)
+
+    def _is_padded(self, value: Any) -> bool:
+        return bool(getattr(self._size(value), "free_symbols", set()) & self.symbols)
+
+    def _dims(self, shape: Any) -> tuple:
+        """Dims of a shape. Every symbolic size is taken as padded (the trace's only symbols are the marked dims';
+        any other, e.g. a data-dependent size, is treated as padded too: the safe side)."""
+        return tuple(() if s == 1 else (s,) for s in map(self._size, shape))
+
+    def _size(self, value: Any) -> Any:
+        return _size(value, self.same)
+
+    def aligned(self, x: Dim, y: Dim) -> bool:
+        """Whether two dims hold their padded rows in line. Two dims that are each one marked dim's symbol, and
+        differ, *meet* here: they are taken as equal from now on (``report.meets``; the gear plan then keeps them in
+        lockstep, and a call whose real sizes differ there is refused instead of broadcast)."""
+        if not _padded(x) and not _padded(y):
+            return True
+        cx, cy = (tuple(f.xreplace(self.met) if not isinstance(f, int) else f for f in _canonical(d)) for d in (x, y))
+        if cx == cy:
+            return True
+        if len(cx) == len(cy) == 1 and cx[0] in self.symbols and cy[0] in self.symbols:
+            low, high = sorted((cx[0], cy[0]), key=str)
+            self.met = {k: (low if v == high else v) for k, v in self.met.items()}
+            self.met[high] = low
+            self.report.meets.append([str(low), str(high)])
+            return True
+        return False
+
+    def _outputs(self, node: torch.fx.Node) -> None:
+        for i, arg in enumerate(node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]):
+            value = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
+            dirty = self._dirt(value)
+            if dirty is not None:
+                self._mixing(dirty, f"output {self.outputs.get(i, i)}")
+            elif isinstance(value, _Size) and value.padded:
+                self.report.mixing.append(Finding(str(arg.target), _where(arg), "returns the size of a padded dim",
+                                                  f"output {self.outputs.get(i, i)}"))
+
+    def _mixing(self, origin: _Origin, reaches: str) -> None:
+        self.report.mixing.append(Finding(origin.op, origin.where, origin.why, reaches))
+
+    # -------------------------------------------------------------------------------------------- one op
+    def _call(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            return self.env[node.args[0]][node.args[1]]
+        schema = compat.op_schema(node.target)
+        if schema is None:
+            return self._python_op(node)
+        args = self._bind(schema, node)
+        name = node.target.overloadpacket.__name__
+        functional = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+        rule = _pointwise if torch.Tag.pointwise in node.target.tags else RULES.get(functional, _unknown)
+        produced = rule(self, node, args)
+        value = self._values(node, schema, args, produced)
+        for arg, spec in zip(schema.arguments, node.args):
+            if spec is not None and arg.alias_info is not None and arg.alias_info.is_write:
+                self._write(node, args[arg.name], value, args)
+        if functional in UNDECLARED_WRITES and args.get("training"):
+            for name in UNDECLARED_WRITES[functional]:
+                self._write(node, args.get(name), value, args)
+        return value
+
+    def _bind(self, schema: Any, node: torch.fx.Node) -> dict[str, Any]:
+        """The op's arguments by schema name, each as an abstract value (or the constant itself)."""
+        bound = {}
+        for i, arg in enumerate(schema.arguments):
+            if i < len(node.args):
+                raw = node.args[i]
+            elif arg.name in node.kwargs:
+                raw = node.kwargs[arg.name]
+            else:
+                raw = arg.default_value if arg.has_default_value() else None
+            bound[arg.name] = self._value(raw)
+        return bound
+
+    def _value(self, raw: Any) -> Any:
+        if isinstance(raw, torch.fx.Node):
+            return self.env.get(raw)
+        if isinstance(raw, (list, tuple)):
+            return [self._value(r) for r in raw]
+        return raw
+
+    def _python_op(self, node: torch.fx.Node) -> Any:
+        """Arithmetic on sizes (``operator.mul``, ``sym_float``, ...): a size, dirty if its operands are."""
+        inputs = [self.env.get(a) for a in node.all_input_nodes]
+        dirty = next((d for d in map(self._dirt, inputs) if d is not None), None)
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            return _Tensor(self._dims(value.shape), dirty or self._origin(node, "an op without a rule", False),
+                           node.name)
+        return _Size(self._is_padded(value), dirty)
+
+    def _dirt(self, value: Any) -> _Origin | None:
+        """Why ``value`` (a tensor, a size, or a list of them) may differ from eager's; None if it cannot."""
+        if isinstance(value, _Tensor):
+            return value.dirty or self.storage_dirty.get(value.base)
+        if isinstance(value, _Size):
+            return value.dirty
+        if isinstance(value, list):
+            return next((d for d in map(self._dirt, value) if d is not None), None)
+        return None
+
+    def _origin(self, node: torch.fx.Node, why: str, positional: bool) -> _Origin:
+        return _Origin(str(node.target), _where(node), why, positional)
+
+    def _values(self, node: torch.fx.Node, schema: Any, args: dict[str, Any], produced: Any) -> Any:
+        """The node's abstract value(s) from what its rule produced: ``(dims, why)``, or a list of them."""
+        inherited = self._dirt(list(args.values()))
+        moved = next((t.moved for t in _tensors(list(args.values())) if t.moved is not None), None)
+        meta = node.meta.get("val")
+        base = self._aliased_base(schema, args)
+        if isinstance(produced, list):
+            metas = list(meta) if isinstance(meta, (list, tuple)) else [None] * len(produced)
+            return [self._one(node, p, m, (inherited, moved), base or f"{node.name}.{k}")
+                    for k, (p, m) in enumerate(zip(produced, metas))]
+        return self._one(node, produced, meta, (inherited, moved), base or node.name)
+
+    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str) -> Any:
+        """One output: its dims checked against the node's shape; dirty from its inputs (``given``: their dirt and
+        whether a view on their way moved rows) or from the op itself."""
+        (inherited, moved), (dims, why) = given, produced
+        own = None if why is None else self._origin(node, why[0], why[1])
+        if not isinstance(meta, torch.Tensor):
+            return _Size(self._is_padded(meta), inherited or own) if meta is not None else None
+        if dims is None or len(dims) != meta.dim() or not all(
+                _equal(_dim_size(d), self._size(s)) for d, s in zip(dims, meta.shape)):
+            dims = self._dims(meta.shape)               # a rule that does not follow the shapes: trust nothing
+            own = own or self._origin(node, "its shapes do not follow the analysis' rule for it", True)
+        return _Tensor(tuple(dims), inherited or own, base, own if own is not None and own.positional else moved)
+
+    @staticmethod
+    def _aliased_base(schema: Any, args: dict[str, Any]) -> str | None:
+        """The base of the argument the op returns a view of (or writes in place and returns), if any."""
+        ret = schema.returns[0] if schema.returns else None
+        sets = set(ret.alias_info.before_set) if ret is not None and ret.alias_info is not None else set()
+        for arg in schema.arguments:
+            value = args.get(arg.name)
+            if arg.alias_info is not None and isinstance(value, _Tensor) and (
+                    sets & set(arg.alias_info.before_set) or (ret is not None and str(ret.type).endswith("[]"))):
+                return value.base
+        return None
+
+    # ------------------------------------------------------------------------------------------ writes
+    def _write(self, node: torch.fx.Node, target: Any, value: Any, args: dict[str, Any]) -> None:
+        """An in-place write into ``target`` (see the module docstring, "Findings")."""
+        if not isinstance(target, _Tensor):
+            return
+        result = value[0] if isinstance(value, list) else value
+        dirty = self._dirt(result) if isinstance(result, _Tensor) else self._dirt(list(args.values()))
+        if dirty is not None:
+            self.storage_dirty.setdefault(target.base, dirty)
+        recipe = self.input_of.get(target.base)
+        if recipe is None or recipe[0] == "size":
+            return                                          # a tensor the graph made itself
+        what = self._input_name(recipe)
+        if recipe[0] == "leaf" and recipe[1] in self.padded_leaves:
+            self.report.written_leaves.append(recipe[1])
+            if dirty is not None:
+                self._mixing(dirty, what)
+            return
+        if recipe[0] == "leaf":
+            self.report.written_leaves.append(recipe[1])
+        elif recipe[0] == "state":
+            self.report.written_state.append(recipe[1])
+        why = self._unsafe_write(target, args)
+        if why is not None:
+            self.report.unsafe_writes.append(Finding(str(node.target), _where(node), why, what))
+        elif dirty is not None:
+            self._mixing(dirty, what)
+
+    def _unsafe_write(self, target: _Tensor, args: dict[str, Any]) -> str | None:
+        if any(_padded(d) for d in target.dims):
+            return "writes through a padded dim, so the padding rows land in it too"
+        if target.moved is not None:
+            return f"writes where {target.moved.op} ({target.moved.why}) points, which moves with the padded size"
+        for value in _tensors(list(args.values())):
+            if value is not target and any(_padded(d) for d in value.dims):
+                return "writes with a padded tensor (its padding rows are written too, or pick where to write)"
+        return None
+
+    def _input_name(self, recipe: list) -> str:
+        if recipe[0] == "state":
+            return f"parameter or buffer {recipe[1]}"
+        if recipe[0] == "leaf":
+            return f"argument {self.names.get(recipe[1], f'input {recipe[1]}')}"
+        return "a graph input"
+
+
+def _tensors(values: list) -> list[_Tensor]:
+    out = []
+    for v in values:
+        if isinstance(v, _Tensor):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(_tensors(v))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------- rules
+# A rule takes (analysis, node, arguments by schema name) and returns (dims, why) for the op's output -- dims: one Dim
+# per output dim, or None to take them from the node's shape; why: None, or (reason, positional) when the op itself
+# may make the output's real rows differ from eager's -- or a list of such pairs for an op with several outputs.
+Out = tuple
+MOVES, MIXES = True, False
+
+
+def _meta_dims(a: _Analysis, node: torch.fx.Node, k: int | None = None) -> tuple:
+    meta = node.meta.get("val")
+    if k is not None:
+        meta = meta[k]
+    return a._dims(meta.shape)
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _dim_list(dim: Any, rank: int) -> list[int]:
+    """A ``dim`` argument as a list of non-negative dims; None or [] means every dim."""
+    if dim is None or dim == []:
+        return list(range(rank))
+    dims = dim if isinstance(dim, list) else [dim]
+    return [_norm_dim(int(d), rank) for d in dims]
+
+
+def _any_padded(dims: tuple, which: list[int]) -> bool:
+    return any(_padded(dims[d]) for d in which if d < len(dims))
+
+
+def _sizes_used_as_values(values: list) -> bool:
+    return any(isinstance(v, _Size) and v.padded for v in values) or any(
+        _sizes_used_as_values(v) for v in values if isinstance(v, list))
+
+
+def _broadcast(a: _Analysis, node: torch.fx.Node, tensors: list[_Tensor]) -> Out:
+    """Dims of a broadcasting op's output, and whether its operands hold padded rows in line."""
+    meta = node.meta.get("val")
+    rank = meta.dim() if isinstance(meta, torch.Tensor) else max((len(t.dims) for t in tensors), default=0)
+    out, why = [], None
+    for k in range(rank):
+        dims = [t.dims[len(t.dims) - rank + k] for t in tensors if len(t.dims) - rank + k >= 0]
+        dims = [d for d in dims if d != ()]
+        if dims and not all(a.aligned(dims[0], d) for d in dims[1:]):
+            why = ("combines tensors whose padded rows do not line up", MOVES)
+        out.append(dims[0] if dims else ())
+    return tuple(out), why
+
+
+def _pointwise(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    dims, why = _broadcast(a, node, _tensors(list(args.values())))
+    if why is None and _sizes_used_as_values([v for v in args.values() if not isinstance(v, _Tensor)]):
+        why = ("uses the size of a padded dim as a value", MIXES)
+    return dims, why
+
+
+def _unknown(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
+    """An op without a rule: mixing if it reads anything padded (or a padded size)."""
+    values = list(args.values())
+    touches = any(any(_padded(d) for d in t.dims) for t in _tensors(values)) or _sizes_used_as_values(values)
+    why = ("has no padding rule in gearcache, so it is assumed to mix padded rows in", MOVES) if touches else None
+    meta = node.meta.get("val")
+    if isinstance(meta, (list, tuple)):
+        return [(None if not isinstance(m, torch.Tensor) else a._dims(m.shape), why) for m in meta]
+    return (None if not isinstance(meta, torch.Tensor) else a._dims(meta.shape)), why
+
+
+def _same(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """Same dims as ``self`` (or the first tensor argument), nothing mixed: clone, copy to a dtype, tril, alias."""
+    first = args.get("self") if isinstance(args.get("self"), _Tensor) else _tensors(list(args.values()))[0]
+    symbolic = [v for k, v in args.items() if k in ("diagonal",)]
+    return first.dims, (("shifts rows by the size of a padded dim", MOVES) if _sizes_used_as_values(symbolic)
+                        else None)
+
+
+def _fresh(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """A new tensor (zeros, full, arange, *_like): dims from its shape; mixing only if a value is a padded size."""
+    values = [v for k, v in args.items() if k in ("fill_value", "value", "start", "step", "low", "high")]
+    if node.target.overloadpacket.__name__ == "scalar_tensor":
+        values = [args.get("s")]
+    if node.target.overloadpacket.__name__ == "linspace":
+        values += [args.get("end"), args.get("steps")]
+    random = node.target.overloadpacket.__name__ in RANDOM and any(_padded(d) for d in _meta_dims(a, node))
+    why = ("uses the size of a padded dim as a value", MIXES) if _sizes_used_as_values(values) else None
+    return _meta_dims(a, node), (("draws random numbers over a padded dim", MIXES) if random else why)
+
+
+def _like(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    dims, why = _fresh(a, node, args)
+    return args["self"].dims, why
+
+
+def _fill(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    value = args.get("value")
+    if isinstance(value, _Tensor):
+        return _broadcast(a, node, [args["self"], value])
+    return args["self"].dims, (("uses the size of a padded dim as a value", MIXES)
+                               if _sizes_used_as_values([value]) else None)
+
+
+def _copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    return _broadcast(a, node, [args["self"], args["src"]])
+
+
+def _sym_size(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    return None, None
+
+
+# ------------------------------------------------------------------------------------------------ views
+def _view(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    sizes = [a._size(s) for s in node.meta["val"].shape]
+    dims = _regroup(args["self"].dims, sizes)
+    if dims is None:
+        return None, ("reshapes a padded dim so that its rows no longer line up", MOVES)
+    return dims, None
+
+
+def _expand(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src, out = args["self"].dims, list(_meta_dims(a, node))
+    lead = len(out) - len(src)
+    for k, d in enumerate(src):
+        if d != ():
+            out[lead + k] = d
+    return tuple(out), None
+
+
+def _permute(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = args["self"].dims
+    return tuple(src[_norm_dim(d, len(src))] for d in args["dims"]), None
+
+
+def _transpose(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = list(args["self"].dims)
+    if len(src) < 2:
+        return tuple(src), None
+    i, j = (_norm_dim(args["dim0"], len(src)), _norm_dim(args["dim1"], len(src))) if "dim0" in args else (0, 1)
+    src[i], src[j] = src[j], src[i]
+    return tuple(src), None
+
+
+def _unsqueeze(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = list(args["self"].dims)
+    src.insert(_norm_dim(args["dim"], len(src) + 1), ())
+    return tuple(src), None
+
+
+def _squeeze(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = args["self"].dims
+    named = _dim_list(args.get("dim"), len(src))
+    if _any_padded(src, named):
+        return None, ("squeezes a padded dim, which a real size of 1 would remove", MOVES)
+    return tuple(d for k, d in enumerate(src) if not (k in named and d == ())), None
+
+
+def _slice(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = list(args["self"].dims)
+    dim = _norm_dim(args["dim"], len(src))
+    out = list(_meta_dims(a, node))
+    if _sizes_used_as_values([args.get("start"), args.get("step")]):
+        return None, ("slices from a position that moves with the size of a padded dim", MOVES)
+    if _padded(src[dim]) and len(_canonical(src[dim])) > 1:
+        return None, ("slices a dim that merges a padded dim with others", MOVES)
+    if _padded(src[dim]) and not _padded(out[dim]):
+        return None, ("slices a padded dim to a fixed size, which may take padding rows in", MOVES)
+    return tuple(src[:dim] + [out[dim]] + src[dim + 1:]), None
+
+
+def _select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = list(args["self"].dims)
+    dim = _norm_dim(args["dim"], len(src))
+    index = args.get("index")
+    if _padded(src[dim]) and not (isinstance(index, int) and index == 0 and len(_canonical(src[dim])) == 1):
+        return None, ("selects a row of a padded dim other than the first (the last real row moves with the "
+                      "padding)", MOVES)
+    return tuple(src[:dim] + src[dim + 1:]), None
+
+
+def _split(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
+    src = list(args["self"].dims)
+    dim = _norm_dim(args.get("dim", 0) or 0, len(src))
+    metas = node.meta["val"]
+    why = ("splits a padded dim into pieces", MOVES) if _padded(src[dim]) else None
+    unbind = node.target.overloadpacket.__name__ == "unbind"
+    return [((tuple(src[:dim] + src[dim + 1:]) if unbind else
+              tuple(src[:dim] + [a._dims(m.shape)[dim]] + src[dim + 1:])) if why is None else None, why)
+            for m in metas]
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+def _reduce(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
+    """Reductions (sum, mean, amax, var, argmax, norm, ...): mixing if a reduced dim is padded."""
+    src = args["self"].dims
+    reduced = _dim_list(args.get("dim"), len(src)) if "dim" in args else list(range(len(src)))
+    why = ("reduces over a padded dim", MIXES) if _any_padded(src, reduced) else None
+    meta = node.meta["val"]
+    metas = list(meta) if isinstance(meta, (list, tuple)) else [meta]
+    outs = []
+    for m in metas:
+        keep = m.dim() == len(src)
+        dims = tuple(() if k in reduced else d for k, d in enumerate(src)) if keep else tuple(
+            d for k, d in enumerate(src) if k not in reduced)
+        outs.append((dims, why))
+    return outs if isinstance(meta, (list, tuple)) else outs[0]
+
+
+def _along(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
+    """Ops along one dim with the same shape out (softmax, cumsum, sort, topk): mixing if that dim is padded."""
+    src = args["self"].dims
+    dim = _norm_dim(args.get("dim", -1) if args.get("dim") is not None else -1, len(src))
+    why = ("works along a padded dim (a softmax, cumulative op, sort or top-k over it)", MIXES) \
+        if dim < len(src) and _padded(src[dim]) else None
+    meta = node.meta["val"]
+    metas = list(meta) if isinstance(meta, (list, tuple)) else [meta]
+    outs = [(src[:dim] + (a._dims(m.shape)[dim],) + src[dim + 1:] if m.dim() == len(src) else None, why)
+            for m in metas]
+    return outs if isinstance(meta, (list, tuple)) else outs[0]
+
+
+def _normalise(src: tuple, reduced: list[int]) -> Any:
+    return ("normalises over a padded dim", MIXES) if _any_padded(src, reduced) else None
+
+
+def _layer_norm(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
+    """native_layer_norm (and the fused RMS norm): over the last dims; its statistics keep the others."""
+    src = args["input"].dims
+    reduced = list(range(len(src) - len(args["normalized_shape"]), len(src)))
+    why = _normalise(src, reduced)
+    stats = tuple(() if k in reduced else d for k, d in enumerate(src))
+    return [(src, why)] + [(stats, why)] * (len(node.meta["val"]) - 1)
+
+
+def _group_norm(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
+    """native_group_norm: over every dim but the batch; its statistics are [batch, groups]."""
+    src = args["input"].dims
+    why = _normalise(src, list(range(1, len(src))))
+    return [(src, why)] + [((src[0],) + a._dims(m.shape)[1:], why) for m in list(node.meta["val"])[1:]]
+
+
+def _batch_norm(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
+    """Batch norm: per channel from running statistics (nothing mixed), or from the batch's (training)."""
+    src = args["input"].dims
+    name = node.target.overloadpacket.__name__
+    training = name != "_native_batch_norm_legit_no_training" and bool(args.get("training"))
+    why = _normalise(src, [k for k in range(len(src)) if k != 1] if training else [])
+    return [(src, why)] + [(None, why)] * (len(node.meta["val"]) - 1)
+
+
+# ------------------------------------------------------------------------------------------- contractions
+def _contract(why_dims: list[Dim]) -> Any:
+    return ("contracts over a padded dim (a matmul summing padded rows in)", MIXES) if any(
+        _padded(d) for d in why_dims) else None
+
+
+def _mm(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """mm, addmm (``self`` is addmm's bias)."""
+    x, y = (args["mat1"], args["mat2"]) if "mat1" in args else (args["self"], args["mat2"])
+    dims = (x.dims[0], y.dims[1])
+    why = _contract([x.dims[1], y.dims[0]])
+    bias = args["self"] if "mat1" in args else None
+    if isinstance(bias, _Tensor) and why is None:
+        _, why = _broadcast(a, node, [bias, _Tensor(dims, None, "")])
+    return dims, why
+
+
+def _bmm(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """bmm, baddbmm, addbmm (``self`` is the latter two's bias)."""
+    x, y = (args["batch1"], args["batch2"]) if "batch1" in args else (args["self"], args["mat2"])
+    why = _contract([x.dims[2], y.dims[1]])
+    if why is None and not a.aligned(x.dims[0], y.dims[0]):
+        why = ("multiplies batches whose padded rows do not line up", MOVES)
+    dims = (x.dims[0] or y.dims[0], x.dims[1], y.dims[2])
+    bias = args["self"] if "batch1" in args else None
+    if node.target.overloadpacket.__name__ == "addbmm":
+        dims, why = (x.dims[1], y.dims[2]), why or _contract([x.dims[0]])
+    if isinstance(bias, _Tensor) and why is None:
+        _, why = _broadcast(a, node, [bias, _Tensor(dims, None, "")])
+    return dims, why
+
+
+def _mv(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """mv, addmv (``self`` is addmv's bias)."""
+    x, v = args["mat"] if "mat" in args else args["self"], args["vec"]
+    why = _contract([x.dims[1], v.dims[0]])
+    if "mat" in args and why is None:
+        _, why = _broadcast(a, node, [args["self"], _Tensor((x.dims[0],), None, "")])
+    return (x.dims[0],), why
+
+
+def _dot(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    return (), _contract([d for t in _tensors(list(args.values())) for d in t.dims])
+
+
+def _attention(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
+    """``scaled_dot_product_attention`` and its kernels: batch and head dims and the query dim pass through; the key
+    dim is summed over (exact with ``is_causal`` when queries and keys are padded alike: a real query never sees a
+    later, padded key); the feature dim is contracted."""
+    q, k, v = args["query"], args["key"], args["value"]
+    mask = args.get("attn_mask", args.get("attn_bias"))
+    keys, why = k.dims[-2], None
+    causal = bool(args.get("is_causal")) and mask is None and _padded(keys) and a.aligned(q.dims[-2], keys)
+    if _padded(keys) and not causal:
+        why = ("attends over a padded key dim (softmax and sum over padded keys)", MIXES)
+    why = why or _contract([q.dims[-1], k.dims[-1]])
+    batch = [q.dims[:-2], k.dims[:-2], v.dims[:-2]]
+    if why is None and not all(len(b) == len(batch[0]) and all(a.aligned(x, y) for x, y in zip(b, batch[0]))
+                               for b in batch[1:]):
+        why = ("attends across batch or head dims whose padded rows do not line up", MOVES)
+    if why is None and isinstance(mask, _Tensor):
+        _, why = _broadcast(a, node, [mask, _Tensor(q.dims[:-1] + (keys,), None, "")])
+    out = (q.dims[:-1] + (v.dims[-1],), why)
+    meta = node.meta["val"]
+    if not isinstance(meta, (list, tuple)):
+        return out
+    extra = []            # the kernels' other outputs: log-sum-exp per query ([..., L]), seeds, sizes
+    for m in meta[1:]:
+        per_query = isinstance(m, torch.Tensor) and m.dim() == len(q.dims) - 1
+        extra.append((q.dims[:-1] if per_query else None, why))
+    return [out] + extra
+
+
+def _spatial(leading: int) -> Callable:
+    """Convolution, pooling, upsampling: the first ``leading`` dims pass through (batch, and channels where the op
+    keeps them apart); the others are mixed."""
+    def rule(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
+        x = args.get("input", args.get("self"))
+        others = [t for t in _tensors(list(args.values())) if t is not x]
+        why = ("mixes neighbouring rows of a padded dim (convolution, pooling or resampling)", MIXES) if (
+            _any_padded(x.dims, list(range(leading, len(x.dims)))) or any(
+                _padded(d) for t in others for d in t.dims)) else None
+        meta = node.meta["val"]
+        metas = list(meta) if isinstance(meta, (list, tuple)) else [meta]
+        outs = [(x.dims[:leading] + a._dims(m.shape)[leading:] if m.dim() == len(x.dims) else None, why)
+                for m in metas]
+        return outs if isinstance(meta, (list, tuple)) else outs[0]
+    return rule
+
+
+# ---------------------------------------------------------------------------------------------- indexing
+def _embedding(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    weight, indices = args["weight"], args["indices"]
+    why = ("looks rows up in a padded table", MOVES) if _padded(weight.dims[0]) else None
+    return indices.dims + weight.dims[1:], why
+
+
+def _index_select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src, index = args["self"].dims, args["index"].dims
+    dim = _norm_dim(args["dim"], len(src))
+    why = ("gathers along a padded dim", MOVES) if _padded(src[dim]) else None
+    return src[:dim] + (index[0] if index else (),) + src[dim + 1:], why
+
+
+def _gather(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src, index = args["self"].dims, args["index"].dims
+    dim = _norm_dim(args["dim"], len(src))
+    why = ("gathers along a padded dim", MOVES) if _padded(src[dim]) else None
+    if why is None and not all(a.aligned(s, i) or not _padded(s) and not _padded(i)
+                               for k, (s, i) in enumerate(zip(src, index)) if k != dim):
+        why = ("gathers with an index whose padded rows do not line up with the source's", MOVES)
+    return index, why
+
+
+def _indexed(a: _Analysis, src: tuple, indices: list) -> tuple[tuple | None, Any]:
+    """Dims of ``src[indices]`` (advanced indexing), and why it mixes (an indexed dim is padded)."""
+    used = [k for k, ix in enumerate(indices) if ix is not None]
+    if any(_padded(src[k]) for k in used):
+        return None, ("indexes into a padded dim", MOVES)
+    tensors = [ix for ix in indices if isinstance(ix, _Tensor)]
+    rank = max((len(t.dims) for t in tensors), default=0)
+    index_dims = []
+    for k in range(rank):
+        dims = [t.dims[len(t.dims) - rank + k] for t in tensors if len(t.dims) - rank + k >= 0]
+        dims = [d for d in dims if d != ()]
+        if dims and not all(a.aligned(dims[0], d) for d in dims[1:]):
+            return None, ("indexes with tensors whose padded rows do not line up", MOVES)
+        index_dims.append(dims[0] if dims else ())
+    adjacent = used == list(range(used[0], used[-1] + 1)) if used else True
+    rest = [d for k, d in enumerate(src) if k not in used]
+    if adjacent and used:
+        return tuple(src[:used[0]]) + tuple(index_dims) + tuple(src[used[-1] + 1:]), None
+    return tuple(index_dims) + tuple(rest), None
+
+
+def _index(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    indices = list(args["indices"]) + [None] * (len(args["self"].dims) - len(args["indices"]))
+    return _indexed(a, args["self"].dims, indices)
+
+
+def _index_put(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    src = args["self"].dims
+    indices = list(args["indices"]) + [None] * (len(src) - len(args["indices"]))
+    if any(isinstance(ix, _Tensor) and any(_padded(d) for d in ix.dims) for ix in indices):
+        return src, ("writes at positions taken from padded rows", MOVES)
+    region, why = _indexed(a, src, indices)
+    values = args["values"].dims
+    if why is None and region is not None:
+        for v, r in zip(reversed(values), reversed(region)):
+            if v != () and not a.aligned(v, r):
+                why = ("writes values whose padded rows do not line up with where they go", MOVES)
+    return src, why
+
+
+def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    """index_copy, index_add, index_fill, scatter*: rows of ``dim`` chosen by an index."""
+    src = args["self"].dims
+    dim = _norm_dim(args["dim"], len(src))
+    index = args.get("index")
+    why = None
+    if _padded(src[dim]):
+        why = ("writes into a padded dim at positions an index picks", MOVES)
+    elif isinstance(index, _Tensor) and any(_padded(d) for d in index.dims) and (
+            node.target.overloadpacket.__name__.startswith("index_") or len(index.dims) <= 1):
+        why = ("writes at positions taken from padded rows", MOVES)
+    source = args.get("source", args.get("src"))
+    if why is None and isinstance(source, _Tensor):
+        for k, (s, d) in enumerate(zip(source.dims, src)):
+            if k != dim and s != () and not a.aligned(s, d):
+                why = ("writes values whose padded rows do not line up with where they go", MOVES)
+        if why is None and isinstance(index, _Tensor) and len(index.dims) > 1 and not all(
+                a.aligned(i, d) or i == () for i, d in zip(index.dims, src)):
+            why = ("scatters with an index whose padded rows do not line up", MOVES)
+    return src, why
+
+
+def _cat(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+    tensors = [t for t in args["tensors"] if isinstance(t, _Tensor)]
+    rank = node.meta["val"].dim()
+    stack = node.target.overloadpacket.__name__ == "stack"
+    dim = _norm_dim(args.get("dim", 0) or 0, rank)
+    tensors = [t for t in tensors if len(t.dims) == rank - (1 if stack else 0)]
+    if not stack and sum(1 for t in tensors if _dim_size(t.dims[dim]) != 0) > 1 and any(
+            _padded(t.dims[dim]) for t in tensors):
+        return None, ("concatenates along a padded dim (padding rows end up between real ones)", MOVES)
+    others = [list(t.dims) for t in tensors]
+    out = list(_meta_dims(a, node))
+    why = None
+    for k in range(rank):
+        if k == dim:
+            continue
+        src_k = k - 1 if stack and k > dim else k
+        dims = [o[src_k] for o in others if o[src_k] != ()]
+        if dims and not all(a.aligned(dims[0], d) for d in dims[1:]):
+            why = ("concatenates tensors whose padded rows do not line up", MOVES)
+        if dims:
+            out[k] = dims[0]
+    return tuple(out), why
+
+
+def _along_dims(kind: str) -> Callable:
+    """flip, roll, repeat, constant_pad_nd: mixing if they act on a padded dim."""
+    def rule(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
+        src = args["self"].dims
+        rank = len(src)
+        if kind == "dims":
+            acted = _dim_list(args.get("dims"), rank)
+        elif kind == "pad":
+            pad = args["pad"]
+            acted = [rank - 1 - k // 2 for k in range(len(pad)) if not (isinstance(pad[k], int) and pad[k] == 0)]
+        else:           # repeat: leading new dims, then one factor per dim
+            reps = args["repeats"]
+            lead = len(reps) - rank
+            acted = [k for k in range(rank) if not (isinstance(reps[lead + k], int) and reps[lead + k] == 1)]
+        if _any_padded(src, acted):
+            return None, ("moves rows along a padded dim (flip, roll, repeat or pad)", MOVES)
+        out = list(_meta_dims(a, node))
+        lead = len(out) - rank
+        for k, d in enumerate(src):
+            if k not in acted:
+                out[lead + k] = d
+        return tuple(out), None
+    return rule
+
+
+UNDECLARED_WRITES = {name: ("running_mean", "running_var") for name in (
+    "native_batch_norm", "_batch_norm_impl_index", "cudnn_batch_norm", "miopen_batch_norm", "batch_norm")}
+"""Ops that write these arguments in training mode without their schema saying so."""
+
+RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "normal", "uniform",
+          "multinomial", "randperm", "exponential", "native_dropout", "dropout"}
+
+RULES: dict[str, Callable] = {
+    **dict.fromkeys(["clone", "_to_copy", "alias", "detach", "lift_fresh_copy", "lift_fresh", "contiguous",
+                     "tril", "triu", "_assert_tensor_metadata", "to", "type_as", "_conj", "resolve_conj",
+                     "resolve_neg", "positive"], _same),
+    **dict.fromkeys(["zeros", "ones", "empty", "empty_strided", "full", "scalar_tensor", "arange", "eye",
+                     "new_zeros", "new_ones", "new_empty", "new_full", "new_empty_strided", "rand", "randn",
+                     "randint", "randperm", "linspace"], _fresh),
+    **dict.fromkeys(["zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+                     "randint_like"], _like),
+    "fill": _fill, "zero": _like, "copy": _copy,
+    **dict.fromkeys(["sym_size", "sym_numel", "sym_stride", "sym_storage_offset"], _sym_size),
+    **dict.fromkeys(["view", "_unsafe_view", "reshape", "_reshape_alias", "view_copy"], _view),
+    "expand": _expand, "permute": _permute, "transpose": _transpose, "t": _transpose, "unsqueeze": _unsqueeze,
+    "squeeze": _squeeze, "slice": _slice, "select": _select,
+    **dict.fromkeys(["split", "split_with_sizes", "unbind", "chunk", "tensor_split", "unsafe_split",
+                     "unsafe_split_with_sizes"], _split),
+    **dict.fromkeys(["sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "prod", "var", "var_mean",
+                     "std", "std_mean", "any", "all", "logsumexp", "linalg_vector_norm", "norm", "nansum",
+                     "count_nonzero", "median", "nanmedian", "mode", "kthvalue", "aminmax"], _reduce),
+    **dict.fromkeys(["_softmax", "_log_softmax", "softmax", "log_softmax", "_safe_softmax", "cumsum", "cumprod",
+                     "logcumsumexp", "cummax", "cummin", "sort", "argsort", "topk"], _along),
+    "native_layer_norm": _layer_norm, "_fused_rms_norm": _layer_norm, "native_group_norm": _group_norm,
+    **dict.fromkeys(["_native_batch_norm_legit_no_training", "_native_batch_norm_legit", "native_batch_norm"],
+                    _batch_norm),
+    **dict.fromkeys(["mm", "addmm"], _mm), **dict.fromkeys(["bmm", "baddbmm", "addbmm"], _bmm),
+    **dict.fromkeys(["mv", "addmv"], _mv), **dict.fromkeys(["dot", "vdot"], _dot),
+    **dict.fromkeys(["scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                     "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math"], _attention),
+    **dict.fromkeys(["convolution", "_convolution", "conv2d", "conv1d", "conv3d"], _spatial(1)),
+    **dict.fromkeys(["max_pool1d", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d",
+                     "avg_pool2d", "avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d",
+                     "adaptive_max_pool2d", "adaptive_max_pool3d", "upsample_nearest1d", "upsample_nearest2d",
+                     "upsample_nearest3d", "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
+                     "upsample_trilinear3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
+                     "_upsample_nearest_exact3d"], _spatial(2)),
+    "embedding": _embedding, "index_select": _index_select, "gather": _gather,
+    **dict.fromkeys(["index", "_unsafe_index"], _index), **dict.fromkeys(["index_put", "_unsafe_index_put"],
+                                                                        _index_put),
+    **dict.fromkeys(["index_copy", "index_add", "index_fill", "scatter", "scatter_add", "scatter_reduce"],
+                    _index_copy),
+    **dict.fromkeys(["cat", "stack"], _cat),
+    **dict.fromkeys(["flip", "roll"], _along_dims("dims")), "constant_pad_nd": _along_dims("pad"),
+    "repeat": _along_dims("repeat"),
+}

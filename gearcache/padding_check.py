@@ -1,0 +1,211 @@
+"""What gearcache does with a gear plan's padding report (padding.py): refuse, verify, or trust.
+
+``inference_config.padding_check``:
+
+* ``"verify"`` (default): an unsafe write (padding would spread into a parameter, a buffer or an unpadded input) is
+  refused when the gear plan is built or loaded (:func:`apply`, ``PaddingUnsafeError``). A plan with mixing (an op
+  that may let padded rows change real ones) has each gear verified (:func:`verify`) before it first serves a padded
+  call: every gear at ``warmup()``, else the gear of a call at its first padded call in the process.
+* ``"refuse"``: unsafe writes and mixing are both refused when the plan is built or loaded.
+* ``"off"``: nothing is refused or verified (the user asserts that padding is exact).
+
+``inference_config.verify_padding=True`` also verifies, at ``warmup()``, the gears of plans without mixing.
+
+**Verification** runs the eager method twice on the same real-size inputs: padded up to the gear as a call through
+the gear is (outputs cut back, written padded inputs copied back), and unpadded; each on copies of the inputs the
+method writes, with the parameters and buffers it writes restored after each run. Comparing eager with eager tells
+the padding's effect apart from the compiler's rounding. If an output or a written tensor differs beyond the
+rounding of its dtype, ``PaddingUnsafeError`` names it, the gear, the ops the analysis found and the fix (a pad value
+neutral for the op: 0 before a sum, -inf before a softmax or max). It runs on the inputs it is given (``warmup()``'s
+example narrowed to the smallest real sizes of the gear, or the first padded call's), then once more with the real
+rows of every floating-point padded input replaced by seeded random numbers, since an example of zeros can hide a
+mean over the batch. A gear passes once per process (``GearPlan.verified``); ``counters.padding_verifications``
+counts the gears verified.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+from . import signature
+from .counters import counters
+from .errors import PaddingUnsafeError
+
+log = logging.getLogger("gearcache")
+
+NEUTRAL_PAD_FIX = ("pass a pad value that is neutral for that op (gearcache.set_dim_gears(t, gears, pad_value=...) "
+                   "or inference_config.pad_values: 0 before a sum, -inf before a softmax or max), or drop the gears "
+                   "of that dim")
+WRITE_FIX = ("do that write outside the cached method (return what to write and write it after the call), or pass "
+             "the written tensor as an argument with the same gears (gearcache copies its real rows back after each "
+             "call), or drop the gears of that dim")
+_TOLERANCES = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (2e-2, 2e-3)}    # (rtol, atol); others: (1e-4, 1e-5)
+
+
+def apply(name: str, plan: Any, policy: str) -> None:
+    """Refuse what ``policy`` refuses; mark ``plan`` for verification before padded calls where it verifies."""
+    report = plan.padding
+    plan.verify_first = False
+    if policy == "off":
+        return
+    if report.unsafe_writes:
+        f = report.unsafe_writes[0]
+        raise PaddingUnsafeError(
+            f"{name}: padding a call up to its gear would change state: {f.op} at {f.where or '(source unknown)'} "
+            f"{f.why}, into {f.reaches}; eager writes only the real rows"
+            f"{_more(report.unsafe_writes)}. Fix: {WRITE_FIX}")
+    if report.mixing and policy == "refuse":
+        raise PaddingUnsafeError(
+            f"{name}: padding may change results: {_findings(report.mixing)}. inference_config.padding_check="
+            f"'refuse' refuses such methods. Fix: {NEUTRAL_PAD_FIX}, and use padding_check='verify' (the default), "
+            f"which checks each gear against eager")
+    plan.verify_first = bool(report.mixing)
+
+
+def real_sizes(plan: Any, sizes: list[int]) -> list[int]:
+    """Per marked dim, the smallest real size that pads up to gear ``sizes`` (1 below the smallest gear)."""
+    return [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(plan.dims, sizes)]
+
+
+def verify(name: str, method: Callable, module: torch.nn.Module, plan: Any, structure: Any, leaves: tuple,
+           sizes: list[int]) -> None:
+    """Check gear ``sizes`` against eager on the real-size call ``leaves`` (see the module docstring); raise
+    ``PaddingUnsafeError`` if padding changes an output or a written tensor."""
+    counters.padding_verifications += 1
+    real = [leaves[d.leaf].shape[d.dim] for d in plan.dims]
+    for k, run in enumerate((leaves, _random_rows(plan, leaves))):
+        if run is None:
+            continue
+        try:
+            diff = _compare(method, module, plan, structure, run, sizes)
+        except Exception as exc:                # noqa: BLE001 - random rows may be invalid input: only the given run
+            if k == 0:
+                raise
+            log.info("%s: gear %s verified on the given inputs only: random rows raise %s: %s", name, sizes,
+                     type(exc).__name__, exc)
+            continue
+        if diff is not None:
+            what, detail = diff
+            found = _findings(plan.padding.mixing) if plan.padding.mixing else "no op (verify_padding checked a " \
+                                                                               "gear the analysis found safe)"
+            raise PaddingUnsafeError(
+                f"{name}: padding changes {what} at gear {sizes} (real sizes {real}{'' if k == 0 else ', random rows'}"
+                f": {detail}). The padding analysis found: {found}. Fix: {NEUTRAL_PAD_FIX}")
+    plan.verified.add(tuple(sizes))
+
+
+def _compare(method: Callable, module: torch.nn.Module, plan: Any, structure: Any, leaves: tuple,
+             sizes: list[int]) -> tuple[str, str] | None:
+    """Run eager padded and unpadded; the first ``(what, how)`` that differs, or None."""
+    report = plan.padding
+    state = _written_state(module, report)
+    saved = [t.clone() for _, t in state]
+    try:
+        padded_run = _run_padded(method, plan, structure, leaves, sizes, report.written_leaves)
+        padded_state = [t.clone() for _, t in state]
+        _restore(state, saved)
+        copies = _copies(leaves, report.written_leaves)
+        args, kwargs = signature.unflatten(structure, copies)
+        outs = _cloned_outputs(method(*args, **kwargs), {})
+        eager_run = (outs, copies)
+        eager_state = [t.clone() for _, t in state]
+    finally:
+        _restore(state, saved)
+    for j, (a, b) in enumerate(zip(padded_run[0], eager_run[0])):
+        how = _difference(a, b)
+        if how is not None:
+            return f"output {j}", how
+    for i in report.written_leaves:
+        how = _difference(padded_run[1][i], eager_run[1][i])
+        if how is not None:
+            return f"argument leaf {i} (written in place)", how
+    for (state_name, _), a, b in zip(state, padded_state, eager_state):
+        how = _difference(a, b)
+        if how is not None:
+            return f"parameter or buffer {state_name} (written in place)", how
+    return None
+
+
+def _run_padded(method: Callable, plan: Any, structure: Any, leaves: tuple, sizes: list[int],
+                written: list[int]) -> tuple[list, tuple]:
+    """The eager method on ``leaves`` padded to ``sizes``, as a call through the gear sees it: outputs cut back,
+    written padded inputs copied back into copies of the caller's; returns ``(outputs, leaf copies)``."""
+    copies = _copies(leaves, written)
+    padded = plan.pad(copies, sizes)
+    args, kwargs = signature.unflatten(structure, padded)
+    result = method(*args, **kwargs)
+    plan.copy_back(padded, copies)
+    back = {id(p): c for p, c in zip(padded, copies) if isinstance(p, torch.Tensor)}
+    outs = _cloned_outputs(result, back)
+    for j, cuts in plan.cuts.items():
+        for dim, m in cuts:
+            d = plan.dims[m]
+            if j < len(outs) and isinstance(outs[j], torch.Tensor):
+                outs[j] = outs[j].narrow(dim, 0, copies[d.leaf].shape[d.dim])
+    return outs, copies
+
+
+def _cloned_outputs(result: Any, back: dict[int, torch.Tensor]) -> list:
+    """The method's flattened outputs, cloned; an output that is a (padded) input is the caller's tensor instead, as
+    the gear's result builds it."""
+    flat: list = []
+    signature._flatten(result, flat)
+    return [back.get(id(o), o).clone() if isinstance(o, torch.Tensor) else o for o in flat]
+
+
+def _copies(leaves: tuple, written: list[int]) -> tuple:
+    return tuple(x.clone() if i in written and isinstance(x, torch.Tensor) else x for i, x in enumerate(leaves))
+
+
+def _written_state(module: torch.nn.Module, report: Any) -> list[tuple[str, torch.Tensor]]:
+    """The parameters and buffers the method writes (every buffer if the graph could not be analysed)."""
+    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    names = report.written_state if report.complete else [n for n, _ in module.named_buffers(remove_duplicate=False)]
+    return [(n, named[n]) for n in names if n in named]
+
+
+def _restore(state: list[tuple[str, torch.Tensor]], saved: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for (_, t), old in zip(state, saved):
+            t.copy_(old)
+
+
+def _random_rows(plan: Any, leaves: tuple) -> tuple | None:
+    """``leaves`` with every floating-point padded input replaced by seeded random numbers; None if there is none."""
+    floating = sorted({d.leaf for d in plan.dims if leaves[d.leaf].is_floating_point()})
+    if not floating:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    new = list(leaves)
+    for i in floating:
+        x = leaves[i]
+        new[i] = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device, x.dtype)
+    return tuple(new)
+
+
+def _difference(a: Any, b: Any) -> str | None:
+    """How ``a`` (padded) differs from ``b`` (eager) beyond rounding; None if it does not."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return None if a == b else f"{a!r} vs eager {b!r}"
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{a.dtype}{list(a.shape)} vs eager {b.dtype}{list(b.shape)}"
+    if not (a.is_floating_point() or a.is_complex()):
+        return None if torch.equal(a, b) else "the values differ"
+    rtol, atol = _TOLERANCES.get(a.dtype, (1e-4, 1e-5))
+    x, y = a.double(), b.double()
+    finite = y[torch.isfinite(y)]
+    scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    if torch.isclose(x, y, rtol=rtol, atol=atol * scale, equal_nan=True).all():
+        return None
+    diff = (x - y).abs().nan_to_num(nan=float("inf"))
+    return f"max abs diff {float(diff.max()):.3g}"
+
+
+def _findings(found: list) -> str:
+    return "; ".join(str(f) for f in found[:3]) + _more(found)
+
+
+def _more(found: list) -> str:
+    return f" (and {len(found) - 3} more)" if len(found) > 3 else ""

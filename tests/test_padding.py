@@ -1,0 +1,229 @@
+"""The padding analysis (gearcache/padding.py) on the symbolic traces of small methods: what it finds and what it
+does not. Only Dynamo traces run here (no compile)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gear_models import Center, KVStep, RunningSum, SeenRows
+from gearcache import ConfigError, padding, signature
+from gearcache.capture import symbolic_shapes
+from gearcache.gears import MarkedDim, build_plan
+
+
+def _report(method, args, marked, names=None):
+    """The padding report of ``method`` called with ``args``, the (leaf, dim) pairs ``marked`` padded."""
+    leaves, key = signature.call_key(args, {})
+    with torch.no_grad():
+        trace = symbolic_shapes(method, method.__self__, key[0], leaves, marked)
+    return padding.analyse(trace, names or {}, {leaf for leaf, _ in marked}), trace
+
+
+class Ops(torch.nn.Module):
+    """One method per pattern; x is [B, 4] (B padded) unless a method says otherwise."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.ln = torch.nn.LayerNorm(4)
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm1d(4)
+        self.emb = torch.nn.Embedding(10, 4)
+        self.register_buffer("table", torch.zeros(10, 4))
+
+    # ------------------------------------------------------------------------------------------ safe along B
+    def rowwise(self, x):
+        h = self.ln(self.lin(x)).relu()
+        return h * 2, h.sum(-1), x[:, 0], h.t().t() + 1
+
+    def merged_reshape(self, x):                # x [B, T, 4]: B*T rows through a 2-D matmul and back
+        b, t, d = x.shape
+        h = self.lin(x.reshape(b * t, d)).view(b, t, d)
+        return h.transpose(0, 1).reshape(t, b * d).view(t, b, d).transpose(0, 1)
+
+    def causal_attention(self, x):              # x [1, T, 4], T padded: a real query never sees a later pad key
+        q = x[:, None]
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    def lookups(self, ids):                     # ids [B] padded
+        pos = torch.arange(ids.shape[0])
+        return self.emb(ids) + pos[:, None], self.table[ids]
+
+    def conv_over_batch(self, x):               # x [B, 4, 8]: B padded
+        return self.bn(self.conv(x)).mean(-1)
+
+    # -------------------------------------------------------------------------------------- mixing along B
+    def mean(self, x):
+        return x - x.mean(0)
+
+    def softmax(self, x):
+        return torch.softmax(x, 0)
+
+    def cumsum(self, x):
+        return x.cumsum(0)
+
+    def gram(self, x):
+        return x.t() @ x
+
+    def last_row(self, x):
+        return x[-1]
+
+    def size_as_value(self, x):
+        return x * x.shape[0]
+
+    def cat_along(self, x):
+        return torch.cat([x, x], 0)[:1]
+
+    def masked_attention(self, x):              # x [1, T, 4], T padded, an explicit mask: pad keys are seen
+        q = x[:, None]
+        mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+    def scrambled_reshape(self, x):             # x [B, 3]: rows of B move inside a merged dim
+        return x.t().reshape(-1, 3).sum(-1)
+
+    def branch(self, x):
+        return x * 2 if x.shape[0] > 3 else x * 3
+
+    def unknown_op(self, x):
+        return torch.fft.fft(x, dim=-1).real
+
+    def conv_along(self, x):                    # x [2, 4, L]: L padded
+        return self.conv(x)
+
+    # --------------------------------------------------------------------------------------------- writes
+    def write_unmarked_input(self, x, cache):
+        cache[: x.shape[0]] = x
+        return x + 1
+
+    def write_at_padded_positions(self, ids, values):
+        self.table.index_put_((ids,), values)
+        return values * 2
+
+    def train_batch_norm(self, x):              # x [B, 4, 8]: the running statistics take in the pad rows
+        self.bn.train()
+        return self.bn(x)
+
+
+OPS = Ops().eval()
+
+
+@pytest.mark.parametrize("method, args, marked", [
+    ("rowwise", (torch.randn(4, 4),), [(0, 0)]),
+    ("merged_reshape", (torch.randn(4, 3, 4),), [(0, 0)]),
+    ("merged_reshape", (torch.randn(2, 5, 4),), [(0, 1)]),
+    ("causal_attention", (torch.randn(1, 6, 4),), [(0, 1)]),
+    ("lookups", (torch.randint(0, 10, (4,)),), [(0, 0)]),
+    ("conv_over_batch", (torch.randn(4, 4, 8),), [(0, 0)]),
+])
+def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
+    report, _ = _report(getattr(OPS, method), args, marked)
+    assert report.complete
+    assert report.mixing == [] and report.unsafe_writes == []
+
+
+@pytest.mark.parametrize("method, args, marked, op, why", [
+    ("mean", (torch.randn(4, 4),), [(0, 0)], "aten.mean.dim", "reduces over a padded dim"),
+    ("softmax", (torch.randn(4, 4),), [(0, 0)], "aten._softmax", "along a padded dim"),
+    ("cumsum", (torch.randn(4, 4),), [(0, 0)], "aten.cumsum", "along a padded dim"),
+    ("gram", (torch.randn(4, 4),), [(0, 0)], "aten.mm", "contracts over a padded dim"),
+    ("last_row", (torch.randn(4, 4),), [(0, 0)], "aten.select", "other than the first"),
+    ("size_as_value", (torch.randn(4, 4),), [(0, 0)], "aten.mul", "size of a padded dim as a value"),
+    ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.cat", "concatenates along a padded dim"),
+    ("masked_attention", (torch.randn(1, 6, 4),), [(0, 1)], "scaled_dot_product", "padded key dim"),
+    ("scrambled_reshape", (torch.randn(4, 3),), [(0, 0)], "view", "no longer line up"),
+    ("branch", (torch.randn(4, 4),), [(0, 0)], "(size guard)", "branches on the size of a padded dim"),
+    ("unknown_op", (torch.randn(4, 4),), [(0, 0)], "fft", "assumed to mix"),
+    ("conv_along", (torch.randn(2, 4, 8),), [(0, 2)], "aten.convolution", "neighbouring rows"),
+])
+def test_ops_that_mix_padded_rows_in_are_found_with_op_and_reason(method, args, marked, op, why):
+    report, _ = _report(getattr(OPS, method), args, marked)
+    assert report.unsafe_writes == []
+    assert report.mixing, f"{method}: nothing found"
+    f = report.mixing[0]
+    assert op in f.op and why in f.why, str(f)
+    assert f.reaches in ("output 0", "every output")
+
+
+def test_a_finding_names_the_users_source_line_and_what_it_reaches(tmp_path):
+    m = Center(tmp_path)
+    report, _ = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    (f,) = report.mixing
+    assert f.op == "aten.mean.dim" and f.reaches == "output 0"
+    assert f.where.startswith("gear_models.py:") and "in fwd: return h - h.mean(0)" in f.where
+    assert "aten.mean.dim at gear_models.py:" in str(f)
+
+
+def test_writes_through_a_padded_extent_into_state_are_unsafe(tmp_path):
+    m = SeenRows(tmp_path)
+    report, _ = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    (f,) = report.unsafe_writes
+    assert f.op == "aten.copy_.default" and f.reaches == "parameter or buffer seen"
+    assert "self.seen[: x.shape[0]].copy_(x)" in f.where and "writes through a padded dim" in f.why
+    assert report.written_state == ["seen"] and report.mixing == []
+
+
+@pytest.mark.parametrize("method, args, marked, names, reaches, why", [
+    ("write_unmarked_input", (torch.randn(4, 4), torch.zeros(8, 4)), [(0, 0)], {0: "x", 1: "cache"},
+     "argument cache", "through a padded dim"),
+    ("write_at_padded_positions", (torch.randint(0, 10, (4,)), torch.randn(4, 4)), [(0, 0), (1, 0)], {},
+     "parameter or buffer table", "with a padded tensor"),
+    ("train_batch_norm", (torch.randn(4, 4, 8),), [(0, 0)], {}, "parameter or buffer bn.running_mean",
+     "with a padded tensor"),
+])
+def test_other_unsafe_writes(method, args, marked, names, reaches, why):
+    try:
+        report, _ = _report(getattr(OPS, method), args, marked, names)
+    finally:
+        OPS.eval()
+    assert any(f.reaches == reaches and why in f.why for f in report.unsafe_writes), report.unsafe_writes
+
+
+def test_state_updated_with_data_from_padded_rows_is_mixing(tmp_path):
+    m = RunningSum(tmp_path)
+    report, _ = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    assert report.unsafe_writes == [] and report.written_state == ["total"]
+    assert {f.reaches for f in report.mixing} == {"parameter or buffer total", "output 0"}
+    assert all(f.op == "aten.sum.dim_IntList" for f in report.mixing)
+
+
+def test_a_padded_input_written_in_place_is_recorded_for_copy_back(tmp_path):
+    m = KVStep(tmp_path)
+    args = (torch.randn(4, 1, 4), torch.zeros(4, 6, 4), torch.tensor([2]))
+    report, _ = _report(m.fwd, args, [(0, 0), (1, 0)], {0: "x", 1: "kv", 2: "pos"})
+    assert report.complete and report.mixing == [] and report.unsafe_writes == []
+    assert report.written_leaves == [1] and report.meets == []
+
+
+def test_dims_that_meet_without_a_guard_move_in_lockstep(tmp_path):
+    """``kv[:, pos] = values``: Dynamo traces no guard that values and cache have one batch size. The analysis takes
+    them as one (``meets``) and the plan refuses calls where they differ, instead of broadcasting one row."""
+    m = KVStep(tmp_path)
+    args = (torch.randn(4, 1, 4), torch.zeros(4, 6, 4), torch.tensor([2]))
+    report, trace = _report(m.fwd_setitem, args, [(0, 0), (1, 0)])
+    assert report.mixing == [] and report.written_leaves == [1]
+    assert len(report.meets) == 1 and set(report.meets[0]) == set(trace.symbols)
+    marks = [MarkedDim(0, 0, [2, 4], "x"), MarkedDim(1, 0, [2, 4], "kv")]
+    plan = build_plan(marks, "zip", "error", trace.symbols, trace.output_dims, report)
+    assert plan.lockstep == [[0, 1]]
+    assert plan.targets((torch.zeros(3, 1, 4), torch.zeros(3, 6, 4))) == [4, 4]
+    with pytest.raises(ConfigError, match="x dim 0 = 1, kv dim 0 = 3"):
+        plan.targets((torch.zeros(1, 1, 4), torch.zeros(3, 6, 4)))
+    product = build_plan(marks, "product", "error", trace.symbols, trace.output_dims, report)
+    assert product.groups == [[0, 1]]
+
+
+def test_report_round_trips_through_json(tmp_path):
+    report, _ = _report(SeenRows(tmp_path).fwd, (torch.randn(4, 4),), [(0, 0)])
+    assert padding.PaddingReport.from_json(report.to_json()) == report
+
+
+def test_a_graph_that_cannot_be_analysed_counts_as_mixing_and_writing_everything(tmp_path):
+    m = RunningSum(tmp_path)
+    _, trace = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    for node in trace.graph.graph.find_nodes(op="placeholder"):
+        node.meta.pop("example_value")              # no fake inputs: the ATen retrace cannot run
+    report = padding.analyse(trace, {}, {0})
+    assert not report.complete
+    (f,) = report.mixing
+    assert "could not be analysed" in f.why and f.reaches == "every output"
+    assert report.written_leaves == [0] and report.written_state == ["total"]
