@@ -17,7 +17,7 @@ from . import _torch_compat as compat
 from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
-from .errors import ConfigError
+from .errors import ConfigError, PaddingUnsafeError
 from .key import FORMAT_VERSION, build_key, sha256_text
 from .store import Store
 from .topology import process_groups_factor
@@ -34,6 +34,34 @@ def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str
         return GearedGraph(gm, list(example_inputs), config, store)
 
     return gearcache_backend
+
+
+def _checked_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: list[str],
+                  output_dims: dict[int, list[tuple[int, str]]], config: CompilerConfig) -> "gears.GearPlan":
+    """The graph's gear plan, with the padding analysis of the graph (gearcache/padding.py) applied as
+    ``inference_config.padding_check`` says (gearcache/padding_check.py). This route has no method to run eagerly,
+    so a graph the analysis cannot prove exact under padding is refused unless the check is ``"off"``."""
+    from . import padding, padding_check
+    from .capture import SymbolicTrace, size_classes
+    from .guards import GuardSet
+
+    ic = config.inference_config
+    guards = compat.shape_guards(gm)
+    inputs = [["size"] if isinstance(f, torch.SymInt) else ["leaf", i] for i, f in enumerate(fakes)]
+    n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
+                          guards, size_classes(guards))
+    report = padding.analyse(trace, {i: f"input {i}" for i in range(len(fakes))}, {m.leaf for m in marks})
+    plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims, report)
+    name = "torch.compile(backend=gearcache.get_backend(...))"
+    padding_check.apply(name, plan, ic.padding_check)
+    if plan.verify_first:
+        raise PaddingUnsafeError(
+            f"{name}: padding may change results: {padding_check.describe(report.mixing)}. The torch.compile route "
+            f"cannot check a gear against eager (it has a graph, not the method). Fix: {padding_check.NEUTRAL_PAD_FIX}, "
+            f"and serve the method with cache_compile (which verifies each gear), or set "
+            f"inference_config.padding_check='off' if padding is exact")
+    return plan
 
 
 def _expr(size: Any) -> str | None:
@@ -63,12 +91,16 @@ class GearedGraph:
             dims = [(d, _expr(s)) for d, s in enumerate(shape) if _expr(s) in symbols]
             if dims:
                 output_dims[j] = dims
-        ic = config.inference_config
-        self.plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
-                                     output_dims) if marks else None
+        # the plan is made at the first call: its padding analysis retraces the graph, which it cannot do inside
+        # Dynamo's backend call (under Dynamo's fake mode)
+        self._plan_parts = (fakes, marks, symbols, output_dims) if marks else None
+        self.plan: gears.GearPlan | None = None
         self._entries: dict[tuple, Callable] = {}
 
     def __call__(self, *flat: Any) -> Any:
+        if self._plan_parts is not None:
+            self.plan = _checked_plan(self.gm, *self._plan_parts, self.config)
+            self._plan_parts = None
         plan = self.plan
         if plan is None:
             return self._run(flat, flat)
@@ -87,6 +119,7 @@ class GearedGraph:
         outs = self._run(tuple(padded), flat)
         if any(p is not f for p, f in zip(padded, flat)):
             counters.pads += 1
+            plan.copy_back(tuple(padded), flat)     # real rows of the padded inputs the graph wrote in place
             outs = list(outs)
             for i, cuts in plan.cuts.items():
                 for dim, m in cuts:

@@ -58,7 +58,7 @@ def apply(name: str, plan: Any, policy: str) -> None:
             f"{_more(report.unsafe_writes)}. Fix: {WRITE_FIX}")
     if report.mixing and policy == "refuse":
         raise PaddingUnsafeError(
-            f"{name}: padding may change results: {_findings(report.mixing)}. inference_config.padding_check="
+            f"{name}: padding may change results: {describe(report.mixing)}. inference_config.padding_check="
             f"'refuse' refuses such methods. Fix: {NEUTRAL_PAD_FIX}, and use padding_check='verify' (the default), "
             f"which checks each gear against eager")
     plan.verify_first = bool(report.mixing)
@@ -88,7 +88,7 @@ def verify(name: str, method: Callable, module: torch.nn.Module, plan: Any, stru
             continue
         if diff is not None:
             what, detail = diff
-            found = _findings(plan.padding.mixing) if plan.padding.mixing else "no op (verify_padding checked a " \
+            found = describe(plan.padding.mixing) if plan.padding.mixing else "no op (verify_padding checked a " \
                                                                                "gear the analysis found safe)"
             raise PaddingUnsafeError(
                 f"{name}: padding changes {what} at gear {sizes} (real sizes {real}{'' if k == 0 else ', random rows'}"
@@ -203,7 +203,8 @@ def _difference(a: Any, b: Any) -> str | None:
     return f"max abs diff {float(diff.max()):.3g}"
 
 
-def _findings(found: list) -> str:
+def describe(found: list) -> str:
+    """The first findings, for a message."""
     return "; ".join(str(f) for f in found[:3]) + _more(found)
 
 
