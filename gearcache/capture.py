@@ -352,19 +352,11 @@ def size_classes(guards: list[tuple[Any, str]]) -> dict[Any, Any]:
     in an op Dynamo does not unify them in keep two symbols and get a guard ``Eq(s91, s77)`` instead."""
     import sympy
 
-    parent: dict[Any, Any] = {}
+    from .gears import joined_classes
 
-    def find(x: Any) -> Any:
-        while parent.get(x, x) != x:
-            x = parent[x]
-        return x
-
-    for expr, _ in guards:
-        if isinstance(expr, sympy.Eq) and expr.lhs.is_Symbol and expr.rhs.is_Symbol:
-            a, b = sorted((find(expr.lhs), find(expr.rhs)), key=str)
-            parent[b] = a
-            parent.setdefault(a, a)
-    return {x: find(x) for x in parent if find(x) != x}
+    pairs = [(expr.lhs, expr.rhs) for expr, _ in guards
+             if isinstance(expr, sympy.Eq) and expr.lhs.is_Symbol and expr.rhs.is_Symbol]
+    return {x: r for x, r in joined_classes(pairs).items() if r != x}
 
 
 def _empty_like_hint(node: Any) -> Any:

@@ -348,15 +348,22 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
 
 def _joined(meets: list[list[str]]) -> dict[str, str]:
     """symbol -> one representative symbol, for symbols joined by ``meets`` pairs."""
-    parent: dict[str, str] = {}
+    return joined_classes([tuple(pair) for pair in meets])
 
-    def find(x: str) -> str:
+
+def joined_classes(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """x -> the representative of its class (the least by ``str``), for every x in ``pairs``, the classes being those
+    the pairs join (a union-find: the symbols two marked dims that meet share)."""
+    parent: dict[Any, Any] = {}
+
+    def find(x: Any) -> Any:
         while parent.get(x, x) != x:
             x = parent[x]
         return x
 
-    for a, b in meets:
-        low, high = sorted((find(a), find(b)))
+    for a, b in pairs:
+        low, high = sorted((find(a), find(b)), key=str)
+        parent.setdefault(low, low)
         if low != high:
             parent[high] = low
     return {x: find(x) for x in parent}

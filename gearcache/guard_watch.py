@@ -54,13 +54,14 @@ class Hops:
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
 
     def dict_item(self, d: dict, key: Any, expected: Any) -> None:
-        self._once(("d", id(d), _key(key)), lambda: self.dicts.append((d, key, expected)))
+        self._once(("d", id(d), guards_mod.hashable(key)), lambda: self.dicts.append((d, key, expected)))
 
     def type_(self, t: type) -> None:
         self._once(("t", id(t)), lambda: self.types.append(t))
 
     def check(self, op: str, parent: Any, key: Any, expected: Any) -> None:
-        self._once(("c", op, id(parent), _key(key)), lambda: self.checked.append((op, parent, key, expected)))
+        mark = ("c", op, id(parent), guards_mod.hashable(key))
+        self._once(mark, lambda: self.checked.append((op, parent, key, expected)))
 
     def _once(self, mark: tuple, add: Any) -> None:
         if mark not in self._seen:
@@ -155,14 +156,6 @@ def _is_data_descriptor(cls: type, name: str) -> bool:
         if attr is not ABSENT:
             return hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
     return False
-
-
-def _key(key: Any) -> Any:
-    try:
-        hash(key)
-        return key
-    except TypeError:
-        return repr(key)
 
 
 class PyGuardWatch:

@@ -240,7 +240,7 @@ def from_dynamo(recording: Any, method: Any) -> GuardSet:
             local.append(f"{dg.kind} on {dg.source}: {exc}")
             guard = _local_guard(dg, self_name, scope, values)
         if guard is not None:
-            guards.setdefault((guard.kind, guard.path, _hashable(guard.arg)), guard)
+            guards.setdefault((guard.kind, guard.path, hashable(guard.arg)), guard)
     message = None
     if local:
         message = (f"{len(local)} guard(s) cannot be checked in another process, e.g. {local[0]}")
@@ -564,7 +564,8 @@ def _sort_key(fp: Any) -> str:
     return json.dumps(fp, sort_keys=True, default=repr)
 
 
-def _hashable(arg: Any) -> Any:
+def hashable(arg: Any) -> Any:
+    """``arg`` itself where it can be a dict key or set member, else its ``repr``."""
     try:
         hash(arg)
         return arg
