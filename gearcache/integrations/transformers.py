@@ -3,7 +3,7 @@
     from gearcache.integrations.transformers import enable
 
     enable(model, cache_dir="/srv/gearcache")                  # model: any *ForCausalLM, eval mode
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=64)   # greedy, sampling, streamers, ... as usual
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=64, cache_implementation="static")
     logits = model(input_ids=ids, cache=static_cache).logits   # a loop of your own, with transformers' StaticCache
 
 After ``enable``, every forward of ``model`` that carries a transformers ``StaticCache`` (the one ``generate()`` makes
@@ -84,7 +84,8 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
            cache_len_gears: Sequence[int] | None = None, **cache_compile_kwargs: Any) -> "ServedLM":
     """Route every forward of ``model`` with a StaticCache through gearcache (``generate()`` included); returns the
     :class:`ServedLM` (its ``cached_step`` is the cached method). ``config`` and ``cache_compile_kwargs`` (global_rank,
-    ...) are ``cache_compile``'s. Sets ``model.generation_config.cache_implementation = "static"`` if unset."""
+    ...) are ``cache_compile``'s. ``generate()`` needs ``cache_implementation="static"`` or ``cache=StaticCache(...)``
+    (its default, a DynamicCache, is refused with that fix)."""
     if getattr(model, "_gearcache", None) is not None:
         raise ConfigError("enable(model): gearcache is already enabled on this model. Fix: call enable() once "
                           "(disable(model) first to change its options)")
@@ -94,10 +95,6 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
     object.__setattr__(model, "forward", _Forward(served, model.forward))
     object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
     object.__setattr__(model, "get_compiled_call", lambda compile_config=None: model.__call__)
-    generation = getattr(model, "generation_config", None)
-    served.set_static_default = generation is not None and generation.cache_implementation is None
-    if served.set_static_default:
-        generation.cache_implementation = "static"
     object.__setattr__(model, "_gearcache", served)
     return served
 
@@ -109,8 +106,6 @@ def disable(model: torch.nn.Module) -> None:
         raise ConfigError("disable(model): gearcache is not enabled on this model")
     for name in ("forward", "prepare_inputs_for_generation", "get_compiled_call"):
         model.__dict__.pop(name, None)
-    if served.set_static_default:
-        model.generation_config.cache_implementation = None
 
 
 class ServedLM(torch.nn.Module):
@@ -122,7 +117,6 @@ class ServedLM(torch.nn.Module):
         _check_model(model, config)
         self.model = model
         self.gears = gears
-        self.set_static_default = False
         self._cache_kw = hf_compat.cache_keyword(model)
         self._keeps_logits = hf_compat.accepts_logits_to_keep(model)
         self.register_buffer(f"hf_config_{_config_digest(model.config)}", torch.empty(0), persistent=False)
