@@ -3,14 +3,17 @@
 Nothing is downloaded: every model is built from a config (``size="tiny"`` for CPU and CI, ``"small"`` for the GPU
 benchmark) with ``torch.manual_seed(0)`` weights. Each :class:`CorpusModel` says how a server calls the model:
 
-* ``kind="causal"``: a causal LM served with transformers' own ``StaticCache`` through
-  :class:`gearcache.integrations.transformers.StaticCacheLM`; entry points prefill ``[B, T]`` and decode ``[B, 1]``
-  (two entries). The workload is a prefill then greedy decode steps.
+* ``kind="causal"``: a causal LM served through ``gearcache.integrations.transformers.enable(model)`` and called as
+  transformers documents it: ``model.generate(...)`` with its static cache. The workload is two ``generate()``
+  calls on a batch of 3 (batch gear 4) with left padding: greedy, then sampling with another prompt length,
+  ``max_new_tokens``, a logits processor, a stopping criterion and a streamer; both reach the same two entries
+  (prompt gear 16 and decode, batch gear 4, one cache-length gear).
 * ``kind="encoder"``: an encoder or vision model whose cached method takes a batch; the batch dim has gears
   (``ENCODER_GEARS``), one entry per gear. The workload calls every gear's size, then sizes that are padded up.
 
-Mistral and Mixtral are built with ``sliding_window=None``: StaticCacheLM refuses sliding-window cache layers (their
-position is a Python int a compiled entry cannot follow; docs/TRANSFORMERS.md).
+Mistral and Mixtral are built with ``sliding_window=None``; ``mistral_sliding`` (a window of 4 < the prompt) and
+``gemma3`` (Gemma-3 text: sliding and full attention layers) cover sliding-window layers. Sizes: ``tiny`` (CPU, CI),
+``small`` (the GPU corpus), ``gpu`` (causal LMs: 1024 hidden, 8 layers, 16 heads / 8 KV heads, vocab 32000).
 
 This module imports neither gearcache nor transformers at import time, so tests and benchmarks can list it cheaply.
 ``workload(model, size, device, dtype)`` builds everything a run needs (see :class:`Workload`).
@@ -25,12 +28,15 @@ import torch
 ENCODER_GEARS = [2, 4]               # batch gears of every encoder (batches 1 and 3 are padded up)
 PROMPT_LEN = 8
 NEW_TOKENS = 6
-BATCH = 2                            # causal LMs: sequences per StaticCache
+BATCH = 3                            # causal LMs: sequences per generate() call (batch gear 4)
+SERVE_GEARS = dict(batch_gears=[1, 2, 4, 8], prompt_gears=[16, 32, 64], cache_len_gears=[64, 128, 256])
 
 
 def _lm_dims(size: str) -> dict[str, int]:
     if size == "tiny":
         return dict(vocab=256, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, max_len=64)
+    if size == "gpu":
+        return dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=8, inter=2816, max_len=1024)
     return dict(vocab=8192, hidden=512, layers=4, heads=8, kv_heads=4, inter=1536, max_len=256)
 
 
@@ -58,6 +64,27 @@ def _mistral(size):
                                             intermediate_size=d["inter"], num_hidden_layers=d["layers"],
                                             num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
                                             max_position_embeddings=d["max_len"], sliding_window=None))
+
+
+def _mistral_sliding(size):
+    from transformers import MistralConfig, MistralForCausalLM
+    d = _lm_dims(size)
+    return MistralForCausalLM(MistralConfig(vocab_size=d["vocab"], hidden_size=d["hidden"],
+                                            intermediate_size=d["inter"], num_hidden_layers=d["layers"],
+                                            num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"],
+                                            max_position_embeddings=d["max_len"],
+                                            sliding_window=4 if size == "tiny" else 64))
+
+
+def _gemma3(size):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    d = _lm_dims(size)
+    layers = max(d["layers"], 3)
+    kinds = ["sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(layers)]
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["inter"], num_hidden_layers=layers,
+        num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"], head_dim=d["hidden"] // d["heads"],
+        max_position_embeddings=d["max_len"], sliding_window=4 if size == "tiny" else 64, layer_types=kinds))
 
 
 def _qwen3_moe(size):
@@ -181,6 +208,8 @@ CORPUS: dict[str, CorpusModel] = {m.name: m for m in [
     CorpusModel("llama", "causal", _llama),
     CorpusModel("qwen3", "causal", _qwen3),
     CorpusModel("mistral", "causal", _mistral),
+    CorpusModel("mistral_sliding", "causal", _mistral_sliding),
+    CorpusModel("gemma3", "causal", _gemma3),
     CorpusModel("mixtral", "causal", _mixtral),
     CorpusModel("qwen3_moe", "causal", _qwen3_moe),
     CorpusModel("gpt2", "causal", _gpt2),
@@ -233,60 +262,91 @@ def workload(name: str, size: str, device: str, dtype: torch.dtype, cache_dir: s
 
 
 def _causal_workload(lm, device, dtype, cache_dir) -> Workload:
-    from transformers import StaticCache
+    """Two ``generate()`` calls (see the module docstring) on ``lm`` served by gearcache (``cached=True``) or on an
+    eager twin (same weights, plain transformers); outputs are the per-step logits [B, steps, V]."""
+    import copy
 
     lm = lm.to(device, dtype).eval()
-    served = None
+    lm.generation_config.eos_token_id = None            # random weights emit EOS anywhere: never stop on it
+    eager = copy.deepcopy(lm)
     if cache_dir is not None:
-        from gearcache.integrations.transformers import StaticCacheLM
-        served = StaticCacheLM(lm, cache_dir=cache_dir)
-    max_len = PROMPT_LEN + NEW_TOKENS
-    prompt = torch.randint(1, lm.config.vocab_size, (BATCH, PROMPT_LEN), device=device)
-    state = {"cache": StaticCache(config=lm.config, max_cache_len=max_len), "fed": [prompt]}
+        from gearcache.integrations.transformers import enable
+        enable(lm, cache_dir=cache_dir, **SERVE_GEARS)
+    vocab = lm.config.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, vocab, (BATCH, n), generator=gen).to(device) for n in (PROMPT_LEN, PROMPT_LEN - 3)]
+    masks = [torch.ones_like(p) for p in prompts]
+    for p, m in zip(prompts, masks):                    # left padding, as a tokenizer pads a batch for generate()
+        p[1, :3], m[1, :3] = 0, 0
+    results: dict[tuple[bool, int], Any] = {}
 
-    def step(ids, cached):
-        if cached:
-            return served(ids, state["cache"])
-        return lm(input_ids=ids, past_key_values=state["cache"], use_cache=True).logits
+    def call(i: int, new_tokens: int, sampling: bool):
+        def run(cached: bool) -> torch.Tensor:
+            from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TopKLogitsWarper
+            from transformers.generation.streamers import BaseStreamer
 
-    def prefill(cached):
-        return step(prompt, cached)
+            class StopOnToken(StoppingCriteria):         # a row stops once it samples token 3
+                def __call__(self, input_ids, scores, **kwargs):
+                    return input_ids[:, -1] == 3
 
-    def decode(cached):
-        ids = state["next"][:, None]
-        state["fed"].append(ids)
-        return step(ids, cached)
+            class Recorder(BaseStreamer):
+                def __init__(self):
+                    self.tokens = []
 
-    calls = [("prefill", prefill)] + [(f"decode {i}", decode) for i in range(NEW_TOKENS - 1)]
+                def put(self, value):
+                    self.tokens.append(value.tolist())
 
-    def run_call(fn):
-        def run(cached):
-            out = fn(cached)
-            state["next"] = out[:, -1].argmax(-1)
-            return out
+                def end(self):
+                    self.tokens.append("end")
+
+            model = lm if cached else eager
+            extra = {}
+            if sampling:
+                torch.manual_seed(7)
+                extra = dict(do_sample=True, temperature=0.9, streamer=Recorder(),
+                             logits_processor=LogitsProcessorList([TopKLogitsWarper(20)]),
+                             stopping_criteria=StoppingCriteriaList([StopOnToken()]))
+            out = model.generate(prompts[i], attention_mask=masks[i], max_new_tokens=new_tokens, pad_token_id=0,
+                                 cache_implementation="static", disable_compile=True, return_dict_in_generate=True,
+                                 output_logits=True, do_sample=extra.pop("do_sample", False), **extra)
+            results[cached, i] = (out, extra.get("streamer"))
+            return torch.stack(out.logits, 1)
         return run
 
+    calls = [("generate greedy", call(0, NEW_TOKENS, False)), ("generate sampling", call(1, NEW_TOKENS - 2, True))]
+
     def reference():
-        cache = state["ref_cache"] = StaticCache(config=lm.config, max_cache_len=max_len)   # eager, same tokens fed
-        return [lm(input_ids=ids, past_key_values=cache, use_cache=True).logits for ids in state["fed"]]
+        return [run(False) for _, run in calls]
 
     def check(outputs):
-        from transformers import GenerationConfig
+        served, ref = results[True, 0][0], results[False, 0][0]
+        new = lambda out, i: out.sequences[:, prompts[i].shape[1]:]          # noqa: E731
+        cache_diff = max(_layer_diff(a, b) for a, b in zip(served.cache.layers, ref.cache.layers))
+        sampled, sampled_ref = results[True, 1], results[False, 1]
+        return {"tokens": new(served, 0).tolist(), "generated": new(ref, 0).tolist(),
+                "tokens_match_generate": torch.equal(new(served, 0), new(ref, 0)),
+                "sampled_match": torch.equal(new(sampled[0], 1), new(sampled_ref[0], 1)),
+                "streamed_match": sampled[1].tokens == sampled_ref[1].tokens,
+                "cache_max_abs_diff": cache_diff,
+                "cache_lengths": [[_layer_length(layer) for layer in out.cache.layers] for out in (served, ref)]}
 
-        tokens = torch.stack([o[:, -1].argmax(-1) for o in outputs], 1)
-        # transformers' own eager greedy decoding with its static cache; no stop at EOS (random weights emit it)
-        lm.generation_config.eos_token_id = None
-        config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation="static",
-                                  pad_token_id=0, eos_token_id=None, disable_compile=True)
-        generated = lm.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
-        generated = generated[:, PROMPT_LEN:]
-        cache_diff = max_abs_diff([t for layer in state["cache"].layers for t in (layer.keys, layer.values)],
-                                  [t for layer in state["ref_cache"].layers for t in (layer.keys, layer.values)])
-        return {"tokens": tokens.tolist(), "tokens_match_generate": torch.equal(tokens, generated),
-                "generated": generated.tolist(), "cache_max_abs_diff": cache_diff}
+    return Workload(calls, [True, False], reference, check, {"lm": lm, "eager": eager, "prompts": prompts,
+                                                             "masks": masks})
 
-    return Workload([(label, run_call(fn)) for label, fn in calls], [True, True] + [False] * (NEW_TOKENS - 2),
-                    reference, check, {"lm": lm, "served": served, "prompt": prompt, "max_len": max_len})
+
+def _layer_length(layer) -> int:
+    """Tokens a cache layer has seen (a sliding-window layer counts them in a Python int)."""
+    return getattr(layer, "cumulative_length_int", None) or int(layer.cumulative_length)
+
+
+def _layer_diff(served, ref) -> float:
+    """max |diff| of a served layer's keys/values against eager's: every position of a full layer; for an eager
+    sliding-window layer (it keeps the last ``window`` positions, oldest first), those positions."""
+    seen, size = _layer_length(ref), ref.keys.shape[2]
+    if seen <= size:
+        return max_abs_diff([served.keys[:, :, :size], served.values[:, :, :size]], [ref.keys, ref.values])
+    return max_abs_diff([served.keys[:, :, seen - size:seen], served.values[:, :, seen - size:seen]],
+                        [ref.keys, ref.values])
 
 
 def _encoder_workload(model, inputs, result, device, dtype, cache_dir) -> Workload:

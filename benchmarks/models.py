@@ -7,10 +7,10 @@ For each model, three fresh processes with empty Inductor and Triton caches of t
   cold   gearcache on an empty store: traces, compiles, publishes every entry;
   warm   gearcache on the cold run's store: loads every entry;
   eager  the plain transformers model, no gearcache (it pays library initialisation, e.g. cuBLAS, too).
-The workload is the one a server runs (corpus.py): causal LMs prefill then decode greedily with transformers'
-StaticCache; encoders run a batch of every gear, then one padded up. "first calls" is the time of the calls that
-reach an entry for the first time, summed (each to the device synchronising): for a causal LM its first prefill and
-first decode step, for an encoder the first call of each gear. Columns:
+The workload is the one a server runs (corpus.py): causal LMs call generate() twice (enable(model); greedy, then
+sampling); encoders run a batch of every gear, then one padded up. "first calls" is the time of the calls that
+reach an entry for the first time, summed (each to the device synchronising): for a causal LM its first generate()
+(prefill and decode entries), for an encoder the first call of each gear. Columns:
   entries      entries the warm process loaded;  run plans: how many of them loaded through a run plan
                (counters.direct_loads), i.e. without torch's compiler;
   warm/eager/cold first calls (s); max |diff| of the warm process's outputs against eager on the same inputs;
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(corpus.CORPUS),
                     help=f"comma-separated, from: {', '.join(corpus.CORPUS)} (default: all)")
     ap.add_argument("--dtype", help="float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)")
-    ap.add_argument("--size", choices=["tiny", "small"], help="model configs (default: tiny on cpu, small on cuda)")
+    ap.add_argument("--size", choices=["tiny", "small", "gpu"], help="model configs (default: tiny on cpu, small on cuda)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--cold-jobs", type=int, default=1,
                     help="cold starts of that many models at once, before the warm and eager starts (which always "

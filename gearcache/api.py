@@ -59,6 +59,11 @@ def _check_method(func: Any) -> None:
     if not isinstance(func.__self__, torch.nn.Module):
         raise ConfigError(f"func={func.__qualname__} is a method of {type(func.__self__).__qualname__}, which is not "
                           f"a torch.nn.Module. Fix: make the class subclass torch.nn.Module")
+    if func.__name__ == "forward" and any(c.__name__ == "GenerationMixin" for c in type(func.__self__).__mro__):
+        raise ConfigError(
+            f"func={func.__qualname__}: a transformers model's forward takes a Cache object, which a cached method "
+            f"cannot. Fix: gearcache.integrations.transformers.enable(model, cache_dir=...) serves its forward and "
+            f"generate() (docs/TRANSFORMERS.md)")
     if getattr(func.__func__, "__wrapped__", None) is not None:
         raise ConfigError(f"func={func.__qualname__} is wrapped by another decorator; gearcache needs the plain "
                           f"method. Fix: apply cache_compile to the undecorated method")

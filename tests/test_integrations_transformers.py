@@ -1,24 +1,35 @@
-"""gearcache.integrations.transformers: a HF causal LM served with transformers' own StaticCache.
+"""gearcache.integrations.transformers: ``enable(model)`` serves ``generate()`` and forwards with a StaticCache.
 
-The end-to-end runs share the corpus' Llama (tests/conftest.py ``corpus_cold``): greedy decoding through gearcache
-equals transformers' eager ``generate(cache_implementation="static")`` token for token, in the compiling process and
-in a warm fresh process that compiles nothing; the StaticCache is updated in place like eager's. Needs transformers
-(the "test" extra installs it): without it these fail rather than skip."""
+The end-to-end runs share the corpus' causal LMs (tests/conftest.py ``corpus_cold`` / ``corpus_warm``; workload in
+benchmarks/corpus.py): two ``generate()`` calls on a batch of 3 (batch gear 4) with left padding, prompts of 8 and 5
+tokens (prompt gear 16), greedy then sampling with a logits processor, a stopping criterion and a streamer, and a
+third with a StaticCache of the user's; each equals the eager twin's ``generate()`` (tokens, streamed tokens, logits,
+every cache layer's keys/values and position counter), in the compiling process and in a warm fresh process that
+compiles nothing, from two entries. The refusals below compile nothing. Needs transformers (the "test" extra)."""
 import pytest
 import torch
 
+from gearcache import CompilerConfig, cache_compile
 from gearcache.errors import ConfigError
-from gearcache.integrations.transformers import StaticCacheLM
+from gearcache.integrations.transformers import ServeGears, disable, enable
+
+CAUSAL = ["llama", "mistral_sliding", "gemma3"]
 
 
-def test_greedy_tokens_equal_transformers_generate_cold_and_warm(corpus_cold, corpus_warm):
-    _, cold = corpus_cold("llama")
-    warm = corpus_warm("llama")
+@pytest.mark.parametrize("name", CAUSAL)
+def test_generate_equals_eager_generate_cold_and_warm(corpus_cold, corpus_warm, name):
+    _, cold = corpus_cold(name)
+    warm = corpus_warm(name)
     for run in (cold, warm):
         assert run["tokens_match_generate"] is True and run["tokens"] == run["generated"]
-        assert run["cache_max_abs_diff"] <= 1e-4, "the StaticCache is updated in place like eager's"
-        assert run["second_cache_tokens"] == run["generated"], "a second, new StaticCache reuses the entries"
-        assert run["counters_after_second_cache"]["compiles"] == run["counters"]["compiles"]
+        assert run["sampled_match"] is True, "sampling with the same seed draws the same tokens"
+        assert run["streamed_match"] is True, "the streamer sees the same tokens"
+        assert run["max_abs_diff"] <= 1e-4, "every step's logits"
+        assert run["cache_max_abs_diff"] <= 1e-4, "keys/values of every layer, as eager leaves them"
+        served, eager = run["cache_lengths"]
+        assert served == eager, "every layer's position counter: prompt padding left no trace"
+        assert run["second_cache_tokens"] == run["generated"], "a StaticCache of the user's: same tokens"
+        assert run["counters_after_second_cache"]["compiles"] == run["counters"]["compiles"], "and no new entry"
     assert warm["counters"]["compiles"] == 0 and warm["hooks"]["dynamo_frames"] == 0
     assert warm["tokens"] == cold["tokens"]
 
@@ -32,40 +43,90 @@ def _tiny_llama(**overrides):
     return LlamaForCausalLM(config).eval()
 
 
-def test_sliding_window_cache_is_refused(tmp_path):
-    """A sliding-window layer's position is a Python int read while tracing: an entry would replay a stale value."""
+def test_generate_with_a_dynamic_cache_is_refused_with_the_fix(tmp_path):
+    lm = _tiny_llama()
+    enable(lm, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="cache_implementation='static'"):
+        lm.generate(torch.ones(1, 3, dtype=torch.long), max_new_tokens=2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "without a cache"),
+    ({"output_attentions": True}, "output_attentions"),
+    ({"inputs_embeds": torch.zeros(1, 2, 32), "input_ids": None}, "inputs_embeds"),
+])
+def test_forwards_gearcache_does_not_serve_are_refused(tmp_path, kwargs, match):
     from transformers import StaticCache
 
     lm = _tiny_llama()
-    lm.config.sliding_window = 4
-    served = StaticCacheLM(lm, cache_dir=str(tmp_path))
-    cache = StaticCache(config=lm.config, max_cache_len=8)
-    with pytest.raises(ConfigError, match="StaticSlidingWindowLayer"):
-        served(torch.ones(1, 2, dtype=torch.long), cache)
+    enable(lm, cache_dir=str(tmp_path))
+    call = {"input_ids": torch.ones(1, 2, dtype=torch.long), **kwargs}
+    if kwargs:
+        call["cache"] = StaticCache(config=lm.config, max_cache_len=8)
+    with pytest.raises(ConfigError, match=match):
+        lm(**call)
 
 
-def test_a_dynamic_cache_is_refused(tmp_path):
-    from transformers import DynamicCache
+def test_a_4d_mask_and_training_mode_are_refused(tmp_path):
+    from transformers import StaticCache
 
     lm = _tiny_llama()
-    served = StaticCacheLM(lm, cache_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match="StaticCache"):
-        served(torch.ones(1, 2, dtype=torch.long), DynamicCache(config=lm.config))
+    enable(lm, cache_dir=str(tmp_path))
+    cache = StaticCache(config=lm.config, max_cache_len=8)
+    with pytest.raises(ConfigError, match="2D masks"):
+        lm(input_ids=torch.ones(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1, 2, 8), cache=cache)
+    lm.train()
+    with pytest.raises(ConfigError, match="training mode"):
+        lm(input_ids=torch.ones(1, 2, dtype=torch.long), cache=cache)
 
 
-def test_gears_are_refused(tmp_path):
-    from gearcache import CompilerConfig
+def test_a_call_past_the_cache_length_is_refused_as_eager_would_fail(tmp_path):
+    from transformers import StaticCache
 
-    config = CompilerConfig()
-    config.inference_config.dim_gears = {"input_ids": {1: [8, 16]}}
-    with pytest.raises(ConfigError, match="dim_gears"):
-        StaticCacheLM(_tiny_llama(), config=config, cache_dir=str(tmp_path))
+    lm = _tiny_llama()
+    enable(lm, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="max_cache_len=4"):
+        lm(input_ids=torch.ones(1, 5, dtype=torch.long), cache=StaticCache(config=lm.config, max_cache_len=4))
+
+
+@pytest.mark.parametrize("config, match", [
+    (CompilerConfig(mode="reduce-overhead"), "reduce-overhead"),
+    (CompilerConfig(inference_config={"dim_gears": {"input_ids": {1: [8, 16]}}}), "dim_gears"),
+])
+def test_options_not_served_are_refused(tmp_path, config, match):
+    with pytest.raises(ConfigError, match=match):
+        enable(_tiny_llama(), cache_dir=str(tmp_path), config=config)
+
+
+def test_the_torch_compile_habit_points_to_enable(tmp_path):
+    lm = _tiny_llama()
+    with pytest.raises(ConfigError, match="integrations.transformers.enable"):
+        lm.forward = cache_compile(lm.forward, cache_dir=str(tmp_path))
+
+
+def test_enable_twice_is_refused_and_disable_restores_the_model(tmp_path):
+    lm = _tiny_llama()
+    enable(lm, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="already enabled"):
+        enable(lm, cache_dir=str(tmp_path))
+    disable(lm)
+    assert "forward" not in lm.__dict__ and "prepare_inputs_for_generation" not in lm.__dict__
+    with torch.inference_mode():
+        assert lm(torch.ones(1, 2, dtype=torch.long)).logits.shape == (1, 2, 64)
+
+
+def test_gears_pick_the_smallest_fitting_size_else_the_exact_one():
+    gears = ServeGears.of([1, 2, 4], [16, 32], [64])
+    assert [gears.pick(gears.batch, b) for b in (1, 3, 4, 5)] == [1, 4, 4, 5]
+    assert gears.pick(gears.prompt, 20) == 32 and gears.pick(gears.prompt, 20, limit=24) == 20
+    with pytest.raises(ConfigError, match="prompt_gears"):
+        ServeGears.of(None, [0, 8], None)
 
 
 def test_model_config_is_part_of_the_key(tmp_path):
     """Equal shapes, another rope_theta: another entry key (the config's digest is a buffer name)."""
-    a = StaticCacheLM(_tiny_llama(), cache_dir=str(tmp_path))
-    b = StaticCacheLM(_tiny_llama(rope_theta=1234.0), cache_dir=str(tmp_path))
+    a = enable(_tiny_llama(), cache_dir=str(tmp_path))
+    b = enable(_tiny_llama(rope_theta=1234.0), cache_dir=str(tmp_path))
     names = lambda m: {n for n, _ in m.named_buffers() if n.startswith("hf_config_")}   # noqa: E731
     assert names(a) and names(a) != names(b)
 

@@ -1,139 +1,352 @@
-"""Serve a Hugging Face causal LM with transformers' own ``StaticCache`` through gearcache: no adapter to write.
+"""Serve a transformers causal LM through gearcache with ``generate()`` unchanged: one call, ``enable(model)``.
 
-    from transformers import StaticCache
-    from gearcache.integrations.transformers import StaticCacheLM
+    from gearcache.integrations.transformers import enable
 
-    served = StaticCacheLM(model, cache_dir="/srv/gearcache")          # model: any *ForCausalLM, eval mode
-    cache = StaticCache(config=model.config, max_cache_len=256)        # transformers' cache, as its docs make it
-    logits = served(prompt_ids, cache)                                 # prefill: model(..., past_key_values=cache)
-    logits = served(next_ids, cache)                                   # decode step, same call
+    enable(model, cache_dir="/srv/gearcache")                  # model: any *ForCausalLM, eval mode
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=64, cache_implementation="static")
+    logits = model(input_ids=ids, cache=static_cache).logits   # a loop of your own, with transformers' StaticCache
 
-``served(input_ids, cache, **tensors)`` returns what ``model(input_ids=input_ids, past_key_values=cache,
-use_cache=True, **tensors).logits`` returns, and updates ``cache`` in place exactly as that call does, through one
-cached method (``StaticCacheLM.step``): every distinct input shape (prefill of length T, decode of length 1) is one
-gearcache entry, compiled once and loaded by later processes with no compiler. ``greedy(...)`` generates with it.
+After ``enable``, every forward of ``model`` that carries a transformers ``StaticCache`` (the one ``generate()`` makes
+with ``cache_implementation="static"``, which ``enable`` makes the default, or one you pass) runs one cached method,
+:meth:`ServedLM.step`, on gear-shaped inputs: prefill and decode steps, any batch, prompt length, attention-mask
+length and ``max_new_tokens``, from a few compiled entries that a later process loads with no compiler.
 
-How the cache crosses into the compiled graph. A ``StaticCache`` is a Python object whose layers hold tensors
-(``keys``, ``values`` and, in transformers 5.x, a ``cumulative_length`` counter) that the model's forward updates in
-place (``index_copy_``, ``add_``). A cached method can take only tensors as arguments, so the cache is *bound* to
-the wrapper instead: every tensor attribute of every layer is registered as a non-persistent buffer
-(``cache_<layer>_<attr>``) and the cache object is kept as a plain attribute that ``step`` hands to the model. When
-Dynamo captures ``step``, those tensors are graph inputs whose identity is a buffer's, so gearcache reads them live
-from the wrapper's buffers at every call (as it reads weights) and the graph's in-place updates land in the user's
-cache. Binding another cache of the same shapes (a new request) swaps the buffers, and the entries are reused; a
-cache of other shapes is another key. A cache not yet allocated (transformers allocates layers lazily, on their
-first ``update``) is allocated with the config's key/value heads and head size (``early_initialization``).
+Gears (each a sorted list; a size past the largest is served by an exact entry of its own):
 
-The model's config is part of the entry key: its sha256 is the name of an empty buffer, so two models of equal
-shapes but different configs (rope scaling, sliding window, ...) never share an entry.
+* **batch** ``batch_gears`` (default 1, 2, 4, ... 64): a batch of 3 runs in the 4-row entry; its cache is
+  allocated with 4 rows. Rows never mix in a causal LM, so padded rows cannot change real ones.
+* **prompt** ``prompt_gears`` (default 16, 32, ... 8192): a prompt of T tokens is right-padded to the gear G >= T.
+  Exact: by causality no real token attends to a later pad; the pads' keys and values, written at positions
+  [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved back by G - T, so
+  the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
+* **cache length** ``cache_len_gears`` (default 256, 512, ... 131072): the cache the graph updates has the gear's
+  length, the user's cache is a view of its first L positions (:mod:`.hf_cache`); the 2D attention mask is padded
+  to that length with zeros, exactly what transformers does itself up to L, and positions past the current one are
+  masked causally anyway. So a new ``max_new_tokens`` or mask length is the same entry.
 
-Only layers whose whole state is tensors are accepted (``StaticLayer``): a sliding-window layer keeps its position
-in a Python int that selects branches and mask offsets while tracing, which an entry would replay unchanged (wrong
-outputs), so a cache with such layers is refused with an error. Also not supported: gears (padding a prompt would advance the cache's position counter by the padded length, so each
-prompt length is its own entry; pad prompts to a few lengths yourself, or run prefill eagerly as transformers'
-``generate(cache_implementation="static")`` does), ``mode="reduce-overhead"`` (the cache tensors are buffers, not
-call arguments), caches whose layers grow by concatenation (``DynamicCache``).
+Sliding-window layers (Mistral's ``sliding_window``, Gemma's ``layer_types``) are served as full-length layers: all
+positions kept, the model's sliding-window mask selects the window (the same keys as eager attends).
+
+Not served, refused with a ``ConfigError`` naming the fix: a cache other than StaticCache (``DynamicCache``: the
+default of plain transformers), beam search, ``inputs_embeds``, 4D or 3D masks/positions, outputs of attentions or
+hidden states, a model in training mode, ``mode="reduce-overhead"`` (for now), and a model already compiled by
+``torch.compile``. ``disable(model)`` undoes ``enable``.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import json
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..api import cache_compile
-from ..config import CompilerConfig
+from ..config import CompilerConfig, _normalise_sizes
 from ..errors import ConfigError
+from . import hf_cache, hf_compat
 
-# Cache layer classes (transformers.cache_utils) whose state is all tensors, updated in place by the graph. Checked by
-# class name so this module does not import transformers.
-SUPPORTED_LAYERS = {"StaticLayer"}
+DEFAULT_BATCH_GEARS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_PROMPT_GEARS = tuple(2 ** k for k in range(4, 14))          # 16 .. 8192
+DEFAULT_CACHE_LEN_GEARS = tuple(2 ** k for k in range(8, 18))       # 256 .. 131072
 
-class StaticCacheLM(torch.nn.Module):
-    """A transformers causal LM whose forward with a ``StaticCache`` is served from gearcache entries."""
 
-    def __init__(self, model: torch.nn.Module, *, config: CompilerConfig | None = None, cache_dir: str | None = None,
-                 **cache_compile_kwargs: Any):
+@dataclasses.dataclass(frozen=True)
+class ServeGears:
+    """The three ladders; ``pick`` returns the smallest size that fits, or the exact size past the largest."""
+    batch: tuple[int, ...] = DEFAULT_BATCH_GEARS
+    prompt: tuple[int, ...] = DEFAULT_PROMPT_GEARS
+    cache_len: tuple[int, ...] = DEFAULT_CACHE_LEN_GEARS
+
+    @classmethod
+    def of(cls, batch: Sequence[int] | None, prompt: Sequence[int] | None, cache_len: Sequence[int] | None):
+        def sizes(value, default, name):
+            if value is None:
+                return default
+            try:
+                return tuple(_normalise_sizes(list(value) if not isinstance(value, int) else value, name))
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(str(exc)) from None
+        return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"), sizes(prompt, DEFAULT_PROMPT_GEARS, "prompt_gears"),
+                   sizes(cache_len, DEFAULT_CACHE_LEN_GEARS, "cache_len_gears"))
+
+    @staticmethod
+    def pick(sizes: Sequence[int], n: int, limit: int | None = None) -> int:
+        for size in sizes:
+            if size >= n and (limit is None or size <= limit):
+                return size
+        return n
+
+
+def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: CompilerConfig | None = None,
+           batch_gears: Sequence[int] | None = None, prompt_gears: Sequence[int] | None = None,
+           cache_len_gears: Sequence[int] | None = None, **cache_compile_kwargs: Any) -> "ServedLM":
+    """Route every forward of ``model`` with a StaticCache through gearcache (``generate()`` included); returns the
+    :class:`ServedLM` (its ``cached_step`` is the cached method). ``config`` and ``cache_compile_kwargs`` (global_rank,
+    ...) are ``cache_compile``'s. ``generate()`` needs ``cache_implementation="static"`` or ``cache=StaticCache(...)``
+    (its default, a DynamicCache, is refused with that fix)."""
+    if getattr(model, "_gearcache", None) is not None:
+        raise ConfigError("enable(model): gearcache is already enabled on this model. Fix: call enable() once "
+                          "(disable(model) first to change its options)")
+    served = ServedLM(model, gears=ServeGears.of(batch_gears, prompt_gears, cache_len_gears), cache_dir=cache_dir,
+                      config=config, **cache_compile_kwargs)
+    original_prepare = model.prepare_inputs_for_generation
+    object.__setattr__(model, "forward", _Forward(served, model.forward))
+    object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
+    object.__setattr__(model, "get_compiled_call", lambda compile_config=None: model.__call__)
+    object.__setattr__(model, "_gearcache", served)
+    return served
+
+
+def disable(model: torch.nn.Module) -> None:
+    """Undo :func:`enable`: the model's own forward, ``generate()`` as transformers ships it."""
+    served = model.__dict__.pop("_gearcache", None)
+    if served is None:
+        raise ConfigError("disable(model): gearcache is not enabled on this model")
+    for name in ("forward", "prepare_inputs_for_generation", "get_compiled_call"):
+        model.__dict__.pop(name, None)
+
+
+class ServedLM(torch.nn.Module):
+    """The module whose cached method runs the model's forward on a gear-shaped backing cache (``hf_cache``)."""
+
+    def __init__(self, model: torch.nn.Module, *, gears: ServeGears, cache_dir: str | None,
+                 config: CompilerConfig | None, **cache_compile_kwargs: Any):
         super().__init__()
-        if not hasattr(model, "config") or not callable(getattr(model, "get_output_embeddings", None)):
-            raise ConfigError(f"model={type(model).__qualname__}: expected a transformers *ForCausalLM model (it "
-                              f"has no .config / get_output_embeddings)")
-        if config is not None and config.inference_config.dim_gears:
-            raise ConfigError("StaticCacheLM: config.inference_config.dim_gears must be empty: padding input_ids "
-                              "would advance the StaticCache's position by the padded length. Fix: drop the gears")
+        _check_model(model, config)
         self.model = model
+        self.gears = gears
+        self._cache_kw = hf_compat.cache_keyword(model)
+        self._keeps_logits = hf_compat.accepts_logits_to_keep(model)
         self.register_buffer(f"hf_config_{_config_digest(model.config)}", torch.empty(0), persistent=False)
-        self.cache: Any = None
+        self._backings: dict[tuple[int, int], hf_cache.Backing] = {}
+        self._active: hf_cache.Backing | None = None
         self._cache_names: list[str] = []
+        self._pads: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.cached_step = cache_compile(self.step, config=config, cache_dir=cache_dir, **cache_compile_kwargs)
 
-    def step(self, input_ids: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The cached method: one forward of the model on the bound cache; returns the logits."""
-        return self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **tensors).logits
+    def step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+             pad: torch.Tensor, keep_last: int) -> torch.Tensor:
+        """The cached method: the model's forward on the active backing cache. ``input_ids`` [Bg, G] (the last
+        ``pad`` positions are padding), ``attention_mask`` [Bg, Lg] bool, ``position_ids`` [Bg, G]. Returns the
+        logits of the last ``keep_last`` real positions ([Bg, keep_last, V]), or of all G when ``keep_last`` is 0."""
+        cache = self._active.cache
+        width = input_ids.shape[1]
+        kwargs: dict[str, Any] = {self._cache_kw: cache}
+        keep = None
+        if keep_last:
+            keep = torch.arange(keep_last, device=input_ids.device) + (width - keep_last) - pad
+            if self._keeps_logits:
+                kwargs["logits_to_keep"] = keep
+        out = type(self.model).forward(self.model, input_ids=input_ids, attention_mask=attention_mask,
+                                       position_ids=position_ids, use_cache=True, **kwargs)
+        logits = out.logits
+        if keep is not None and not self._keeps_logits:
+            logits = logits.index_select(1, keep)
+        if width > 1:
+            _drop_pads(cache, width, pad)
+        return logits
 
-    def forward(self, input_ids: torch.Tensor, past_key_values: Any, **tensors: torch.Tensor) -> torch.Tensor:
-        if past_key_values is not self.cache:
-            self.bind(past_key_values, batch_size=input_ids.shape[0])
-        return self.cached_step(input_ids, tensors)
+    def serve(self, cache: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+              position_ids: torch.Tensor | None, keep_last: int) -> torch.Tensor:
+        """``model(input_ids=..., cache=cache, ...).logits`` through the cached step, ``cache`` updated in place."""
+        if self.model.training:
+            raise ConfigError("model is in training mode; gearcache serves inference. Fix: model.eval()")
+        batch, tokens = input_ids.shape
+        backing = self.bind(cache, batch, need=0)
+        first = cache.layers[0]
+        start = first.served_length
+        if not first.grows and start + tokens > first.max_cache_len:
+            raise ConfigError(f"input_ids: {tokens} tokens after the {start} in the cache do not fit its "
+                              f"max_cache_len={first.max_cache_len}. Fix: a larger StaticCache")
+        width = 1 if tokens == 1 else self.gears.pick(self.gears.prompt, tokens)
+        if start + width > backing.length:
+            if first.grows:
+                backing = self.bind(cache, batch, need=start + width)
+            else:
+                width = self.gears.pick(self.gears.prompt, tokens, limit=backing.length - start)
+        if keep_last >= tokens:
+            keep_last = 0
+        ids, mask, positions = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
+        logits = self.cached_step(ids, mask, positions, self._pad(width - tokens, input_ids.device), keep_last)
+        for layer in cache.layers:
+            layer.served_length += tokens
+        return logits[:batch] if keep_last else logits[:batch, :tokens]
 
-    def bind(self, cache: Any, batch_size: int) -> None:
-        """Make ``cache`` the one ``step`` updates: allocate it if it is not yet, register its tensors as buffers."""
-        layers = getattr(cache, "layers", None)
-        if layers is None:
-            raise ConfigError(f"past_key_values={type(cache).__qualname__}: expected a transformers StaticCache. "
-                              f"Fix: pass StaticCache(config=model.config, max_cache_len=N)")
-        other = sorted({type(layer).__name__ for layer in layers} - SUPPORTED_LAYERS)
-        if other:
-            raise ConfigError(
-                f"past_key_values={type(cache).__qualname__} has layers of type {other}; StaticCacheLM serves only "
-                f"{sorted(SUPPORTED_LAYERS)}, whose whole state is tensors. A sliding-window layer "
-                f"(StaticSlidingWindowLayer) keeps its position in a Python int that picks branches and mask offsets "
-                f"at trace time; torch.compile guards on it and recompiles, a gearcache entry would replay the "
-                f"traced value: wrong outputs. Fix: a config without sliding_window / layer_types "
-                f"'sliding_attention', or serve this model with torch.compile")
-        if not all(layer.is_initialized for layer in layers):
-            _allocate(self.model, cache, batch_size)
+    def bind(self, cache: Any, batch: int, need: int) -> hf_cache.Backing:
+        """Bind ``cache`` to the backing of its gears (length >= ``need``) and make that backing's tensors this
+        module's buffers (what the step's graph reads and updates)."""
+        backing = hf_cache.bound_backing(cache)
+        if backing is None or backing.length < need:
+            hf_cache.check_layers(cache)
+            allocated = hf_cache.user_batch(cache)
+            if allocated is not None and allocated != batch:
+                raise ConfigError(f"input_ids: batch {batch}, but the cache was allocated for batch {allocated}")
+            length = hf_cache.user_length(cache)
+            wanted = max(length or max(hf_compat.generate_length_hint(self.model), 1), need)
+            key = (self.gears.pick(self.gears.batch, batch), self.gears.pick(self.gears.cache_len, wanted))
+            backing = self._backings.get(key)
+            if backing is None:
+                backing = self._backings[key] = hf_cache.allocate(self.model, *key)
+            hf_cache.bind(cache, backing, batch, length)
+        self._activate(backing)
+        return backing
+
+    def _activate(self, backing: hf_cache.Backing) -> None:
+        if self._active is backing:
+            return
         for name in self._cache_names:
             del self._buffers[name]
         self._cache_names = []
-        for i, layer in enumerate(layers):
-            for attr, value in sorted(vars(layer).items()):
-                if isinstance(value, torch.Tensor):
-                    name = f"cache_{i}_{attr}"
-                    self.register_buffer(name, value, persistent=False)
-                    self._cache_names.append(name)
-        self.cache = cache
+        for i, layer in enumerate(backing.cache.layers):
+            for attr in ("keys", "values", "cumulative_length"):
+                name = f"cache_{i}_{attr}"
+                self.register_buffer(name, getattr(layer, attr), persistent=False)
+                self._cache_names.append(name)
+        self._active = backing
 
-    @torch.inference_mode()
-    def greedy(self, input_ids: torch.Tensor, cache: Any, new_tokens: int) -> torch.Tensor:
-        """Greedy decoding of ``new_tokens`` tokens after the prompt ``input_ids`` [B, T]; returns [B, new_tokens].
-        The cache must be empty (new, or ``reset()``) and hold at least T + new_tokens positions."""
-        logits = self(input_ids, cache)
-        tokens = [logits[:, -1].argmax(-1)]
-        for _ in range(new_tokens - 1):
-            logits = self(tokens[-1][:, None], cache)
-            tokens.append(logits[:, -1].argmax(-1))
-        return torch.stack(tokens, 1)
+    def _pad(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, device)
+        if key not in self._pads:
+            self._pads[key] = torch.tensor(n, dtype=torch.long, device=device)
+        return self._pads[key]
 
 
-def _allocate(model: torch.nn.Module, cache: Any, batch_size: int) -> None:
-    """Allocate the cache's layers: ``early_initialization`` with the config's key/value heads and head size when the
-    config has them (no model run: a warm start pays nothing eager), else one eager forward on a dummy token (then
-    ``reset()``). Wrong sizes cannot pass silently: the cache's shapes are in the entry key, and a graph writing
-    other shapes fails while it is traced."""
-    param = next(model.parameters())
-    text = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
-    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // text.num_attention_heads
-                                                   if getattr(text, "hidden_size", None) and heads else None)
-    if heads and head_dim and hasattr(cache, "early_initialization"):
-        cache.early_initialization(batch_size, heads, head_dim, param.dtype, param.device)
-        return
-    with torch.inference_mode():
-        model(input_ids=torch.zeros(batch_size, 1, dtype=torch.long, device=param.device), past_key_values=cache,
-              use_cache=True)
-    cache.reset()
+def _drop_pads(cache: Any, width: int, pad: torch.Tensor) -> None:
+    """After a forward of ``width`` tokens whose last ``pad`` are padding: zero the pads' keys and values and move
+    every layer's position counter back by ``pad``, in the graph (so one graph serves every pad of a gear)."""
+    arange = torch.arange(width, device=pad.device)
+    real = (arange < width - pad).view(1, 1, width, 1)
+    for layer in cache.layers:
+        written = layer.cumulative_length - width + arange
+        for tensor in (layer.keys, layer.values):
+            kept = torch.where(real, tensor.index_select(2, written), torch.zeros((), dtype=tensor.dtype,
+                                                                                   device=tensor.device))
+            tensor.index_copy_(2, written, kept)
+        layer.cumulative_length.sub_(pad)
+
+
+def _pad_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                start: int, backing: hf_cache.Backing, width: int) -> tuple[torch.Tensor, ...]:
+    """Inputs of the gear's shapes. Ids: right-padded with 0, padded rows 0. Mask [Bg, Lg] bool: the user's 2D mask,
+    False after it (as transformers pads it), True over the prompt's pads and the padded rows (so every query
+    attends to something: finite values). Positions: the user's (default: ``start + arange``); a pad repeats the
+    last real position (valid for learned position tables)."""
+    batch, tokens = input_ids.shape
+    rows, length, device = backing.batch, backing.length, input_ids.device
+    ids = input_ids
+    if rows != batch or width != tokens:
+        ids = input_ids.new_zeros(rows, width)
+        ids[:batch, :tokens] = input_ids
+    if attention_mask is None:
+        mask = torch.ones(rows, length, dtype=torch.bool, device=device)
+    else:
+        if attention_mask.ndim != 2:
+            raise ConfigError(f"attention_mask: a {attention_mask.ndim}D mask; gearcache serves 2D masks "
+                              f"[batch, length] (transformers builds the rest). Fix: pass the 2D mask")
+        mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
+        cols = min(attention_mask.shape[1], length)
+        mask[:batch, :cols] = attention_mask[:, :cols]
+        mask[batch:] = True
+        mask[:batch, start + tokens:start + width] = True
+    if position_ids is None:
+        position_ids = torch.arange(start, start + tokens, device=device)[None]
+    elif position_ids.ndim != 2:
+        raise ConfigError(f"position_ids: {position_ids.ndim}D; gearcache serves 2D position ids [batch, tokens]")
+    positions = position_ids.expand(batch, tokens)
+    if rows != batch or width != tokens:
+        positions = position_ids.new_zeros(rows, width)
+        positions[:batch, :tokens] = position_ids
+        positions[:batch, tokens:] = position_ids[:, -1:]
+    return ids, mask, positions.contiguous()
+
+
+# Forward arguments a served call may carry, with the values that change nothing.
+_NEUTRAL = {"output_attentions": (False,), "output_hidden_states": (False,), "use_cache": (True,)}
+
+
+class _Forward:
+    """``model.forward`` after ``enable``: reads transformers' arguments, serves them through :class:`ServedLM`."""
+
+    def __init__(self, served: ServedLM, original: Callable):
+        self.served = served
+        self.__signature__ = inspect.signature(original)
+        self._names = list(self.__signature__.parameters)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            kwargs.update(zip(self._names, args))
+        if torch.compiler.is_compiling():
+            raise ConfigError("torch.compile is tracing a model served by gearcache. Fix: do not torch.compile it "
+                              "(gearcache compiles it): call model.generate(...) / model(...) directly")
+        served = self.served
+        cache = kwargs.pop(served._cache_kw, None)
+        cache = kwargs.pop("past_key_values", None) if cache is None else cache
+        input_ids = kwargs.pop("input_ids", None)
+        attention_mask = kwargs.pop("attention_mask", None)
+        position_ids = kwargs.pop("position_ids", None)
+        keep_last = kwargs.pop("logits_to_keep", 0)
+        return_dict = kwargs.pop("return_dict", None)
+        _refuse_arguments(kwargs, cache, input_ids, keep_last)
+        logits = served.serve(cache, input_ids, attention_mask, position_ids, keep_last)
+        if return_dict is False:
+            return logits, cache
+        return hf_compat.causal_lm_output(logits, cache, served._cache_kw)
+
+
+def _refuse_arguments(kwargs: dict, cache: Any, input_ids: Any, keep_last: Any) -> None:
+    if cache is None:
+        raise ConfigError("model(...) without a cache: gearcache serves forwards with transformers' StaticCache. "
+                          "Fix: generate(...), or pass cache=StaticCache(config=model.config, max_cache_len=N); "
+                          "or gearcache.integrations.transformers.disable(model)")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2:
+        raise ConfigError(f"input_ids={type(input_ids).__name__}: gearcache serves 2D input_ids [batch, tokens] "
+                          f"(not inputs_embeds)")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+        raise ConfigError(f"logits_to_keep={keep_last!r}: gearcache serves an int >= 0")
+    for name, value in kwargs.items():
+        neutral = _NEUTRAL.get(name, ())
+        if value is None or (isinstance(value, bool) and value in neutral):
+            continue
+        raise ConfigError(f"{name}={value!r:.60}: not served by gearcache (its compiled step returns the logits and "
+                          f"updates the cache only). Fix: leave {name} unset, or disable(model)")
+
+
+def _binding_prepare(served: ServedLM, original: Callable) -> Callable:
+    """``prepare_inputs_for_generation`` that binds the cache first: its layers become ServedLayers (not
+    compileable), so ``generate()`` keeps the 2D attention mask instead of building 4D masks for its own cache."""
+    import functools
+
+    @functools.wraps(original)
+    def prepare(input_ids, *args, **kwargs):
+        cache = kwargs.get(served._cache_kw)
+        if cache is not None:
+            served.bind(cache, input_ids.shape[0], need=0)
+        return original(input_ids, *args, **kwargs)
+    return prepare
+
+
+def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
+    if not hasattr(model, "config") or not callable(getattr(model, "generate", None)):
+        raise ConfigError(f"model={type(model).__qualname__}: expected a transformers *ForCausalLM model (it has no "
+                          f".config / generate)")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ConfigError(f"model={type(model).__qualname__}: an encoder-decoder; gearcache serves decoder-only "
+                          f"causal LMs through enable()")
+    if config is not None and config.mode == "reduce-overhead":
+        raise ConfigError("config.mode='reduce-overhead' is not served for transformers models yet (CUDA graphs of "
+                          "a step that moves the cache's position counter). Fix: mode='default'")
+    if config is not None and config.inference_config.dim_gears:
+        raise ConfigError("config.inference_config.dim_gears must be empty: enable() pads inputs itself. Fix: "
+                          "enable(model, batch_gears=..., prompt_gears=..., cache_len_gears=...)")
+    types = getattr(hf_compat.text_config(model), "layer_types", None) or []
+    if "chunked_attention" in types:
+        raise ConfigError("model: layer_types has 'chunked_attention' (chunked masks offset by left padding), "
+                          "which gearcache does not serve yet. Fix: serve it with torch.compile")
+    from transformers import StaticCache
+
+    hf_cache.check_layers(StaticCache(config=model.config, max_cache_len=1))
 
 
 def _config_digest(hf_config: Any) -> str:

@@ -1,0 +1,138 @@
+"""transformers ``generate()`` served by gearcache (``enable(model)``) against eager and torch.compile, per model.
+
+    python3 benchmarks/generate.py [--device cpu|cuda] [--size tiny|small|gpu] [--models llama,gemma3,...]
+                                   [--dtype float32|bfloat16] [--graphs] [--json PATH]
+
+Every start is a fresh process with empty Inductor and Triton caches of its own. Per model (benchmarks/corpus.py
+configs, batch 1, static cache):
+  sweep        a prompt-length sweep: 6 generate() calls with distinct prompt lengths <= 64 and 64 decode steps in
+               all; its total wall time in a cold process, for gearcache (empty store: compiles its gears) and for
+               torch.compile (transformers' own: generate() compiles the decode step of a static cache; prefill eager);
+  first        the first generate() of a warm gearcache process (the sweep's store) and of an eager process;
+  per_token_ms (generate(64 new tokens) - generate(1 new token)) / 63, after a warm-up: eager, torch.compile,
+               gearcache, and with --graphs gearcache with mode="reduce-overhead" (refused for now: reported as the
+               error).
+Prints one JSON object (and writes it to --json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SWEEP = [(5, 11), (11, 11), (19, 11), (29, 11), (41, 10), (60, 10)]     # (prompt length, new tokens): 64 steps
+
+
+def child(name: str, variant: str, store: str, device: str, dtype: str, size: str) -> dict:
+    """One process: build the model, run the variant, return its timings."""
+    sys.path.insert(0, HERE)
+    import torch
+
+    import corpus
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    torch.manual_seed(0)
+    lm = corpus.CORPUS[name].build(size).to(device, getattr(torch, dtype)).eval()
+    lm.generation_config.eos_token_id = None
+    options = dict(cache_implementation="static", pad_token_id=0, do_sample=False, disable_compile=True)
+    if variant.startswith("gearcache"):
+        from gearcache import CompilerConfig
+        from gearcache.integrations.transformers import enable
+
+        config = CompilerConfig(mode="reduce-overhead") if variant == "gearcache-graphs" else None
+        try:
+            enable(lm, cache_dir=store, config=config)
+        except Exception as exc:                       # noqa: BLE001 - reported, e.g. graphs refused for now
+            return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    elif variant == "torch.compile":
+        from transformers import CompileConfig
+
+        compile_config = CompileConfig()
+        compile_config._compile_all_devices = True     # transformers compiles on CUDA only unless told
+        options.update(disable_compile=False, compile_config=compile_config)
+    gen = torch.Generator().manual_seed(1)
+
+    def generate(length: int, new: int) -> float:
+        ids = torch.randint(1, lm.config.vocab_size, (1, length), generator=gen).to(device)
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, **options)
+        sync()
+        return time.perf_counter() - t0
+
+    out = {"first_generate_s": generate(*SWEEP[0])}
+    out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
+    generate(16, 64), generate(16, 1)                  # warm-up of the timed shapes
+    long = min(generate(16, 64) for _ in range(3))
+    short = min(generate(16, 1) for _ in range(3))
+    out["per_token_ms"] = (long - short) / 63 * 1e3
+    return out
+
+
+def start(name: str, variant: str, store: str, opts, work: str) -> dict:
+    caches = tempfile.mkdtemp(dir=work)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
+           "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
+           "PYTHONPATH": os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, variant, store, opts.device, opts.dtype,
+           opts.size]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--size", choices=["tiny", "small", "gpu"])
+    ap.add_argument("--models", default="llama,mistral_sliding,gemma3")
+    ap.add_argument("--dtype")
+    ap.add_argument("--graphs", action="store_true", help="also gearcache with mode='reduce-overhead'")
+    ap.add_argument("--json")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    opts = ap.parse_args(argv)
+    if opts.child:
+        print(json.dumps(child(*opts.child)))
+        return 0
+    opts.size = opts.size or ("gpu" if opts.device == "cuda" else "tiny")
+    opts.dtype = opts.dtype or ("bfloat16" if opts.device == "cuda" else "float32")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="gearcache-generate-") as work:
+        for name in [n.strip() for n in opts.models.split(",") if n.strip()]:
+            store = os.path.join(work, name)
+            runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")}   # cold
+            runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
+            runs["eager"] = start(name, "eager", store, opts, work)
+            if opts.graphs:
+                runs["gearcache-graphs"] = start(name, "gearcache-graphs", store + "-graphs", opts, work)
+            get = lambda v, k: runs[v].get(k, runs[v].get("error"))       # noqa: E731
+            results[name] = {
+                "cold_sweep_s": {"gearcache": get("gearcache", "sweep_s"),
+                                 "torch.compile": get("torch.compile", "sweep_s")},
+                "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
+                                     "eager": get("eager", "first_generate_s")},
+                "per_token_ms": {v: get(v, "per_token_ms") for v in runs if v != "gearcache"},
+            }
+    import torch
+
+    report = {"device": opts.device, "size": opts.size, "dtype": opts.dtype, "torch": torch.__version__,
+              "sweep": SWEEP, "results": results}
+    print(json.dumps(report, indent=1))
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

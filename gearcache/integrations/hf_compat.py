@@ -1,0 +1,63 @@
+"""Every difference between the transformers versions gearcache serves (5.17 on the GPU machine, 5.24 on CPU CI), in
+one place. Nothing here imports transformers at import time.
+
+* The cache's keyword: 5.17 calls it ``past_key_values`` (forward argument, ``prepare_inputs_for_generation``
+  argument, output field); 5.24 calls it ``cache`` (``past_key_values`` still accepted by the forward, with a
+  deprecation warning). Read from the model's forward signature.
+* ``generate()`` sizes its ``StaticCache`` as ``max(max_length, model._previous_max_cache_length)`` in both, and
+  records that length on the model; a sliding-window layer forgets it (it keeps ``min(window, length)``), so it is
+  read back as a hint (:func:`generate_length_hint`), never trusted for bounds.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The name under which ``model``'s forward takes (and its output returns) the KV cache."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(type(model).forward).parameters
+
+
+def causal_lm_output(logits: torch.Tensor, cache: Any, keyword: str) -> Any:
+    """The forward's return value as ``generate()`` reads it: ``.logits`` and the cache under ``keyword``."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return CausalLMOutputWithPast(logits=logits, **{keyword: cache})
+
+
+def generate_length_hint(model: torch.nn.Module) -> int:
+    """The cache length the last ``generate()`` asked for (0 if none): a starting size for caches whose layers are
+    all sliding-window layers (they do not keep it). Only a hint: the served cache grows when a call needs more."""
+    return int(getattr(model, "_previous_max_cache_length", 0) or 0)
+
+
+def static_layer_classes() -> tuple[type, type]:
+    """(StaticLayer, StaticSlidingWindowLayer) of the installed transformers."""
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+
+    return StaticLayer, StaticSlidingWindowLayer
+
+
+def head_shapes(model: torch.nn.Module) -> tuple[int, int] | None:
+    """(key/value heads, head size) of the decoder's attention layers from its config, or None if it does not say
+    (then the cache is allocated by one eager forward on a dummy token)."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is None and getattr(text, "hidden_size", None) and getattr(text, "num_attention_heads", None):
+        head_dim = text.hidden_size // text.num_attention_heads
+    return (heads, head_dim) if heads and head_dim else None
+
+
+def text_config(model: torch.nn.Module) -> Any:
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
