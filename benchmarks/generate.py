@@ -10,8 +10,10 @@ configs, batch 1, static cache):
                torch.compile (transformers' own: generate() compiles the decode step of a static cache; prefill eager);
   first        the first generate() of a warm gearcache process (the sweep's store) and of an eager process;
   per_token_ms (generate(64 new tokens) - generate(1 new token)) / 63, after a warm-up: eager, torch.compile,
-               gearcache, and with --graphs gearcache with mode="reduce-overhead" (refused for now: reported as the
-               error).
+               gearcache, and with --graphs gearcache with mode="reduce-overhead" (CUDA graphs per gear, the same
+               store's entries);
+  step_loop_ms a bare greedy decode loop's per-token time through the served forward (gearcache variants);
+  max_reserved_mib  torch.cuda.max_memory_reserved() of each process (CUDA).
 Prints one JSON object (and writes it to --json).
 """
 from __future__ import annotations
@@ -75,7 +77,35 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
     long = min(generate(16, 64) for _ in range(3))
     short = min(generate(16, 1) for _ in range(3))
     out["per_token_ms"] = (long - short) / 63 * 1e3
+    if variant.startswith("gearcache"):
+        out["step_loop_ms"] = step_loop(lm, device, sync)
+    if device == "cuda":
+        out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
     return out
+
+
+def step_loop(lm, device: str, sync) -> float:
+    """Per-token time of a bare greedy decode loop (the model's forward on a StaticCache, argmax, next), the floor
+    that generate()'s own per-token time is compared with."""
+    import torch
+    from transformers import StaticCache
+
+    from gearcache.integrations import hf_compat
+
+    kw = hf_compat.cache_keyword(lm)
+    best = float("inf")
+    for _ in range(3):
+        cache = StaticCache(config=lm.config, max_cache_len=256)
+        ids = torch.ones(1, 16, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            tok = lm(input_ids=ids, **{kw: cache}).logits[:, -1:].argmax(-1)
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(64):
+                tok = lm(input_ids=tok, **{kw: cache}).logits[:, -1:].argmax(-1)
+            sync()
+        best = min(best, (time.perf_counter() - t0) / 64 * 1e3)
+    return best
 
 
 def start(name: str, variant: str, store: str, opts, work: str) -> dict:
@@ -114,7 +144,7 @@ def main(argv=None) -> int:
             runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
             runs["eager"] = start(name, "eager", store, opts, work)
             if opts.graphs:
-                runs["gearcache-graphs"] = start(name, "gearcache-graphs", store + "-graphs", opts, work)
+                runs["gearcache-graphs"] = start(name, "gearcache-graphs", store, opts, work)   # same entries
             get = lambda v, k: runs[v].get(k, runs[v].get("error"))       # noqa: E731
             results[name] = {
                 "cold_sweep_s": {"gearcache": get("gearcache", "sweep_s"),
@@ -122,6 +152,9 @@ def main(argv=None) -> int:
                 "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
                                      "eager": get("eager", "first_generate_s")},
                 "per_token_ms": {v: get(v, "per_token_ms") for v in runs if v != "gearcache"},
+                "step_loop_ms": {v: runs[v]["step_loop_ms"] for v in ("gearcache-warm", "gearcache-graphs")
+                                 if "step_loop_ms" in runs.get(v, {})},
+                "max_reserved_mib": {v: runs[v]["max_reserved_mib"] for v in runs if "max_reserved_mib" in runs[v]},
             }
     import torch
 

@@ -29,8 +29,10 @@ positions kept, the model's sliding-window mask selects the window (the same key
 
 Not served, refused with a ``ConfigError`` naming the fix: a cache other than StaticCache (``DynamicCache``: the
 default of plain transformers), beam search, ``inputs_embeds``, 4D or 3D masks/positions, outputs of attentions or
-hidden states, a model in training mode, ``mode="reduce-overhead"`` (for now), and a model already compiled by
-``torch.compile``. ``disable(model)`` undoes ``enable``.
+hidden states, a model in training mode, and a model already compiled by ``torch.compile``.
+``config=CompilerConfig(mode="reduce-overhead")`` replays one CUDA graph per (batch, prompt or decode, cache-length)
+gear: the backing cache's tensors are the graph's static addresses (each gear's backing is allocated once and
+reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures. ``disable(model)`` undoes ``enable``.
 """
 from __future__ import annotations
 
@@ -334,9 +336,6 @@ def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
     if getattr(model.config, "is_encoder_decoder", False):
         raise ConfigError(f"model={type(model).__qualname__}: an encoder-decoder; gearcache serves decoder-only "
                           f"causal LMs through enable()")
-    if config is not None and config.mode == "reduce-overhead":
-        raise ConfigError("config.mode='reduce-overhead' is not served for transformers models yet (CUDA graphs of "
-                          "a step that moves the cache's position counter). Fix: mode='default'")
     if config is not None and config.inference_config.dim_gears:
         raise ConfigError("config.inference_config.dim_gears must be empty: enable() pads inputs itself. Fix: "
                           "enable(model, batch_gears=..., prompt_gears=..., cache_len_gears=...)")
