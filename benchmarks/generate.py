@@ -73,11 +73,17 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
 
     out = {"first_generate_s": generate(*SWEEP[0])}
     out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
+    if variant.startswith("gearcache"):
+        from gearcache import counters
+
+        counters_after_sweep = {k: getattr(counters, k) for k in ("traces", "compiles", "loads", "graph_captures",
+                                                                  "load_seconds", "compile_seconds")}
     generate(16, 64), generate(16, 1)                  # warm-up of the timed shapes
     long = min(generate(16, 64) for _ in range(3))
     short = min(generate(16, 1) for _ in range(3))
     out["per_token_ms"] = (long - short) / 63 * 1e3
     if variant.startswith("gearcache"):
+        out["counters_after_sweep"] = counters_after_sweep
         out["step_loop_ms"] = step_loop(lm, device, sync)
     if device == "cuda":
         out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20

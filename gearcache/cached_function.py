@@ -81,7 +81,8 @@ class CachedFunction(Dispatcher):
         self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
         self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
-        self._recompiles = RecompileWatch(self.name)   # warns when an argument compiles per value or size
+        self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
+        #                                                                       value or size (None: the caller pads)
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
@@ -207,8 +208,15 @@ class CachedFunction(Dispatcher):
         entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
         return entry(leaves)
 
+    def sizes_chosen_by_caller(self) -> None:
+        """Say that the caller pads the method's inputs to sizes of its own choosing (an integration with gears of
+        its own, such as ``integrations.transformers``): an entry per size is its design, not worth a warning."""
+        self._recompiles = None
+
     def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
         """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""
+        if self._recompiles is None:
+            return
         self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared, gear_plans_stored=lambda: any(
             self.store.plan_path(self.topology.folder, self.name, "-").parent.glob("*.json")))
 

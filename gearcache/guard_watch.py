@@ -103,10 +103,10 @@ def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, do
 def _add_step(hops: Hops, parent: Any, step: tuple, child: Any) -> None:
     op = step[0]
     if id(parent) in hops._frozen or op == "type":
-        if op == "attr" and isinstance(child, (dict, types.MappingProxyType, tuple)):
+        if op in ("attr", "generic_attr") and isinstance(child, (dict, types.MappingProxyType, tuple)):
             hops._frozen.add(id(child))
         return
-    if op == "attr":
+    if op in ("attr", "generic_attr"):
         _add_attr(hops, parent, step[1], child)
     elif op == "item":
         if isinstance(parent, dict):

@@ -20,6 +20,7 @@ and buffer shapes have them) and on global torch state (the key's ``global_state
 On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected], ...]``. ``path`` is
 ``[root, step, ...]``: root ``"self"`` (the module), ``["global", name]`` (the method's module's globals),
 ``["module", name]`` (a Python module, ``sys.modules[name]``) or ``"builtins"``; a step is ``["attr", name]``,
+``["generic_attr", name]`` (``object.__getattribute__(x, name)``, as Dynamo reads past a custom ``__getattribute__``),
 ``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
 ``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``, ``in_dict``), a key (``contains``) or another path
 (``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
@@ -322,6 +323,9 @@ def _parse(node: ast.AST, text: str) -> tuple:
             return _parse(args[0], text) + (("item", _constant(args[1], text)),)
         if _is_dict_getitem_at(func, args):
             return _parse(args[0], text) + (("item_at", args[1].slice.value),)
+        if (isinstance(func, ast.Attribute) and func.attr == "__getattribute__" and isinstance(func.value, ast.Name)
+                and func.value.id == "object" and len(args) == 2):
+            return _parse(args[0], text) + (("generic_attr", _constant(args[1], text)),)
     raise Unpersistable(f"source {text!r} has a form gearcache does not read")
 
 
@@ -403,6 +407,8 @@ def step(obj: Any, s: tuple) -> Any:
         op = s[0]
         if op == "attr":
             return getattr(obj, s[1])
+        if op == "generic_attr":                # object.__getattribute__: past a class's own __getattribute__
+            return object.__getattribute__(obj, s[1])
         if op == "item":
             return obj[s[1]]
         if op in ("item_at", "key_at"):
@@ -597,7 +603,7 @@ def path_text(path: tuple) -> str:
     root = path[0]
     text = root if isinstance(root, str) else (root[1] if root[0] == "global" else root[1])
     for s in path[1:]:
-        if s[0] == "attr":
+        if s[0] in ("attr", "generic_attr"):
             text += f".{s[1]}"
         elif s[0] == "item":
             text += f"[{s[1]!r}]"

@@ -229,6 +229,8 @@ def test_an_object_known_only_by_identity_makes_the_guards_local():
     ("dict(type(G['c']).__dict__)['f']", (("G", "c"), ("type",), ("attr", "__dict__"), ("item", "f"))),
     ("dict.__getitem__(G['d'], list(dict.keys(G['d']))[2])", (("G", "d"), ("item_at", 2))),
     ("list(dict.keys(G['d']))[0]", (("G", "d"), ("key_at", 0))),
+    ("object.__getattribute__(L['self']._modules['model'], 'config').vocab_size",      # Dynamo 2.11
+     (("L", "self"), ("attr", "_modules"), ("item", "model"), ("generic_attr", "config"), ("attr", "vocab_size"))),
     ("L['self'].fn.__closure__[0].cell_contents",
      (("L", "self"), ("attr", "fn"), ("attr", "__closure__"), ("item", 0), ("attr", "cell_contents"))),
 ])
@@ -254,3 +256,19 @@ def test_a_guard_on_a_torch_module_this_process_has_not_imported_holds_without_i
     assert name not in sys.modules
     other = guards.ValueGuard("value", (("module", "json"), ("attr", "flag")), None, ["bool", True])
     assert not guards.unloaded_torch_module(other), "only torch's own modules"
+
+
+def test_a_generic_attribute_step_reads_past_a_custom_getattribute():
+    """``object.__getattribute__(x, name)`` (Dynamo's GenericAttrSource) reads the instance's own attribute even where
+    the class answers attribute reads otherwise; the step does the same."""
+    class Answers:
+        def __init__(self):
+            self.size = 3
+
+        def __getattribute__(self, name):
+            return 99 if name == "size" else object.__getattribute__(self, name)
+
+    obj = Answers()
+    assert obj.size == 99
+    assert guards.step(obj, ("generic_attr", "size")) == 3
+    assert guards.path_text((("global", "cfg"), ("generic_attr", "size"))) == "cfg.size"

@@ -127,6 +127,7 @@ class ServedLM(torch.nn.Module):
         self._cache_names: list[str] = []
         self._pads: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.cached_step = cache_compile(self.step, config=config, cache_dir=cache_dir, **cache_compile_kwargs)
+        self.cached_step.sizes_chosen_by_caller()        # the step's sizes are this module's gears
 
     def step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
              pad: torch.Tensor, keep_last: int) -> torch.Tensor:
