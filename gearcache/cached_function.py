@@ -164,9 +164,9 @@ class CachedFunction(Dispatcher):
         targets = plan.targets(leaves)
         if targets is None:
             return self._past_largest(plan, leaves, key)
-        padded = plan.pad(leaves, targets)
-        if plan.verify_first and padded is not leaves and tuple(targets) not in plan.verified:
+        if plan.verify_first:
             self._verify_first_use(plan, leaves, key, targets)
+        padded = plan.pad(leaves, targets)
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
@@ -188,7 +188,10 @@ class CachedFunction(Dispatcher):
 
     def _verify_first_use(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, check it against eager on this call
-        (padding_check.verify; only for plans whose padding analysis found mixing)."""
+        (padding_check.verify; only for plans whose padding analysis found mixing: ``plan.verify_first``). Nothing
+        for a call at the gear's own sizes, or a gear already verified."""
+        if tuple(targets) in plan.verified or all(leaves[d.leaf].shape[d.dim] == t for d, t in zip(plan.dims, targets)):
+            return
         with self._lock:
             if tuple(targets) not in plan.verified:
                 padding_check.verify(self.name, self._method, self._module, plan, key[0], leaves, targets)

@@ -138,8 +138,7 @@ class CudaGraphs:
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:
             return self.cached._past_largest(plan, leaves, key)
-        if plan is not None and plan.verify_first and tuple(targets) not in plan.verified and any(
-                leaves[d.leaf].shape[d.dim] != t for d, t in zip(plan.dims, targets)):
+        if plan is not None and plan.verify_first:
             self.cached._verify_first_use(plan, leaves, key, targets)       # padding_check.py
         gkey = self._graph_key(plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
