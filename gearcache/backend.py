@@ -18,7 +18,7 @@ from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
 from .errors import ConfigError, PaddingUnsafeError
-from .key import FORMAT_VERSION, build_key, sha256_text
+from .key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
 from .store import Store
 from .topology import process_groups_factor
 
@@ -144,15 +144,14 @@ class GearedGraph:
         with torch.no_grad():
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
-        akey, _ = build_key("artifact", [
-            ("format", FORMAT_VERSION), ("graph", sha256_text(static.code)),
-            ("inputs", [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
-                        else repr(x) for x in inputs]),
-            ("config", self.config.compile_factors()), ("global_state", compat.global_state(devices)),
-            ("software", compat.software_versions()),
-            ("devices", [compat.device_capability(d) for d in devices]),
-            ("process_groups", process_groups_factor()),
-        ])
+        akey, _ = build_key("artifact", ordered_factors("artifact", {
+            "format": FORMAT_VERSION, "graph": sha256_text(static.code), "graph_constants": graph_constants_factor(static),
+            "inputs": [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
+                       else repr(x) for x in inputs],
+            "config": self.config.compile_factors(), "decompositions": [],
+            "global_state": compat.global_state(devices), "software": compat.software_versions(),
+            "devices": [compat.device_capability(d) for d in devices], "process_groups": process_groups_factor(),
+        }))
         patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
         t0 = time.perf_counter()
 

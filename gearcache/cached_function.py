@@ -18,7 +18,6 @@ so that call misses and loads or compiles the entry for the new values.
 from __future__ import annotations
 
 import copy
-import ctypes
 import dataclasses
 import inspect
 import json
@@ -47,8 +46,8 @@ from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
 from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
-from .key import (FORMAT_VERSION, build_key, canonical_json, decompositions_factor, sha256_text, source_digest,
-                  without_device_index)
+from .key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
+                  graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
 from .store import Store
 from .timeline import Timeline
 from .workers import WorkerPool
@@ -458,18 +457,18 @@ class CachedFunction(Dispatcher):
     def _entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
                          {str(p.device) for p in self._module.parameters()}) or ["cpu"]
-        factors = [
-            ("format", FORMAT_VERSION),
-            ("method", {"name": self.name, "source_sha256": self._method_digest}),
-            ("signature", desc),
-            ("module_state", _module_state(self._module)),
-            ("config", self.config.compile_factors()),
-            ("decompositions", decompositions_factor(self._decompositions)),
-            ("global_state", compat.global_state(devices)),
-            ("software", compat.software_versions()),
-            ("devices", [compat.device_capability(d) for d in devices]),
-            ("process_groups", process_groups_factor()),
-        ]
+        factors = ordered_factors("entry", {
+            "format": FORMAT_VERSION,
+            "method": {"name": self.name, "source_sha256": self._method_digest},
+            "signature": desc,
+            "module_state": _module_state(self._module),
+            "config": self.config.compile_factors(),
+            "decompositions": decompositions_factor(self._decompositions),
+            "global_state": compat.global_state(devices),
+            "software": compat.software_versions(),
+            "devices": [compat.device_capability(d) for d in devices],
+            "process_groups": process_groups_factor(),
+        })
         ekey, hashes = build_key("entry", factors)
         return ekey, {"values": dict(factors), "hashes": hashes}
 
@@ -585,26 +584,17 @@ class CachedFunction(Dispatcher):
         runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
         again with it (``_load_published``)."""
         gm = captured.graph
-        constants = [[name, _tensor_digest(t)] for name, t in
-                     list(gm.named_parameters()) + list(gm.named_buffers())]
+        constants = graph_constants_factor(gm)
         values = factors["values"]
         code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
         if index is not None and runplan.device_bound_reason(gm) is None:
             free = without_device_index(canonical_json([code, inputs]), index)
             if free is not None:
                 code, inputs = json.loads(free)
-        akey, hashes = build_key("artifact", [
-            ("format", FORMAT_VERSION),
-            ("graph", sha256_text(code)),
-            ("graph_constants", constants),
-            ("inputs", inputs),
-            ("config", values["config"]),
-            ("decompositions", values["decompositions"]),
-            ("global_state", values["global_state"]),       # autocast etc. change what AOTAutograd traces
-            ("software", values["software"]),
-            ("devices", values["devices"]),
-            ("process_groups", values["process_groups"]),
-        ])
+        akey, hashes = build_key("artifact", ordered_factors("artifact", {
+            "format": FORMAT_VERSION, "graph": sha256_text(code), "graph_constants": constants, "inputs": inputs,
+            "config": values["config"], **{name: values[name] for name in ENVIRONMENT_FACTORS},
+        }))
         return akey, hashes
 
     def _build(self, captured: Captured, folder) -> None:
@@ -733,6 +723,3 @@ def _example_meta(t: Any) -> Any:
     return repr(t)
 
 
-def _tensor_digest(t: torch.Tensor) -> str:
-    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)    # (numpy is not a dependency)
-    return sha256_text(ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b"") + str(list(t.shape))

@@ -37,10 +37,11 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
+from .key import ENTRY_FACTORS
+
 OK, FAILED, USAGE = 0, 1, 2
 ENTRY_PREFIX_MIN = 6
-FACTOR_ORDER = ["format", "method", "signature", "module_state", "config", "decompositions", "global_state", "software",
-                "devices", "process_groups"]
+FACTOR_ORDER = list(ENTRY_FACTORS)
 
 log = logging.getLogger("gearcache.cli")
 

@@ -6,6 +6,7 @@ factor made a miss.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import inspect
 import json
@@ -23,6 +24,33 @@ FORMAT_VERSION = 5
    keys leave out the GPU's index (one artifact for cuda:0..N-1), run plans bind it at load.
 5: entry manifests and gear plans carry value guards (gearcache/guards.py); an entry whose guards differ from the
    first of its signature is stored under a variant key; the global state names the default device."""
+
+
+ENTRY_FACTORS = ("format", "method", "signature", "module_state", "config", "decompositions", "global_state",
+                 "software", "devices", "process_groups")
+"""The factors of an entry key, in key order: the one list (the call path builds them in this order, ``gearcache
+inspect``/``explain`` print them in it). ``format``: FORMAT_VERSION; ``method``: the function's name and source
+digest; ``signature``: the call's leaves (gearcache/signature.py); ``module_state``: the owner's parameters and
+buffers (shapes, dtypes, devices); ``config``: what of the CompilerConfig changes the compiled code; the last five
+are :data:`ENVIRONMENT_FACTORS`."""
+
+ENVIRONMENT_FACTORS = ("decompositions", "global_state", "software", "devices", "process_groups")
+"""The factors an artifact key shares with its entry key (after ``config``): custom decompositions, torch's global
+state (grad mode, autocast, default device), torch/triton/Python versions, the devices' capabilities and the process
+groups."""
+
+ARTIFACT_FACTORS = ("format", "graph", "graph_constants", "inputs", "config", *ENVIRONMENT_FACTORS)
+"""The factors of an artifact key, in key order: ``graph``: the captured graph's code; ``graph_constants``: digests of
+its lifted constants; ``inputs``: shapes, strides, dtypes and devices of its example inputs."""
+
+
+def ordered_factors(kind: str, values: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``values`` as ``[(name, value), ...]`` in the order of ``kind``'s list ("entry" or "artifact"); a missing or
+    unknown name is a ValueError (a factor added in one place and not the list is a bug, not a silent key change)."""
+    names = {"entry": ENTRY_FACTORS, "artifact": ARTIFACT_FACTORS}[kind]
+    if set(values) != set(names):
+        raise ValueError(f"{kind} key factors {sorted(values)} are not the list {list(names)} (gearcache/key.py)")
+    return [(name, values[name]) for name in names]
 
 
 def canonical_json(value: Any) -> str:
@@ -50,6 +78,18 @@ def build_key(kind: str, factors: Iterable[tuple[str, Any]]) -> tuple[str, dict[
     key = sha256_text("\n".join(lines))[:40]
     log.debug("%s key: %s", kind, key)
     return key, hashes
+
+
+def tensor_digest(t: Any) -> str:
+    """sha256 of a tensor's bytes, then its shape."""
+    import torch
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)    # (numpy is not a dependency)
+    return sha256_text(ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b"") + str(list(t.shape))
+
+
+def graph_constants_factor(gm: Any) -> list[list[str]]:
+    """A graph module's own parameters and buffers (constants its code reads) as ``[[name, tensor digest], ...]``."""
+    return [[name, tensor_digest(t)] for name, t in list(gm.named_parameters()) + list(gm.named_buffers())]
 
 
 def source_digest(obj: Any) -> str:
