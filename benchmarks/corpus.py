@@ -251,17 +251,19 @@ class Workload:
     objects: dict[str, Any] = dataclasses.field(default_factory=dict)   # what tests look into (model, cache, ...)
 
 
-def workload(name: str, size: str, device: str, dtype: torch.dtype, cache_dir: str | None) -> Workload:
-    """Build corpus model ``name`` (seed 0) on ``device``/``dtype`` and its calls. ``cache_dir=None``: eager only."""
+def workload(name: str, size: str, device: str, dtype: torch.dtype, cache_dir: str | None,
+             config: Any = None) -> Workload:
+    """Build corpus model ``name`` (seed 0) on ``device``/``dtype`` and its calls. ``cache_dir=None``: eager only;
+    ``config``: the CompilerConfig a causal LM is served with (``mode="reduce-overhead"``: CUDA graphs)."""
     spec = CORPUS[name]
     torch.manual_seed(0)
     if spec.kind == "causal":
-        return _causal_workload(spec.build(size), device, dtype, cache_dir)
+        return _causal_workload(spec.build(size), device, dtype, cache_dir, config)
     model, inputs, result = spec.build(size)
     return _encoder_workload(model.to(device, dtype).eval(), inputs, result, device, dtype, cache_dir)
 
 
-def _causal_workload(lm, device, dtype, cache_dir) -> Workload:
+def _causal_workload(lm, device, dtype, cache_dir, config=None) -> Workload:
     """Two ``generate()`` calls (see the module docstring) on ``lm`` served by gearcache (``cached=True``) or on an
     eager twin (same weights, plain transformers); outputs are the per-step logits [B, steps, V]."""
     import copy
@@ -271,7 +273,7 @@ def _causal_workload(lm, device, dtype, cache_dir) -> Workload:
     eager = copy.deepcopy(lm)
     if cache_dir is not None:
         from gearcache.integrations.transformers import enable
-        enable(lm, cache_dir=cache_dir, **SERVE_GEARS)
+        enable(lm, cache_dir=cache_dir, config=config, **SERVE_GEARS)
     vocab = lm.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, vocab, (BATCH, n), generator=gen).to(device) for n in (PROMPT_LEN, PROMPT_LEN - 3)]

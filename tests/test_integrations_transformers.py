@@ -169,3 +169,27 @@ def test_cuda_graphs_serve_generate_and_the_static_cache_like_eager(tmp_path):
                         torch.testing.assert_close(getattr(got_layer, attr), getattr(want_layer, attr), msg=attr)
                 ids = want[:, -1:].argmax(-1)
     assert counters.graph_captures >= 2, "prefill and decode gears captured"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+@pytest.mark.parametrize("name", CAUSAL)
+def test_cuda_graphs_serve_every_corpus_lm_like_eager_cold_and_warm(tmp_path, name):
+    """The corpus workload of the CPU test above on the GPU with mode="reduce-overhead" (a CUDA graph per gear):
+    generate() past the sliding window (mistral_sliding, gemma3: a window of 4, prompts of 8 and 5 tokens and 6 new
+    ones), greedy and sampling, equal to eager (tokens, logits, every layer's keys/values and position counter), in
+    the compiling process and in a warm fresh process that compiles nothing."""
+    from conftest import Script, empty_caches_env
+
+    cold = Script("run_corpus_model.py", name, str(tmp_path / "store"), "--cuda-graphs").result(timeout=900)
+    warm = Script("run_corpus_model.py", name, str(tmp_path / "store"), "--cuda-graphs", "--hooks",
+                  env=empty_caches_env(tmp_path / "caches")).result(timeout=600)
+    for run in (cold, warm):
+        assert run["tokens_match_generate"] is True and run["tokens"] == run["generated"]
+        assert run["sampled_match"] is True and run["streamed_match"] is True
+        assert run["max_abs_diff"] <= 1e-4 and run["cache_max_abs_diff"] <= 1e-4
+        served, eager = run["cache_lengths"]
+        assert served == eager
+        assert run["second_cache_tokens"] == run["generated"]
+        assert run["counters"]["graph_captures"] >= 2, "prefill and decode gears replay CUDA graphs"
+    assert warm["counters"]["compiles"] == 0 and warm["hooks"]["dynamo_frames"] == 0
+    assert warm["tokens"] == cold["tokens"]

@@ -1,6 +1,7 @@
 """Run one corpus model's workload (benchmarks/corpus.py) through gearcache; print a JSON report on the last line.
 
-usage: run_corpus_model.py MODEL CACHE_DIR [--hooks]
+usage: run_corpus_model.py MODEL CACHE_DIR [--hooks] [--cuda-graphs]
+--cuda-graphs: on the GPU, served with mode="reduce-overhead" (a CUDA graph per gear).
 Causal LMs also generate once more with a StaticCache of the user's (another length, the same gears: no new entry).
 """
 import json
@@ -20,8 +21,13 @@ import corpus
 from gearcache import counters
 
 name, cache_dir = sys.argv[1], sys.argv[2]
-w = corpus.workload(name, "tiny", "cpu", torch.float32, cache_dir)
-outputs, _ = corpus.run_workload(w, cached=True, device="cpu")
+device, config = "cpu", None
+if "--cuda-graphs" in sys.argv:
+    from gearcache import CompilerConfig
+
+    device, config = "cuda", CompilerConfig(mode="reduce-overhead")
+w = corpus.workload(name, "tiny", device, torch.float32, cache_dir, config)
+outputs, _ = corpus.run_workload(w, cached=True, device=device)
 report = {"model": name, "entries_first_calls": sum(w.first)}
 report["counters"] = {k: v for k, v in vars(counters).items()}      # before any eager reference work
 if "--hooks" in sys.argv:
