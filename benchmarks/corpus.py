@@ -323,17 +323,22 @@ def _causal_workload(lm, device, dtype, cache_dir, config=None) -> Workload:
     def check(outputs):
         served, ref = results[True, 0][0], results[False, 0][0]
         new = lambda out, i: out.sequences[:, prompts[i].shape[1]:]          # noqa: E731
-        cache_diff = max(_layer_diff(a, b) for a, b in zip(served.cache.layers, ref.cache.layers))
+        cache_diff = max(_layer_diff(a, b) for a, b in zip(_cache(served).layers, _cache(ref).layers))
         sampled, sampled_ref = results[True, 1], results[False, 1]
         return {"tokens": new(served, 0).tolist(), "generated": new(ref, 0).tolist(),
                 "tokens_match_generate": torch.equal(new(served, 0), new(ref, 0)),
                 "sampled_match": torch.equal(new(sampled[0], 1), new(sampled_ref[0], 1)),
                 "streamed_match": sampled[1].tokens == sampled_ref[1].tokens,
                 "cache_max_abs_diff": cache_diff,
-                "cache_lengths": [[_layer_length(layer) for layer in out.cache.layers] for out in (served, ref)]}
+                "cache_lengths": [[_layer_length(layer) for layer in _cache(out).layers] for out in (served, ref)]}
 
     return Workload(calls, [True, False], reference, check, {"lm": lm, "eager": eager, "prompts": prompts,
                                                              "masks": masks})
+
+
+def _cache(output) -> Any:
+    """The cache a ``generate()`` output returns: ``cache`` (transformers 5.24) or ``past_key_values`` (5.17)."""
+    return output.cache if hasattr(output, "cache") else output.past_key_values
 
 
 def _layer_length(layer) -> int:

@@ -19,6 +19,7 @@ import torch
 
 import corpus
 from gearcache import counters
+from gearcache.integrations import hf_compat
 
 name, cache_dir = sys.argv[1], sys.argv[2]
 device, config = "cpu", None
@@ -40,7 +41,8 @@ with torch.inference_mode():
 
         o = w.objects
         cache = StaticCache(config=o["lm"].config, max_cache_len=corpus.PROMPT_LEN + corpus.NEW_TOKENS + 3)
-        again = o["lm"].generate(o["prompts"][0], attention_mask=o["masks"][0], cache=cache, pad_token_id=0,
+        keyword = hf_compat.cache_keyword(o["lm"])          # cache (transformers 5.24) or past_key_values (5.17)
+        again = o["lm"].generate(o["prompts"][0], attention_mask=o["masks"][0], **{keyword: cache}, pad_token_id=0,
                                  max_new_tokens=corpus.NEW_TOKENS, do_sample=False)
         report["second_cache_tokens"] = again[:, corpus.PROMPT_LEN:].tolist()
         report["counters_after_second_cache"] = {k: v for k, v in vars(counters).items()}
