@@ -71,7 +71,15 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         sync()
         return time.perf_counter() - t0
 
-    out = {"first_generate_s": generate(*SWEEP[0])}
+    profile_path = os.environ.get("GEARCACHE_BENCH_PROFILE")     # cProfile of the first generate(), for its cost
+    if profile_path:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        out = {"first_generate_s": profiler.runcall(generate, *SWEEP[0])}
+        profiler.dump_stats(profile_path)
+    else:
+        out = {"first_generate_s": generate(*SWEEP[0])}
     out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
     if variant.startswith("gearcache"):
         from gearcache import counters
