@@ -10,10 +10,10 @@ from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
 from .cuda_graphs import mark_static_address
-from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_dim_gears
+from .gears import mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
-                     UntrustedCacheError)
+                     UntrustedCacheError, PaddingUnsafeError, PastLargestGearError)
 
 _configure_logging()
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ from . import _torch_compat as compat
 from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
-from .errors import ConfigError, PaddingUnsafeError
+from .errors import ConfigError, PaddingUnsafeError, PastLargestGearError
 from .key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
 from .store import Store
 from .topology import process_groups_factor
@@ -108,7 +108,7 @@ class GearedGraph:
         if targets is None:
             policy = self.config.inference_config.past_largest_gear
             if policy == "error":
-                raise gears.PastLargestGearError(plan.past_largest_message(flat))
+                raise PastLargestGearError(plan.past_largest_message(flat))
             if policy == "eager":
                 counters.eager_calls += 1
                 return self.gm(*flat)

@@ -36,7 +36,7 @@ import torch
 from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .counters import counters
-from .errors import ConfigError, GearcacheError, PaddingUnsafeError   # noqa: F401 - PaddingUnsafeError: re-exported
+from .errors import ConfigError
 from .padding_report import PaddingReport
 
 GEARS_ATTR = "_gearcache_dim_gears"
@@ -45,10 +45,6 @@ PAD_ATTR = "_gearcache_pad_value"
 MAX_COMBINATIONS_BEFORE_WARNING = 1000
 PLAN_FORMAT = 2
 """The stored plan's format (a factor of the plan key). 2: plans carry the padding analysis and zip's lockstep."""
-
-
-class PastLargestGearError(GearcacheError, ValueError):
-    """A call is larger than the largest gear and ``past_largest_gear == "error"``."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:

@@ -43,11 +43,12 @@ import sys
 import types
 import warnings
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from . import _torch_compat as compat
+from .errors import Unpersistable
 from .naming import importable_module
 
 log = logging.getLogger("gearcache.guards")
@@ -77,10 +78,6 @@ _KINDS = {
     "SET_NOT_CONTAINS": "contains",
     "DUPLICATE_INPUT": "same_as", "NOT_NONE_MATCH": "not_none",
 }
-
-
-class Unpersistable(Exception):
-    """A guarded value has no fingerprint that means the same in another process."""
 
 
 @dataclasses.dataclass(frozen=True)

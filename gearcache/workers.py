@@ -37,13 +37,10 @@ from typing import Any, BinaryIO
 import torch
 
 from . import _torch_compat as compat
+from .errors import WorkerError
 
 _LEN = struct.Struct(">Q")
 _WORKER_MAIN = "import time; t = time.time(); from gearcache.workers import main; main(t)"
-
-
-class WorkerError(RuntimeError):
-    """A worker could not compile a job (the message carries its traceback); the caller compiles in-process."""
 
 
 # ------------------------------------------------------------------------------------------------ message framing
@@ -170,16 +167,16 @@ class WorkerPool:
         proc = self._idle.get()
         try:
             if proc.poll() is not None:
-                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}")
+                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}", proc.pid)
             _send(proc.stdin, job)
             reply = _receive(proc.stdout)
         except (OSError, EOFError) as exc:
             raise WorkerError(f"worker pid {proc.pid} died ({type(exc).__name__}: {exc}; exit code "
-                              f"{proc.poll()})") from None
+                              f"{proc.poll()})", proc.pid) from None
         finally:
             self._idle.put(proc)                # a dead one answers the next job at once with WorkerError
         if not reply["ok"]:
-            raise WorkerError(reply["error"])
+            raise WorkerError(reply["error"], proc.pid)
         return {**reply, "worker": self._all.index(proc)}
 
     def close(self, wait: bool = True) -> None:

@@ -13,6 +13,7 @@ from torch_settings import attribute, setting
 
 from gearcache import _torch_compat as compat
 from gearcache import native
+from gearcache.errors import NativeBuildError
 from gearcache.native import build as native_build
 from gearcache.signature import call_key, matcher
 
@@ -185,7 +186,7 @@ def test_a_module_others_can_write_is_not_loaded(module, tmp_path, caplog):
 def test_a_failed_build_says_why_and_is_not_retried_automatically(tmp_path, monkeypatch):
     monkeypatch.setenv("GEARCACHE_NATIVE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")                  # a "compiler" that fails at once
-    with pytest.raises(native.NativeBuildError, match="exit status 1") as failure:
+    with pytest.raises(NativeBuildError, match="exit status 1") as failure:
         native_build.build()
     folder = tmp_path / native.build_key()
     assert str(folder / native.LOG_FILE) in str(failure.value)

@@ -45,10 +45,6 @@ ENV_DIR = "GEARCACHE_NATIVE_DIR"
 log = logging.getLogger("gearcache.native")
 
 
-class NativeBuildError(RuntimeError):
-    """The native checks could not be built (the message names the compiler's output file)."""
-
-
 def enabled() -> bool:
     """False when ``$GEARCACHE_NATIVE`` is ``0`` (or ``off``/``false``/``no``), or off Linux."""
     return sys.platform == "linux" and os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false",

@@ -21,7 +21,8 @@ import tempfile
 
 import filelock
 
-from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, NativeBuildError, build_key, key_dir
+from ..errors import NativeBuildError
+from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, build_key, key_dir
 
 COMPILE_TIMEOUT_S = 600
 
@@ -103,8 +104,7 @@ def _record_failure(failed: str, log_path: str, text: str) -> None:
         f.write(text)
     with open(failed, "w") as f:
         f.write("see build.log\n")
-    raise NativeBuildError(f"building gearcache's native checks failed: {text.splitlines()[-1] if text else ''} "
-                           f"(full output: {log_path}). gearcache works without them, with Dynamo's checks.")
+    raise NativeBuildError(text.splitlines()[-1] if text else "", log_path)
 
 
 def main(argv: list[str] | None = None) -> int:
