@@ -16,7 +16,7 @@ Warm processes normally do not use torch's loader but gearcache's own (``gearcac
 torch's private run-time API (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
 The dispatch shortcut's checks come from gearcache's native module where it is built for this torch (compiled
 against torch's own headers, so its private C++ API is checked by the compiler; ``gearcache/native/``), else from
-Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` imports nothing from gearcache.
+Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` imports only ``gearcache.errors``.
 """
 from __future__ import annotations
 
@@ -795,3 +795,35 @@ def apply_compiler_settings(settings: dict[str, Any]) -> None:
 
     inductor_config.load_config(settings["inductor"])
     functorch_config.load_config(settings["functorch"])
+
+
+# ---------------------------------------------------------------- capture, config, workers (#29: misc)
+def require_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Make ``dim`` of ``tensor`` dynamic in the next Dynamo trace, strictly (``torch._dynamo.mark_dynamic``): a trace
+    that specialises on its size raises (a constraint violation) instead of quietly making it static."""
+    torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def as_subclass_sharing_storage(cls: type, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` viewed as an instance of the Tensor subclass ``cls``, sharing its storage
+    (``torch.Tensor._make_subclass``)."""
+    return torch.Tensor._make_subclass(cls, tensor)
+
+
+def inductor_setting_names() -> set[str]:
+    """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
+    compiler)."""
+    import torch._inductor.config as inductor_config
+
+    return set(inductor_config.get_config_copy())
+
+
+def warm_up_compiler() -> None:
+    """Import what a compile needs (AOTAutograd, Inductor, ``standalone_compile``) and start Inductor's compile
+    pool now (worker processes only: a warm process must not import the compiler)."""
+    import torch._functorch.aot_autograd  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.standalone_compile  # noqa: F401
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.warm_pool()

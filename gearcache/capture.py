@@ -143,7 +143,7 @@ def _mark_numbers(outs: list, nodes: list) -> list:
             value = _GraphNumber(type(example).__name__[3:].lower())
         elif (isinstance(value, torch.Tensor) and isinstance(node, torch.fx.Node) and node.op == "call_function"
               and node.target is torch.scalar_tensor):
-            value = torch.Tensor._make_subclass(_FloatProbe, value)
+            value = compat.as_subclass_sharing_storage(_FloatProbe, value)
         marked.append(value)
     return marked
 
@@ -287,19 +287,45 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
 
     Returns the symbol of each marked dim (dims that meet in the graph share one); for each output leaf, ``(dim,
     symbol)`` for every dim whose size is exactly a marked symbol; the traced user functions; the trace's value guards;
-    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its outputs are empty tensors of the
-    example's sizes, so the trace writes nothing (a buffer or input the method updates in place keeps its value). A
-    marked dim the model specialises on (its size became a constant) cannot be padded: error.
+    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its
+    outputs are empty tensors of the example's sizes, so the trace writes nothing (a buffer or input the method
+    updates in place keeps its value). A marked dim the model specialises on (its size became a constant) cannot be
+    padded: error.
     """
     from .signature import unflatten
 
+    clones = _dynamic_clones(leaves, marked)
+    args, kwargs = unflatten(structure, tuple(clones))
+    state, result, recording = _trace_symbolically(method, module, args, kwargs)
+    gm, state_names = state["gm"], _state_names(module)
+    guards = compat.shape_guards(gm)
+    same = size_classes(guards)
+    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
+    symbols = _marked_symbols(method, gm, inputs, marked, same)
+    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
+    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
+    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
+                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+
+
+def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
+    """``leaves`` with each marked leaf replaced by a clone whose marked dims are dynamic (the caller's tensors keep
+    no mark)."""
     clones = list(leaves)
     for leaf_index, _ in marked:
         if clones[leaf_index] is leaves[leaf_index]:
             clones[leaf_index] = leaves[leaf_index].clone()
     for leaf_index, dim in marked:
-        torch._dynamo.mark_dynamic(clones[leaf_index], dim)
-    args, kwargs = unflatten(structure, tuple(clones))
+        compat.require_dynamic(clones[leaf_index], dim)
+    return clones
+
+
+def _trace_symbolically(method: Callable, module: torch.nn.Module, args: tuple,
+                        kwargs: dict) -> tuple[dict[str, Any], Any, compat.GuardRecording]:
+    """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
+    recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
+    (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
+    from them, ``recording`` the guards Dynamo recorded."""
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
@@ -336,15 +362,7 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
         compat.forget_dynamo_cache(code)
     if "gm" not in state:
         raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
-    gm, state_names = state["gm"], _state_names(module)
-    guards = compat.shape_guards(gm)
-    same = size_classes(guards)
-    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
-    symbols = _marked_symbols(method, gm, inputs, marked, same)
-    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
-    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
-    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
-                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+    return state, result, recording
 
 
 def size_classes(guards: list[tuple[Any, str]]) -> dict[Any, Any]:

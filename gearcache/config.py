@@ -171,9 +171,9 @@ class CompilerConfig(BaseModel):
     @field_validator("inductor_options")
     @classmethod
     def _check_inductor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import torch._inductor.config as inductor_config
+        from . import _torch_compat as compat
 
-        known = inductor_config.get_config_copy()
+        known = compat.inductor_setting_names()
         for name in value:
             if name not in known:
                 raise ValueError(f"inductor_options: {name!r} is not a torch._inductor.config setting "

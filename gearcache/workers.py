@@ -17,7 +17,7 @@ The worker rebuilds the example inputs as zero-filled tensors of the same metada
 strides, offsets, dtypes and devices, never on values) and runs ``_torch_compat.compile_unloaded`` into ``folder``;
 the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
 Workers start when warm-up starts and import torch, Inductor and its compile pool before their first job
-(:func:`_warm_up`), so that cost overlaps the caller's first captures. A worker's own Inductor uses
+(``_torch_compat.warm_up_compiler``), so that cost overlaps the caller's first captures. A worker's own Inductor uses
 :func:`compile_threads` threads. Pickles come only from the process that started
 the worker (its own pipes), never from the cache folder.
 """
@@ -85,16 +85,6 @@ def build_input(spec: list) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- worker side
-def _warm_up() -> None:
-    """Import what a compile needs and start Inductor's compile pool now, while the caller is still capturing."""
-    import torch._functorch.aot_autograd  # noqa: F401
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._inductor.standalone_compile  # noqa: F401
-    from torch._inductor.async_compile import AsyncCompile
-
-    AsyncCompile.warm_pool()
-
-
 def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     import pathlib
 
@@ -113,7 +103,7 @@ def main(started: float | None = None) -> None:
     ``started``: the ``time.time()`` of the interpreter's first line (reported in replies)."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())           # stray prints must not corrupt the replies
-    _warm_up()
+    compat.warm_up_compiler()          # while the caller is still capturing
     times = {"started": started or time.time(), "ready": time.time()}
     jobs = sys.stdin.buffer
     while True:

@@ -67,7 +67,7 @@ def build_key_parts() -> list[tuple[str, str]]:
         source = hashlib.sha256(f.read()).hexdigest()
     return [("source", source),
             ("torch", f"{torch.__version__} {getattr(torch.version, 'git_version', '')} "
-                      f"cxx11abi={getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', '')}"),
+                      f"cxx11abi={torch.compiled_with_cxx11_abi()}"),
             ("python", f"{sys.implementation.cache_tag} {importlib.machinery.EXTENSION_SUFFIXES[0]}"),
             ("platform", f"{sys.platform} {platform.machine()}")]
 

@@ -39,7 +39,7 @@ def compile_command(cxx: str, output: str, key: str) -> list[str]:
 
     torch_dir = os.path.dirname(torch.__file__)
     torch_lib = os.path.join(torch_dir, "lib")
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    abi = int(torch.compiled_with_cxx11_abi())
     return [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f'-DGEARCACHE_BUILD_KEY="{key}"',
             "-I", os.path.join(torch_dir, "include"),
