@@ -5,7 +5,7 @@
 """
 from .log import configure_from_env as _configure_logging
 from .api import cache_compile
-from .backend import get_backend
+from .torch_compile_backend import get_backend
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters

@@ -18,10 +18,10 @@ A :class:`GearPlan` is built once per cached method from the first call's marks:
   the method writes is written in its padded copy; ``copy_back`` copies the copy's real rows into the caller's tensor
   after the call. ``lockstep``: under ``zip``, marked dims that meet in the graph (their real sizes must be equal).
 
-The plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
+The gear plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
 table lookup per marked dim (``first[size]`` = index of the smallest gear size >= size), never a loop over gears.
 On disk (the ``"plan"`` of a stored plan record): ``{"dims", "groups", "policy", "cuts", "lockstep", "padding"}``;
-:data:`PLAN_FORMAT` is part of the plan's key.
+:data:`PLAN_FORMAT` is part of the gear plan's key.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ STATIC_ATTR = "_gearcache_static"
 PAD_ATTR = "_gearcache_pad_value"
 MAX_COMBINATIONS_BEFORE_WARNING = 1000
 PLAN_FORMAT = 2
-"""The stored plan's format (a factor of the plan key). 2: plans carry the padding analysis and zip's lockstep."""
+"""The stored gear plan's format (a factor of its key). 2: gear plans carry the padding analysis and zip's lockstep."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:
