@@ -133,8 +133,8 @@ def test_the_snapshot_covers_the_key_state_but_cudnn_tf32(module):
     plain = compat.global_state(["cpu"])
     same = module.StateSnapshot()
     changed = 0
-    for name, setting in STATES.items():
-        with setting():
+    for name, set_state in STATES.items():
+        with set_state():
             if compat.global_state(["cpu"]) != plain:
                 changed += 1
                 assert not same(), name
