@@ -565,8 +565,8 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
     - ``cpu_threads``, only where a CPU is among ``devices`` (a key's devices): Inductor writes the thread count into
       its C++ kernels.
 
-    The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus ``matmul``'s cuDNN/precision parts and ``sdp``,
-    which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
+    The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus
+    ``matmul``'s cuDNN/precision parts and ``sdp``, which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
     :func:`state_guard`)."""
     autocast = {}
     for device_type in _AUTOCAST_DEVICE_TYPES:

@@ -184,8 +184,9 @@ class CompilerConfig(BaseModel):
 
     def compile_factors(self) -> dict[str, Any]:
         """What changes the compiled code, in a stable JSON-able form (a cache key factor): the mode as compiled plus
-        ``inductor_options`` (computed without importing torch's compiler: a warm start must not). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are
-        captured per process), so the two share entries."""
+        ``inductor_options`` (computed without importing torch's compiler: a warm start must not).
+        ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process), so the two share
+        entries."""
         from . import _torch_compat as compat
 
         return {"mode": compat.compiled_mode(self.mode),
@@ -203,5 +204,6 @@ class CompilerConfig(BaseModel):
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not valid {path.suffix[1:]}: {exc}") from exc
+            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not valid {path.suffix[1:]}: "
+                              f"{exc}") from exc
         return cls.model_validate(data)

@@ -34,7 +34,8 @@ class GraphBreakError(GearcacheError):
             "How to fix the common ones:\n"
             "  - a Python `if` on a tensor value: compute both branches and select with torch.where(cond, a, b);\n"
             "  - .item(), .tolist(), print() or logging in the method: return the tensor and use it outside;\n"
-            "  - a loop whose trip count depends on tensor data: loop a fixed number of times and mask the extra steps;\n"
+            "  - a loop whose trip count depends on tensor data: loop a fixed number of times and mask the extra "
+            "steps;\n"
             "  - a call into a library Dynamo cannot trace: move it outside the cached method."
         )
         return "\n".join(lines)

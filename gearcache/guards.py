@@ -22,8 +22,8 @@ On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected],
 ``["module", name]`` (a Python module, ``sys.modules[name]``) or ``"builtins"``; a step is ``["attr", name]``,
 ``["generic_attr", name]`` (``object.__getattribute__(x, name)``, as Dynamo reads past a custom ``__getattribute__``),
 ``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
-``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``, ``in_dict``), a key (``contains``) or another path
-(``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
+``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``,
+``in_dict``), a key (``contains``) or another path (``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
 
 A guard gearcache cannot re-evaluate in another process (an object known only by its identity, a source expression
 of a form not parsed here) makes the entry *local*: it is compiled and served in this process (checked by identity)
@@ -461,7 +461,8 @@ _FINGERPRINT = {
 def type_name(t: type) -> str:
     """``module.QualName``, the module named as it is imported (a class of the script run as ``__main__`` has the
     same name as when it is imported: ``naming.importable_module``)."""
-    return f"{importable_module(getattr(t, '__module__', '?'))}.{getattr(t, '__qualname__', getattr(t, '__name__', repr(t)))}"
+    qualname = getattr(t, "__qualname__", getattr(t, "__name__", repr(t)))
+    return f"{importable_module(getattr(t, '__module__', '?'))}.{qualname}"
 
 
 def value_fp(v: Any) -> Any:

@@ -32,7 +32,8 @@ default of plain transformers), beam search, ``inputs_embeds``, 4D or 3D masks/p
 hidden states, a model in training mode, and a model already compiled by ``torch.compile``.
 ``config=CompilerConfig(mode="reduce-overhead")`` replays one CUDA graph per (batch, prompt or decode, cache-length)
 gear: the backing cache's tensors are the graph's static addresses (each gear's backing is allocated once and
-reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures. ``disable(model)`` undoes ``enable``.
+reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures.
+``disable(model)`` undoes ``enable``.
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ class ServeGears:
                 return tuple(_normalise_sizes(list(value) if not isinstance(value, int) else value, name))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(str(exc)) from None
-        return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"), sizes(prompt, DEFAULT_PROMPT_GEARS, "prompt_gears"),
+        return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"),
+                   sizes(prompt, DEFAULT_PROMPT_GEARS, "prompt_gears"),
                    sizes(cache_len, DEFAULT_CACHE_LEN_GEARS, "cache_len_gears"))
 
     @staticmethod
