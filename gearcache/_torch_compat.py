@@ -566,8 +566,8 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
       its C++ kernels.
 
     The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus
-    ``matmul``'s cuDNN/precision parts and ``sdp``, which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
-    :func:`state_guard`)."""
+    ``matmul``'s cuDNN/precision parts and ``sdp``, which Dynamo does not guard. Public APIs only; ~10 us: call it on
+    a miss, not per call (see :func:`state_guard`)."""
     autocast = {}
     for device_type in _AUTOCAST_DEVICE_TYPES:
         try:

@@ -23,7 +23,8 @@ On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected],
 ``["generic_attr", name]`` (``object.__getattribute__(x, name)``, as Dynamo reads past a custom ``__getattribute__``),
 ``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
 ``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``,
-``in_dict``), a key (``contains``) or another path (``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
+``in_dict``), a key (``contains``) or another path (``same_as``). The kinds and their fingerprints are in
+``_FINGERPRINT``.
 
 A guard gearcache cannot re-evaluate in another process (an object known only by its identity, a source expression
 of a form not parsed here) makes the entry *local*: it is compiled and served in this process (checked by identity)
