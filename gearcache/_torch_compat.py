@@ -34,11 +34,14 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import torch
 
 from . import native as gearcache_native
+
+if TYPE_CHECKING:
+    from torch.fx._graph_pickler import GraphPickler
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore
 
@@ -58,8 +61,9 @@ def symbolic_capture_config() -> contextlib.AbstractContextManager:
     """Settings for the symbolic trace that finds which marked dims meet: no duck sizing (two unrelated dims that
     happen to have the same example size must get different symbols)."""
     import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
 
-    return fx_config.patch(use_duck_shape=False)
+    return cast(ConfigModule, fx_config).patch({"use_duck_shape": False})   # a config module, made one at its import
 
 
 
@@ -372,7 +376,8 @@ def assert_size_stride(tensor: torch.Tensor, size: tuple, stride: tuple, op_name
 def cpp_kernel_env_value() -> str:
     """What Inductor's C++ kernel libraries read from ``CPP_KERNEL_ENV`` when imported (their tensor data-pointer
     offset; ``CppPythonBindingsCodeCache._load_library_inner`` sets it the same way)."""
-    return str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    guards = torch._C._dynamo.guards
+    return str(guards._torchinductor_pyobject_tensor_data_ptr)  # type: ignore[attr-defined]  # missing in torch's stubs
 
 
 def load_cubin(path: str, function: str, shared: int, device: int) -> int:
@@ -576,7 +581,7 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
         except (RuntimeError, ValueError):      # a device type this build does not know
             continue
     matmul = torch.backends.cuda.matmul
-    state = {
+    state: dict[str, Any] = {
         "autocast": autocast,
         "autocast_cache": torch.is_autocast_cache_enabled() if autocast else None,
         "default_dtype": str(torch.get_default_dtype()),
@@ -737,7 +742,7 @@ def graph_to_bytes(gm: torch.fx.GraphModule) -> bytes:
 
 
 @functools.cache
-def _graph_pickler() -> type:
+def _graph_pickler() -> type[GraphPickler]:
     """torch's ``GraphPickler``, also clearing the fake mode of a view's base: torch clears the view's own (its
     unpickler sets both) but not the base's, so a graph with a view among its fake values fails to pickle (2.13)."""
     import dataclasses
@@ -768,7 +773,7 @@ def graph_from_bytes(data: bytes) -> torch.fx.GraphModule:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     parts = pickle.loads(data)
-    gm = GraphPickler.loads(parts["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+    gm = cast(torch.fx.GraphModule, GraphPickler.loads(parts["graph"], FakeTensorMode(shape_env=ShapeEnv())))
     for node, source in zip(gm.graph.find_nodes(op="placeholder"), parts["sources"]):
         if source is not None:
             node._dynamo_source = source
@@ -827,3 +832,9 @@ def warm_up_compiler() -> None:
     from torch._inductor.async_compile import AsyncCompile
 
     AsyncCompile.warm_pool()
+
+
+def aten_op(node: torch.fx.Node) -> torch._ops.OpOverload:
+    """The ATen op overload that a ``call_function`` node of an ATen graph (:func:`aten_graph`) calls: the node's
+    target, typed as what it is (for a node whose :func:`op_schema` is not None)."""
+    return cast(torch._ops.OpOverload, node.target)

@@ -60,7 +60,7 @@ class CachedFunction(Dispatcher):
     """A bound method of an ``nn.Module`` served from compiled, persisted entries. Calling it runs
     ``Dispatcher.__call__`` (the shortcut for a call like the last one), then ``_call``."""
 
-    def __init__(self, method: Callable, *, config: CompilerConfig, store: Store, topology: Topology,
+    def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None):
         self._method = method
         self._module: torch.nn.Module = method.__self__

@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from typing import Any, Callable
+import types
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class Captured:
     guards: value_guards.GuardSet
 
 
-def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
@@ -155,11 +156,11 @@ def _empty_like_example(node: Any) -> Any:
     return value
 
 
-def _qualname(method: Callable) -> str:
+def _qualname(method: types.MethodType) -> str:
     return f"{type(method.__self__).__qualname__}.{method.__name__}"
 
 
-def _explain(method: Callable, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
+def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
     code = method.__func__.__code__
     try:
         breaks = compat.explain_graph_breaks(method, args, kwargs)
@@ -281,7 +282,7 @@ class SymbolicTrace:
     same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)
 
 
-def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
+def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple,
                     marked: list[tuple[int, int]]) -> SymbolicTrace:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
@@ -320,7 +321,7 @@ def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
     return clones
 
 
-def _trace_symbolically(method: Callable, module: torch.nn.Module, args: tuple,
+def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple,
                         kwargs: dict) -> tuple[dict[str, Any], Any, compat.GuardRecording]:
     """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
     recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
@@ -398,7 +399,7 @@ def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
     return ["state", state_names[id(t)]] if id(t) in state_names else ["other"]
 
 
-def _marked_symbols(method: Callable, gm: torch.fx.GraphModule, inputs: list[list],
+def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: list[list],
                     marked: list[tuple[int, int]], same: dict[Any, Any]) -> list[str]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_of = {recipe[1]: node.meta.get("example_value") for node, recipe in zip(placeholders, inputs)
@@ -415,7 +416,7 @@ def _marked_symbols(method: Callable, gm: torch.fx.GraphModule, inputs: list[lis
     return symbols
 
 
-def _cut_dims(method: Callable, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
+def _cut_dims(method: types.MethodType, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
               same: dict[Any, Any]) -> dict[int, list[tuple[int, str]]]:
     """For each method output leaf made by the graph, ``(dim, symbol)`` for each dim whose size is a marked symbol;
     a dim derived from one without equalling it cannot be cut back: error."""

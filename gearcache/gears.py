@@ -211,7 +211,7 @@ class GearPlan:
 
     def _graph_cuts_for(self, entry: Any) -> list[tuple[int, int, int]]:
         """Translate cuts per method output leaf into cuts per graph output of this entry."""
-        out = []
+        out: list[tuple[int, int, int]] = []
         for j, (kind, ref) in enumerate(entry.manifest["outputs"]["leaves"]):
             if kind == "out":
                 out.extend((int(ref), dim, m) for dim, m in self.cuts.get(j, []))
@@ -334,7 +334,7 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
         if count > MAX_COMBINATIONS_BEFORE_WARNING:
             warnings.warn(f"gearcache: the product policy forms {count} gear combinations; each is compiled on first "
                           f"use (or by warmup())", stacklevel=3)
-    first_of_symbol = {}
+    first_of_symbol: dict[str, int] = {}
     for m, sym in enumerate(symbols):
         first_of_symbol.setdefault(sym, m)
     cuts = {j: [[dim, first_of_symbol[sym]] for dim, sym in dims if sym in first_of_symbol]
@@ -344,7 +344,7 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
 
 def _joined(meets: list[list[str]]) -> dict[str, str]:
     """symbol -> one representative symbol, for symbols joined by ``meets`` pairs."""
-    return joined_classes([tuple(pair) for pair in meets])
+    return joined_classes([(a, b) for a, b in meets])
 
 
 def joined_classes(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:

@@ -83,13 +83,13 @@ class GearedGraph:
                                              float(getattr(real, gears.PAD_ATTR, 0))))
                 symbols.append(_expr(fake.shape[dim]) or f"static:{i}:{dim}")
         # SymInt inputs (sizes Dynamo passes separately) follow the marked dim with the same symbol.
-        self._size_inputs = [(i, symbols.index(_expr(f))) for i, f in enumerate(fakes)
-                             if isinstance(f, torch.SymInt) and _expr(f) in symbols]
+        self._size_inputs = [(i, symbols.index(e)) for i, f in enumerate(fakes)
+                             if isinstance(f, torch.SymInt) and (e := _expr(f)) is not None and e in symbols]
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        output_dims = {}
+        output_dims: dict[int, list[tuple[int, str]]] = {}
         for j, node in enumerate(outputs):
             shape = getattr(node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None, "shape", [])
-            dims = [(d, _expr(s)) for d, s in enumerate(shape) if _expr(s) in symbols]
+            dims = [(d, e) for d, s in enumerate(shape) if (e := _expr(s)) is not None and e in symbols]
             if dims:
                 output_dims[j] = dims
         # the gear plan is made at the first call: its padding analysis retraces the graph, which it cannot do

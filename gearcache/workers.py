@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 
@@ -44,6 +44,11 @@ _WORKER_MAIN = "import time; t = time.time(); from gearcache.workers import main
 
 
 # ------------------------------------------------------------------------------------------------ message framing
+def _pipe(stream: IO[bytes] | None) -> BinaryIO:
+    """A worker's stdin or stdout: a pipe (the pool starts every worker with both), never None."""
+    return cast(BinaryIO, stream)
+
+
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_LEN.pack(len(data)) + data)
@@ -158,8 +163,8 @@ class WorkerPool:
         try:
             if proc.poll() is not None:
                 raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}", proc.pid)
-            _send(proc.stdin, job)
-            reply = _receive(proc.stdout)
+            _send(_pipe(proc.stdin), job)
+            reply = _receive(_pipe(proc.stdout))
         except (OSError, EOFError) as exc:
             raise WorkerError(f"worker pid {proc.pid} died ({type(exc).__name__}: {exc}; exit code "
                               f"{proc.poll()})", proc.pid) from None
@@ -174,7 +179,7 @@ class WorkerPool:
         daemon thread instead, so the caller goes on while they shut their compile pools down (about a second)."""
         for proc in self._all:
             try:
-                proc.stdin.close()
+                _pipe(proc.stdin).close()
             except OSError:
                 pass
         if wait:

@@ -41,7 +41,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -95,7 +95,7 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
                           "(disable(model) first to change its options)")
     served = ServedLM(model, gears=ServeGears.of(batch_gears, prompt_gears, cache_len_gears), cache_dir=cache_dir,
                       config=config, **cache_compile_kwargs)
-    original_prepare = model.prepare_inputs_for_generation
+    original_prepare = cast(Callable[..., Any], model.prepare_inputs_for_generation)   # a transformers model's
     object.__setattr__(model, "forward", _Forward(served, model.forward))
     object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
     object.__setattr__(model, "get_compiled_call", lambda compile_config=None: model.__call__)
@@ -348,7 +348,8 @@ def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
                           "which gearcache does not serve yet. Fix: serve it with torch.compile")
     from transformers import StaticCache
 
-    hf_cache.check_layers(StaticCache(config=model.config, max_cache_len=1))
+    model_config: Any = model.config        # a transformers PretrainedConfig
+    hf_cache.check_layers(StaticCache(config=model_config, max_cache_len=1))
 
 
 def _config_digest(hf_config: Any) -> str:

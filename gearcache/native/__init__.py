@@ -133,6 +133,8 @@ def _load(path: str, key: str) -> ModuleType | None:
         return None
     try:
         spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} is not a loadable extension module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except ImportError as e:

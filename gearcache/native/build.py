@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from typing import NoReturn
 
 import filelock
 
@@ -99,7 +100,7 @@ def _compile(folder: str, key: str, target: str, failed: str) -> str:
     return target
 
 
-def _record_failure(failed: str, log_path: str, text: str) -> None:
+def _record_failure(failed: str, log_path: str, text: str) -> NoReturn:
     with open(log_path, "w") as f:
         f.write(text)
     with open(failed, "w") as f:
