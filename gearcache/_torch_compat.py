@@ -802,7 +802,7 @@ def apply_compiler_settings(settings: dict[str, Any]) -> None:
     functorch_config.load_config(settings["functorch"])
 
 
-# ---------------------------------------------------------------- capture, config, workers (#29: misc)
+# ------------------------------------------------- capture, config, workers, padding analysis (#29: misc)
 def require_dynamic(tensor: torch.Tensor, dim: int) -> None:
     """Make ``dim`` of ``tensor`` dynamic in the next Dynamo trace, strictly (``torch._dynamo.mark_dynamic``): a trace
     that specialises on its size raises (a constraint violation) instead of quietly making it static."""
