@@ -92,7 +92,7 @@ with torch.inference_mode():
         for _ in range(200):
             fn(x, kv, pos), direct(*args)
         sync()
-        for i in range(n):
+        for _ in range(n):
             t = time.perf_counter_ns()
             fn(x, kv, pos)
             t_entry.append(time.perf_counter_ns() - t)

@@ -182,7 +182,7 @@ def main() -> None:
                 return o
 
             entry.compiled = _null_run(run, None, timed_call)
-            for i in range(n + 200):
+            for _ in range(n + 200):
                 fn(x, kv, pos)
                 t0 = pc()
                 call(list(args))
@@ -212,7 +212,8 @@ def main() -> None:
         f"whole hot path with a null call() {r['glue_isolated_us']:.2f}")
     print(f"3. whole hot path with a null call(), each right after a real call(): {r['glue_after_call_us']:.2f} us")
     print(f"4. Inductor's call() itself, p50: inside the loaded entry {r['call_inside_entry_p50_us']:.1f} us, alone "
-          f"{r['call_alone_p50_us']:.1f} us (interleaved): {r['call_inside_entry_p50_us'] - r['call_alone_p50_us']:.2f} us "
+          f"{r['call_alone_p50_us']:.1f} us (interleaved): "
+          f"{r['call_inside_entry_p50_us'] - r['call_alone_p50_us']:.2f} us "
           f"of the paired difference is call() running slower after the glue")
     print(f"counters: {r['counters']}")
     if opts.json:

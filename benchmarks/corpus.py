@@ -366,8 +366,9 @@ def _encoder_workload(model, inputs, result, device, dtype, cache_dir) -> Worklo
         wrapped = CachedEncoder(model, result, cache_dir)
         for x in batches[0].values():          # the first call's marks make the gear plan
             set_dim_gears(x, {0: ENCODER_GEARS})
-    calls = [(f"batch {b}", (lambda x: lambda cached: (wrapped.cached_encode(x) if cached
-                                                        else result(model(**x))))(x)) for b, x in zip(sizes, batches)]
+    calls = [(f"batch {b}", (lambda inputs: lambda cached: (wrapped.cached_encode(inputs) if cached
+                                                             else result(model(**inputs))))(x))
+             for b, x in zip(sizes, batches)]
     return Workload(calls, [True] * len(ENCODER_GEARS) + [False, False],
                     lambda: [result(model(**x)) for x in batches], lambda outputs: {})
 

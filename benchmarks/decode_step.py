@@ -198,8 +198,9 @@ def main() -> None:
         print(f"{name:40}" + "".join(f"{r[b]:>11.0f}" for b in BATCHES))
     g, t, ro = rows["gearcache + CUDA graphs"], rows["torch.compile"], rows["torch.compile reduce-overhead"]
     v, vc = rows["gearcache + CUDA graphs, views"], rows["gearcache + CUDA graphs, view-checked"]
-    print(f"\nB=1: gearcache + CUDA graphs is {t[1] / g[1]:.2f}x torch.compile, {ro[1] / g[1]:.2f}x its reduce-overhead "
-          f"(views: {t[1] / v[1]:.2f}x and {ro[1] / v[1]:.2f}x; view-checked, reduce-overhead's own output contract: "
+    print(f"\nB=1: gearcache + CUDA graphs is {t[1] / g[1]:.2f}x torch.compile, {ro[1] / g[1]:.2f}x its "
+          f"reduce-overhead (views: {t[1] / v[1]:.2f}x and {ro[1] / v[1]:.2f}x; view-checked, reduce-overhead's own "
+          f"output contract: "
           f"{ro[1] / vc[1]:.2f}x)")
     print("step time over reduce-overhead's, B=1 / 8 / 32 (below 1: faster): "
           + "; ".join(f"{name.replace('gearcache + CUDA graphs', 'graphs')} "
@@ -215,7 +216,8 @@ def main() -> None:
           f"{warm['warm_all_gears_s']:.2f} s (loads {warm['counters']['loads']}, of which through run plans "
           f"{warm['counters']['direct_loads']}; compiles {warm['counters']['compiles']}, traces "
           f"{warm['counters']['traces']}, captures {warm['counters']['graph_captures']}, capture alone "
-          f"{warm['counters']['capture_seconds']:.2f} s, warm-up runs {warm['counters']['graph_warmups']}, loading alone "
+          f"{warm['counters']['capture_seconds']:.2f} s, warm-up runs {warm['counters']['graph_warmups']}, "
+          f"loading alone "
           f"{warm['counters']['load_seconds']:.2f} s; torch's compiler imported: {warm['compiler_imported']}); then "
           f"the first call at B=1 {warm['first_call_b1_s'] * 1e3:.1f} ms")
     print(f"the same with capture_graphs='first_call': every gear loaded in {lazy['warm_all_gears_s']:.2f} s "

@@ -110,7 +110,8 @@ def partial(folder: str, server=None) -> int:
     store = Store(folder, signing_key=KEY)
     if os.path.isdir(os.path.join(folder, "tmp")):
         bad += len(os.listdir(os.path.join(folder, "tmp")))
-    for akey in os.listdir(os.path.join(folder, "artifacts")) if os.path.isdir(os.path.join(folder, "artifacts")) else []:
+    artifacts = os.path.join(folder, "artifacts")
+    for akey in os.listdir(artifacts) if os.path.isdir(artifacts) else []:
         try:
             store.verify_artifact(akey)
         except Exception:

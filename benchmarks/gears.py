@@ -52,7 +52,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = CachedGPT().to(device, dtype).eval()
     fn = model.cached_decode
-    print(f"gears benchmark, {device}, torch {torch.__version__}, {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}")
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"gears benchmark, {device}, torch {torch.__version__}, {device_name}")
     with torch.inference_mode():
         t0 = time.perf_counter()
         n_gears = fn.warmup(*ref.inputs(64, device, dtype))
@@ -69,16 +70,16 @@ def main() -> None:
         for batch in (8, 5):
             x, kv, pos = ref.inputs(batch, device, dtype)
             fn(x, kv, pos)
-            plan = fn._gears
-            padded = plan.pad((x, kv, pos), plan.targets((x, kv, pos)))
+            gear_plan = fn._gears
+            padded = gear_plan.pad((x, kv, pos), gear_plan.targets((x, kv, pos)))
             entry = fn._table[call_key(padded, {})[1]]
             args = entry.gather(padded)
             direct = entry.compiled
-            geared = p50(lambda: fn(x, kv, pos), opts.calls)
-            plain = p50(lambda: direct(*args), opts.calls)
+            geared = p50(lambda x=x, kv=kv, pos=pos: fn(x, kv, pos), opts.calls)
+            plain = p50(lambda direct=direct, args=args: direct(*args), opts.calls)
             outs = direct(*args)
-            real_compiled, entry.compiled = entry.compiled, (lambda *a: outs)
-            glue = p50(lambda: fn(x, kv, pos), opts.calls)
+            real_compiled, entry.compiled = entry.compiled, (lambda *a, outs=outs: outs)
+            glue = p50(lambda x=x, kv=kv, pos=pos: fn(x, kv, pos), opts.calls)
             entry.compiled = real_compiled
             label = f"{batch}" + (" (pads to 8)" if batch == 5 else "")
             print(f"{label:>6} {geared:>12.1f} {plain:>8.1f} {geared - plain:>11.1f} {glue:>11.2f}")
@@ -99,8 +100,10 @@ def main() -> None:
             padded_rows += next(g for g in gear_sizes if g >= batch)
         print("\nbatch sweep 1..64")
         print(f"{'path':44} {'compiles':>9} {'total':>9}  note")
-        print(f"{'gearcache (gears 1..64, after warm-up)':44} {counters.compiles + counters.traces - compiles_before:>9} "
-              f"{sweep_s:>8.2f}s  (calls only) padding waste {padded_rows / real_rows:.2f}x ({padded_rows} padded / {real_rows} real rows)")
+        sweep_compiles = counters.compiles + counters.traces - compiles_before
+        print(f"{'gearcache (gears 1..64, after warm-up)':44} {sweep_compiles:>9} "
+              f"{sweep_s:>8.2f}s  (calls only) padding waste {padded_rows / real_rows:.2f}x "
+              f"({padded_rows} padded / {real_rows} real rows)")
         for dynamic in (False, None):
             _sweep_torch_compile(ref, dynamic, device, dtype, sync)
 

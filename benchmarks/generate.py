@@ -159,7 +159,7 @@ def main(argv=None) -> int:
             runs["eager"] = start(name, "eager", store, opts, work)
             if opts.graphs:
                 runs["gearcache-graphs"] = start(name, "gearcache-graphs", store, opts, work)   # same entries
-            get = lambda v, k: runs[v].get(k, runs[v].get("error"))       # noqa: E731
+            get = lambda v, k, runs=runs: runs[v].get(k, runs[v].get("error"))       # noqa: E731
             results[name] = {
                 "cold_sweep_s": {"gearcache": get("gearcache", "sweep_s"),
                                  "torch.compile": get("torch.compile", "sweep_s")},

@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=",".join(corpus.CORPUS),
                     help=f"comma-separated, from: {', '.join(corpus.CORPUS)} (default: all)")
     ap.add_argument("--dtype", help="float32 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)")
-    ap.add_argument("--size", choices=["tiny", "small", "gpu"], help="model configs (default: tiny on cpu, small on cuda)")
+    ap.add_argument("--size", choices=["tiny", "small", "gpu"],
+                    help="model configs (default: tiny on cpu, small on cuda)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--cold-jobs", type=int, default=1,
                     help="cold starts of that many models at once, before the warm and eager starts (which always "

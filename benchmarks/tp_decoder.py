@@ -136,7 +136,8 @@ def _destroy_process_group(device: str) -> bool:
 
 
 def _progress(line: str) -> None:
-    """One line on stderr per finished step of a phase (the parent passes stderr through: a long run shows where it is)."""
+    """One line on stderr per finished step of a phase (the parent passes stderr through: a long run shows where it
+    is)."""
     print(f"[rank {os.environ.get('RANK', 0)}] {line}", file=sys.stderr, flush=True)
 
 
@@ -274,8 +275,8 @@ def main() -> None:
     s = summarize(args, cold, warm)
     st = s["decode_step_b1_us_max_over_ranks"]
     print(f"TP={args.nproc} decoder, {s['device']}, torch {s['torch']}")
-    print(f"cold: job {s['cold']['job_wall_s']:.1f} s, every gear compiled+captured in {s['cold']['all_gears_s_max']:.1f}"
-          f" s, {s['cold']['compiles']} compiles over all ranks")
+    print(f"cold: job {s['cold']['job_wall_s']:.1f} s, every gear compiled+captured in "
+          f"{s['cold']['all_gears_s_max']:.1f} s, {s['cold']['compiles']} compiles over all ranks")
     print(f"warm: first call {s['warm']['first_call_s_max']:.3f} s (max over ranks), every gear loaded+captured "
           f"{s['warm']['all_gears_s_max']:.3f} s (decode's {s['warm']['decode_all_gears_s_max']:.3f} s), "
           f"{s['warm']['compiles']} compiles, {s['warm']['direct_loads']}/{s['warm']['loads']} loads by run plan")

@@ -55,8 +55,10 @@ def main() -> None:
     rows.append(("torch.compile, cold (empty caches)", run("compile", work, opts.device, fresh("c1"), small)))
     rows.append(("torch.compile, Inductor+Triton caches kept", run("compile", work, opts.device, fresh("c1"), small)))
     run("megacache-save", work, opts.device, fresh("c2"), small)
-    rows.append(("torch.compile + Mega-Cache, empty caches", run("megacache-load", work, opts.device, fresh("c3"), small)))
-    rows.append(("gearcache, cold (empty folder)", run("gearcache", work, opts.device, fresh("c4"), {**small, "GEARCACHE_BENCH_CALLS": "10"})))
+    rows.append(("torch.compile + Mega-Cache, empty caches",
+                 run("megacache-load", work, opts.device, fresh("c3"), small)))
+    rows.append(("gearcache, cold (empty folder)",
+                 run("gearcache", work, opts.device, fresh("c4"), {**small, "GEARCACHE_BENCH_CALLS": "10"})))
     warm = run("gearcache", work, opts.device, fresh("c5"), small)
     rows.append(("gearcache, warm (empty Inductor/Triton caches)", warm))
     again = [run("gearcache", work, opts.device, fresh(f"c6-{i}"), {**small, "GEARCACHE_BENCH_CALLS": "10"})
@@ -65,7 +67,8 @@ def main() -> None:
     print(f"\nwarm start, {opts.device}: each path in a fresh process")
     print(f"{'path':48} {'first call':>11} {'setup':>8} {'start to 1st output':>20}")
     for name, r in rows:
-        print(f"{name:48} {r['first_call_s']:>9.3f} s {r['setup_s']:>6.2f} s {r['process_to_first_output_s']:>18.2f} s")
+        print(f"{name:48} {r['first_call_s']:>9.3f} s {r['setup_s']:>6.2f} s "
+              f"{r['process_to_first_output_s']:>18.2f} s")
     best_torch = min(r["first_call_s"] for name, r in rows[1:3])
     print(f"\ngearcache warm vs torch's best warm path: {best_torch / warm['first_call_s']:.1f}x faster")
     if again:
@@ -75,14 +78,17 @@ def main() -> None:
               f"({best_torch / statistics.median(firsts):.1f}x torch's best warm path)")
         rows.append(("gearcache, warm, repeated", {"first_calls_s": firsts, "median_s": statistics.median(firsts)}))
     print(f"gearcache warm counters: {warm['counters']}")
-    print(f"gearcache warm process imported torch's compiler before its first output: {warm['compiler_imported']}")
+    print(f"gearcache warm process imported torch's compiler before its first output: "
+          f"{warm['compiler_imported']}")
     n = os.environ.get('GEARCACHE_BENCH_CALLS', 10000)
     print(f"per call p50 over {n} calls: loaded entry {warm['entry_call_p50_us']:.1f} us, its compiled callable "
-          f"directly {warm['direct_call_p50_us']:.1f} us, overhead {warm['entry_call_p50_us'] - warm['direct_call_p50_us']:.1f} us")
+          f"directly {warm['direct_call_p50_us']:.1f} us, "
+          f"overhead {warm['entry_call_p50_us'] - warm['direct_call_p50_us']:.1f} us")
     if "wrapper_call_p50_us" in warm:
-        print(f"per call p50 over {n} calls: Inductor's generated call() directly {warm['wrapper_call_p50_us']:.1f} us, "
-              f"loaded entry above it (median of paired differences) {warm['entry_call_vs_wrapper_p50_us']:.1f} us; the same artifact loaded by "
-              f"torch's loader {warm['torch_loaded_call_p50_us']:.1f} us")
+        print(f"per call p50 over {n} calls: Inductor's generated call() directly "
+              f"{warm['wrapper_call_p50_us']:.1f} us, "
+              f"loaded entry above it (median of paired differences) {warm['entry_call_vs_wrapper_p50_us']:.1f} us; "
+              f"the same artifact loaded by torch's loader {warm['torch_loaded_call_p50_us']:.1f} us")
     print(f"gearcache dispatch glue alone (signature key, table lookup, gather inputs, build result), p50: "
           f"{warm['dispatch_glue_p50_us']:.2f} us")
     if "run_plan_own_p50_us" in warm:

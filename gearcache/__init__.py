@@ -5,15 +5,15 @@
 """
 from .log import configure_from_env as _configure_logging
 from .api import cache_compile
-from .backend import get_backend
+from .torch_compile_backend import get_backend
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
 from .cuda_graphs import mark_static_address
-from .gears import PaddingUnsafeError, PastLargestGearError, mark_static, set_dim_gears
+from .gears import mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
-                     UntrustedCacheError)
+                     UntrustedCacheError, PaddingUnsafeError, PastLargestGearError)
 
 _configure_logging()
 __version__ = "0.1.0"

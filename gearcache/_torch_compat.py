@@ -16,7 +16,7 @@ Warm processes normally do not use torch's loader but gearcache's own (``gearcac
 torch's private run-time API (``load_cubin``, ``cubin_launcher``, the C++ kernels' environment variable) is here too.
 The dispatch shortcut's checks come from gearcache's native module where it is built for this torch (compiled
 against torch's own headers, so its private C++ API is checked by the compiler; ``gearcache/native/``), else from
-Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` imports nothing from gearcache.
+Dynamo. This module imports nothing else from gearcache; ``gearcache.native`` imports only ``gearcache.errors``.
 """
 from __future__ import annotations
 
@@ -34,11 +34,14 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import torch
 
 from . import native as gearcache_native
+
+if TYPE_CHECKING:
+    from torch.fx._graph_pickler import GraphPickler
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore
 
@@ -58,8 +61,9 @@ def symbolic_capture_config() -> contextlib.AbstractContextManager:
     """Settings for the symbolic trace that finds which marked dims meet: no duck sizing (two unrelated dims that
     happen to have the same example size must get different symbols)."""
     import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
 
-    return fx_config.patch(use_duck_shape=False)
+    return cast(ConfigModule, fx_config).patch({"use_duck_shape": False})   # a config module, made one at its import
 
 
 
@@ -372,7 +376,8 @@ def assert_size_stride(tensor: torch.Tensor, size: tuple, stride: tuple, op_name
 def cpp_kernel_env_value() -> str:
     """What Inductor's C++ kernel libraries read from ``CPP_KERNEL_ENV`` when imported (their tensor data-pointer
     offset; ``CppPythonBindingsCodeCache._load_library_inner`` sets it the same way)."""
-    return str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    guards = torch._C._dynamo.guards
+    return str(guards._torchinductor_pyobject_tensor_data_ptr)  # type: ignore[attr-defined]  # missing in torch's stubs
 
 
 def load_cubin(path: str, function: str, shared: int, device: int) -> int:
@@ -565,9 +570,9 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
     - ``cpu_threads``, only where a CPU is among ``devices`` (a key's devices): Inductor writes the thread count into
       its C++ kernels.
 
-    The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus ``matmul``'s cuDNN/precision parts and ``sdp``,
-    which Dynamo does not guard. Public APIs only; ~10 us: call it on a miss, not per call (see
-    :func:`state_guard`)."""
+    The set follows Dynamo's global-state guard (``GlobalStateGuard``), the thread count only for CPU code, plus
+    ``matmul``'s cuDNN/precision parts and ``sdp``, which Dynamo does not guard. Public APIs only; ~10 us: call it on
+    a miss, not per call (see :func:`state_guard`)."""
     autocast = {}
     for device_type in _AUTOCAST_DEVICE_TYPES:
         try:
@@ -576,7 +581,7 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
         except (RuntimeError, ValueError):      # a device type this build does not know
             continue
     matmul = torch.backends.cuda.matmul
-    state = {
+    state: dict[str, Any] = {
         "autocast": autocast,
         "autocast_cache": torch.is_autocast_cache_enabled() if autocast else None,
         "default_dtype": str(torch.get_default_dtype()),
@@ -737,7 +742,7 @@ def graph_to_bytes(gm: torch.fx.GraphModule) -> bytes:
 
 
 @functools.cache
-def _graph_pickler() -> type:
+def _graph_pickler() -> type[GraphPickler]:
     """torch's ``GraphPickler``, also clearing the fake mode of a view's base: torch clears the view's own (its
     unpickler sets both) but not the base's, so a graph with a view among its fake values fails to pickle (2.13)."""
     import dataclasses
@@ -768,7 +773,7 @@ def graph_from_bytes(data: bytes) -> torch.fx.GraphModule:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     parts = pickle.loads(data)
-    gm = GraphPickler.loads(parts["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+    gm = cast(torch.fx.GraphModule, GraphPickler.loads(parts["graph"], FakeTensorMode(shape_env=ShapeEnv())))
     for node, source in zip(gm.graph.find_nodes(op="placeholder"), parts["sources"]):
         if source is not None:
             node._dynamo_source = source
@@ -795,3 +800,41 @@ def apply_compiler_settings(settings: dict[str, Any]) -> None:
 
     inductor_config.load_config(settings["inductor"])
     functorch_config.load_config(settings["functorch"])
+
+
+# ------------------------------------------------- capture, config, workers, padding analysis (#29: misc)
+def require_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Make ``dim`` of ``tensor`` dynamic in the next Dynamo trace, strictly (``torch._dynamo.mark_dynamic``): a trace
+    that specialises on its size raises (a constraint violation) instead of quietly making it static."""
+    torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def as_subclass_sharing_storage(cls: type, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` viewed as an instance of the Tensor subclass ``cls``, sharing its storage
+    (``torch.Tensor._make_subclass``)."""
+    return torch.Tensor._make_subclass(cls, tensor)
+
+
+def inductor_setting_names() -> set[str]:
+    """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
+    compiler)."""
+    import torch._inductor.config as inductor_config
+
+    return set(inductor_config.get_config_copy())
+
+
+def warm_up_compiler() -> None:
+    """Import what a compile needs (AOTAutograd, Inductor, ``standalone_compile``) and start Inductor's compile
+    pool now (worker processes only: a warm process must not import the compiler)."""
+    import torch._functorch.aot_autograd  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.standalone_compile  # noqa: F401
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.warm_pool()
+
+
+def aten_op(node: torch.fx.Node) -> torch._ops.OpOverload:
+    """The ATen op overload that a ``call_function`` node of an ATen graph (:func:`aten_graph`) calls: the node's
+    target, typed as what it is (for a node whose :func:`op_schema` is not None)."""
+    return cast(torch._ops.OpOverload, node.target)

@@ -45,7 +45,7 @@ from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
-from .errors import CacheCorruptionError, GradModeError, SignatureMismatchError
+from .errors import CacheCorruptionError, GradModeError, PastLargestGearError, SignatureMismatchError
 from .key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
                   graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
 from .store import Store
@@ -60,7 +60,7 @@ class CachedFunction(Dispatcher):
     """A bound method of an ``nn.Module`` served from compiled, persisted entries. Calling it runs
     ``Dispatcher.__call__`` (the shortcut for a call like the last one), then ``_call``."""
 
-    def __init__(self, method: Callable, *, config: CompilerConfig, store: Store, topology: Topology,
+    def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None):
         self._method = method
         self._module: torch.nn.Module = method.__self__
@@ -198,7 +198,7 @@ class CachedFunction(Dispatcher):
     def _past_largest(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
         policy = self.config.inference_config.past_largest_gear
         if policy == "error":
-            raise gears.PastLargestGearError(f"{self.name}: {plan.past_largest_message(leaves)}")
+            raise PastLargestGearError(f"{self.name}: {plan.past_largest_message(leaves)}")
         if policy == "eager":
             counters.eager_calls += 1
             if not plan._warned_eager:

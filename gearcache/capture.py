@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from typing import Any, Callable
+import types
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class Captured:
     guards: value_guards.GuardSet
 
 
-def capture(method: Callable, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
@@ -143,7 +144,7 @@ def _mark_numbers(outs: list, nodes: list) -> list:
             value = _GraphNumber(type(example).__name__[3:].lower())
         elif (isinstance(value, torch.Tensor) and isinstance(node, torch.fx.Node) and node.op == "call_function"
               and node.target is torch.scalar_tensor):
-            value = torch.Tensor._make_subclass(_FloatProbe, value)
+            value = compat.as_subclass_sharing_storage(_FloatProbe, value)
         marked.append(value)
     return marked
 
@@ -155,11 +156,11 @@ def _empty_like_example(node: Any) -> Any:
     return value
 
 
-def _qualname(method: Callable) -> str:
+def _qualname(method: types.MethodType) -> str:
     return f"{type(method.__self__).__qualname__}.{method.__name__}"
 
 
-def _explain(method: Callable, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
+def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
     code = method.__func__.__code__
     try:
         breaks = compat.explain_graph_breaks(method, args, kwargs)
@@ -281,25 +282,51 @@ class SymbolicTrace:
     same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)
 
 
-def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, leaves: tuple,
+def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple,
                     marked: list[tuple[int, int]]) -> SymbolicTrace:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
     Returns the symbol of each marked dim (dims that meet in the graph share one); for each output leaf, ``(dim,
     symbol)`` for every dim whose size is exactly a marked symbol; the traced user functions; the trace's value guards;
-    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its outputs are empty tensors of the
-    example's sizes, so the trace writes nothing (a buffer or input the method updates in place keeps its value). A
-    marked dim the model specialises on (its size became a constant) cannot be padded: error.
+    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its
+    outputs are empty tensors of the example's sizes, so the trace writes nothing (a buffer or input the method
+    updates in place keeps its value). A marked dim the model specialises on (its size became a constant) cannot be
+    padded: error.
     """
     from .signature import unflatten
 
+    clones = _dynamic_clones(leaves, marked)
+    args, kwargs = unflatten(structure, tuple(clones))
+    state, result, recording = _trace_symbolically(method, module, args, kwargs)
+    gm, state_names = state["gm"], _state_names(module)
+    guards = compat.shape_guards(gm)
+    same = size_classes(guards)
+    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
+    symbols = _marked_symbols(method, gm, inputs, marked, same)
+    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
+    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
+    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
+                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+
+
+def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
+    """``leaves`` with each marked leaf replaced by a clone whose marked dims are dynamic (the caller's tensors keep
+    no mark)."""
     clones = list(leaves)
     for leaf_index, _ in marked:
         if clones[leaf_index] is leaves[leaf_index]:
             clones[leaf_index] = leaves[leaf_index].clone()
     for leaf_index, dim in marked:
-        torch._dynamo.mark_dynamic(clones[leaf_index], dim)
-    args, kwargs = unflatten(structure, tuple(clones))
+        compat.require_dynamic(clones[leaf_index], dim)
+    return clones
+
+
+def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple,
+                        kwargs: dict) -> tuple[dict[str, Any], Any, compat.GuardRecording]:
+    """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
+    recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
+    (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
+    from them, ``recording`` the guards Dynamo recorded."""
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
@@ -336,15 +363,7 @@ def symbolic_shapes(method: Callable, module: torch.nn.Module, structure: Any, l
         compat.forget_dynamo_cache(code)
     if "gm" not in state:
         raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
-    gm, state_names = state["gm"], _state_names(module)
-    guards = compat.shape_guards(gm)
-    same = size_classes(guards)
-    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
-    symbols = _marked_symbols(method, gm, inputs, marked, same)
-    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
-    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
-    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
-                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+    return state, result, recording
 
 
 def size_classes(guards: list[tuple[Any, str]]) -> dict[Any, Any]:
@@ -380,7 +399,7 @@ def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
     return ["state", state_names[id(t)]] if id(t) in state_names else ["other"]
 
 
-def _marked_symbols(method: Callable, gm: torch.fx.GraphModule, inputs: list[list],
+def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: list[list],
                     marked: list[tuple[int, int]], same: dict[Any, Any]) -> list[str]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_of = {recipe[1]: node.meta.get("example_value") for node, recipe in zip(placeholders, inputs)
@@ -397,7 +416,7 @@ def _marked_symbols(method: Callable, gm: torch.fx.GraphModule, inputs: list[lis
     return symbols
 
 
-def _cut_dims(method: Callable, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
+def _cut_dims(method: types.MethodType, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
               same: dict[Any, Any]) -> dict[int, list[tuple[int, str]]]:
     """For each method output leaf made by the graph, ``(dim, symbol)`` for each dim whose size is a marked symbol;
     a dim derived from one without equalling it cannot be cut back: error."""

@@ -1002,12 +1002,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_native(args: argparse.Namespace) -> int:
     """``status``: the native checks' folder, key and state; ``build``: build them now (exit 1 if that fails)."""
     from . import native
+    from .errors import NativeBuildError
     from .native import build
 
     if args.action == "build":
         try:
             build.build()
-        except native.NativeBuildError as exc:
+        except NativeBuildError as exc:
             raise CliError(str(exc), FAILED) from exc
     native.guards(build_if_missing=False)           # load it if it is there: status() then says so
     doc = native.status()

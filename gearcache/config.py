@@ -171,9 +171,9 @@ class CompilerConfig(BaseModel):
     @field_validator("inductor_options")
     @classmethod
     def _check_inductor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import torch._inductor.config as inductor_config
+        from . import _torch_compat as compat
 
-        known = inductor_config.get_config_copy()
+        known = compat.inductor_setting_names()
         for name in value:
             if name not in known:
                 raise ValueError(f"inductor_options: {name!r} is not a torch._inductor.config setting "
@@ -184,8 +184,9 @@ class CompilerConfig(BaseModel):
 
     def compile_factors(self) -> dict[str, Any]:
         """What changes the compiled code, in a stable JSON-able form (a cache key factor): the mode as compiled plus
-        ``inductor_options`` (computed without importing torch's compiler: a warm start must not). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are
-        captured per process), so the two share entries."""
+        ``inductor_options`` (computed without importing torch's compiler: a warm start must not).
+        ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process), so the two share
+        entries."""
         from . import _torch_compat as compat
 
         return {"mode": compat.compiled_mode(self.mode),
@@ -203,5 +204,6 @@ class CompilerConfig(BaseModel):
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not valid {path.suffix[1:]}: {exc}") from exc
+            raise ConfigError(f"CompilerConfig.from_file: path={str(path)!r} is not valid {path.suffix[1:]}: "
+                              f"{exc}") from exc
         return cls.model_validate(data)

@@ -34,7 +34,8 @@ class GraphBreakError(GearcacheError):
             "How to fix the common ones:\n"
             "  - a Python `if` on a tensor value: compute both branches and select with torch.where(cond, a, b);\n"
             "  - .item(), .tolist(), print() or logging in the method: return the tensor and use it outside;\n"
-            "  - a loop whose trip count depends on tensor data: loop a fixed number of times and mask the extra steps;\n"
+            "  - a loop whose trip count depends on tensor data: loop a fixed number of times and mask the extra "
+            "steps;\n"
             "  - a call into a library Dynamo cannot trace: move it outside the cached method."
         )
         return "\n".join(lines)
@@ -120,3 +121,46 @@ class LockTimeoutError(GearcacheError, TimeoutError):
 class ProcessGroupMismatchError(GearcacheError):
     """A run plan names a process group that this process lacks, or has with other ranks or another backend: its
     collectives would run on another group (gearcache/runplan/collectives.py)."""
+
+
+# ------------------------------------------------------------------- gears, guards, workers, native checks (#29)
+class PastLargestGearError(GearcacheError, ValueError):
+    """A call is larger than the largest gear and ``past_largest_gear == "error"``; the message names the argument,
+    the dim, the call's size and the gears (``gears.GearPlan.past_largest_message``)."""
+
+
+class Unpersistable(GearcacheError):
+    """A guarded value has no fingerprint that means the same in another process (gearcache/guards.py): the guard
+    is kept for this process only. ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class WorkerError(GearcacheError, RuntimeError):
+    """A compile worker (gearcache/workers.py) could not compile a job, or died; the caller compiles in-process.
+    ``pid`` is the worker's process id; ``detail`` says what happened (the worker's traceback when it failed)."""
+
+    def __init__(self, detail: str, pid: int | None = None):
+        super().__init__(detail, pid)
+        self.detail, self.pid = detail, pid
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+class NativeBuildError(GearcacheError, RuntimeError):
+    """The native checks (gearcache/native/) could not be built: ``reason`` is the last line of the compiler's
+    output (or why there was no compiler), ``log_path`` the file holding all of it."""
+
+    def __init__(self, reason: str, log_path: str):
+        super().__init__(reason, log_path)
+        self.reason, self.log_path = reason, log_path
+
+    def __str__(self) -> str:
+        return (f"building gearcache's native checks failed: {self.reason} (full output: {self.log_path}). "
+                f"gearcache works without them, with Dynamo's checks.")

@@ -18,10 +18,10 @@ A :class:`GearPlan` is built once per cached method from the first call's marks:
   the method writes is written in its padded copy; ``copy_back`` copies the copy's real rows into the caller's tensor
   after the call. ``lockstep``: under ``zip``, marked dims that meet in the graph (their real sizes must be equal).
 
-The plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
+The gear plan is stored beside the method's entries, so a warm process builds it without tracing. Resolving a call is a
 table lookup per marked dim (``first[size]`` = index of the smallest gear size >= size), never a loop over gears.
 On disk (the ``"plan"`` of a stored plan record): ``{"dims", "groups", "policy", "cuts", "lockstep", "padding"}``;
-:data:`PLAN_FORMAT` is part of the plan's key.
+:data:`PLAN_FORMAT` is part of the gear plan's key.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import torch
 from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .counters import counters
-from .errors import ConfigError, GearcacheError, PaddingUnsafeError   # noqa: F401 - PaddingUnsafeError: re-exported
+from .errors import ConfigError
 from .padding_report import PaddingReport
 
 GEARS_ATTR = "_gearcache_dim_gears"
@@ -44,11 +44,7 @@ STATIC_ATTR = "_gearcache_static"
 PAD_ATTR = "_gearcache_pad_value"
 MAX_COMBINATIONS_BEFORE_WARNING = 1000
 PLAN_FORMAT = 2
-"""The stored plan's format (a factor of the plan key). 2: plans carry the padding analysis and zip's lockstep."""
-
-
-class PastLargestGearError(GearcacheError, ValueError):
-    """A call is larger than the largest gear and ``past_largest_gear == "error"``."""
+"""The stored gear plan's format (a factor of its key). 2: gear plans carry the padding analysis and zip's lockstep."""
 
 
 def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:
@@ -215,7 +211,7 @@ class GearPlan:
 
     def _graph_cuts_for(self, entry: Any) -> list[tuple[int, int, int]]:
         """Translate cuts per method output leaf into cuts per graph output of this entry."""
-        out = []
+        out: list[tuple[int, int, int]] = []
         for j, (kind, ref) in enumerate(entry.manifest["outputs"]["leaves"]):
             if kind == "out":
                 out.extend((int(ref), dim, m) for dim, m in self.cuts.get(j, []))
@@ -338,7 +334,7 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
         if count > MAX_COMBINATIONS_BEFORE_WARNING:
             warnings.warn(f"gearcache: the product policy forms {count} gear combinations; each is compiled on first "
                           f"use (or by warmup())", stacklevel=3)
-    first_of_symbol = {}
+    first_of_symbol: dict[str, int] = {}
     for m, sym in enumerate(symbols):
         first_of_symbol.setdefault(sym, m)
     cuts = {j: [[dim, first_of_symbol[sym]] for dim, sym in dims if sym in first_of_symbol]
@@ -348,7 +344,7 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
 
 def _joined(meets: list[list[str]]) -> dict[str, str]:
     """symbol -> one representative symbol, for symbols joined by ``meets`` pairs."""
-    return joined_classes([tuple(pair) for pair in meets])
+    return joined_classes([(a, b) for a, b in meets])
 
 
 def joined_classes(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:

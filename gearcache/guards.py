@@ -22,8 +22,9 @@ On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected],
 ``["module", name]`` (a Python module, ``sys.modules[name]``) or ``"builtins"``; a step is ``["attr", name]``,
 ``["generic_attr", name]`` (``object.__getattribute__(x, name)``, as Dynamo reads past a custom ``__getattribute__``),
 ``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
-``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``, ``in_dict``), a key (``contains``) or another path
-(``same_as``). The kinds and their fingerprints are in ``_FINGERPRINT``.
+``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``,
+``in_dict``), a key (``contains``) or another path (``same_as``). The kinds and their fingerprints are in
+``_FINGERPRINT``.
 
 A guard gearcache cannot re-evaluate in another process (an object known only by its identity, a source expression
 of a form not parsed here) makes the entry *local*: it is compiled and served in this process (checked by identity)
@@ -43,11 +44,12 @@ import sys
 import types
 import warnings
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
 from . import _torch_compat as compat
+from .errors import Unpersistable
 from .naming import importable_module
 
 log = logging.getLogger("gearcache.guards")
@@ -77,10 +79,6 @@ _KINDS = {
     "SET_NOT_CONTAINS": "contains",
     "DUPLICATE_INPUT": "same_as", "NOT_NONE_MATCH": "not_none",
 }
-
-
-class Unpersistable(Exception):
-    """A guarded value has no fingerprint that means the same in another process."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,8 +302,9 @@ def parse_source(text: str) -> tuple:
 
 
 def _parse(node: ast.AST, text: str) -> tuple:
-    if _is_key_at(node):
-        return _parse(node.value.args[0].args[0], text) + (("key_at", node.slice.value),)
+    key_at = _key_at(node)
+    if key_at is not None:
+        return _parse(key_at[0], text) + (("key_at", key_at[1]),)
     if isinstance(node, ast.Subscript):
         key = _constant(node.slice, text)
         if isinstance(node.value, ast.Name) and node.value.id in ("L", "G"):
@@ -321,37 +320,42 @@ def _parse(node: ast.AST, text: str) -> tuple:
             return _parse(args[0], text)                # a copy of a mapping: items read the same
         if isinstance(func, ast.Name) and func.id == "___odict_getitem" and len(args) == 2:
             return _parse(args[0], text) + (("item", _constant(args[1], text)),)
-        if _is_dict_getitem_at(func, args):
-            return _parse(args[0], text) + (("item_at", args[1].slice.value),)
+        item_at = _dict_item_at(func, args)
+        if item_at is not None:
+            return _parse(args[0], text) + (("item_at", item_at),)
         if (isinstance(func, ast.Attribute) and func.attr == "__getattribute__" and isinstance(func.value, ast.Name)
                 and func.value.id == "object" and len(args) == 2):
             return _parse(args[0], text) + (("generic_attr", _constant(args[1], text)),)
     raise Unpersistable(f"source {text!r} has a form gearcache does not read")
 
 
-def _is_dict_getitem_at(func: ast.AST, args: list) -> bool:
-    """``dict.__getitem__(X, list(dict.keys(X))[i])``: the value at X's i-th key."""
+def _dict_item_at(func: ast.AST, args: list[ast.expr]) -> int | None:
+    """``dict.__getitem__(X, list(dict.keys(X))[i])``, the value at X's i-th key: ``i``; None for any other form."""
     if not (isinstance(func, ast.Attribute) and func.attr == "__getitem__" and isinstance(func.value, ast.Name)
             and func.value.id == "dict" and len(args) == 2):
-        return False
-    return _is_key_at(args[1]) and ast.dump(args[1].value.args[0].args[0]) == ast.dump(args[0])
+        return None
+    key_at = _key_at(args[1])
+    return key_at[1] if key_at is not None and ast.dump(key_at[0]) == ast.dump(args[0]) else None
 
 
-def _is_key_at(node: ast.AST) -> bool:
-    """``list(dict.keys(X))[i]``: X's i-th key."""
+def _key_at(node: ast.AST) -> tuple[ast.expr, int] | None:
+    """``list(dict.keys(X))[i]``, X's i-th key: ``(X, i)``; None for any other form."""
     if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
             and isinstance(node.slice.value, int) and isinstance(node.value, ast.Call)
             and isinstance(node.value.func, ast.Name) and node.value.func.id == "list" and len(node.value.args) == 1):
-        return False
+        return None
     keys = node.value.args[0]
-    return (isinstance(keys, ast.Call) and isinstance(keys.func, ast.Attribute) and keys.func.attr == "keys"
-            and isinstance(keys.func.value, ast.Name) and keys.func.value.id == "dict" and len(keys.args) == 1)
+    if (isinstance(keys, ast.Call) and isinstance(keys.func, ast.Attribute) and keys.func.attr == "keys"
+            and isinstance(keys.func.value, ast.Name) and keys.func.value.id == "dict" and len(keys.args) == 1):
+        return keys.args[0], node.slice.value
+    return None
 
 
 def _constant(node: ast.AST, text: str) -> Any:
     if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (str, int, float, bool)):
         return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, (int, float))):
         return -node.operand.value
     raise Unpersistable(f"source {text!r} indexes with a key that is not a constant")
 
@@ -461,10 +465,11 @@ _FINGERPRINT = {
 
 
 # -------------------------------------------------------------------------------------------------- fingerprints
-def type_name(t: type) -> str:
-    """``module.QualName``, the module named as it is imported (a class of the script run as ``__main__`` has the
-    same name as when it is imported: ``naming.importable_module``)."""
-    return f"{importable_module(getattr(t, '__module__', '?'))}.{getattr(t, '__qualname__', getattr(t, '__name__', repr(t)))}"
+def type_name(t: type | types.FunctionType) -> str:
+    """``module.QualName`` of a class or a function, the module named as it is imported (a class of the script run as
+    ``__main__`` has the same name as when it is imported: ``naming.importable_module``)."""
+    qualname = getattr(t, "__qualname__", getattr(t, "__name__", repr(t)))
+    return f"{importable_module(getattr(t, '__module__', '?'))}.{qualname}"
 
 
 def value_fp(v: Any) -> Any:

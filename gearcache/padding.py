@@ -47,7 +47,7 @@ import dataclasses
 import math
 import operator
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import sympy
 import torch
@@ -321,14 +321,14 @@ class _Analysis:
     # -------------------------------------------------------------------------------------------- one op
     def _call(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:
-            return self.env[node.args[0]][node.args[1]]
+            return self.env[cast(torch.fx.Node, node.args[0])][node.args[1]]
         schema = compat.op_schema(node.target)
         if schema is None:
             return self._python_op(node)
         args = self._bind(schema, node)
-        name = node.target.overloadpacket.__name__
+        name = _op_name(node)
         functional = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-        rule = _pointwise if torch.Tag.pointwise in node.target.tags else RULES.get(functional, _unknown)
+        rule = _pointwise if torch.Tag.pointwise in compat.aten_op(node).tags else RULES.get(functional, _unknown)
         produced = rule(self, node, args)
         value = self._values(node, schema, args, produced)
         for arg, spec in zip(schema.arguments, node.args):
@@ -483,8 +483,13 @@ Out = tuple
 MOVES, MIXES = True, False
 
 
+def _op_name(node: torch.fx.Node) -> str:
+    """The name of the ATen op ``node`` calls, without its overload (``"add"``, ``"index_put_"``)."""
+    return compat.aten_op(node).overloadpacket.__name__
+
+
 def _meta_dims(a: _Analysis, node: torch.fx.Node, k: int | None = None) -> tuple:
-    meta = node.meta.get("val")
+    meta: Any = node.meta.get("val")
     if k is not None:
         meta = meta[k]
     return a._dims(meta.shape)
@@ -545,7 +550,8 @@ def _unknown(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
 
 def _same(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     """Same dims as ``self`` (or the first tensor argument), nothing mixed: clone, copy to a dtype, tril, alias."""
-    first = args.get("self") if isinstance(args.get("self"), _Tensor) else _tensors(list(args.values()))[0]
+    self_arg = args.get("self")
+    first = self_arg if isinstance(self_arg, _Tensor) else _tensors(list(args.values()))[0]
     symbolic = [v for k, v in args.items() if k in ("diagonal",)]
     return first.dims, (("shifts rows by the size of a padded dim", MOVES) if _sizes_used_as_values(symbolic)
                         else None)
@@ -554,11 +560,11 @@ def _same(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
 def _fresh(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     """A new tensor (zeros, full, arange, *_like): dims from its shape; mixing only if a value is a padded size."""
     values = [v for k, v in args.items() if k in ("fill_value", "value", "start", "step", "low", "high")]
-    if node.target.overloadpacket.__name__ == "scalar_tensor":
+    if _op_name(node) == "scalar_tensor":
         values = [args.get("s")]
-    if node.target.overloadpacket.__name__ == "linspace":
+    if _op_name(node) == "linspace":
         values += [args.get("end"), args.get("steps")]
-    random = node.target.overloadpacket.__name__ in RANDOM and any(_padded(d) for d in _meta_dims(a, node))
+    random = _op_name(node) in RANDOM and any(_padded(d) for d in _meta_dims(a, node))
     why = ("uses the size of a padded dim as a value", MIXES) if _sizes_used_as_values(values) else None
     return _meta_dims(a, node), (("draws random numbers over a padded dim", MIXES) if random else why)
 
@@ -658,7 +664,7 @@ def _split(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
     dim = _norm_dim(args.get("dim", 0) or 0, len(src))
     metas = node.meta["val"]
     why = ("splits a padded dim into pieces", MOVES) if _padded(src[dim]) else None
-    unbind = node.target.overloadpacket.__name__ == "unbind"
+    unbind = _op_name(node) == "unbind"
     return [((tuple(src[:dim] + src[dim + 1:]) if unbind else
               tuple(src[:dim] + [a._dims(m.shape)[dim]] + src[dim + 1:])) if why is None else None, why)
             for m in metas]
@@ -717,7 +723,7 @@ def _group_norm(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
 def _batch_norm(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
     """Batch norm: per channel from running statistics (nothing mixed), or from the batch's (training)."""
     src = args["input"].dims
-    name = node.target.overloadpacket.__name__
+    name = _op_name(node)
     training = name != "_native_batch_norm_legit_no_training" and bool(args.get("training"))
     why = _normalise(src, [k for k in range(len(src)) if k != 1] if training else [])
     return [(src, why)] + [(None, why)] * (len(node.meta["val"]) - 1)
@@ -746,9 +752,9 @@ def _bmm(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     why = _contract([x.dims[2], y.dims[1]])
     if why is None and not a.aligned(x.dims[0], y.dims[0]):
         why = ("multiplies batches whose padded rows do not line up", MOVES)
-    dims = (x.dims[0] or y.dims[0], x.dims[1], y.dims[2])
+    dims: tuple = (x.dims[0] or y.dims[0], x.dims[1], y.dims[2])
     bias = args["self"] if "batch1" in args else None
-    if node.target.overloadpacket.__name__ == "addbmm":
+    if _op_name(node) == "addbmm":
         dims, why = (x.dims[1], y.dims[2]), why or _contract([x.dims[0]])
     if isinstance(bias, _Tensor) and why is None:
         _, why = _broadcast(a, node, [bias, _Tensor(dims, None, "")])
@@ -800,7 +806,7 @@ def _spatial(leading: int) -> Callable:
     """Convolution, pooling, upsampling: the first ``leading`` dims pass through (batch, and channels where the op
     keeps them apart); the others are mixed."""
     def rule(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
-        x = args.get("input", args.get("self"))
+        x = cast(_Tensor, args.get("input", args.get("self")))
         others = [t for t in _tensors(list(args.values())) if t is not x]
         why = ("mixes neighbouring rows of a padded dim (convolution, pooling or resampling)", MIXES) if (
             _any_padded(x.dims, list(range(leading, len(x.dims)))) or any(
@@ -886,7 +892,7 @@ def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     if _padded(src[dim]):
         why = ("writes into a padded dim at positions an index picks", MOVES)
     elif isinstance(index, _Tensor) and any(_padded(d) for d in index.dims) and (
-            node.target.overloadpacket.__name__.startswith("index_") or len(index.dims) <= 1):
+            _op_name(node).startswith("index_") or len(index.dims) <= 1):
         why = ("writes at positions taken from padded rows", MOVES)
     source = args.get("source", args.get("src"))
     if why is None and isinstance(source, _Tensor):
@@ -902,7 +908,7 @@ def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
 def _cat(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     tensors = [t for t in args["tensors"] if isinstance(t, _Tensor)]
     rank = node.meta["val"].dim()
-    stack = node.target.overloadpacket.__name__ == "stack"
+    stack = _op_name(node) == "stack"
     dim = _norm_dim(args.get("dim", 0) or 0, rank)
     tensors = [t for t in tensors if len(t.dims) == rank - (1 if stack else 0)]
     if not stack and sum(1 for t in tensors if _dim_size(t.dims[dim]) != 0) > 1 and any(

@@ -3,10 +3,10 @@
 ``inference_config.padding_check``:
 
 * ``"verify"`` (default): an unsafe write (padding would spread into a parameter, a buffer or an unpadded input) is
-  refused when the gear plan is built or loaded (:func:`apply`, ``PaddingUnsafeError``). A plan with mixing (an op
+  refused when the gear plan is built or loaded (:func:`apply`, ``PaddingUnsafeError``). A gear plan with mixing (an op
   that may let padded rows change real ones) has each gear verified (:func:`verify`) before it first serves a padded
   call: every gear at ``warmup()``, else the gear of a call at its first padded call in the process.
-* ``"refuse"``: unsafe writes and mixing are both refused when the plan is built or loaded.
+* ``"refuse"``: unsafe writes and mixing are both refused when the gear plan is built or loaded.
 * ``"off"``: nothing is refused or verified (the user asserts that padding is exact).
 
 ``inference_config.verify_padding=True`` also verifies, at ``warmup()``, the gears of plans without mixing.
@@ -25,13 +25,17 @@ counts the gears verified.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from . import signature
 from .counters import counters
 from .errors import PaddingUnsafeError
+
+if TYPE_CHECKING:
+    from .gears import GearPlan
+    from .padding_report import PaddingReport
 
 log = logging.getLogger("gearcache")
 
@@ -44,10 +48,10 @@ WRITE_FIX = ("do that write outside the cached method (return what to write and 
 _TOLERANCES = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (2e-2, 2e-3)}    # (rtol, atol); others: (1e-4, 1e-5)
 
 
-def apply(name: str, plan: Any, policy: str) -> None:
-    """Refuse what ``policy`` refuses; mark ``plan`` for verification before padded calls where it verifies."""
-    report = plan.padding
-    plan.verify_first = False
+def apply(name: str, gear_plan: GearPlan, policy: str) -> None:
+    """Refuse what ``policy`` refuses; mark ``gear_plan`` for verification before padded calls where it verifies."""
+    report = gear_plan.padding
+    gear_plan.verify_first = False
     if policy == "off":
         return
     if report.unsafe_writes:
@@ -61,25 +65,25 @@ def apply(name: str, plan: Any, policy: str) -> None:
             f"{name}: padding may change results: {describe(report.mixing)}. inference_config.padding_check="
             f"'refuse' refuses such methods. Fix: {NEUTRAL_PAD_FIX}, and use padding_check='verify' (the default), "
             f"which checks each gear against eager")
-    plan.verify_first = bool(report.mixing)
+    gear_plan.verify_first = bool(report.mixing)
 
 
-def real_sizes(plan: Any, sizes: list[int]) -> list[int]:
+def real_sizes(gear_plan: GearPlan, sizes: list[int]) -> list[int]:
     """Per marked dim, the smallest real size that pads up to gear ``sizes`` (1 below the smallest gear)."""
-    return [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(plan.dims, sizes)]
+    return [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(gear_plan.dims, sizes)]
 
 
-def verify(name: str, method: Callable, module: torch.nn.Module, plan: Any, structure: Any, leaves: tuple,
+def verify(name: str, method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
            sizes: list[int]) -> None:
     """Check gear ``sizes`` against eager on the real-size call ``leaves`` (see the module docstring); raise
     ``PaddingUnsafeError`` if padding changes an output or a written tensor."""
     counters.padding_verifications += 1
-    real = [leaves[d.leaf].shape[d.dim] for d in plan.dims]
-    for k, run in enumerate((leaves, _random_rows(plan, leaves))):
+    real = [leaves[d.leaf].shape[d.dim] for d in gear_plan.dims]
+    for k, run in enumerate((leaves, _random_rows(gear_plan, leaves))):
         if run is None:
             continue
         try:
-            diff = _compare(method, module, plan, structure, run, sizes)
+            diff = _compare(method, module, gear_plan, structure, run, sizes)
         except Exception as exc:                # noqa: BLE001 - random rows may be invalid input: only the given run
             if k == 0:
                 raise
@@ -88,22 +92,22 @@ def verify(name: str, method: Callable, module: torch.nn.Module, plan: Any, stru
             continue
         if diff is not None:
             what, detail = diff
-            found = describe(plan.padding.mixing) if plan.padding.mixing else "no op (verify_padding checked a " \
-                                                                               "gear the analysis found safe)"
+            mixing = gear_plan.padding.mixing
+            found = describe(mixing) if mixing else "no op (verify_padding checked a gear the analysis found safe)"
             raise PaddingUnsafeError(
                 f"{name}: padding changes {what} at gear {sizes} (real sizes {real}{'' if k == 0 else ', random rows'}"
                 f": {detail}). The padding analysis found: {found}. Fix: {NEUTRAL_PAD_FIX}")
-    plan.verified.add(tuple(sizes))
+    gear_plan.verified.add(tuple(sizes))
 
 
-def _compare(method: Callable, module: torch.nn.Module, plan: Any, structure: Any, leaves: tuple,
+def _compare(method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
              sizes: list[int]) -> tuple[str, str] | None:
     """Run eager padded and unpadded; the first ``(what, how)`` that differs, or None."""
-    report = plan.padding
+    report = gear_plan.padding
     state = _written_state(module, report)
     saved = [t.clone() for _, t in state]
     try:
-        padded_run = _run_padded(method, plan, structure, leaves, sizes, report.written_leaves)
+        padded_run = _run_padded(method, gear_plan, structure, leaves, sizes, report.written_leaves)
         padded_state = [t.clone() for _, t in state]
         _restore(state, saved)
         copies = _copies(leaves, report.written_leaves)
@@ -128,20 +132,20 @@ def _compare(method: Callable, module: torch.nn.Module, plan: Any, structure: An
     return None
 
 
-def _run_padded(method: Callable, plan: Any, structure: Any, leaves: tuple, sizes: list[int],
+def _run_padded(method: Callable, gear_plan: GearPlan, structure: Any, leaves: tuple, sizes: list[int],
                 written: list[int]) -> tuple[list, tuple]:
     """The eager method on ``leaves`` padded to ``sizes``, as a call through the gear sees it: outputs cut back,
     written padded inputs copied back into copies of the caller's; returns ``(outputs, leaf copies)``."""
     copies = _copies(leaves, written)
-    padded = plan.pad(copies, sizes)
+    padded = gear_plan.pad(copies, sizes)
     args, kwargs = signature.unflatten(structure, padded)
     result = method(*args, **kwargs)
-    plan.copy_back(padded, copies)
+    gear_plan.copy_back(padded, copies)
     back = {id(p): c for p, c in zip(padded, copies) if isinstance(p, torch.Tensor)}
     outs = _cloned_outputs(result, back)
-    for j, cuts in plan.cuts.items():
+    for j, cuts in gear_plan.cuts.items():
         for dim, m in cuts:
-            d = plan.dims[m]
+            d = gear_plan.dims[m]
             if j < len(outs) and isinstance(outs[j], torch.Tensor):
                 outs[j] = outs[j].narrow(dim, 0, copies[d.leaf].shape[d.dim])
     return outs, copies
@@ -159,7 +163,7 @@ def _copies(leaves: tuple, written: list[int]) -> tuple:
     return tuple(x.clone() if i in written and isinstance(x, torch.Tensor) else x for i, x in enumerate(leaves))
 
 
-def _written_state(module: torch.nn.Module, report: Any) -> list[tuple[str, torch.Tensor]]:
+def _written_state(module: torch.nn.Module, report: PaddingReport) -> list[tuple[str, torch.Tensor]]:
     """The parameters and buffers the method writes (every buffer if the graph could not be analysed)."""
     named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     names = report.written_state if report.complete else [n for n, _ in module.named_buffers(remove_duplicate=False)]
@@ -172,9 +176,9 @@ def _restore(state: list[tuple[str, torch.Tensor]], saved: list[torch.Tensor]) -
             t.copy_(old)
 
 
-def _random_rows(plan: Any, leaves: tuple) -> tuple | None:
+def _random_rows(gear_plan: GearPlan, leaves: tuple) -> tuple | None:
     """``leaves`` with every floating-point padded input replaced by seeded random numbers; None if there is none."""
-    floating = sorted({d.leaf for d in plan.dims if leaves[d.leaf].is_floating_point()})
+    floating = sorted({d.leaf for d in gear_plan.dims if leaves[d.leaf].is_floating_point()})
     if not floating:
         return None
     generator = torch.Generator().manual_seed(0)

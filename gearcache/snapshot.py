@@ -11,7 +11,7 @@ import torch
 def snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(view, copy)`` pairs to restore ``tensors`` later with ``view.copy_(copy)``: per storage, one byte view of the
     smallest range that holds every one of ``tensors`` in it (gears' views of one KV cache share a storage)."""
-    ranges: dict[int, tuple[int, int, Any]] = {}
+    ranges: dict[int, tuple[int | torch.SymInt, int | torch.SymInt, torch.UntypedStorage]] = {}
     for t in tensors:
         if t.numel() == 0:
             continue
@@ -21,7 +21,7 @@ def snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tens
         storage = t.untyped_storage()
         a, b, _ = ranges.get(storage.data_ptr(), (lo, hi, storage))
         ranges[storage.data_ptr()] = (min(a, lo), max(b, hi), storage)
-    views = [torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, lo, (hi - lo,))
+    views = [torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, lo, (hi - lo,), (1,))
              for lo, hi, storage in ranges.values()]
     return [(view, view.clone()) for view in views]
 

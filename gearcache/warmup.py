@@ -44,7 +44,8 @@ from .counters import counters
 from .progress import Progress
 from .runplan.collectives import communicates
 from .timeline import Timeline
-from .workers import WorkerError, WorkerPool, input_spec
+from .errors import WorkerError
+from .workers import WorkerPool, input_spec
 
 if TYPE_CHECKING:
     from .cached_function import CachedFunction, PendingEntry

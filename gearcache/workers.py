@@ -17,7 +17,7 @@ The worker rebuilds the example inputs as zero-filled tensors of the same metada
 strides, offsets, dtypes and devices, never on values) and runs ``_torch_compat.compile_unloaded`` into ``folder``;
 the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
 Workers start when warm-up starts and import torch, Inductor and its compile pool before their first job
-(:func:`_warm_up`), so that cost overlaps the caller's first captures. A worker's own Inductor uses
+(``_torch_compat.warm_up_compiler``), so that cost overlaps the caller's first captures. A worker's own Inductor uses
 :func:`compile_threads` threads. Pickles come only from the process that started
 the worker (its own pipes), never from the cache folder.
 """
@@ -32,21 +32,23 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import torch
 
 from . import _torch_compat as compat
+from .errors import WorkerError
 
 _LEN = struct.Struct(">Q")
 _WORKER_MAIN = "import time; t = time.time(); from gearcache.workers import main; main(t)"
 
 
-class WorkerError(RuntimeError):
-    """A worker could not compile a job (the message carries its traceback); the caller compiles in-process."""
-
-
 # ------------------------------------------------------------------------------------------------ message framing
+def _pipe(stream: IO[bytes] | None) -> BinaryIO:
+    """A worker's stdin or stdout: a pipe (the pool starts every worker with both), never None."""
+    return cast(BinaryIO, stream)
+
+
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_LEN.pack(len(data)) + data)
@@ -88,16 +90,6 @@ def build_input(spec: list) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- worker side
-def _warm_up() -> None:
-    """Import what a compile needs and start Inductor's compile pool now, while the caller is still capturing."""
-    import torch._functorch.aot_autograd  # noqa: F401
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._inductor.standalone_compile  # noqa: F401
-    from torch._inductor.async_compile import AsyncCompile
-
-    AsyncCompile.warm_pool()
-
-
 def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     import pathlib
 
@@ -116,7 +108,7 @@ def main(started: float | None = None) -> None:
     ``started``: the ``time.time()`` of the interpreter's first line (reported in replies)."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())           # stray prints must not corrupt the replies
-    _warm_up()
+    compat.warm_up_compiler()          # while the caller is still capturing
     times = {"started": started or time.time(), "ready": time.time()}
     jobs = sys.stdin.buffer
     while True:
@@ -170,16 +162,16 @@ class WorkerPool:
         proc = self._idle.get()
         try:
             if proc.poll() is not None:
-                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}")
-            _send(proc.stdin, job)
-            reply = _receive(proc.stdout)
+                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}", proc.pid)
+            _send(_pipe(proc.stdin), job)
+            reply = _receive(_pipe(proc.stdout))
         except (OSError, EOFError) as exc:
             raise WorkerError(f"worker pid {proc.pid} died ({type(exc).__name__}: {exc}; exit code "
-                              f"{proc.poll()})") from None
+                              f"{proc.poll()})", proc.pid) from None
         finally:
             self._idle.put(proc)                # a dead one answers the next job at once with WorkerError
         if not reply["ok"]:
-            raise WorkerError(reply["error"])
+            raise WorkerError(reply["error"], proc.pid)
         return {**reply, "worker": self._all.index(proc)}
 
     def close(self, wait: bool = True) -> None:
@@ -187,7 +179,7 @@ class WorkerPool:
         daemon thread instead, so the caller goes on while they shut their compile pools down (about a second)."""
         for proc in self._all:
             try:
-                proc.stdin.close()
+                _pipe(proc.stdin).close()
             except OSError:
                 pass
         if wait:

@@ -129,7 +129,8 @@ def empty_torch_caches(tmp_path) -> dict:
     return env
 
 
-CORPUS_MODELS = ("bert", "llama", "mistral_sliding", "gemma3")        # the corpus models the tests run (test_corpus.py, test_integrations_*.py)
+# the corpus models the tests run (test_corpus.py, test_integrations_*.py)
+CORPUS_MODELS = ("bert", "llama", "mistral_sliding", "gemma3")
 
 
 @pytest.fixture(scope="session")

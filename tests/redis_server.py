@@ -71,7 +71,7 @@ class RedisServer:
                     return self
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
                 time.sleep(0.02)
 
     def client(self, **kw):

@@ -1,4 +1,5 @@
-"""CachedFunction: dispatch, miss policies, inference-only calls, stale entries, decompositions (compiles in-process)."""
+"""CachedFunction: dispatch, miss policies, inference-only calls, stale entries, decompositions (compiles
+in-process)."""
 import importlib
 import sys
 import textwrap
@@ -265,7 +266,7 @@ def test_a_value_changed_after_the_first_call_is_never_served_from_the_old_graph
             torch.testing.assert_close(m.cached(x), m.fwd(x))
             assert m.cached.shortcut_calls == shortcut_calls + 1     # the call after the miss: the shortcut again
     finally:
-        setattr(sys.modules[__name__], "SCALE", 1.0)
+        sys.modules[__name__].SCALE = 1.0
 
 
 def test_a_fixed_signature_method_is_guarded_too(settings_cache):

@@ -292,7 +292,7 @@ def test_state_the_graph_advances_in_place_is_advanced_once_per_call(tmp_path, c
         if capture == "warmup":
             served.cached.warmup(torch.zeros(1, 8, device="cuda"))
             _assert_state_equal(served, twin)
-        for step in range(6):
+        for _ in range(6):
             x = torch.randn(1, 8, device="cuda")
             torch.testing.assert_close(served.cached(x), twin.fwd(x))
             _assert_state_equal(served, twin)

@@ -13,6 +13,7 @@ import torch
 
 from gearcache import _torch_compat as compat
 from gearcache import guards
+from gearcache.errors import Unpersistable
 
 SCALE = 3.0
 SIZES = [1, 2]
@@ -187,7 +188,7 @@ def test_fingerprints_are_stable_names_not_addresses():
     assert guards.value_fp(torch.Size([2, 3])) == ["torch.Size", [["int", 2], ["int", 3]]]
     partial = functools.partial(torch.add, alpha=2)
     assert guards.identity_fp(partial)[0] == "partial"
-    with pytest.raises(guards.Unpersistable):
+    with pytest.raises(Unpersistable):
         guards.identity_fp(object())
 
 
@@ -214,7 +215,7 @@ def test_an_object_known_only_by_identity_makes_the_guards_local():
     dynamo_guard = compat.DynamoGuard("ID_MATCH", "L['self'].token", True, holder.token, {})
     gs = guards.from_dynamo(compat.GuardRecording([dynamo_guard]), method)
     assert gs.local is not None and "known only by its identity" in gs.local
-    with pytest.raises(guards.Unpersistable):
+    with pytest.raises(Unpersistable):
         gs.to_json()
     scope = guards.Scope(holder, {})
     assert gs.mismatch(scope) is None
@@ -240,7 +241,7 @@ def test_dynamos_source_expressions_parse_into_paths(source, path):
 
 @pytest.mark.parametrize("source", ["___tuple_iterator_getitem(G['it'], 0)", "G['x'][G['i']]", "L['a'] + 1"])
 def test_other_source_forms_are_refused_not_guessed(source):
-    with pytest.raises(guards.Unpersistable):
+    with pytest.raises(Unpersistable):
         guards.parse_source(source)
 
 

@@ -13,6 +13,7 @@ from torch_settings import attribute, setting
 
 from gearcache import _torch_compat as compat
 from gearcache import native
+from gearcache.errors import NativeBuildError
 from gearcache.native import build as native_build
 from gearcache.signature import call_key, matcher
 
@@ -132,8 +133,8 @@ def test_the_snapshot_covers_the_key_state_but_cudnn_tf32(module):
     plain = compat.global_state(["cpu"])
     same = module.StateSnapshot()
     changed = 0
-    for name, setting in STATES.items():
-        with setting():
+    for name, set_state in STATES.items():
+        with set_state():
             if compat.global_state(["cpu"]) != plain:
                 changed += 1
                 assert not same(), name
@@ -185,7 +186,7 @@ def test_a_module_others_can_write_is_not_loaded(module, tmp_path, caplog):
 def test_a_failed_build_says_why_and_is_not_retried_automatically(tmp_path, monkeypatch):
     monkeypatch.setenv("GEARCACHE_NATIVE_DIR", str(tmp_path))
     monkeypatch.setenv("CXX", "false")                  # a "compiler" that fails at once
-    with pytest.raises(native.NativeBuildError, match="exit status 1") as failure:
+    with pytest.raises(NativeBuildError, match="exit status 1") as failure:
         native_build.build()
     folder = tmp_path / native.build_key()
     assert str(folder / native.LOG_FILE) in str(failure.value)

@@ -136,7 +136,8 @@ def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebui
             before = counters.snapshot()
             assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
             delta = counters.delta(before)
-            assert (delta["quarantined"], delta["compiles"]) == (1, 1) or (delta["loads"], delta["quarantined"]) == (1, 0)
+            assert ((delta["quarantined"], delta["compiles"]) == (1, 1)
+                    or (delta["loads"], delta["quarantined"]) == (1, 0))
             if delta["loads"]:
                 with pytest.raises(CacheCorruptionError):
                     Store(root).verify_artifact(akey)

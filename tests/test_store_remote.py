@@ -110,13 +110,15 @@ def test_tampered_remote_artifact_is_never_executed(redis, seed, tmp_path):
     client = redis.client()
     hkey, = remote_keys(redis, "artifact")
     head = json.loads(client.get(hkey))
-    bundle = b"".join(client.get(k) for k in sorted(remote_keys(redis, "chunk"), key=lambda k: int(k.rsplit(b":", 1)[1])))
+    chunk_keys = sorted(remote_keys(redis, "chunk"), key=lambda k: int(k.rsplit(b":", 1)[1]))
+    bundle = b"".join(client.get(k) for k in chunk_keys)
     manifest = json.loads(head["manifest"])
     offset, rows = 0, []
     for rel, size, mode in head["files"]:
         data = bundle[offset:offset + size]
         offset += size
-        if rel.endswith("wrapper.py") or (rel.endswith(".py") and not any(r[0].endswith("wrapper.py") for r in head["files"])):
+        has_wrapper = any(r[0].endswith("wrapper.py") for r in head["files"])
+        if rel.endswith("wrapper.py") or (rel.endswith(".py") and not has_wrapper):
             data = b"raise SystemExit('tampered code ran')\n" + data
         rows.append((rel, data, mode))
     import hashlib
@@ -272,11 +274,12 @@ def damage_chunk(redis, how: str) -> None:
 
         hkey, = remote_keys(redis, "artifact")
         head = json.loads(client.get(hkey))
-        keys = [f"{hkey.decode().replace(':artifact:', ':chunk:')}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
+        chunk_prefix = hkey.decode().replace(':artifact:', ':chunk:')
+        keys = [f"{chunk_prefix}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
         parts = [client.get(k) for k in keys]
         parts[-1] = parts[-1][:-1] + bytes([parts[-1][-1] ^ 1])
         head["bundle"] = hashlib.sha256(b"".join(parts)).hexdigest()
-        new_keys = [f"{hkey.decode().replace(':artifact:', ':chunk:')}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
+        new_keys = [f"{chunk_prefix}:{head['bundle'][:16]}:{i}" for i in range(head["chunks"])]
         client.delete(*keys)
         for k, v in zip(new_keys, parts):
             client.set(k, v)

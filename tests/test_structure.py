@@ -107,7 +107,8 @@ def test_no_import_circles():
 
 def find_no_function_is_longer_than_60_lines() -> list:
     long = [f"{m}.{n.name}: {n.end_lineno - n.lineno + 1} lines" for m, tree in TREES.items() for n in ast.walk(tree)
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
     return long
 
 
@@ -149,7 +150,8 @@ def test_no_module_imports_a_private_name_from_another_package():
     assert find_no_module_imports_a_private_name_from_another_package() == []
 
 def find_no_module_reads_private_members_of_another_packages_objects() -> list:
-    """``obj._member`` (obj not ``self``/``cls``) only where the member is defined in the same unit (see ``_unit_of``)."""
+    """``obj._member`` (obj not ``self``/``cls``) only where the member is defined in the same unit (see
+    ``_unit_of``)."""
     package_names = _package_names()
     found = []
     for m, tree in TREES.items():

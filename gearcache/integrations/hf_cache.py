@@ -32,10 +32,11 @@ from . import hf_compat
 
 
 @functools.lru_cache(maxsize=None)
-def served_layer_class() -> type:
+def served_layer_class() -> type[Any]:
     """``ServedLayer``: a transformers ``StaticLayer`` whose tensors are views of a backing (built on first use, so
-    that importing gearcache does not import transformers)."""
-    static_layer, _ = hf_compat.static_layer_classes()
+    that importing gearcache does not import transformers). Typed ``Any``: a class built at run time on a base that
+    is imported then."""
+    static_layer: Any = hf_compat.static_layer_classes()[0]
 
     class ServedLayer(static_layer):
         """A user cache's layer bound to a gearcache backing (or detached from it: then it owns copies).
@@ -129,8 +130,9 @@ def user_batch(cache: Any) -> int | None:
 
 def bound_backing(cache: Any) -> Backing | None:
     """The backing ``cache`` is bound to now, or None (never bound, detached, or another cache took the backing)."""
-    layers = cache.layers
-    first = layers[0] if layers else None
+    if not cache.layers:
+        return None
+    first = cache.layers[0]
     if type(first) is not served_layer_class() or first.backing is None or first.backing.owner() is not cache:
         return None
     return first.backing
@@ -210,7 +212,8 @@ def allocate(model: torch.nn.Module, batch: int, length: int) -> Backing:
     from transformers import StaticCache
 
     static, sliding = hf_compat.static_layer_classes()
-    cache = StaticCache(config=model.config, max_cache_len=length)
+    model_config: Any = model.config        # a transformers PretrainedConfig
+    cache = StaticCache(config=model_config, max_cache_len=length)
     check_layers(cache)
     cache.layers = [static(max_cache_len=length) for _ in cache.layers]
     param = next(model.parameters())
@@ -221,6 +224,7 @@ def allocate(model: torch.nn.Module, batch: int, length: int) -> Backing:
         with torch.inference_mode():
             type(model).forward(model, input_ids=torch.zeros(batch, 1, dtype=torch.long, device=param.device),
                                 **{hf_compat.cache_keyword(model): cache}, use_cache=True)
+    layer: Any          # a StaticLayer, its cumulative_length a tensor once allocated (typed int by transformers)
     for layer in cache.layers:
         layer.cumulative_length = layer.cumulative_length.to(param.device)
     backing = Backing(cache, batch, length)

@@ -11,9 +11,12 @@ one place. Nothing here imports transformers at import time.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -39,7 +42,7 @@ def generate_length_hint(model: torch.nn.Module) -> int:
     return int(getattr(model, "_previous_max_cache_length", 0) or 0)
 
 
-def static_layer_classes() -> tuple[type, type]:
+def static_layer_classes() -> tuple[type[StaticLayer], type[StaticSlidingWindowLayer]]:
     """(StaticLayer, StaticSlidingWindowLayer) of the installed transformers."""
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
@@ -49,7 +52,7 @@ def static_layer_classes() -> tuple[type, type]:
 def head_shapes(model: torch.nn.Module) -> tuple[int, int] | None:
     """(key/value heads, head size) of the decoder's attention layers from its config, or None if it does not say
     (then the cache is allocated by one eager forward on a dummy token)."""
-    config = model.config
+    config: Any = model.config          # a transformers PretrainedConfig
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     heads = getattr(text, "num_key_value_heads", None) or getattr(text, "num_attention_heads", None)
     head_dim = getattr(text, "head_dim", None)
@@ -59,5 +62,5 @@ def head_shapes(model: torch.nn.Module) -> tuple[int, int] | None:
 
 
 def text_config(model: torch.nn.Module) -> Any:
-    config = model.config
+    config: Any = model.config          # a transformers PretrainedConfig
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

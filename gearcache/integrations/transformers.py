@@ -32,7 +32,8 @@ default of plain transformers), beam search, ``inputs_embeds``, 4D or 3D masks/p
 hidden states, a model in training mode, and a model already compiled by ``torch.compile``.
 ``config=CompilerConfig(mode="reduce-overhead")`` replays one CUDA graph per (batch, prompt or decode, cache-length)
 gear: the backing cache's tensors are the graph's static addresses (each gear's backing is allocated once and
-reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures. ``disable(model)`` undoes ``enable``.
+reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures.
+``disable(model)`` undoes ``enable``.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -70,7 +71,8 @@ class ServeGears:
                 return tuple(_normalise_sizes(list(value) if not isinstance(value, int) else value, name))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(str(exc)) from None
-        return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"), sizes(prompt, DEFAULT_PROMPT_GEARS, "prompt_gears"),
+        return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"),
+                   sizes(prompt, DEFAULT_PROMPT_GEARS, "prompt_gears"),
                    sizes(cache_len, DEFAULT_CACHE_LEN_GEARS, "cache_len_gears"))
 
     @staticmethod
@@ -93,7 +95,7 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
                           "(disable(model) first to change its options)")
     served = ServedLM(model, gears=ServeGears.of(batch_gears, prompt_gears, cache_len_gears), cache_dir=cache_dir,
                       config=config, **cache_compile_kwargs)
-    original_prepare = model.prepare_inputs_for_generation
+    original_prepare = cast(Callable[..., Any], model.prepare_inputs_for_generation)   # a transformers model's
     object.__setattr__(model, "forward", _Forward(served, model.forward))
     object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
     object.__setattr__(model, "get_compiled_call", lambda compile_config=None: model.__call__)
@@ -346,7 +348,8 @@ def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
                           "which gearcache does not serve yet. Fix: serve it with torch.compile")
     from transformers import StaticCache
 
-    hf_cache.check_layers(StaticCache(config=model.config, max_cache_len=1))
+    model_config: Any = model.config        # a transformers PretrainedConfig
+    hf_cache.check_layers(StaticCache(config=model_config, max_cache_len=1))
 
 
 def _config_digest(hf_config: Any) -> str:

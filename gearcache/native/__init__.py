@@ -45,10 +45,6 @@ ENV_DIR = "GEARCACHE_NATIVE_DIR"
 log = logging.getLogger("gearcache.native")
 
 
-class NativeBuildError(RuntimeError):
-    """The native checks could not be built (the message names the compiler's output file)."""
-
-
 def enabled() -> bool:
     """False when ``$GEARCACHE_NATIVE`` is ``0`` (or ``off``/``false``/``no``), or off Linux."""
     return sys.platform == "linux" and os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "off", "false",
@@ -71,7 +67,7 @@ def build_key_parts() -> list[tuple[str, str]]:
         source = hashlib.sha256(f.read()).hexdigest()
     return [("source", source),
             ("torch", f"{torch.__version__} {getattr(torch.version, 'git_version', '')} "
-                      f"cxx11abi={getattr(torch._C, '_GLIBCXX_USE_CXX11_ABI', '')}"),
+                      f"cxx11abi={torch.compiled_with_cxx11_abi()}"),
             ("python", f"{sys.implementation.cache_tag} {importlib.machinery.EXTENSION_SUFFIXES[0]}"),
             ("platform", f"{sys.platform} {platform.machine()}")]
 
@@ -137,6 +133,8 @@ def _load(path: str, key: str) -> ModuleType | None:
         return None
     try:
         spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} is not a loadable extension module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     except ImportError as e:

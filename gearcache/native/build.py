@@ -18,10 +18,12 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from typing import NoReturn
 
 import filelock
 
-from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, NativeBuildError, build_key, key_dir
+from ..errors import NativeBuildError
+from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, build_key, key_dir
 
 COMPILE_TIMEOUT_S = 600
 
@@ -38,7 +40,7 @@ def compile_command(cxx: str, output: str, key: str) -> list[str]:
 
     torch_dir = os.path.dirname(torch.__file__)
     torch_lib = os.path.join(torch_dir, "lib")
-    abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    abi = int(torch.compiled_with_cxx11_abi())
     return [cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f'-DGEARCACHE_BUILD_KEY="{key}"',
             "-I", os.path.join(torch_dir, "include"),
@@ -98,13 +100,12 @@ def _compile(folder: str, key: str, target: str, failed: str) -> str:
     return target
 
 
-def _record_failure(failed: str, log_path: str, text: str) -> None:
+def _record_failure(failed: str, log_path: str, text: str) -> NoReturn:
     with open(log_path, "w") as f:
         f.write(text)
     with open(failed, "w") as f:
         f.write("see build.log\n")
-    raise NativeBuildError(f"building gearcache's native checks failed: {text.splitlines()[-1] if text else ''} "
-                           f"(full output: {log_path}). gearcache works without them, with Dynamo's checks.")
+    raise NativeBuildError(text.splitlines()[-1] if text else "", log_path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,8 @@ comes from the stored gear plan there, so refusals and verifications happen with
 * Center: ``h - h.mean(0)``: mixing, not exact with any pad value: refused by its verification at the first padded
   call, before anything compiles.
 
-The first three warm up their one gear (4), then serves batches 1..4 (3 of them padded) twice; every output, the KV cache and the
-buffer are compared with an eager twin (the same weights and state, called directly).
+The first three warm up their one gear (4), then serves batches 1..4 (3 of them padded) twice; every output, the KV
+cache and the buffer are compared with an eager twin (the same weights and state, called directly).
 
 usage: run_padding.py CACHE_DIR [--hooks]
 """

@@ -65,7 +65,8 @@ def main() -> None:
     imported = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
     with torch.no_grad():
         ref = model.fwd(x)
-    report = {"rank": rank, "equal": all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)), "counters": dict(vars(counters)),
+    report = {"rank": rank, "equal": all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)),
+              "counters": dict(vars(counters)),
               "imported_before_eager": imported,
               "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device,
               "captures_in_one_thread": cuda_graphs._collectives_possible()}

@@ -17,7 +17,7 @@ from . import _torch_compat as compat
 from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
-from .errors import ConfigError, PaddingUnsafeError
+from .errors import ConfigError, PaddingUnsafeError, PastLargestGearError
 from .key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
 from .store import Store
 from .topology import process_groups_factor
@@ -36,8 +36,8 @@ def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str
     return gearcache_backend
 
 
-def _checked_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: list[str],
-                  output_dims: dict[int, list[tuple[int, str]]], config: CompilerConfig) -> "gears.GearPlan":
+def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: list[str],
+                       output_dims: dict[int, list[tuple[int, str]]], config: CompilerConfig) -> gears.GearPlan:
     """The graph's gear plan, with the padding analysis of the graph (gearcache/padding.py) applied as
     ``inference_config.padding_check`` says (gearcache/padding_check.py). This route has no method to run eagerly,
     so a graph the analysis cannot prove exact under padding is refused unless the check is ``"off"``."""
@@ -52,16 +52,17 @@ def _checked_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: l
     trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
                           guards, size_classes(guards))
     report = padding.analyse(trace, {i: f"input {i}" for i in range(len(fakes))}, {m.leaf for m in marks})
-    plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims, report)
+    gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims,
+                                 report)
     name = "torch.compile(backend=gearcache.get_backend(...))"
-    padding_check.apply(name, plan, ic.padding_check)
-    if plan.verify_first:
+    padding_check.apply(name, gear_plan, ic.padding_check)
+    if gear_plan.verify_first:
         raise PaddingUnsafeError(
             f"{name}: padding may change results: {padding_check.describe(report.mixing)}. The torch.compile route "
-            f"cannot check a gear against eager (it has a graph, not the method). Fix: {padding_check.NEUTRAL_PAD_FIX}, "
-            f"and serve the method with cache_compile (which verifies each gear), or set "
-            f"inference_config.padding_check='off' if padding is exact")
-    return plan
+            f"cannot check a gear against eager (it has a graph, not the method). "
+            f"Fix: {padding_check.NEUTRAL_PAD_FIX}, and serve the method with cache_compile (which verifies each "
+            f"gear), or set inference_config.padding_check='off' if padding is exact")
+    return gear_plan
 
 
 def _expr(size: Any) -> str | None:
@@ -82,48 +83,48 @@ class GearedGraph:
                                              float(getattr(real, gears.PAD_ATTR, 0))))
                 symbols.append(_expr(fake.shape[dim]) or f"static:{i}:{dim}")
         # SymInt inputs (sizes Dynamo passes separately) follow the marked dim with the same symbol.
-        self._size_inputs = [(i, symbols.index(_expr(f))) for i, f in enumerate(fakes)
-                             if isinstance(f, torch.SymInt) and _expr(f) in symbols]
+        self._size_inputs = [(i, symbols.index(e)) for i, f in enumerate(fakes)
+                             if isinstance(f, torch.SymInt) and (e := _expr(f)) is not None and e in symbols]
         outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        output_dims = {}
+        output_dims: dict[int, list[tuple[int, str]]] = {}
         for j, node in enumerate(outputs):
             shape = getattr(node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None, "shape", [])
-            dims = [(d, _expr(s)) for d, s in enumerate(shape) if _expr(s) in symbols]
+            dims = [(d, e) for d, s in enumerate(shape) if (e := _expr(s)) is not None and e in symbols]
             if dims:
                 output_dims[j] = dims
-        # the plan is made at the first call: its padding analysis retraces the graph, which it cannot do inside
-        # Dynamo's backend call (under Dynamo's fake mode)
-        self._plan_parts = (fakes, marks, symbols, output_dims) if marks else None
-        self.plan: gears.GearPlan | None = None
+        # the gear plan is made at the first call: its padding analysis retraces the graph, which it cannot do
+        # inside Dynamo's backend call (under Dynamo's fake mode)
+        self._gear_plan_parts = (fakes, marks, symbols, output_dims) if marks else None
+        self.gear_plan: gears.GearPlan | None = None
         self._entries: dict[tuple, Callable] = {}
 
     def __call__(self, *flat: Any) -> Any:
-        if self._plan_parts is not None:
-            self.plan = _checked_plan(self.gm, *self._plan_parts, self.config)
-            self._plan_parts = None
-        plan = self.plan
-        if plan is None:
+        if self._gear_plan_parts is not None:
+            self.gear_plan = _checked_gear_plan(self.gm, *self._gear_plan_parts, self.config)
+            self._gear_plan_parts = None
+        gear_plan = self.gear_plan
+        if gear_plan is None:
             return self._run(flat, flat)
-        targets = plan.targets(flat)
+        targets = gear_plan.targets(flat)
         if targets is None:
             policy = self.config.inference_config.past_largest_gear
             if policy == "error":
-                raise gears.PastLargestGearError(plan.past_largest_message(flat))
+                raise PastLargestGearError(gear_plan.past_largest_message(flat))
             if policy == "eager":
                 counters.eager_calls += 1
                 return self.gm(*flat)
-            targets = [flat[d.leaf].shape[d.dim] for d in plan.dims]
-        padded = list(plan.pad(flat, targets))
+            targets = [flat[d.leaf].shape[d.dim] for d in gear_plan.dims]
+        padded = list(gear_plan.pad(flat, targets))
         for i, m in self._size_inputs:
             padded[i] = targets[m]
         outs = self._run(tuple(padded), flat)
         if any(p is not f for p, f in zip(padded, flat)):
             counters.pads += 1
-            plan.copy_back(tuple(padded), flat)     # real rows of the padded inputs the graph wrote in place
+            gear_plan.copy_back(tuple(padded), flat)    # real rows of the padded inputs the graph wrote in place
             outs = list(outs)
-            for i, cuts in plan.cuts.items():
+            for i, cuts in gear_plan.cuts.items():
                 for dim, m in cuts:
-                    d = plan.dims[m]
+                    d = gear_plan.dims[m]
                     outs[i] = outs[i].narrow(dim, 0, flat[d.leaf].shape[d.dim])
         return outs
 
@@ -145,7 +146,8 @@ class GearedGraph:
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
         akey, _ = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(static.code), "graph_constants": graph_constants_factor(static),
+            "format": FORMAT_VERSION, "graph": sha256_text(static.code),
+            "graph_constants": graph_constants_factor(static),
             "inputs": [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
                        else repr(x) for x in inputs],
             "config": self.config.compile_factors(), "decompositions": [],
