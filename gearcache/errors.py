@@ -120,3 +120,15 @@ class LockTimeoutError(GearcacheError, TimeoutError):
 class ProcessGroupMismatchError(GearcacheError):
     """A run plan names a process group that this process lacks, or has with other ranks or another backend: its
     collectives would run on another group (gearcache/runplan/collectives.py)."""
+
+
+class CliError(GearcacheError):
+    """A ``gearcache`` command cannot do what it was asked: the message for stderr and the exit status, ``code``
+    (2: a usage error, a missing cache folder or an unknown entry; 1: a check or an operation failed)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message, code)
+        self.message, self.code = message, code
+
+    def __str__(self) -> str:
+        return self.message

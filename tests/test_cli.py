@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gearcache import cli
+from gearcache.cli.checks import parse_size
+from gearcache.cli.folder import StoreView
+from gearcache.cli.output import fmt_gears, format_table
+from gearcache.key import FORMAT_VERSION
 from gearcache.log import parse_level
+from gearcache.store import Store
 
 MODEL = '''
 import torch
@@ -176,7 +180,8 @@ def test_two_cold_starts_log_what_each_one_does(tmp_path):
         runs.append((json.loads(out.strip().splitlines()[-1]), err))
     (compiler, compiler_log), (waiter, waiter_log) = sorted(runs, key=lambda r: -r[0]["compiles"])
     assert compiler["compiles"] == 1 and waiter["compiles"] == 0 and compiler["equal"] and waiter["equal"]
-    assert "miss for entry" in compiler_log and "compiling artifact" in compiler_log and "compiled entry" in compiler_log
+    assert ("miss for entry" in compiler_log and "compiling artifact" in compiler_log
+            and "compiled entry" in compiler_log)
     assert "miss for entry" in waiter_log, waiter_log[-3000:]
     assert "compiling artifact" not in waiter_log and "miss, compiling" not in waiter_log, waiter_log[-3000:]
     assert "compiled entry" not in waiter_log, waiter_log[-3000:]
@@ -329,15 +334,13 @@ def test_prune_older_than_dry_run_then_yes(cache_copy):
 
 # ------------------------------------------------------------------------------------------- helpers, in process
 def test_table_sizes_gears_levels(tmp_path):
-    table = cli.format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
+    table = format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
     assert table.splitlines() == ["NAME        N", "a           1", "long name  22"]
-    assert cli.parse_size("2K") == 2048 and cli.parse_size("1.5M") == 1572864 and cli.parse_size("100") == 100
-    folder = tmp_path / "entries" / "world1_rank0_tp0_pp0" / "m.M.f" / "plans"
-    folder.mkdir(parents=True)
-    (folder / "p.json").write_text(json.dumps({"plan": {"dims": [
-        {"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}}))
-    plans = cli.Cache(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
-    assert cli.fmt_gears(plans) == "x:0=[1,2,4]"
+    assert parse_size("2K") == 2048 and parse_size("1.5M") == 1572864 and parse_size("100") == 100
+    Store(tmp_path).write_plan("world1_rank0_tp0_pp0", "m.M.f", "p", {"format": FORMAT_VERSION, "pkey": "p", "plan": {
+        "dims": [{"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}})
+    plans = StoreView(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
+    assert fmt_gears(plans) == "x:0=[1,2,4]"
     assert parse_level("info") == 20 and parse_level("15") == 15 and parse_level("nope") is None
 
 

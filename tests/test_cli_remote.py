@@ -1,9 +1,8 @@
-"""``gearcache push`` / ``pull`` and ``ls``/``inspect``/``verify``/``stats``/``prune --remote`` (gearcache/cli_remote.py)
-against a real redis-server, on the session's compiled seed folder."""
+"""``gearcache push`` / ``pull`` and ``ls``/``inspect``/``verify``/``stats``/``prune --remote``
+(gearcache/cli/remote.py) against a real redis-server, on the session's compiled seed folder."""
 from __future__ import annotations
 
 import json
-import shutil
 
 from conftest import FLEET_KEY, fleet_config, run_script
 from gearcache.cli import main
