@@ -419,6 +419,18 @@ def test_verify_reports_a_folder_another_user_owns(cache_copy):
     assert "chown" in doc["untrusted_folders"][0]["fix"]
 
 
+def test_with_a_signing_key_unsigned_manifests_are_refused_as_the_runtime_refuses_them(cache_copy, listing):
+    """The folder was written without a key: under $GEARCACHE_SIGNING_KEY the CLI reads its manifests with the store's
+    signature check, as a process with that key would (every entry refused, none listed)."""
+    env = _env(GEARCACHE_SIGNING_KEY="another-key")
+    verify = gc("verify", "--cache-dir", cache_copy, "--json", env=env)
+    doc = as_json(verify, rc=1)
+    assert sorted(r["ekey"] for r in doc["entries"]) == sorted(e["ekey"] for e in listing)
+    assert all(r["status"] == "corrupt" and "not signed" in r["problems"][0]["detail"] for r in doc["entries"])
+    ls = gc("ls", "--cache-dir", cache_copy, "--json", env=env)
+    assert as_json(ls)["entries"] == [] and ls.stderr.count("not signed") == 2
+
+
 def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
     """Writers with lock_mode="soft" lock ``locks/<akey>.softlock``: prune takes the store's locks of both modes."""
     from gearcache.store import Store

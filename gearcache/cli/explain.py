@@ -83,11 +83,12 @@ def explain_miss(args: argparse.Namespace) -> int:
     method = resolve_method(view, args.method)
     records = miss_records(view.root, method)
     if not records:
-        doc = {"method": method, "miss": None, "differs": []}
-        emit(args, doc, lambda: f"no recorded miss of {method} in {view.root} (misses are recorded when gearcache "
-                                f"compiles an entry)")
+        emit(args, {"method": method, "miss": None, "differs": []},
+             lambda: f"no recorded miss of {method} in {view.root} (misses are recorded when gearcache compiles an "
+                     f"entry)")
         return OK
-    entries = {(r.topology, r.ekey): r for r in view.good_entries() if r.method == method}
+    entries: dict[tuple[str, Any], EntryRef] = {(r.topology, r.ekey): r for r in view.good_entries()
+                                                if r.method == method}
     missing = [r for r in records if (r[2].get("topology") or r[1].parent.parent.name, r[2].get("ekey")) not in
                entries]
     when, path, miss = max(missing or records, key=lambda r: r[0])

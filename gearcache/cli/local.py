@@ -196,7 +196,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     # elements of the geared inputs of served calls: as the entries ran them (padded to a gear), as callers passed them
     padded, real = total("padded_elements"), total("real_elements")
     waste = (1.0 - real / padded) if padded else None
-    doc = {
+    doc: dict[str, Any] = {
         "cache_dir": str(view.root), "entries": len(entries),
         "methods": len({(e.topology, e.method) for e in entries}),
         "artifacts": len(sizes), "total_bytes": sum(size for size, _ in sizes.values()),
