@@ -1,21 +1,19 @@
 """``gearcache explain``: the key factors two entries differ in, or why a method's latest recorded miss missed.
 
-Misses are recorded by gearcache/diagnostics.py (``<root>/misses/<topology>/<method>/<ekey>.json``: the key factors of
-a miss that compiled); entries are read through the store (folder.py).
+Misses are recorded and read back by gearcache/diagnostics.py (the key factors of each miss that compiled); entries are
+read through the store (folder.py).
 """
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 from typing import Any
 
+from ..diagnostics import differing_factors, missed_methods, nearest_entry, recorded_misses
 from ..errors import CliError
 from .folder import EntryRef, StoreView, open_view
 from .local import ordered_factors
 from .output import FAILED, OK, compact, emit, fmt_time, format_table, iso_time, short_signature
 
-MissRecord = tuple[float, pathlib.Path, dict[str, Any]]       # (time, path, record)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -59,8 +57,6 @@ def value_diffs(name: str, a: Any, b: Any) -> list[tuple[str, str, str]]:
 
 
 def diff_doc(hashes_a: dict, values_a: dict, hashes_b: dict, values_b: dict) -> list[dict[str, Any]]:
-    from ..diagnostics import differing_factors
-
     return [{"factor": n, "hash_a": hashes_a.get(n), "hash_b": hashes_b.get(n),
              "value_a": values_a.get(n), "value_b": values_b.get(n)}
             for n in ordered_factors(differing_factors(hashes_a, hashes_b))]
@@ -81,7 +77,7 @@ def explain_miss(args: argparse.Namespace) -> int:
     missed then: exit 0."""
     view = open_view(args)
     method = resolve_method(view, args.method)
-    records = miss_records(view.root, method)
+    records = recorded_misses(view.root, method)
     if not records:
         emit(args, {"method": method, "miss": None, "differs": []},
              lambda: f"no recorded miss of {method} in {view.root} (misses are recorded when gearcache compiles an "
@@ -106,19 +102,6 @@ def explain_miss(args: argparse.Namespace) -> int:
     return _explain_still_missing(args, view, doc, head, miss)
 
 
-def miss_records(root: pathlib.Path, method: str) -> list[MissRecord]:
-    """The recorded misses of ``method`` (diagnostics.record_miss): ``(time, path, record)``."""
-    records = []
-    for path in (root / "misses").glob(f"*/{method}/*.json"):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(data, dict) and isinstance(data.get("factors"), dict):
-                records.append((float(data.get("time", path.stat().st_mtime)), path, data))
-        except (OSError, ValueError, TypeError):
-            continue
-    return records
-
-
 def _explain_compiled(args: argparse.Namespace, doc: dict[str, Any], head: str, miss: dict[str, Any],
                       entry: EntryRef) -> int:
     """Every recorded miss compiled since: say what the latest one compiled to (and why it missed then); exit 0."""
@@ -140,8 +123,6 @@ def _explain_compiled(args: argparse.Namespace, doc: dict[str, Any], head: str, 
 def _explain_still_missing(args: argparse.Namespace, view: StoreView, doc: dict[str, Any], head: str,
                            miss: dict[str, Any]) -> int:
     """The miss has no entry on disk: the key factors it differs in from the nearest entry of the method; exit 1."""
-    from ..diagnostics import nearest_entry
-
     topology, method = doc["topology"], doc["method"]
     hashes, values = miss["factors"].get("hashes", {}), miss["factors"].get("values", {})
     candidates = [r.manifest for r in view.good_entries() if r.method == method and r.topology == topology
@@ -167,10 +148,7 @@ def _explain_still_missing(args: argparse.Namespace, view: StoreView, doc: dict[
 
 def resolve_method(view: StoreView, name: str) -> str:
     """An exact method name, or the one known method name that ends with ``name`` (``Model.forward``)."""
-    known = {r.method for r in view.entries()}
-    misses = view.root / "misses"
-    if misses.is_dir():
-        known |= {p.name for p in misses.glob("*/*") if p.is_dir()}
+    known = {r.method for r in view.entries()} | missed_methods(view.root)
     if name in known:
         return name
     matches = sorted(k for k in known if k.endswith("." + name) or k.endswith(name))
