@@ -12,7 +12,7 @@ import time
 from ..counters import counters
 from ..errors import LockTimeoutError
 from . import files as fs
-from .files import MANIFEST, _folder_bytes, _makedirs, _tmp_tag
+from .files import MANIFEST, _folder_bytes, _mkdir, _tmp_tag
 
 log = logging.getLogger("gearcache.store")
 
@@ -24,7 +24,7 @@ class EvictionMixin:
         """Remove artifact ``akey`` (and its lease folder) unless a live process holds a lease on it. Checked and
         moved aside under ``locks/<akey>.lease.lock``, as eviction does, so a process cannot lease it in between.
         Returns ``"removed"``, ``"gone"``, ``"in use by pid@host, ..."`` or ``"lease lock busy"``."""
-        _makedirs(self.root / "tmp", self._dir_mode)
+        _mkdir(self.root / "tmp", self._dir_mode)
         try:
             with self._locked(self._lock_path(akey, "lease"), 0.5):
                 live = self.live_leases(akey)
