@@ -369,7 +369,7 @@ class RemoteStore:
         heads = {akey: self.head(akey) for akey in self.artifacts() if akey not in bad_akeys}
         for topology, method, ekey in sorted(self.entries()):
             data = self.entry_manifest(topology, method, ekey)
-            if not data or data.get("akey") in bad_akeys or heads.get(data.get("akey")) is None:
+            if not data or data.get("akey") in bad_akeys or heads.get(str(data.get("akey"))) is None:
                 gone.append(self.entry_key(topology, method, ekey))
         live = {self.chunk_keys(akey, str(head["bundle"]), 1)[0].rsplit(":", 1)[0]
                 for akey, head in heads.items() if head and "bundle" in head}
