@@ -15,6 +15,7 @@ On disk::
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import pathlib
@@ -99,6 +100,25 @@ def _trim(folder: pathlib.Path, keep: int) -> None:
     by_age = sorted(records, key=lambda p: p.stat().st_mtime)
     for path in by_age[:len(records) - keep]:
         path.unlink(missing_ok=True)
+
+
+def recorded_misses(root: pathlib.Path, method: str) -> list[tuple[float, pathlib.Path, dict[str, Any]]]:
+    """The misses of ``method`` :func:`record_miss` recorded in the store at ``root`` (every topology), as ``(time,
+    path, record)``; unreadable records are skipped (``gearcache explain --method``)."""
+    records = []
+    for path in (pathlib.Path(root) / "misses").glob(f"*/{method}/*.json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and isinstance(data.get("factors"), dict):
+                records.append((float(data.get("time", path.stat().st_mtime)), path, data))
+        except (OSError, ValueError, TypeError):
+            continue
+    return records
+
+
+def missed_methods(root: pathlib.Path) -> set[str]:
+    """The methods with recorded misses in the store at ``root``."""
+    return {p.name for p in (pathlib.Path(root) / "misses").glob("*/*") if p.is_dir()}
 
 
 # --------------------------------------------------------------------------------------------------------- loads

@@ -164,3 +164,13 @@ class NativeBuildError(GearcacheError, RuntimeError):
     def __str__(self) -> str:
         return (f"building gearcache's native checks failed: {self.reason} (full output: {self.log_path}). "
                 f"gearcache works without them, with Dynamo's checks.")
+class CliError(GearcacheError):
+    """A ``gearcache`` command cannot do what it was asked: the message for stderr and the exit status, ``code``
+    (2: a usage error, a missing cache folder or an unknown entry; 1: a check or an operation failed)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message, code)
+        self.message, self.code = message, code
+
+    def __str__(self) -> str:
+        return self.message

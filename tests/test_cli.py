@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from gearcache import cli
+from gearcache.cli.checks import parse_size
+from gearcache.cli.folder import StoreView
+from gearcache.cli.output import fmt_gears, format_table
+from gearcache.key import FORMAT_VERSION
 from gearcache.log import parse_level
+from gearcache.store import Store
 
 MODEL = '''
 import torch
@@ -330,15 +334,13 @@ def test_prune_older_than_dry_run_then_yes(cache_copy):
 
 # ------------------------------------------------------------------------------------------- helpers, in process
 def test_table_sizes_gears_levels(tmp_path):
-    table = cli.format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
+    table = format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
     assert table.splitlines() == ["NAME        N", "a           1", "long name  22"]
-    assert cli.parse_size("2K") == 2048 and cli.parse_size("1.5M") == 1572864 and cli.parse_size("100") == 100
-    folder = tmp_path / "entries" / "world1_rank0_tp0_pp0" / "m.M.f" / "plans"
-    folder.mkdir(parents=True)
-    (folder / "p.json").write_text(json.dumps({"plan": {"dims": [
-        {"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}}))
-    plans = cli.Cache(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
-    assert cli.fmt_gears(plans) == "x:0=[1,2,4]"
+    assert parse_size("2K") == 2048 and parse_size("1.5M") == 1572864 and parse_size("100") == 100
+    Store(tmp_path).write_plan("world1_rank0_tp0_pp0", "m.M.f", "p", {"format": FORMAT_VERSION, "pkey": "p", "plan": {
+        "dims": [{"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}})
+    plans = StoreView(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
+    assert fmt_gears(plans) == "x:0=[1,2,4]"
     assert parse_level("info") == 20 and parse_level("15") == 15 and parse_level("nope") is None
 
 
@@ -415,6 +417,18 @@ def test_verify_reports_a_folder_another_user_owns(cache_copy):
     assert doc["untrusted_folders"][0]["path"] == str(cache_copy / "entries")
     assert "owned by uid 12345" in doc["untrusted_folders"][0]["why"]
     assert "chown" in doc["untrusted_folders"][0]["fix"]
+
+
+def test_with_a_signing_key_unsigned_manifests_are_refused_as_the_runtime_refuses_them(cache_copy, listing):
+    """The folder was written without a key: under $GEARCACHE_SIGNING_KEY the CLI reads its manifests with the store's
+    signature check, as a process with that key would (every entry refused, none listed)."""
+    env = _env(GEARCACHE_SIGNING_KEY="another-key")
+    verify = gc("verify", "--cache-dir", cache_copy, "--json", env=env)
+    doc = as_json(verify, rc=1)
+    assert sorted(r["ekey"] for r in doc["entries"]) == sorted(e["ekey"] for e in listing)
+    assert all(r["status"] == "corrupt" and "not signed" in r["problems"][0]["detail"] for r in doc["entries"])
+    ls = gc("ls", "--cache-dir", cache_copy, "--json", env=env)
+    assert as_json(ls)["entries"] == [] and ls.stderr.count("not signed") == 2
 
 
 def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):

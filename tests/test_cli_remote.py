@@ -1,5 +1,5 @@
 """``gearcache push`` / ``pull`` and ``ls``/``inspect``/``verify``/``stats``/``prune --remote``
-(gearcache/cli_remote.py) against a real redis-server, on the session's compiled seed folder."""
+(gearcache/cli/remote.py) against a real redis-server, on the session's compiled seed folder."""
 from __future__ import annotations
 
 import json

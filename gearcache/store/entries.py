@@ -14,7 +14,7 @@ from ..errors import UntrustedCacheError
 from ..key import FORMAT_VERSION
 from . import files as fs
 from .files import _makedirs, storage_fix, write_json_atomic
-from .signing import json_signature_ok, sign_json
+from .signing import json_signature_ok, sign_json, signature_problem
 from .trust import first_untrusted_warning
 
 log = logging.getLogger("gearcache.store")
@@ -148,3 +148,40 @@ class EntryMixin:
                 out.append(data)
         return out
 
+
+    # ------------------------------------------------------------------------------- for tools (gearcache ls, ...)
+    def entry_keys(self) -> list[tuple[str, str, str]]:
+        """``(topology folder, method, ekey)`` of every entry manifest file in ``entries/``, readable or not, sorted."""
+        return sorted((p.parent.parent.name, p.parent.name, p.stem) for p in (self.root / "entries").glob("*/*/*.json"))
+
+    def check_entry(self, topology_folder: str, method: str,
+                    ekey: str) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+        """Read an entry manifest as a tool does (``gearcache ls``, ``verify``, ``prune``): nothing is leased,
+        quarantined, fetched or written, and trust is left to :meth:`untrusted_why`. ``(manifest, None)`` (``"sig"``
+        dropped) when it names this format, ``ekey`` and an artifact and, with a signing key, is signed with it; else
+        ``(None, (status, why))``: ``"corrupt"`` (unreadable, malformed, names another entry key or no artifact,
+        unsigned or wrongly signed) or ``"incompatible"`` (another format)."""
+        try:
+            data = json.loads(self.entry_path(topology_folder, method, ekey).read_bytes())
+        except (OSError, ValueError) as exc:
+            return None, ("corrupt", f"entry manifest unreadable ({exc})")
+        if not isinstance(data, dict) or data.get("ekey") != ekey or not isinstance(data.get("akey"), str):
+            return None, ("corrupt", "entry manifest is malformed or names another entry key")
+        if data.get("format") != FORMAT_VERSION:
+            return None, ("incompatible", f"entry format {data.get('format')!r}; this gearcache reads format "
+                                          f"{FORMAT_VERSION}")
+        why = signature_problem(self._key, data)
+        if why:
+            return None, ("corrupt", f"entry manifest: {why}")
+        data.pop("sig", None)
+        return data, None
+
+    def remove_entry(self, topology_folder: str, method: str, ekey: str) -> None:
+        """Delete an entry manifest (``gearcache prune``); its artifact and index row are the caller's to remove."""
+        self.entry_path(topology_folder, method, ekey).unlink(missing_ok=True)
+
+    def list_plans(self, topology_folder: str, method: str) -> list[dict[str, Any]]:
+        """Every gear plan of a method that :meth:`read_plan` accepts, in file name order."""
+        folder = self.plan_path(topology_folder, method, "-").parent
+        plans = [self.read_plan(topology_folder, method, path.stem) for path in sorted(folder.glob("*.json"))]
+        return [plan for plan in plans if plan is not None]

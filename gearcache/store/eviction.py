@@ -12,7 +12,7 @@ import time
 from ..counters import counters
 from ..errors import LockTimeoutError
 from . import files as fs
-from .files import MANIFEST, _folder_bytes, _tmp_tag
+from .files import MANIFEST, _folder_bytes, _mkdir, _tmp_tag
 
 log = logging.getLogger("gearcache.store")
 
@@ -24,6 +24,7 @@ class EvictionMixin:
         """Remove artifact ``akey`` (and its lease folder) unless a live process holds a lease on it. Checked and
         moved aside under ``locks/<akey>.lease.lock``, as eviction does, so a process cannot lease it in between.
         Returns ``"removed"``, ``"gone"``, ``"in use by pid@host, ..."`` or ``"lease lock busy"``."""
+        _mkdir(self.root / "tmp", self._dir_mode)
         try:
             with self._locked(self._lock_path(akey, "lease"), 0.5):
                 live = self.live_leases(akey)
@@ -40,6 +41,11 @@ class EvictionMixin:
             return "lease lock busy"
         shutil.rmtree(aside, ignore_errors=True)
         return "removed"
+
+    def artifact_keys(self) -> list[str]:
+        """The key of every folder in ``artifacts/``, valid or not, sorted."""
+        folder = self.root / "artifacts"
+        return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
     def artifact_sizes(self) -> dict[str, tuple[int, float]]:
         """``{akey: (bytes, manifest mtime)}`` of the published artifacts."""

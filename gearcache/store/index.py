@@ -186,6 +186,19 @@ class IndexMixin:
         except Exception as exc:        # bookkeeping must never fail a call
             _index_failed(exc)
 
+    def entry_usage(self) -> dict[str, dict[str, Any]]:
+        """The index's rows of entries by entry key (``loads``, ``hits``, ``last_used``, ...: the module docstring);
+        {} when there is no index. Opened without the store's first-use checks (:meth:`read_index`); raises what
+        opening it raises."""
+        if not (self.root / "index").is_dir():
+            return {}
+        return {key: row for key, row in self.read_index().items()
+                if isinstance(row, dict) and not key.startswith("artifact:")}
+
+    def forget(self, ekeys: list[str], akeys: list[str]) -> None:
+        """Remove the index rows of entries ``ekeys`` and artifacts ``akeys`` (``gearcache prune``). Never raises."""
+        self._index_pop([*ekeys, *(f"artifact:{akey}" for akey in akeys)])
+
     def touch(self, ekey: str) -> None:
         """Record a load of an entry (not called per call: once per entry per process)."""
         try:

@@ -117,6 +117,10 @@ class Store(TrustMixin, CleanupMixin, LockMixin, LeaseMixin, IndexMixin, EntryMi
     def artifact_dir(self, akey: str) -> pathlib.Path:
         return self.root / "artifacts" / akey
 
+    def torch_artifact_dir(self, akey: str) -> pathlib.Path:
+        """torch's unpacked artifact inside artifact ``akey``: the generated code and kernels."""
+        return self.artifact_dir(akey) / "inductor"
+
     def _ensure_root(self) -> None:
         if self._checked:
             return

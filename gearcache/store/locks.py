@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 import filelock
 
 from ..errors import LockTimeoutError
-from .files import HOST
+from .files import HOST, _mkdir
 from .processes import pid_alive
 
 log = logging.getLogger("gearcache.store")
@@ -31,6 +31,7 @@ class LockMixin:
         """Hold artifact ``akey``'s publish lock of both lock modes (``locks/<akey>.lock`` by flock, then
         ``.softlock``): for a process that does not know the writers' ``lock_mode`` (``gearcache prune``), which
         then excludes the writers of either. ``LockTimeoutError`` when one is held."""
+        _mkdir(self.root / "locks", self._dir_mode)
         with self._locked(self._lock_path(akey, mode="flock"), timeout, mode="flock"):
             with self._locked(self._lock_path(akey, mode="soft"), timeout, mode="soft"):
                 yield

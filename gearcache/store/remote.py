@@ -40,7 +40,7 @@ from ..key import FORMAT_VERSION
 from . import files as fs
 from .backend import RemoteBackend, RemoteError, backend_class
 from .files import HOST, MANIFEST, SIGNATURE, _makedirs, _tmp_tag, write_json_atomic
-from .signing import json_signature_ok
+from .signing import json_signature_ok, signature_problem
 
 log = logging.getLogger("gearcache.store")
 
@@ -319,6 +319,61 @@ class RemoteStore:
     def artifacts(self) -> list[str]:
         start = f"{self.prefix}artifact:"
         return sorted(k[len(start):] for k in self.backend.scan(start))
+
+    # ------------------------------------------------------------------- for tools (gearcache ls --remote, ...)
+    def entry_manifest(self, topology: str, method: str, ekey: str) -> dict[str, Any] | None:
+        """The remote entry manifest as stored, unchecked (for listing); {} when it is not a JSON object, None when
+        there is none. :meth:`signature_problem` says whether a node would load it."""
+        raw = self.backend.get(self.entry_key(topology, method, ekey))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def signature_problem(self, data: dict[str, Any]) -> str:
+        """Why a node refuses the entry manifest ``data`` for its signature; ``""`` when it does not."""
+        return signature_problem(self._key, data)
+
+    def head(self, akey: str) -> dict[str, Any] | None:
+        """Artifact ``akey``'s head as stored, unchecked (the module docstring); ``{"unreadable": True}`` when it is
+        not JSON, None when there is none."""
+        raw = self.backend.get(self.head_key(akey))
+        if raw is None:
+            return None
+        try:
+            head = json.loads(raw)
+        except ValueError:
+            return {"unreadable": True}
+        return head if isinstance(head, dict) else {"unreadable": True}
+
+    def artifact_problem(self, store: Any, akey: str) -> str:
+        """Why a fetch of artifact ``akey`` into ``store`` would be refused or miss (incomplete, unreadable, a file
+        or the signature failing :func:`checked_files`), checked in memory: nothing is written. ``""``: it would
+        not."""
+        parts = self._read_bundle(akey)
+        if parts is None:
+            return "missing, incomplete or unreadable (see the log)"
+        try:
+            checked_files(store, akey, *parts)
+        except (CacheCorruptionError, ValueError) as exc:
+            return getattr(exc, "reason", None) or str(exc)
+        return ""
+
+    def garbage_keys(self, bad_akeys: set[str]) -> list[str]:
+        """The keys ``gearcache prune --remote --corrupt`` deletes: the heads of ``bad_akeys``, the entries naming
+        one of them or an artifact without a head (or that are unreadable), and the chunks no other head names."""
+        gone = [self.head_key(akey) for akey in sorted(bad_akeys)]
+        heads = {akey: self.head(akey) for akey in self.artifacts() if akey not in bad_akeys}
+        for topology, method, ekey in sorted(self.entries()):
+            data = self.entry_manifest(topology, method, ekey)
+            if not data or data.get("akey") in bad_akeys or heads.get(str(data.get("akey"))) is None:
+                gone.append(self.entry_key(topology, method, ekey))
+        live = {self.chunk_keys(akey, str(head["bundle"]), 1)[0].rsplit(":", 1)[0]
+                for akey, head in heads.items() if head and "bundle" in head}
+        return gone + [k for k in self.backend.scan(f"{self.prefix}chunk:") if k.rsplit(":", 1)[0] not in live]
 
 
 def checked_files(store: Any, akey: str, head: dict[str, Any], bundle: bytes) -> list[tuple[str, memoryview, int]]:

@@ -34,3 +34,15 @@ def json_signature_ok(key: bytes, data: dict[str, Any]) -> bool:
     rest = {k: v for k, v in data.items() if k != "sig"}
     return hmac.compare_digest(sig, _hmac(key, canonical_bytes(rest)))
 
+
+
+def signature_problem(key: bytes | None, data: dict[str, Any]) -> str:
+    """Why the JSON object ``data`` (an entry manifest, with its ``"sig"`` field) is not signed with ``key``; ``""``
+    when it is, or when there is no key (nothing is checked)."""
+    if key is None:
+        return ""
+    if "sig" not in data:
+        return "it is not signed and a signing key is set"
+    if not json_signature_ok(key, data):
+        return "its signature does not match (tampered, or signed with another key)"
+    return ""

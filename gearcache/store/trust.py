@@ -71,6 +71,12 @@ class TrustMixin:
             return None
         return self._untrusted_why(st, stat.S_ISDIR(st.st_mode))
 
+    def refused_folders(self) -> list[tuple[pathlib.Path, str]]:
+        """``(folder, why)`` for each of the root, ``entries/`` and ``artifacts/`` the runtime refuses
+        (:meth:`untrusted_why`): any one of them refuses the whole store (what ``gearcache verify`` reports)."""
+        folders = (self.root, self.root / "entries", self.root / "artifacts")
+        return [(folder, why) for folder in folders if (why := self.untrusted_why(folder)) is not None]
+
     def _untrusted_dir(self, folder: pathlib.Path) -> str | None:
         try:
             return self._untrusted_why(folder.stat(), True)

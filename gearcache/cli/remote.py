@@ -1,5 +1,6 @@
 """The fleet commands of ``gearcache``: ``push``, ``pull``, and ``ls``/``inspect``/``verify``/``stats``/``prune`` with
-``--remote URL`` (else ``$GEARCACHE_REMOTE``). Layout of the remote store: gearcache/store/remote.py.
+``--remote URL`` (else ``$GEARCACHE_REMOTE``), through the store's remote tier (gearcache/store/remote.py holds its
+layout and its checks).
 
     gearcache push --remote URL            a build machine uploads every valid entry of its folder (and artifacts)
     gearcache pull --remote URL            a node fetches every remote entry and artifact (checked) before serving
@@ -18,15 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
 
-from .cli import FAILED, OK, USAGE, CliError, _emit, fmt_bytes, format_table
-from .errors import CacheCorruptionError, ConfigError
-from .store import Store
-from .store.backend import RemoteError
-from .store.remote import REMOTE_ENV, checked_files
+from ..errors import CliError, ConfigError
+from ..store import Store
+from ..store.backend import RemoteError
+from ..store.remote import REMOTE_ENV, RemoteStore
+from .output import FAILED, OK, USAGE, emit, fmt_bytes, format_pairs, format_table
 
 REMOTE_COMMANDS = ("ls", "inspect", "verify", "stats", "prune")
+T = TypeVar("T")
 
 
 def add_arguments(common: argparse.ArgumentParser) -> None:
@@ -50,7 +52,8 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_pull)
 
 
-def store_for(args: argparse.Namespace) -> Store:
+def store_for(args: argparse.Namespace) -> tuple[Store, RemoteStore]:
+    """The local store of ``--cache-dir`` with the remote of ``--remote`` (else ``$GEARCACHE_REMOTE``)."""
     url = args.remote or os.environ.get(REMOTE_ENV)
     if not url:
         raise CliError(f"gearcache {args.command}: no remote store. Fix: pass --remote redis://host:6379/0 or set "
@@ -59,10 +62,11 @@ def store_for(args: argparse.Namespace) -> Store:
         store = Store(args.cache_dir, remote=url, remote_trust=args.remote_trust)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    return store
+    assert store.remote is not None           # a URL was given
+    return store, store.remote
 
 
-def _remote_call(fn, *a, **kw):
+def _remote_call(fn: Callable[..., T], *a: Any, **kw: Any) -> T:
     try:
         return fn(*a, **kw)
     except RemoteError as exc:
@@ -70,96 +74,79 @@ def _remote_call(fn, *a, **kw):
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    store = store_for(args)
-    if not (store.root / "entries").is_dir():
+    store, remote = store_for(args)
+    if not store.root.is_dir():
         raise CliError(f"no cache folder at {store.root}")
     done = _remote_call(store.push_to_remote, force=args.force)
-    _emit(args, {"remote": store.remote.url, "cache_dir": str(store.root), **done},
-          lambda: f"pushed {done['entries']} entries and {done['artifacts']} artifacts from {store.root} to "
-                  f"{store.remote.url}" + (f"; skipped {done['skipped']} invalid" if done["skipped"] else ""))
+    emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
+         lambda: f"pushed {done['entries']} entries and {done['artifacts']} artifacts from {store.root} to "
+                 f"{remote.url}" + (f"; skipped {done['skipped']} invalid" if done["skipped"] else ""))
     return FAILED if done["skipped"] else OK
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    store = store_for(args)
+    store, remote = store_for(args)
     done = _remote_call(store.pull_from_remote, method=args.method)
-    _emit(args, {"remote": store.remote.url, "cache_dir": str(store.root), **done},
-          lambda: f"pulled {done['entries']} entries and {done['artifacts']} artifacts from {store.remote.url} into "
-                  f"{store.root}" + (f"; refused {done['refused']} (see the log)" if done["refused"] else ""))
+    emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
+         lambda: f"pulled {done['entries']} entries and {done['artifacts']} artifacts from {remote.url} into "
+                 f"{store.root}" + (f"; refused {done['refused']} (see the log)" if done["refused"] else ""))
     return FAILED if done["refused"] else OK
 
 
 def dispatch(args: argparse.Namespace) -> int:
     """``ls``/``inspect``/``verify``/``stats``/``prune`` against ``--remote``."""
-    store = store_for(args)
-    return _remote_call({"ls": _ls, "inspect": _inspect, "verify": _verify, "stats": _stats,
-                         "prune": _prune}[args.command], args, store)
+    store, remote = store_for(args)
+    command = {"ls": _ls, "inspect": _inspect, "verify": _verify, "stats": _stats, "prune": _prune}[args.command]
+    return _remote_call(command, args, store, remote)
 
 
-def _entries(store: Store) -> list[dict[str, Any]]:
-    remote, rows = store.remote, []
+def _entries(remote: RemoteStore) -> list[dict[str, Any]]:
+    """Every remote entry: ``{"method", "topology", "ekey", "akey", "created", "manifest"}`` (unchecked)."""
+    rows = []
     for topology, method, ekey in sorted(remote.entries()):
-        raw = remote.backend.get(remote.entry_key(topology, method, ekey))
-        try:
-            data = json.loads(raw) if raw is not None else {}
-        except ValueError:
-            data = {}
+        data = remote.entry_manifest(topology, method, ekey) or {}
         rows.append({"method": method, "topology": topology, "ekey": ekey, "akey": data.get("akey"),
                      "created": data.get("created"), "manifest": data})
     return rows
 
 
-def _head(store: Store, akey: str | None) -> dict[str, Any] | None:
-    if not akey:
-        return None
-    raw = store.remote.backend.get(store.remote.head_key(akey))
-    try:
-        return json.loads(raw) if raw is not None else None
-    except ValueError:
-        return {"unreadable": True}
+def _head(remote: RemoteStore, akey: str | None) -> dict[str, Any] | None:
+    return remote.head(akey) if akey else None
 
 
-def _ls(args: argparse.Namespace, store: Store) -> int:
+def _ls(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
     rows = []
-    for r in _entries(store):
-        head = _head(store, r["akey"]) or {}
+    for r in _entries(remote):
+        head = _head(remote, r["akey"]) or {}
         rows.append({k: v for k, v in r.items() if k != "manifest"} | {"bytes": head.get("bytes")})
-    _emit(args, {"remote": store.remote.url, "entries": rows}, lambda: (format_table(
+    emit(args, {"remote": remote.url, "entries": rows}, lambda: (format_table(
         ["METHOD", "TOPOLOGY", "ENTRY", "ARTIFACT", "SIZE"],
         [[r["method"], r["topology"], r["ekey"][:12], (r["akey"] or "?")[:12], fmt_bytes(r["bytes"])]
-         for r in rows], right=(4,)) + "\n" if rows else "") + f"{len(rows)} entries in {store.remote.url}")
+         for r in rows], right=(4,)) + "\n" if rows else "") + f"{len(rows)} entries in {remote.url}")
     return OK
 
 
-def _inspect(args: argparse.Namespace, store: Store) -> int:
-    found = [r for r in _entries(store) if r["ekey"].startswith(args.entry)]
+def _inspect(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
+    found = [r for r in _entries(remote) if r["ekey"].startswith(args.entry)]
     if len(found) != 1:
         raise CliError(f"entry {args.entry!r}: {'no' if not found else len(found)} remote entries match")
     r = found[0]
-    head = _head(store, r["akey"])
-    doc = {"remote": store.remote.url, **r, "artifact_head": head and {k: v for k, v in head.items()
-                                                                        if k != "manifest"}}
-    _emit(args, doc, lambda: json.dumps(doc, indent=2, default=repr))
+    head = _head(remote, r["akey"])
+    doc = {"remote": remote.url, **r, "artifact_head": head and {k: v for k, v in head.items() if k != "manifest"}}
+    emit(args, doc, lambda: json.dumps(doc, indent=2, default=repr))
     return OK
 
 
-def check_artifact(store: Store, akey: str) -> str:
+def check_artifact(store: Store, remote: RemoteStore, akey: str) -> str:
     """'ok', or why the remote artifact ``akey`` is not loadable (checked in memory as a fetch checks it)."""
-    parts = store.remote._read_bundle(akey)
-    if parts is None:
-        return "missing, incomplete or unreadable (see the log)"
-    try:
-        checked_files(store, akey, *parts)
-        return "ok"
-    except (CacheCorruptionError, ValueError) as exc:
-        return getattr(exc, "reason", None) or str(exc)
+    return remote.artifact_problem(store, akey) or "ok"
 
 
-def _verify(args: argparse.Namespace, store: Store) -> int:
+def _verify(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
     problems: list[dict[str, str]] = []
-    artifacts = {a: check_artifact(store, a) for a in store.remote.artifacts()}
-    for r in _entries(store):
-        why = store.remote._signature_problem(r["manifest"]) if r["manifest"] else "unreadable"
+    artifacts = {a: check_artifact(store, remote, a) for a in remote.artifacts()}
+    for r in _entries(remote):
+        why = remote.signature_problem(r["manifest"]) if r["manifest"] else "unreadable"
         if not why:
             why = "" if artifacts.get(r["akey"]) == "ok" else f"artifact {r['akey']}: " + artifacts.get(
                 r["akey"], "missing")
@@ -167,44 +154,35 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
             problems.append({"ekey": r["ekey"], "problem": why})
     problems += [{"akey": a, "problem": why} for a, why in artifacts.items() if why != "ok"]
     ok = sum(1 for w in artifacts.values() if w == "ok")
-    _emit(args, {"remote": store.remote.url, "artifacts_ok": ok, "problems": problems},
-          lambda: "\n".join([f"{p.get('ekey') or p.get('akey')}: {p['problem']}" for p in problems] +
-                            [f"{ok} artifacts ok, {len(problems)} problems in {store.remote.url}"]))
+    emit(args, {"remote": remote.url, "artifacts_ok": ok, "problems": problems},
+         lambda: "\n".join([f"{p.get('ekey') or p.get('akey')}: {p['problem']}" for p in problems] +
+                           [f"{ok} artifacts ok, {len(problems)} problems in {remote.url}"]))
     return FAILED if problems else OK
 
 
-def _stats(args: argparse.Namespace, store: Store) -> int:
-    entries, artifacts = _entries(store), store.remote.artifacts()
-    total = sum((_head(store, a) or {}).get("bytes") or 0 for a in artifacts)
-    server = store.remote.backend.describe()
-    doc = {"remote": store.remote.url, "entries": len(entries), "artifacts": len(artifacts), "total_bytes": total,
+def _stats(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
+    entries, artifacts = _entries(remote), remote.artifacts()
+    total = sum((_head(remote, a) or {}).get("bytes") or 0 for a in artifacts)
+    server = remote.backend.describe()
+    doc = {"remote": remote.url, "entries": len(entries), "artifacts": len(artifacts), "total_bytes": total,
            "server": server}
-    _emit(args, doc, lambda: format_table(["", ""], [
+    emit(args, doc, lambda: format_pairs([
         ["entries", len(entries)], ["artifacts", len(artifacts)], ["artifact bytes", fmt_bytes(total)],
-        *[[k, v] for k, v in server.items()]]).split("\n", 1)[1])
+        *[[k, v] for k, v in server.items()]]))
     return OK
 
 
-def _prune(args: argparse.Namespace, store: Store) -> int:
-    remote = store.remote
+def _prune(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
     if not (args.corrupt or getattr(args, "all", False)):
         raise CliError("prune --remote: say what to delete: --corrupt (corrupt or dangling entries and artifacts, "
                        "orphan chunks) or --all", USAGE)
-    gone: list[str] = []
     if args.all:
         gone = list(remote.backend.scan(remote.prefix))
     else:
-        bad = {a for a in remote.artifacts() if check_artifact(store, a) != "ok"}
-        gone += [remote.head_key(a) for a in bad]
-        for r in _entries(store):
-            if not r["manifest"] or r["akey"] in bad or _head(store, r["akey"]) is None:
-                gone.append(remote.entry_key(r["topology"], r["method"], r["ekey"]))
-        live = {remote.chunk_keys(a, h["bundle"], 1)[0].rsplit(":", 1)[0] for a in remote.artifacts() if a not in bad
-                for h in [_head(store, a)] if h and "bundle" in h}
-        gone += [k for k in remote.backend.scan(f"{remote.prefix}chunk:") if k.rsplit(":", 1)[0] not in live]
+        gone = remote.garbage_keys({a for a in remote.artifacts() if check_artifact(store, remote, a) != "ok"})
     if args.yes:
         remote.backend.delete(gone)
-    _emit(args, {"remote": remote.url, "deleted" if args.yes else "would_delete": gone},
-          lambda: "\n".join(gone + [f"{'deleted' if args.yes else 'would delete (dry run; --yes deletes)'} "
-                                    f"{len(gone)} keys in {remote.url}"]))
+    emit(args, {"remote": remote.url, "deleted" if args.yes else "would_delete": gone},
+         lambda: "\n".join(gone + [f"{'deleted' if args.yes else 'would delete (dry run; --yes deletes)'} "
+                                   f"{len(gone)} keys in {remote.url}"]))
     return OK

@@ -1,0 +1,6 @@
+"""``python -m gearcache.cli``: the ``gearcache`` command."""
+import sys
+
+from . import main
+
+sys.exit(main())
