@@ -28,7 +28,7 @@ import ast
 import re
 from typing import Iterator
 
-from .format import NoPlan
+from ..errors import NoPlan
 
 BOUND_NAME = "gearcache_device_index"
 """The global name the rewritten wrapper reads the device index from (set in its scope by the loader)."""

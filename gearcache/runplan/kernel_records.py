@@ -19,7 +19,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .format import NoPlan, require
+from .. import _torch_compat as compat
+from ..errors import NoPlan
+from .format import require
 
 TRITON_NAME_LIMIT = 150     # triton/compiler/compiler.py: ``file_name = src.name[:150]``
 
@@ -60,10 +62,8 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
 
 
 def _grid(result: Any) -> dict[str, Any]:
-    from torch._inductor.runtime.triton_heuristics import GridExpr
-
-    grid = GridExpr.from_meta(result.inductor_meta, result.config)
-    return {"grid_prefix": list(grid.prefix), "grid": [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)]}
+    prefix, grid = compat.kernel_grid(result.inductor_meta, result.config)
+    return {"grid_prefix": prefix, "grid": grid}
 
 
 def _cubin_from_bundle(cubins: dict, cache_hash: str, kernel_name: str) -> bytes | None:
@@ -79,7 +79,7 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
     binary = result.kernel
     cubin = _cubin_from_bundle(cubins, launcher.cache_hash, binary.name)
     require(cubin is not None, f"{name}: its cubin is not in the artifact")
-    _, def_args, none_args = result._get_arg_lists(binary.arg_names, binary.declared_constexprs)
+    _, def_args, none_args = compat.kernel_arg_lists(result, binary.arg_names, binary.declared_constexprs)
     scratch = int(bool(binary.has_global_scratch)) + int(bool(binary.has_profile_scratch))
     extra = {"num_ctas": 1, "cluster_dims": [1, 1, 1], "launch_pdl": False, "launch_cooperative_grid": False,
              "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
@@ -97,8 +97,6 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
 
 def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple[dict[str, Any], bytes]:
     """A kernel Inductor left to Triton's own launcher: the record is built from Triton's ``CompiledKernel``."""
-    from torch._inductor.runtime.triton_helpers import get_constexprs
-
     kernel = result.kernel
     require(hasattr(kernel, "metadata") and hasattr(kernel, "src"), f"{name}: {type(kernel).__name__}")
     md, src = kernel.metadata, kernel.src
@@ -107,7 +105,7 @@ def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict)
     require(cubin is not None, f"{name}: its cubin is not in the artifact")
     arg_names = list(src.fn.arg_names)
     arg_types, constexprs = _arg_types(name, src, arg_names)
-    _, def_args, none_args = result._get_arg_lists(arg_names, get_constexprs(src.fn))
+    _, def_args, none_args = compat.kernel_arg_lists(result, arg_names, compat.triton_constexprs(src.fn))
     has_global = hasattr(md, "global_scratch_size")
     has_profile = hasattr(md, "profile_scratch_size")
     extra = {
