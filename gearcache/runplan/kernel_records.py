@@ -47,7 +47,8 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
         require(len(autotuner.launchers) == 1, f"{name}: {len(autotuner.launchers)} launchers after autotuning")
         launcher = autotuner.launchers[0]
         result = next((r for r in autotuner.compile_results if r.config is launcher.config), None)
-        require(result is not None, f"{name}: the autotuner's chosen config has no compile result")
+        if result is None:
+            raise NoPlan(f"{name}: the autotuner's chosen config has no compile result")
         require(not getattr(launcher, "store_cubin", 0) or type(result).__name__ == "StaticTritonCompileResult",
                 f"{name}: launched with store_cubin")
         if type(result.kernel).__name__ == "StaticallyLaunchedCudaKernel":
@@ -78,7 +79,8 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
     """A kernel Inductor launched through torch's static launcher: its record is what that launcher was given."""
     binary = result.kernel
     cubin = _cubin_from_bundle(cubins, launcher.cache_hash, binary.name)
-    require(cubin is not None, f"{name}: its cubin is not in the artifact")
+    if cubin is None:
+        raise NoPlan(f"{name}: its cubin is not in the artifact")
     _, def_args, none_args = compat.kernel_arg_lists(result, binary.arg_names, binary.declared_constexprs)
     scratch = int(bool(binary.has_global_scratch)) + int(bool(binary.has_profile_scratch))
     extra = {"num_ctas": 1, "cluster_dims": [1, 1, 1], "launch_pdl": False, "launch_cooperative_grid": False,
@@ -102,7 +104,8 @@ def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict)
     md, src = kernel.metadata, kernel.src
     fn_name = src.fn.__name__
     cubin = _kernel_cubin(kernel) or _cubin_from_bundle(cubins, launcher.cache_hash, fn_name)
-    require(cubin is not None, f"{name}: its cubin is not in the artifact")
+    if cubin is None:
+        raise NoPlan(f"{name}: its cubin is not in the artifact")
     arg_names = list(src.fn.arg_names)
     arg_types, constexprs = _arg_types(name, src, arg_names)
     _, def_args, none_args = compat.kernel_arg_lists(result, arg_names, compat.triton_constexprs(src.fn))

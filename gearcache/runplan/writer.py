@@ -98,7 +98,8 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     plan.update(write_wrapper(plan_dir, plan.pop("source")))
     (plan_dir / "plan.json").write_text(json.dumps(plan))
     fn = load_plan(artifact)                    # as a warm process will: from plan.json
-    require(fn is not None, "gearcache's loader could not load it")
+    if fn is None:
+        raise NoPlan("gearcache's loader could not load it")
     loose = any(k.inductor_meta.get("atomic_add_found") for k in autotuners.values())
     with checking():
         outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
@@ -193,7 +194,7 @@ def _same(got: Any, want: Any, loose: bool) -> bool:
             got.device != want.device or (got.numel() > 1 and got.stride() != want.stride()):
         return False
     try:
-        tolerance = {} if loose else {"rtol": 0, "atol": 0}
+        tolerance: dict[str, Any] = {} if loose else {"rtol": 0, "atol": 0}
         torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
         return True
     except AssertionError:
@@ -205,7 +206,7 @@ def _wrapper_module(key: str, folder: pathlib.Path) -> Any:
     found = [m for m in list(sys.modules.values())
              if os.path.basename(str(getattr(m, "__file__", None) or "")) == f"{key}.py"]
     require(found, "torch's loaded wrapper module not found")
-    inside = [m for m in found if pathlib.Path(m.__file__).resolve().is_relative_to(folder.resolve())]
+    inside = [m for m in found if pathlib.Path(m.__file__ or "").resolve().is_relative_to(folder.resolve())]
     return (inside or found)[-1]
 
 
@@ -233,7 +234,8 @@ def _wrapper_uses(source: str) -> dict[str, set]:
               and isinstance(node.targets[0], ast.Name) and _dotted(node.value.func) == ["async_compile",
                                                                                        "cpp_pybinding"]):
             src = node.value.args[1] if len(node.value.args) > 1 else None
-            require(isinstance(src, ast.Constant) and isinstance(src.value, str), "a C++ kernel without source")
+            if not (isinstance(src, ast.Constant) and isinstance(src.value, str)):
+                raise NoPlan("a C++ kernel without source")
             uses["cpp"].add((node.targets[0].id, src.value))
     uses["ops"] = {tuple(o) for o in uses["ops"]}
     return uses
