@@ -118,10 +118,10 @@ with torch.inference_mode():
             report["wrapper_call_p50_us"] = statistics.median(w for _, w in pairs) / 1e3
             report["entry_call_vs_wrapper_p50_us"] = statistics.median(e - w for e, w in pairs) / 1e3
             # The run plan's own per-call work, isolated: the same per-call function around a call() that does nothing.
-            from gearcache.runplan import loader as runplan_loader
+            from gearcache.runplan import PlanRunner
 
             plan = json.loads((fn.store.artifact_dir(entry.manifest["akey"]) / "runplan" / "plan.json").read_text())
-            null_run = runplan_loader._make_run(lambda a: a, plan)
+            null_run = PlanRunner(lambda a: a, plan)
             null_run.set_stable_inputs([j for j, (kind, _) in enumerate(entry.manifest["inputs"]) if kind == "state"])
             report["run_plan_own_p50_us"] = _p50(lambda: null_run(*args), n) - _p50(lambda: list(args), n)
             from gearcache import _torch_compat as compat

@@ -244,9 +244,9 @@ def _use_path(entry, path):
 
 def _null_run(run, outs, call=None):
     """The run plan's own per-call function around a ``call()`` that returns the real outputs at once (or ``call``)."""
-    from gearcache.runplan import loader
+    from gearcache.runplan import PlanRunner
 
-    null = loader._make_run(call or (lambda a: outs), run.plan)
+    null = PlanRunner(call or (lambda a: outs), run.plan)
     null.set_stable_inputs(run.stable_inputs)
     return null
 

@@ -838,3 +838,67 @@ def aten_op(node: torch.fx.Node) -> torch._ops.OpOverload:
     """The ATen op overload that a ``call_function`` node of an ATen graph (:func:`aten_graph`) calls: the node's
     target, typed as what it is (for a node whose :func:`op_schema` is not None)."""
     return cast(torch._ops.OpOverload, node.target)
+
+
+# ------------------------------------------------------------------------------- run plans: writer and loader (#29)
+# What gearcache/runplan/ reads of torch's private API beyond the run-time section above. The writer's functions run
+# in a compiling process only and import torch's compiler lazily, inside each function; the loader's
+# (``grad_mode_setter``) touch torch._C only: a warm process imports nothing from torch._inductor or triton.
+def grad_mode_setter() -> Callable[[bool], None]:
+    """``torch._C._set_grad_enabled``: sets grad mode with no Python frame (``torch.set_grad_enabled`` is a context
+    manager class), for the run plan's per-call function."""
+    return torch._C._set_grad_enabled
+
+
+def operator_ref(target: Any) -> tuple[str, str] | None:
+    """``("namespace::op", overload name)`` of an operator (``OpOverload``; an ``OpOverloadPacket`` gets the overload
+    name ``""``), None for anything else (a Python function)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.name, target._overloadname
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name, ""
+    return None
+
+
+def load_cache_entry(path: pathlib.Path) -> Any:
+    """Unpickle one of torch's cache entries in a saved artifact (AOTAutograd's ``aotautograd/*/*`` or the FX graph
+    entry ``fxgraph/*/*/*``), after importing the modules defining the classes they pickle."""
+    import torch._functorch._aot_autograd.autograd_cache  # noqa: F401 - the AOTAutograd entry's classes
+    import torch._inductor.output_code  # noqa: F401 - the FX graph entry's classes
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def triton_bundle(fx_entry: Any) -> Any:
+    """The FX graph entry's Triton bundle (the cubins of every config compiled), or None."""
+    return getattr(fx_entry, "_triton_bundle", None)
+
+
+def triton_autotuners(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The Triton kernels (Inductor's ``CachingAutotuner`` objects) among a loaded wrapper module's globals."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    return {n: k for n, k in namespace.items() if isinstance(k, CachingAutotuner)}
+
+
+def kernel_grid(inductor_meta: dict[str, Any], config: Any) -> tuple[list[str], list[str]]:
+    """A Triton kernel's launch grid as Inductor computes it at run time (``GridExpr.from_meta``): the lines that
+    precede it (``prefix``) and its x, y, z expressions."""
+    from torch._inductor.runtime.triton_heuristics import GridExpr
+
+    grid = GridExpr.from_meta(inductor_meta, config)
+    return list(grid.prefix), [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)]
+
+
+def kernel_arg_lists(compile_result: Any, arg_names: list[str], constexprs: Any) -> tuple[list[str], list[str], Any]:
+    """Inductor's argument lists for launching a compiled Triton kernel (``TritonCompileResult._get_arg_lists``):
+    the call arguments, the definition's arguments and (an ordered set) the names passed as None."""
+    return compile_result._get_arg_lists(arg_names, constexprs)
+
+
+def triton_constexprs(jit_function: Any) -> list[int]:
+    """The indices of a Triton ``JITFunction``'s constexpr parameters (``triton_helpers.get_constexprs``)."""
+    from torch._inductor.runtime.triton_helpers import get_constexprs
+
+    return get_constexprs(jit_function)

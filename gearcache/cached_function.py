@@ -35,6 +35,7 @@ from . import _torch_compat as compat
 from . import diagnostics
 from . import signature
 from . import compiler, cuda_graphs, faults, gears, guard_watch, padding_check, runplan, warmup
+from . import artifact_io
 from . import guards as value_guards
 from .naming import importable_module
 from .snapshot import kept
@@ -480,8 +481,8 @@ class CachedFunction(Dispatcher):
             log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
             return None
         akey = manifest["akey"]
-        try:        # what its run plan reads; faults.load_artifact verifies the rest if torch's loader is needed
-            self.store.verify_for_load(akey, runplan.files_read(self.store.artifact_dir(akey)))
+        try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
+            plan = artifact_io.verified_plan(self.store, akey)
         except FileNotFoundError:
             log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
             return None
@@ -491,7 +492,7 @@ class CachedFunction(Dispatcher):
             return None
         t0 = time.perf_counter()
         try:                                                  # a verified private copy if the folder is read-only
-            compiled = faults.load_artifact(self.store, akey, index)
+            compiled = artifact_io.load_stored(self.store, akey, index, plan)
         except runplan.WrongDevice as exc:
             log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
             return None
@@ -552,7 +553,7 @@ class CachedFunction(Dispatcher):
         entry = Entry(compiled, self._module, manifest)
         entry.guards = captured.guards
         value_guards.warn_local(self.name, captured.guards)
-        if faults.persisted(self.store, akey, folder) and captured.guards.local is None:
+        if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)
         if built:

@@ -174,3 +174,20 @@ class CliError(GearcacheError):
 
     def __str__(self) -> str:
         return self.message
+
+
+# ---------------------------------------------------------------------------------- run plans (gearcache/runplan/)
+class RunPlanUnavailable(RuntimeError):
+    """This process cannot run an artifact's run plan (its wrapper needs something gearcache's loader does not
+    provide: an operator not registered, an import the stand-ins do not serve...). ``runplan.load_artifact`` catches
+    it, logs it and loads the artifact through torch's loader instead: it never reaches the user."""
+
+
+class NoPlan(Exception):
+    """The artifact cannot get a run plan: raised while a plan is written (``runplan.writer``), caught there, and
+    recorded as the plan's ``reason`` (the artifact then loads through torch's loader)."""
+
+
+class WrongDevice(RuntimeError):
+    """The artifact runs only on the GPU it was compiled on, not on the caller's (compile one for this GPU). Raised by
+    ``runplan.load_artifact``; the caller compiles the graph again, keyed with its own GPU's index."""

@@ -9,22 +9,19 @@ too long, a folder that is not trusted — must not turn a call into an error by
 
 Either way a warning naming the error and the fix is logged once per process (per folder and kind of fault).
 Loading from a read-only folder works without a fallback: torch's loader writes into the folder it loads from, so
-:func:`load_artifact` loads a verified private copy instead. See docs/RELIABILITY.md.
+a verified private copy is loaded instead (gearcache/artifact_io.py, which holds the publish and load paths
+themselves). See docs/RELIABILITY.md.
 """
 from __future__ import annotations
 
-import atexit
 import errno
 import logging
-import os
 import pathlib
-import shutil
-import tempfile
 import threading
 import warnings
 from typing import Any, Callable
 
-from . import runplan, signature
+from . import artifact_io, signature
 from .counters import counters
 from .errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError, UntrustedCacheError
 from .store import Store, storage_fix
@@ -64,131 +61,47 @@ def warn_once(store: Store, exc: BaseException, consequence: str) -> None:
                 store.root, type(exc).__name__, exc, consequence, storage_fix(exc, store.root))
 
 
-class _Build:
-    """``build`` run into a private folder, then copied into the store's work folder (``build`` writes
-    ``<artifact>/inductor`` and may write siblings such as ``<artifact>/runplan``): an error of the compile is
-    told from one of the store, and when the store fails after the compile, the compiled folder is still there
-    (policy "memory" loads it instead of compiling twice)."""
-
-    def __init__(self, build: Callable[[pathlib.Path], None], akey: str):
-        self.build, self.akey = build, akey
-        self.raised = False
-        self.private: pathlib.Path | None = None
-
-    def __call__(self, folder: pathlib.Path) -> None:
-        private = private_folder(self.akey)
-        try:
-            self.build(private / "inductor")
-        except BaseException:
-            self.raised = True
-            shutil.rmtree(private, ignore_errors=True)
-            raise
-        self.private = private
-        for part in sorted(private.iterdir()):          # inductor/ and runplan/
-            shutil.copytree(part, folder.parent / part.name, symlinks=True)
-
-
 def publish_or_fallback(store: Store, akey: str, build: Callable[[pathlib.Path], None],
                         policy: str) -> tuple[pathlib.Path | None, bool]:
-    """``store.publish_artifact(akey, build)``, with ``config.on_cache_error`` applied when the store fails.
+    """``artifact_io.publish`` (``build`` into a private folder, published into the store), with
+    ``config.on_cache_error`` applied when the store fails.
 
     Returns ``(folder, built)``: load ``folder / "inductor"``. The folder is the store's artifact, or — policy
     ``"memory"`` after a store fault, or a read-only store's artifact copied out to be loadable — a private temporary
-    folder (:func:`persisted` tells which: persist the entry manifest only for the store's). ``(None, False)``:
-    policy ``"eager"`` after a fault; run the method uncompiled (:class:`EagerEntry`). Errors of the compile itself
-    (anything but a storage ``OSError``) are raised whatever the policy; a compile never runs twice."""
+    folder (``artifact_io.persisted`` tells which: persist the entry manifest only for the store's). ``(None,
+    False)``: policy ``"eager"`` after a fault; run the method uncompiled (:class:`EagerEntry`). Errors of the
+    compile itself (anything but a storage ``OSError``) are raised whatever the policy; a compile never runs twice."""
     if policy not in POLICIES:
         raise ValueError(f"on_cache_error={policy!r}: expected one of {POLICIES}")
-    wrapped = _Build(build, akey)
+    private = artifact_io.PrivateBuild(build, akey)
     try:
-        folder, built = store.publish_artifact(akey, wrapped)
+        folder, built = artifact_io.publish(store, akey, private)
     except OSError as exc:              # LockTimeoutError and UntrustedCacheError are OSErrors too
+        if policy == "raise" or private.raised and getattr(exc, "errno", None) not in STORAGE_ERRNOS:
+            raise                       # the policy, or the compiler failed, not the store
+        return _after_store_fault(store, akey, build, policy, exc, private.folder)
+    try:
+        return artifact_io.loadable_folder(store, akey, folder, built), built
+    except (CacheCorruptionError, OSError) as exc:     # changed or removed since it was checked
         if policy == "raise":
             raise
-        if wrapped.raised and getattr(exc, "errno", None) not in STORAGE_ERRNOS:
-            raise                       # the compiler failed, not the store
-        if policy == "eager":
-            warn_once(store, exc, "the method runs uncompiled (on_cache_error='eager'; counted in "
-                                  "gearcache.counters.eager_calls)")
-            return None, False
-        warn_once(store, exc, "compiled entries are kept in memory only (on_cache_error='memory')")
-        if wrapped.private is not None:
-            return wrapped.private, True                # compiled before the store failed: not compiled again
-        folder = private_folder(akey)
-        build(folder / "inductor")
-        return folder, True
-    if wrapped.private is not None:
-        shutil.rmtree(wrapped.private, ignore_errors=True)     # published: the store's copy is the one loaded
-    if not built and not _writable(folder):
-        try:
-            return private_copy(store, akey), False
-        except (CacheCorruptionError, OSError) as exc:     # changed or removed since it was checked
-            if policy == "raise":
-                raise
-            if policy == "eager":
-                warn_once(store, exc, "the method runs uncompiled (on_cache_error='eager')")
-                return None, False
-            warn_once(store, exc, "compiled entries are kept in memory only (on_cache_error='memory')")
-            folder = private_folder(akey)
-            build(folder / "inductor")
-            return folder, True
-    return folder, built
+        return _after_store_fault(store, akey, build, policy, exc, None)
 
 
-def persisted(store: Store, akey: str, folder: pathlib.Path | None) -> bool:
-    """Whether ``folder`` (from :func:`publish_or_fallback`) is the store's artifact, so that an entry manifest
-    pointing at it may be written."""
-    return folder is not None and pathlib.Path(folder) == store.artifact_dir(akey)
-
-
-def load_artifact(store: Store, akey: str, device_index: int | None = None) -> Callable[..., Any] | None:
-    """Load the store's artifact ``akey`` for CUDA device ``device_index`` (runplan.load_artifact: raises
-    ``runplan.WrongDevice`` when it runs only on another GPU); None when it vanished or changed since it was verified.
-    The caller has verified at least what its run plan reads (``runplan.files_read``); the whole artifact is verified
-    here before torch's loader would read it.
-
-    A folder this process cannot write (a read-only mount, another user's files) is loaded through a verified
-    private copy, because torch's loader writes into the folder it loads from."""
-    folder = store.artifact_dir(akey)
-    try:
-        if not _writable(folder):
-            folder = private_copy(store, akey)      # verified whole
-            return runplan.load_artifact(folder, device_index)
-        return runplan.load_artifact(folder, device_index, lambda: store.verify_artifact(akey))
-    except Exception as exc:
-        if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
-                isinstance(exc, runplan.WrongDevice):
-            raise                       # a real load failure: not ours to hide
-        log.warning("artifact %s vanished or changed while it was loaded (%s: %s); compiling it again", akey,
-                    type(exc).__name__, exc)
-        return None
-
-
-def private_folder(akey: str) -> pathlib.Path:
-    """A new private temporary folder (removed at exit) for an artifact that is not persisted."""
-    folder = pathlib.Path(tempfile.mkdtemp(prefix=f"gearcache-{akey[:12]}-"))
-    atexit.register(shutil.rmtree, str(folder), True)
-    return folder
-
-
-def private_copy(store: Store, akey: str) -> pathlib.Path:
-    """Copy the store's artifact into a private folder and verify the copy (digests, signature) before use."""
-    folder = private_folder(akey)
-    shutil.copytree(store.artifact_dir(akey), folder, dirs_exist_ok=True, symlinks=True,
-                    ignore=shutil.ignore_patterns("locks"))
-    store.verify_artifact(akey, folder)
-    log.info("artifact %s is in a folder this process cannot write; loading a verified copy from %s", akey, folder)
-    return folder
-
-
-def _writable(folder: pathlib.Path) -> bool:
-    """Whether torch can write where it loads from: the artifact's folders (the root user is refused too on a
-    read-only mount, where ``access`` answers EROFS)."""
-    try:
-        dirs = [folder / "inductor", *[p for p in (folder / "inductor").rglob("*") if p.is_dir()]]
-    except OSError:
-        return True                     # let the load say what is wrong
-    return all(os.access(d, os.W_OK) for d in dirs)
+def _after_store_fault(store: Store, akey: str, build: Callable[[pathlib.Path], None], policy: str,
+                       exc: BaseException, compiled: pathlib.Path | None) -> tuple[pathlib.Path | None, bool]:
+    """What :func:`publish_or_fallback` returns after the store failed with ``exc`` under policy ``"eager"`` or
+    ``"memory"`` (warned once); ``compiled``: the private folder compiled before the store failed, if any."""
+    if policy == "eager":
+        warn_once(store, exc, "the method runs uncompiled (on_cache_error='eager'; counted in "
+                              "gearcache.counters.eager_calls)")
+        return None, False
+    warn_once(store, exc, "compiled entries are kept in memory only (on_cache_error='memory')")
+    if compiled is not None:
+        return compiled, True                   # compiled before the store failed: not compiled again
+    folder = artifact_io.private_folder(akey)
+    build(folder / "inductor")
+    return folder, True
 
 
 class EagerEntry:
@@ -219,7 +132,7 @@ class EagerEntry:
         counters.eager_calls += 1
         args, kwargs = signature.unflatten(self.structure, flat)
         outs: list = []
-        self.out_structure = signature._flatten(self.method(*args, **kwargs), outs)
+        self.out_structure = signature.flatten(self.method(*args, **kwargs), outs)
         if "outputs" not in self.manifest:
             self.manifest["outputs"] = {"leaves": [["out", i] for i in range(len(outs))]}
         return outs

@@ -155,7 +155,7 @@ def _cloned_outputs(result: Any, back: dict[int, torch.Tensor]) -> list:
     """The method's flattened outputs, cloned; an output that is a (padded) input is the caller's tensor instead, as
     the gear's result builds it."""
     flat: list = []
-    signature._flatten(result, flat)
+    signature.flatten(result, flat)
     return [back.get(id(o), o).clone() if isinstance(o, torch.Tensor) else o for o in flat]
 
 

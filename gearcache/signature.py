@@ -38,14 +38,14 @@ def _leaf_key(leaf: Any) -> tuple:
         f"module.")
 
 
-def _flatten(obj: Any, leaves: list) -> Any:
+def flatten(obj: Any, leaves: list) -> Any:
     """Append ``obj``'s leaves to ``leaves`` in order; return its structure (tuples, lists and dicts; others are
     leaves). gearcache's own flattening: cheaper than pytree, and the structure is a hashable tuple."""
     t = type(obj)
     if t is tuple or t is list:
-        return (t, *[_flatten(o, leaves) for o in obj])
+        return (t, *[flatten(o, leaves) for o in obj])
     if t is dict:
-        return (dict, tuple(obj), *[_flatten(v, leaves) for v in obj.values()])
+        return (dict, tuple(obj), *[flatten(v, leaves) for v in obj.values()])
     leaves.append(obj)
     return None
 
@@ -85,7 +85,7 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         except AttributeError:
             pass                # not all plain tensors: take the general path
     leaves: list = []
-    structure = (_flatten(args, leaves), _flatten(kwargs, leaves))
+    structure = (flatten(args, leaves), flatten(kwargs, leaves))
     return tuple(leaves), (structure, mode, *[_leaf_key(leaf) for leaf in leaves])
 
 
@@ -160,7 +160,7 @@ def rekey(key: tuple, leaves: tuple) -> tuple:
 
 
 def rebuild(node: Any, leaves: Any) -> Any:
-    """Rebuild one structure node (from ``_flatten``) taking its leaves from the iterator ``leaves``."""
+    """Rebuild one structure node (from ``flatten``) taking its leaves from the iterator ``leaves``."""
     if node is None:
         return next(leaves)
     kind = node[0]

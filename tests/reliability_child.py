@@ -53,7 +53,7 @@ class Tiny(torch.nn.Module):
 def read_by_load(folder: pathlib.Path, rel: str) -> bool:
     """Whether loading the artifact ``folder`` through its run plan reads its file ``rel`` (what a load verifies
     before anything runs: the manifest, its signature and ``runplan.files_read``)."""
-    parts = runplan.files_read(folder)
+    parts = runplan.files_read(runplan.read_plan(folder))
     return rel in {"MANIFEST.json", "MANIFEST.sig"} or any(
         rel == part or (part.endswith("/") and rel.startswith(part)) for part in parts)
 

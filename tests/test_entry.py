@@ -12,7 +12,7 @@ from gearcache import _torch_compat as compat
 from gearcache import entry as entry_mod
 from gearcache import runplan
 from gearcache.entry import Entry
-from gearcache.runplan.loader import _make_run
+from gearcache.runplan import PlanRunner
 
 PATHS = [pytest.param(True, id="native"), pytest.param(False, id="python")]
 MANIFEST = {"inputs": [["leaf", 0], ["state", "lin.weight"], ["state", "lin.bias"], ["state", "scale"]],
@@ -48,7 +48,7 @@ def make_entry(net, native, plan_extra=None, seen=None):
 
     plan = {"num_inputs": 4, "num_outputs": 1, "inputs_to_check": [0, 1, 2, 3], "mutated_inputs": [],
             **(plan_extra or {})}
-    return Entry(_make_run(call, plan), net, MANIFEST, native=native), seen
+    return Entry(PlanRunner(call, plan), net, MANIFEST, native=native), seen
 
 
 def test_the_c_extension_is_built():

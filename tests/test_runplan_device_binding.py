@@ -12,7 +12,7 @@ import torch
 
 from gearcache import runplan
 from gearcache.runplan.device_binding import BOUND_NAME, unbind_device_index
-from gearcache.runplan.format import NoPlan
+from gearcache.errors import NoPlan
 
 SAMPLE = (Path(__file__).parent / "data" / "cuda_wrapper.py.txt").read_text()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gearcache.runplan import kernel_records, launch_driver, launch_static
-from gearcache.runplan.format import NoPlan
+from gearcache.errors import NoPlan
 
 
 def _spec(**extra):

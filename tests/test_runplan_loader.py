@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gearcache import runplan
-from gearcache.runplan.loader import _make_run
+from gearcache.runplan import PlanRunner
+from gearcache.runplan.loader import load_plan
 
 
 def test_plan_without_a_registered_operator_is_not_used(tmp_path):
@@ -15,11 +16,11 @@ def test_plan_without_a_registered_operator_is_not_used(tmp_path):
     plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "device_type": "cpu",
             "device_index": 0, "num_inputs": 1, "num_outputs": 1, "ops": [["aten", "add"]]}
     (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
-    fn = runplan.load(tmp_path)
+    fn = load_plan(tmp_path)
     assert fn is not None and torch.equal(fn(torch.ones(2))[0], torch.full((2,), 2.0))
     plan["ops"].append(["gearcache_no_such_namespace", "op"])
     (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
-    assert runplan.load(tmp_path) is None                   # the caller falls back to torch's loader
+    assert load_plan(tmp_path) is None                   # the caller falls back to torch's loader
 
 
 def _write_plan(folder, wrapper: str) -> dict:
@@ -37,14 +38,14 @@ def test_wrapper_importing_more_of_torchs_compiler_is_not_used(tmp_path):
                        "from torch._inductor.codegen.memory_planning import _align as align\n"
                        "import triton\nimport triton.language as tl\n"
                        "def call(args):\n    return (args[0] * align(3),)\n")
-    fn = runplan.load(tmp_path)
+    fn = load_plan(tmp_path)
     assert fn is not None and torch.equal(fn(torch.ones(1))[0], torch.full((1,), 64.0))
     (tmp_path / "runplan" / "wrapper.py").write_text(
         "from torch._inductor.graph import GraphLowering\ndef call(args):\n    return args\n")
-    assert runplan.load(tmp_path) is None
+    assert load_plan(tmp_path) is None
     plan["supported"], plan["reason"] = False, "outputs aliasing inputs or others"
     (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
-    assert runplan.load(tmp_path) is None
+    assert load_plan(tmp_path) is None
 
 
 def test_wrapper_checking_an_output_with_torch_215s_assert_tensor_metadata_loads_and_checks(tmp_path):
@@ -58,7 +59,7 @@ def test_wrapper_checking_an_output_with_torch_215s_assert_tensor_metadata_loads
                 "    assert_tensor_metadata(out, (2, 3), (3, 1), torch.float32, 'aten.mm')\n"
                 "    assert_tensor_metadata(None, (2, 3), (3, 1), torch.float32)\n"
                 "    return (out,)\n")
-    fn = runplan.load(tmp_path)
+    fn = load_plan(tmp_path)
     assert fn is not None and torch.equal(fn(torch.ones(2, 3))[0], torch.full((2, 3), 2.0))
     with pytest.raises(RuntimeError, match="expected dtype torch.float32 but got torch.float64\nError in op: aten.mm"):
         fn(torch.ones(2, 3, dtype=torch.float64))
@@ -75,7 +76,7 @@ def test_misaligned_input_is_cloned_and_its_update_written_back():
         args[0].add_(1.0)
         return (args[0] * 2,)
 
-    run = _make_run(call, {"num_inputs": 1, "num_outputs": 1, "inputs_to_check": [0],
+    run = PlanRunner(call, {"num_inputs": 1, "num_outputs": 1, "inputs_to_check": [0],
                                    "mutated_inputs": [0]})
     base = torch.zeros(9)
     x = base[1:]                                            # 4 bytes past an aligned allocation
@@ -91,7 +92,7 @@ def test_misaligned_input_is_cloned_and_its_update_written_back():
 
 def test_stable_input_replaced_by_a_misaligned_tensor_is_realigned():
     seen = []
-    run = _make_run(lambda args: seen.append([a.data_ptr() % runplan.ALIGNMENT for a in args]) or (),
+    run = PlanRunner(lambda args: seen.append([a.data_ptr() % runplan.ALIGNMENT for a in args]) or (),
                             {"num_inputs": 2, "num_outputs": 0, "inputs_to_check": [0, 1], "mutated_inputs": []})
     run.set_stable_inputs([1])                              # input 1 is a parameter: checked when it changes
     weight = torch.zeros(8)
@@ -108,5 +109,5 @@ def test_wrapper_failing_to_load_falls_back_instead_of_failing_the_call(tmp_path
         "import torch\nlimit = torch._C.no_such_thing\ndef call(args):\n    return args\n")
     plan = {"format": runplan.FORMAT, "supported": True, "wrapper": "wrapper.py", "num_inputs": 1, "num_outputs": 1}
     (tmp_path / "runplan" / "plan.json").write_text(json.dumps(plan))
-    assert runplan.load(tmp_path) is None
+    assert load_plan(tmp_path) is None
 

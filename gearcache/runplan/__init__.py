@@ -7,15 +7,21 @@ kernel binaries, the launch parameters the autotuner settled on and a handful of
 own inputs that the plan's outputs are identical to those of torch's loader; :func:`load_artifact` runs such a plan
 in a warm process importing nothing from ``torch._inductor`` or ``triton``.
 
-The load path reads in one direction: the caller has verified the artifact's digests (gearcache/store) →
-:func:`load_artifact` chooses the plan or torch's loader → the plan's ``run`` is called. A caller may verify only what
-the plan reads (:func:`files_read`: ``runplan/`` and the C++ libraries it names, a few files of the hundreds torch's
-artifact holds) and the rest in ``load_artifact``'s ``before_torch_loader``, just before torch's loader would read it.
+One load, in one direction: the store reads the plan once (:func:`read_plan`) to choose what to verify
+(:func:`files_read`: ``runplan/`` and the C++ libraries it names, a few files of the hundreds torch's artifact holds)
+and verifies it (``gearcache/artifact_io.py``), then hands the same plan to :func:`load_artifact`, the one loader
+entry point, which builds a :class:`PlanRunner` from it, or falls back to torch's loader itself (calling its
+``before_torch_loader``, where the store verifies the rest of the artifact first). The torch.compile route calls
+:func:`load_artifact` on the folder it just published, which reads the plan itself. Each load reads ``plan.json``
+once.
 
 Modules:
+    loader.py          the entry point: reads the plan, chooses it or torch's loader, executes the wrapper with
+                       the plan's kernels (:func:`load_artifact`, :func:`read_plan`, :func:`files_read`)
+    runner.py          :class:`PlanRunner`, the per-call work around the wrapper's ``call()`` (alignment, grad,
+                       autocast, version counters)
     writer.py          what a plan records, and the exactness check (compile time; imports torch's compiler)
     kernel_records.py  the launch record of each Triton kernel, whichever launcher Inductor used for it
-    loader.py          runs a plan: executes the wrapper, per-call wrapper (alignment, grad, version counters)
     collectives.py     functional collectives: their stand-ins during the check, the groups a plan is bound to
     device_binding.py  rewrites the wrapper's GPU index literals into a name the loader binds to the live GPU
     stand_ins.py       the wrapper's ``torch._inductor`` and ``triton`` imports, served without importing them
@@ -23,6 +29,10 @@ Modules:
     launch_driver.py   Triton kernels the static launcher cannot take (clusters, scratch memory, PDL, cooperative
                        grids), through the CUDA driver's ``cuLaunchKernelEx``
     launch_cpp.py      C++ kernels imported from the ``.so`` files the artifact carries
+    format.py          constants the writer and the loader share
+
+Its exceptions (``RunPlanUnavailable``, ``NoPlan``, ``WrongDevice``) live in gearcache/errors.py, the private torch
+symbols it uses in gearcache/_torch_compat.py (sections "run plans").
 
 On-disk format (``runplan/`` of an artifact folder; covered by the artifact's digests and signature)::
 
@@ -61,10 +71,11 @@ character per argument passed to the cubin, in torch's static launcher's code (`
 32/64-bit signed, ``I``/``K`` unsigned, ``b``/``h``/``B``/``H`` 8/16-bit, ``f`` float, ``d`` double); the driver
 path adds ``e`` (fp16) and ``E`` (bf16), passed as their 16-bit patterns.
 """
-from .format import ALIGNMENT, FORMAT, PLAN_DIR, RunPlanUnavailable
-from .loader import WrongDevice, files_read, load, load_artifact
+from ..errors import RunPlanUnavailable, WrongDevice
+from .format import ALIGNMENT, FORMAT, PLAN_DIR
+from .loader import files_read, load_artifact, read_plan
+from .runner import PlanRunner
 from .writer import device_bound_reason, write_run_plan
 
-__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "RunPlanUnavailable", "WrongDevice", "device_bound_reason", "files_read",
-           "load",
-           "load_artifact", "write_run_plan"]
+__all__ = ["ALIGNMENT", "FORMAT", "PLAN_DIR", "PlanRunner", "RunPlanUnavailable", "WrongDevice", "device_bound_reason",
+           "files_read", "load_artifact", "read_plan", "write_run_plan"]

@@ -46,10 +46,9 @@ def communicates(gm: torch.fx.GraphModule) -> bool:
 def _namespace(target: Any) -> str | None:
     """The operator namespace of an FX call target: ``OpOverload`` (after AOT) or ``OpOverloadPacket`` (what Dynamo
     records for ``dist.all_reduce``); a Python function of ``torch.distributed`` counts as ``c10d``."""
-    if isinstance(target, torch._ops.OpOverload):
-        return target.namespace
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return target._qualified_op_name.partition("::")[0]
+    ref = compat.operator_ref(target)
+    if ref is not None:
+        return ref[0].partition("::")[0]
     module = getattr(target, "__module__", None) or ""
     return "c10d" if module.startswith("torch.distributed") else None
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from typing import Iterator, NoReturn
 
-from .format import NoPlan
+from ..errors import NoPlan
 
 BOUND_NAME = "gearcache_device_index"
 """The global name the rewritten wrapper reads the device index from (set in its scope by the loader)."""
@@ -42,7 +42,7 @@ def unbind_device_index(source: str, index: int) -> str:
     """``source`` with every literal of the CUDA device ``index`` replaced by :data:`BOUND_NAME` (``'cuda:N'``
     strings by an f-string). Raises ``NoPlan`` naming the line of any device literal it cannot rewrite."""
     tree = ast.parse(source)
-    edits: list[tuple[ast.AST, str]] = []
+    edits: list[tuple[ast.expr, str]] = []
     for node in _live_nodes(tree):
         if isinstance(node, ast.Call):
             edits.extend(_call_edits(node, index))
@@ -53,7 +53,7 @@ def unbind_device_index(source: str, index: int) -> str:
     return _splice(source, edits)
 
 
-def _call_edits(node: ast.Call, index: int) -> list[tuple[ast.AST, str]]:
+def _call_edits(node: ast.Call, index: int) -> list[tuple[ast.expr, str]]:
     """The edits for one call, or NoPlan for an integer among its arguments that may be a device index."""
     name = _callee(node.func)
     if name in _INDEX_CALLS and len(node.args) == 1 and not node.keywords:
@@ -71,7 +71,7 @@ def _call_edits(node: ast.Call, index: int) -> list[tuple[ast.AST, str]]:
     return []
 
 
-def _the_index(arg: ast.AST, index: int, what: str) -> ast.AST:
+def _the_index(arg: ast.expr, index: int, what: str) -> ast.expr:
     if not _is_int(arg):
         _refuse(arg, f"{what}() with a computed argument")
     if arg.value != index:                                               # type: ignore[attr-defined]
@@ -117,11 +117,11 @@ def _live_nodes(tree: ast.Module) -> Iterator[ast.AST]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def _refuse(node: ast.AST, what: str) -> None:
+def _refuse(node: ast.AST, what: str) -> NoReturn:
     raise NoPlan(f"device index not bindable: {what} at line {getattr(node, 'lineno', '?')} of the wrapper")
 
 
-def _splice(source: str, edits: list[tuple[ast.AST, str]]) -> str:
+def _splice(source: str, edits: list[tuple[ast.expr, str]]) -> str:
     """Replace each node's text by its new text (positions are UTF-8 byte offsets within lines)."""
     lines = [line.encode() for line in source.splitlines(keepends=True)]
     for node, text in sorted(edits, key=lambda e: (e[0].lineno, e[0].col_offset), reverse=True):

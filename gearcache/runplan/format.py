@@ -1,6 +1,8 @@
 """Constants shared by the run plan's writer and loader (the format itself is described in ``__init__``)."""
 from __future__ import annotations
 
+from ..errors import NoPlan
+
 FORMAT = 1
 PLAN_DIR = "runplan"
 ALIGNMENT = 16          # Inductor compiles kernels assuming 16-byte aligned inputs (torch._inductor.utils.ALIGNMENT)
@@ -8,14 +10,7 @@ ALIGN_BYTES = 64        # torch._inductor.utils.ALIGN_BYTES, behind codegen.memo
 WRAPPER_FILENAME = "<gearcache artifact>/runplan/wrapper.py"      # in tracebacks
 
 
-class RunPlanUnavailable(RuntimeError):
-    """This process cannot run the plan (the wrapper needs something gearcache's loader does not provide)."""
-
-
-class NoPlan(Exception):
-    """The artifact cannot get a run plan (the writer records the reason in the plan)."""
-
-
 def require(ok: object, why: str) -> None:
+    """Raise :class:`~gearcache.errors.NoPlan` (the writer records ``why`` as the plan's reason) unless ``ok``."""
     if not ok:
         raise NoPlan(why)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .format import NoPlan, require
+from .. import _torch_compat as compat
+from ..errors import NoPlan
+from .format import require
 
 TRITON_NAME_LIMIT = 150     # triton/compiler/compiler.py: ``file_name = src.name[:150]``
 
@@ -45,7 +47,8 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
         require(len(autotuner.launchers) == 1, f"{name}: {len(autotuner.launchers)} launchers after autotuning")
         launcher = autotuner.launchers[0]
         result = next((r for r in autotuner.compile_results if r.config is launcher.config), None)
-        require(result is not None, f"{name}: the autotuner's chosen config has no compile result")
+        if result is None:
+            raise NoPlan(f"{name}: the autotuner's chosen config has no compile result")
         require(not getattr(launcher, "store_cubin", 0) or type(result).__name__ == "StaticTritonCompileResult",
                 f"{name}: launched with store_cubin")
         if type(result.kernel).__name__ == "StaticallyLaunchedCudaKernel":
@@ -60,10 +63,8 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
 
 
 def _grid(result: Any) -> dict[str, Any]:
-    from torch._inductor.runtime.triton_heuristics import GridExpr
-
-    grid = GridExpr.from_meta(result.inductor_meta, result.config)
-    return {"grid_prefix": list(grid.prefix), "grid": [str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)]}
+    prefix, grid = compat.kernel_grid(result.inductor_meta, result.config)
+    return {"grid_prefix": prefix, "grid": grid}
 
 
 def _cubin_from_bundle(cubins: dict, cache_hash: str, kernel_name: str) -> bytes | None:
@@ -78,8 +79,9 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
     """A kernel Inductor launched through torch's static launcher: its record is what that launcher was given."""
     binary = result.kernel
     cubin = _cubin_from_bundle(cubins, launcher.cache_hash, binary.name)
-    require(cubin is not None, f"{name}: its cubin is not in the artifact")
-    _, def_args, none_args = result._get_arg_lists(binary.arg_names, binary.declared_constexprs)
+    if cubin is None:
+        raise NoPlan(f"{name}: its cubin is not in the artifact")
+    _, def_args, none_args = compat.kernel_arg_lists(result, binary.arg_names, binary.declared_constexprs)
     scratch = int(bool(binary.has_global_scratch)) + int(bool(binary.has_profile_scratch))
     extra = {"num_ctas": 1, "cluster_dims": [1, 1, 1], "launch_pdl": False, "launch_cooperative_grid": False,
              "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
@@ -97,17 +99,16 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
 
 def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple[dict[str, Any], bytes]:
     """A kernel Inductor left to Triton's own launcher: the record is built from Triton's ``CompiledKernel``."""
-    from torch._inductor.runtime.triton_helpers import get_constexprs
-
     kernel = result.kernel
     require(hasattr(kernel, "metadata") and hasattr(kernel, "src"), f"{name}: {type(kernel).__name__}")
     md, src = kernel.metadata, kernel.src
     fn_name = src.fn.__name__
     cubin = _kernel_cubin(kernel) or _cubin_from_bundle(cubins, launcher.cache_hash, fn_name)
-    require(cubin is not None, f"{name}: its cubin is not in the artifact")
+    if cubin is None:
+        raise NoPlan(f"{name}: its cubin is not in the artifact")
     arg_names = list(src.fn.arg_names)
     arg_types, constexprs = _arg_types(name, src, arg_names)
-    _, def_args, none_args = result._get_arg_lists(arg_names, get_constexprs(src.fn))
+    _, def_args, none_args = compat.kernel_arg_lists(result, arg_names, compat.triton_constexprs(src.fn))
     has_global = hasattr(md, "global_scratch_size")
     has_profile = hasattr(md, "profile_scratch_size")
     extra = {

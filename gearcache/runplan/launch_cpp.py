@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable
 
 from .. import _torch_compat as compat
-from .format import RunPlanUnavailable
+from ..errors import RunPlanUnavailable
 
 
 def import_cpp_kernel(path: pathlib.Path, digest: str) -> Callable[..., Any]:

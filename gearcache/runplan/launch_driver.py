@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .. import _torch_compat as compat
-from .format import RunPlanUnavailable
+from ..errors import RunPlanUnavailable
 from .launch_static import compile_launcher, launcher_source
 
 # cuda.h: CUlaunchAttributeID, CUclusterSchedulingPolicy, CUfunction_attribute

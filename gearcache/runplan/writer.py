@@ -25,11 +25,13 @@ from typing import Any, Callable
 
 import torch
 
+from .. import _torch_compat as compat
+from ..errors import NoPlan
 from . import collectives as collectives_mod
 from .device_binding import unbind_device_index
-from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME, NoPlan, require
+from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME, require
 from .kernel_records import triton_records
-from .loader import load
+from .loader import load_plan
 
 log = logging.getLogger("gearcache.runplan")
 
@@ -62,36 +64,16 @@ def write_run_plan(artifact: pathlib.Path, loaded: Callable[..., Any], example_i
 
 def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Callable[..., Any],
                     example_inputs: list[Any]) -> dict[str, Any]:
+    """The plan of the artifact torch loaded as ``loaded``, written into ``plan_dir`` once it ran exactly like
+    ``loaded``; raises :class:`~gearcache.errors.NoPlan` (the reason) for a graph the loader cannot run so."""
     folder = artifact / "inductor"
     fx, aot = _cache_entry(folder, "fxgraph/*/*/*"), _cache_entry(folder, "aotautograd/*/*")
     meta = aot.runtime_metadata
-    require(aot.maybe_subclass_meta is None, "tensor subclasses")
-    require(meta.num_mutated_inp_runtime_indices == 0, "inputs updated outside the graph")
-    require(all(o.output_type.name == "non_alias" for o in meta.output_info), "outputs aliasing inputs or others")
-    require(meta.num_intermediate_bases == 0 and not meta.tokens, "outputs with intermediate bases or effects")
-    require(not getattr(meta, "is_rng_op_functionalized", False), "functionalised random numbers")
-    require(not any(getattr(w, "needs_post_compile", False) for w in aot.dispatch_wrappers),
-             "duplicate or aliased inputs")
-    require(not fx.constants and not getattr(fx, "torchbind_constants", None), "constants baked into the graph")
-    require(not getattr(fx, "partition_maps", None), "graph partitions")
-    devices = set(fx.device_types)
-    require(devices <= {"cpu", "cuda"} and not torch.version.hip, f"devices {sorted(devices)}")
-    require(len(fx.device_idxs) <= 1, "more than one GPU in one graph")
+    devices = _refuse_unsupported(fx, aot)
     mutated = sorted(set(fx.mutated_input_idxs) | set(getattr(meta, "mutated_graph_handled_indices", [])))
-
     source = fx.source_code
     uses = _wrapper_uses(source)
-    require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
-             f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
-    collectives = {op for ns, op in uses["ops"] if ns == collectives_mod.NAMESPACE}
-    others = sorted(f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES - {"_c10d_functional"})
-    require(not others, f"collectives other than torch's functional ones ({', '.join(others[:3])})")
-    unknown = sorted(collectives - set(collectives_mod.STAND_INS))
-    require(not unknown, f"functional collectives without a stand-in for the check ({', '.join(unknown[:3])})")
-    # The graph runs in this process alone below: its collectives are answered by stand-ins (collectives.py). The
-    # test is on the text, not only on the calls found above, so no spelling of a collective ever runs here for real.
-    mentions = collectives or any(f".{ns}." in source for ns in _COLLECTIVE_NAMESPACES)    # torch.ops.<ns>.<op>
-    checking = collectives_mod.stand_in_collectives if mentions else _no_collectives
+    checking = _collectives_during_check(uses, source)
     with checking() as group_names:
         reference, ref_inputs = _run_on_copies(loaded, example_inputs, mutated)     # settles autotuning
     try:
@@ -99,6 +81,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     except collectives_mod.ProcessGroupMismatchError as exc:
         raise NoPlan(str(exc)) from None
     module = _wrapper_module(fx.cache_key, folder)
+    autotuners = compat.triton_autotuners(vars(module))
     plan: dict[str, Any] = {
         "format": FORMAT, "supported": True,
         "device_type": "cuda" if "cuda" in devices else "cpu",
@@ -108,15 +91,16 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
         "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
         "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
         "ops": sorted(uses["ops"]), "groups": groups,
-        "triton": triton_records(_autotuners(module), getattr(fx, "_triton_bundle", None), plan_dir),
+        "triton": triton_records(autotuners, compat.triton_bundle(fx), plan_dir),
         "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
     }
     plan.update(_unbind(source, plan))
     plan.update(write_wrapper(plan_dir, plan.pop("source")))
     (plan_dir / "plan.json").write_text(json.dumps(plan))
-    fn = load(artifact)
-    require(fn is not None, "gearcache's loader could not load it")
-    loose = any(k.inductor_meta.get("atomic_add_found") for k in _autotuners(module).values())
+    fn = load_plan(artifact)                    # as a warm process will: from plan.json
+    if fn is None:
+        raise NoPlan("gearcache's loader could not load it")
+    loose = any(k.inductor_meta.get("atomic_add_found") for k in autotuners.values())
     with checking():
         outputs, inputs = _run_on_copies(fn, example_inputs, mutated)
     require(len(outputs) == len(reference), f"{len(outputs)} outputs, torch's loader gave {len(reference)}")
@@ -124,6 +108,41 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
                             *(("in-place input", inputs[i], ref_inputs[i]) for i in mutated)]:
         require(_same(got, want, loose), f"its {what} differs from torch's loader's")
     return plan
+
+
+def _refuse_unsupported(fx: Any, aot: Any) -> set[str]:
+    """Raise :class:`~gearcache.errors.NoPlan` for a graph whose per-call semantics the loader does not reproduce
+    (from torch's FX graph and AOTAutograd entries); returns its device types."""
+    meta = aot.runtime_metadata
+    require(aot.maybe_subclass_meta is None, "tensor subclasses")
+    require(meta.num_mutated_inp_runtime_indices == 0, "inputs updated outside the graph")
+    require(all(o.output_type.name == "non_alias" for o in meta.output_info), "outputs aliasing inputs or others")
+    require(meta.num_intermediate_bases == 0 and not meta.tokens, "outputs with intermediate bases or effects")
+    require(not getattr(meta, "is_rng_op_functionalized", False), "functionalised random numbers")
+    require(not any(getattr(w, "needs_post_compile", False) for w in aot.dispatch_wrappers),
+            "duplicate or aliased inputs")
+    require(not fx.constants and not getattr(fx, "torchbind_constants", None), "constants baked into the graph")
+    require(not getattr(fx, "partition_maps", None), "graph partitions")
+    devices = set(fx.device_types)
+    require(devices <= {"cpu", "cuda"} and not torch.version.hip, f"devices {sorted(devices)}")
+    require(len(fx.device_idxs) <= 1, "more than one GPU in one graph")
+    return devices
+
+
+def _collectives_during_check(uses: dict[str, set], source: str) -> Callable[[], Any]:
+    """Refuse kernels of other kinds than the loader's and collectives other than torch's functional ones with a
+    stand-in; returns the context manager the graph runs under during the check: the graph runs in this process
+    alone, its collectives answered by stand-ins (collectives.py). The test is on the text, not only on the calls
+    found, so no spelling of a collective ever runs here for real."""
+    require(uses["async_compile"] <= {"triton", "cpp_pybinding", "wait"},
+            f"kernels of kinds {sorted(uses['async_compile'] - {'triton', 'cpp_pybinding', 'wait'})}")
+    collectives = {op for ns, op in uses["ops"] if ns == collectives_mod.NAMESPACE}
+    others = sorted(f"{ns}::{op}" for ns, op in uses["ops"] if ns in _COLLECTIVE_NAMESPACES - {"_c10d_functional"})
+    require(not others, f"collectives other than torch's functional ones ({', '.join(others[:3])})")
+    unknown = sorted(collectives - set(collectives_mod.STAND_INS))
+    require(not unknown, f"functional collectives without a stand-in for the check ({', '.join(unknown[:3])})")
+    mentions = collectives or any(f".{ns}." in source for ns in _COLLECTIVE_NAMESPACES)    # torch.ops.<ns>.<op>
+    return collectives_mod.stand_in_collectives if mentions else _no_collectives
 
 
 @contextlib.contextmanager
@@ -137,29 +156,22 @@ _COLLECTIVE_NAMESPACES = collectives_mod.OTHER_NAMESPACES | {collectives_mod.NAM
 def device_bound_reason(gm: torch.fx.GraphModule) -> str | None:
     """Why an artifact of the captured graph ``gm`` will get no device-free plan, when the graph alone tells (its
     key then keeps the GPU's index from the start, so ranks compile their own at once instead of waiting for one
-    they cannot use); None otherwise. Mirrors the refusals of :func:`_build_run_plan` that the graph shows: keep it
-    in step with them."""
+    they cannot use); None otherwise. Mirrors the refusals of :func:`_collectives_during_check` that the graph
+    shows: keep it in step with them."""
     spaces = set()
     for node in gm.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-            name = getattr(node.target, "_qualified_op_name", None) or node.target._schema.name
-            spaces.add(name.split("::")[0])
+        ref = compat.operator_ref(node.target) if node.op == "call_function" else None
+        if ref is not None:
+            spaces.add(ref[0].split("::")[0])
     found = sorted(spaces & collectives_mod.OTHER_NAMESPACES)     # functional collectives get device-free plans
     return f"collectives without a stand-in ({', '.join(found)})" if found else None
 
 
 def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
     """Unpickle the one torch cache entry matching ``pattern`` in an artifact's Inductor folder."""
-    import importlib
-    import pickle
-
-    for classes in ("torch._functorch._aot_autograd.autograd_cache", "torch._inductor.output_code"):
-        importlib.import_module(classes)     # the classes the entries pickle
-
     found = [p for p in folder.glob(pattern) if p.is_file()]
     require(len(found) == 1, f"{len(found)} cache entries match {pattern}")
-    with open(found[0], "rb") as f:
-        return pickle.load(f)
+    return compat.load_cache_entry(found[0])
 
 
 def _run_on_copies(fn: Callable[..., Any], inputs: list[Any], mutated: list[int]) -> tuple[list[Any], list[Any]]:
@@ -182,7 +194,7 @@ def _same(got: Any, want: Any, loose: bool) -> bool:
             got.device != want.device or (got.numel() > 1 and got.stride() != want.stride()):
         return False
     try:
-        tolerance = {} if loose else {"rtol": 0, "atol": 0}
+        tolerance: dict[str, Any] = {} if loose else {"rtol": 0, "atol": 0}
         torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
         return True
     except AssertionError:
@@ -194,7 +206,7 @@ def _wrapper_module(key: str, folder: pathlib.Path) -> Any:
     found = [m for m in list(sys.modules.values())
              if os.path.basename(str(getattr(m, "__file__", None) or "")) == f"{key}.py"]
     require(found, "torch's loaded wrapper module not found")
-    inside = [m for m in found if pathlib.Path(m.__file__).resolve().is_relative_to(folder.resolve())]
+    inside = [m for m in found if pathlib.Path(m.__file__ or "").resolve().is_relative_to(folder.resolve())]
     return (inside or found)[-1]
 
 
@@ -222,7 +234,8 @@ def _wrapper_uses(source: str) -> dict[str, set]:
               and isinstance(node.targets[0], ast.Name) and _dotted(node.value.func) == ["async_compile",
                                                                                        "cpp_pybinding"]):
             src = node.value.args[1] if len(node.value.args) > 1 else None
-            require(isinstance(src, ast.Constant) and isinstance(src.value, str), "a C++ kernel without source")
+            if not (isinstance(src, ast.Constant) and isinstance(src.value, str)):
+                raise NoPlan("a C++ kernel without source")
             uses["cpp"].add((node.targets[0].id, src.value))
     uses["ops"] = {tuple(o) for o in uses["ops"]}
     return uses
@@ -243,19 +256,12 @@ def _dotted(node: Any) -> list[str] | None:
 def _extern_ref(name: str, fn: Any) -> list:
     """How gearcache's loader finds extern kernel ``name`` without torch's compiler: a public torch function or a
     registered operator."""
-    if isinstance(fn, torch._ops.OpOverload):
-        return ["op", fn._schema.name, fn._overloadname]
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return ["op", fn._qualified_op_name, ""]
+    ref = compat.operator_ref(fn)
+    if ref is not None:
+        return ["op", *ref]
     attr = getattr(fn, "__name__", None)
     require(attr and getattr(torch, attr, None) is fn, f"extern kernel {name} is not a public torch function")
     return ["torch", attr]
-
-
-def _autotuners(module: Any) -> dict[str, Any]:
-    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-
-    return {n: k for n, k in vars(module).items() if isinstance(k, CachingAutotuner)}
 
 
 def _cpp_specs(module: Any, bound: set[tuple[str, str]], folder: pathlib.Path,

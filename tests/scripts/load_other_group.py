@@ -14,7 +14,7 @@ from gearcache import runplan
 
 def attempt(folder: pathlib.Path) -> str:
     try:
-        runplan.load(folder)
+        runplan.load_artifact(folder)
     except Exception as exc:        # noqa: BLE001 - the test asserts the type and message
         return f"{type(exc).__name__}: {exc}"
     return "loaded"
