@@ -79,6 +79,7 @@ class CachedFunction(Dispatcher):
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
         self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
+        self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
         self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
@@ -149,8 +150,8 @@ class CachedFunction(Dispatcher):
 
     def _rewatch(self) -> None:
         """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
-        self._watch = guard_watch.watch([getattr(e, "guards", None) for e in self._table.values()] +
-                                        [self._plan_guards], self._scope)
+        self._watch = self._watcher.watch([getattr(e, "guards", None) for e in self._table.values()] +
+                                          [self._plan_guards])
 
     def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""

@@ -75,15 +75,22 @@ def hops_for(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope)
     values: dict[tuple, Any] = {}
     done: set[tuple] = set()
     for gs in guard_sets:
-        for g in gs.guards:
-            if guards_mod.unloaded_torch_module(g):
-                continue
-            for path in (g.path, g.arg) if g.kind == "same_as" else (g.path,):
-                _add_path(hops, path, scope, values, done)
+        _add_guards(hops, gs, scope, values, done)
     return hops
 
 
+def _add_guards(hops: Hops, gs: guards_mod.GuardSet, scope: guards_mod.Scope, values: dict, done: set) -> None:
+    for g in gs.guards:
+        if guards_mod.unloaded_torch_module(g):
+            continue
+        _add_path(hops, g.path, scope, values, done)
+        if g.kind == "same_as":
+            _add_path(hops, g.arg, scope, values, done)
+
+
 def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, done: set) -> None:
+    if path in done:                    # its prefixes were added with it (entries of one model share most paths)
+        return
     for n in range(1, len(path) + 1):
         prefix = path[:n]
         if prefix in done:
@@ -187,6 +194,47 @@ class PyGuardWatch:
 
 
 GuardWatch = _NativeGuardWatch or PyGuardWatch
+
+
+class Watcher:
+    """The watch of one cached method, grown as entries are added: :meth:`watch` returns a watch over the paths of
+    the guard sets it is given, reusing the hops of the previous call's sets when it only adds sets to them and the
+    previous watch is still valid (what those hops read is then what they read when built: every object on their
+    paths is the one seen then). Otherwise (sets dropped, or a watched object changed) every hop is read again.
+
+    A warm process loading entries one by one thus reads each shared path once: the entries of one model guard mostly
+    the same attributes (measured on an H100, a 1024-hidden 8-layer Llama: 2,990 guards in two entries; rebuilding
+    the watch from scratch per entry was 0.2 s of the first ``generate()`` under cProfile)."""
+
+    def __init__(self, scope: guards_mod.Scope):
+        self._scope = scope
+        self._sets: list[guards_mod.GuardSet] = []
+        self._hops = Hops()
+        self._values: dict[tuple, Any] = {}
+        self._done: set[tuple] = set()
+        self._watch: Any = None
+
+    def watch(self, guard_sets: Iterable[guards_mod.GuardSet | None]) -> Any:
+        """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked);
+        None when there is nothing to watch."""
+        sets = [gs for gs in guard_sets if gs is not None and len(gs)]
+        if not self._extends(sets):
+            self._sets, self._hops, self._values, self._done = [], Hops(), {}, set()
+        known = {id(gs) for gs in self._sets}
+        for gs in sets:
+            if id(gs) not in known:
+                _add_guards(self._hops, gs, self._scope, self._values, self._done)
+        self._sets = sets
+        hops = self._hops
+        self._watch = (GuardWatch(list(hops.dicts), list(hops.types), list(hops.checked), ABSENT)
+                       if hops.dicts or hops.types or hops.checked else None)
+        return self._watch
+
+    def _extends(self, sets: list[guards_mod.GuardSet]) -> bool:
+        """Whether ``sets`` holds every set of the previous call and the previous watch still holds."""
+        now = {id(gs) for gs in sets}
+        return (all(id(gs) in now for gs in self._sets)
+                and (self._watch is None or self._watch.valid()))
 
 
 def watch(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Any:

@@ -178,9 +178,13 @@ def unloaded_torch_module(guard: ValueGuard) -> bool:
     ``torch._dynamo.polyfills``, which its traces import). Such a guard holds without a check: the module's values are
     those of this torch version (a key factor) as imported, since nothing in this process could have set them; and
     importing it to check would import torch's compiler into a warm process that never needs it."""
-    roots = [guard.path[0]] + ([guard.arg[0]] if guard.kind == "same_as" else [])
-    return any(isinstance(r, tuple) and r[0] == "module" and (r[1] == "torch" or r[1].startswith("torch."))
-               and r[1] not in sys.modules for r in roots)
+    return (_unloaded_torch_root(guard.path[0])
+            or (guard.kind == "same_as" and _unloaded_torch_root(guard.arg[0])))
+
+
+def _unloaded_torch_root(root: Any) -> bool:
+    return (type(root) is tuple and root[0] == "module" and (root[1] == "torch" or root[1].startswith("torch."))
+            and root[1] not in sys.modules)
 
 
 def variant_key(ekey: str, first: GuardSet, scope: Scope) -> str:
@@ -601,7 +605,7 @@ def _path_json(path: tuple) -> list:
 
 def _path_tuple(data: list) -> tuple:
     root = data[0]
-    return (root if isinstance(root, str) else tuple(root),) + tuple(tuple(s) for s in data[1:])
+    return (root if isinstance(root, str) else tuple(root), *map(tuple, data[1:]))
 
 
 def path_text(path: tuple) -> str:

@@ -123,3 +123,51 @@ def test_hops_follow_a_modules_paths():
     assert w.valid()
     model[1].eps = 0.5
     assert not w.valid()
+
+
+def _eps_guards(*names):
+    return guards.GuardSet([guards.ValueGuard("value", ("self", ("attr", "_modules"), ("item", n), ("attr", "eps")),
+                                              None, None) for n in names])
+
+
+def test_a_watcher_grows_its_watch_and_each_watch_covers_every_set():
+    """Adding a guard set extends the previous hops: the new watch notices a change on either set's paths."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
+    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    first, second = _eps_guards("0"), _eps_guards("1")
+    assert watcher.watch([first, None]).valid()
+    both = watcher.watch([first, second])
+    model[1].eps = 0.5
+    assert not both.valid()
+    both = watcher.watch([first, second])          # the previous watch is invalid: every hop read again
+    assert both.valid()
+    model[0].eps = 0.5
+    assert not both.valid()
+
+
+def test_a_watcher_reads_replaced_objects_again_after_a_change():
+    """After a watched object was replaced (an equal submodule), the next watch follows the new object, not the
+    one its earlier hops read: a change of the new one is noticed."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
+    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    first, second = _eps_guards("0"), _eps_guards("1")
+    watched = watcher.watch([first])
+    model[0] = torch.nn.LayerNorm(2)                # same eps: the guards still hold, the object is new
+    assert not watched.valid()
+    watched = watcher.watch([first, second])
+    assert watched.valid()
+    model[0].eps = 0.25
+    assert not watched.valid()
+
+
+def test_a_watcher_forgets_dropped_sets():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
+    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    first, second = _eps_guards("0"), _eps_guards("1")
+    watcher.watch([first, second])
+    only_second = watcher.watch([second])
+    model[0].eps = 0.5
+    assert only_second.valid()
+    model[1].eps = 0.5
+    assert not only_second.valid()
+    assert watcher.watch([]) is None
