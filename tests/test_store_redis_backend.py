@@ -42,13 +42,13 @@ def test_claims(redis):
     b = open_backend(redis.url, timeout_s=2)
     assert b.claim("p:claim", "h/1", ttl_s=5) is None
     assert b.claim("p:claim", "h/2", ttl_s=5) == "h/1"               # the holder is named
-    assert b.refresh("p:claim", "h/1", ttl_s=5) and not b.refresh("p:claim", "h/2", ttl_s=5)
+    assert b.refresh_claim("p:claim", "h/1", ttl_s=5) and not b.refresh_claim("p:claim", "h/2", ttl_s=5)
     b.release_claim("p:claim", "h/2")                                      # not the holder: nothing happens
     assert b.claim("p:claim", "h/2", ttl_s=5) == "h/1"
     b.release_claim("p:claim", "h/1")
     assert b.claim("p:claim", "h/2", ttl_s=0.1) is None
     time.sleep(0.3)                                                  # a holder that stops refreshing loses it
-    assert not b.refresh("p:claim", "h/2", ttl_s=5)
+    assert not b.refresh_claim("p:claim", "h/2", ttl_s=5)
     assert b.claim("p:claim", "h/3", ttl_s=5) is None
 
 
