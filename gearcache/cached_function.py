@@ -435,7 +435,7 @@ class CachedFunction(Dispatcher):
     def _choose(self, ekey: str) -> value_guards.Choice:
         """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
         folder, name = self.topology.folder, self.name
-        return value_guards.choose(lambda k: self.store.read_entry(folder, name, k), ekey, self._scope)
+        return value_guards.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self._scope)
 
     def _stored(self, leaves: tuple, key: tuple) -> bool:
         """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor

@@ -77,7 +77,7 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
         else:
             reason = f"key factor(s) {', '.join(diff)} differ from the nearest entry {nearest['ekey']}"
         log.info("%s: miss for entry %s: %s; capturing it", method, ekey, reason)
-        store._ensure_root()
+        store.ensure_ready()
         folder = misses_dir(store.root, topology_folder, method)
         for d in (folder.parent.parent, folder.parent, folder):
             d.mkdir(mode=0o700, exist_ok=True)
@@ -222,5 +222,4 @@ def flush_hits() -> None:
         except Exception as exc:
             log.warning("cache index update of entry hits failed (%s)", exc)
         finally:
-            if store._index is not None:
-                store._index.cache.close()
+            store.close_index()

@@ -6,6 +6,8 @@ message, and pickles across processes: each one stores its constructor arguments
 """
 from __future__ import annotations
 
+import errno
+
 
 class GearcacheError(Exception):
     """Base class of every error gearcache raises on purpose."""
@@ -174,6 +176,23 @@ class CliError(GearcacheError):
 
     def __str__(self) -> str:
         return self.message
+
+
+# ------------------------------------------------------------------------ the remote store (gearcache/store/remote.py)
+class RemoteError(OSError):
+    """The remote store failed (down, timed out, full, refused a command). Never fails a call: the local folder
+    carries on alone (see docs/RELIABILITY.md, "Remote store")."""
+
+    def __init__(self, url: str, what: str):
+        super().__init__(errno.EIO, what, url)
+        self.url, self.what = url, what
+
+    def __str__(self) -> str:
+        return f"remote store {self.url}: {self.what}"
+
+
+class ReplyError(OSError):
+    """The Redis server answered an error (``-ERR ...``), or its reply broke the protocol (gearcache/store/resp.py)."""
 
 
 # ---------------------------------------------------------------------------------- run plans (gearcache/runplan/)

@@ -29,6 +29,9 @@ from gearcache import CompilerConfig, cache_compile, counters, runplan
 from gearcache import compiler
 from gearcache.store import files as store_module
 from gearcache.store import Store
+from gearcache.store.artifacts import Artifacts
+from gearcache.store.index import Index
+from gearcache.store.leases import Leases
 
 # Warm what a capture, a compile and a load import lazily, so forked children do not each pay for it.
 import torch._dynamo  # noqa: E402,F401
@@ -169,7 +172,7 @@ def _arm(step: str, delay: float) -> None:
     elif step == "build":
         wrap(compiler, "compile_artifact")
     elif step == "manifest":
-        wrap(Store, "_write_artifact_manifest")
+        wrap(Artifacts, "_write_manifest")
     elif step == "replace-manifest":
         wrap(store_module, "_replace", named("MANIFEST.json"))
     elif step == "sign":
@@ -178,7 +181,7 @@ def _arm(step: str, delay: float) -> None:
         wrap(store_module, "_rename", lambda src, dst: pathlib.Path(dst).parent.name == "artifacts",
              after=step == "after-rename")
     elif step == "index":
-        wrap(Store, "_index_put", lambda self, key, value: key.startswith("artifact:"))
+        wrap(Index, "put", lambda self, key, value: key.startswith("artifact:"))
     elif step == "evict":
         wrap(store_module, "_rename", lambda src, dst: pathlib.Path(src).parent.name == "artifacts"
              and pathlib.Path(dst).parent.name == "tmp")
@@ -187,7 +190,7 @@ def _arm(step: str, delay: float) -> None:
     elif step == "replace-entry":
         wrap(store_module, "_replace", lambda src, dst: pathlib.Path(dst).parent.name == METHOD)
     elif step == "lease":
-        wrap(Store, "lease")
+        wrap(Leases, "take")
     elif step == "quarantine":
         wrap(store_module, "_rename", lambda src, dst: pathlib.Path(dst).parent.name == "quarantine")
     elif step == "timer":
@@ -229,7 +232,7 @@ def check_store(root: str, prebuilt: str, config: dict, out: str, corrupted: str
         install_fake_compile(pathlib.Path(prebuilt))
         store = Store.from_config(root_p, CompilerConfig(**config))
         before = sorted(p.name for p in (root_p / "tmp").iterdir()) if (root_p / "tmp").is_dir() else []
-        store._ensure_root()                                    # runs Store.cleanup() once
+        store.ensure_ready()                                    # runs Store.cleanup() once
         report["cleaned_tmp"] = before
         problems = report["problems"]
         left = sorted(p.name for p in (root_p / "tmp").iterdir())
@@ -239,7 +242,7 @@ def check_store(root: str, prebuilt: str, config: dict, out: str, corrupted: str
             for dirpath, _, names in os.walk(root_p / sub):
                 problems += [f"partial file {dirpath}/{n}" for n in names if _TMP_FILE.match(n)]
         for folder in (root_p / "leases").glob("*"):
-            problems += [f"stale lease {p}" for p in folder.iterdir() if not store._lease_live(p)]
+            problems += [f"stale lease {p}" for p in folder.iterdir() if not store.leases.is_live(p)]
         for folder in (root_p / "artifacts").iterdir():
             try:
                 store.verify_artifact(folder.name)
@@ -247,7 +250,7 @@ def check_store(root: str, prebuilt: str, config: dict, out: str, corrupted: str
                 if folder.name != corrupted:
                     problems.append(f"half-published or corrupt artifact {folder.name}: {exc}")
         for path in (root_p / "entries").glob("*/*/*.json"):
-            data = store.read_entry(path.parent.parent.name, path.parent.name, path.stem, load=False)
+            data = store.read_entry(path.parent.parent.name, path.parent.name, path.stem)
             if data is None:
                 problems.append(f"unreadable entry manifest {path}")
         model = make(root_p, CompilerConfig(**config))

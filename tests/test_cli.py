@@ -437,7 +437,7 @@ def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
 
     akey = sorted(p.name for p in (cache_copy / "artifacts").iterdir())[0]
     writer = Store(cache_copy, lock_mode="soft")
-    with writer._locked(writer._lock_path(akey), 5):
+    with writer.locks.held(writer.locks.path(akey), 5):
         done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
     assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]
     assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]

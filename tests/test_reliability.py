@@ -463,9 +463,9 @@ def test_lock_timeout_compiles_in_memory(tmp_path, prebuilt, akeys, fake_compile
 
     root = tmp_path / "cache"
     store = Store(root)
-    store._ensure_root()
+    store.ensure_ready()
     model = rc.make(root, CompilerConfig(lock_timeout_s=0.2))
-    with filelock.FileLock(str(store._lock_path(akeys["2"]))):
+    with filelock.FileLock(str(store.locks.path(akeys["2"]))):
         with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(compiles=1):
             assert rc.check_call(model, 2)
     assert "waited 0.2 s" in caplog.text and "lock_timeout_s" in caplog.text
@@ -553,7 +553,7 @@ def test_opening_a_folder_over_max_size_trims_it(tmp_path, caplog):
     for c in "ab":
         publish(root, c * 40)
     with caplog.at_level(logging.INFO, logger="gearcache"), counters.expect(evictions=1):
-        Store(root, max_size=1500).read_entry("t", "m", "e" + "b" * 39)      # any first use of the folder
+        Store(root, max_size=1500).entry_for_load("t", "m", "e" + "b" * 39)      # any first use of the folder
     assert [p.name for p in (root / "artifacts").iterdir()] == ["b" * 40]
     assert "when a process opened it" in caplog.text
 
@@ -584,16 +584,19 @@ def test_an_entry_written_while_eviction_runs_goes_with_its_artifact(tmp_path):
     publish(root, "b" * 40)
     late_ekey = "f" + "a" * 39
 
-    class EvictorMeetingALateWriter(Store):
-        def _evict_one(self, akey, *args):
-            other = Store(root)                             # another process: it publishes (a no-op: it is
-            other.publish_artifact(akey, Builder())          # there), writes its entry, and ends
-            other.write_entry("t", "m", late_ekey, {"format": FORMAT_VERSION, "ekey": late_ekey, "akey": akey})
-            del other
-            return super()._evict_one(akey, *args)
+    evictor = Store(root, max_size=1500)
+    evict_one = evictor.eviction._evict_one
 
+    def evict_one_meeting_a_late_writer(akey, *args):
+        other = Store(root)                             # another process: it publishes (a no-op: it is
+        other.publish_artifact(akey, Builder())          # there), writes its entry, and ends
+        other.write_entry("t", "m", late_ekey, {"format": FORMAT_VERSION, "ekey": late_ekey, "akey": akey})
+        del other
+        return evict_one(akey, *args)
+
+    evictor.eviction._evict_one = evict_one_meeting_a_late_writer
     with counters.expect(evictions=1):
-        EvictorMeetingALateWriter(root, max_size=1500).evict()
+        evictor.evict()
     assert [p.name for p in (root / "artifacts").iterdir()] == ["b" * 40]
     assert not [p for p in (root / "entries").rglob("*.json") if "a" * 40 in p.read_text()], "entries of a went too"
     index = Store(root).index
@@ -640,8 +643,8 @@ def test_soft_lock_mode_publishes_and_leaves_no_lock_file(tmp_path):
 @pytest.mark.parametrize("holder", ["dead", "old"])
 def test_stale_soft_lock_is_removed(tmp_path, caplog, holder):
     store = Store(tmp_path / "cache", lock_mode="soft", lock_timeout_s=2)
-    store._ensure_root()
-    lock = store._lock_path("a" * 40)
+    store.ensure_ready()
+    lock = store.locks.path("a" * 40)
     pid = dead_pid() if holder == "dead" else os.getppid()
     lock.write_text(f"{pid}\n{HOST}\n")
     if holder == "old":
@@ -656,8 +659,8 @@ def test_stale_soft_lock_is_removed(tmp_path, caplog, holder):
 
 def test_live_soft_lock_times_out(tmp_path):
     store = Store(tmp_path / "cache", lock_mode="soft", lock_timeout_s=0.3)
-    store._ensure_root()
-    store._lock_path("a" * 40).write_text(f"{os.getppid()}\n{HOST}\n")
+    store.ensure_ready()
+    store.locks.path("a" * 40).write_text(f"{os.getppid()}\n{HOST}\n")
     with pytest.raises(LockTimeoutError, match="waited 0.3 s"):
         store.publish_artifact("a" * 40, Builder())
 
@@ -665,7 +668,7 @@ def test_live_soft_lock_times_out(tmp_path):
 # =================================================================================================== cleanup
 def test_cleanup_removes_what_killed_processes_left(tmp_path):
     root = tmp_path / "cache"
-    Store(root)._ensure_root()
+    Store(root).ensure_ready()
     dead, live = dead_pid(), os.getppid()
     ours, other = HOST_TAG + "0" * 8, "f" * 14
     old = time.time() - 2 * 3600

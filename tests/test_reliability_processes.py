@@ -123,8 +123,8 @@ def test_sigkill_at_every_step_of_publishing_leaves_nothing_loadable(prebuilt, f
 def test_sigkill_releases_the_publish_lock(prebuilt, fork, tmp_path):
     """A process killed while holding an artifact's lock (flock) does not block the next one."""
     store = Store(tmp_path / "store", lock_timeout_s=5)
-    store._ensure_root()
-    lock = store._lock_path("a" * 40)
+    store.ensure_ready()
+    lock = store.locks.path("a" * 40)
     proc = fork.Process(target=_hold_lock, args=(str(lock), str(tmp_path / "ready")))
     proc.start()
     _wait_for(tmp_path / "ready")
@@ -230,7 +230,7 @@ def test_stress_8_processes_200_calls_with_eviction(prebuilt, fork, tmp_path):
     for akey in on_disk:
         store.verify_artifact(akey)
     assert not list((root / "tmp").iterdir()), "work folders left behind"
-    store._ensure_root()                              # a new Store's cleanup removes the leases of exited workers
+    store.ensure_ready()                              # a new Store's cleanup removes the leases of exited workers
     assert not [p for p in (root / "leases").rglob("*") if p.is_file()], "leases of exited processes left behind"
     store.evict()                                     # nobody holds a lease now: the cap holds again
     assert sum(s for s, _ in store.artifact_sizes().values()) <= max_size

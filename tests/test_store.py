@@ -210,17 +210,17 @@ def test_lock_timeout(tmp_path):
 
 def test_read_entry(store):
     path = store.entry_path("world1_rank0_tp0_pp0", "m.run", "e1")
-    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None           # missing
+    assert store.entry_for_load("world1_rank0_tp0_pp0", "m.run", "e1") is None           # missing
     store.write_entry("world1_rank0_tp0_pp0", "m.run", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
-    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1")["akey"] == AKEY
+    assert store.entry_for_load("world1_rank0_tp0_pp0", "m.run", "e1")["akey"] == AKEY
     assert [e["ekey"] for e in store.list_entries("world1_rank0_tp0_pp0", "m.run")] == ["e1"]
     for content in ["garbage{", "", json.dumps({"format": FORMAT_VERSION + 1, "ekey": "e1", "akey": AKEY}),
                     json.dumps({"format": FORMAT_VERSION, "ekey": "e2", "akey": AKEY}),
                     json.dumps({"ekey": "e1", "akey": AKEY})]:
         path.write_text(content)
-        assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None, content
+        assert store.entry_for_load("world1_rank0_tp0_pp0", "m.run", "e1") is None, content
     path.write_bytes(b"\xff\xfe\x00")
-    assert store.read_entry("world1_rank0_tp0_pp0", "m.run", "e1") is None
+    assert store.entry_for_load("world1_rank0_tp0_pp0", "m.run", "e1") is None
 
 
 @pytest.mark.parametrize("error", [

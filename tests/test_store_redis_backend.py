@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gearcache.store.backend import RemoteError, open_backend
+from gearcache.errors import RemoteError
+from gearcache.store.remote import open_backend
 from gearcache.errors import ConfigError
 from redis_server import free_port
 
@@ -41,13 +42,13 @@ def test_claims(redis):
     b = open_backend(redis.url, timeout_s=2)
     assert b.claim("p:claim", "h/1", ttl_s=5) is None
     assert b.claim("p:claim", "h/2", ttl_s=5) == "h/1"               # the holder is named
-    assert b.refresh("p:claim", "h/1", ttl_s=5) and not b.refresh("p:claim", "h/2", ttl_s=5)
-    b.release("p:claim", "h/2")                                      # not the holder: nothing happens
+    assert b.refresh_claim("p:claim", "h/1", ttl_s=5) and not b.refresh_claim("p:claim", "h/2", ttl_s=5)
+    b.release_claim("p:claim", "h/2")                                      # not the holder: nothing happens
     assert b.claim("p:claim", "h/2", ttl_s=5) == "h/1"
-    b.release("p:claim", "h/1")
+    b.release_claim("p:claim", "h/1")
     assert b.claim("p:claim", "h/2", ttl_s=0.1) is None
     time.sleep(0.3)                                                  # a holder that stops refreshing loses it
-    assert not b.refresh("p:claim", "h/2", ttl_s=5)
+    assert not b.refresh_claim("p:claim", "h/2", ttl_s=5)
     assert b.claim("p:claim", "h/3", ttl_s=5) is None
 
 
@@ -86,7 +87,8 @@ def test_reads_never_import_redis_py_and_writes_need_it(redis):
     redis.client().set("p:k", b"v")
     code = textwrap.dedent(f"""
         import sys
-        from gearcache.store.backend import RemoteError, open_backend
+        from gearcache.errors import RemoteError
+        from gearcache.store.remote import open_backend
         b = open_backend({redis.url!r}, timeout_s=2)
         assert b.get_many(["p:k", "p:none"]) == [b"v", None]
         assert "redis" not in sys.modules, "the read imported redis-py"

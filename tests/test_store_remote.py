@@ -171,7 +171,7 @@ def test_unsigned_remote_artifact_and_entry_are_refused_under_a_key(redis, tmp_p
     plain.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     keyed = store_at(tmp_path / "b", redis)
     before = counters.remote_refused
-    assert keyed.read_entry("t", "m", "e1") is None                       # the entry: not signed
+    assert keyed.entry_for_load("t", "m", "e1") is None                       # the entry: not signed
     builder = Builder()
     assert keyed.publish_artifact(AKEY, builder)[1] and builder.calls == 1  # the artifact: not signed, rebuilt
     keyed.verify_artifact(AKEY)
@@ -230,11 +230,11 @@ def test_fetched_entry_is_loaded_from_memory_and_written_at_exit_after_its_artif
     manifest = {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY}
     a.write_entry("t", "m", "e1", manifest)                                 # pushed, signed
     b = store_at(tmp_path / "b", redis)
-    assert b.read_entry("t", "m", "e1") == manifest                         # checked, "sig" dropped
+    assert b.entry_for_load("t", "m", "e1") == manifest                         # checked, "sig" dropped
     b.verify_artifact(AKEY)                                                 # published here first
     assert not b.entry_path("t", "m", "e1").exists()                        # the entry: at exit
     flush_fetched_entries()
-    assert b.read_entry("t", "m", "e1", load=False) == manifest            # then written, signed
+    assert b.read_entry("t", "m", "e1") == manifest            # then written, signed
     nothing_partial(b, redis)
 
 
@@ -243,7 +243,7 @@ def test_fetched_entry_whose_artifact_was_evicted_before_exit_is_not_written(red
     a.publish_artifact(AKEY, Builder())
     a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     b = store_at(tmp_path / "b", redis)
-    assert b.read_entry("t", "m", "e1")["akey"] == AKEY                     # fetched, published here, queued
+    assert b.entry_for_load("t", "m", "e1")["akey"] == AKEY                     # fetched, published here, queued
     shutil.rmtree(b.artifact_dir(AKEY))                                     # evicted (by another process) since
     flush_fetched_entries()
     assert not b.entry_path("t", "m", "e1").exists(), "an entry naming an evicted artifact"
@@ -255,7 +255,7 @@ def test_fetched_entry_whose_artifact_is_refused_is_not_written(redis, tmp_path)
     a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     damage_chunk(redis, "flip")
     b = store_at(tmp_path / "b", redis)
-    assert b.read_entry("t", "m", "e1")["akey"] == AKEY                     # the caller finds no artifact: compiles
+    assert b.entry_for_load("t", "m", "e1")["akey"] == AKEY                     # the caller finds no artifact: compiles
     flush_fetched_entries()
     assert not b.artifact_dir(AKEY).exists() and not b.entry_path("t", "m", "e1").exists()
     nothing_partial(b, redis)
@@ -351,12 +351,12 @@ def test_redis_down_at_start_costs_one_timeout(tmp_path):
     before = counters.snapshot()
     t0 = time.monotonic()
     builder = Builder()
-    assert store.read_entry("t", "m", "e1") is None
+    assert store.entry_for_load("t", "m", "e1") is None
     assert store.publish_artifact(AKEY, builder)[1] and builder.calls == 1
     store.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     assert store.publish_artifact("b" * 40, Builder())[1]
     assert time.monotonic() - t0 < 2 and counters.delta(before)["remote_errors"] == 1   # then left alone
-    assert store.read_entry("t", "m", "e1")["akey"] == AKEY
+    assert store.entry_for_load("t", "m", "e1")["akey"] == AKEY
     nothing_partial(store)
 
 

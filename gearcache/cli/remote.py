@@ -21,9 +21,8 @@ import json
 import os
 from typing import Any, Callable, TypeVar
 
-from ..errors import CliError, ConfigError
+from ..errors import CliError, ConfigError, RemoteError
 from ..store import Store
-from ..store.backend import RemoteError
 from ..store.remote import REMOTE_ENV, RemoteStore
 from .output import FAILED, OK, USAGE, emit, fmt_bytes, format_pairs, format_table
 
@@ -139,7 +138,7 @@ def _inspect(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int
 
 def check_artifact(store: Store, remote: RemoteStore, akey: str) -> str:
     """'ok', or why the remote artifact ``akey`` is not loadable (checked in memory as a fetch checks it)."""
-    return remote.artifact_problem(store, akey) or "ok"
+    return remote.artifact_problem(store.artifacts, akey) or "ok"
 
 
 def _verify(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:

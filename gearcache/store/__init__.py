@@ -1,5 +1,6 @@
 """The store: one local cache folder, safe for many processes and ranks at once (``Store``), optionally backed by a
-remote store shared by a fleet (``remote.py``, ``backend.py``).
+remote store shared by a fleet (``remote.py``, ``remote_backend.py``). ``Store`` is a façade over its parts
+(``local.py`` lists them): ``Layout`` names every path below.
 
 On-disk layout (format 1)::
 
@@ -21,13 +22,12 @@ Publishing is crash-safe: an artifact is built in ``tmp/``, its ``MANIFEST.json`
 the folder is renamed into ``artifacts/`` (atomic); an entry manifest is written to a temp name and ``os.replace``-d,
 after its artifact exists. A reader treats an artifact without a valid manifest, or whose files do not match their
 digests, as corrupt: quarantined, never executed. Leftovers of killed processes (work folders, temp manifest files,
-leases, soft locks) are removed by :meth:`Store.cleanup`, run once by every Store that writes. See
+leases, soft locks) are removed by :meth:`Store.cleanup` (``Cleanup.run``), run once by every Store that writes. See
 docs/RELIABILITY.md for every fault and what happens.
 """
 from __future__ import annotations
 
 from .files import (HOST, HOST_TAG, MANIFEST, SIGNATURE, SIGNING_KEY_ENV, default_root, storage_fix,
-
                     write_json_atomic)
 from .index import flush_index_updates
 from .local import Store

@@ -1,7 +1,7 @@
-"""Artifacts: publishing (build in tmp/, manifest last, rename in), verifying digests and signature, quarantine."""
+"""``Artifacts``: publishing (build in tmp/, manifest last, rename in), installing checked bytes (a fetch from the
+remote store), verifying digests and signature, quarantine."""
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import logging
@@ -10,23 +10,46 @@ import pathlib
 import shutil
 import stat
 import time
-import uuid
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..counters import counters
 from ..errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError
 from ..key import FORMAT_VERSION
 from . import files as fs
-from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _makedirs, _sha256_file, _tmp_tag, write_json_atomic
+from .eviction import Eviction
+from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _sha256_file, write_json_atomic
+from .index import Index
+from .layout import Layout
+from .leases import Leases
+from .locks import Locks
+from .first_use import FirstUse
 from .signing import _hmac
+from .trust import Trust
 
 log = logging.getLogger("gearcache.store")
 
 
-class ArtifactMixin:
-    """Part of ``Store``: publishing, verifying and quarantining artifacts."""
+# How a publish reaches the fleet: ``through(akey, build_here)`` fetches the artifact (None) or runs ``build_here``
+# (the artifact's bytes), under the artifact's local lock (``Fleet.publish``).
+Through = Callable[[str, Callable[[], int]], "int | None"]
+# A checked file of a fetched artifact: (relative path, bytes, mode).
+CheckedFile = tuple[str, memoryview, int]
 
-    def verify_artifact(self, akey: str, folder: pathlib.Path | None = None,
+
+class Artifacts:
+    """Publishing, installing, verifying and quarantining the artifacts of one folder, signed with ``key`` (or
+    unsigned: None). A publish leases the artifact, records it in the index and (``eviction.max_size``) evicts."""
+
+    def __init__(self, layout: Layout, locks: Locks, leases: Leases, trust: Trust, index: Index, first_use: FirstUse,
+                 eviction: Eviction, key: bytes | None):
+        self.layout, self.locks, self.leases, self.trust, self.index = layout, locks, leases, trust, index
+        self.first_use, self.eviction, self.key = first_use, eviction, key
+        self._checked_in_memory: set[str] = set()   # artifacts installed here from bytes checked in memory
+
+    def folder(self, akey: str) -> pathlib.Path:
+        return self.layout.artifact(akey)
+
+    def verify(self, akey: str, folder: pathlib.Path | None = None,
                         only: Sequence[str] | None = None) -> None:
         """Raise ``CacheCorruptionError`` unless every file of the artifact matches its manifest digest, no unlisted
         file could be executed, every file and folder in it is trusted (else ``UntrustedArtifactError``, a
@@ -38,7 +61,7 @@ class ArtifactMixin:
         manifest must list. The manifest, its signature and the artifact folder itself are always checked. A load
         that goes on to read other parts (torch's loader reads the whole folder) must check the whole artifact
         first."""
-        folder = self.artifact_dir(akey) if folder is None else pathlib.Path(folder)
+        folder = self.layout.artifact(akey) if folder is None else pathlib.Path(folder)
         files = self._verified_manifest(akey, folder)
         top = str(folder)
         parts = [""] if only is None else list(only)
@@ -68,7 +91,7 @@ class ArtifactMixin:
             raise FileNotFoundError(str(folder / MANIFEST)) from None
         if not stat.S_ISDIR(st.st_mode):
             raise CacheCorruptionError(str(folder), "it is not a folder")
-        self._check_trusted(folder, artifact=True)
+        self.trust.check(folder, artifact=True)
         try:
             raw = (folder / MANIFEST).read_bytes()
         except FileNotFoundError:
@@ -76,7 +99,7 @@ class ArtifactMixin:
                 raise FileNotFoundError(str(folder / MANIFEST)) from None      # removed meanwhile
             raise CacheCorruptionError(str(folder), "MANIFEST.json is missing") from None
         sig = None
-        if self._key is not None:
+        if self.key is not None:
             try:
                 sig = (folder / SIGNATURE).read_text(encoding="ascii", errors="replace")
             except FileNotFoundError:
@@ -87,10 +110,10 @@ class ArtifactMixin:
         """The ``files`` (relative path -> sha256) of the manifest bytes ``raw``, once (with a signing key) ``sig``
         (``MANIFEST.sig``'s text; None: there is none) is its HMAC and it names this format and key. Else
         ``CacheCorruptionError`` naming ``where``."""
-        if self._key is not None:
+        if self.key is not None:
             if sig is None:
                 raise CacheCorruptionError(where, "it is not signed (no MANIFEST.sig) and a signing key is set")
-            if not hmac.compare_digest(sig.strip(), _hmac(self._key, raw)):
+            if not hmac.compare_digest(sig.strip(), _hmac(self.key, raw)):
                 raise CacheCorruptionError(where, "MANIFEST.sig does not match the manifest (tampered, or signed "
                                                   "with another key)")
         try:
@@ -105,13 +128,13 @@ class ArtifactMixin:
         return files
 
     def verify_for_load(self, akey: str, only: Sequence[str] | None) -> None:
-        """``verify_artifact(akey, only=only)`` before a load, skipped once right after this Store wrote ``akey``
+        """``verify(akey, only=only)`` before a load, skipped once right after this Store wrote ``akey``
         from bytes it had checked in memory (a fetch from the remote store: ``remote.py``), which would only read
         back what was just checked."""
         if akey in self._checked_in_memory:
             self._checked_in_memory.discard(akey)
             return
-        self.verify_artifact(akey, only=only)
+        self.verify(akey, only=only)
 
     def _walk_part(self, top: str, part: str, present: set[str]) -> None:
         """Check every file and folder under ``top/part`` (``""``: the whole artifact; the part's own folder too):
@@ -155,7 +178,7 @@ class ArtifactMixin:
     def _check_path(self, top: str, rel: str, pst: os.stat_result) -> None:
         if stat.S_ISLNK(pst.st_mode):
             raise CacheCorruptionError(top, f"{rel} is a symbolic link")
-        why = self._untrusted_why(pst, stat.S_ISDIR(pst.st_mode))
+        why = self.trust.why(pst, stat.S_ISDIR(pst.st_mode))
         if why is not None:
             raise UntrustedArtifactError(os.path.join(top, rel), pst.st_mode, f"{rel} in the artifact: {why}")
 
@@ -164,9 +187,9 @@ class ArtifactMixin:
         checked an older copy never moves a good one away). Skipped while another process holds the lock: that
         process is rebuilding it."""
         try:
-            with self._locked(self._lock_path(akey), 0):
+            with self.locks.held(self.locks.path(akey), 0):
                 try:
-                    self.verify_artifact(akey)
+                    self.verify(akey)
                     return                      # rebuilt meanwhile
                 except FileNotFoundError:
                     return
@@ -178,74 +201,100 @@ class ArtifactMixin:
             log.warning("could not quarantine artifact %s (%s); it is not loaded", akey, exc)
 
     def _quarantine_locked(self, akey: str, reason: str) -> None:
-        folder = self.artifact_dir(akey)
-        dest = self.root / "quarantine" / f"{akey}.{int(time.time())}.{uuid.uuid4().hex[:6]}"
-        _makedirs(dest.parent, self._dir_mode)
+        folder = self.layout.artifact(akey)
+        dest = self.layout.quarantined_artifact(akey)
+        self.layout.makedirs(dest.parent)
         try:
             fs._rename(folder, dest)
         except FileNotFoundError:
             return
         counters.quarantined += 1
         log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
-        self._index_pop([f"artifact:{akey}"])
+        self.index.pop([f"artifact:{akey}"])
 
-    def publish_artifact(self, akey: str, build: Callable[[pathlib.Path], None]) -> tuple[pathlib.Path, bool]:
+    def publish(self, akey: str, build: Callable[[pathlib.Path], None],
+                through: Through | None = None) -> tuple[pathlib.Path, bool]:
         """Return ``(artifact folder, built_here)``. Exactly one process per ``akey`` runs ``build(folder)``; the
         others wait on the artifact's lock and then find it published. ``build`` writes into an empty work folder
         that is renamed into place after its digests (and signature) are written. With ``max_size``, publishing
-        evicts least recently used artifacts until the folder fits. With a remote store, the artifact is fetched
-        from it when it has one, else one process of the whole fleet builds it and pushes it (``remote.py``)."""
-        self._ensure_root()
-        if not (self.root / "tmp").is_dir():
-            raise FileNotFoundError(errno.ENOENT, "the cache folder vanished while this process ran", str(self.root))
-        self.lease(akey)
-        final = self.artifact_dir(akey)
+        evicts least recently used artifacts until the folder fits. ``through`` (a remote store: ``Fleet.publish``):
+        the artifact is fetched from it when it has one, else one process of the whole fleet builds it and pushes
+        it (``remote.py``)."""
+        self.first_use.ensure()
+        if not self.layout.tmp.is_dir():
+            raise self.first_use.vanished()
+        self.leases.take(akey)
+        final = self.layout.artifact(akey)
         if self._valid(akey, quarantine=False):
             return final, False
-        with self._locked(self._lock_path(akey), self.lock_timeout_s, on_wait=lambda: log.info(
+        with self.locks.held(self.locks.path(akey), self.locks.timeout_s, on_wait=lambda: log.info(
                 "artifact %s: another process holds its lock (compiling it); waiting for it (up to "
-                "lock_timeout_s=%g s)", akey, self.lock_timeout_s)):
+                "lock_timeout_s=%g s)", akey, self.locks.timeout_s)):
             if self._valid(akey, quarantine=True):
                 return final, False
-            if self.remote is None:
+            if through is None:
                 log.info("compiling artifact %s", akey)
-                size = self._build_artifact(akey, build)
+                size = self._build(akey, build)
             else:                           # one compile per fleet: fetched, or built here and pushed
-                size = self.remote_publish(akey, lambda: self._build_artifact(akey, build))
-                if size is None:
+                fetched_or_size = through(akey, lambda: self._build(akey, build))
+                if fetched_or_size is None:
                     return final, False
+                size = fetched_or_size
         now = time.time()
-        self._index_put(f"artifact:{akey}", {"bytes": size, "created": now, "last_used": now})
-        if self.max_size is not None:
-            self.evict(keep={akey}, when=f"after publishing {akey}")
+        self.index.put(f"artifact:{akey}", {"bytes": size, "created": now, "last_used": now})
+        if self.eviction.max_size is not None:
+            self.eviction.evict(keep={akey}, when=f"after publishing {akey}")
         return final, True
 
-    def _build_artifact(self, akey: str, build: Callable[[pathlib.Path], None]) -> int:
+    def _build(self, akey: str, build: Callable[[pathlib.Path], None]) -> int:
         """Run ``build`` into a work folder in ``tmp/``, write its manifest (and signature), rename it into
         ``artifacts/``; the caller holds the artifact's lock. Returns the artifact's bytes."""
-        final = self.artifact_dir(akey)
-        work = self.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
-        work.mkdir(mode=self._dir_mode)
+        work = self.layout.work(akey)
+        work.mkdir(mode=self.layout.dir_mode)
         try:
             build(work / "inductor")
-            size = self._write_artifact_manifest(work, akey)
-            if final.exists() or final.is_symlink():
-                self._remove(final, akey)
-            fs._rename(work, final)
+            size = self._write_manifest(work, akey)
+            self._rename_in(work, akey)
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
         return size
 
-    def _remove(self, folder: pathlib.Path, akey: str) -> None:
-        """Rename ``folder`` into tmp/ (atomic: never seen half deleted), then delete it."""
-        aside = self.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
-        fs._rename(folder, aside)
-        shutil.rmtree(aside, ignore_errors=True)
+    def install(self, akey: str, files: list[CheckedFile], manifest: str, sig: str | None, *, origin: str,
+                size: int) -> None:
+        """Install artifact ``akey`` from bytes checked in memory (a fetch from the remote store at ``origin``:
+        ``remote.checked_files``): ``files`` written into a work folder, then ``MANIFEST.json`` and ``MANIFEST.sig``
+        last, renamed into ``artifacts/``; the next load's check is skipped once (:meth:`verify_for_load`: it would
+        read back what was just checked), and the index row is written at exit (a first call never opens the SQLite
+        index). The caller holds the artifact's lock."""
+        work = self.layout.work(akey)
+        try:
+            _unpack(self.layout, work, files, manifest, sig)
+            self._rename_in(work, akey)
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
+        self._checked_in_memory.add(akey)
+        now = time.time()
+        row = {"bytes": size, "created": now, "last_used": now, "from": origin}
+
+        def record(index: Any) -> None:
+            index[f"artifact:{akey}"] = dict(index.get(f"artifact:{akey}") or {}, **row)
+
+        self.index.defer(record)
+
+    def _rename_in(self, work: pathlib.Path, akey: str) -> None:
+        """Rename the finished work folder into ``artifacts/``, replacing a (corrupt) folder there."""
+        final = self.layout.artifact(akey)
+        if final.exists() or final.is_symlink():
+            aside = self.layout.work(akey)      # renamed into tmp/ (atomic: never seen half deleted), then deleted
+            fs._rename(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        fs._rename(work, final)
 
     def _valid(self, akey: str, *, quarantine: bool) -> bool:
         try:
-            self.verify_artifact(akey)
+            self.verify(akey)
             return True
         except FileNotFoundError:
             return False
@@ -254,7 +303,7 @@ class ArtifactMixin:
                 self._quarantine_locked(akey, exc.reason)
             return False
 
-    def _write_artifact_manifest(self, work: pathlib.Path, akey: str) -> int:
+    def _write_manifest(self, work: pathlib.Path, akey: str) -> int:
         for path in [work, *work.rglob("*")]:           # artifacts are never written again: nobody else may
             st = path.lstat()
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
@@ -264,10 +313,27 @@ class ArtifactMixin:
         size = sum((work / rel).stat().st_size for rel in files)
         write_json_atomic(work / MANIFEST, {"format": FORMAT_VERSION, "akey": akey, "files": files,
                                             "created": time.time(), "bytes": size})
-        if self._key is not None:
-            sig = _hmac(self._key, (work / MANIFEST).read_bytes())
+        if self.key is not None:
+            sig = _hmac(self.key, (work / MANIFEST).read_bytes())
             tmp = work / f".{SIGNATURE}.tmp"
             tmp.write_text(sig + "\n")
             fs._replace(tmp, work / SIGNATURE)
         return size
 
+
+
+def _unpack(layout: Layout, work: pathlib.Path, files: list[CheckedFile], manifest: str, sig: str | None) -> None:
+    """Write the checked ``files`` into the new folder ``work``, then ``MANIFEST.json`` and ``MANIFEST.sig`` last."""
+    work.mkdir(mode=layout.dir_mode)
+    made = {work}
+    for rel, data, mode in files:
+        path = work.joinpath(*rel.split("/"))
+        if path.parent not in made:
+            layout.makedirs(path.parent)
+            made.update(path.parents)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    (work / MANIFEST).write_text(manifest)
+    if sig is not None:
+        (work / SIGNATURE).write_text(str(sig))

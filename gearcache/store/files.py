@@ -112,3 +112,11 @@ def _is_lock_file(rel: str) -> bool:
 
 def _folder_bytes(folder: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _older_than(path: pathlib.Path, age: float, now: float) -> bool:
+    """Whether ``path``'s mtime is more than ``age`` seconds before ``now`` (False when it is gone)."""
+    try:
+        return now - path.lstat().st_mtime > age
+    except OSError:
+        return False

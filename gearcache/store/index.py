@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 from ..errors import UntrustedCacheError
 from . import files as fs
-from .files import _makedirs, _tmp_tag
+from .layout import Layout
+from .locks import Locks
+from .first_use import FirstUse
 
 log = logging.getLogger("gearcache.store")
 INDEX_LOCK_TIMEOUT_S = 30.0
@@ -31,6 +33,7 @@ _WARNED: set[str] = set()           # index folders this process warned about
 # Index bookkeeping (last_used, load counts) is queued and written in one transaction at exit, or when
 # ``flush_index_updates`` is called: a warm process's first call neither imports diskcache nor opens SQLite.
 _DEFERRED: dict[str, list[Callable[[Any], None]]] = {}
+_OPENERS: dict[str, Callable[[str], Any]] = {}        # root -> opens its index as a new Store does
 _DEFERRED_LOCK = threading.Lock()
 _DEFERRED_ATEXIT = [False]
 
@@ -44,9 +47,7 @@ def flush_index_updates() -> None:
         if not os.path.isdir(root):
             continue                    # the cache folder was removed: never recreate it
         try:
-            from .local import Store
-
-            index = Store(root).index
+            index = _OPENERS[root](root)
             with index.transact():
                 for update in updates:
                     update(index)
@@ -54,12 +55,18 @@ def flush_index_updates() -> None:
             log.debug("cache index update of %s failed (%s); entries stay usable", root, exc)
 
 
+class Index:
+    """The diskcache index of one folder (bookkeeping only), opened at first use after the folder's first-use checks
+    (``first_use``); an unreadable one is rebuilt under ``locks/index.lock``. ``fresh(root)``: the index of a new
+    Store of ``root``, which writes the updates queued for the exit (:func:`flush_index_updates`)."""
 
+    def __init__(self, layout: Layout, locks: Locks, first_use: FirstUse, fresh: Callable[[str], Any]):
+        self.layout, self.locks, self.first_use, self.fresh = layout, locks, first_use, fresh
+        self._db: Any = None
+        self._db_pid: int | None = None
 
-class IndexMixin:
-    """Part of ``Store``: the diskcache index and the deferred bookkeeping updates."""
-
-    def _touch_artifact(self, akey: str) -> None:
+    def touch_artifact(self, akey: str) -> None:
+        """Queue: artifact ``akey`` was used now."""
         now = time.time()
 
         def touch(index: Any) -> None:
@@ -67,20 +74,23 @@ class IndexMixin:
             if row is not None:
                 index[f"artifact:{akey}"] = dict(row, last_used=max(now, row.get("last_used") or 0))
 
-        self.defer_index_update(touch)
+        self.defer(touch)
 
-    def defer_index_update(self, update: Callable[[Any], None]) -> None:
+    def defer(self, update: Callable[[Any], None]) -> None:
         """Queue ``update(index)`` (bookkeeping only) for :func:`flush_index_updates`, which runs at exit."""
+        root = str(self.layout.root)
         with _DEFERRED_LOCK:
-            _DEFERRED.setdefault(str(self.root), []).append(update)
+            _DEFERRED.setdefault(root, []).append(update)
+            _OPENERS.setdefault(root, self.fresh)
             if not _DEFERRED_ATEXIT[0]:
                 atexit.register(flush_index_updates)
                 _DEFERRED_ATEXIT[0] = True
 
-    def _last_used(self) -> dict[str, float]:
+    def last_used(self) -> dict[str, float]:
+        """``{akey: last used}`` from the index (an artifact's row, or its newest entry's); {} when unreadable."""
         out: dict[str, float] = {}
         try:
-            for key, row in self.index.items():
+            for key, row in self.db.items():
                 if not isinstance(row, dict):
                     continue
                 akey = key[len("artifact:"):] if key.startswith("artifact:") else row.get("akey")
@@ -92,21 +102,26 @@ class IndexMixin:
         return out
 
     @property
-    def index(self):
+    def db(self) -> Any:
         """diskcache index of entries and artifacts (bookkeeping only); reopened after a fork; repaired if SQLite
-        cannot read it (:meth:`read_index`)."""
-        if self._index is None or self._index_pid != os.getpid():
-            self._ensure_root()
-            self._index = self.read_index()
-            self._index_pid = os.getpid()
-        return self._index
+        cannot read it (:meth:`read`)."""
+        if self._db is None or self._db_pid != os.getpid():
+            self.first_use.ensure()
+            self._db = self.read()
+            self._db_pid = os.getpid()
+        return self._db
 
-    def read_index(self):
-        """Open the index (without the first-use checks of the store: ``gearcache ls`` reads it too). One SQLite cannot
-        read is moved to ``quarantine/`` and rebuilt from the manifests (:meth:`_rebuild_index`)."""
+    def close(self) -> None:
+        """Close the index's SQLite connection, if this Store opened it."""
+        if self._db is not None:
+            self._db.cache.close()
+
+    def read(self) -> Any:
+        """Open the index (without the first-use checks of the store: ``gearcache ls`` reads it too). One SQLite
+        cannot read is moved to ``quarantine/`` and rebuilt from the manifests (:meth:`_rebuild`)."""
         import diskcache
 
-        folder = str(self.root / "index")
+        folder = str(self.layout.index)
         problem = None if folder in _HEALTHY else _index_problem(folder)
         if problem is None:
             try:
@@ -115,22 +130,22 @@ class IndexMixin:
                 return index
             except sqlite3.DatabaseError as exc:
                 problem = str(exc)
-        return self._rebuild_index(problem)
+        return self._rebuild(problem)
 
-    def _rebuild_index(self, problem: str):
+    def _rebuild(self, problem: str | None) -> Any:
         """Move the unreadable index aside and write a new one from the entry manifests (one row per entry: method,
         topology, artifact, created) and the artifacts (bytes, created); ``last_used`` is now. Under
         ``locks/index.lock``: a process that finds it rebuilt by another meanwhile opens that one. Warned once."""
         import diskcache
 
-        folder = self.root / "index"
-        _makedirs(self.root / "locks", self._dir_mode)
-        with self._locked(self._lock_path("index"), INDEX_LOCK_TIMEOUT_S):
+        folder = self.layout.index
+        self.layout.makedirs(self.layout.locks)
+        with self.locks.held(self.locks.path("index"), INDEX_LOCK_TIMEOUT_S):
             problem = _index_problem(str(folder)) and problem
             if problem:
-                dest = self.root / "quarantine" / f"index.{int(time.time())}.{_tmp_tag()}"
+                dest = self.layout.quarantined_index()
                 try:
-                    _makedirs(dest.parent, self._dir_mode)
+                    self.layout.makedirs(dest.parent)
                     fs._rename(folder, dest)
                 except OSError as exc:
                     _warn_once(str(folder), f"cache index {folder} is unreadable ({problem}) and could not be moved "
@@ -138,7 +153,7 @@ class IndexMixin:
                                             f"remove {folder} (bookkeeping only; it is rebuilt)")
                     raise
                 index = diskcache.Index(str(folder))
-                rows = self._index_rows_from_manifests()
+                rows = self._rows_from_manifests()
                 with index.transact():
                     for key, row in rows.items():
                         index[key] = row
@@ -150,11 +165,11 @@ class IndexMixin:
         _HEALTHY.add(str(folder))
         return index
 
-    def _index_rows_from_manifests(self) -> dict[str, dict[str, Any]]:
+    def _rows_from_manifests(self) -> dict[str, dict[str, Any]]:
         """The index rows the entry manifests and artifacts on disk give (loads and hits unknown: none)."""
         now = time.time()
         rows: dict[str, dict[str, Any]] = {}
-        for path in sorted((self.root / "entries").glob("*/*/*.json")):
+        for path in sorted(self.layout.entry_files()):
             try:
                 data = json.loads(path.read_bytes())
             except (OSError, ValueError):
@@ -163,20 +178,21 @@ class IndexMixin:
                 created = data.get("created") if isinstance(data.get("created"), (int, float)) else now
                 rows[path.stem] = {"method": path.parent.name, "topology": path.parent.parent.name,
                                    "akey": data["akey"], "created": created, "last_used": now}
-        for akey, (size, mtime) in self.artifact_sizes().items():
+        for akey, (size, mtime) in self.layout.artifact_sizes().items():
             rows[f"artifact:{akey}"] = {"bytes": size, "created": mtime, "last_used": now}
         return rows
 
-    def _index_put(self, key: str, value: dict[str, Any]) -> None:
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        """Set one row. Never raises (a failure is logged)."""
         try:
-            self.index[key] = value
+            self.db[key] = value
         except Exception as exc:        # bookkeeping must never fail a call
             _index_failed(exc)
 
-    def _index_pop(self, keys: list[str], akey: str | None = None) -> None:
-        """Remove index rows (an entry row only while it still names ``akey``)."""
+    def pop(self, keys: list[str], akey: str | None = None) -> None:
+        """Remove index rows (an entry row only while it still names ``akey``). Never raises."""
         try:
-            index = self.index
+            index = self.db
             with index.transact():
                 for key in keys:
                     row = index.get(key)
@@ -188,24 +204,24 @@ class IndexMixin:
 
     def entry_usage(self) -> dict[str, dict[str, Any]]:
         """The index's rows of entries by entry key (``loads``, ``hits``, ``last_used``, ...: the module docstring);
-        {} when there is no index. Opened without the store's first-use checks (:meth:`read_index`); raises what
-        opening it raises."""
-        if not (self.root / "index").is_dir():
+        {} when there is no index. Opened without the store's first-use checks (:meth:`read`); raises what opening
+        it raises."""
+        if not self.layout.index.is_dir():
             return {}
-        return {key: row for key, row in self.read_index().items()
+        return {key: row for key, row in self.read().items()
                 if isinstance(row, dict) and not key.startswith("artifact:")}
 
     def forget(self, ekeys: list[str], akeys: list[str]) -> None:
         """Remove the index rows of entries ``ekeys`` and artifacts ``akeys`` (``gearcache prune``). Never raises."""
-        self._index_pop([*ekeys, *(f"artifact:{akey}" for akey in akeys)])
+        self.pop([*ekeys, *(f"artifact:{akey}" for akey in akeys)])
 
-    def touch(self, ekey: str) -> None:
-        """Record a load of an entry (not called per call: once per entry per process)."""
+    def record_load(self, ekey: str) -> None:
+        """Record a load of an entry (not called per call: once per entry per process). Never raises."""
         try:
-            row = self.index.get(ekey)
+            row = self.db.get(ekey)
             if row is not None:
                 row = dict(row, last_used=time.time(), loads=row.get("loads", 0) + 1)
-                self.index[ekey] = row
+                self.db[ekey] = row
         except Exception as exc:        # bookkeeping must never fail a call
             _index_failed(exc)
 

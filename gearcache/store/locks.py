@@ -1,4 +1,5 @@
-"""Per-artifact locks: ``locks/<akey>.lock`` (flock) or ``.softlock`` (lock files, for network filesystems)."""
+"""``Locks``: per-artifact locks, ``locks/<akey>.lock`` (flock) or ``.softlock`` (lock files, for network
+filesystems)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,38 +11,42 @@ from typing import Callable, Iterator
 import filelock
 
 from ..errors import LockTimeoutError
-from .files import HOST, _mkdir
+from .files import HOST
+from .layout import Layout
 from .processes import pid_alive
 
 log = logging.getLogger("gearcache.store")
 
 
-class LockMixin:
-    """Part of ``Store``: the per-artifact publish lock and lease lock."""
+class Locks:
+    """The per-artifact publish lock and lease lock, taken in ``mode`` (``"flock"`` or ``"soft"``); a soft lock older
+    than ``timeout_s`` is stale."""
 
-    def _lock_path(self, akey: str, kind: str = "", mode: str | None = None) -> pathlib.Path:
+    def __init__(self, layout: Layout, mode: str, timeout_s: float):
+        self.layout, self.mode, self.timeout_s = layout, mode, timeout_s
+
+    def path(self, akey: str, kind: str = "", mode: str | None = None) -> pathlib.Path:
         """``locks/<akey>[.lease].lock`` (flock) or ``.softlock`` (soft lock files, which are held while they exist,
         so they never share a name with a flock file that stays behind after use). ``mode``: another lock mode's
         path than this store's ``lock_mode``."""
-        suffix = "lock" if (mode or self.lock_mode) == "flock" else "softlock"
-        return self.root / "locks" / (f"{akey}.{kind}.{suffix}" if kind else f"{akey}.{suffix}")
+        return self.layout.lock(akey, kind, "lock" if (mode or self.mode) == "flock" else "softlock")
 
     @contextlib.contextmanager
-    def locked_in_every_mode(self, akey: str, timeout: float) -> Iterator[None]:
+    def held_in_every_mode(self, akey: str, timeout: float) -> Iterator[None]:
         """Hold artifact ``akey``'s publish lock of both lock modes (``locks/<akey>.lock`` by flock, then
         ``.softlock``): for a process that does not know the writers' ``lock_mode`` (``gearcache prune``), which
         then excludes the writers of either. ``LockTimeoutError`` when one is held."""
-        _mkdir(self.root / "locks", self._dir_mode)
-        with self._locked(self._lock_path(akey, mode="flock"), timeout, mode="flock"):
-            with self._locked(self._lock_path(akey, mode="soft"), timeout, mode="soft"):
+        self.layout.mkdir(self.layout.locks)
+        with self.held(self.path(akey, mode="flock"), timeout, mode="flock"):
+            with self.held(self.path(akey, mode="soft"), timeout, mode="soft"):
                 yield
 
     @contextlib.contextmanager
-    def _locked(self, path: pathlib.Path, timeout: float, mode: str | None = None,
+    def held(self, path: pathlib.Path, timeout: float, mode: str | None = None,
                 on_wait: Callable[[], None] | None = None) -> Iterator[None]:
         """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery: this store's
         ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first."""
-        if (mode or self.lock_mode) == "flock":
+        if (mode or self.mode) == "flock":
             lock = filelock.FileLock(str(path), timeout=timeout)
             try:
                 try:
@@ -56,7 +61,7 @@ class LockMixin:
             lock = filelock.SoftFileLock(str(path), timeout=timeout)
             deadline = time.monotonic() + timeout
             while True:
-                self._break_stale_soft_lock(path)
+                self.break_if_stale(path)
                 try:
                     lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
                     break
@@ -71,7 +76,7 @@ class LockMixin:
         finally:
             lock.release()
 
-    def _break_stale_soft_lock(self, path: pathlib.Path) -> int:
+    def break_if_stale(self, path: pathlib.Path) -> int:
         """Remove a soft lock file whose holder (``pid\\nhost`` in the file) died on this host, or that is older than
         ``lock_timeout_s``. Returns 1 when it removed one."""
         try:
@@ -84,8 +89,8 @@ class LockMixin:
         if len(lines) >= 2 and lines[0].strip().isdigit() and lines[1].strip() == HOST:
             if not pid_alive(int(lines[0])):
                 why = f"its holder pid {lines[0].strip()} on this host is dead"
-        if why is None and time.time() - st.st_mtime > self.lock_timeout_s:
-            why = f"it is older than lock_timeout_s={self.lock_timeout_s:g} s"
+        if why is None and time.time() - st.st_mtime > self.timeout_s:
+            why = f"it is older than lock_timeout_s={self.timeout_s:g} s"
         if why is None:
             return 0
         try:

@@ -17,9 +17,9 @@ local folder's usual steps. (The bundle's sha256 names its chunks; the file dige
 a reader checks.) What fails a check is refused (``counters.remote_refused``, a warning) and rebuilt; it is never
 executed.
 
-A remote fault (down, timed out, full) is a :class:`RemoteError`: logged once per process and kind, counted in
-``counters.remote_errors``, and the remote is left alone for ``DOWN_BACKOFF_S`` (so a dead server costs one timeout,
-not one per miss); the local folder works on alone.
+A remote fault (down, timed out, full) is a ``RemoteError`` (gearcache/errors.py): logged once per process and kind,
+counted in ``counters.remote_errors``, and the remote is left alone for ``DOWN_BACKOFF_S`` (so a dead server costs one
+timeout, not one per miss); the local folder works on alone.
 """
 from __future__ import annotations
 
@@ -29,17 +29,18 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import threading
 import time
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 from ..counters import counters
-from ..errors import CacheCorruptionError
+from ..errors import CacheCorruptionError, ConfigError, RemoteError
 from ..key import FORMAT_VERSION
-from . import files as fs
-from .backend import RemoteBackend, RemoteError, backend_class
-from .files import HOST, MANIFEST, SIGNATURE, _makedirs, _tmp_tag, write_json_atomic
+from .artifacts import Artifacts, CheckedFile
+from .files import HOST, MANIFEST, SIGNATURE
+from .redis_remote_backend import RedisRemoteBackend
+from .remote_backend import RemoteBackend
 from .signing import json_signature_ok, signature_problem
 
 log = logging.getLogger("gearcache.store")
@@ -50,10 +51,30 @@ CHUNK_TTL_S = 3600.0             # an uncommitted chunk (its writer died mid-tra
 DOWN_BACKOFF_S = 30.0            # after a fault, the remote is not tried again for this long
 _POLL_S = (0.05, 0.5)            # a waiter polls for the claimer's artifact, backing off between these
 
+# The backend class of each URL scheme (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path.sock``).
+REMOTE_BACKENDS: dict[str, type[RemoteBackend]] = {
+    "redis": RedisRemoteBackend, "rediss": RedisRemoteBackend, "unix": RedisRemoteBackend}
+
+
+def backend_class(url: str) -> type[RemoteBackend]:
+    """The backend class for ``url``, by its scheme (:data:`REMOTE_BACKENDS`; cheap: no client library, no
+    connection). ``ConfigError`` for an unknown scheme."""
+    scheme = urlsplit(url).scheme
+    if scheme in REMOTE_BACKENDS:
+        return REMOTE_BACKENDS[scheme]
+    raise ConfigError(f"remote={url!r}: unknown scheme {scheme!r}. Fix: use a redis://host:6379/0 URL "
+                      f"(rediss:// for TLS, unix:///path/redis.sock)")
+
+
+def open_backend(url: str, *, timeout_s: float) -> RemoteBackend:
+    """The backend for ``url`` (see :func:`backend_class`); it connects at its first command."""
+    return backend_class(url)(url, timeout_s=timeout_s)
+
 
 class RemoteStore:
-    """The remote tier of one ``Store``. Cheap to create: the backend's module is imported here (so a first call that
-    fetches imports nothing; ``ConfigError`` for an unknown scheme), the backend is opened at first use."""
+    """The remote tier of one ``Store``: bytes checked in memory in, ``Artifacts.install`` out (its only use of the
+    local folder, with ``Artifacts.check_manifest`` and ``Artifacts.folder``). Cheap to create: the backend class is
+    picked here (``ConfigError`` for an unknown scheme), the backend is opened at first use."""
 
     def __init__(self, url: str, *, trust: str = "signed", signing_key: bytes | None = None, timeout_s: float = 5.0,
                  chunk_bytes: int = 4 << 20, claim_ttl_s: float = 20.0, prefix: str | None = None):
@@ -139,37 +160,21 @@ class RemoteStore:
         self.backend.commit(self.entry_key(topology, method, ekey), json.dumps(signed, sort_keys=True).encode(), [])
 
     # ------------------------------------------------------------------------------------------------ artifacts
-    def fetch_artifact(self, store: Any, akey: str) -> bool:
-        """Fetch artifact ``akey`` into ``store``'s folder: checked in memory (signature, trust, every file's digest:
-        :func:`checked_files`), written into a work folder, renamed into ``artifacts/``; the next load's check is
-        skipped once (``Store.verify_for_load``: it would read back what was just checked). The caller holds the
-        artifact's local lock. False when the remote has no complete, valid copy. Raises ``RemoteError``."""
+    def fetch_artifact(self, artifacts: Artifacts, akey: str) -> bool:
+        """Fetch artifact ``akey`` into the local folder: checked in memory (signature, trust, every file's digest:
+        :func:`checked_files`), then installed (``Artifacts.install``: written into a work folder, renamed into
+        ``artifacts/``, the next load's check skipped once). The caller holds the artifact's local lock. False when
+        the remote has no complete, valid copy. Raises ``RemoteError``."""
         parts = self._read_bundle(akey)
         if parts is None:
             return False
         head, bundle = parts
-        work = store.root / "tmp" / f"{akey}.{os.getpid()}.{_tmp_tag()}"
         try:
-            rows = checked_files(store, akey, head, bundle)
-            _unpack(work, head, rows, store._dir_mode)
-            final = store.artifact_dir(akey)
-            if final.exists() or final.is_symlink():
-                store._remove(final, akey)
-            fs._rename(work, final)
+            files = checked_files(artifacts, akey, head, bundle)
+            artifacts.install(akey, files, head["manifest"], head.get("sig"), origin=self.url, size=head["bytes"])
         except (CacheCorruptionError, ValueError) as exc:
             self.refused(f"artifact {akey}", getattr(exc, "reason", None) or str(exc))
             return False
-        finally:
-            if work.exists():
-                shutil.rmtree(work, ignore_errors=True)
-        store._checked_in_memory.add(akey)
-        now = time.time()
-        row = {"bytes": head["bytes"], "created": now, "last_used": now, "from": self.url}
-
-        def record(index: Any) -> None:         # written at exit: a first call never opens the SQLite index
-            index[f"artifact:{akey}"] = dict(index.get(f"artifact:{akey}") or {}, **row)
-
-        store.defer_index_update(record)
         counters.remote_loads += 1
         log.info("fetched artifact %s (%d bytes, %d chunk(s)) from %s", akey, head["bytes"], head["chunks"], self.url)
         return True
@@ -190,22 +195,22 @@ class RemoteStore:
             self.refused(f"artifact {akey}", f"its head is unreadable ({exc})")
             return None
         chunks = self.backend.get_many(self.chunk_keys(akey, bundle_sha, n))
-        missing = [i for i, c in enumerate(chunks) if c is None]
-        if missing:
+        present = [c for c in chunks if c is not None]
+        if len(present) != len(chunks):
             log.info("remote artifact %s is incomplete (chunk %d of %d missing: evicted, or its writer died); a miss",
-                     akey, missing[0], n)
+                     akey, chunks.index(None), n)
             return None
-        bundle = chunks[0] if n == 1 else b"".join(chunks)
+        bundle = present[0] if n == 1 else b"".join(present)
         if len(bundle) != head.get("bytes"):
             self.refused(f"artifact {akey}", f"its chunks hold {len(bundle)} bytes, its head says {head.get('bytes')} "
                                              f"(truncated or corrupted)")
             return None
         return head, bundle
 
-    def push_artifact(self, store: Any, akey: str) -> None:
+    def push_artifact(self, artifacts: Artifacts, akey: str) -> None:
         """Upload the local (verified) artifact ``akey``: chunks (expiring), then the head in one atomic commit that
         makes them permanent. Raises ``RemoteError``."""
-        folder = store.artifact_dir(akey)
+        folder = artifacts.folder(akey)
         manifest_text = (folder / MANIFEST).read_text()
         files = json.loads(manifest_text)["files"]
         sig = (folder / SIGNATURE).read_text() if (folder / SIGNATURE).exists() else None
@@ -240,7 +245,7 @@ class RemoteStore:
         return []
 
     # --------------------------------------------------------------------------------------------------- claims
-    def publish(self, store: Any, akey: str, build_here: Callable[[], int], wait_s: float) -> int | None:
+    def publish(self, artifacts: Artifacts, akey: str, build_here: Callable[[], int], wait_s: float) -> int | None:
         """One compile per fleet: fetch ``akey`` if the remote has it (None), else claim it, build here and push
         (the size), else wait for the claimer (bounded by ``wait_s``, one log line naming it) and fetch. A claimer
         that dies stops refreshing its claim, which expires: a waiter takes over. After ``wait_s``, or on a remote
@@ -251,12 +256,13 @@ class RemoteStore:
         try:
             while True:
                 seen = self.backend.get(self.head_key(akey))
-                if seen is not None and self.fetch_artifact(store, akey):
+                if seen is not None and self.fetch_artifact(artifacts, akey):
                     return None
                 holder = self.backend.claim(self.claim_key(akey), me, self.claim_ttl_s)
                 if holder is None:
-                    if self.backend.get(self.head_key(akey)) not in (None, seen) and self.fetch_artifact(store, akey):
-                        self.backend.release(self.claim_key(akey), me)      # pushed just before its claimer let go
+                    if self.backend.get(self.head_key(akey)) not in (None, seen) and \
+                            self.fetch_artifact(artifacts, akey):       # pushed just before its claimer let go
+                        self.backend.release_claim(self.claim_key(akey), me)
                         return None
                     break
                 if waited_for != holder:
@@ -276,7 +282,7 @@ class RemoteStore:
         with self._heartbeat(akey, me):
             size = build_here()
             try:
-                self.push_artifact(store, akey)
+                self.push_artifact(artifacts, akey)
             except (RemoteError, OSError) as exc:
                 self.failed(exc if isinstance(exc, RemoteError) else RemoteError(self.url, f"push failed ({exc})"),
                             f"artifact {akey} stays local")
@@ -290,7 +296,7 @@ class RemoteStore:
         def beat() -> None:
             while not stop.wait(self.claim_ttl_s / 3):
                 try:
-                    if not self.backend.refresh(self.claim_key(akey), me, self.claim_ttl_s):
+                    if not self.backend.refresh_claim(self.claim_key(akey), me, self.claim_ttl_s):
                         log.info("artifact %s: the claim expired while compiling (another process may compile it "
                                  "too)", akey)
                         return
@@ -305,7 +311,7 @@ class RemoteStore:
             stop.set()
             thread.join()
             with contextlib.suppress(RemoteError):
-                self.backend.release(self.claim_key(akey), me)
+                self.backend.release_claim(self.claim_key(akey), me)
 
     # ------------------------------------------------------------------------------------------------- listing
     def entries(self) -> Iterator[tuple[str, str, str]]:
@@ -349,15 +355,15 @@ class RemoteStore:
             return {"unreadable": True}
         return head if isinstance(head, dict) else {"unreadable": True}
 
-    def artifact_problem(self, store: Any, akey: str) -> str:
-        """Why a fetch of artifact ``akey`` into ``store`` would be refused or miss (incomplete, unreadable, a file
-        or the signature failing :func:`checked_files`), checked in memory: nothing is written. ``""``: it would
+    def artifact_problem(self, artifacts: Artifacts, akey: str) -> str:
+        """Why a fetch of artifact ``akey`` into the local folder would be refused or miss (incomplete, unreadable, a
+        file or the signature failing :func:`checked_files`), checked in memory: nothing is written. ``""``: it would
         not."""
         parts = self._read_bundle(akey)
         if parts is None:
             return "missing, incomplete or unreadable (see the log)"
         try:
-            checked_files(store, akey, *parts)
+            checked_files(artifacts, akey, *parts)
         except (CacheCorruptionError, ValueError) as exc:
             return getattr(exc, "reason", None) or str(exc)
         return ""
@@ -376,13 +382,13 @@ class RemoteStore:
         return gone + [k for k in self.backend.scan(f"{self.prefix}chunk:") if k.rsplit(":", 1)[0] not in live]
 
 
-def checked_files(store: Any, akey: str, head: dict[str, Any], bundle: bytes) -> list[tuple[str, memoryview, int]]:
-    """The bundle cut into the head's files ``(relative path, bytes, mode)``, after the checks ``verify_artifact``
+def checked_files(artifacts: Artifacts, akey: str, head: dict[str, Any], bundle: bytes) -> list[CheckedFile]:
+    """The bundle cut into the head's files ``(relative path, bytes, mode)``, after the checks ``Artifacts.verify``
     makes on a folder, made in memory before anything is written: the manifest's signature (with a key), format and
-    key (``Store.check_manifest``); every path safe (relative, no ``..``); exactly the manifest's files, each matching
-    its sha256 digest; the sizes adding up to the bundle. Raises ``CacheCorruptionError`` or ``ValueError``."""
+    key (``Artifacts.check_manifest``); every path safe (relative, no ``..``); exactly the manifest's files, each
+    matching its sha256 digest; the sizes adding up to the bundle. Raises ``CacheCorruptionError`` or ``ValueError``."""
     where = f"remote artifact {akey}"
-    files = store.check_manifest(akey, str(head["manifest"]).encode(), head.get("sig"), where)
+    files = artifacts.check_manifest(akey, str(head["manifest"]).encode(), head.get("sig"), where)
     view, rows, offset = memoryview(bundle), [], 0
     for rel, size, mode in head["files"]:
         parts = pathlib.PurePosixPath(rel).parts if isinstance(rel, str) else ()
@@ -401,26 +407,3 @@ def checked_files(store: Any, akey: str, head: dict[str, Any], bundle: bytes) ->
     if missing:
         raise CacheCorruptionError(where, f"{sorted(missing)[0]} is missing")
     return rows
-
-
-def _unpack(work: pathlib.Path, head: dict[str, Any], rows: list[tuple[str, memoryview, int]], dir_mode: int) -> None:
-    """Write the checked files ``rows`` (:func:`checked_files`) into the new folder ``work``, then ``MANIFEST.json``
-    and ``MANIFEST.sig`` last."""
-    work.mkdir(mode=dir_mode)
-    made = {work}
-    for rel, data, mode in rows:
-        path = work.joinpath(*rel.split("/"))
-        if path.parent not in made:
-            _makedirs(path.parent, dir_mode)
-            made.update(path.parents)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    (work / MANIFEST).write_text(head["manifest"])
-    if head.get("sig") is not None:
-        (work / SIGNATURE).write_text(str(head["sig"]))
-
-
-def write_fetched_entry(path: pathlib.Path, data: dict[str, Any], dir_mode: int) -> None:
-    """Write a fetched (checked) entry manifest locally with the usual atomic steps."""
-    write_json_atomic(path, data, dir_mode=dir_mode)

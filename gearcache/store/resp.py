@@ -21,12 +21,10 @@ import threading
 from typing import Any, Callable, NamedTuple, Sequence
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ..errors import ReplyError
+
 MAX_BULK = 512 << 20             # Redis's proto-max-bulk-len default: no value it stores is larger
 _MAX_LINE = 64 << 10             # a status, error or length line
-
-
-class ReplyError(OSError):
-    """The server answered an error (``-ERR ...``), or its reply broke the protocol."""
 
 
 class Target(NamedTuple):

@@ -1,4 +1,4 @@
-"""The Redis backend: ``remote="redis://host:6379/0"``. See ``backend.py`` for the contract.
+"""The Redis backend: ``remote="redis://host:6379/0"``. See ``remote_backend.py`` for the contract.
 
 Reads (``get_many``: the whole fetch path of a warm node) go through ``resp.py``'s small reader, so a node that
 only fetches never imports redis-py (~0.1 s of CPU); writes, claims, scans and server facts go through redis-py,
@@ -13,7 +13,8 @@ import threading
 from typing import Any, Iterator
 
 from . import resp
-from .backend import RemoteBackend, RemoteError
+from ..errors import RemoteError
+from .remote_backend import RemoteBackend
 
 _REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -26,7 +27,7 @@ return 1
 """
 
 
-class RedisBackend(RemoteBackend):
+class RedisRemoteBackend(RemoteBackend):
     def __init__(self, url: str, *, timeout_s: float):
         self.url, self.timeout_s = url, timeout_s
         target = resp.parse_url(url)
@@ -110,11 +111,11 @@ class RedisBackend(RemoteBackend):
             return None if self._run("SET NX", self._client.set, key, owner, nx=True, px=px) else "another process"
         return holder.decode(errors="replace")
 
-    def refresh(self, key: str, owner: str, ttl_s: float) -> bool:
+    def refresh_claim(self, key: str, owner: str, ttl_s: float) -> bool:
         px = max(1, int(ttl_s * 1000))
         return bool(self._run("PEXPIRE", self._script("refresh"), keys=[key], args=[owner, px]))
 
-    def release(self, key: str, owner: str) -> None:
+    def release_claim(self, key: str, owner: str) -> None:
         self._run("DEL", self._script("release"), keys=[key], args=[owner])
 
     def describe(self) -> dict:

@@ -1,11 +1,11 @@
 """The remote backend interface: a key-value store a fleet shares (after Triton's ``RemoteCacheBackend``).
 
 A backend stores bytes under string keys and holds expiring claims; it knows nothing of entries, artifacts,
-digests or signatures (``remote.py`` does). A backend is one short module (``redis_backend.py``); :func:`open_backend`
-picks one by the URL's scheme. Contract of every method:
+digests or signatures (``remote.py`` does). A backend is one short module (``redis_remote_backend.py``);
+``remote.REMOTE_BACKENDS`` maps a URL's scheme to its class (:func:`remote.open_backend`). Contract of every method:
 
-* it returns within the backend's timeout or raises :class:`RemoteError` (an ``OSError``): a dead, full or slow
-  server is an error, never a hang;
+* it returns within the backend's timeout or raises ``RemoteError`` (an ``OSError``, gearcache/errors.py): a dead,
+  full or slow server is an error, never a hang;
 * ``commit`` is atomic: a reader sees the value (and the ``keep`` keys made permanent) or nothing;
 * ``put_temporary`` values expire after ``ttl_s`` unless a ``commit`` names them in ``keep`` (a writer killed
   mid-transfer leaves nothing that lives);
@@ -13,32 +13,19 @@ picks one by the URL's scheme. Contract of every method:
 """
 from __future__ import annotations
 
-
-
 import abc
-import errno
 from typing import Iterator
-from urllib.parse import urlsplit
 
-from ..errors import ConfigError
+from ..errors import RemoteError
 
-
-class RemoteError(OSError):
-    """The remote store failed (down, timed out, full, refused a command). Never fails a call: the local folder
-    carries on alone (see docs/RELIABILITY.md, "Remote store")."""
-
-    def __init__(self, url: str, what: str):
-        super().__init__(errno.EIO, what, url)
-        self.url, self.what = url, what
-
-    def __str__(self) -> str:
-        return f"remote store {self.url}: {self.what}"
+__all__ = ["RemoteBackend", "RemoteError"]
 
 
 class RemoteBackend(abc.ABC):
     """Bytes under string keys, shared by every process of a fleet."""
 
-    url: str
+    def __init__(self, url: str, *, timeout_s: float):
+        self.url, self.timeout_s = url, timeout_s
 
     @abc.abstractmethod
     def get_many(self, keys: list[str]) -> list[bytes | None]:
@@ -67,11 +54,11 @@ class RemoteBackend(abc.ABC):
         now ``owner``'s, else the current owner."""
 
     @abc.abstractmethod
-    def refresh(self, key: str, owner: str, ttl_s: float) -> bool:
+    def refresh_claim(self, key: str, owner: str, ttl_s: float) -> bool:
         """Extend ``owner``'s claim by ``ttl_s``; False when it is not ``owner``'s any more (it expired)."""
 
     @abc.abstractmethod
-    def release(self, key: str, owner: str) -> None:
+    def release_claim(self, key: str, owner: str) -> None:
         """Drop the claim if ``owner`` still holds it."""
 
     def describe(self) -> dict:
@@ -80,20 +67,3 @@ class RemoteBackend(abc.ABC):
 
     def get(self, key: str) -> bytes | None:
         return self.get_many([key])[0]
-
-
-def backend_class(url: str) -> type[RemoteBackend]:
-    """The backend class for ``url`` (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path.sock``), its
-    module imported (cheap: no client library, no connection). ``ConfigError`` for an unknown scheme."""
-    scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
-        from .redis_backend import RedisBackend
-
-        return RedisBackend
-    raise ConfigError(f"remote={url!r}: unknown scheme {scheme!r}. Fix: use a redis://host:6379/0 URL "
-                      f"(rediss:// for TLS, unix:///path/redis.sock)")
-
-
-def open_backend(url: str, *, timeout_s: float) -> RemoteBackend:
-    """The backend for ``url`` (see :func:`backend_class`); it connects at its first command."""
-    return backend_class(url)(url, timeout_s=timeout_s)
