@@ -99,8 +99,9 @@ class GraphedEntry:
 class CudaGraphs:
     """The CUDA graphs of one cached method, keyed by gear and input metadata."""
 
-    def __init__(self, cached: Any):
-        self.cached = cached
+    def __init__(self, cached: Any, life: Any):
+        self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
+        self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
         self.pool = None                                # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side = self._capture_stream = None
@@ -137,14 +138,14 @@ class CudaGraphs:
         (its padding is counted: ``GearPlan.record_padding``)."""
         targets = plan.targets(leaves) if plan is not None else None
         if plan is not None and targets is None:
-            return self.cached._past_largest(plan, leaves, key)
+            return self.cached.past_largest(plan, leaves, key)
         if plan is not None and plan.verify_first:
-            self.cached._verify_first_use(plan, leaves, key, targets)       # padding_check.py
+            self.cached.verify_first_use(plan, leaves, key, targets)       # padding_check.py
         gkey = self._graph_key(plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
             if not on_cuda(leaves):
-                return self.cached._call_uncaptured(plan, leaves, key, served)  # CPU inputs: no graphs
+                return self.cached.call_uncaptured(plan, leaves, key, served)  # CPU inputs: no graphs
             graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
         elif graphed.state_replaced():
             log.info("%s: a parameter or buffer of the graph %s was replaced since its capture; capturing it again",
@@ -210,8 +211,7 @@ class CudaGraphs:
         targets = plan.targets(leaves) if plan is not None else None
         static_leaves = plan.pad(leaves, targets) if targets is not None else leaves
         skey = signature.rekey(key, static_leaves)
-        return self.cached._table.get(skey) or self.cached._miss(
-            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+        return self.life.get_or_miss(static_leaves, skey, count=False)
 
     def _capture(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
         """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it.
@@ -251,7 +251,8 @@ class CudaGraphs:
             if not isinstance(leaf, torch.Tensor):
                 continue
             if leaf.device.type != "cuda":
-                raise UnsupportedInputError(f"mode='reduce-overhead' captures CUDA graphs; input {i} is on {leaf.device}")
+                raise UnsupportedInputError(
+                    f"mode='reduce-overhead' captures CUDA graphs; input {i} is on {leaf.device}")
             if _is_static_address(leaf):
                 if i in pad_of:
                     raise ConfigError(f"input {i} is marked with mark_static_address and has gears; a static-address "
@@ -266,8 +267,7 @@ class CudaGraphs:
         graphed = GraphedEntry(None, None, [], copies, static_ptrs)
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
-        graphed.entry = self.cached._table.get(skey) or self.cached._miss(
-            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+        graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         _refuse_unmarked_writes(graphed.entry, copies)
         return graphed, static_leaves
 
@@ -292,12 +292,7 @@ class CudaGraphs:
         order. The static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then
         the allocator's cache is emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools
         keep theirs)."""
-        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
-        for leaves, key in calls:
-            targets = plan.targets(leaves) if plan is not None else None
-            gkey = self._graph_key(plan, leaves, key, targets)
-            if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
-                todo.append((gkey, leaves, key, targets))
+        todo = self._uncaptured(plan, calls)
         if not todo:
             return 0
         if _collectives_possible():
@@ -342,6 +337,16 @@ class CudaGraphs:
             self._captured(graphed, seconds)
         torch.cuda.empty_cache()
         return len(todo)
+
+    def _uncaptured(self, plan: Any, calls: list[tuple[tuple, tuple]]) -> list[tuple[tuple, tuple, tuple, Any]]:
+        """``(graph key, leaves, key, targets)`` of each call in ``calls`` whose gear has no graph yet, once each."""
+        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
+        for leaves, key in calls:
+            targets = plan.targets(leaves) if plan is not None else None
+            gkey = self._graph_key(plan, leaves, key, targets)
+            if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
+                todo.append((gkey, leaves, key, targets))
+        return todo
 
     def _phase(self, leaves: tuple, phase: str, synchronize: bool = True) -> Any:
         """A span of the running warm-up's timeline (with ``synchronize``, the device synchronised at its end, so the

@@ -37,7 +37,7 @@ class Entry:
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
         self.manifest = manifest
-        self.guards = None          # its value guards (gearcache/guards.py), set by whoever loaded or compiled it
+        self.guards: Any = None     # its value guards (gearcache/guards.py), set by whoever loaded or compiled it
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
@@ -139,7 +139,8 @@ def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
         return None
     if structure == ["leaf"] and len(leaves) == 1:
         return int(leaves[0][1])
-    if structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1]) and len(structure[1]) == len(leaves):
+    if (structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1])
+            and len(structure[1]) == len(leaves)):
         return tuple(int(ref) for _, ref in leaves)
     return None
 
