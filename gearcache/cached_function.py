@@ -66,8 +66,8 @@ class CachedFunction(Dispatcher):
         self.name = _entry_point_name(method)
         self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
         self.life = EntryLife(method, config=config, store=store, topology=topology, decompositions=decompositions,
-                              name=self.name, scope=self._scope, remembered=self._remembered,
-                              missed=self._missed_geared)       # the stages of its entries (entry_life.py)
+                              name=self.name, scope=self._scope,
+                              remembered=self._remembered)      # the stages of its entries (entry_life.py)
         self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
         self._lock = self.life.lock
         self._first: Loaded | None = None
@@ -171,9 +171,14 @@ class CachedFunction(Dispatcher):
             self.verify_first_use(plan, leaves, key, targets)
         padded = plan.pad(leaves, targets)
         pkey = key if padded is leaves else signature.rekey(key, padded)
-        if served and pkey not in self._table:
-            self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
-        entry = self.life.get_or_miss(padded, pkey)
+        entry = self._table.get(pkey)
+        if entry is None:
+            if served:
+                self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
+            entry = self.life.miss(padded, pkey)
+        else:                               # (as EntryLife.get_or_miss counts a hit; inline on this hot path)
+            counters.hits += 1
+            entry.hits += 1
         outs = entry.run(padded)
         if served:
             plan.record_padding(entry, leaves, targets)
@@ -212,10 +217,6 @@ class CachedFunction(Dispatcher):
         """Say that the caller pads the method's inputs to sizes of its own choosing (an integration with gears of
         its own, such as ``integrations.transformers``): an entry per size is its design, not worth a warning."""
         self._recompiles = None
-
-    def _missed_geared(self, key: tuple, leaves: tuple) -> None:
-        """A served geared call (signature ``key``, ``leaves`` as passed) misses its gear's entry."""
-        self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
 
     def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
         """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""

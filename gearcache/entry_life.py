@@ -78,8 +78,7 @@ class EntryLife:
 
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None, name: str, scope: value_guards.Scope,
-                 remembered: Callable[[Loaded], None] | None = None,
-                 missed: Callable[[tuple, tuple], None] | None = None):
+                 remembered: Callable[[Loaded], None] | None = None):
         self.method = method
         self.module = cast(torch.nn.Module, method.__self__)
         self.config = config
@@ -92,19 +91,15 @@ class EntryLife:
         self.table: dict[tuple, Loaded] = {}
         self.lock = threading.RLock()
         self.remembered = remembered    # called with each entry ``remember`` puts in the table
-        self.missed = missed            # called with a served call's ``missed`` (get_or_miss) before its miss
 
     # ---------------------------------------------------------------------------------------------- get or miss
-    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True,
-                    missed: tuple[tuple, tuple] | None = None) -> Loaded:
+    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded:
         """The entry of signature ``key``: the table's (a hit: counted in ``counters.hits`` and the entry's ``hits``
-        unless ``count`` is False, for a look-up that serves no call), else a miss (``miss``). ``missed``: a served
-        call's ``(key, leaves)`` as the caller passed them (before padding), given to the owner's ``missed`` hook
-        (CachedFunction's recompile warnings) before a miss."""
+        unless ``count`` is False, for a look-up that serves no call: a CUDA graph's capture), else a miss
+        (``miss``). The call path's hot look-ups (``CachedFunction._call`` and ``_call_geared``) do the same inline,
+        then call ``miss``; the shortcut (dispatch.py) counts its own hits."""
         entry = self.table.get(key)
         if entry is None:
-            if missed is not None and self.missed is not None:
-                self.missed(*missed)
             return self.miss(leaves, key)
         if count:
             counters.hits += 1
