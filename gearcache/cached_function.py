@@ -91,19 +91,19 @@ class CachedFunction(Dispatcher):
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
-        plan = self._gears
-        if plan is None and not self._gears_checked:
-            plan = self._init_gears(args, kwargs, leaves, key)
+        gear_plan = self._gears
+        if gear_plan is None and not self._gears_checked:
+            gear_plan = self._init_gears(args, kwargs, leaves, key)
         if self.graphs is not None:
-            return self.graphs.call(plan, leaves, key, served=True)
-        if plan is not None:
-            return self._call_geared(plan, leaves, key, served=True)
+            return self.graphs.call(gear_plan, leaves, key, served=True)
+        if gear_plan is not None:
+            return self._call_geared(gear_plan, leaves, key, served=True)
         entry = self._table.get(key)
         if entry is None:
             if gears.has_marks(leaves):             # marked after an unmarked first call: gears from now on
-                plan = self._init_gears(args, kwargs, leaves, key, again=True)
-                if plan is not None:
-                    return self._call_geared(plan, leaves, key, served=True)
+                gear_plan = self._init_gears(args, kwargs, leaves, key, again=True)
+                if gear_plan is not None:
+                    return self._call_geared(gear_plan, leaves, key, served=True)
             self._note_miss(args, kwargs, leaves, geared=False)
             entry = self.life.miss(leaves, key, (args, kwargs))
         else:                               # (EntryLife.get_or_miss counts a hit alike; inline on this hot path)
@@ -156,20 +156,21 @@ class CachedFunction(Dispatcher):
         self._watch = guard_watch.watch([getattr(e, "guards", None) for e in self._table.values()] +
                                         [self._plan_guards], self._scope)
 
-    def call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def call_uncaptured(self, gear_plan: "gears.GearPlan | None", leaves: tuple, key: tuple,
+                        served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
-        if plan is not None:
-            return self._call_geared(plan, leaves, key, served=served)
+        if gear_plan is not None:
+            return self._call_geared(gear_plan, leaves, key, served=served)
         return self.life.get_or_miss(leaves, key)(leaves)
 
-    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def _call_geared(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
-        targets = plan.targets(leaves)
+        targets = gear_plan.targets(leaves)
         if targets is None:
-            return self.past_largest(plan, leaves, key)
-        if plan.verify_first:
-            self.verify_first_use(plan, leaves, key, targets)
-        padded = plan.pad(leaves, targets)
+            return self.past_largest(gear_plan, leaves, key)
+        if gear_plan.verify_first:
+            self.verify_first_use(gear_plan, leaves, key, targets)
+        padded = gear_plan.pad(leaves, targets)
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
@@ -181,34 +182,35 @@ class CachedFunction(Dispatcher):
             entry.hits += 1
         outs = entry.run(padded)
         if served:
-            plan.record_padding(entry, leaves, targets)
+            gear_plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
-            if plan.written_padded:
-                plan.copy_back(padded, leaves)
-            outs = plan.cut(entry, outs, leaves)
+            if gear_plan.written_padded:
+                gear_plan.copy_back(padded, leaves)
+            outs = gear_plan.cut(entry, outs, leaves)
         return entry.build(outs, leaves)
 
-    def verify_first_use(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
+    def verify_first_use(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, check it against eager on this call
-        (padding_check.verify; only for plans whose padding analysis found mixing: ``plan.verify_first``). Nothing
+        (padding_check.verify; only for plans whose padding analysis found mixing: ``gear_plan.verify_first``). Nothing
         for a call at the gear's own sizes, or a gear already verified."""
-        if tuple(targets) in plan.verified or all(leaves[d.leaf].shape[d.dim] == t for d, t in zip(plan.dims, targets)):
+        if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
+                                                       for d, t in zip(gear_plan.dims, targets)):
             return
         with self._lock:
-            if tuple(targets) not in plan.verified:
-                padding_check.verify(self.name, self._method, self._module, plan, key[0], leaves, targets)
+            if tuple(targets) not in gear_plan.verified:
+                padding_check.verify(self.name, self._method, self._module, gear_plan, key[0], leaves, targets)
 
-    def past_largest(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+    def past_largest(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
         policy = self.config.inference_config.past_largest_gear
         if policy == "error":
-            raise PastLargestGearError(f"{self.name}: {plan.past_largest_message(leaves)}")
+            raise PastLargestGearError(f"{self.name}: {gear_plan.past_largest_message(leaves)}")
         if policy == "eager":
             counters.eager_calls += 1
-            if not plan._warned_eager:
-                plan._warned_eager = True
-                warnings.warn(f"gearcache: {self.name}: {plan.past_largest_message(leaves)}; running it uncompiled "
-                              f"(warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
+            if not gear_plan._warned_eager:
+                gear_plan._warned_eager = True
+                warnings.warn(f"gearcache: {self.name}: {gear_plan.past_largest_message(leaves)}; running it "
+                              f"uncompiled (warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
             args, kwargs = signature.unflatten(key[0], leaves)
             return self._method(*args, **kwargs)
         return self.life.get_or_miss(leaves, key)(leaves)
@@ -270,11 +272,11 @@ class CachedFunction(Dispatcher):
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             self._plan_guards = found.guards
             self._rewatch()
-            plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+            gear_plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
         else:
-            plan = self._build_plan(marks, leaves, key, pkey)
-        padding_check.apply(self.name, plan, ic.padding_check)
-        return plan
+            gear_plan = self._build_plan(marks, leaves, key, pkey)
+        padding_check.apply(self.name, gear_plan, ic.padding_check)
+        return gear_plan
 
     def _build_plan(self, marks: list, leaves: tuple, key: tuple, pkey: str) -> "gears.GearPlan":
         """Trace the method with the marked dims symbolic (at the largest gear), analyse its padding, and store the
@@ -292,15 +294,15 @@ class CachedFunction(Dispatcher):
         report = padding.analyse(trace, names, {m.leaf for m in marks})
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
-        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+        gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
                                 trace.output_dims, report)
         self._plan_guards = trace.plan_guards
         self._rewatch()
         if trace.plan_guards.local is None:
             self.store.write_plan(self.topology.folder, self.name, pkey, {
-                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": trace.dependencies,
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": gear_plan.to_json(), "dependencies": trace.dependencies,
                 "guards": trace.plan_guards.to_json()})
-        return plan
+        return gear_plan
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
@@ -318,23 +320,23 @@ class CachedFunction(Dispatcher):
                 leaves, key = signature.call_key(args, kwargs)
                 if not self._gears_checked:
                     early = self._early_workers(args, kwargs, leaves, key, timeline)
-                plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
-                if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
-                    plan = self._init_gears(args, kwargs, leaves, key, again=True)
-            if plan is None:
+                gear_plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+                if gear_plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
+                    gear_plan = self._init_gears(args, kwargs, leaves, key, again=True)
+            if gear_plan is None:
                 with kept([*leaves, *self._module.buffers()]):
                     self(*args, **kwargs)
                 return 1
-            self._verify_gears(plan, leaves, key, timeline)     # eager runs only: before anything is compiled
+            self._verify_gears(gear_plan, leaves, key, timeline)     # eager runs only: before anything is compiled
             lazy = self.config.inference_config.capture_graphs == "first_call"
             capture_now = self.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
             pool, early = early, None           # compile_missing owns (and closes) it from here
-            warmup.compile_missing(self.life, plan, leaves, key, self.config.inference_config.warmup_workers, timeline,
-                                   pool, defer_loads=capture_now)      # capture_all loads stored gears
+            warmup.compile_missing(self.life, gear_plan, leaves, key, self.config.inference_config.warmup_workers,
+                                   timeline, pool, defer_loads=capture_now)      # capture_all loads stored gears
         finally:
             if early is not None:
                 early.close(wait=False)
-        combos = plan.combinations()
+        combos = gear_plan.combinations()
         call = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
@@ -343,15 +345,15 @@ class CachedFunction(Dispatcher):
         try:
             gear_calls = []
             for sizes in combos:
-                gear_leaves = plan.pad(gears.narrowed(leaves, plan.dims, sizes), sizes)
+                gear_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, sizes), sizes)
                 gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
             if capture_now:
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
-                    self.graphs.capture_all(plan, gear_calls)
+                    self.graphs.capture_all(gear_plan, gear_calls)
             with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
                 for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
                     with timeline.span(f"gear {sizes}", "first run"):
-                        call(plan, gear_leaves, gear_key)
+                        call(gear_plan, gear_leaves, gear_key)
         finally:
             if self.graphs is not None:
                 self.graphs.timeline = None
@@ -382,23 +384,23 @@ class CachedFunction(Dispatcher):
         return warmup.start_workers(self.life, gears.most_combinations(marks, policy), leaves,
                                     self.config.inference_config.warmup_workers, timeline)
 
-    def _verify_gears(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
+    def _verify_gears(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
         """warmup()'s verification of every gear (padding_check.py): where the padding analysis found mixing, or
         ``verify_padding`` asks for it."""
-        if plan.verify_first or self.config.inference_config.verify_padding:
-            for sizes in plan.combinations():
+        if gear_plan.verify_first or self.config.inference_config.verify_padding:
+            for sizes in gear_plan.combinations():
                 with timeline.span(f"gear {sizes}", "verify padding"):
-                    self._verify_gear(plan, leaves, key, sizes)
+                    self._verify_gear(gear_plan, leaves, key, sizes)
 
-    def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
+    def _verify_gear(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
         """Check gear ``sizes`` against eager on warmup()'s example narrowed to the smallest real sizes that pad up to
         it (padding_check.verify), unless no size pads up to it or it passed already."""
-        real = padding_check.real_sizes(plan, sizes)
-        if real == sizes or tuple(sizes) in plan.verified:
+        real = padding_check.real_sizes(gear_plan, sizes)
+        if real == sizes or tuple(sizes) in gear_plan.verified:
             return
-        real_leaves = plan.pad(gears.narrowed(leaves, plan.dims, real), real)
+        real_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, real), real)
         with self._lock:
-            padding_check.verify(self.name, self._method, self._module, plan, key[0], real_leaves, sizes)
+            padding_check.verify(self.name, self._method, self._module, gear_plan, key[0], real_leaves, sizes)
 
     def _check_no_grad(self, leaves: tuple) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]

@@ -104,22 +104,22 @@ def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | N
         return WorkerPool(n)
 
 
-def compile_missing(life: "EntryLife", plan: Any, leaves: tuple, key: tuple, workers: int | None,
+def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple, workers: int | None,
                     timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
-    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``plan`` (the example
-    call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker processes
-    when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
+    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
+    example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker
+    processes when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
     :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``: workers already started
     (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
     entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
     gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
-    combos = plan.combinations()
+    combos = gear_plan.combinations()
     progress = Progress(life.name, len(combos), "ready")
     missing: list[tuple] = []
     try:
         with life.lock:
             for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
-                gear_leaves = plan.pad(narrowed(leaves, plan.dims, combos[i]), combos[i])
+                gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
                 gkey = signature.rekey(key, gear_leaves)
                 if gkey in life.table:
                     progress.step(combos[i], "already loaded", 0.0)
