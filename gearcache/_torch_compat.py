@@ -429,6 +429,19 @@ def native_data_ptr() -> Any:
     return getattr(native, "DATA_PTR", None) if native is not None else None
 
 
+def state_slot(module: torch.nn.Module, name: str) -> tuple[dict, str]:
+    """Where the parameter or buffer ``name`` (dotted, from ``module``) lives: its owner's ``_parameters`` or
+    ``_buffers`` dict and its key there. A read through the slot sees the tensor there now (replaced or updated in
+    place); gearcache's entries and CUDA graphs hold slots, never the tensors."""
+    owner_path, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if attr in owner._parameters:
+        return owner._parameters, attr
+    if attr in owner._buffers:
+        return owner._buffers, attr
+    raise KeyError(f"module has no parameter or buffer {name!r}")
+
+
 def state_guard_covers_inference_mode(same: Callable[[], bool]) -> bool:
     """True when ``same`` (from :func:`state_guard`) also says False once inference mode differs from its snapshot's
     (gearcache's native snapshot does; Dynamo's does not)."""

@@ -18,41 +18,35 @@ so that call misses and loads or compiles the entry for the new values.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
-import json
 import logging
 import re
-import threading
 import types
 import warnings
-import time
 from typing import Any, Callable
 
 import torch
 
 from . import _torch_compat as compat
-from . import diagnostics
 from . import signature
-from . import compiler, cuda_graphs, faults, gears, guard_watch, padding_check, runplan, warmup
-from . import artifact_io
+from . import cuda_graphs, gears, guard_watch, padding_check, warmup
 from . import guards as value_guards
 from .naming import importable_module
 from .snapshot import kept
 from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
-from .capture import Captured, capture, dependencies_changed, symbolic_shapes
+from .capture import dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
 from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
-from .errors import CacheCorruptionError, GradModeError, PastLargestGearError, SignatureMismatchError
-from .key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
-                  graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
+from .entry_life import EntryLife, Loaded, module_state
+from .errors import GradModeError, PastLargestGearError
+from .key import FORMAT_VERSION, build_key
 from .store import Store
 from .timeline import Timeline
 from .workers import WorkerPool
-from .topology import Topology, process_groups_factor
+from .topology import Topology
 
 log = logging.getLogger("gearcache")
 
@@ -70,15 +64,17 @@ class CachedFunction(Dispatcher):
         self.topology = topology
         self._decompositions = decompositions
         self.name = _entry_point_name(method)
-        self._table: dict[tuple, Entry] = {}
-        self._first: Entry | None = None
+        self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
+        self.life = EntryLife(method, config=config, store=store, topology=topology, decompositions=decompositions,
+                              name=self.name, scope=self._scope,
+                              remembered=self._remembered)      # the stages of its entries (entry_life.py)
+        self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
+        self._lock = self.life.lock
+        self._first: Loaded | None = None
         self._matchers: dict[tuple, signature.Matcher | None] = {}     # per key, for the shortcut (dispatch.py)
-        self._lock = threading.RLock()
-        self._method_digest = source_digest(method.__func__)
-        self.graphs = CudaGraphs(self) if config.mode == "reduce-overhead" else None
+        self.graphs = CudaGraphs(self, self.life) if config.mode == "reduce-overhead" else None
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
-        self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
         self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
@@ -96,28 +92,28 @@ class CachedFunction(Dispatcher):
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
-        plan = self._gears
-        if plan is None and not self._gears_checked:
-            plan = self._init_gears(args, kwargs, leaves, key)
+        gear_plan = self._gears
+        if gear_plan is None and not self._gears_checked:
+            gear_plan = self._init_gears(args, kwargs, leaves, key)
         if self.graphs is not None:
-            return self.graphs.call(plan, leaves, key, served=True)
-        if plan is not None:
-            return self._call_geared(plan, leaves, key, served=True)
+            return self.graphs.call(gear_plan, leaves, key, served=True)
+        if gear_plan is not None:
+            return self._call_geared(gear_plan, leaves, key, served=True)
         entry = self._table.get(key)
         if entry is None:
             if gears.has_marks(leaves):             # marked after an unmarked first call: gears from now on
-                plan = self._init_gears(args, kwargs, leaves, key, again=True)
-                if plan is not None:
-                    return self._call_geared(plan, leaves, key, served=True)
+                gear_plan = self._init_gears(args, kwargs, leaves, key, again=True)
+                if gear_plan is not None:
+                    return self._call_geared(gear_plan, leaves, key, served=True)
             self._note_miss(args, kwargs, leaves, geared=False)
-            entry = self._miss(args, kwargs, leaves, key)
-        else:
+            entry = self.life.miss(leaves, key, (args, kwargs))
+        else:                               # (EntryLife.get_or_miss counts a hit alike; inline on this hot path)
             counters.hits += 1
             entry.hits += 1
         self._shortcut_to(key, leaves, entry)
         return entry(leaves)
 
-    def _shortcut_to(self, key: tuple, leaves: tuple, entry: Entry) -> None:
+    def _shortcut_to(self, key: tuple, leaves: tuple, entry: Loaded) -> None:
         """Serve the next calls with ``key`` through the base class's shortcut (none where ``key`` has no matcher)."""
         try:
             matcher = self._matchers[key]
@@ -148,69 +144,77 @@ class CachedFunction(Dispatcher):
                 self.graphs.drop_unless(set(map(id, self._table.values())))
             self._rewatch()
 
+    def _remembered(self, entry: Loaded) -> None:
+        """``EntryLife.remember`` put ``entry`` in the table: the first entry serves unchecked calls
+        (``check_signature=False``); its value guards are watched."""
+        if self._first is None:
+            self._first = entry
+        if getattr(entry, "guards", None) is not None:
+            self._rewatch()
+
     def _rewatch(self) -> None:
         """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
         self._watch = self._watcher.watch([getattr(e, "guards", None) for e in self._table.values()] +
                                           [self._plan_guards])
 
-    def _call_uncaptured(self, plan: "gears.GearPlan | None", leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def call_uncaptured(self, gear_plan: "gears.GearPlan | None", leaves: tuple, key: tuple,
+                        served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
-        if plan is not None:
-            return self._call_geared(plan, leaves, key, served=served)
-        entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
-        return entry(leaves)
+        if gear_plan is not None:
+            return self._call_geared(gear_plan, leaves, key, served=served)
+        return self.life.get_or_miss(leaves, key)(leaves)
 
-    def _call_geared(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def _call_geared(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, served: bool = False) -> Any:
         """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
-        targets = plan.targets(leaves)
+        targets = gear_plan.targets(leaves)
         if targets is None:
-            return self._past_largest(plan, leaves, key)
-        if plan.verify_first:
-            self._verify_first_use(plan, leaves, key, targets)
-        padded = plan.pad(leaves, targets)
+            return self.past_largest(gear_plan, leaves, key)
+        if gear_plan.verify_first:
+            self.verify_first_use(gear_plan, leaves, key, targets)
+        padded = gear_plan.pad(leaves, targets)
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:
             if served:
                 self._note_miss(*signature.unflatten(key[0], leaves), leaves, geared=True)
-            entry = self._miss(*signature.unflatten(key[0], padded), padded, pkey)
-        else:
+            entry = self.life.miss(padded, pkey)
+        else:                               # (as EntryLife.get_or_miss counts a hit; inline on this hot path)
             counters.hits += 1
             entry.hits += 1
         outs = entry.run(padded)
         if served:
-            plan.record_padding(entry, leaves, targets)
+            gear_plan.record_padding(entry, leaves, targets)
         if padded is not leaves:
             counters.pads += 1
-            if plan.written_padded:
-                plan.copy_back(padded, leaves)
-            outs = plan.cut(entry, outs, leaves)
+            if gear_plan.written_padded:
+                gear_plan.copy_back(padded, leaves)
+            outs = gear_plan.cut(entry, outs, leaves)
         return entry.build(outs, leaves)
 
-    def _verify_first_use(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
+    def verify_first_use(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, check it against eager on this call
-        (padding_check.verify; only for plans whose padding analysis found mixing: ``plan.verify_first``). Nothing
+        (padding_check.verify; only for plans whose padding analysis found mixing: ``gear_plan.verify_first``). Nothing
         for a call at the gear's own sizes, or a gear already verified."""
-        if tuple(targets) in plan.verified or all(leaves[d.leaf].shape[d.dim] == t for d, t in zip(plan.dims, targets)):
+        if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
+                                                       for d, t in zip(gear_plan.dims, targets)):
             return
         with self._lock:
-            if tuple(targets) not in plan.verified:
-                padding_check.verify(self.name, self._method, self._module, plan, key[0], leaves, targets)
+            if tuple(targets) not in gear_plan.verified:
+                padding_check.verify(self.name, self._method, self._module, gear_plan, key[0], leaves, targets)
 
-    def _past_largest(self, plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
+    def past_largest(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple) -> Any:
         policy = self.config.inference_config.past_largest_gear
         if policy == "error":
-            raise PastLargestGearError(f"{self.name}: {plan.past_largest_message(leaves)}")
+            raise PastLargestGearError(f"{self.name}: {gear_plan.past_largest_message(leaves)}")
         if policy == "eager":
             counters.eager_calls += 1
-            if not plan._warned_eager:
-                plan._warned_eager = True
-                warnings.warn(f"gearcache: {self.name}: {plan.past_largest_message(leaves)}; running it uncompiled "
-                              f"(warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
+            if not gear_plan._warned_eager:
+                gear_plan._warned_eager = True
+                warnings.warn(f"gearcache: {self.name}: {gear_plan.past_largest_message(leaves)}; running it "
+                              f"uncompiled (warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
             args, kwargs = signature.unflatten(key[0], leaves)
             return self._method(*args, **kwargs)
-        entry = self._table.get(key) or self._miss(*signature.unflatten(key[0], leaves), leaves, key)
-        return entry(leaves)
+        return self.life.get_or_miss(leaves, key)(leaves)
 
     def sizes_chosen_by_caller(self) -> None:
         """Say that the caller pads the method's inputs to sizes of its own choosing (an integration with gears of
@@ -247,12 +251,12 @@ class CachedFunction(Dispatcher):
         ic = self.config.inference_config
         pkey, _ = build_key("gear plan", [
             ("format", FORMAT_VERSION),
-            ("method", {"name": self.name, "source_sha256": self._method_digest}),
+            ("method", {"name": self.name, "source_sha256": self.life.method_digest}),
             ("structure", repr(key[0])),
             ("plan_format", gears.PLAN_FORMAT),
             ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
             ("policy", ic.dynamic_gears_merge_policy),
-            ("module_state", _module_state(self._module)),
+            ("module_state", module_state(self._module)),
             ("global_state", compat.global_state()),
             ("software", compat.software_versions()),
         ])
@@ -269,11 +273,11 @@ class CachedFunction(Dispatcher):
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             self._plan_guards = found.guards
             self._rewatch()
-            plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+            gear_plan = gears.GearPlan.from_json(saved["plan"], ic.past_largest_gear)
         else:
-            plan = self._build_plan(marks, leaves, key, pkey)
-        padding_check.apply(self.name, plan, ic.padding_check)
-        return plan
+            gear_plan = self._build_plan(marks, leaves, key, pkey)
+        padding_check.apply(self.name, gear_plan, ic.padding_check)
+        return gear_plan
 
     def _build_plan(self, marks: list, leaves: tuple, key: tuple, pkey: str) -> "gears.GearPlan":
         """Trace the method with the marked dims symbolic (at the largest gear), analyse its padding, and store the
@@ -283,7 +287,7 @@ class CachedFunction(Dispatcher):
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
-            _narrowed(leaves, marks, largest), list(largest))
+            gears.narrowed(leaves, marks, largest), list(largest))
         trace = symbolic_shapes(self._method, self._module, key[0], sample, traced)
         names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
         from . import padding     # the analysis (and sympy) only where a gear plan is built, never on a warm load
@@ -291,15 +295,15 @@ class CachedFunction(Dispatcher):
         report = padding.analyse(trace, names, {m.leaf for m in marks})
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
-        plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+        gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
                                 trace.output_dims, report)
         self._plan_guards = trace.plan_guards
         self._rewatch()
         if trace.plan_guards.local is None:
             self.store.write_plan(self.topology.folder, self.name, pkey, {
-                "format": FORMAT_VERSION, "pkey": pkey, "plan": plan.to_json(), "dependencies": trace.dependencies,
+                "format": FORMAT_VERSION, "pkey": pkey, "plan": gear_plan.to_json(), "dependencies": trace.dependencies,
                 "guards": trace.plan_guards.to_json()})
-        return plan
+        return gear_plan
 
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
@@ -317,23 +321,23 @@ class CachedFunction(Dispatcher):
                 leaves, key = signature.call_key(args, kwargs)
                 if not self._gears_checked:
                     early = self._early_workers(args, kwargs, leaves, key, timeline)
-                plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
-                if plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
-                    plan = self._init_gears(args, kwargs, leaves, key, again=True)
-            if plan is None:
+                gear_plan = self._gears if self._gears_checked else self._init_gears(args, kwargs, leaves, key)
+                if gear_plan is None and gears.has_marks(leaves):    # an earlier call had no marks, these do
+                    gear_plan = self._init_gears(args, kwargs, leaves, key, again=True)
+            if gear_plan is None:
                 with kept([*leaves, *self._module.buffers()]):
                     self(*args, **kwargs)
                 return 1
-            self._verify_gears(plan, leaves, key, timeline)     # eager runs only: before anything is compiled
+            self._verify_gears(gear_plan, leaves, key, timeline)     # eager runs only: before anything is compiled
             lazy = self.config.inference_config.capture_graphs == "first_call"
             capture_now = self.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
             pool, early = early, None           # compile_missing owns (and closes) it from here
-            warmup.compile_missing(self, plan, leaves, key, self.config.inference_config.warmup_workers, timeline,
-                                   pool, defer_loads=capture_now)      # capture_all loads stored gears
+            warmup.compile_missing(self.life, gear_plan, leaves, key, self.config.inference_config.warmup_workers,
+                                   timeline, pool, defer_loads=capture_now)      # capture_all loads stored gears
         finally:
             if early is not None:
                 early.close(wait=False)
-        combos = plan.combinations()
+        combos = gear_plan.combinations()
         call = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
@@ -342,15 +346,15 @@ class CachedFunction(Dispatcher):
         try:
             gear_calls = []
             for sizes in combos:
-                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, sizes), sizes)
+                gear_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, sizes), sizes)
                 gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
             if capture_now:
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
-                    self.graphs.capture_all(plan, gear_calls)
+                    self.graphs.capture_all(gear_plan, gear_calls)
             with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
                 for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
                     with timeline.span(f"gear {sizes}", "first run"):
-                        call(plan, gear_leaves, gear_key)
+                        call(gear_plan, gear_leaves, gear_key)
         finally:
             if self.graphs is not None:
                 self.graphs.timeline = None
@@ -378,26 +382,26 @@ class CachedFunction(Dispatcher):
                                self._plan_key(marks, key), self._scope).record is not None:
             return None
         policy = self.config.inference_config.dynamic_gears_merge_policy
-        return warmup.start_workers(self, gears.most_combinations(marks, policy), leaves,
+        return warmup.start_workers(self.life, gears.most_combinations(marks, policy), leaves,
                                     self.config.inference_config.warmup_workers, timeline)
 
-    def _verify_gears(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
+    def _verify_gears(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
         """warmup()'s verification of every gear (padding_check.py): where the padding analysis found mixing, or
         ``verify_padding`` asks for it."""
-        if plan.verify_first or self.config.inference_config.verify_padding:
-            for sizes in plan.combinations():
+        if gear_plan.verify_first or self.config.inference_config.verify_padding:
+            for sizes in gear_plan.combinations():
                 with timeline.span(f"gear {sizes}", "verify padding"):
-                    self._verify_gear(plan, leaves, key, sizes)
+                    self._verify_gear(gear_plan, leaves, key, sizes)
 
-    def _verify_gear(self, plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
+    def _verify_gear(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
         """Check gear ``sizes`` against eager on warmup()'s example narrowed to the smallest real sizes that pad up to
         it (padding_check.verify), unless no size pads up to it or it passed already."""
-        real = padding_check.real_sizes(plan, sizes)
-        if real == sizes or tuple(sizes) in plan.verified:
+        real = padding_check.real_sizes(gear_plan, sizes)
+        if real == sizes or tuple(sizes) in gear_plan.verified:
             return
-        real_leaves = plan.pad(_narrowed(leaves, plan.dims, real), real)
+        real_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, real), real)
         with self._lock:
-            padding_check.verify(self.name, self._method, self._module, plan, key[0], real_leaves, sizes)
+            padding_check.verify(self.name, self._method, self._module, gear_plan, key[0], real_leaves, sizes)
 
     def _check_no_grad(self, leaves: tuple) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -407,212 +411,6 @@ class CachedFunction(Dispatcher):
                 f"{self.name} was called with grad enabled and {', '.join(needs[:3])} requiring grad; gearcache "
                 f"entries are inference only. Fix: call it under torch.inference_mode() (or torch.no_grad()), or "
                 f"call model.requires_grad_(False) and detach the inputs.")
-
-    # ----------------------------------------------------------------------------------------------- miss path
-    def _miss(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple) -> Entry:
-        with self._lock:
-            if key in self._table:
-                return self._table[key]
-            desc, ekey, factors, entry = self._find_entry(leaves, key)
-            entry = entry or self._compile_entry(args, kwargs, leaves, desc, ekey, factors)
-            self._remember(key, entry)
-            return entry
-
-    def _find_entry(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any], Entry | None]:
-        """A miss: the signature's description, the key its entry is (or is to be) stored under, the key's factors,
-        and its entry if the store has one whose value guards hold here."""
-        counters.misses += 1
-        diagnostics.track_hits(self)
-        desc, ekey, factors = self._signature_entry_key(leaves, key)
-        found = self._choose(ekey)
-        if found.mismatch is not None:
-            factors = {**factors, "guard_miss": str(found.mismatch)}
-        entry = None
-        if found.record is not None:
-            entry = self._load_entry(found.record, found.key, found.guards, _cuda_index(leaves, self._module))
-        return desc, found.key, factors, entry
-
-    def _choose(self, ekey: str) -> value_guards.Choice:
-        """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
-        folder, name = self.topology.folder, self.name
-        return value_guards.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self._scope)
-
-    def _stored(self, leaves: tuple, key: tuple) -> bool:
-        """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
-        its artifact checked: a load may still miss)."""
-        _, ekey, _ = self._signature_entry_key(leaves, key)
-        return self._choose(ekey).record is not None
-
-    def _signature_entry_key(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
-        """The signature's description, its entry key and the key's factors."""
-        desc = signature.describe(leaves, key)
-        ekey, factors = self._entry_key(desc, leaves)
-        return desc, ekey, factors
-
-    def _remember(self, key: tuple, entry: Entry) -> None:
-        self._table[key] = entry
-        if self._first is None:
-            self._first = entry
-        if getattr(entry, "guards", None) is not None:
-            self._rewatch()
-
-    def _entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
-        devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
-                         {str(p.device) for p in self._module.parameters()}) or ["cpu"]
-        factors = ordered_factors("entry", {
-            "format": FORMAT_VERSION,
-            "method": {"name": self.name, "source_sha256": self._method_digest},
-            "signature": desc,
-            "module_state": _module_state(self._module),
-            "config": self.config.compile_factors(),
-            "decompositions": decompositions_factor(self._decompositions),
-            "global_state": compat.global_state(devices),
-            "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices],
-            "process_groups": process_groups_factor(),
-        })
-        ekey, hashes = build_key("entry", factors)
-        return ekey, {"values": dict(factors), "hashes": hashes}
-
-    def _load_entry(self, manifest: dict[str, Any], ekey: str, guards: value_guards.GuardSet,
-                    index: int | None) -> Entry | None:
-        """Load the stored entry ``manifest`` (stored under ``ekey``; its value guards hold here), or None (a miss)."""
-        changed = dependencies_changed(manifest.get("dependencies", []))
-        if changed:
-            log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
-            return None
-        akey = manifest["akey"]
-        try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
-            plan = artifact_io.verified_plan(self.store, akey)
-        except FileNotFoundError:
-            log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
-            return None
-        except CacheCorruptionError as exc:
-            self.store.quarantine(akey, exc.reason)
-            log.warning("%s: %s; recompiling", self.name, exc)
-            return None
-        t0 = time.perf_counter()
-        try:                                                  # a verified private copy if the folder is read-only
-            compiled = artifact_io.load_stored(self.store, akey, index, plan)
-        except runplan.WrongDevice as exc:
-            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
-            return None
-        if compiled is None:
-            return None                                       # vanished since it was verified: a miss
-        self.store.lease(akey)                                # in use: not evicted under max_size
-        entry = Entry(compiled, self._module, manifest)
-        entry.guards = guards
-        dt = time.perf_counter() - t0
-        counters.loads += 1
-        counters.load_seconds += dt
-        diagnostics.record_load(self.store, ekey, dt)
-        log.info("%s: loaded entry %s (artifact %s) in %.3f s", self.name, ekey, akey, dt)
-        return entry
-
-    def _compile_entry(self, args: tuple, kwargs: dict, leaves: tuple, desc: dict, ekey: str,
-                       factors: dict[str, Any]) -> Entry:
-        pending = self._capture_entry(args, kwargs, leaves, desc, ekey, factors)
-        folder, built = faults.publish_or_fallback(self.store, pending.akey,
-                                                   lambda work: self._build(pending.captured, work),
-                                                   self.config.on_cache_error)
-        return self._complete_entry(pending, folder, built)
-
-    def _capture_entry(self, args: tuple, kwargs: dict, leaves: tuple, desc: dict, ekey: str,
-                       factors: dict[str, Any]) -> "PendingEntry":
-        """The first half of a compile: capture the graph and key its artifact (in the calling thread: Dynamo)."""
-        if self.config.on_new_signature == "error":
-            known = self.store.list_entries(self.topology.folder, self.name)
-            if known or self._table:
-                raise SignatureMismatchError(
-                    self.name, signature.short(desc), [signature.short(k["signature"]) for k in known],
-                    "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
-                    "config.on_new_signature='compile'")
-        diagnostics.record_miss(self.store, self.topology.folder, self.name, ekey, factors)
-        factors = {k: v for k, v in factors.items() if k != "guard_miss"}
-        t0 = time.perf_counter()
-        counters.traces += 1
-        captured = capture(self._method, self._module, args, kwargs, leaves)
-        index = _cuda_index(leaves, self._module)
-        akey, artifact_factors = self._artifact_key(captured, factors, index)
-        return PendingEntry(args, kwargs, desc, ekey, factors, captured, akey, artifact_factors, t0, index)
-
-    def _complete_entry(self, p: "PendingEntry", folder, built: bool) -> Entry:
-        """The second half: given the published artifact folder (``faults.publish_or_fallback``), write the entry
-        manifest and load the entry."""
-        folder, built, compiled = self._load_published(p, folder, built)
-        args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
-        manifest = {
-            "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
-            "topology": self.topology.folder, "signature": p.desc, "factors": p.factors,
-            "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
-            "dependencies": captured.dependencies, "guards": None if captured.guards.local else captured.guards.to_json(),
-            "created": time.time(),
-            "compile_seconds": time.perf_counter() - t0 if built else 0.0,
-        }
-        if folder is None:                                    # the store failed and on_cache_error="eager"
-            return faults.EagerEntry(self._method, args, kwargs, manifest)
-        entry = Entry(compiled, self._module, manifest)
-        entry.guards = captured.guards
-        value_guards.warn_local(self.name, captured.guards)
-        if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
-            self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
-            self.store.lease(akey)
-        if built:
-            log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
-        else:
-            log.info("%s: entry %s reuses artifact %s, compiled by another process or for another entry (nothing "
-                     "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
-        return entry
-
-    def _load_published(self, p: "PendingEntry", folder, built: bool) -> tuple[Any, bool, Any]:
-        """Load the published artifact for the call's GPU: ``(folder, built, loaded)``. An artifact bound to another
-        GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index, compiled here (``p`` is updated)."""
-        if folder is None:                                    # the store failed and on_cache_error="eager"
-            return None, built, None
-        try:
-            return folder, built, runplan.load_artifact(folder, p.index)
-        except runplan.WrongDevice as exc:
-            log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
-        p.akey, p.artifact_factors = build_key("artifact", [("shared", p.akey), ("device_index", p.index)])
-        folder, built = faults.publish_or_fallback(self.store, p.akey, lambda work: self._build(p.captured, work),
-                                                   self.config.on_cache_error)
-        return folder, built, None if folder is None else runplan.load_artifact(folder, p.index)
-
-    def _artifact_key(self, captured: Captured, factors: dict[str, Any],
-                      index: int | None) -> tuple[str, dict[str, str]]:
-        """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
-        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
-        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
-        runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
-        again with it (``_load_published``)."""
-        gm = captured.graph
-        constants = graph_constants_factor(gm)
-        values = factors["values"]
-        code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
-        if index is not None and runplan.device_bound_reason(gm) is None:
-            free = without_device_index(canonical_json([code, inputs]), index)
-            if free is not None:
-                code, inputs = json.loads(free)
-        akey, hashes = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(code), "graph_constants": constants, "inputs": inputs,
-            "config": values["config"], **{name: values[name] for name in ENVIRONMENT_FACTORS},
-        }))
-        return akey, hashes
-
-    def _build(self, captured: Captured, folder) -> None:
-        t0 = time.perf_counter()
-        compiler.compile_artifact(self._graph_to_compile(captured), captured.example_inputs, folder,
-                                  config_patches=self._compile_patches())
-        counters.compiles += 1
-        counters.compile_seconds += time.perf_counter() - t0
-
-    def _graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
-        if self._decompositions:
-            return compat.apply_decompositions(captured.graph, captured.example_inputs, self._decompositions)
-        return captured.graph
-
-    def _compile_patches(self) -> dict[str, Any]:
-        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
 
     # ------------------------------------------------------------------------------------------------- public
     @property
@@ -646,22 +444,6 @@ def _unpickle(module: torch.nn.Module, name: str, config: CompilerConfig, root: 
                           decompositions=decompositions)
 
 
-@dataclasses.dataclass
-class PendingEntry:
-    """A captured signature whose artifact is not published yet (between ``_capture_entry`` and
-    ``_complete_entry``)."""
-    args: tuple
-    kwargs: dict
-    desc: dict
-    ekey: str
-    factors: dict[str, Any]
-    captured: Captured
-    akey: str
-    artifact_factors: dict[str, str]
-    t0: float
-    index: int | None = None        # the GPU the call runs on (_cuda_index)
-
-
 def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
     """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
     try:
@@ -680,48 +462,8 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
     return names
 
 
-def _narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
-    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (contiguous copies, as a real call's
-    inputs usually are: a strided view would key another entry; padding is separate)."""
-    new = list(leaves)
-    cut = set()
-    for d, s in zip(dims, sizes):
-        if new[d.leaf].shape[d.dim] > s:
-            new[d.leaf] = new[d.leaf].narrow(d.dim, 0, s)
-            cut.add(d.leaf)
-    for leaf in cut:
-        new[leaf] = new[leaf].contiguous()
-    return tuple(new)
-
-
 def _entry_point_name(method: Callable) -> str:
     """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
     raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
-
-
-def _cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
-    """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
-    on a GPU, or they are on several (their artifact keeps every index)."""
-    tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
-    indexes = {t.device.index for t in tensors if t.is_cuda}
-    if len(indexes) != 1 or None in indexes:
-        return None
-    return indexes.pop()
-
-
-def _module_state(module: torch.nn.Module) -> list[list]:
-    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device)] for n, p in
-            module.named_parameters(remove_duplicate=False)]
-    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device)] for n, b in
-             module.named_buffers(remove_duplicate=False)]
-    return rows
-
-
-def _example_meta(t: Any) -> Any:
-    if isinstance(t, torch.Tensor):
-        return [list(t.shape), list(t.stride()), str(t.dtype), str(t.device)]
-    return repr(t)
-
-

@@ -20,7 +20,7 @@ from .errors import ConfigError
 MergePolicy = Literal["zip", "product"]
 
 
-def _normalise_sizes(sizes: Any, where: str) -> list[int]:
+def normalise_sizes(sizes: Any, where: str) -> list[int]:
     if isinstance(sizes, int) and not isinstance(sizes, bool):
         sizes = [sizes]
     if not isinstance(sizes, (list, tuple)) or not sizes:
@@ -41,7 +41,7 @@ def normalise_dim_gears(dim_gears: Any, where: str = "dim_gears") -> dict[int, l
             dim = int(dim)          # JSON and TOML keys are strings
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise ValueError(f"{where}: dims must be integers, got {dim!r}")
-        out[dim] = _normalise_sizes(sizes, f"{where}[{dim}]")
+        out[dim] = normalise_sizes(sizes, f"{where}[{dim}]")
     return out
 
 

@@ -99,8 +99,9 @@ class GraphedEntry:
 class CudaGraphs:
     """The CUDA graphs of one cached method, keyed by gear and input metadata."""
 
-    def __init__(self, cached: Any):
-        self.cached = cached
+    def __init__(self, cached: Any, life: Any):
+        self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
+        self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
         self.pool = None                                # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side = self._capture_stream = None
@@ -132,36 +133,36 @@ class CudaGraphs:
                 # refuses a capture into it: the next capture starts a pool of its own
                 self.pool = None
 
-    def call(self, plan: Any, leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def call(self, gear_plan: Any, leaves: tuple, key: tuple, served: bool = False) -> Any:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
         (its padding is counted: ``GearPlan.record_padding``)."""
-        targets = plan.targets(leaves) if plan is not None else None
-        if plan is not None and targets is None:
-            return self.cached._past_largest(plan, leaves, key)
-        if plan is not None and plan.verify_first:
-            self.cached._verify_first_use(plan, leaves, key, targets)       # padding_check.py
-        gkey = self._graph_key(plan, leaves, key, targets)
+        targets = gear_plan.targets(leaves) if gear_plan is not None else None
+        if gear_plan is not None and targets is None:
+            return self.cached.past_largest(gear_plan, leaves, key)
+        if gear_plan is not None and gear_plan.verify_first:
+            self.cached.verify_first_use(gear_plan, leaves, key, targets)       # padding_check.py
+        gkey = self._graph_key(gear_plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
             if not on_cuda(leaves):
-                return self.cached._call_uncaptured(plan, leaves, key, served)  # CPU inputs: no graphs
-            graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+                return self.cached.call_uncaptured(gear_plan, leaves, key, served)  # CPU inputs: no graphs
+            graphed = self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
         elif graphed.state_replaced():
             log.info("%s: a parameter or buffer of the graph %s was replaced since its capture; capturing it again",
                      self.cached.name, [tuple(b.shape) for _, b, _ in graphed.copies])
             self._retire_views()
             # captured before the old graph is released: torch refuses a capture into a pool none of whose graphs
             # is alive while its memory is in use
-            graphed = self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+            graphed = self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
         else:
             counters.hits += 1
         graphed.fill(leaves)        # first: the inputs may be views the last call handed out (a decode loop's KV cache)
         self._retire_views()
         outs = graphed.replay()
-        if plan is not None:
-            outs = plan.cut(graphed.entry, outs, leaves)
+        if gear_plan is not None:
+            outs = gear_plan.cut(graphed.entry, outs, leaves)
             if served:
-                plan.record_padding(graphed.entry, leaves, targets)
+                gear_plan.record_padding(graphed.entry, leaves, targets)
         mode = self.cached.config.inference_config.graph_outputs
         if mode == "copy":
             outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
@@ -190,10 +191,10 @@ class CudaGraphs:
         self.handed_out = []
 
     @staticmethod
-    def _graph_key(plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:
+    def _graph_key(gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:
         shapes: dict[int, list[int]] = {}
-        if plan is not None:
-            for d, t in zip(plan.dims, targets):
+        if gear_plan is not None:
+            for d, t in zip(gear_plan.dims, targets):
                 shapes.setdefault(d.leaf, list(leaves[d.leaf].shape))[d.dim] = t
         parts = []
         for i, leaf in enumerate(leaves):
@@ -205,20 +206,19 @@ class CudaGraphs:
                 parts.append((type(leaf), leaf))
         return (key[0], key[1], *parts)
 
-    def prepare(self, plan: Any, leaves: tuple, key: tuple) -> Entry:
+    def prepare(self, gear_plan: Any, leaves: tuple, key: tuple) -> Entry:
         """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
-        targets = plan.targets(leaves) if plan is not None else None
-        static_leaves = plan.pad(leaves, targets) if targets is not None else leaves
+        targets = gear_plan.targets(leaves) if gear_plan is not None else None
+        static_leaves = gear_plan.pad(leaves, targets) if targets is not None else leaves
         skey = signature.rekey(key, static_leaves)
-        return self.cached._table.get(skey) or self.cached._miss(
-            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+        return self.life.get_or_miss(static_leaves, skey, count=False)
 
-    def _capture(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
+    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
         """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it.
 
         Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
         """
-        graphed, static_leaves = self._prepare(plan, leaves, key, targets)
+        graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets)
         t0 = time.perf_counter()
         with self._phase(static_leaves, "graph warm-up run"):
             # The warm-up run writes to static-address inputs and to state (a KV cache, a position counter): undo it,
@@ -235,11 +235,12 @@ class CudaGraphs:
         self._captured(graphed, time.perf_counter() - t0)
         return graphed
 
-    def _prepare(self, plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple[GraphedEntry, tuple]:
+    def _prepare(self, gear_plan: Any, leaves: tuple, key: tuple,
+                 targets: list[int] | None) -> tuple[GraphedEntry, tuple]:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
-        pad_of = {d.leaf: d.pad_value for d in plan.dims} if plan is not None else {}
-        for i in plan.written_padded if plan is not None else ():
+        pad_of = {d.leaf: d.pad_value for d in gear_plan.dims} if gear_plan is not None else {}
+        for i in gear_plan.written_padded if gear_plan is not None else ():
             raise UnsupportedInputError(
                 f"input {i} has gears and the method writes it in place; under CUDA graphs a padded input is copied "
                 f"into a static buffer, so the write would not reach the caller's tensor. Fix: pass it without gears "
@@ -251,23 +252,23 @@ class CudaGraphs:
             if not isinstance(leaf, torch.Tensor):
                 continue
             if leaf.device.type != "cuda":
-                raise UnsupportedInputError(f"mode='reduce-overhead' captures CUDA graphs; input {i} is on {leaf.device}")
+                raise UnsupportedInputError(
+                    f"mode='reduce-overhead' captures CUDA graphs; input {i} is on {leaf.device}")
             if _is_static_address(leaf):
                 if i in pad_of:
                     raise ConfigError(f"input {i} is marked with mark_static_address and has gears; a static-address "
                                       f"input cannot be padded")
                 static_ptrs.append((i, leaf.data_ptr()))
                 continue
-            buf = leaf.new_empty(leaf.shape if plan is None else
-                                 [t for t in _target_shape(plan, leaves, targets, i)])
+            buf = leaf.new_empty(leaf.shape if gear_plan is None else
+                                 [t for t in _target_shape(gear_plan, leaves, targets, i)])
             static_leaves[i] = buf
             copies.append((i, buf, pad_of.get(i, 0.0)))
         static_leaves = tuple(static_leaves)
         graphed = GraphedEntry(None, None, [], copies, static_ptrs)
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
-        graphed.entry = self.cached._table.get(skey) or self.cached._miss(
-            *signature.unflatten(key[0], static_leaves), static_leaves, skey)
+        graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         _refuse_unmarked_writes(graphed.entry, copies)
         return graphed, static_leaves
 
@@ -277,7 +278,7 @@ class CudaGraphs:
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
                  [tuple(b.shape) for _, b, _ in graphed.copies], seconds)
 
-    def capture_all(self, plan: Any, calls: list[tuple[tuple, tuple]], threads: int | None = None) -> int:
+    def capture_all(self, gear_plan: Any, calls: list[tuple[tuple, tuple]], threads: int | None = None) -> int:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
         graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
 
@@ -292,19 +293,14 @@ class CudaGraphs:
         order. The static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then
         the allocator's cache is emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools
         keep theirs)."""
-        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
-        for leaves, key in calls:
-            targets = plan.targets(leaves) if plan is not None else None
-            gkey = self._graph_key(plan, leaves, key, targets)
-            if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
-                todo.append((gkey, leaves, key, targets))
+        todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
         if _collectives_possible():
             # Collectives in warm-up runs of several threads would reach the group in a different order on each rank
             # (a hang): one gear at a time, in ``calls``' order, the same on every rank.
             for gkey, leaves, key, targets in todo:
-                self.graphs[gkey] = self._capture(plan, leaves, key, targets)
+                self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
             torch.cuda.empty_cache()
             return len(todo)
         self._streams()
@@ -316,7 +312,7 @@ class CudaGraphs:
         try:
             for gkey, leaves, key, targets in todo:
                 with self._phase(leaves, "look up", synchronize=False):
-                    graphed, static_leaves = self._prepare(plan, leaves, key, targets)
+                    graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets)
                 prepared.append((gkey, leaves, graphed))
                 fresh = [t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in written)]
                 saved += snapshot(fresh)   # (what the gears started before write is in ``written``: not again)
@@ -342,6 +338,16 @@ class CudaGraphs:
             self._captured(graphed, seconds)
         torch.cuda.empty_cache()
         return len(todo)
+
+    def _uncaptured(self, gear_plan: Any, calls: list[tuple[tuple, tuple]]) -> list[tuple[tuple, tuple, tuple, Any]]:
+        """``(graph key, leaves, key, targets)`` of each call in ``calls`` whose gear has no graph yet, once each."""
+        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
+        for leaves, key in calls:
+            targets = gear_plan.targets(leaves) if gear_plan is not None else None
+            gkey = self._graph_key(gear_plan, leaves, key, targets)
+            if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
+                todo.append((gkey, leaves, key, targets))
+        return todo
 
     def _phase(self, leaves: tuple, phase: str, synchronize: bool = True) -> Any:
         """A span of the running warm-up's timeline (with ``synchronize``, the device synchronised at its end, so the
@@ -487,24 +493,24 @@ def capture_order(combinations: list[list[int]]) -> list[list[int]]:
 def _mutated_leaves(entry: Any) -> list[int] | None:
     """Call leaves that the entry's graph writes in place, from its run plan (``mutated_inputs``); None when the
     entry was loaded without a plan (then only a run can tell)."""
-    plan = getattr(entry.compiled, "plan", None)
-    if plan is None:
+    run_plan = getattr(entry.compiled, "plan", None)
+    if run_plan is None:
         return None
     inputs = entry.manifest["inputs"]
-    return [int(inputs[j][1]) for j in plan.get("mutated_inputs", ()) if inputs[j][0] == "leaf"]
+    return [int(inputs[j][1]) for j in run_plan.get("mutated_inputs", ()) if inputs[j][0] == "leaf"]
 
 
 def written_tensors(entry: Any, static_leaves: tuple) -> list[torch.Tensor]:
     """The tensors a run of ``entry`` on ``static_leaves`` may write in place: its run plan's ``mutated_inputs``
-    (call leaves and module state alike: a KV cache, a position counter); without a plan, every static-address leaf
+    (call leaves and module state alike: a KV cache, a position counter); without a run plan, every static-address leaf
     and every buffer it reads (a run alone could tell; these are what a method may legitimately update). For an
     eager stand-in (``faults.EagerEntry``), which runs the method as written: every tensor leaf."""
     if not isinstance(entry, Entry):
         return [x for x in static_leaves if isinstance(x, torch.Tensor)]
     inputs = entry.gather(static_leaves)
-    plan = getattr(entry.compiled, "plan", None)
-    if plan is not None:
-        return [inputs[j] for j in plan.get("mutated_inputs", ()) if isinstance(inputs[j], torch.Tensor)]
+    run_plan = getattr(entry.compiled, "plan", None)
+    if run_plan is not None:
+        return [inputs[j] for j in run_plan.get("mutated_inputs", ()) if isinstance(inputs[j], torch.Tensor)]
     kinds = entry.manifest["inputs"]
     return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
         (kind == "leaf" and _is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]
@@ -533,9 +539,9 @@ def _write_message(i: int) -> str:
             f"Fix: gearcache.mark_static_address(tensor) on it (and pass the same tensor on every call)")
 
 
-def _target_shape(plan: Any, leaves: tuple, targets: list[int], i: int) -> list[int]:
+def _target_shape(gear_plan: Any, leaves: tuple, targets: list[int], i: int) -> list[int]:
     shape = list(leaves[i].shape)
-    for d, t in zip(plan.dims, targets):
+    for d, t in zip(gear_plan.dims, targets):
         if d.leaf == i:
             shape[d.dim] = t
     return shape

@@ -158,7 +158,7 @@ def track_hits(cached_function: Any) -> None:
     with _lock:
         if cached_function in _tracked:
             return
-        fin = weakref.finalize(cached_function, _stash, str(cached_function.store.root), cached_function._table)
+        fin = weakref.finalize(cached_function, _stash, str(cached_function.store.root), cached_function.table)
         fin.atexit = False              # flush_hits reads the live ones itself
         _tracked[cached_function] = fin
         if not _atexit_registered:
@@ -191,7 +191,7 @@ def flush_hits() -> None:
     flush_index_updates()
     try:
         for cf in list(_tracked.keys()):
-            _stash(str(cf.store.root), cf._table)
+            _stash(str(cf.store.root), cf.table)
         pending, _pending = _pending, {}
     except Exception as exc:
         log.warning("could not collect entry hits (%s)", exc)

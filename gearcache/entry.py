@@ -22,11 +22,11 @@ import torch
 from . import _torch_compat as compat
 
 try:
-    from . import _callpath         # built by setup.py (optional: no C compiler, no extension)
+    from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
 except ImportError:                 # pragma: no cover - depends on how gearcache was installed
-    _callpath = None
+    _NativeRunner = None
 
-NATIVE = _callpath is not None
+NATIVE = _NativeRunner is not None
 """Whether loaded run plans take the C per-call path (``gearcache._callpath``); see ``Entry.native``."""
 
 
@@ -37,7 +37,7 @@ class Entry:
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
         self.manifest = manifest
-        self.guards = None          # its value guards (gearcache/guards.py), set by whoever loaded or compiled it
+        self.guards: Any = None     # its value guards (gearcache/guards.py), set by whoever loaded or compiled it
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
@@ -76,7 +76,7 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
     call = getattr(fn, "wrapper_call", None)
     plan = getattr(fn, "plan", None)
     if native and run_list is not None and call is not None and plan is not None:
-        return _callpath.Runner(call=call, fallback=run_list, recipe=recipe,
+        return _NativeRunner(call=call, fallback=run_list, recipe=recipe,
                                 check=tuple(plan.get("inputs_to_check", ())),
                                 always_fallback=bool(plan.get("version_bumped_inputs")),
                                 is_grad_enabled=torch.is_grad_enabled,
@@ -87,19 +87,9 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
 
 
 def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
-    """The graph inputs, resolved once (``_callpath.Runner`` and ``gather``): a leaf index, or the
+    """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
     (``_parameters``/``_buffers`` dict, name)."""
-    return tuple(int(ref) if kind == "leaf" else _state_dict_for(module, ref) for kind, ref in inputs)
-
-
-def _state_dict_for(module: torch.nn.Module, name: str) -> tuple[dict, str]:
-    owner_path, _, attr = name.rpartition(".")
-    owner = module.get_submodule(owner_path) if owner_path else module
-    if attr in owner._parameters:
-        return owner._parameters, attr
-    if attr in owner._buffers:
-        return owner._buffers, attr
-    raise KeyError(f"module has no parameter or buffer {name!r}")
+    return tuple(int(ref) if kind == "leaf" else compat.state_slot(module, ref) for kind, ref in inputs)
 
 
 def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
@@ -130,7 +120,7 @@ def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[l
         elif kind == "leaf":
             items.append(f"L[{int(ref)}]")
         elif kind == "state":
-            d, attr = _state_dict_for(module, ref)
+            d, attr = compat.state_slot(module, ref)
             env[f"D{i}"] = d
             items.append(f"D{i}[{attr!r}]")
         else:
@@ -149,7 +139,8 @@ def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
         return None
     if structure == ["leaf"] and len(leaves) == 1:
         return int(leaves[0][1])
-    if structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1]) and len(structure[1]) == len(leaves):
+    if (structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1])
+            and len(structure[1]) == len(leaves)):
         return tuple(int(ref) for _, ref in leaves)
     return None
 

@@ -284,6 +284,20 @@ def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int
     return marks
 
 
+def narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
+    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (contiguous copies, as a real call's
+    inputs usually are: a strided view would key another entry; padding is separate)."""
+    new = list(leaves)
+    cut = set()
+    for d, s in zip(dims, sizes):
+        if new[d.leaf].shape[d.dim] > s:
+            new[d.leaf] = new[d.leaf].narrow(d.dim, 0, s)
+            cut.add(d.leaf)
+    for leaf in cut:
+        new[leaf] = new[leaf].contiguous()
+    return tuple(new)
+
+
 def has_marks(leaves: tuple) -> bool:
     """Whether a call's tensors carry ``set_dim_gears`` marks (checked on a miss, not on every call)."""
     return any(isinstance(leaf, torch.Tensor) and getattr(leaf, GEARS_ATTR, None) for leaf in leaves)

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _torch_compat as compat
-from . import compiler, faults, signature
+from . import compiler, signature
 from .counters import counters
+from .gears import narrowed
 from .progress import Progress
 from .runplan.collectives import communicates
 from .timeline import Timeline
@@ -48,7 +49,7 @@ from .errors import WorkerError
 from .workers import WorkerPool, input_spec
 
 if TYPE_CHECKING:
-    from .cached_function import CachedFunction, PendingEntry
+    from .entry_life import EntryLife, Pending
 
 log = logging.getLogger("gearcache.warmup")
 
@@ -91,82 +92,80 @@ def _nbytes(x: Any) -> int:
     return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else 0
 
 
-def start_workers(cf: "CachedFunction", gears: int, leaves: tuple, workers: int | None,
+def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | None,
                   timeline: Timeline) -> WorkerPool | None:
     """Start the worker processes of a warm-up that will compile up to ``gears`` gears before it knows which are
     missing (``CachedFunction._early_workers``); None when that would be one worker (the serial path)."""
-    n = min(workers or default_workers(gears, _call_inputs(cf, leaves)), gears)
+    n = min(workers or default_workers(gears, _call_inputs(life, leaves)), gears)
     if n <= 1:
         return None
-    log.info("warmup %s: starting %d worker processes while the gear plan is traced", cf.name, n)
+    log.info("warmup %s: starting %d worker processes while the gear plan is traced", life.name, n)
     with timeline.span("all", "spawn workers"):
         return WorkerPool(n)
 
 
-def compile_missing(cf: "CachedFunction", plan: Any, leaves: tuple, key: tuple, workers: int | None,
+def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple, workers: int | None,
                     timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
-    """Give ``cf`` an entry for every gear of ``plan`` (the example call's ``leaves`` and ``key``): stored entries are
-    loaded, missing ones compiled in rank order, in worker processes when there are several (see the module
-    docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where
-    each phase's span is recorded; ``pool``: workers already started (:func:`start_workers`), used if several gears
-    are missing and closed in any case. ``defer_loads``: a gear whose entry manifest is stored is only checked for,
-    not loaded (the caller loads it next: CUDA-graph capture starts each gear's warm-up run as soon as its entry is
-    loaded, beside the next gear's load)."""
-    from .cached_function import _narrowed
-
-    combos = plan.combinations()
-    progress = Progress(cf.name, len(combos), "ready")
+    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
+    example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker
+    processes when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
+    :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``: workers already started
+    (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
+    entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
+    gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+    combos = gear_plan.combinations()
+    progress = Progress(life.name, len(combos), "ready")
     missing: list[tuple] = []
     try:
-        with cf._lock:
-            for i in rank_order(len(combos), cf.topology.world_size, cf.topology.global_rank):
-                gear_leaves = plan.pad(_narrowed(leaves, plan.dims, combos[i]), combos[i])
+        with life.lock:
+            for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
+                gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
                 gkey = signature.rekey(key, gear_leaves)
-                if gkey in cf._table:
+                if gkey in life.table:
                     progress.step(combos[i], "already loaded", 0.0)
                     continue
                 t0 = time.perf_counter()
                 if defer_loads:
                     with timeline.span(f"gear {combos[i]}", "find stored entry"):
-                        stored = cf._stored(gear_leaves, gkey)
+                        stored = life.stored(gear_leaves, gkey)
                     if stored:
                         progress.step(combos[i], "stored", time.perf_counter() - t0)
                         continue
                 with timeline.span(f"gear {combos[i]}", "look up"):
-                    desc, ekey, factors, entry = cf._find_entry(gear_leaves, gkey)
-                if entry is not None:
-                    cf._remember(gkey, entry)
+                    found = life.find(gear_leaves, gkey)
+                if found.entry is not None:
+                    life.remember(gkey, found.entry)
                     progress.step(combos[i], "loaded", time.perf_counter() - t0)
                 else:
-                    missing.append((combos[i], gear_leaves, gkey, desc, ekey, factors))
+                    missing.append((combos[i], gear_leaves, gkey, found))
             if len(missing) > 1 and workers != 1:
                 pool, used = None, pool
-                _compile_in_workers(cf, missing, workers, progress, timeline, used)
+                _compile_in_workers(life, missing, workers, progress, timeline, used)
             else:
-                for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
+                for sizes, gear_leaves, gkey, found in missing:
                     t0 = time.perf_counter()
                     args, kwargs = signature.unflatten(gkey[0], gear_leaves)
                     with timeline.span(f"gear {sizes}", "compile serially"):
-                        cf._remember(gkey, cf._compile_entry(args, kwargs, gear_leaves, desc, ekey, factors))
+                        life.remember(gkey, life.new_entry(args, kwargs, gear_leaves, found))
                     progress.step(sizes, "compiled or published", time.perf_counter() - t0)
     finally:
         progress.close()
         if pool is not None:
-            log.info("warmup %s: %d gears missing; the workers started early are not needed", cf.name, len(missing))
+            log.info("warmup %s: %d gears missing; the workers started early are not needed", life.name, len(missing))
             pool.close(wait=False)
 
 
-def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int | None, progress: Progress,
+def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | None, progress: Progress,
                         timeline: Timeline, pool: WorkerPool | None) -> None:
     finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
     capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
-    pending: list[tuple[tuple, concurrent.futures.Future, "PendingEntry", str]] = []
+    pending: list[tuple[tuple, concurrent.futures.Future, "Pending", str]] = []
     if pool is None:
-        n = min(workers or default_workers(len(missing), _call_inputs(cf, missing[0][1])), len(missing))
+        n = min(workers or default_workers(len(missing), _call_inputs(life, missing[0][1])), len(missing))
         with timeline.span("all", "spawn workers"):
             pool = WorkerPool(n)        # before the first capture: the workers' imports overlap the captures
     n = min(pool.size, len(missing))
-    log.info("warmup %s: compiling %d missing gears in %d worker processes", cf.name, len(missing), n)
+    log.info("warmup %s: compiling %d missing gears in %d worker processes", life.name, len(missing), n)
     threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
 
     def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
@@ -175,48 +174,48 @@ def _compile_in_workers(cf: "CachedFunction", missing: list[tuple], workers: int
             progress.step(sizes, how, time.perf_counter() - t0)
 
     try:
-        for sizes, gear_leaves, gkey, desc, ekey, factors in missing:
+        for sizes, gear_leaves, gkey, found in missing:
             who = f"gear {sizes}"
             args, kwargs = signature.unflatten(gkey[0], gear_leaves)
             with capture_lock, timeline.span(who, "capture"):
-                p = cf._capture_entry(args, kwargs, gear_leaves, desc, ekey, factors)
-                job = _job(cf, p)
-            build = _RemoteBuild(cf, p, job, pool, (capture_lock, finish_lock), timeline, who)
-            future = threads.submit(faults.publish_or_fallback, cf.store, p.akey, build, cf.config.on_cache_error)
+                p = life.capture(args, kwargs, gear_leaves, found)
+                job = _job(life, p)
+            build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
+            future = threads.submit(life.publish, p, build)
             future.add_done_callback(lambda f, s=sizes, t0=p.t0: done(f, s, t0))
             pending.append((gkey, future, p, who))
         for gkey, future, p, who in pending:
             folder, built = future.result()
             with timeline.span(who, "complete entry"):
-                cf._remember(gkey, cf._complete_entry(p, folder, built))
+                life.remember(gkey, life.finish(p, folder, built))
     finally:
         with timeline.span("all", "close workers"):
             threads.shutdown(wait=True, cancel_futures=True)
             pool.close(wait=False)      # their exit (compile pools shutting down) overlaps the first runs
 
 
-def _call_inputs(cf: "CachedFunction", leaves: tuple) -> list[Any]:
+def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
     """What a worker will hold copies of, known before any capture: the call's tensors and the module's weights."""
-    module = cf._module
+    module = life.module
     weights = list(module.parameters()) + list(module.buffers()) if isinstance(module, torch.nn.Module) else []
     return [x for x in leaves if isinstance(x, torch.Tensor)] + weights
 
 
-def _job(cf: "CachedFunction", p: "PendingEntry") -> dict[str, Any] | None:
+def _job(life: "EntryLife", p: "Pending") -> dict[str, Any] | None:
     """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
-    gm = cf._graph_to_compile(p.captured)
+    gm = life.graph_to_compile(p.captured)
     if communicates(gm):
         log.info("warmup %s: entry %s is compiled in this process: its graph calls collectives, whose process groups "
-                 "only this process has", cf.name, p.ekey)
+                 "only this process has", life.name, p.ekey)
         return None
     try:
         graph = compat.graph_to_bytes(gm)
     except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
         log.info("warmup %s: entry %s is compiled in this process: its graph cannot be sent to a worker (%s: %s)",
-                 cf.name, p.ekey, type(exc).__name__, exc)
+                 life.name, p.ekey, type(exc).__name__, exc)
         return None
     return {"graph": graph, "inputs": [input_spec(x) for x in p.captured.example_inputs],
-            "patches": cf._compile_patches(), "settings": compat.compiler_settings(),
+            "patches": life.compile_patches(), "settings": compat.compiler_settings(),
             "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(),
             "global_state": compat.global_state()}
 
@@ -225,9 +224,9 @@ class _RemoteBuild:
     """The ``build`` step of ``faults.publish_or_fallback`` for one gear: compile in a worker into ``folder``, then
     load it and write its run plan here; on a worker failure, compile here as the serial path does."""
 
-    def __init__(self, cf: "CachedFunction", p: "PendingEntry", job: dict[str, Any] | None, pool: WorkerPool,
+    def __init__(self, life: "EntryLife", p: "Pending", job: dict[str, Any] | None, pool: WorkerPool,
                  locks: tuple[threading.Lock, threading.Lock], timeline: Timeline, who: str):
-        self.cf, self.p, self.job, self.pool = cf, p, job, pool
+        self.life, self.p, self.job, self.pool = life, p, job, pool
         self.capture_lock, self.finish_lock = locks
         self.timeline, self.who = timeline, who
         # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's state
@@ -240,7 +239,7 @@ class _RemoteBuild:
                 reply = self._compile_remotely(folder)
             except WorkerError as exc:
                 log.warning("warmup %s: a worker failed to compile entry %s; compiling it in this process:\n%s",
-                            self.cf.name, self.p.ekey, exc)
+                            self.life.name, self.p.ekey, exc)
                 shutil.rmtree(folder, ignore_errors=True)
             else:
                 t0 = time.perf_counter()
@@ -253,7 +252,7 @@ class _RemoteBuild:
         with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
                 compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
                 torch.set_grad_enabled(self.grad):
-            self.cf._build(self.p.captured, folder)
+            self.life.compile(self.p.captured, folder)
 
     def _compile_remotely(self, folder) -> dict[str, Any]:
         """Compile in a worker; record the wait for it, its start (first job only) and its compile."""

@@ -60,7 +60,7 @@ def test_the_c_extension_is_built():
 def test_a_call_gathers_inputs_and_module_tensors_and_builds_the_result(native):
     net = Net()
     entry, seen = make_entry(net, native)
-    assert isinstance(entry.run, entry_mod._callpath.Runner) is native
+    assert isinstance(entry.run, entry_mod._NativeRunner) is native
     x = torch.randn(3, 8)
     with torch.no_grad():
         out, leaf = entry((x, "passed through"))
@@ -195,7 +195,7 @@ def test_a_deleted_module_tensor_is_a_clear_error(native):
 
 
 def test_runner_rejects_a_malformed_recipe_with_the_reason():
-    Runner = entry_mod._callpath.Runner
+    Runner = entry_mod._NativeRunner
 
     def make(recipe, check=()):
         return Runner(call=print, fallback=print, recipe=recipe, check=check, always_fallback=False,
@@ -212,7 +212,7 @@ def test_runner_rejects_a_malformed_recipe_with_the_reason():
 
 @pytest.mark.parametrize("reader", ["native DATA_PTR", "tensor.data_ptr()"])
 def test_the_runner_checks_alignment_alike_with_the_native_address_reader_or_without(reader):
-    Runner = entry_mod._callpath.Runner
+    Runner = entry_mod._NativeRunner
     capsule = compat.native_data_ptr()
     assert capsule is not None                      # the session builds the native module (tests/conftest.py)
     calls = []
@@ -230,7 +230,7 @@ def test_the_runner_checks_alignment_alike_with_the_native_address_reader_or_wit
 
 def test_the_runner_takes_only_the_native_address_reader():
     with pytest.raises(TypeError, match="data_ptr: expected None or gearcache.native's DATA_PTR capsule"):
-        entry_mod._callpath.Runner(call=print, fallback=print, recipe=(0,), check=(), always_fallback=False,
+        entry_mod._NativeRunner(call=print, fallback=print, recipe=(0,), check=(), always_fallback=False,
                                    is_grad_enabled=torch.is_grad_enabled,
                                    is_autocast_enabled=compat.any_autocast_enabled, data_ptr=print)
 

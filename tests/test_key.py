@@ -87,7 +87,7 @@ def entry_key(cache_dir, module=None, x=X, **kwargs):
     module = module if module is not None else Net()
     cf = gearcache.cache_compile(module.run, cache_dir=cache_dir, **kwargs)
     leaves, key = call_key(x, {})
-    ekey, factors = cf._entry_key(describe(leaves, key), leaves)
+    ekey, factors = cf.life.entry_key(describe(leaves, key), leaves)
     return ekey, factors
 
 

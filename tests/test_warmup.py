@@ -131,9 +131,9 @@ def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
     x = torch.randn(2, 8)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         leaves, key = signature.call_key((x,), {})
-        desc, ekey, factors, _ = cf._find_entry(leaves, key)
-        pending = cf._capture_entry((x,), {}, leaves, desc, ekey, factors)
-        job = _job(cf, pending)
+        found = cf.life.find(leaves, key)
+        pending = cf.life.capture((x,), {}, leaves, found)
+        job = _job(cf.life, pending)
         want = m.fwd(x)
     assert job is not None and job["global_state"]["autocast"] == {"cpu": "torch.bfloat16"}
     before = compat.global_state()

@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence, cast
 import torch
 
 from ..api import cache_compile
-from ..config import CompilerConfig, _normalise_sizes
+from ..config import CompilerConfig, normalise_sizes
 from ..errors import ConfigError
 from . import hf_cache, hf_compat
 
@@ -68,7 +68,7 @@ class ServeGears:
             if value is None:
                 return default
             try:
-                return tuple(_normalise_sizes(list(value) if not isinstance(value, int) else value, name))
+                return tuple(normalise_sizes(list(value) if not isinstance(value, int) else value, name))
             except (ValueError, TypeError) as exc:
                 raise ConfigError(str(exc)) from None
         return cls(sizes(batch, DEFAULT_BATCH_GEARS, "batch_gears"),
