@@ -836,6 +836,14 @@ def inductor_setting_names() -> set[str]:
     return set(inductor_config.get_config_copy())
 
 
+def import_torch_loader() -> None:
+    """Import torch's artifact loader (``standalone_compile`` and Inductor's ``compile_fx``) now. Background
+    compiles settle at interpreter exit (gearcache/background.py), when importing Inductor fails: it registers
+    thread exit hooks, refused once the interpreter shuts down."""
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.standalone_compile  # noqa: F401
+
+
 def warm_up_compiler() -> None:
     """Import what a compile needs (AOTAutograd, Inductor, ``standalone_compile``) and start Inductor's compile
     pool now (worker processes only: a warm process must not import the compiler)."""

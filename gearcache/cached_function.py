@@ -37,6 +37,7 @@ from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import dependencies_changed, symbolic_shapes
 from .config import CompilerConfig
+from .background import Compiling
 from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
@@ -118,6 +119,9 @@ class CachedFunction(Dispatcher):
         try:
             matcher = self._matchers[key]
         except KeyError:
+            if isinstance(entry, Compiling):    # served eagerly until its background compile is loaded: ask again
+                self._set_shortcut(None)
+                return
             matcher = self._matchers[key] = signature.matcher(leaves, key) if isinstance(entry, Entry) else None
         if matcher is None:
             self._set_shortcut(None)

@@ -114,8 +114,11 @@ class CompilerConfig(BaseModel):
 
     inference_config: InferenceConfig = Field(default_factory=InferenceConfig)
 
-    on_new_signature: Literal["compile", "error"] = "compile"
-    """A call whose inputs match no entry: compile a new entry, or raise ``SignatureMismatchError``."""
+    on_new_signature: Literal["compile", "background", "error"] = "compile"
+    """A call whose inputs match no entry the store has: compile a new entry (the call waits for it); compile it in
+    a worker process while this call and the signature's next ones run the method eagerly, until it is done
+    (``"background"``, gearcache/background.py: ``gearcache.wait_for_background_compiles()`` waits); or raise
+    ``SignatureMismatchError``."""
 
     check_signature: bool = True
     """Look each call's shapes, dtypes and devices up in the entry table. ``False`` skips even that and sends every

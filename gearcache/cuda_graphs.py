@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+import typing
 from typing import Any, Callable
 
 import torch
@@ -38,6 +39,8 @@ import torch
 from . import _torch_compat as compat
 from . import guard_watch, signature
 from .snapshot import snapshot
+from . import background
+from .background import Compiling
 from .counters import counters
 from .entry import Entry
 from .errors import ConfigError, UnsupportedInputError
@@ -146,14 +149,21 @@ class CudaGraphs:
         if graphed is None:
             if not on_cuda(leaves):
                 return self.cached.call_uncaptured(gear_plan, leaves, key, served)  # CPU inputs: no graphs
-            graphed = self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
+            captured = self._capture(gear_plan, leaves, key, targets)
+            if captured is None:    # its entry compiles in the background (background.py): eager until loaded
+                return self.cached.call_uncaptured(gear_plan, leaves, key, served)
+            graphed = self.graphs[gkey] = captured
         elif graphed.state_replaced():
             log.info("%s: a parameter or buffer of the graph %s was replaced since its capture; capturing it again",
                      self.cached.name, [tuple(b.shape) for _, b, _ in graphed.copies])
             self._retire_views()
             # captured before the old graph is released: torch refuses a capture into a pool none of whose graphs
             # is alive while its memory is in use
-            graphed = self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
+            captured = self._capture(gear_plan, leaves, key, targets)
+            if captured is None:    # its entry was dropped and compiles in the background: eager until loaded
+                del self.graphs[gkey]
+                return self.cached.call_uncaptured(gear_plan, leaves, key, served)
+            graphed = self.graphs[gkey] = captured
         else:
             counters.hits += 1
         graphed.fill(leaves)        # first: the inputs may be views the last call handed out (a decode loop's KV cache)
@@ -213,12 +223,25 @@ class CudaGraphs:
         skey = signature.rekey(key, static_leaves)
         return self.life.get_or_miss(static_leaves, skey, count=False)
 
-    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> GraphedEntry:
-        """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it.
+    @typing.overload
+    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
+                 wait: typing.Literal[True]) -> GraphedEntry: ...
+
+    @typing.overload
+    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
+                 wait: bool = False) -> GraphedEntry | None: ...
+
+    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
+                 wait: bool = False) -> GraphedEntry | None:
+        """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it. None (nothing
+        captured, nothing run) while the entry compiles in the background: a graph of the eager stand-in would
+        replay one eager run, not the method. ``wait``: wait for such a compile instead (a warm-up's captures).
 
         Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
         """
-        graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets)
+        graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait)
+        if isinstance(graphed.entry, Compiling):
+            return None
         t0 = time.perf_counter()
         with self._phase(static_leaves, "graph warm-up run"):
             # The warm-up run writes to static-address inputs and to state (a KV cache, a position counter): undo it,
@@ -235,8 +258,8 @@ class CudaGraphs:
         self._captured(graphed, time.perf_counter() - t0)
         return graphed
 
-    def _prepare(self, gear_plan: Any, leaves: tuple, key: tuple,
-                 targets: list[int] | None) -> tuple[GraphedEntry, tuple]:
+    def _prepare(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
+                 wait: bool = False) -> tuple[GraphedEntry, tuple]:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in gear_plan.dims} if gear_plan is not None else {}
@@ -269,6 +292,9 @@ class CudaGraphs:
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
         graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
+        if wait and isinstance(graphed.entry, Compiling):      # compiling in the background: wait, then load it
+            background.wait_for(self.life)
+            graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         _refuse_unmarked_writes(graphed.entry, copies)
         return graphed, static_leaves
 
@@ -300,7 +326,7 @@ class CudaGraphs:
             # Collectives in warm-up runs of several threads would reach the group in a different order on each rank
             # (a hang): one gear at a time, in ``calls``' order, the same on every rank.
             for gkey, leaves, key, targets in todo:
-                self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets)
+                self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets, wait=True)
             torch.cuda.empty_cache()
             return len(todo)
         self._streams()
@@ -312,7 +338,7 @@ class CudaGraphs:
         try:
             for gkey, leaves, key, targets in todo:
                 with self._phase(leaves, "look up", synchronize=False):
-                    graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets)
+                    graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait=True)
                 prepared.append((gkey, leaves, graphed))
                 fresh = [t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in written)]
                 saved += snapshot(fresh)   # (what the gears started before write is in ``written``: not again)

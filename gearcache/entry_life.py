@@ -30,7 +30,7 @@ from typing import Any, Callable, Union, cast
 import torch
 
 from . import _torch_compat as compat
-from . import artifact_io, compiler, diagnostics, faults, runplan, signature
+from . import artifact_io, background, compiler, diagnostics, faults, runplan, signature
 from . import guards as value_guards
 from .capture import Captured, capture, dependencies_changed
 from .config import CompilerConfig
@@ -89,6 +89,7 @@ class EntryLife:
         self.scope = scope
         self.method_digest = source_digest(method.__func__)
         self.table: dict[tuple, Loaded] = {}
+        self.compiling: dict[tuple, background.Compiling] = {}    # on_new_signature="background": eager stand-ins
         self.lock = threading.RLock()
         self.remembered = remembered    # called with each entry ``remember`` puts in the table
 
@@ -107,14 +108,21 @@ class EntryLife:
         return entry
 
     def miss(self, leaves: tuple, key: tuple, call: tuple[tuple, dict] | None = None) -> Loaded:
-        """Find (load) the entry of signature ``key``, or capture, compile and publish it; remember it."""
+        """Find (load) the entry of signature ``key``, or capture, compile and publish it; remember it. Under
+        ``on_new_signature="background"`` a signature the store lacks is compiled in a worker and served by an eager
+        stand-in until it is done (gearcache/background.py): the stand-in is returned, not remembered."""
         with self.lock:
             if key in self.table:
                 return self.table[key]
+            stand_in = self.compiling.get(key)
+            if stand_in is not None:                # compiling in the background: the entry once done, else eager
+                return background.settle(self, key, stand_in)
             found = self.find(leaves, key)
             entry: Loaded | None = found.entry
             if entry is None:
                 args, kwargs = call if call is not None else signature.unflatten(key[0], leaves)
+                if self.config.on_new_signature == "background":
+                    return background.start(self, key, args, kwargs, leaves, found)
                 entry = self.new_entry(args, kwargs, leaves, found)
             self.remember(key, entry)
             return entry

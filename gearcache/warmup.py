@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import shutil
 import threading
 import time
@@ -39,57 +38,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _torch_compat as compat
-from . import compiler, signature
+from . import background, compiler, signature
 from .counters import counters
 from .gears import narrowed
 from .progress import Progress
-from .runplan.collectives import communicates
 from .timeline import Timeline
 from .errors import WorkerError
-from .workers import WorkerPool, input_spec
+from .workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
     from .entry_life import EntryLife, Pending
 
 log = logging.getLogger("gearcache.warmup")
 
-WORKER_HOST_BYTES = 2 << 30         # a worker's own memory (torch, Inductor, its compile), besides its input copies
-WORKER_DEVICE_BYTES = 1 << 30       # a worker's CUDA context and compile scratch on the GPU
-
-
 def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
     own = [i for i in range(n) if i % world_size == rank % world_size]
     return own + [i for i in range(n) if i % world_size != rank % world_size]
-
-
-def default_workers(missing: int, example_inputs: list[Any]) -> int:
-    """``min(missing gears, cores per local rank / 2, host memory / worker, GPU memory / worker)``, at least 1.
-
-    Half the cores: each compile builds its kernels on several threads itself (Inductor's compile threads), and a
-    worker's start (importing torch) costs seconds of a core; on 2 or 3 cores per rank the default is the serial path.
-
-    A worker holds zero-filled copies of the graph's example inputs (weights included) on their devices, so the caps
-    count them: host memory available / (2 GiB + CPU input bytes), free GPU memory / (1 GiB + GPU input bytes).
-    Local ranks: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it)."""
-    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    caps = [missing, (os.cpu_count() or 1) // local_ranks // 2]
-    cpu_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cpu")
-    cuda_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        caps.append(available // local_ranks // (WORKER_HOST_BYTES + cpu_bytes))
-    except (ValueError, OSError, AttributeError):
-        pass
-    if cuda_bytes:
-        device = next(x.device for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
-        free, _ = torch.cuda.mem_get_info(device)
-        caps.append(free // local_ranks // (WORKER_DEVICE_BYTES + cuda_bytes))
-    return max(1, min(caps))
-
-
-def _nbytes(x: Any) -> int:
-    return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else 0
 
 
 def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | None,
@@ -113,6 +78,7 @@ def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple
     (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
     entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
     gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+    background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
     combos = gear_plan.combinations()
     progress = Progress(life.name, len(combos), "ready")
     missing: list[tuple] = []
@@ -203,21 +169,8 @@ def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
 
 def _job(life: "EntryLife", p: "Pending") -> dict[str, Any] | None:
     """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
-    gm = life.graph_to_compile(p.captured)
-    if communicates(gm):
-        log.info("warmup %s: entry %s is compiled in this process: its graph calls collectives, whose process groups "
-                 "only this process has", life.name, p.ekey)
-        return None
-    try:
-        graph = compat.graph_to_bytes(gm)
-    except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
-        log.info("warmup %s: entry %s is compiled in this process: its graph cannot be sent to a worker (%s: %s)",
-                 life.name, p.ekey, type(exc).__name__, exc)
-        return None
-    return {"graph": graph, "inputs": [input_spec(x) for x in p.captured.example_inputs],
-            "patches": life.compile_patches(), "settings": compat.compiler_settings(),
-            "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(),
-            "global_state": compat.global_state()}
+    return job_for(life.graph_to_compile(p.captured), p.captured.example_inputs, life.compile_patches(),
+                   f"{life.name}: entry {p.ekey}")
 
 
 class _RemoteBuild:

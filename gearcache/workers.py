@@ -23,6 +23,7 @@ the worker (its own pipes), never from the cache folder.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import queue
@@ -38,7 +39,9 @@ import torch
 
 from . import _torch_compat as compat
 from .errors import WorkerError
+from .runplan.collectives import communicates
 
+log = logging.getLogger("gearcache.workers")
 _LEN = struct.Struct(">Q")
 _WORKER_MAIN = "import time; t = time.time(); from gearcache.workers import main; main(t)"
 
@@ -206,3 +209,57 @@ def _package_parent() -> str:
     """The folder holding the ``gearcache`` package this process imported (the worker imports the same one)."""
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+# ------------------------------------------------------------------------------------------------ jobs and sizes
+WORKER_HOST_BYTES = 2 << 30         # a worker's own memory (torch, Inductor, its compile), besides its input copies
+WORKER_DEVICE_BYTES = 1 << 30       # a worker's CUDA context and compile scratch on the GPU
+
+
+def job_for(gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any],
+            who: str) -> dict[str, Any] | None:
+    """The job (see the module docstring; without ``folder``) compiling ``gm`` on inputs like ``example_inputs``
+    under the calling thread's compiler settings, grad mode, inference mode and global state; None when the graph
+    cannot travel to a worker (it calls collectives, whose process groups only this process has, or torch cannot
+    pickle one of its calls): the caller compiles it in-process. ``who``: names the graph in the log."""
+    if communicates(gm):
+        log.info("%s is compiled in this process: its graph calls collectives, whose process groups only this "
+                 "process has", who)
+        return None
+    try:
+        graph = compat.graph_to_bytes(gm)
+    except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
+        log.info("%s is compiled in this process: its graph cannot be sent to a worker (%s: %s)", who,
+                 type(exc).__name__, exc)
+        return None
+    return {"graph": graph, "inputs": [input_spec(x) for x in example_inputs], "patches": patches,
+            "settings": compat.compiler_settings(), "grad": torch.is_grad_enabled(),
+            "inference": torch.is_inference_mode_enabled(), "global_state": compat.global_state()}
+
+
+def default_workers(missing: int, example_inputs: list[Any]) -> int:
+    """``min(missing gears, cores per local rank / 2, host memory / worker, GPU memory / worker)``, at least 1.
+
+    Half the cores: each compile builds its kernels on several threads itself (Inductor's compile threads), and a
+    worker's start (importing torch) costs seconds of a core; on 2 or 3 cores per rank the default is the serial path.
+
+    A worker holds zero-filled copies of the graph's example inputs (weights included) on their devices, so the caps
+    count them: host memory available / (2 GiB + CPU input bytes), free GPU memory / (1 GiB + GPU input bytes).
+    Local ranks: torchrun's ``LOCAL_WORLD_SIZE`` (1 without it)."""
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    caps = [missing, (os.cpu_count() or 1) // local_ranks // 2]
+    cpu_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cpu")
+    cuda_bytes = sum(_nbytes(x) for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        caps.append(available // local_ranks // (WORKER_HOST_BYTES + cpu_bytes))
+    except (ValueError, OSError, AttributeError):
+        pass
+    if cuda_bytes:
+        device = next(x.device for x in example_inputs if _nbytes(x) and x.device.type == "cuda")
+        free, _ = torch.cuda.mem_get_info(device)
+        caps.append(free // local_ranks // (WORKER_DEVICE_BYTES + cuda_bytes))
+    return max(1, min(caps))
+
+
+def _nbytes(x: Any) -> int:
+    return x.untyped_storage().nbytes() if isinstance(x, torch.Tensor) else 0
