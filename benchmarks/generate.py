@@ -1,13 +1,15 @@
 """transformers ``generate()`` served by gearcache (``enable(model)``) against eager and torch.compile, per model.
 
     python3 benchmarks/generate.py [--device cpu|cuda] [--size tiny|small|gpu] [--models llama,gemma3,...]
-                                   [--dtype float32|bfloat16] [--graphs] [--json PATH]
+                                   [--dtype float32|bfloat16] [--graphs] [--background] [--json PATH]
 
 Every start is a fresh process with empty Inductor and Triton caches of its own. Per model (benchmarks/corpus.py
 configs, batch 1, static cache):
   sweep        a prompt-length sweep: 6 generate() calls with distinct prompt lengths <= 64 and 64 decode steps in
                all; its total wall time in a cold process, for gearcache (empty store: compiles its gears) and for
                torch.compile (transformers' own: generate() compiles the decode step of a static cache; prefill eager);
+               with --background also gearcache with on_new_signature="background" (a store of its own: the sweep
+               runs eagerly while its entries compile in a worker) and the time until every entry is compiled;
   first        the first generate() of a warm gearcache process (the sweep's store) and of an eager process;
   per_token_ms (generate(64 new tokens) - generate(1 new token)) / 63, after a warm-up: eager, torch.compile,
                gearcache, and with --graphs gearcache with mode="reduce-overhead" (CUDA graphs per gear, the same
@@ -49,7 +51,8 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         from gearcache import CompilerConfig
         from gearcache.integrations.transformers import enable
 
-        config = CompilerConfig(mode="reduce-overhead") if variant == "gearcache-graphs" else None
+        config = {"gearcache-graphs": CompilerConfig(mode="reduce-overhead"),
+                  "gearcache-background": CompilerConfig(on_new_signature="background")}.get(variant)
         try:
             enable(lm, cache_dir=store, config=config)
         except Exception as exc:                       # noqa: BLE001 - reported, e.g. graphs refused for now
@@ -81,6 +84,12 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
     else:
         out = {"first_generate_s": generate(*SWEEP[0])}
     out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
+    if variant == "gearcache-background":             # the sweep was served; now wait until every entry is compiled
+        from gearcache import wait_for_background_compiles
+
+        t0 = time.perf_counter()
+        out["settled"] = wait_for_background_compiles()
+        out["all_compiled_s"] = out["sweep_s"] + time.perf_counter() - t0
     if variant.startswith("gearcache"):
         from gearcache import counters
 
@@ -142,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="llama,mistral_sliding,gemma3")
     ap.add_argument("--dtype")
     ap.add_argument("--graphs", action="store_true", help="also gearcache with mode='reduce-overhead'")
+    ap.add_argument("--background", action="store_true",
+                    help="also a cold sweep with on_new_signature='background' (eager while compiling)")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
@@ -155,6 +166,8 @@ def main(argv=None) -> int:
         for name in [n.strip() for n in opts.models.split(",") if n.strip()]:
             store = os.path.join(work, name)
             runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")}   # cold
+            if opts.background:     # cold too: a store of its own
+                runs["gearcache-background"] = start(name, "gearcache-background", store + "-background", opts, work)
             runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
             runs["eager"] = start(name, "eager", store, opts, work)
             if opts.graphs:
@@ -162,7 +175,13 @@ def main(argv=None) -> int:
             get = lambda v, k, runs=runs: runs[v].get(k, runs[v].get("error"))       # noqa: E731
             results[name] = {
                 "cold_sweep_s": {"gearcache": get("gearcache", "sweep_s"),
-                                 "torch.compile": get("torch.compile", "sweep_s")},
+                                 "torch.compile": get("torch.compile", "sweep_s"),
+                                 **({"gearcache-background": get("gearcache-background", "sweep_s"),
+                                     "gearcache-background_all_compiled": get("gearcache-background",
+                                                                              "all_compiled_s")}
+                                    if opts.background else {})},
+                "cold_counters": {v: runs[v].get("counters_after_sweep") for v in ("gearcache", "gearcache-background")
+                                  if v in runs},
                 "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
                                      "eager": get("eager", "first_generate_s")},
                 "per_token_ms": {v: get(v, "per_token_ms") for v in runs if v != "gearcache"},
