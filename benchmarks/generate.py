@@ -87,6 +87,9 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
     if variant == "gearcache-background":             # the sweep was served; now wait until every entry is compiled
         from gearcache import wait_for_background_compiles
 
+        from gearcache import counters as served
+
+        out["counters_served"] = {k: getattr(served, k) for k in ("traces", "compiles", "eager_calls")}
         t0 = time.perf_counter()
         out["settled"] = wait_for_background_compiles()
         out["all_compiled_s"] = out["sweep_s"] + time.perf_counter() - t0
