@@ -23,7 +23,7 @@ import logging
 import re
 import types
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -58,7 +58,7 @@ class CachedFunction(Dispatcher):
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None):
         self._method = method
-        self._module: torch.nn.Module = method.__self__
+        self._module = cast(torch.nn.Module, method.__self__)     # api._check_method checked it
         self.config = config
         self.store = store
         self.topology = topology
@@ -338,7 +338,7 @@ class CachedFunction(Dispatcher):
             if early is not None:
                 early.close(wait=False)
         combos = gear_plan.combinations()
-        call = self._call_geared
+        call: Callable[..., Any] = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
             call = self.graphs.prepare if lazy else self.graphs.call
@@ -349,6 +349,7 @@ class CachedFunction(Dispatcher):
                 gear_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, sizes), sizes)
                 gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
             if capture_now:
+                assert self.graphs is not None      # capture_now: graphs are captured (reduce-overhead)
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                     self.graphs.capture_all(gear_plan, gear_calls)
             with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
@@ -462,7 +463,7 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
     return names
 
 
-def _entry_point_name(method: Callable) -> str:
+def _entry_point_name(method: types.MethodType) -> str:
     """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
     raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"

@@ -115,7 +115,8 @@ def _connect(target: Target, timeout_s: float) -> socket.socket:
     """A connected socket whose every operation times out after ``timeout_s``."""
     if target.path is None:             # an ASCII name as bytes: getaddrinfo skips the idna codec (2 ms to import)
         host = target.host.encode() if target.host.isascii() else target.host
-        sock = socket.create_connection((host, target.port), timeout=timeout_s)
+        sock = socket.create_connection((host, target.port),  # type: ignore[arg-type]  # typeshed: str; bytes work
+                                        timeout=timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
