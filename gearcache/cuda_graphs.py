@@ -451,7 +451,7 @@ class _GearThreads:
         for exc in self.errors:
             if exc is not None:
                 raise exc
-        return self.results                                         # type: ignore[return-value]
+        return self.results         # type: ignore[return-value]  # no None left: each gear recorded, or raised above
 
     def _gear(self, k: int) -> None:
         graphed, static_leaves = self.gears[k]
