@@ -102,7 +102,7 @@ class CudaGraphs:
     def __init__(self, cached: Any, life: Any):
         self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
         self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
-        self.pool: torch.cuda._POOL_HANDLE | None = None    # torch.cuda.graph_pool_handle(), shared by every gear
+        self.pool: compat.GraphPoolHandle | None = None     # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side: torch.cuda.Stream | None = None
         self._capture_stream: torch.cuda.Stream | None = None
