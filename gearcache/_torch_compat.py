@@ -41,8 +41,9 @@ import torch
 from . import native as gearcache_native
 
 if TYPE_CHECKING:
-    from torch.cuda import _POOL_HANDLE as GraphPoolHandle     # what torch.cuda.graph_pool_handle() returns
     from torch.fx._graph_pickler import GraphPickler
+
+    GraphPoolHandle = torch.cuda._POOL_HANDLE      # what torch.cuda.graph_pool_handle() returns (for annotations)
 
 TORCH_VERSION = cast(tuple[int, int], tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]))
 
