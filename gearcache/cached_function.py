@@ -5,10 +5,10 @@ in a dict of loaded entries, run the entry. No Dynamo, no guards, no disk. A cal
 last such call does not get here: the base class's ``__call__`` (dispatch.py, C where ``gearcache._callpath`` is
 built) serves it with one C++ check of the tensors' metadata (``signature.matcher``) and the entry's ``run``.
 
-Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
-valid manifest and artifact for it whose value guards hold here (gearcache/guards.py), load it (no tracing, no
-compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all processes sharing the
-folder), publish, and load.
+Miss path (``EntryLife.miss``, gearcache/entry_life.py), once per signature per process: build the entry key from
+its factors; if the store has a valid manifest and artifact for it whose value guards hold here (gearcache/guards.py),
+load it (no tracing, no compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all
+processes sharing the folder), publish, and load.
 
 Value guards per call: the entries in memory stay valid while nothing on their guards' paths changes; a
 :class:`~gearcache.guard_watch.GuardWatch` notices a change at the cost of a comparison per call (in C on the

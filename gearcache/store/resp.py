@@ -1,6 +1,6 @@
 """A small Redis reader for the fetch path (``GET`` / ``MGET`` over RESP2 on a plain socket), so that a warm node's
 first call never imports redis-py: ``import redis`` costs ~0.1 s of CPU, which was most of a warm-Redis first call
-(benchmarks/fleet.py). Writes, claims, scans and server facts stay with redis-py (``redis_backend.py``).
+(benchmarks/fleet.py). Writes, claims, scans and server facts stay with redis-py (``redis_remote_backend.py``).
 
 Scope: :func:`parse_url` accepts ``redis://[[user]:password@]host[:port][/db]`` and ``unix:///path[?db=n]`` and
 returns None for anything else (``rediss://``, other URL options), which stays with redis-py. Contract:
