@@ -19,6 +19,9 @@ from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradMode
 _configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark_static_address", "set_dim_gears", "mark_static", "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig", "counters", "GearcacheError",
-           "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError", "UnsupportedInputError",
-           "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError", "ProcessGroupMismatchError"]
+__all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark_static_address", "set_dim_gears",
+           "mark_static",
+           "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",
+           "counters", "GearcacheError", "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError",
+           "UnsupportedInputError", "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError",
+           "ProcessGroupMismatchError"]

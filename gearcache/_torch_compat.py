@@ -43,7 +43,9 @@ from . import native as gearcache_native
 if TYPE_CHECKING:
     from torch.fx._graph_pickler import GraphPickler
 
-TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore
+    GraphPoolHandle = torch.cuda._POOL_HANDLE      # what torch.cuda.graph_pool_handle() returns (for annotations)
+
+TORCH_VERSION = cast(tuple[int, int], tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]))
 
 # Loading and compiling point TORCHINDUCTOR_CACHE_DIR at a folder for a moment: serialise them within the process.
 _INDUCTOR_LOCK = threading.RLock()

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+import types
+from typing import Any, Callable, cast
 
 import torch
 
@@ -43,7 +44,8 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynam
         raise ConfigError(f"custom_decompositions={custom_decompositions!r}: expected a dict {{torch op: function}}")
     if cache_dir is not None and not isinstance(cache_dir, str) and not hasattr(cache_dir, "__fspath__"):
         raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
-    return CachedFunction(func, config=config, store=Store.from_config(cache_dir, config),
+    method = cast(types.MethodType, func)           # _check_method: a bound method of an nn.Module
+    return CachedFunction(method, config=config, store=Store.from_config(cache_dir, config),
                           topology=resolve_topology(global_rank, tp_rank, pp_rank),
                           decompositions=custom_decompositions)
 

@@ -5,10 +5,10 @@ in a dict of loaded entries, run the entry. No Dynamo, no guards, no disk. A cal
 last such call does not get here: the base class's ``__call__`` (dispatch.py, C where ``gearcache._callpath`` is
 built) serves it with one C++ check of the tensors' metadata (``signature.matcher``) and the entry's ``run``.
 
-Miss path (``_miss``), once per signature per process: build the entry key from its factors; if the store has a
-valid manifest and artifact for it whose value guards hold here (gearcache/guards.py), load it (no tracing, no
-compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all processes sharing the
-folder), publish, and load.
+Miss path (``EntryLife.miss``, gearcache/entry_life.py), once per signature per process: build the entry key from
+its factors; if the store has a valid manifest and artifact for it whose value guards hold here (gearcache/guards.py),
+load it (no tracing, no compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all
+processes sharing the folder), publish, and load.
 
 Value guards per call: the entries in memory stay valid while nothing on their guards' paths changes; a
 :class:`~gearcache.guard_watch.GuardWatch` notices a change at the cost of a comparison per call (in C on the
@@ -23,7 +23,7 @@ import logging
 import re
 import types
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -59,7 +59,7 @@ class CachedFunction(Dispatcher):
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
                  decompositions: dict[Any, Callable] | None):
         self._method = method
-        self._module: torch.nn.Module = method.__self__
+        self._module = cast(torch.nn.Module, method.__self__)     # api._check_method checked it
         self.config = config
         self.store = store
         self.topology = topology
@@ -342,7 +342,7 @@ class CachedFunction(Dispatcher):
             if early is not None:
                 early.close(wait=False)
         combos = gear_plan.combinations()
-        call = self._call_geared
+        call: Callable[..., Any] = self._call_geared
         if self.graphs is not None:             # capture them now, largest first (or only load them: lazy capture)
             combos = cuda_graphs.capture_order(combos)
             call = self.graphs.prepare if lazy else self.graphs.call
@@ -353,6 +353,7 @@ class CachedFunction(Dispatcher):
                 gear_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, sizes), sizes)
                 gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
             if capture_now:
+                assert self.graphs is not None      # capture_now: graphs are captured (reduce-overhead)
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                     self.graphs.capture_all(gear_plan, gear_calls)
             with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
@@ -466,7 +467,7 @@ def _leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> d
     return names
 
 
-def _entry_point_name(method: Callable) -> str:
+def _entry_point_name(method: types.MethodType) -> str:
     """``module.Class.method``, the method's folder in the store: the same however the module is run."""
     cls = type(method.__self__)
     raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"

@@ -32,7 +32,7 @@ import math
 import threading
 import time
 import typing
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -105,9 +105,10 @@ class CudaGraphs:
     def __init__(self, cached: Any, life: Any):
         self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
         self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
-        self.pool = None                                # torch.cuda.graph_pool_handle(), shared by every gear
+        self.pool: compat.GraphPoolHandle | None = None     # torch.cuda.graph_pool_handle(), shared by every gear
         self.graphs: dict[tuple, GraphedEntry] = {}
-        self._side = self._capture_stream = None
+        self._side: torch.cuda.Stream | None = None
+        self._capture_stream: torch.cuda.Stream | None = None
         self.timeline: Any = None       # set by warmup(): captures then record their phases in its Timeline
         self.handed_out: list[torch.Tensor] = []        # "view-checked": the views the last call returned
 
@@ -203,10 +204,10 @@ class CudaGraphs:
     @staticmethod
     def _graph_key(gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:
         shapes: dict[int, list[int]] = {}
-        if gear_plan is not None:
+        if targets is not None:         # a gear plan's call (targets is None exactly when gear_plan is)
             for d, t in zip(gear_plan.dims, targets):
                 shapes.setdefault(d.leaf, list(leaves[d.leaf].shape))[d.dim] = t
-        parts = []
+        parts: list[tuple] = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 shape = tuple(shapes[i]) if i in shapes else tuple(leaf.shape)
@@ -269,7 +270,7 @@ class CudaGraphs:
                 f"into a static buffer, so the write would not reach the caller's tensor. Fix: pass it without gears "
                 f"and with gearcache.mark_static_address (the same tensor on every call), or use mode='default', "
                 f"where gearcache copies its real rows back after each call")
-        static_leaves = list(leaves)
+        static = list(leaves)
         copies, static_ptrs = [], []
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
@@ -283,12 +284,12 @@ class CudaGraphs:
                                       f"input cannot be padded")
                 static_ptrs.append((i, leaf.data_ptr()))
                 continue
-            buf = leaf.new_empty(leaf.shape if gear_plan is None else
+            buf = leaf.new_empty(leaf.shape if targets is None else
                                  [t for t in _target_shape(gear_plan, leaves, targets, i)])
-            static_leaves[i] = buf
+            static[i] = buf
             copies.append((i, buf, pad_of.get(i, 0.0)))
-        static_leaves = tuple(static_leaves)
-        graphed = GraphedEntry(None, None, [], copies, static_ptrs)
+        static_leaves = tuple(static)
+        graphed = GraphedEntry(None, cast(torch.cuda.CUDAGraph, None), [], copies, static_ptrs)   # recorded later
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
         graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
@@ -385,7 +386,7 @@ class CudaGraphs:
 
     def _streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The side stream of warm-up runs and the capture stream, made once per method (not once per gear)."""
-        if self._side is None:
+        if self._side is None or self._capture_stream is None:     # (made together)
             self._side, self._capture_stream = torch.cuda.Stream(), torch.cuda.Stream()
         return self._side, self._capture_stream
 
@@ -476,7 +477,7 @@ class _GearThreads:
         for exc in self.errors:
             if exc is not None:
                 raise exc
-        return self.results                                         # type: ignore[return-value]
+        return self.results         # type: ignore[return-value]  # no None left: each gear recorded, or raised above
 
     def _gear(self, k: int) -> None:
         graphed, static_leaves = self.gears[k]

@@ -12,7 +12,7 @@ runner); ``PyDispatcher`` below is the same in Python, used where the extension 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from ._callpath import Dispatcher as _NativeDispatcher
@@ -47,5 +47,8 @@ class PyDispatcher:
         raise NotImplementedError
 
 
-Dispatcher = _NativeDispatcher or PyDispatcher
+if TYPE_CHECKING:                   # the C class has no stub: checkers see its Python twin
+    Dispatcher = PyDispatcher
+else:
+    Dispatcher = _NativeDispatcher or PyDispatcher
 """The base class ``CachedFunction`` uses: the C one when ``gearcache._callpath`` is built."""

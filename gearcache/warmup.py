@@ -29,6 +29,7 @@ process instead, so the result is that of the serial path: the same keys, artifa
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import shutil
 import threading
@@ -148,7 +149,7 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | 
                 job = _job(life, p)
             build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
             future = threads.submit(life.publish, p, build)
-            future.add_done_callback(lambda f, s=sizes, t0=p.t0: done(f, s, t0))
+            future.add_done_callback(functools.partial(done, sizes=sizes, t0=p.t0))
             pending.append((gkey, future, p, who))
         for gkey, future, p, who in pending:
             folder, built = future.result()
@@ -189,7 +190,7 @@ class _RemoteBuild:
     def __call__(self, folder) -> None:
         if self.job is not None:
             try:
-                reply = self._compile_remotely(folder)
+                reply = self._compile_remotely(self.job, folder)
             except WorkerError as exc:
                 log.warning("warmup %s: a worker failed to compile entry %s; compiling it in this process:\n%s",
                             self.life.name, self.p.ekey, exc)
@@ -207,10 +208,10 @@ class _RemoteBuild:
                 torch.set_grad_enabled(self.grad):
             self.life.compile(self.p.captured, folder)
 
-    def _compile_remotely(self, folder) -> dict[str, Any]:
+    def _compile_remotely(self, job: dict[str, Any], folder) -> dict[str, Any]:
         """Compile in a worker; record the wait for it, its start (first job only) and its compile."""
         t0 = time.time()
-        reply = self.pool.compile({**self.job, "folder": str(folder)})
+        reply = self.pool.compile({**job, "folder": str(folder)})
         times, worker = reply["times"], f"worker {reply['worker']}"
         self.timeline.add_once(worker, "worker start+imports", times["started"], times["ready"])
         self.timeline.add(self.who, "wait for a worker", t0, max(t0, times["job_start"]))

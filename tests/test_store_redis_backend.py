@@ -1,4 +1,5 @@
-"""The Redis backend against a real redis-server: its contract (backend.py), bounded time, faults as RemoteError."""
+"""The Redis backend against a real redis-server: its contract (remote_backend.py), bounded time, faults as
+RemoteError."""
 from __future__ import annotations
 
 import subprocess

@@ -136,7 +136,7 @@ class ServedLM(torch.nn.Module):
         """The cached method: the model's forward on the active backing cache. ``input_ids`` [Bg, G] (the last
         ``pad`` positions are padding), ``attention_mask`` [Bg, Lg] bool, ``position_ids`` [Bg, G]. Returns the
         logits of the last ``keep_last`` real positions ([Bg, keep_last, V]), or of all G when ``keep_last`` is 0."""
-        cache = self._active.cache
+        cache = cast(hf_cache.Backing, self._active).cache      # _activate'd by the caller before every step
         width = input_ids.shape[1]
         kwargs: dict[str, Any] = {self._cache_kw: cache}
         keep = None

@@ -74,8 +74,9 @@ def _call_edits(node: ast.Call, index: int) -> list[tuple[ast.expr, str]]:
 def _the_index(arg: ast.expr, index: int, what: str) -> ast.expr:
     if not _is_int(arg):
         _refuse(arg, f"{what}() with a computed argument")
-    if arg.value != index:                                               # type: ignore[attr-defined]
-        _refuse(arg, f"{what}({arg.value}) in a graph compiled on cuda:{index} (more than one GPU)")  # type: ignore
+    value = arg.value           # type: ignore[attr-defined]  # an ast.Constant holding an int: _is_int above
+    if value != index:
+        _refuse(arg, f"{what}({value}) in a graph compiled on cuda:{index} (more than one GPU)")
     return arg
 
 

@@ -1,6 +1,6 @@
 """A small Redis reader for the fetch path (``GET`` / ``MGET`` over RESP2 on a plain socket), so that a warm node's
 first call never imports redis-py: ``import redis`` costs ~0.1 s of CPU, which was most of a warm-Redis first call
-(benchmarks/fleet.py). Writes, claims, scans and server facts stay with redis-py (``redis_backend.py``).
+(benchmarks/fleet.py). Writes, claims, scans and server facts stay with redis-py (``redis_remote_backend.py``).
 
 Scope: :func:`parse_url` accepts ``redis://[[user]:password@]host[:port][/db]`` and ``unix:///path[?db=n]`` and
 returns None for anything else (``rediss://``, other URL options), which stays with redis-py. Contract:
@@ -115,7 +115,8 @@ def _connect(target: Target, timeout_s: float) -> socket.socket:
     """A connected socket whose every operation times out after ``timeout_s``."""
     if target.path is None:             # an ASCII name as bytes: getaddrinfo skips the idna codec (2 ms to import)
         host = target.host.encode() if target.host.isascii() else target.host
-        sock = socket.create_connection((host, target.port), timeout=timeout_s)
+        sock = socket.create_connection((host, target.port),  # type: ignore[arg-type]  # typeshed: str; bytes work
+                                        timeout=timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
