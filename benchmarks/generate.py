@@ -98,6 +98,10 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
 
         counters_after_sweep = {k: getattr(counters, k) for k in ("traces", "compiles", "loads", "graph_captures",
                                                                   "load_seconds", "compile_seconds")}
+    if os.environ.get("GEARCACHE_BENCH_SWEEP_ONLY"):  # the sweep and first generate() only (a short device run)
+        if variant.startswith("gearcache"):
+            out["counters_after_sweep"] = counters_after_sweep
+        return out
     generate(16, 64), generate(16, 1)                  # warm-up of the timed shapes
     long = min(generate(16, 64) for _ in range(3))
     short = min(generate(16, 1) for _ in range(3))
