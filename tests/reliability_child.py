@@ -24,7 +24,7 @@ from typing import Any
 import filelock
 import torch
 
-import gearcache.cached_function as cached_function_module
+import gearcache.entry_life as entry_life_module
 from gearcache import CompilerConfig, cache_compile, counters, runplan
 from gearcache import compiler
 from gearcache.store import files as store_module
@@ -168,7 +168,7 @@ def _arm(step: str, delay: float) -> None:
         return lambda src, dst: pathlib.Path(dst).name == name
 
     if step == "capture":
-        wrap(cached_function_module, "capture")
+        wrap(entry_life_module, "capture")
     elif step == "build":
         wrap(compiler, "compile_artifact")
     elif step == "manifest":
