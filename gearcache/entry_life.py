@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 import types
+import weakref
 from typing import Any, Callable, Union, cast
 
 import torch
@@ -91,7 +92,10 @@ class EntryLife:
         self.table: dict[tuple, Loaded] = {}
         self.compiling: dict[tuple, background.Compiling] = {}    # on_new_signature="background": eager stand-ins
         self.lock = threading.RLock()
-        self.remembered = remembered    # called with each entry ``remember`` puts in the table
+        # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
+        # this object) is freed as soon as its last user drops it, not at the next cyclic collection: its Store's
+        # leases go with it, and an evicting process may then remove the artifact
+        self._remembered = _weak(remembered)
 
     # ---------------------------------------------------------------------------------------------- get or miss
     def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded:
@@ -331,8 +335,17 @@ class EntryLife:
     def remember(self, key: tuple, entry: Loaded) -> None:
         """Put ``entry`` in the table under signature key ``key`` (and tell the owner: ``remembered``)."""
         self.table[key] = entry
-        if self.remembered is not None:
-            self.remembered(entry)
+        hook = self._remembered()
+        if hook is not None:
+            hook(entry)
+
+
+def _weak(hook: Callable[[Loaded], None] | None) -> Callable[[], Callable[[Loaded], None] | None]:
+    """A weak reference to ``hook`` when it is a bound method (its object may die first: then None), else a
+    function returning ``hook`` itself."""
+    if isinstance(hook, types.MethodType):
+        return weakref.WeakMethod(hook)
+    return lambda: hook
 
 
 def cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:

@@ -42,6 +42,30 @@ def test_second_object_loads_without_compiling_and_matches_eager(affine_cache):
     torch.testing.assert_close(out2, out)
 
 
+def test_a_dropped_cached_method_is_freed_at_once_with_its_leases(affine_cache, tmp_path):
+    """Dropping the module's cached method frees it (and its Store, whose leases let an evicting process remove
+    the artifact) by reference counting alone: nothing of gearcache holds it in a cycle."""
+    import gc
+    import shutil
+    import weakref
+
+    root = tmp_path / "store"                       # a folder no other Store of this process leases from
+    shutil.copytree(affine_cache, root, ignore=shutil.ignore_patterns("leases", "locks", "index"))
+    m = Affine(root)
+    with torch.no_grad():
+        m.cached(torch.randn(2, 4))                 # loaded: its Store leases the artifact
+    leases = list((root / "leases").glob("*/*"))
+    assert leases
+    cached, store = weakref.ref(m.cached), weakref.ref(m.cached.store)
+    gc.disable()
+    try:
+        m.cached = None
+        assert cached() is None and store() is None
+    finally:
+        gc.enable()
+    assert not any(p.exists() for p in leases)
+
+
 def test_grad_enabled_with_trainable_parameters_is_an_error(affine_cache):
     m = Affine(affine_cache)
     with pytest.raises(gearcache.GradModeError, match="inference_mode"):
