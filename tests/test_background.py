@@ -89,11 +89,9 @@ def test_generate_runs_eagerly_while_its_entries_compile_then_compiled(tmp_path)
                                           timeout=900))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
-def test_cuda_graphs_wait_for_background_compiles_and_equal_eager_throughout(tmp_path):
-    """With mode="reduce-overhead", gears compiling in the background are served eagerly and not captured; once
-    loaded, their graphs are captured and replayed, equal to eager."""
-    run = run_script("run_corpus_model.py", "llama", str(tmp_path / "store"), "--cuda-graphs", "--background",
-                     timeout=900)
-    _check_background_generate(run)
-    assert run["again_counters"]["graph_captures"] >= 2
+def test_background_compiles_with_cuda_graphs_are_refused_where_configured(tmp_path):
+    """Not verified on a GPU yet (gearcache/cuda_graphs.py serves a compiling gear uncaptured, then captures it):
+    refused at cache_compile, naming both options and the fix, never served unverified."""
+    config = CompilerConfig(on_new_signature="background", mode="reduce-overhead")
+    with pytest.raises(gearcache.ConfigError, match="on_new_signature='background'.*mode='reduce-overhead'.*Fix"):
+        cache_compile(Counter().fwd, config=config, cache_dir=tmp_path / "store")
