@@ -20,8 +20,9 @@ as the serial path compiles). A graph that cannot travel to a worker (it calls c
 it) is compiled at once in the calling thread, as ``on_new_signature="compile"`` does.
 
 One pool of worker processes serves the whole process (``inference_config.warmup_workers`` of the first method
-that needs it, else ``workers.default_workers``); it is started before the first capture, so its imports overlap
-the trace, and kept until exit.
+that needs it, else ``workers.default_workers``); it is started before the capture of a miss that finds it closed,
+so its imports overlap the trace, and closed when the last compile in flight is settled (each worker holds an
+interpreter, torch and on a GPU a CUDA context).
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class _Workers:
         self.pool: WorkerPool | None = None
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.lives: "weakref.WeakSet[Any]" = weakref.WeakSet()     # EntryLife objects with compiles in flight
+        self.exit_registered = False
 
     def start(self, size: int) -> tuple[WorkerPool, concurrent.futures.ThreadPoolExecutor]:
         with self.lock:
@@ -84,8 +86,22 @@ class _Workers:
                 log.info("starting %d worker process(es) for background compiles", size)
                 self.pool = WorkerPool(size)
                 self.threads = concurrent.futures.ThreadPoolExecutor(size, thread_name_prefix="gearcache-background")
-                atexit.register(_at_exit)
+                if not self.exit_registered:
+                    atexit.register(_at_exit)
+                    self.exit_registered = True
             return self.pool, self.threads
+
+    def close_if_idle(self) -> None:
+        """Close the workers once no compile is in flight: each holds an interpreter, torch and (on a GPU) a CUDA
+        context; the next background miss starts them again, beside its trace."""
+        with self.lock:
+            if self.pool is None or in_flight():
+                return
+            log.info("no background compile in flight: closing the %d worker process(es)", self.pool.size)
+            self.pool.close(wait=False)
+            if self.threads is not None:
+                self.threads.shutdown(wait=False)
+            self.pool = self.threads = None
 
 
 _WORKERS = _Workers()
@@ -133,6 +149,7 @@ def settle(life: Any, key: tuple, stand_in: Compiling, wait: bool = False) -> An
     finally:
         shutil.rmtree(stand_in.scratch, ignore_errors=True)
         del life.compiling[key]
+        _WORKERS.close_if_idle()
     life.remember(key, entry)
     return entry
 
@@ -181,6 +198,12 @@ def in_flight() -> int:
     return sum(len(life.compiling) for life in list(_WORKERS.lives))
 
 
+def worker_pids() -> list[int]:
+    """The pids of the background worker processes running now (none while no compile is in flight)."""
+    pool = _WORKERS.pool
+    return pool.pids if pool is not None else []
+
+
 def _at_exit() -> None:
     """Settle what is in flight (the next process loads it instead of compiling again), then close the workers."""
     try:
@@ -190,6 +213,4 @@ def _at_exit() -> None:
     except Exception:                                       # noqa: BLE001 - at exit: logged, never raised
         log.exception("background compiles could not be settled at exit")
     finally:
-        with _WORKERS.lock:
-            if _WORKERS.pool is not None:
-                _WORKERS.pool.close(wait=False)
+        _WORKERS.close_if_idle()

@@ -159,6 +159,11 @@ class WorkerPool:
         """How many worker processes were started."""
         return len(self._all)
 
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' pids."""
+        return [proc.pid for proc in self._all]
+
     def compile(self, job: dict[str, Any]) -> dict[str, Any]:
         """Run ``job`` in a worker; returns its reply (``seconds``, ``times``, see the module docstring) with
         ``worker`` (its index in the pool) added. ``WorkerError`` if the worker failed or died."""

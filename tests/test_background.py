@@ -54,6 +54,30 @@ def test_a_new_signature_runs_eagerly_until_its_background_compile_is_loaded(tmp
     assert counters.traces == before["traces"] + 1
 
 
+def test_a_worker_killed_mid_compile_leaves_the_compile_to_the_settling_call(tmp_path):
+    """SIGKILL every worker while the entry compiles: the call was served eagerly, and settling it compiles it in
+    this process instead; the workers are closed once nothing is in flight."""
+    import os
+    import signal
+
+    torch.manual_seed(1)
+    model, twin = Counter(tmp_path / "store"), Counter()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(5, 6)
+    compiles = counters.compiles
+    with torch.inference_mode():
+        torch.testing.assert_close(model.cached(x), twin.fwd(x))
+        pids = gearcache.background.worker_pids()
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        assert gearcache.wait_for_background_compiles() == 1
+        assert counters.compiles == compiles + 1            # compiled here, once
+        assert gearcache.background.worker_pids() == []
+        torch.testing.assert_close(model.cached(x), twin.fwd(x))
+        torch.testing.assert_close(model.total, twin.total)
+
+
 def test_an_exiting_process_publishes_its_background_compiles_and_the_next_loads_them(tmp_path):
     """Gears 4 and 8 of a method that writes a buffer: compiled in the background of a process that exits right
     after its calls; a fresh process then loads both entries with no trace, guard, compile or kernel build."""
