@@ -14,6 +14,10 @@ the table (``EntryLife.finish`` and ``remember``). From then on the signature is
 included. Nothing compiled touches CUDA in this process outside the calling thread: the threads here only wait for
 the workers' pipes.
 
+The artifact lock is taken only when settling: processes sharing a folder that miss the same new signature at once
+may each compile it in a worker (the first to settle publishes it; the others find it published and load it: no
+wrong or half-written artifact, only a compile spent twice). ``warmup()`` is the way to compile once per fleet.
+
 A process exiting with compiles in flight waits for them and settles them (``atexit``), so the next process loads
 them instead of starting over. A worker that fails leaves the compile to the settling call (in this process,
 as the serial path compiles). A graph that cannot travel to a worker (it calls collectives, or torch cannot pickle
