@@ -51,6 +51,7 @@ from .faults import EagerEntry
 from .workers import WorkerPool, default_workers, job_for
 
 log = logging.getLogger("gearcache.background")
+MAX_WORKERS = 8         # compiles at once, at most (fewer where cores or memory are short: workers.default_workers)
 
 
 class Compiling(EagerEntry):
@@ -117,7 +118,7 @@ def start(life: Any, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found
     table), or the entry itself when the graph must be compiled in this process."""
     weights = [*life.module.parameters(), *life.module.buffers()]
     size = life.config.inference_config.warmup_workers or default_workers(
-        8, [x for x in leaves if isinstance(x, torch.Tensor)] + weights)
+        MAX_WORKERS, [x for x in leaves if isinstance(x, torch.Tensor)] + weights)
     pool, threads = _WORKERS.start(size)         # before the capture: the workers' imports overlap the trace
     pending = life.capture(args, kwargs, leaves, found)
     compat.import_torch_loader()                # settling may happen at exit, when Inductor can no longer import

@@ -31,7 +31,6 @@ import logging
 import math
 import threading
 import time
-import typing
 from typing import Any, Callable, cast
 
 import torch
@@ -224,19 +223,12 @@ class CudaGraphs:
         skey = signature.rekey(key, static_leaves)
         return self.life.get_or_miss(static_leaves, skey, count=False)
 
-    @typing.overload
-    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
-                 wait: typing.Literal[True]) -> GraphedEntry: ...
-
-    @typing.overload
-    def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
-                 wait: bool = False) -> GraphedEntry | None: ...
-
     def _capture(self, gear_plan: Any, leaves: tuple, key: tuple, targets: list[int] | None,
                  wait: bool = False) -> GraphedEntry | None:
         """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it. None (nothing
         captured, nothing run) while the entry compiles in the background: a graph of the eager stand-in would
-        replay one eager run, not the method. ``wait``: wait for such a compile instead (a warm-up's captures).
+        replay one eager run, not the method. ``wait``: wait for such a compile instead (a warm-up's captures: never
+        None then).
 
         Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
         """
@@ -327,7 +319,7 @@ class CudaGraphs:
             # Collectives in warm-up runs of several threads would reach the group in a different order on each rank
             # (a hang): one gear at a time, in ``calls``' order, the same on every rank.
             for gkey, leaves, key, targets in todo:
-                self.graphs[gkey] = self._capture(gear_plan, leaves, key, targets, wait=True)
+                self.graphs[gkey] = cast(GraphedEntry, self._capture(gear_plan, leaves, key, targets, wait=True))
             torch.cuda.empty_cache()
             return len(todo)
         self._streams()

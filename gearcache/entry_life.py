@@ -126,8 +126,11 @@ class EntryLife:
             if entry is None:
                 args, kwargs = call if call is not None else signature.unflatten(key[0], leaves)
                 if self.config.on_new_signature == "background":
-                    return background.start(self, key, args, kwargs, leaves, found)
-                entry = self.new_entry(args, kwargs, leaves, found)
+                    entry = background.start(self, key, args, kwargs, leaves, found)
+                    if isinstance(entry, background.Compiling):
+                        return entry            # served eagerly until settled; remembered then
+                else:
+                    entry = self.new_entry(args, kwargs, leaves, found)
             self.remember(key, entry)
             return entry
 

@@ -239,9 +239,5 @@ class Watcher:
 
 def watch(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Any:
     """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked); None
-    when there is nothing to watch."""
-    sets = [gs for gs in guard_sets if gs is not None and len(gs)]
-    if not sets:
-        return None
-    hops = hops_for(sets, scope)
-    return GuardWatch(hops.dicts, hops.types, hops.checked, ABSENT)
+    when there is nothing to watch. A one-off :class:`Watcher`."""
+    return Watcher(scope).watch(guard_sets)
