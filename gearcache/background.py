@@ -44,8 +44,7 @@ from typing import Any
 import torch
 
 from . import _torch_compat as compat
-from . import compiler, signature
-from .counters import counters
+from . import signature
 from .errors import WorkerError
 from .faults import EagerEntry
 from .workers import WorkerPool, default_workers, job_for
@@ -166,11 +165,8 @@ def _build(life: Any, stand_in: Compiling, reply: dict[str, Any] | None, work: p
         if reply is None:
             life.compile(stand_in.pending.captured, work)
             return
-        t0 = time.perf_counter()
         shutil.copytree(stand_in.scratch / "inductor", work, symlinks=True)
-        compiler.finish_artifact(work, stand_in.pending.captured.example_inputs)
-    counters.compiles += 1
-    counters.compile_seconds += reply["seconds"] + time.perf_counter() - t0
+        life.finish_compiled_elsewhere(stand_in.pending.captured, work, reply["seconds"])
 
 
 def wait(timeout: float | None = None) -> int:

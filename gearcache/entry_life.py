@@ -275,6 +275,15 @@ class EntryLife:
         counters.compiles += 1
         counters.compile_seconds += time.perf_counter() - t0
 
+    def finish_compiled_elsewhere(self, captured: Captured, folder, worker_seconds: float) -> None:
+        """The rest of ``compile`` for a folder a worker process compiled (warm-up, background compiles): a first
+        load and the run plan from the captured example inputs (``compiler.finish_artifact``); counted as a compile
+        of ``worker_seconds`` plus this."""
+        t0 = time.perf_counter()
+        compiler.finish_artifact(folder, captured.example_inputs)
+        counters.compiles += 1
+        counters.compile_seconds += worker_seconds + time.perf_counter() - t0
+
     def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
         """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
         if self.decompositions:

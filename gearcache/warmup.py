@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _torch_compat as compat
-from . import background, compiler, signature
-from .counters import counters
+from . import background, signature
 from .gears import narrowed
 from .progress import Progress
 from .timeline import Timeline
@@ -196,12 +195,9 @@ class _RemoteBuild:
                             self.life.name, self.p.ekey, exc)
                 shutil.rmtree(folder, ignore_errors=True)
             else:
-                t0 = time.perf_counter()
                 with self.finish_lock, self.timeline.span(self.who, "finish_artifact"), \
                         torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
-                    compiler.finish_artifact(folder, self.p.captured.example_inputs)
-                counters.compiles += 1
-                counters.compile_seconds += reply["seconds"] + time.perf_counter() - t0
+                    self.life.finish_compiled_elsewhere(self.p.captured, folder, reply["seconds"])
                 return
         with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
                 compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
