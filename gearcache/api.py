@@ -36,11 +36,6 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynam
         config = CompilerConfig()
     elif not isinstance(config, CompilerConfig):
         raise ConfigError(f"config={config!r}: expected a gearcache.CompilerConfig (or None for the defaults)")
-    if config.on_new_signature == "background" and config.mode == "reduce-overhead":
-        raise ConfigError(
-            "config.on_new_signature='background' with config.mode='reduce-overhead' is refused: CUDA graphs of "
-            "entries compiled in the background are not verified on a GPU yet. Fix: mode='default' for background "
-            "compiles, or on_new_signature='compile' (with warmup() ahead of serving) for CUDA graphs")
     if not isinstance(dynamic, bool):
         raise ConfigError(f"dynamic={dynamic!r}: expected True or False")
     if not dynamic:

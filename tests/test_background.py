@@ -113,9 +113,89 @@ def test_generate_runs_eagerly_while_its_entries_compile_then_compiled(tmp_path)
                                           timeout=900))
 
 
-def test_background_compiles_with_cuda_graphs_are_refused_where_configured(tmp_path):
-    """Not verified on a GPU yet (gearcache/cuda_graphs.py serves a compiling gear uncaptured, then captures it):
-    refused at cache_compile, naming both options and the fix, never served unverified."""
-    config = CompilerConfig(on_new_signature="background", mode="reduce-overhead")
-    with pytest.raises(gearcache.ConfigError, match="on_new_signature='background'.*mode='reduce-overhead'.*Fix"):
-        cache_compile(Counter().fwd, config=config, cache_dir=tmp_path / "store")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+
+
+def _graphed_counter(store, device: str) -> tuple[Counter, Counter]:
+    """A Counter under mode="reduce-overhead" with gears 2 and 4 on x's rows, and its eager twin, on ``device``."""
+    torch.manual_seed(2)
+    model, twin = Counter(), Counter()
+    config = CompilerConfig(on_new_signature="background", mode="reduce-overhead",
+                            inference_config=InferenceConfig(warmup_workers=1, dim_gears={"x": {0: [2, 4]}}))
+    model.cached = cache_compile(model.fwd, config=config, cache_dir=store)
+    twin.load_state_dict(model.state_dict())
+    return model.to(device), twin.to(device)
+
+
+def _call_both(model: Counter, twin: Counter, x: torch.Tensor) -> None:
+    with torch.inference_mode():
+        out, want = model.cached(x), twin.fwd(x)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(model.total, twin.total)
+
+
+def test_background_compiles_with_cuda_graphs_on_cpu_inputs_run_like_eager(tmp_path):
+    """mode="reduce-overhead" with on_new_signature="background" on CPU inputs (no graphs there): eager while the
+    gear compiles, then the compiled gear, equal to eager throughout (outputs and the buffer written in place)."""
+    model, twin = _graphed_counter(tmp_path / "store", "cpu")
+    eager_calls, captures = counters.eager_calls, counters.graph_captures
+    x = torch.randn(3, 6)
+    _call_both(model, twin, x)
+    assert counters.eager_calls == eager_calls + 1
+    assert gearcache.wait_for_background_compiles() == 1
+    hits = counters.hits
+    _call_both(model, twin, x)
+    _call_both(model, twin, x[:1])                  # gear 2: compiles in the background again, eager meanwhile
+    assert gearcache.wait_for_background_compiles() <= 1
+    _call_both(model, twin, x[:2])
+    assert counters.hits >= hits + 2
+    assert counters.graph_captures == captures
+
+
+@needs_cuda
+def test_cuda_graphs_serve_a_compiling_gear_uncaptured_then_capture_it(tmp_path):
+    """On the GPU: a gear whose entry compiles in the background is served by the eager stand-in without a graph
+    (a graph of the stand-in would replay one eager run); once loaded, its graph is captured once and replayed.
+    Every call equals an eager twin, outputs and the buffer the method writes in place."""
+    model, twin = _graphed_counter(tmp_path / "store", "cuda")
+    eager_calls, captures = counters.eager_calls, counters.graph_captures
+    x = torch.randn(3, 6, device="cuda")
+    _call_both(model, twin, x)                      # gear 4: compiling, eager, nothing captured
+    assert counters.eager_calls == eager_calls + 1
+    assert counters.graph_captures == captures
+    assert gearcache.wait_for_background_compiles() == 1
+    _call_both(model, twin, x)                      # loaded: captured now
+    assert counters.graph_captures == captures + 1
+    hits = counters.hits
+    for _ in range(3):
+        _call_both(model, twin, x)                  # replayed
+    assert counters.hits == hits + 3 and counters.graph_captures == captures + 1
+    eager_calls = counters.eager_calls
+    _call_both(model, twin, x[:2])                  # gear 2: compiling, eager
+    assert counters.eager_calls == eager_calls + 1
+    assert gearcache.wait_for_background_compiles() == 1
+    for _ in range(2):
+        _call_both(model, twin, x[:1])
+    assert counters.graph_captures == captures + 2
+    assert counters.eager_calls == eager_calls + 1
+
+
+@needs_cuda
+def test_generate_under_cuda_graphs_runs_eagerly_while_compiling_then_replays_graphs(tmp_path):
+    """generate() of the corpus Llama on the GPU with mode="reduce-overhead" and on_new_signature="background":
+    equal to eager while its entries compile (no graph captured), then replaying CUDA graphs once they are loaded;
+    a warm fresh process then loads them, compiling nothing, and replays graphs equal to eager."""
+    from conftest import Script
+
+    store = str(tmp_path / "store")
+    cold = run_script("run_corpus_model.py", "llama", store, "--background", "--cuda-graphs", timeout=900)
+    _check_background_generate(cold)
+    assert cold["counters_after_second_cache"]["graph_captures"] == 0     # compiling: served uncaptured
+    assert cold["again_counters"]["graph_captures"] >= 2                  # prompt gear and decode step
+    warm = Script("run_corpus_model.py", "llama", store, "--cuda-graphs", "--hooks",
+                  env=empty_caches_env(tmp_path / "caches")).result(timeout=600)
+    assert warm["tokens_match_generate"] is True and warm["sampled_match"] is True
+    assert warm["max_abs_diff"] <= 1e-4 and warm["cache_max_abs_diff"] <= 1e-4
+    assert warm["counters"]["compiles"] == 0 and warm["hooks"]["dynamo_frames"] == 0
+    assert warm["counters"]["graph_captures"] >= 2
+    assert warm["tokens"] == cold["tokens"]
