@@ -9,7 +9,8 @@ configs, batch 1, static cache):
                all; its total wall time in a cold process, for gearcache (empty store: compiles its gears) and for
                torch.compile (transformers' own: generate() compiles the decode step of a static cache; prefill eager);
                with --background also gearcache with on_new_signature="background" (a store of its own: the sweep
-               runs eagerly while its entries compile in a worker) and the time until every entry is compiled;
+               runs eagerly while its entries compile in a worker), the time until every entry is compiled and
+               the sweep twice more once they are (with --graphs also under mode="reduce-overhead");
   first        the first generate() of a warm gearcache process (the sweep's store) and of an eager process;
   per_token_ms (generate(64 new tokens) - generate(1 new token)) / 63, after a warm-up: eager, torch.compile,
                gearcache, and with --graphs gearcache with mode="reduce-overhead" (CUDA graphs per gear, the same
@@ -52,7 +53,9 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         from gearcache.integrations.transformers import enable
 
         config = {"gearcache-graphs": CompilerConfig(mode="reduce-overhead"),
-                  "gearcache-background": CompilerConfig(on_new_signature="background")}.get(variant)
+                  "gearcache-background": CompilerConfig(on_new_signature="background"),
+                  "gearcache-background-graphs": CompilerConfig(on_new_signature="background",
+                                                                mode="reduce-overhead")}.get(variant)
         try:
             enable(lm, cache_dir=store, config=config)
         except Exception as exc:                       # noqa: BLE001 - reported, e.g. graphs refused for now
@@ -84,7 +87,7 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
     else:
         out = {"first_generate_s": generate(*SWEEP[0])}
     out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
-    if variant == "gearcache-background":             # the sweep was served; now wait until every entry is compiled
+    if variant.startswith("gearcache-background"):    # the sweep was served; now wait until every entry is compiled
         from gearcache import wait_for_background_compiles
 
         from gearcache import counters as served
@@ -93,6 +96,8 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         t0 = time.perf_counter()
         out["settled"] = wait_for_background_compiles()
         out["all_compiled_s"] = out["sweep_s"] + time.perf_counter() - t0
+        # the same sweep twice more, compiled (graphs: the first of them captures each gear's graph)
+        out["again_sweep_s"] = [sum(generate(*call) for call in SWEEP) for _ in range(2)]
     if variant.startswith("gearcache"):
         from gearcache import counters
 
@@ -175,6 +180,9 @@ def main(argv=None) -> int:
             runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")}   # cold
             if opts.background:     # cold too: a store of its own
                 runs["gearcache-background"] = start(name, "gearcache-background", store + "-background", opts, work)
+                if opts.graphs:
+                    runs["gearcache-background-graphs"] = start(name, "gearcache-background-graphs",
+                                                                store + "-background-graphs", opts, work)
             runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
             runs["eager"] = start(name, "eager", store, opts, work)
             if opts.graphs:
@@ -186,9 +194,14 @@ def main(argv=None) -> int:
                                  **({"gearcache-background": get("gearcache-background", "sweep_s"),
                                      "gearcache-background_all_compiled": get("gearcache-background",
                                                                               "all_compiled_s")}
-                                    if opts.background else {})},
-                "cold_counters": {v: runs[v].get("counters_after_sweep") for v in ("gearcache", "gearcache-background")
-                                  if v in runs},
+                                    if opts.background else {}),
+                                 **({"gearcache-background-graphs": get("gearcache-background-graphs", "sweep_s"),
+                                     "gearcache-background-graphs_all_compiled": get("gearcache-background-graphs",
+                                                                                     "all_compiled_s")}
+                                    if opts.background and opts.graphs else {})},
+                "again_sweep_s": {v: runs[v]["again_sweep_s"] for v in runs if "again_sweep_s" in runs[v]},
+                "cold_counters": {v: runs[v].get("counters_after_sweep") for v in runs
+                                  if v in ("gearcache", "gearcache-background", "gearcache-background-graphs")},
                 "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
                                      "eager": get("eager", "first_generate_s")},
                 "per_token_ms": {v: get(v, "per_token_ms") for v in runs if v != "gearcache"},
