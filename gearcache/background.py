@@ -12,8 +12,9 @@ into which the worker's folder is copied, the run plan written from the captured
 ``compiler.finish_artifact``, digests, an atomic rename), the entry manifest written, the entry loaded and put in
 the table (``EntryLife.finish`` and ``remember``). From then on the signature is served compiled, CUDA graphs
 included: under ``mode="reduce-overhead"`` a compiling gear runs eagerly with no graph (gearcache/cuda_graphs.py: a
-graph of the stand-in would replay one eager run), and its graph is captured on its first call once loaded. Nothing compiled touches CUDA in this process outside the calling thread: the threads here only wait for
-the workers' pipes.
+graph of the stand-in would replay one eager run), and its graph is captured on its first call once loaded.
+Nothing compiled touches CUDA in this process outside the calling thread: the threads here only wait for the
+workers' pipes.
 
 The artifact lock is taken only when settling: processes sharing a folder that miss the same new signature at once
 may each compile it in a worker (the first to settle publishes it; the others find it published and load it: no
