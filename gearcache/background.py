@@ -84,10 +84,13 @@ class _Workers:
         self.pool: WorkerPool | None = None
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.lives: "weakref.WeakSet[Any]" = weakref.WeakSet()     # EntryLife objects with compiles in flight
+        self.starting = 0       # misses between ``start`` and ``started`` (capturing: not in flight yet)
         self.exit_registered = False
 
     def start(self, size: int) -> tuple[WorkerPool, concurrent.futures.ThreadPoolExecutor]:
+        """The pool (started if closed) for a miss about to capture; the pool stays open until its ``started``."""
         with self.lock:
+            self.starting += 1
             if self.pool is None or self.threads is None:
                 log.info("starting %d worker process(es) for background compiles", size)
                 self.pool = WorkerPool(size)
@@ -97,11 +100,17 @@ class _Workers:
                     self.exit_registered = True
             return self.pool, self.threads
 
-    def close_if_idle(self) -> None:
-        """Close the workers once no compile is in flight: each holds an interpreter, torch and (on a GPU) a CUDA
-        context; the next background miss starts them again, beside its trace."""
+    def started(self) -> None:
+        """A miss's ``start`` ended: its compile is in flight, or it failed or compiled in this process."""
         with self.lock:
-            if self.pool is None or in_flight():
+            self.starting -= 1
+        self.close_if_idle()
+
+    def close_if_idle(self) -> None:
+        """Close the workers once no compile is in flight and no miss is starting one: each holds an interpreter,
+        torch and (on a GPU) a CUDA context; the next background miss starts them again, beside its trace."""
+        with self.lock:
+            if self.pool is None or self.starting or in_flight():
                 return
             log.info("no background compile in flight: closing the %d worker process(es)", self.pool.size)
             self.pool.close(wait=False)
@@ -121,18 +130,21 @@ def start(life: Any, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found
     size = life.config.inference_config.warmup_workers or default_workers(
         MAX_WORKERS, [x for x in leaves if isinstance(x, torch.Tensor)] + weights)
     pool, threads = _WORKERS.start(size)         # before the capture: the workers' imports overlap the trace
-    pending = life.capture(args, kwargs, leaves, found)
-    compat.import_torch_loader()                # settling may happen at exit, when Inductor can no longer import
-    job = job_for(life.graph_to_compile(pending.captured), pending.captured.example_inputs, life.compile_patches(),
-                  f"{life.name}: entry {pending.ekey}")
-    if job is None:
-        folder, built = life.publish(pending)
-        return life.finish(pending, folder, built)
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
-    future = threads.submit(pool.compile, {**job, "folder": str(scratch / "inductor")})
-    stand_in = Compiling(life.method, life.name, pending, future, scratch)
-    life.compiling[key] = stand_in
-    _WORKERS.lives.add(life)
+    try:
+        pending = life.capture(args, kwargs, leaves, found)
+        compat.import_torch_loader()            # settling may happen at exit, when Inductor can no longer import
+        job = job_for(life.graph_to_compile(pending.captured), pending.captured.example_inputs,
+                      life.compile_patches(), f"{life.name}: entry {pending.ekey}")
+        if job is None:
+            folder, built = life.publish(pending)
+            return life.finish(pending, folder, built)
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
+        future = threads.submit(pool.compile, {**job, "folder": str(scratch / "inductor")})
+        stand_in = Compiling(life.method, life.name, pending, future, scratch)
+        life.compiling[key] = stand_in
+        _WORKERS.lives.add(life)
+    finally:
+        _WORKERS.started()                      # in flight now, or nothing is: the pool closes if idle
     log.info("%s: entry %s compiles in the background; its calls run eagerly until it is loaded", life.name,
              pending.ekey)
     return stand_in

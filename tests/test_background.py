@@ -78,6 +78,25 @@ def test_a_worker_killed_mid_compile_leaves_the_compile_to_the_settling_call(tmp
         torch.testing.assert_close(model.total, twin.total)
 
 
+class Breaks(torch.nn.Module):
+    def __init__(self, store):
+        super().__init__()
+        config = CompilerConfig(on_new_signature="background", inference_config=InferenceConfig(warmup_workers=1))
+        self.cached = cache_compile(self.fwd, config=config, cache_dir=store)
+
+    def fwd(self, x):
+        return x + 1 if x.sum().item() > 0 else x      # data-dependent branch: a graph break
+
+
+def test_a_miss_whose_capture_fails_raises_and_leaves_no_worker_running(tmp_path):
+    """The workers start before the capture (their imports overlap it); a capture that fails (a graph break) is the
+    caller's error, as without background compiles, and the workers close: nothing is in flight."""
+    with pytest.raises(gearcache.GraphBreakError), torch.inference_mode():
+        Breaks(tmp_path / "store").cached(torch.ones(3))
+    assert gearcache.background.in_flight() == 0
+    assert gearcache.background.worker_pids() == []
+
+
 def test_an_exiting_process_publishes_its_background_compiles_and_the_next_loads_them(tmp_path):
     """Gears 4 and 8 of a method that writes a buffer: compiled in the background of a process that exits right
     after its calls; a fresh process then loads both entries with no trace, guard, compile or kernel build."""
