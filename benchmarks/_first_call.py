@@ -1,8 +1,13 @@
 """One fresh process of the warm-start benchmark: build the reference decoder, time its first decode call.
 
-usage: _first_call.py VARIANT WORKDIR DEVICE  (VARIANT: compile | megacache-save | megacache-load | gearcache)
-Prints one JSON line: first_call_s (first call incl. any load, to the device synchronising), and for gearcache the
-per-call timings of the loaded entry against the torch-loaded compiled callable it wraps.
+usage: _first_call.py VARIANT WORKDIR DEVICE
+VARIANT: compile | megacache-save | megacache-load | aot-save | aot-load | aot-load-unguarded | gearcache
+Prints one JSON line: first_call_s (first call incl. any load, to the device synchronising), call_p50_us (the
+median wall time of one call, the device synchronised around the timed calls only), and for gearcache the
+per-call timings of the loaded entry against the torch-loaded compiled callable it wraps. ``aot-save`` compiles
+with torch's ``aot_compile`` and saves it (``save_compiled_function``); ``aot-load`` loads that file
+(``torch.compiler.load_compiled_function``) and calls it with its guards checked, ``aot-load-unguarded`` with
+``disable_guard_check()``.
 """
 import time
 
@@ -64,6 +69,16 @@ with torch.inference_mode():
     report["setup_s"] = t0 - T_PROCESS
     if variant == "megacache-load":
         torch.compiler.load_cache_artifacts(blob)
+    if variant.startswith("aot-load"):
+        with open(os.path.join(workdir, "aot_compiled.bin"), "rb") as f:
+            aot = torch.compiler.load_compiled_function(f)
+        if variant == "aot-load-unguarded":
+            aot.disable_guard_check()
+        fn = lambda *a, _aot=aot: _aot(model, *a)          # noqa: E731 - compiled from a bound method: self first
+    if variant == "aot-save":
+        torch._dynamo.config.enable_aot_compile = True      # off by default on torch 2.11
+        aot = torch.compile(model.decode, fullgraph=True).aot_compile(((x, kv, pos), {}))
+        fn = lambda *a, _aot=aot: _aot(model, *a)          # noqa: E731 - compiled from a bound method: self first
     if fn is None:
         fn = torch.compile(model.decode, fullgraph=True)
     out = fn(x, kv, pos)
@@ -76,6 +91,11 @@ with torch.inference_mode():
 
         profile.disable()
         pstats.Stats(profile, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+    eager = model.decode(x, kv, pos)
+    report["max_abs_diff_vs_eager"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(out, eager))
+    report["call_p50_us"] = _p50(lambda: fn(x, kv, pos), int(os.environ.get("GEARCACHE_BENCH_CALLS", "10000")))
+    if variant == "aot-save":
+        aot.save_compiled_function(os.path.join(workdir, "aot_compiled.bin"))
     if variant == "megacache-save":
         artifacts = torch.compiler.save_cache_artifacts()
         with open(os.path.join(workdir, "megacache.bin"), "wb") as f:
