@@ -77,7 +77,8 @@ def phase(args) -> dict:
     device, dtype = ex.setup(args.device)
     sizes = ex.SIZES["toy" if args.toy else "reference"]
     mode = "reduce-overhead" if device.startswith("cuda") else "default"
-    model, _ = ex.build(sizes, cache_dir=args.cache_dir, mode=mode, gears=args.gears, device=device, dtype=dtype)
+    model, _ = ex.build(sizes, cache_dir=args.cache_dir, mode=mode, gears=args.gears, device=device, dtype=dtype,
+                        padding_check=args.padding_check, warmup_workers=args.warmup_workers)
     big = max(args.gears)
     out: dict = {"rank": dist.get_rank(), "device": device,
                  "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
@@ -190,7 +191,9 @@ def run_phase(args, name: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
            os.path.abspath(__file__), "--phase", name, "--cache-dir", args.cache_dir, "--device", args.device,
            "--gears", ",".join(map(str, args.gears)), "--prompt-len", str(args.prompt_len),
-           "--sweep-max", str(args.sweep_max)] + (["--toy"] if args.toy else [])
+           "--sweep-max", str(args.sweep_max)] + (["--toy"] if args.toy else []) + \
+        (["--padding-check", args.padding_check] if args.padding_check else []) + \
+        (["--warmup-workers", str(args.warmup_workers)] if args.warmup_workers else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)      # stderr: the ranks' progress
     wall = time.perf_counter() - t0
@@ -254,6 +257,10 @@ def main() -> None:
     ap.add_argument("--gears", type=lambda s: [int(g) for g in s.split(",")], default=GEARS)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--sweep-max", type=int, default=64)
+    ap.add_argument("--padding-check", choices=["verify", "refuse", "off"], default=None,
+                    help="inference_config.padding_check (default: the config's)")
+    ap.add_argument("--warmup-workers", type=int, default=None,
+                    help="inference_config.warmup_workers (default: the config's, half the cores per rank)")
     args = ap.parse_args()
     if args.phase:
         report = phase(args)

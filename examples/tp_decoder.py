@@ -129,12 +129,16 @@ class TPBlock(nn.Module):
 class TPDecoder(Decoder):
     """This rank's shard of the decoder, with ``cached_prefill`` and ``cached_decode``."""
 
-    def __init__(self, sizes: dict, tp: int, rank: int, *, cache_dir: str | None, mode: str, gears: list[int]):
+    def __init__(self, sizes: dict, tp: int, rank: int, *, cache_dir: str | None, mode: str, gears: list[int],
+                 padding_check: str | None = None, warmup_workers: int | None = None):
         from gearcache import CompilerConfig, cache_compile
 
         super().__init__(**sizes, block=lambda d, heads: TPBlock(d, heads, tp))
         config = CompilerConfig(mode=mode)
         config.inference_config.dim_gears = {"ids": {0: gears}, "kv": {2: gears}}      # batch, zipped
+        if padding_check is not None:
+            config.inference_config.padding_check = padding_check
+        config.inference_config.warmup_workers = warmup_workers
         self.cached_prefill = cache_compile(self.prefill, config=config, cache_dir=cache_dir, tp_rank=rank)
         self.cached_decode = cache_compile(self.decode, config=config, cache_dir=cache_dir, tp_rank=rank)
 
@@ -152,14 +156,17 @@ class TPDecoder(Decoder):
             mine.load_shard(theirs, rank, tp)
 
 
-def build(sizes: dict, *, cache_dir: str | None, mode: str, gears: list[int], device: str, dtype: torch.dtype):
-    """``(this rank's TPDecoder, the unsharded Decoder)`` on ``device``, both from one seeded model."""
+def build(sizes: dict, *, cache_dir: str | None, mode: str, gears: list[int], device: str, dtype: torch.dtype,
+          padding_check: str | None = None, warmup_workers: int | None = None):
+    """``(this rank's TPDecoder, the unsharded Decoder)`` on ``device``, both from one seeded model.
+    ``padding_check``, ``warmup_workers``: the config's ``inference_config`` settings (None: their defaults)."""
     tp, rank = dist.get_world_size(), dist.get_rank()
     if sizes["heads"] % tp:
         raise SystemExit(f"--nproc {tp}: the decoder's {sizes['heads']} heads must divide evenly over the ranks")
     torch.manual_seed(0)
     full = Decoder(**sizes).eval()
-    model = TPDecoder(sizes, tp, rank, cache_dir=cache_dir, mode=mode, gears=gears).eval()
+    model = TPDecoder(sizes, tp, rank, cache_dir=cache_dir, mode=mode, gears=gears,
+                      padding_check=padding_check, warmup_workers=warmup_workers).eval()
     model.load_shards(full, rank, tp)
     return model.to(device, dtype), full.to(device, dtype)
 
