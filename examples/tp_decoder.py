@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SIZES = {"reference": {"d": 1024, "heads": 16, "layers": 8, "vocab": 32000, "tmax": 256},
-         "toy": {"d": 64, "heads": 4, "layers": 1, "vocab": 256, "tmax": 32}}
+         "toy": {"d": 64, "heads": 8, "layers": 1, "vocab": 256, "tmax": 32}}       # 8 heads: up to 8 ranks
 GEARS = [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -204,7 +204,7 @@ def sync(device: str) -> None:
 
 
 def one_start(args) -> dict:
-    from gearcache import counters
+    from gearcache import counters, release_graphs
 
     device, dtype = setup(args.device)
     sizes = SIZES["toy" if args.toy else "reference"]
@@ -249,6 +249,9 @@ def one_start(args) -> dict:
               "counters": dict(vars(counters))}
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, report)
+    del model
+    release_graphs()                # CUDA graphs that captured NCCL collectives keep NCCL busy at its teardown
+    dist.barrier()
     dist.destroy_process_group()
     return {"ranks": reports}
 
@@ -277,7 +280,7 @@ def run_torchrun(args, label: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (tensor-parallel degree)")
-    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 1 layer)")
+    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 8 heads, 1 layer)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cache-dir", default=None, help="the store (default: a temporary one, removed afterwards)")
     ap.add_argument("--gears", type=lambda s: [int(g) for g in s.split(",")], default=GEARS)
