@@ -107,10 +107,7 @@ def phase(args) -> dict:
     ended, seconds = _destroy_process_group()
     _progress(f"{args.phase}: destroy_process_group " + (f"returned in {seconds:.2f} s" if ended else
                                                          "did not return in 30 s"))
-    if args.out_dir and args.stack_dump_s:
-        import faulthandler
-
-        faulthandler.cancel_dump_traceback_later()         # the phase ended: no hang to report
+    _no_hang()
     mine = {**out, "destroy_process_group_returned": ended, "destroy_process_group_s": seconds}
     _write(args, f"{args.phase}-rank{out['rank']}.json", json.dumps(mine))
     return {"phase": args.phase, "ranks": reports, "destroy_process_group_returned": ended}
@@ -201,6 +198,19 @@ def _dump_stacks_after(args) -> None:
     path = os.path.join(args.out_dir, f"stacks-{args.phase}-rank{os.environ.get('RANK', 0)}.txt")
     _dump_stacks_after.file = open(path, "w")       # kept open for the life of the process
     faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True, file=_dump_stacks_after.file)
+
+
+def _no_hang() -> None:
+    """The phase ended: no stacks to dump (the file stays only where they were written)."""
+    f = getattr(_dump_stacks_after, "file", None)
+    if f is None:
+        return
+    import faulthandler
+
+    faulthandler.cancel_dump_traceback_later()
+    f.close()
+    if os.path.getsize(f.name) == 0:
+        os.remove(f.name)
 
 
 def _write(args, name: str, text: str) -> None:

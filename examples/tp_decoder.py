@@ -80,16 +80,18 @@ class Decoder(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------- the sharded model
-def all_reduce(y: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(y)
+def all_reduce(y: torch.Tensor, group=None) -> torch.Tensor:
+    dist.all_reduce(y, group=group)
     return y
 
 
 class TPBlock(nn.Module):
-    """This rank's shard of a block: column-parallel QKV and MLP-up, row-parallel attention-out and MLP-down."""
+    """This rank's shard of a block: column-parallel QKV and MLP-up, row-parallel attention-out and MLP-down, the
+    partial sums all-reduced over ``group`` (None: the default group)."""
 
-    def __init__(self, d: int, heads: int, tp: int):
+    def __init__(self, d: int, heads: int, tp: int, group=None):
         super().__init__()
+        self.group = group
         self.heads, self.head_dim = heads // tp, d // heads
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d // tp)                         # this rank's heads' q, k and v
@@ -104,8 +106,8 @@ class TPBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         kc, vc = kv[0].index_copy(2, pos, k), kv[1].index_copy(2, pos, v)
         y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
-        x = x + all_reduce(self.proj(y.transpose(1, 2).reshape(b, t, -1))) + self.proj_bias
-        x = x + all_reduce(self.fc2(F.gelu(self.fc1(self.ln2(x))))) + self.fc2_bias
+        x = x + all_reduce(self.proj(y.transpose(1, 2).reshape(b, t, -1)), self.group) + self.proj_bias
+        x = x + all_reduce(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.group) + self.fc2_bias
         return x, torch.stack([kc, vc])
 
     @torch.no_grad()

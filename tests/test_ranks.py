@@ -108,7 +108,7 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
     assert not list(cache.rglob("*.tmp")), "no temp files left"
 
 
-# ------------------------------------------------------------------ geared warm-up on 4 and 8 ranks (gearcache/ranks.py)
+# ----------------------------------------------------------------- geared warm-up on 4 and 8 ranks (gearcache/ranks.py)
 GEARS = [1, 2, 4]
 
 
@@ -170,3 +170,49 @@ def test_a_rank_that_never_arrives_is_named_after_the_timeout(tp_gears, tmp_path
         assert r["error"]["type"] == "RankWaitError"
         assert f"rank {r['rank']} waited" in r["error"]["message"] and "for rank(s) [1]" in r["error"]["message"]
         assert "rank 1: nothing reported" in r["error"]["message"]
+
+
+# ------------------------------------------------------------------- pipeline stages (examples/pp_decoder.py), 4 ranks
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _pp_job(cache: Path, timeout: float = 900) -> list[dict]:
+    """One start of examples/pp_decoder.py (2 stages x TP 2, tiny sizes, gloo): the ranks' reports."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+           str(EXAMPLES / "pp_decoder.py"), "--child", "--toy", "--device", "cpu", "--cache-dir", str(cache),
+           "--gears", "1,2", "--batch", "2", "--prompt-len", "4", "--new-tokens", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["ranks"]
+
+
+def test_pipeline_stages_cold_then_warm_tokens_equal_the_unsplit_model(tmp_path):
+    """2 pipeline stages x TP 2: each stage's prefill and decode cached under its pp_rank in one folder, activations
+    sent between stages; the tokens equal the unsplit eager model's in the cold job and in a fresh warm one, which
+    compiles nothing. Each stage's ranks share its artifacts; the stages' graphs differ."""
+    cache = tmp_path / "cache"
+    cold = _pp_job(cache)
+    assert [(r["pp"], r["tp"]) for r in cold] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["topology"] for r in cold] == [f"world4_rank{g}_tp{g % 2}_pp{g // 2}" for g in range(4)]
+    assert all(r["tokens_equal_eager"] and r["split_eager_equals_unsplit"] for r in cold), [r["tokens"] for r in cold]
+    assert len({json.dumps(r["tokens"]) for r in cold}) == 1, "every rank ends with the same tokens"
+    assert all(r["compiles_in_generate"] == 0 for r in cold), "warm-up gave every gear of the generation an entry"
+    # per stage: decode and prefill, gears 1 and 2, compiled once for both TP ranks of the stage
+    assert sum(r["counters"]["compiles"] for r in cold) == 2 * 2 * 2
+    assert all(sum(r["counters"]["compiles"] for r in cold if r["pp"] == pp) == 4 for pp in (0, 1))
+    for r in cold:
+        folder = cache / "entries" / r["topology"]
+        methods = sorted(p.name for p in folder.iterdir())
+        assert methods == ["pp_decoder.Stage.decode", "pp_decoder.Stage.prefill"], methods
+        manifests = [json.loads(p.read_text()) for p in folder.glob("*/*.json")]
+        assert len(manifests) == 4 and all(m["topology"] == r["topology"] for m in manifests)
+        tp_group = [2 * r["pp"], 2 * r["pp"] + 1]
+        assert all(any(g["ranks"] == tp_group for g in m["groups"].values()) for m in manifests), \
+            "each stage's collectives run on its own TP group"
+    assert len(list((cache / "artifacts").iterdir())) == 8
+    warm = _pp_job(cache)
+    assert all(r["tokens_equal_eager"] for r in warm) and [r["tokens"] for r in warm] == [r["tokens"] for r in cold]
+    assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
+    assert all(r["counters"]["loads"] == r["counters"]["direct_loads"] == 4 for r in warm)
+    assert all(r["counters"]["rank_fences"] == 2 for r in warm), "decode's and prefill's fence, per TP group"
