@@ -10,7 +10,9 @@ raised, and whether ``destroy_process_group`` returned (and in how long), with t
 
 Environment: ``GEARS`` (default ``1,2,4``); ``GEARS_RANK_<r>``: other gears for rank r (ranks that diverge);
 ``STALL_RANK``: a rank that never reaches warm-up (it sleeps); ``RANK_TIMEOUT_S``: ``config.rank_timeout_s``;
-``WARMUP_WORKERS``; ``PADDING_CHECK`` (default ``off``); ``GEARCACHE_TEST_DEVICE=cuda`` runs on NCCL with
+``WARMUP_WORKERS``; ``PADDING_CHECK`` (default ``off``); ``REMOTE_CLAIM_TTL_S`` (with ``GEARCACHE_REMOTE``: a fleet
+node); ``COMPILE_HOOKS=1``: count calls of torch's compiler entry points (tests/compile_hooks.py, reported as
+``compile_hooks``); ``GEARCACHE_TEST_DEVICE=cuda`` runs on NCCL with
 ``mode="reduce-overhead"`` (CUDA graphs). A rank whose warm-up raised exits with status 3 (after its report).
 """
 import json
@@ -59,6 +61,8 @@ def config_for(rank: int) -> tuple[CompilerConfig, list[int]]:
         config.inference_config.warmup_workers = int(os.environ["WARMUP_WORKERS"])
     if os.environ.get("RANK_TIMEOUT_S"):
         config.rank_timeout_s = float(os.environ["RANK_TIMEOUT_S"])
+    if os.environ.get("REMOTE_CLAIM_TTL_S"):
+        config.remote_claim_ttl_s = float(os.environ["REMOTE_CLAIM_TTL_S"])
     return config, gears
 
 
@@ -96,6 +100,12 @@ def main() -> None:
     else:
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    hooks = None
+    if os.environ.get("COMPILE_HOOKS"):                 # counters on torch's compiler entry points
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        import compile_hooks as hooks
+
+        hooks.install()
     config, gears = config_for(rank)
     model = TPMlp(cache_dir, config, rank, world).eval().to(device)
     report: dict = {"rank": rank, "gears": gears, "error": None}
@@ -113,6 +123,7 @@ def main() -> None:
         if report["error"] is None:
             report["equal"] = sweep(model, max(gears), device)
             report["counters"] = dict(vars(counters))
+            report["compile_hooks"] = dict(hooks.COUNTS) if hooks is not None else None
     if report["error"] is not None:
         _write(out_dir, rank, report)
         os._exit(3)                                     # torchrun then stops the other ranks
