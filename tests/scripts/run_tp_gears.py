@@ -7,6 +7,7 @@ The cached method is a column-parallel ``fc1``, GELU, a row-parallel ``fc2`` who
 gears, counters after the warm-up and after the sweep, whether the sweep (batches 1..largest gear) equals eager,
 which of torch._dynamo / torch._inductor were imported before the sweep, the error (type and message) if warm-up
 raised, and whether ``destroy_process_group`` returned (and in how long), with the gearcache threads still alive.
+Each rank writes its pid to ``OUT_DIR/rank{r}.pid`` first.
 
 Environment: ``GEARS`` (default ``1,2,4``); ``GEARS_RANK_<r>``: other gears for rank r (ranks that diverge);
 ``STALL_RANK``: a rank that never reaches warm-up (it sleeps); ``RANK_TIMEOUT_S``: ``config.rank_timeout_s``;
@@ -92,6 +93,8 @@ def teardown(device: str) -> dict:
 
 def main() -> None:
     cache_dir, out_dir = sys.argv[1], sys.argv[2]
+    with open(os.path.join(out_dir, f"rank{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))                       # (a test that kills the job kills each rank by its pid)
     device = "cpu"
     if os.environ.get("GEARCACHE_TEST_DEVICE") == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
