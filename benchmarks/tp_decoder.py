@@ -22,7 +22,8 @@ Megatron-style over the ranks, all-reduces inside the cached ``prefill`` and ``d
   rounds (per step = median over 10 repeats of (CUDA-event time of 20 back-to-back steps) / 20; the median round per
   rank, the max over ranks), and eager.
 - teardown of both jobs: every CUDA graph released (``gearcache.release_graphs()``, ``torch._dynamo.reset()``), a
-  barrier, then ``destroy_process_group`` bounded to 30 s, per rank (``--no-release``: the old teardown).
+  barrier, then ``destroy_process_group`` bounded to 30 s, per rank (``--teardown gearcache|none``: less released,
+  to see what held NCCL: the warm job's torch.compile comparison, or gearcache's graphs).
 
 Every target of issue #38 is printed per rank and as PASS/FAIL. ``--out-dir`` keeps each rank's report of each
 phase, ``summary.json`` and, for a rank still in a phase after ``--stack-dump-s`` seconds (a hang), its threads'
@@ -101,7 +102,7 @@ def phase(args) -> dict:
             out["step_us_b1"] = steps(model, one, device, args)
             _progress(f"decode step B=1 (us): {out['step_us_b1']}")
     del model, one                      # the entries, their CUDA graphs (with captured collectives) go first
-    out["teardown"] = _teardown(device, release=not args.no_release)
+    out["teardown"] = _teardown(device, args.teardown)
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, out)
     ended, seconds = _destroy_process_group()
@@ -144,11 +145,12 @@ def start(ex, model, sizes, device: str, dtype, one, args) -> dict:
     return out
 
 
-def _teardown(device: str, release: bool) -> dict:
-    """What gearcache and torch.compile hold before ``destroy_process_group``: with ``release``, every CUDA graph
-    dropped (``gearcache.release_graphs()``; ``torch._dynamo.reset()`` drops torch.compile's CUDA-graph trees, which
-    captured the same collectives), then a barrier, so no rank tears its communicator down while a peer still uses
-    it. Returns what was dropped and how long each step took."""
+def _teardown(device: str, how: str) -> dict:
+    """What gearcache and torch.compile hold before ``destroy_process_group``, released as ``how`` says: ``"full"``
+    drops torch.compile's CUDA-graph trees (``torch._dynamo.reset()``: the reduce-overhead comparison captured the
+    same collectives) and every gearcache graph (``gearcache.release_graphs()``); ``"gearcache"`` only the latter;
+    ``"none"`` neither (the teardown before issue #38). Then a barrier, so no rank tears its communicator down while
+    a peer still uses it. Returns what was dropped and how long each step took."""
     import gc
 
     import torch
@@ -156,15 +158,14 @@ def _teardown(device: str, release: bool) -> dict:
 
     import gearcache
 
-    out: dict = {"released": release}
+    out: dict = {"how": how}
     t0 = time.perf_counter()
-    if release:
-        if "torch._dynamo" in sys.modules:
-            torch._dynamo.reset()
-        gc.collect()
+    if how == "full" and "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    gc.collect()
+    if how != "none":
         out["graphs_dropped"] = gearcache.release_graphs()
     elif device.startswith("cuda"):
-        gc.collect()
         torch.cuda.synchronize()
     out["release_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -289,7 +290,7 @@ def child_flags(args) -> list[str]:
              "--stack-dump-s", str(args.stack_dump_s), "--rank-timeout-s", str(args.rank_timeout_s),
              "--step-rounds", str(args.step_rounds)]
     flags += ["--toy"] if args.toy else []
-    flags += ["--no-release"] if args.no_release else []
+    flags += ["--teardown", args.teardown]
     flags += ["--padding-check", args.padding_check] if args.padding_check else []
     flags += ["--warmup-workers", str(args.warmup_workers)] if args.warmup_workers else []
     return flags
@@ -435,8 +436,9 @@ def parse_args():
                     help="every rank still in a phase after this long writes its threads' stacks to --out-dir")
     ap.add_argument("--phase-timeout-s", type=float, default=900.0, help="the parent stops a phase after this long")
     ap.add_argument("--step-rounds", type=int, default=3, help="alternating rounds of the B=1 step comparison")
-    ap.add_argument("--no-release", action="store_true",
-                    help="keep every CUDA graph alive at destroy_process_group (the old teardown, for comparison)")
+    ap.add_argument("--teardown", choices=["full", "gearcache", "none"], default="full",
+                    help="before destroy_process_group, release torch.compile's and gearcache's CUDA graphs (full), "
+                         "only gearcache's, or neither (the old teardown), to see which held NCCL")
     return ap.parse_args()
 
 
