@@ -202,6 +202,7 @@ def one_start(args) -> dict:
     from gearcache import counters, release_graphs
 
     device, dtype = setup(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else dtype
     layout = Layout(args.pp)
     sizes = SIZES["toy" if args.toy else "reference"]
     mode = "reduce-overhead" if device.startswith("cuda") else "default"
@@ -253,6 +254,7 @@ def child_flags(args) -> list[str]:
              str(args.prompt_len), "--new-tokens", str(args.new_tokens)]
     flags += ["--toy"] if args.toy else []
     flags += ["--padding-check", args.padding_check] if args.padding_check else []
+    flags += ["--dtype", args.dtype] if args.dtype else []
     return flags
 
 
@@ -270,6 +272,9 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--padding-check", choices=["verify", "refuse", "off"], default="off",
                     help="inference_config.padding_check (default off: the batch rows of this decoder never meet, "
                          "and the tokens are checked against eager)")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                    help="the model's dtype (default: bf16 on GPU, fp32 on CPU; in bf16 the sharded sums round "
+                         "differently from the unsplit model's, which can flip a near-tied greedy token)")
     ap.add_argument("--child", action="store_true", help="one start, under torchrun")
     return ap.parse_args(argv)
 
