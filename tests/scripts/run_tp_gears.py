@@ -14,7 +14,8 @@ Environment: ``GEARS`` (default ``1,2,4``); ``GEARS_RANK_<r>``: other gears for 
 ``WARMUP_WORKERS``; ``PADDING_CHECK`` (default ``off``); ``REMOTE_CLAIM_TTL_S`` (with ``GEARCACHE_REMOTE``: a fleet
 node); ``COMPILE_HOOKS=1``: count calls of torch's compiler entry points (tests/compile_hooks.py, reported as
 ``compile_hooks``); ``GEARCACHE_TEST_DEVICE=cuda`` runs on NCCL with
-``mode="reduce-overhead"`` (CUDA graphs). A rank whose warm-up raised exits with status 3 (after its report).
+``mode="reduce-overhead"`` (CUDA graphs). A rank whose warm-up raised exits with status 3 once every rank but the
+stalled one has written its report (at most 120 s later).
 """
 import json
 import os
@@ -129,15 +130,28 @@ def main() -> None:
             report["compile_hooks"] = dict(hooks.COUNTS) if hooks is not None else None
     if report["error"] is not None:
         _write(out_dir, rank, report)
+        _await_reports(out_dir, world)
         os._exit(3)                                     # torchrun then stops the other ranks
     del model
     report.update(teardown(device))
     _write(out_dir, rank, report)
 
 
+def _await_reports(out_dir: str, world: int) -> None:
+    """Before a failed rank exits (and torchrun stops the others): wait up to 120 s for every rank but the stalled
+    one to write its report, so a loaded machine's slower ranks are not stopped before they report their error."""
+    others = [r for r in range(world) if str(r) != os.environ.get("STALL_RANK")]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(os.path.exists(os.path.join(out_dir, f"rank{r}.json"))
+                                                  for r in others):
+        time.sleep(0.1)
+
+
 def _write(out_dir: str, rank: int, report: dict) -> None:
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    tmp = os.path.join(out_dir, f".rank{rank}.json.tmp")
+    with open(tmp, "w") as f:
         json.dump(report, f)
+    os.replace(tmp, os.path.join(out_dir, f"rank{rank}.json"))     # a reader never sees half a report
 
 
 if __name__ == "__main__":
