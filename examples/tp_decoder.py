@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 SIZES = {"reference": {"d": 1024, "heads": 16, "layers": 8, "vocab": 32000, "tmax": 256},
-         "toy": {"d": 64, "heads": 4, "layers": 1, "vocab": 256, "tmax": 32}}
+         "toy": {"d": 64, "heads": 8, "layers": 1, "vocab": 256, "tmax": 32}}       # 8 heads: up to 8 ranks
 GEARS = [1, 2, 4, 8, 16, 32, 64]
 
 
@@ -80,16 +80,18 @@ class Decoder(nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------- the sharded model
-def all_reduce(y: torch.Tensor) -> torch.Tensor:
-    dist.all_reduce(y)
+def all_reduce(y: torch.Tensor, group=None) -> torch.Tensor:
+    dist.all_reduce(y, group=group)
     return y
 
 
 class TPBlock(nn.Module):
-    """This rank's shard of a block: column-parallel QKV and MLP-up, row-parallel attention-out and MLP-down."""
+    """This rank's shard of a block: column-parallel QKV and MLP-up, row-parallel attention-out and MLP-down, the
+    partial sums all-reduced over ``group`` (None: the default group)."""
 
-    def __init__(self, d: int, heads: int, tp: int):
+    def __init__(self, d: int, heads: int, tp: int, group=None):
         super().__init__()
+        self.group = group
         self.heads, self.head_dim = heads // tp, d // heads
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d // tp)                         # this rank's heads' q, k and v
@@ -104,8 +106,8 @@ class TPBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         kc, vc = kv[0].index_copy(2, pos, k), kv[1].index_copy(2, pos, v)
         y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask)
-        x = x + all_reduce(self.proj(y.transpose(1, 2).reshape(b, t, -1))) + self.proj_bias
-        x = x + all_reduce(self.fc2(F.gelu(self.fc1(self.ln2(x))))) + self.fc2_bias
+        x = x + all_reduce(self.proj(y.transpose(1, 2).reshape(b, t, -1)), self.group) + self.proj_bias
+        x = x + all_reduce(self.fc2(F.gelu(self.fc1(self.ln2(x)))), self.group) + self.fc2_bias
         return x, torch.stack([kc, vc])
 
     @torch.no_grad()
@@ -129,12 +131,16 @@ class TPBlock(nn.Module):
 class TPDecoder(Decoder):
     """This rank's shard of the decoder, with ``cached_prefill`` and ``cached_decode``."""
 
-    def __init__(self, sizes: dict, tp: int, rank: int, *, cache_dir: str | None, mode: str, gears: list[int]):
+    def __init__(self, sizes: dict, tp: int, rank: int, *, cache_dir: str | None, mode: str, gears: list[int],
+                 padding_check: str | None = None, warmup_workers: int | None = None):
         from gearcache import CompilerConfig, cache_compile
 
         super().__init__(**sizes, block=lambda d, heads: TPBlock(d, heads, tp))
         config = CompilerConfig(mode=mode)
         config.inference_config.dim_gears = {"ids": {0: gears}, "kv": {2: gears}}      # batch, zipped
+        if padding_check is not None:
+            config.inference_config.padding_check = padding_check
+        config.inference_config.warmup_workers = warmup_workers
         self.cached_prefill = cache_compile(self.prefill, config=config, cache_dir=cache_dir, tp_rank=rank)
         self.cached_decode = cache_compile(self.decode, config=config, cache_dir=cache_dir, tp_rank=rank)
 
@@ -152,14 +158,17 @@ class TPDecoder(Decoder):
             mine.load_shard(theirs, rank, tp)
 
 
-def build(sizes: dict, *, cache_dir: str | None, mode: str, gears: list[int], device: str, dtype: torch.dtype):
-    """``(this rank's TPDecoder, the unsharded Decoder)`` on ``device``, both from one seeded model."""
+def build(sizes: dict, *, cache_dir: str | None, mode: str, gears: list[int], device: str, dtype: torch.dtype,
+          padding_check: str | None = None, warmup_workers: int | None = None):
+    """``(this rank's TPDecoder, the unsharded Decoder)`` on ``device``, both from one seeded model.
+    ``padding_check``, ``warmup_workers``: the config's ``inference_config`` settings (None: their defaults)."""
     tp, rank = dist.get_world_size(), dist.get_rank()
     if sizes["heads"] % tp:
         raise SystemExit(f"--nproc {tp}: the decoder's {sizes['heads']} heads must divide evenly over the ranks")
     torch.manual_seed(0)
     full = Decoder(**sizes).eval()
-    model = TPDecoder(sizes, tp, rank, cache_dir=cache_dir, mode=mode, gears=gears).eval()
+    model = TPDecoder(sizes, tp, rank, cache_dir=cache_dir, mode=mode, gears=gears,
+                      padding_check=padding_check, warmup_workers=warmup_workers).eval()
     model.load_shards(full, rank, tp)
     return model.to(device, dtype), full.to(device, dtype)
 
@@ -197,7 +206,7 @@ def sync(device: str) -> None:
 
 
 def one_start(args) -> dict:
-    from gearcache import counters
+    from gearcache import counters, release_graphs
 
     device, dtype = setup(args.device)
     sizes = SIZES["toy" if args.toy else "reference"]
@@ -242,6 +251,9 @@ def one_start(args) -> dict:
               "counters": dict(vars(counters))}
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, report)
+    del model
+    release_graphs()                # CUDA graphs that captured NCCL collectives keep NCCL busy at its teardown
+    dist.barrier()
     dist.destroy_process_group()
     return {"ranks": reports}
 
@@ -270,7 +282,7 @@ def run_torchrun(args, label: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=2, help="ranks (tensor-parallel degree)")
-    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 4 heads, 1 layer)")
+    ap.add_argument("--toy", action="store_true", help="toy sizes (hidden 64, 8 heads, 1 layer)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cache-dir", default=None, help="the store (default: a temporary one, removed afterwards)")
     ap.add_argument("--gears", type=lambda s: [int(g) for g in s.split(",")], default=GEARS)

@@ -9,19 +9,21 @@ from .torch_compile_backend import get_backend
 from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
-from .cuda_graphs import mark_static_address
+from .cuda_graphs import mark_static_address, release_graphs
 from .background import wait as wait_for_background_compiles
 from .gears import mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
-                     UntrustedCacheError, PaddingUnsafeError, PastLargestGearError)
+                     UntrustedCacheError, PaddingUnsafeError, PastLargestGearError, RankDivergenceError,
+                     RankWaitError)
 
 _configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark_static_address", "set_dim_gears",
+__all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark_static_address", "release_graphs",
+           "set_dim_gears",
            "mark_static",
            "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",
            "counters", "GearcacheError", "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError",
            "UnsupportedInputError", "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError",
-           "ProcessGroupMismatchError"]
+           "ProcessGroupMismatchError", "RankWaitError", "RankDivergenceError"]

@@ -487,6 +487,19 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
+def default_store() -> Any:
+    """The key-value store of the default process group (c10d's ``_get_default_store()``: a ``PrefixStore`` over the
+    job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences (gearcache/ranks.py) use
+    it: ``set``, ``get``, ``check``, ``wait(keys, timedelta)`` (2.11 and 2.13)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
+
+
 def process_group_identity(obj: Any) -> list | None:
     """``["process_group", name, ranks]`` for a ``ProcessGroup`` this process belongs to (its c10d registry name and
     global ranks: what :func:`process_groups` keys, and what a graph's collectives name), else None. Dynamo guards a

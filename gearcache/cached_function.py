@@ -18,6 +18,7 @@ so that call misses and loads or compiles the entry for the new values.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import re
@@ -29,19 +30,20 @@ import torch
 
 from . import _torch_compat as compat
 from . import signature
-from . import cuda_graphs, gears, guard_watch, padding_check, warmup
+from . import cuda_graphs, gears, guard_watch, padding_check, ranks, warmup
 from . import guards as value_guards
 from .naming import importable_module
 from .snapshot import kept
 from .recompiles import RecompileWatch
 from .dispatch import Dispatcher
 from .capture import dependencies_changed, symbolic_shapes
+from .runplan.collectives import communicates
 from .config import CompilerConfig
 from .background import Compiling
 from .cuda_graphs import CudaGraphs
 from .counters import counters
 from .entry import Entry
-from .entry_life import EntryLife, Loaded, module_state
+from .entry_life import EntryLife, Loaded, entry_groups, module_state
 from .errors import GradModeError, PastLargestGearError
 from .key import FORMAT_VERSION, build_key
 from .store import Store
@@ -293,6 +295,7 @@ class CachedFunction(Dispatcher):
         sample = gears.GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             gears.narrowed(leaves, marks, largest), list(largest))
         trace = symbolic_shapes(self._method, self._module, key[0], sample, traced)
+        self.life.communicates = communicates(trace.graph)      # warm-up compiles such graphs in this thread
         names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
         from . import padding     # the analysis (and sympy) only where a gear plan is built, never on a warm load
 
@@ -352,10 +355,13 @@ class CachedFunction(Dispatcher):
             for sizes in combos:
                 gear_leaves = gear_plan.pad(gears.narrowed(leaves, gear_plan.dims, sizes), sizes)
                 gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
+            fence = functools.partial(self._fence_before_runs, combos, timeline=timeline)
             if capture_now:
                 assert self.graphs is not None      # capture_now: graphs are captured (reduce-overhead)
                 with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
-                    self.graphs.capture_all(gear_plan, gear_calls)
+                    self.graphs.capture_all(gear_plan, gear_calls, before_runs=fence)
+            elif not lazy:
+                fence([self._table.get(gear_key) for _, gear_key in gear_calls])
             with kept(self._written_by(gear_calls, [*leaves, *self._module.buffers()])):
                 for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
                     with timeline.span(f"gear {sizes}", "first run"):
@@ -364,6 +370,23 @@ class CachedFunction(Dispatcher):
             if self.graphs is not None:
                 self.graphs.timeline = None
         return len(combos)
+
+    def _fence_before_runs(self, combos: list[list[int]], entries: list[Any], timeline: Timeline) -> None:
+        """Between warmup()'s compile phase and its runs: wait until every rank of the process groups the gears'
+        graphs name is here with the same gears in the same order (ranks.fence; nothing without collectives, or
+        when an entry does not say which groups it uses)."""
+        groups: dict[str, dict] = {}
+        for entry in entries:
+            named = entry_groups(entry) if entry is not None else None
+            if named is None:
+                log.debug("%s: an entry does not say which process groups it uses; no fence before its runs",
+                          self.name)
+                return
+            groups.update(named)
+        if groups:
+            with timeline.span("all", "wait for the other ranks"):
+                ranks.fence(ranks.group_ranks(groups.values()), f"{self.name} warm-up runs",
+                            f"gears {combos}", self.config.rank_timeout_s)
 
     def _written_by(self, gear_calls: list[tuple[tuple, tuple]], unknown: list) -> list:
         """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a

@@ -128,6 +128,11 @@ class CompilerConfig(BaseModel):
     lock_timeout_s: float = Field(default=900.0, gt=0)
     """How long a process waits for another that is compiling the same artifact."""
 
+    rank_timeout_s: float = Field(default=3600.0, gt=0)
+    """How long a rank of a process group waits at ``warmup()``'s fence (gearcache/ranks.py) for the other ranks of
+    the groups its graphs' collectives use to finish their compiles and arrive; then ``RankWaitError`` names the ranks
+    that did not and what each last reported doing. Every rank waits there for the slowest one's compiles."""
+
     lock_mode: Literal["flock", "soft"] = "flock"
     """``"flock"``: kernel locks (released when a process dies). ``"soft"``: lock files (``filelock.SoftFileLock``) for
     network filesystems without working ``flock``; a soft lock whose holder died on this host, or older than

@@ -39,6 +39,7 @@ class Counters:
     remote_waits: int = 0      # times this process waited for another fleet process compiling an artifact
     graph_warmups: int = 0     # runs of an entry before its capture (one per captured graph, on a side stream)
     padding_verifications: int = 0     # gears checked against eager because padding may mix rows (padding_check)
+    rank_fences: int = 0       # fences passed with the other ranks of a process group before warm-up's runs (ranks.py)
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0

@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from typing import Any, Callable, cast
 
 import torch
@@ -98,10 +99,29 @@ class GraphedEntry:
         return self.outs
 
 
+_LIVE: "weakref.WeakSet[CudaGraphs]" = weakref.WeakSet()     # every method's graphs, for release_graphs()
+
+
+def release_graphs() -> int:
+    """Drop every CUDA graph this process captured (each method's ``graphs.reset()``; the next call of a gear
+    captures it again) and wait for the device; returns how many were dropped. Call it before
+    ``torch.distributed.destroy_process_group()``: a live graph that captured NCCL collectives keeps its
+    communicator's resources, and NCCL's teardown then waits for them (pytorch/pytorch#115388)."""
+    dropped = 0
+    for graphs in list(_LIVE):
+        dropped += len(graphs.graphs)
+        graphs.reset()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return dropped
+
+
 class CudaGraphs:
     """The CUDA graphs of one cached method, keyed by gear and input metadata."""
 
     def __init__(self, cached: Any, life: Any):
+        _LIVE.add(self)
         self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
         self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
         self.pool: compat.GraphPoolHandle | None = None     # torch.cuda.graph_pool_handle(), shared by every gear
@@ -235,6 +255,10 @@ class CudaGraphs:
         graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait)
         if isinstance(graphed.entry, Compiling):
             return None
+        return self._capture_prepared(graphed, leaves, static_leaves)
+
+    def _capture_prepared(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> GraphedEntry:
+        """Warm up and record a gear ``_prepare`` made ready (its entry found): the run phase of a capture."""
         t0 = time.perf_counter()
         with self._phase(static_leaves, "graph warm-up run"):
             # The warm-up run writes to static-address inputs and to state (a KV cache, a position counter): undo it,
@@ -297,7 +321,8 @@ class CudaGraphs:
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
                  [tuple(b.shape) for _, b, _ in graphed.copies], seconds)
 
-    def capture_all(self, gear_plan: Any, calls: list[tuple[tuple, tuple]], threads: int | None = None) -> int:
+    def capture_all(self, gear_plan: Any, calls: list[tuple[tuple, tuple]], threads: int | None = None,
+                    before_runs: Callable[[list], None] | None = None) -> int:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
         graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
 
@@ -309,19 +334,15 @@ class CudaGraphs:
         every warm-up has ended (while a graph is recorded no other thread uses the device). In a process that
         belongs to a process group (collectives may be in the graphs) every gear is warmed up and recorded in the
         calling thread, one after another in ``calls``' order, so each rank's collectives reach the group in the same
-        order. The static-address inputs (a KV cache) the warm-up runs write to are restored before the records. Then
-        the allocator's cache is emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools
-        keep theirs)."""
+        order, and only once every gear's entry is found (the compile phase: loads, or compiles, in no rank's order)
+        and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned. The static-address
+        inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
+        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
         if _collectives_possible():
-            # Collectives in warm-up runs of several threads would reach the group in a different order on each rank
-            # (a hang): one gear at a time, in ``calls``' order, the same on every rank.
-            for gkey, leaves, key, targets in todo:
-                self.graphs[gkey] = cast(GraphedEntry, self._capture(gear_plan, leaves, key, targets, wait=True))
-            torch.cuda.empty_cache()
-            return len(todo)
+            return self._capture_in_order(gear_plan, todo, before_runs)
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -355,6 +376,21 @@ class CudaGraphs:
             self.graphs[gkey] = graphed
             counters.graph_warmups += 1
             self._captured(graphed, seconds)
+        torch.cuda.empty_cache()
+        return len(todo)
+
+    def _capture_in_order(self, gear_plan: Any, todo: list[tuple[tuple, tuple, tuple, Any]],
+                          before_runs: Callable[[list], None] | None) -> int:
+        """``capture_all`` in a process of a process group. Collectives in warm-up runs of several threads would
+        reach the group in a different order on each rank (a hang): every gear's entry first (no collective runs
+        while ranks compile or wait for each other's artifacts), then ``before_runs`` (the fence), then one gear at
+        a time in ``todo``'s order, the same on every rank."""
+        prepared = [(gkey, leaves, *self._prepare(gear_plan, leaves, key, targets, wait=True))
+                    for gkey, leaves, key, targets in todo]
+        if before_runs is not None:
+            before_runs([graphed.entry for _, _, graphed, _ in prepared])
+        for gkey, leaves, graphed, static_leaves in prepared:
+            self.graphs[gkey] = self._capture_prepared(graphed, leaves, static_leaves)
         torch.cuda.empty_cache()
         return len(todo)
 

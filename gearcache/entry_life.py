@@ -31,12 +31,13 @@ from typing import Any, Callable, Union, cast
 import torch
 
 from . import _torch_compat as compat
-from . import artifact_io, background, compiler, diagnostics, faults, runplan, signature
+from . import artifact_io, background, compiler, diagnostics, faults, ranks, runplan, signature
 from . import guards as value_guards
 from .capture import Captured, capture, dependencies_changed
 from .config import CompilerConfig
 from .counters import counters
 from .entry import Entry
+from .runplan.collectives import graph_groups
 from .errors import CacheCorruptionError, SignatureMismatchError
 from .key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
                   graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
@@ -91,6 +92,7 @@ class EntryLife:
         self.method_digest = source_digest(method.__func__)
         self.table: dict[tuple, Loaded] = {}
         self.compiling: dict[tuple, background.Compiling] = {}    # on_new_signature="background": eager stand-ins
+        self.communicates: bool | None = None   # whether its graphs call collectives (None: not known yet)
         self.lock = threading.RLock()
         # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
         # this object) is freed as soon as its last user drops it, not at the next cyclic collection: its Store's
@@ -300,6 +302,8 @@ class EntryLife:
         where the store failed and ``on_cache_error="eager"``. ``build``: what builds it (default: ``compile``)."""
         if build is None:
             build = lambda work: self.compile(pending.captured, work)   # noqa: E731
+        ranks.note(f"{self.name}: publishing artifact {pending.akey[:16]} (compiling it, or waiting for the process "
+                   f"that compiles it)")
         return faults.publish_or_fallback(self.store, pending.akey, build, self.config.on_cache_error)
 
     def finish(self, p: Pending, folder, built: bool) -> Loaded:
@@ -312,6 +316,7 @@ class EntryLife:
             "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
             "dependencies": captured.dependencies,
             "guards": None if captured.guards.local else captured.guards.to_json(),
+            "groups": graph_groups(captured.graph),        # the ranks its collectives reach (ranks.py's fences)
             "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
@@ -368,6 +373,19 @@ def cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
     if len(indexes) != 1 or None in indexes:
         return None
     return indexes.pop()
+
+
+def entry_groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
+    """The process groups an entry's collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run
+    plan's ``groups``, else its manifest's (written at compile); None when unknown (an eager stand-in, which runs the
+    method as written, or an entry stored without either): ranks.py then cannot tell which ranks it talks to."""
+    if not isinstance(entry, Entry):
+        return None
+    plan = getattr(entry.compiled, "plan", None)
+    if isinstance(plan, dict) and "groups" in plan:
+        return plan["groups"]
+    groups = entry.manifest.get("groups")
+    return groups if isinstance(groups, dict) else None
 
 
 def module_state(module: torch.nn.Module) -> list[list]:

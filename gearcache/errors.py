@@ -109,12 +109,13 @@ class UntrustedArtifactError(UntrustedCacheError, CacheCorruptionError):
 class LockTimeoutError(GearcacheError, TimeoutError):
     """Another process held an artifact's lock longer than ``config.lock_timeout_s``."""
 
-    def __init__(self, lock_path: str, timeout: float):
-        super().__init__(lock_path, timeout)
-        self.lock_path, self.timeout = lock_path, timeout
+    def __init__(self, lock_path: str, timeout: float, holder: str = "unknown holder"):
+        super().__init__(lock_path, timeout, holder)
+        self.lock_path, self.timeout, self.holder = lock_path, timeout, holder
 
     def __str__(self) -> str:
-        return (f"waited {self.timeout:g} s for {self.lock_path}: another process is still compiling this artifact "
+        return (f"waited {self.timeout:g} s for {self.lock_path} (held by {self.holder}): another process is still "
+                f"compiling this artifact "
                 f"(or a lock_mode='soft' holder on another host died). Fix: raise config.lock_timeout_s, or delete "
                 f"the lock file if no gearcache process is running (a soft lock whose holder died on this host, or "
                 f"older than lock_timeout_s, is removed by the next process that waits on it).")
@@ -210,3 +211,40 @@ class NoPlan(Exception):
 class WrongDevice(RuntimeError):
     """The artifact runs only on the GPU it was compiled on, not on the caller's (compile one for this GPU). Raised by
     ``runplan.load_artifact``; the caller compiles the graph again, keyed with its own GPU's index."""
+
+
+# ------------------------------------------------------------------------ ranks of a job (gearcache/ranks.py)
+class RankWaitError(GearcacheError, TimeoutError):
+    """A rank waited at a fence (gearcache/ranks.py) longer than ``config.rank_timeout_s`` for other ranks of its
+    process groups. ``rank``: this rank; ``fence``: what it waited at; ``missing``: ``{rank: what that rank last
+    reported doing}`` for each rank that never arrived."""
+
+    def __init__(self, rank: int, fence: str, waited_s: float, missing: dict[int, str]):
+        super().__init__(rank, fence, waited_s, missing)
+        self.rank, self.fence, self.waited_s, self.missing = rank, fence, waited_s, missing
+
+    def __str__(self) -> str:
+        lines = [f"rank {self.rank} waited {self.waited_s:.0f} s at {self.fence} for rank(s) {sorted(self.missing)}, "
+                 f"which never arrived; what each last reported:"]
+        lines += [f"  rank {r}: {what}" for r, what in sorted(self.missing.items())]
+        lines.append("Fix: every rank of a process group must warm up the same cached methods, with the same gears, "
+                     "in the same order; a rank still compiling needs a longer config.rank_timeout_s.")
+        return "\n".join(lines)
+
+
+class RankDivergenceError(GearcacheError, RuntimeError):
+    """The ranks of a process group reached a fence (gearcache/ranks.py) about to run different things: their
+    collectives would not pair up (a hang, or a wrong result). ``plans``: ``{rank: what that rank was about to
+    run}``."""
+
+    def __init__(self, rank: int, fence: str, plans: dict[int, str]):
+        super().__init__(rank, fence, plans)
+        self.rank, self.fence, self.plans = rank, fence, plans
+
+    def __str__(self) -> str:
+        lines = [f"rank {self.rank} at {self.fence}: the ranks of its process group are about to run different "
+                 f"things, so their collectives would not pair up:"]
+        lines += [f"  rank {r}: {what}" for r, what in sorted(self.plans.items())]
+        lines.append("Fix: give every rank of the group the same gears and warm up the same methods in the same "
+                     "order (the ranks' configs or the example inputs of warmup() differ).")
+        return "\n".join(lines)

@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import _torch_compat as compat
-from . import background, signature
+from . import background, ranks, signature
 from .gears import narrowed
 from .progress import Progress
 from .timeline import Timeline
 from .errors import WorkerError
+from .runplan.collectives import communicates
 from .workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple
     gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
     background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
     combos = gear_plan.combinations()
+    ranks.note(f"{life.name}: warm-up's compile phase ({len(combos)} gears: look-ups, captures, compiles)")
     progress = Progress(life.name, len(combos), "ready")
     missing: list[tuple] = []
     try:
@@ -104,7 +106,7 @@ def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple
                     progress.step(combos[i], "loaded", time.perf_counter() - t0)
                 else:
                     missing.append((combos[i], gear_leaves, gkey, found))
-            if len(missing) > 1 and workers != 1:
+            if len(missing) > 1 and workers != 1 and not life.communicates:
                 pool, used = None, pool
                 _compile_in_workers(life, missing, workers, progress, timeline, used)
             else:
@@ -132,7 +134,8 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | 
             pool = WorkerPool(n)        # before the first capture: the workers' imports overlap the captures
     n = min(pool.size, len(missing))
     log.info("warmup %s: compiling %d missing gears in %d worker processes", life.name, len(missing), n)
-    threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup")
+    threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup",
+                                                    initializer=_adopt_device, initargs=(_caller_device(),))
 
     def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
         if future.exception() is None:
@@ -160,6 +163,19 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | 
             pool.close(wait=False)      # their exit (compile pools shutting down) overlaps the first runs
 
 
+def _caller_device() -> int | None:
+    """The calling thread's current CUDA device, if this process uses CUDA (None otherwise: CUDA is not started)."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
+def _adopt_device(device: int | None) -> None:
+    """A warm-up thread's start: make the caller's CUDA device current here too (a new thread starts on cuda:0, so
+    on rank r of a job a compile, its exactness check or a load would otherwise touch cuda:0: a second context
+    there, and kernels loaded into it)."""
+    if device is not None:
+        torch.cuda.set_device(device)
+
+
 def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
     """What a worker will hold copies of, known before any capture: the call's tensors and the module's weights."""
     module = life.module
@@ -169,6 +185,8 @@ def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
 
 def _job(life: "EntryLife", p: "Pending") -> dict[str, Any] | None:
     """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
+    if communicates(p.captured.graph):
+        life.communicates = True            # the method's next warm-ups compile in the calling thread
     return job_for(life.graph_to_compile(p.captured), p.captured.example_inputs, life.compile_patches(),
                    f"{life.name}: entry {p.ekey}")
 

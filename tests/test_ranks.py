@@ -10,14 +10,18 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def _torchrun(nproc: int, cache: Path, out: Path, *flags: str, **env: str) -> list[dict]:
+def _torchrun(nproc: int, cache: Path, out: Path, *flags: str, script: str = "run_tp.py", ok: bool = True,
+              timeout: float = 600, **env: str) -> list[dict]:
+    """Run ``tests/scripts/<script>`` on ``nproc`` ranks (torchrun, gloo), bounded by ``timeout`` (a hang fails the
+    test); the ranks' reports (``out/rank{r}.json``, those written). ``ok``: the job must succeed."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(SCRIPTS / "run_tp.py"), str(cache), str(out), *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+           str(SCRIPTS / script), str(cache), str(out), *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    if ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc) if (out / f"rank{r}.json").exists()]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -102,3 +106,113 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
     assert len(artifacts) == 1 and (artifacts[0] / "MANIFEST.json").is_file()
     assert not any((cache / "tmp").iterdir()), "no temp folders left"
     assert not list(cache.rglob("*.tmp")), "no temp files left"
+
+
+# ----------------------------------------------------------------- geared warm-up on 4 and 8 ranks (gearcache/ranks.py)
+GEARS = [1, 2, 4]
+
+
+@pytest.fixture(scope="session", params=[4, 8])
+def tp_gears(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
+    """A cold job of tests/scripts/run_tp_gears.py (a TP MLP with an all-reduce inside, gears 1, 2, 4) on 4 and on 8
+    ranks: ``(nproc, its cache folder, the ranks' reports)``."""
+    nproc = request.param
+    root = tmp_path_factory.mktemp(f"tp_gears_{nproc}")
+    return nproc, root / "cache", _torchrun(nproc, root / "cache", root / "cold", script="run_tp_gears.py")
+
+
+def test_geared_tp_warmup_cold_then_warm_never_hangs(tp_gears, tmp_path):
+    """Cold: ranks compile different gears at once (rank order), then every rank passes the fence and runs the gears
+    in one order; the sweep equals eager; each distinct graph compiled once over all ranks; the teardown returns.
+    Warm (a fresh job): loads only, through run plans, no compiler imported."""
+    nproc, cache, cold = tp_gears
+    assert all(r["error"] is None and r["equal"] for r in cold), [r["error"] for r in cold]
+    assert sum(r["counters"]["compiles"] for r in cold) == len(GEARS), [r["counters"]["compiles"] for r in cold]
+    assert all(r["counters"]["traces"] == 1 + len(GEARS) for r in cold), "the gear plan's trace, then each gear"
+    assert all(r["counters_after_warmup"]["rank_fences"] == 1 for r in cold), "one fence before the warm-up's runs"
+    assert all(r["destroy_returned"] and r["gearcache_threads"] == [] for r in cold)
+    assert len(list((cache / "artifacts").iterdir())) == len(GEARS)
+    groups = {"0": {"ranks": list(range(nproc)), "backend": "gloo"}}
+    manifests = [json.loads(p.read_text()) for p in (cache / "entries").rglob("*.json") if "plans" not in p.parts]
+    assert len(manifests) == nproc * len(GEARS) and all(m["groups"] == groups for m in manifests)
+    warm = _torchrun(nproc, cache, tmp_path / "warm", script="run_tp_gears.py")
+    assert all(r["error"] is None and r["equal"] for r in warm)
+    assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
+    assert all(r["counters"]["loads"] == r["counters"]["direct_loads"] == len(GEARS) for r in warm)
+    assert all(r["imported_before_sweep"] == [] for r in warm), "a warm rank imports neither Dynamo nor Inductor"
+    assert all(r["counters_after_warmup"]["rank_fences"] == 1 for r in warm)
+    assert all(r["destroy_returned"] and r["destroy_s"] < 10 and r["gearcache_threads"] == [] for r in warm)
+
+
+def test_ranks_about_to_run_other_gears_raise_instead_of_hanging(tp_gears, tmp_path):
+    """The last rank warms up gears 1, 2 where the others warm up 1, 2, 4: its collectives would pair with theirs
+    wrongly (before the fence: gloo aborted on the size mismatch, NCCL would hang or mix data). Every rank raises
+    RankDivergenceError naming each rank's gears, before any rank runs a collective."""
+    nproc, cache, _ = tp_gears
+    reports = _torchrun(nproc, cache, tmp_path / "div", script="run_tp_gears.py", ok=False, timeout=300,
+                        **{f"GEARS_RANK_{nproc - 1}": "1,2", "RANK_TIMEOUT_S": "120"})
+    assert len(reports) == nproc and all(r["error"]["type"] == "RankDivergenceError" for r in reports)
+    for r in reports:
+        assert f"rank {nproc - 1}: run_tp_gears.TPMlp.fwd warm-up runs: gears [[1], [2]]" in r["error"]["message"]
+        assert "rank 0: run_tp_gears.TPMlp.fwd warm-up runs: gears [[1], [2], [4]]" in r["error"]["message"]
+        assert r["counters_after_warmup"]["rank_fences"] == 0
+
+
+def test_a_rank_that_never_arrives_is_named_after_the_timeout(tp_gears, tmp_path):
+    """Rank 1 never reaches its warm-up: the others wait at the fence for rank_timeout_s (5 s here; before the fence
+    they waited in the first gear's all-reduce, gloo's 30 minutes), then raise RankWaitError naming rank 1 and what
+    it last reported."""
+    nproc, cache, _ = tp_gears
+    reports = _torchrun(nproc, cache, tmp_path / "stall", script="run_tp_gears.py", ok=False, timeout=300,
+                        STALL_RANK="1", RANK_TIMEOUT_S="5")
+    assert sorted(r["rank"] for r in reports) == [r for r in range(nproc) if r != 1]
+    for r in reports:
+        assert r["error"]["type"] == "RankWaitError"
+        assert f"rank {r['rank']} waited" in r["error"]["message"] and "for rank(s) [1]" in r["error"]["message"]
+        assert "rank 1: nothing reported" in r["error"]["message"]
+
+
+# ------------------------------------------------------------------- pipeline stages (examples/pp_decoder.py), 4 ranks
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _pp_job(cache: Path, timeout: float = 900) -> list[dict]:
+    """One start of examples/pp_decoder.py (2 stages x TP 2, tiny sizes, gloo): the ranks' reports."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+           str(EXAMPLES / "pp_decoder.py"), "--child", "--toy", "--device", "cpu", "--cache-dir", str(cache),
+           "--gears", "1,2", "--batch", "2", "--prompt-len", "4", "--new-tokens", "3"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["ranks"]
+
+
+def test_pipeline_stages_cold_then_warm_tokens_equal_the_unsplit_model(tmp_path):
+    """2 pipeline stages x TP 2: each stage's prefill and decode cached under its pp_rank in one folder, activations
+    sent between stages; the tokens equal the unsplit eager model's in the cold job and in a fresh warm one, which
+    compiles nothing. Each stage's ranks share its artifacts; the stages' graphs differ."""
+    cache = tmp_path / "cache"
+    cold = _pp_job(cache)
+    assert [(r["pp"], r["tp"]) for r in cold] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [r["topology"] for r in cold] == [f"world4_rank{g}_tp{g % 2}_pp{g // 2}" for g in range(4)]
+    assert all(r["tokens_equal_eager"] and r["split_eager_equals_unsplit"] for r in cold), [r["tokens"] for r in cold]
+    assert len({json.dumps(r["tokens"]) for r in cold}) == 1, "every rank ends with the same tokens"
+    assert all(r["compiles_in_generate"] == 0 for r in cold), "warm-up gave every gear of the generation an entry"
+    # per stage: decode and prefill, gears 1 and 2, compiled once for both TP ranks of the stage
+    assert sum(r["counters"]["compiles"] for r in cold) == 2 * 2 * 2
+    assert all(sum(r["counters"]["compiles"] for r in cold if r["pp"] == pp) == 4 for pp in (0, 1))
+    for r in cold:
+        folder = cache / "entries" / r["topology"]
+        methods = sorted(p.name for p in folder.iterdir())
+        assert methods == ["pp_decoder.Stage.decode", "pp_decoder.Stage.prefill"], methods
+        manifests = [json.loads(p.read_text()) for p in folder.glob("*/*.json")]
+        assert len(manifests) == 4 and all(m["topology"] == r["topology"] for m in manifests)
+        tp_group = [2 * r["pp"], 2 * r["pp"] + 1]
+        assert all(any(g["ranks"] == tp_group for g in m["groups"].values()) for m in manifests), \
+            "each stage's collectives run on its own TP group"
+    assert len(list((cache / "artifacts").iterdir())) == 8
+    warm = _pp_job(cache)
+    assert all(r["tokens_equal_eager"] for r in warm) and [r["tokens"] for r in warm] == [r["tokens"] for r in cold]
+    assert all(r["counters"]["compiles"] == 0 and r["counters"]["traces"] == 0 for r in warm)
+    assert all(r["counters"]["loads"] == r["counters"]["direct_loads"] == 4 for r in warm)
+    assert all(r["counters"]["rank_fences"] == 2 for r in warm), "decode's and prefill's fence, per TP group"

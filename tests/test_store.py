@@ -1,8 +1,10 @@
 import hashlib
+import logging
 import json
 import os
 import pickle
 import stat
+import threading
 
 import filelock
 import pytest
@@ -206,6 +208,32 @@ def test_lock_timeout(tmp_path):
     assert info.value.lock_path == str(lock_path) and builder.calls == 0
     assert isinstance(info.value, TimeoutError)
     assert store.publish_artifact(AKEY, builder)[1] is True        # lock free again
+
+
+def test_a_lock_wait_names_the_holder(tmp_path, monkeypatch, caplog):
+    """Whoever holds an artifact's lock says who it is (pid, host, torchrun's rank): a process waiting for it names
+    it in its log line and, when it gives up, in LockTimeoutError; nothing is left once the lock is released."""
+    store = Store(tmp_path / "cache", lock_timeout_s=0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        monkeypatch.setenv("RANK", "5")
+        store.publish_artifact(AKEY, lambda folder: (held.set(), release.wait(10), folder.mkdir()))
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    other = Store(tmp_path / "cache", lock_timeout_s=0.3)
+    with caplog.at_level(logging.INFO, logger="gearcache.store"):
+        with pytest.raises(LockTimeoutError) as info:
+            other.publish_artifact(AKEY, Builder())
+    release.set()
+    thread.join()
+    assert info.value.holder.startswith(f"rank 5, pid {os.getpid()} on host ")
+    assert f"(held by rank 5, pid {os.getpid()}" in str(info.value)
+    assert any("compiling it: rank 5, pid" in r.getMessage() for r in caplog.records)
+    assert not list((store.root / "locks").glob("*.holder")), "the holder's note goes with the lock"
+    assert pickle.loads(pickle.dumps(info.value)).holder == info.value.holder
 
 
 def test_read_entry(store):

@@ -8,6 +8,7 @@ built or fetched once, valid, and nothing partial visible locally or remotely.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -399,3 +400,83 @@ def test_slow_redis_is_bounded_by_the_timeout(redis, tmp_path):
     assert time.monotonic() - t0 < 1.5
     sleeper.join()
     nothing_partial(b, redis)
+
+
+# ----------------------------------------------------------- two torchrun jobs as two nodes of one fleet (issue #38)
+def _node(folder, out, redis_url: str, **env: str) -> subprocess.Popen:
+    """One "node": a torchrun job of 2 ranks (tests/scripts/run_tp_gears.py: a TP MLP, all-reduce inside, gears
+    1 and 2) with its own local cache folder and MASTER_PORT, the fleet store at ``redis_url``, signed; its compiles
+    counted by gearcache's counters and by hooks on torch's compiler (tests/compile_hooks.py). Its own session, so
+    the test can end the whole job."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(TESTS / "scripts" / "run_tp_gears.py"),
+           str(folder), str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "GEARS": "1,2", "COMPILE_HOOKS": "1",
+                                 "GEARCACHE_REMOTE": redis_url, "GEARCACHE_SIGNING_KEY": KEY, **env})
+
+
+def _node_reports(proc: subprocess.Popen, out, timeout: float = 600) -> list[dict]:
+    _, stderr = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def _kill_node(proc: subprocess.Popen, out) -> None:
+    """SIGKILL a node: each rank (torchrun starts them in sessions of their own; each wrote its pid), then torchrun."""
+    for r in range(2):
+        pid_file = out / f"rank{r}.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+
+
+def test_second_node_of_a_fleet_compiles_nothing_the_first_compiled(redis, tmp_path):
+    """Node A (2 ranks, its own folder) starts cold against an empty Redis and compiles each gear's graph once; node
+    B (2 ranks, another folder, another MASTER_PORT) then starts cold too: it fetches every entry and artifact, and
+    Inductor never runs in it (hooks: 0 compiles, 0 code generations, 0 C++ builds); both equal eager."""
+    a = _node_reports(_node(tmp_path / "a", tmp_path / "a_out", redis.url), tmp_path / "a_out")
+    assert all(r["error"] is None and r["equal"] for r in a)
+    assert sum(r["counters"]["compiles"] for r in a) == 2 and sum(r["counters"]["remote_pushes"] for r in a) == 2
+    assert sum(r["compile_hooks"]["inductor_compiles"] for r in a) > 0
+    assert len(remote_keys(redis, "artifact")) == 2 and len(remote_keys(redis, "entry")) == 4   # 2 gears x 2 ranks
+    b = _node_reports(_node(tmp_path / "b", tmp_path / "b_out", redis.url), tmp_path / "b_out")
+    assert all(r["error"] is None and r["equal"] for r in b)
+    for r in b:
+        assert r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 2, r["counters"]
+        hooks = r["compile_hooks"]
+        assert (hooks["inductor_compiles"], hooks["inductor_codegen"], hooks["cpp_builds"]) == (0, 0, 0), hooks
+        assert r["counters"]["traces"] == 1, "only the gear plan's trace (plans stay local): no gear captured"
+    assert sum(r["counters"]["remote_loads"] for r in b) == 2, "each artifact fetched once for the node's folder"
+    assert all(r["destroy_returned"] for r in a + b)
+
+
+def test_a_node_killed_mid_compile_leaves_no_half_entry(redis, tmp_path):
+    """Node A is killed (every process of the job, SIGKILL) while it compiles its first artifact: Redis holds no
+    entry and no artifact head (only expiring chunks, if any), and A's folder no artifact without its manifest and
+    no entry. Node B then starts cold: it waits out A's claim (2 s), compiles, and serves equal to eager; node A
+    restarted on its folder fetches everything and compiles nothing."""
+    a = _node(tmp_path / "a", tmp_path / "a_out", redis.url, REMOTE_CLAIM_TTL_S="2")
+    deadline = time.monotonic() + 300
+    while not remote_keys(redis, "claim"):
+        assert a.poll() is None, a.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "node A never claimed a compile"
+        time.sleep(0.05)
+    _kill_node(a, tmp_path / "a_out")
+    assert remote_keys(redis, "entry") == [] and remote_keys(redis, "artifact") == []
+    client = redis.client()
+    assert all(client.ttl(k) > 0 for k in remote_keys(redis, "chunk")), "chunks of an unfinished push expire"
+    folder = tmp_path / "a"
+    assert list((folder / "entries").glob("*/*/*.json")) == [], "no entry manifest (the gear plans may be there)"
+    for artifact in (folder / "artifacts").iterdir() if (folder / "artifacts").exists() else []:
+        assert (artifact / "MANIFEST.json").is_file(), f"half artifact {artifact}"
+    b = _node_reports(_node(tmp_path / "b", tmp_path / "b_out", redis.url, REMOTE_CLAIM_TTL_S="2"),
+                      tmp_path / "b_out")
+    assert all(r["error"] is None and r["equal"] for r in b)
+    assert sum(r["counters"]["compiles"] for r in b) == 2 and not any(r["counters"]["remote_refused"] for r in b)
+    again = _node_reports(_node(folder, tmp_path / "a_again", redis.url), tmp_path / "a_again")
+    assert all(r["equal"] and r["counters"]["compiles"] == 0 for r in again)
+    assert sum(r["compile_hooks"]["inductor_compiles"] for r in again) == 0

@@ -28,7 +28,7 @@ from .. import _torch_compat as compat
 from ..errors import ProcessGroupMismatchError
 
 __all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups", "communicates",
-           "describe_groups", "stand_in_collectives"]
+           "describe_groups", "graph_groups", "stand_in_collectives"]
 
 NAMESPACE = "_c10d_functional"
 OTHER_NAMESPACES = frozenset({"_c10d_functional_autograd", "c10d", "c10d_functional", "_dtensor", "symm_mem"})
@@ -41,6 +41,31 @@ def communicates(gm: torch.fx.GraphModule) -> bool:
     has those groups can compile it (parallel warm-up compiles such a graph in the calling process)."""
     spaces = OTHER_NAMESPACES | {NAMESPACE}
     return any(node.op == "call_function" and _namespace(node.target) in spaces for node in gm.graph.nodes)
+
+
+def graph_groups(gm: torch.fx.GraphModule) -> dict[str, dict[str, Any]] | None:
+    """``{name: {"ranks", "backend"}}`` of the process groups the captured graph's functional collectives name (as
+    :func:`describe_groups`; ``{}`` for a graph without collectives), or None when it calls a communicating operator
+    whose group argument is not known here (``OTHER_NAMESPACES``): then which ranks it talks to is unknown."""
+    names: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or _namespace(node.target) not in OTHER_NAMESPACES | {NAMESPACE}:
+            continue
+        ref = compat.operator_ref(node.target)
+        op = ref[0].partition("::")[2] if ref is not None else ""
+        if _namespace(node.target) != NAMESPACE or op not in STAND_INS:
+            return None
+        index = STAND_INS[op][1]
+        if index < 0:
+            continue                                    # wait_tensor names no group
+        name = node.args[index] if len(node.args) > index else node.kwargs.get("group_name")
+        if not isinstance(name, str):
+            return None
+        names.add(name)
+    try:
+        return describe_groups(names)
+    except ProcessGroupMismatchError:
+        return None
 
 
 def _namespace(target: Any) -> str | None:

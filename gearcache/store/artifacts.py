@@ -9,6 +9,7 @@ import os
 import pathlib
 import shutil
 import stat
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -227,9 +228,7 @@ class Artifacts:
         final = self.layout.artifact(akey)
         if self._valid(akey, quarantine=False):
             return final, False
-        with self.locks.held(self.locks.path(akey), self.locks.timeout_s, on_wait=lambda: log.info(
-                "artifact %s: another process holds its lock (compiling it); waiting for it (up to "
-                "lock_timeout_s=%g s)", akey, self.locks.timeout_s)):
+        with self.locks.held(self.locks.path(akey), self.locks.timeout_s, on_wait=lambda: self._waiting(akey)):
             if self._valid(akey, quarantine=True):
                 return final, False
             if through is None:
@@ -245,6 +244,17 @@ class Artifacts:
         if self.eviction.max_size is not None:
             self.eviction.evict(keep={akey}, when=f"after publishing {akey}")
         return final, True
+
+    def _waiting(self, akey: str) -> None:
+        """Another process holds artifact ``akey``'s lock (compiling it): say so, naming it, in the log and, in a
+        job of ranks, in this rank's report to the others (gearcache/ranks.py)."""
+        holder = self.locks.holder(self.locks.path(akey))
+        log.info("artifact %s: another process holds its lock (compiling it: %s); waiting for it (up to "
+                 "lock_timeout_s=%g s)", akey, holder, self.locks.timeout_s)
+        if "torch.distributed" in sys.modules:      # a job of ranks: only then is there anyone to tell
+            from .. import ranks
+
+            ranks.note(f"waiting for the lock of artifact {akey[:16]}, held by {holder} (compiling it)")
 
     def _build(self, akey: str, build: Callable[[pathlib.Path], None]) -> int:
         """Run ``build`` into a work folder in ``tmp/``, write its manifest (and signature), rename it into

@@ -3,8 +3,11 @@ filesystems)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import pathlib
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -56,7 +59,7 @@ class Locks:
                         on_wait()
                     lock.acquire()
             except filelock.Timeout:
-                raise LockTimeoutError(str(path), timeout) from None
+                raise LockTimeoutError(str(path), timeout, self.holder(path)) from None
         else:
             lock = filelock.SoftFileLock(str(path), timeout=timeout)
             deadline = time.monotonic() + timeout
@@ -70,11 +73,44 @@ class Locks:
                         on_wait()
                         on_wait = None
                     if time.monotonic() >= deadline:
-                        raise LockTimeoutError(str(path), timeout) from None
+                        raise LockTimeoutError(str(path), timeout, self.holder(path)) from None
+        self._claim(path)
         try:
             yield
         finally:
+            self._unclaim(path)
             lock.release()
+
+    # -------------------------------------------------------------------------------------- who holds a lock
+    @staticmethod
+    def _holder_path(path: pathlib.Path) -> pathlib.Path:
+        return path.with_name(path.name + ".holder")
+
+    def _claim(self, path: pathlib.Path) -> None:
+        """Say who holds the lock at ``path`` (``<lock>.holder``: pid, host, torchrun's rank, since), for the log
+        and errors of processes that wait for it (:meth:`holder`). Best effort: a lock is held without it."""
+        info = {"pid": os.getpid(), "host": HOST, "rank": os.environ.get("RANK"), "since": time.time()}
+        tmp = path.with_name(f".{path.name}.holder.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, self._holder_path(path))
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def _unclaim(self, path: pathlib.Path) -> None:
+        with contextlib.suppress(OSError):
+            self._holder_path(path).unlink()
+
+    def holder(self, path: pathlib.Path) -> str:
+        """Who holds the lock at ``path``, as its holder said (``"rank 2, pid 123 on host h, for 41 s"``), or
+        ``"unknown holder"``."""
+        try:
+            info = json.loads(self._holder_path(path).read_text())
+            who = f"rank {info['rank']}, " if info.get("rank") is not None else ""
+            return f"{who}pid {info['pid']} on host {info['host']}, for {time.time() - float(info['since']):.0f} s"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "unknown holder"
 
     def break_if_stale(self, path: pathlib.Path) -> int:
         """Remove a soft lock file whose holder (``pid\\nhost`` in the file) died on this host, or that is older than
