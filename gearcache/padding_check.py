@@ -47,8 +47,8 @@ log = logging.getLogger("gearcache")
 NEUTRAL_PAD_FIX = ("make that op exact under padding: a reduction over the gear dim needs its input's padded rows to "
                    "hold its neutral value (0 before a sum, 1 before a product, +inf before a min, -inf before a max "
                    "or softmax): leave pad_value unset so that gearcache chooses it, or mask the padded rows yourself "
-                   "(e.g. pass a mask and use x.masked_fill(~mask, float('inf')).amin(0)); a mean, a variance or a "
-                   "norm over the gear dim is never exact: compute it outside the cached method, or drop the gears "
+                   "(e.g. pass a mask and use x.masked_fill(~mask, float('inf')).amin(0)); a mean or a variance over "
+                   "the gear dim is never exact: compute it outside the cached method, or drop the gears "
                    "of that dim (inference_config.padding_check='off' serves it unchecked)")
 WRITE_FIX = ("do that write outside the cached method (return what to write and write it after the call), or pass "
              "the written tensor as an argument with the same gears (gearcache copies its real rows back after each "

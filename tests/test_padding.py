@@ -1,5 +1,7 @@
 """The padding analysis (gearcache/padding.py) on the symbolic traces of small methods: what it finds and what it
 does not. Only Dynamo traces run here (no compile)."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -51,18 +53,69 @@ class Ops(torch.nn.Module):
     def conv_over_batch(self, x):               # x [B, 4, 8]: B padded
         return self.bn(self.conv(x)).mean(-1)
 
-    # -------------------------------------------------------------------------------------- mixing along B
-    def mean(self, x):
-        return x - x.mean(0)
+    # --------------------------------------------------------- exact along B with a neutral pad (pad_values)
+    def amin(self, x):
+        return x.amin(0)
+
+    def amax(self, x):
+        return x.amax(0, keepdim=True) + x
+
+    def negated_amin(self, x):                  # -x holds -pad: x needs -inf
+        return (-x).amin(0)
+
+    def int_min(self, ids):                     # ids [B, 2] int64
+        return ids.min(0).values
+
+    def argmax(self, x):
+        return x.argmax(0)
+
+    def scaled_sum(self, x):
+        return (x * 2).sum(0)
+
+    def shifted_prod(self, x):                  # 0 * 0.5 + 1 = 1 before the product
+        return (x * 0.5 + 1).prod(0)
 
     def softmax(self, x):
         return torch.softmax(x, 0)
 
-    def cumsum(self, x):
+    def logsumexp(self, x):
+        return x.logsumexp(0)
+
+    def gram(self, x):                          # contracts B: 0 * 0 in the padded terms
+        return x.t() @ x
+
+    def cumsum(self, x):                        # padding comes after every real row
         return x.cumsum(0)
 
-    def gram(self, x):
-        return x.t() @ x
+    def masked_min(self, x, valid):             # the user masks the pad rows: any pad of x is fine
+        return x.masked_fill(~valid, float("inf")).amin(0)
+
+    def lookups_and_sum(self, ids, x):          # ids as an index (pad 0 valid), x summed (pad 0)
+        return self.emb(ids).sum(-1) + x.sum(0).sum()
+
+    # -------------------------------------------------------------------------------------- mixing along B
+    def mean(self, x):
+        return x - x.mean(0)
+
+    def linear_then_sum(self, x):               # lin's pad rows hold its bias: no pad of x makes them 0
+        return self.lin(x).sum(0)
+
+    def min_and_max(self, x):                   # +inf for one, -inf for the other: no one pad serves both
+        return x.amin(0) + x.amax(0)
+
+    def index_and_min(self, ids):               # an index needs 0, the min needs the largest int64
+        return self.emb(ids).sum() + ids.min()
+
+    def partly_overwritten(self, x):            # column 0 of the pad rows holds 5 after the write, the rest the pad
+        y = x.clone()
+        y[:, 0] = 5.0
+        return y.amin(0)
+
+    def sort(self, x):
+        return x.sort(0).values
+
+    def merged_cumsum(self, x):                 # x [B, 3]: B inside the merged dim, pads before real rows there
+        return x.t().reshape(-1).cumsum(0).view(3, -1).t()
 
     def last_row(self, x):
         return x[-1]
@@ -121,14 +174,63 @@ def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
     assert report.mixing == [] and report.unsafe_writes == []
 
 
+@pytest.mark.parametrize("method, args, pads", [
+    ("amin", (torch.randn(4, 4),), {0: float("inf")}),
+    ("amax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("negated_amin", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("int_min", (torch.randint(0, 9, (4, 2)),), {0: torch.iinfo(torch.int64).max}),
+    ("argmax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("scaled_sum", (torch.randn(4, 4),), {0: 0.0}),
+    ("shifted_prod", (torch.randn(4, 4),), {0: 0.0}),
+    ("softmax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("logsumexp", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("gram", (torch.randn(4, 4),), {0: 0.0}),
+    ("cumsum", (torch.randn(4, 4),), {0: 0.0}),
+    ("masked_min", (torch.randn(4, 4), torch.ones(4, 4, dtype=torch.bool)), {0: 0.0, 1: False}),
+    ("lookups_and_sum", (torch.randint(0, 10, (4,)), torch.randn(4, 4)), {0: 0, 1: 0.0}),
+])
+def test_reductions_over_a_padded_dim_are_exact_with_the_pad_value_chosen_for_them(method, args, pads):
+    """Each padded input gets the first candidate (0, -inf, +inf, 1; for integers 0, smallest, largest, 1) for which
+    every op reading its padded rows is exact; the pad is followed exactly through pointwise ops."""
+    report, _ = _report(getattr(OPS, method), args, [(i, 0) for i in range(len(args))])
+    assert report.complete and report.mixing == [] and report.unsafe_writes == [], report.mixing
+    assert report.pad_values == pads
+
+
+def test_a_pad_value_the_user_gave_is_kept_and_a_plan_it_makes_inexact_names_what_it_needs():
+    leaves, key = signature.call_key((torch.randn(4, 4),), {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.amin, OPS, key[0], leaves, [(0, 0)])
+    report = padding.analyse(trace, {0: "x"}, {0}, {0: 0.0})
+    assert report.pad_values == {0: 0.0}
+    (f,) = report.mixing
+    assert f.op == "aten.amin.default" and "return x.amin(0)" in f.where
+    assert "exact only if its padded rows hold +inf, but they hold 0" in f.why
+    assert padding.analyse(trace, {0: "x"}, {0}, {0: float("inf")}).mixing == []
+
+
+def test_an_index_needs_a_pad_that_is_a_valid_position():
+    leaves, key = signature.call_key((torch.randint(0, 10, (4,)), torch.randn(4, 4)), {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.lookups_and_sum, OPS, key[0], leaves, [(0, 0), (1, 0)])
+    report = padding.analyse(trace, {0: "ids", 1: "x"}, {0, 1}, {0: -1})
+    (f,) = report.mixing
+    assert f.op == "aten.embedding.default" and "self.emb(ids)" in f.where
+    assert "reads positions from padded rows that hold -1, which is not a valid position (0 to 10 - 1)" in f.why
+
+
 @pytest.mark.parametrize("method, args, marked, op, why", [
-    ("mean", (torch.randn(4, 4),), [(0, 0)], "aten.mean.dim", "reduces over a padded dim"),
-    ("softmax", (torch.randn(4, 4),), [(0, 0)], "aten._softmax", "along a padded dim"),
-    ("cumsum", (torch.randn(4, 4),), [(0, 0)], "aten.cumsum", "along a padded dim"),
-    ("gram", (torch.randn(4, 4),), [(0, 0)], "aten.mm", "contracts over a padded dim"),
+    ("mean", (torch.randn(4, 4),), [(0, 0)], "aten.mean.dim", "a mean divides by the padded count"),
+    ("linear_then_sum", (torch.randn(4, 4),), [(0, 0)], "aten.sum", "exact only if its padded rows hold 0, but they "
+                                                                    "hold values gearcache cannot tell"),
+    ("min_and_max", (torch.randn(4, 4),), [(0, 0)], "aten.am", "exact only if its padded rows hold"),
+    ("index_and_min", (torch.randint(0, 10, (4,)),), [(0, 0)], "aten.", "padded rows"),
+    ("partly_overwritten", (torch.randn(4, 4),), [(0, 0)], "aten.amin", "exact only if its padded rows hold +inf"),
+    ("sort", (torch.randn(4, 4),), [(0, 0)], "aten.sort", "sorts or ranks along a padded dim"),
+    ("merged_cumsum", (torch.randn(4, 3),), [(0, 0)], "aten.cumsum", "merges a padded dim inside others"),
     ("last_row", (torch.randn(4, 4),), [(0, 0)], "aten.select", "other than the first"),
     ("size_as_value", (torch.randn(4, 4),), [(0, 0)], "aten.mul", "size of a padded dim as a value"),
-    ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.cat", "concatenates along a padded dim"),
+    ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.slice", "merges a padded dim with others"),
     ("masked_attention", (torch.randn(1, 6, 4),), [(0, 1)], "scaled_dot_product", "padded key dim"),
     ("scrambled_reshape", (torch.randn(4, 3),), [(0, 0)], "view", "no longer line up"),
     ("branch", (torch.randn(4, 4),), [(0, 0)], "(size guard)", "branches on the size of a padded dim"),
@@ -178,12 +280,14 @@ def test_other_unsafe_writes(method, args, marked, names, reaches, why):
     assert any(f.reaches == reaches and why in f.why for f in report.unsafe_writes), report.unsafe_writes
 
 
-def test_state_updated_with_data_from_padded_rows_is_mixing(tmp_path):
+def test_state_updated_with_a_sum_over_padded_rows_is_exact_with_pad_0_and_mixing_with_another(tmp_path):
     m = RunningSum(tmp_path)
-    report, _ = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    report, trace = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
     assert report.unsafe_writes == [] and report.written_state == ["total"]
-    assert {f.reaches for f in report.mixing} == {"parameter or buffer total", "output 0"}
-    assert all(f.op == "aten.sum.dim_IntList" for f in report.mixing)
+    assert report.mixing == [] and report.pad_values == {0: 0.0}
+    ones = padding.analyse(trace, {0: "x"}, {0}, {0: 1.0})
+    assert {f.reaches for f in ones.mixing} == {"parameter or buffer total", "output 0"}
+    assert all(f.op == "aten.sum.dim_IntList" and "hold 0, but they hold 1" in f.why for f in ones.mixing)
 
 
 def test_a_padded_input_written_in_place_is_recorded_for_copy_back(tmp_path):
@@ -215,6 +319,9 @@ def test_dims_that_meet_without_a_guard_move_in_lockstep(tmp_path):
 def test_report_round_trips_through_json(tmp_path):
     report, _ = _report(SeenRows(tmp_path).fwd, (torch.randn(4, 4),), [(0, 0)])
     assert padding.PaddingReport.from_json(report.to_json()) == report
+    chosen, _ = _report(OPS.amin, (torch.randn(4, 4),), [(0, 0)])
+    again = padding.PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
+    assert again == chosen and again.pad_values == {0: float("inf")}
 
 
 def test_a_graph_that_cannot_be_analysed_counts_as_mixing_and_writing_everything(tmp_path):
