@@ -296,8 +296,11 @@ class CachedFunction(Dispatcher):
         names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
         from . import padding     # the analysis (and sympy) only where a gear plan is built, never on a warm load
 
+        bounds: dict[str, int] = {}
+        for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
+            bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
         report = padding.analyse(trace, names, {m.leaf for m in marks},
-                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None})
+                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
         gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,

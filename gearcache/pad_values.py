@@ -50,15 +50,20 @@ def neutral(kind: str, dtype: torch.dtype) -> PadValue | None:
     return {"zero": 0, "one": 1, "top": info.max, "bottom": info.min}[kind]
 
 
-def is_neutral(kind: str, value: PadValue | None, dtype: torch.dtype) -> bool:
+def known(value: object) -> bool:
+    """Whether ``value`` is a known constant (a bool, int or float; not UNKNOWN nor a symbolic value)."""
+    return isinstance(value, (bool, int, float))
+
+
+def is_neutral(kind: str, value: object, dtype: torch.dtype) -> bool:
     """Whether a pad region holding ``value`` leaves the reduction ``kind`` over it exact."""
     want = neutral(kind, dtype)
-    return value is not UNKNOWN and want is not None and same(value, want)
+    return known(value) and want is not None and same(value, want)
 
 
-def describe(value: PadValue | None) -> str:
+def describe(value: object) -> str:
     """A pad value for a message: ``0``, ``-inf``, ``unknown values``."""
-    if value is UNKNOWN:
+    if not known(value):
         return "values gearcache cannot tell (real data, or a result it cannot compute exactly)"
     if isinstance(value, bool):
         return str(value)
@@ -101,7 +106,7 @@ def exact(value: Any, dtype: torch.dtype) -> PadValue:
     return int(value)
 
 
-def same(a: Any, b: Any) -> bool:
+def same(a: object, b: object) -> bool:
     """Equal pad values (NaN equals NaN; ``-0.0`` equals ``0.0``; a bool equals only a bool)."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -110,9 +115,9 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def finite(value: PadValue | None) -> bool:
+def finite(value: object) -> bool:
     """A known pad value that is a finite number (a product with it and 0 is 0)."""
-    return value is not UNKNOWN and not (isinstance(value, float) and not math.isfinite(value))
+    return known(value) and not (isinstance(value, float) and not math.isfinite(value))
 
 
 def evaluate(op: Callable, args: tuple, kwargs: dict, inputs: list[tuple[Any, PadValue, torch.dtype, int]],
@@ -164,11 +169,11 @@ def _hashable(a: Any) -> bool:
     return True
 
 
-def convert(value: PadValue | None, dtype: torch.dtype) -> PadValue | None:
+def convert(value: object, dtype: torch.dtype) -> PadValue | None:
     """A pad value copied into a tensor of ``dtype`` (``copy_``, a sum's wider dtype): rounded to a float dtype,
     truncated to an integer one (:data:`UNKNOWN` for a non-finite float there: that conversion is undefined),
     ``!= 0`` for bool."""
-    if value is UNKNOWN or dtype.is_complex:
+    if not isinstance(value, (bool, int, float)) or dtype.is_complex:
         return UNKNOWN
     if dtype == torch.bool:
         return bool(value)

@@ -62,7 +62,7 @@ import itertools
 import math
 import operator
 import re
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, Union, cast
 
 import sympy
 import torch
@@ -81,10 +81,12 @@ MAX_WALKS = 48
 
 
 def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int],
-            pads: dict[int, PadValue] | None = None) -> PaddingReport:
+            pads: dict[int, PadValue] | None = None, bounds: dict[str, int] | None = None) -> PaddingReport:
     """Analyse the gear plan's symbolic trace (capture.symbolic_shapes); ``names``: leaf index -> argument name, for
     messages; ``padded_leaves``: the leaves with marked dims; ``pads``: the pad values the user gave (exact in the
-    leaf's dtype, see ``pad_values.exact``), kept as they are; the others are chosen (``report.pad_values``)."""
+    leaf's dtype, see ``pad_values.exact``), kept as they are; the others are chosen (``report.pad_values``);
+    ``bounds``: each marked dim's symbol (as in ``trace.symbols``) -> its largest gear (positions ``arange`` makes
+    over a padded size are valid indices below it)."""
     given = dict(pads or {})
     try:
         aten = compat.aten_graph(trace.graph)
@@ -94,7 +96,7 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
 
         def walk(assigned: dict[int, PadValue]) -> tuple[PaddingReport, frozenset]:
             analysis = _Analysis(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same,
-                                 assigned)
+                                 assigned, bounds)
             report = analysis.run()
             report.mixing.extend(guard_findings)
             report.pad_values = dict(sorted(assigned.items()))
@@ -203,9 +205,32 @@ class _Origin:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Positions:
+    """The pad of ``arange(start, start + s)`` over a padded size ``s``: element i holds ``start + i``, so the padded
+    rows hold positions past every real one, below ``start + bound`` (``bound``: the largest gear of ``s``; None if
+    unknown)."""
+    start: int
+    bound: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gathered:
+    """The pad of ``index_select(src, dim, index)`` along a padded index: every element holds ``src``'s value at
+    ``index`` along ``dim`` (``src``, ``index``: their nodes; ``writes``: ``src``'s storage's writes then)."""
+    src: str
+    writes: int
+    dim: int
+    index: str
+
+
+Held = Union[PadValue, _Positions, _Gathered, None]
+"""What a pad region holds: a constant, positions, values gathered from a tensor, or UNKNOWN."""
+
+
+@dataclasses.dataclass(frozen=True)
 class _Pad:
-    """What a value's pad region holds: a constant (exact in the value's dtype) or UNKNOWN."""
-    value: PadValue | None = UNKNOWN
+    """What a value's pad region holds: a constant (exact in the value's dtype), a symbolic value, or UNKNOWN."""
+    value: Held = UNKNOWN
     leaves: frozenset = frozenset()     # the padded leaves whose pad values it follows from (or that could make an
     #                                     UNKNOWN one known: a result that was not exact)
     follows: bool = True                # its pad region lies inside its storage's (a write into it reaches it)
@@ -224,6 +249,7 @@ class _Tensor:
     pad: _Pad = NO_PAD      # its pad region's values when it was made (see _Analysis.pad: writes change them)
     dtype: torch.dtype = torch.float32
     seen: int = 0           # how many writes its storage had when it was made
+    name: str = ""          # the node that made it
 
 
 @dataclasses.dataclass
@@ -233,6 +259,7 @@ class _Storage:
     pad: _Pad
     writes: int = 0
     fresh: bool = False     # made by a factory op (empty, zeros, full...): no real rows of its own until written
+    const: Held = UNKNOWN   # the value of every element (a fill never written since), or UNKNOWN
 
 
 @dataclasses.dataclass
@@ -354,9 +381,10 @@ class _Analysis:
 
     def __init__(self, graph: torch.fx.GraphModule, inputs: list[list], outputs: dict[int, int],
                  names: dict[int, str], padded_leaves: set[int], symbols: frozenset, same: dict,
-                 pads: dict[int, PadValue]):
+                 pads: dict[int, PadValue], bounds: dict[str, int] | None = None):
         self.graph, self.inputs, self.outputs, self.names = graph, inputs, outputs, names
         self.padded_leaves, self.symbols, self.same, self.pads = padded_leaves, symbols, same, pads
+        self.bounds = bounds or {}                      # symbol -> its largest gear
         self.met: dict = {}                             # symbol -> the symbol it met (see ``aligned``)
         self.env: dict[torch.fx.Node, Any] = {}
         self.input_of: dict[str, list] = {}             # base name -> input recipe, for the graph's inputs
@@ -396,7 +424,7 @@ class _Analysis:
     def _new(self, base: str, dims: tuple, dtype: torch.dtype, pad: _Pad) -> _Tensor:
         """A tensor with a storage of its own (a graph input, or an op's new output)."""
         self.storage[base] = _Storage(dims, pad)
-        return _Tensor(dims, None, base, pad=pad, dtype=dtype)
+        return _Tensor(dims, None, base, pad=pad, dtype=dtype, name=base)
 
     def pad(self, t: _Tensor) -> _Pad:
         """What ``t``'s pad region holds now: as when it was made, unless its storage was written since."""
@@ -404,6 +432,18 @@ class _Analysis:
         if storage is None or storage.writes == t.seen:
             return t.pad
         return storage.pad if t.pad.follows else _Pad(UNKNOWN, frozenset(), False)
+
+    def writes(self, t: _Tensor) -> int:
+        """How many writes ``t``'s storage has had."""
+        storage = self.storage.get(t.base)
+        return storage.writes if storage is not None else 0
+
+    def bound(self, dim: Dim) -> int | None:
+        """The largest size a dim that is one marked dim's symbol takes (its largest gear); None if unknown."""
+        factors = _canonical(dim)
+        if len(factors) != 1 or isinstance(factors[0], int):
+            return None
+        return self.bounds.get(str(factors[0].xreplace(self.met)))
 
     def adopt(self, target: _Tensor, src: _Tensor) -> None:
         """A fresh tensor the graph made and never wrote (``_Storage.fresh``), about to be filled whole by ``src``
@@ -431,7 +471,7 @@ class _Analysis:
                 return NO_PAD
             p = self.pad(value)
             leaves |= p.leaves
-            if p.value is UNKNOWN:
+            if not isinstance(p.value, (bool, int, float)):     # unknown, or symbolic (see _symbolic)
                 if not p.leaves:
                     return NO_PAD
                 unknown = True
@@ -500,7 +540,10 @@ class _Analysis:
         produced = rule(self, node, args)
         value = self._values(node, schema, args, produced)
         if rule in (_fresh, _like) and isinstance(value, _Tensor) and value.base in self.storage:
-            self.storage[value.base].fresh = True
+            storage = self.storage[value.base]
+            storage.fresh = True
+            if isinstance(value.pad.value, (bool, int, float)):   # a fill: every element holds it
+                storage.const = value.pad.value
         for arg, spec in zip(schema.arguments, node.args):
             if spec is not None and arg.alias_info is not None and arg.alias_info.is_write:
                 self._write(node, args[arg.name], value, args)
@@ -562,11 +605,11 @@ class _Analysis:
         base = self._aliased_base(schema, args)
         if isinstance(produced, list):
             metas = list(meta) if isinstance(meta, (list, tuple)) else [None] * len(produced)
-            return [self._one(node, p, m, (inherited, moved), base or f"{node.name}.{k}")
+            return [self._one(node, p, m, (inherited, moved), base or f"{node.name}.{k}", f"{node.name}.{k}")
                     for k, (p, m) in enumerate(zip(produced, metas))]
-        return self._one(node, produced, meta, (inherited, moved), base or node.name)
+        return self._one(node, produced, meta, (inherited, moved), base or node.name, node.name)
 
-    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str) -> Any:
+    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str, name: str) -> Any:
         """One output: its dims checked against the node's shape; dirty from its inputs (``given``: their dirt and
         whether a view on their way moved rows) or from the op itself; its pad (a view's follows its storage)."""
         (inherited, moved), (dims, why) = given, produced[:2]
@@ -585,7 +628,7 @@ class _Analysis:
             t = self._new(base, tuple(dims), meta.dtype, pad)
             t.dirty, t.moved = dirty, moved
             return t
-        return _Tensor(tuple(dims), dirty, base, moved, pad, meta.dtype, storage.writes)
+        return _Tensor(tuple(dims), dirty, base, moved, pad, meta.dtype, storage.writes, name)
 
     @staticmethod
     def _aliased_base(schema: Any, args: dict[str, Any]) -> str | None:
@@ -605,10 +648,12 @@ class _Analysis:
         if not isinstance(target, _Tensor):
             return
         result = value[0] if isinstance(value, list) else value
+        written = result if isinstance(result, _Tensor) and result.base == target.base else None
         dirty = self._dirt(result) if isinstance(result, _Tensor) else self._dirt(list(args.values()))
+        dirty = dirty or self._lands_in_real_rows(node, target, written)
         if dirty is not None:
             self.storage_dirty.setdefault(target.base, dirty)
-        self._write_pad(target, result if isinstance(result, _Tensor) and result.base == target.base else None)
+        self._write_pad(target, written)
         recipe = self.input_of.get(target.base)
         if recipe is None or recipe[0] == "size":
             return                                          # a tensor the graph made itself
@@ -628,6 +673,27 @@ class _Analysis:
         elif dirty is not None:
             self._mixing(dirty, what)
 
+    def _lands_in_real_rows(self, node: torch.fx.Node, target: _Tensor, written: _Tensor | None) -> _Origin | None:
+        """Why a write through ``target`` puts padding rows where its storage has real ones: ``target`` has a
+        padded factor its storage lacks (``buf[:B] = x`` into a ``buf`` of 8 rows: the padded rows land on rows
+        eager leaves alone). Harmless when they write what those rows hold (a fill never written since: zeros
+        written over zeros); None then, and for a target whose padded factors are its storage's."""
+        storage = self.storage.get(target.base)
+        if storage is None:
+            return None
+        own = {self._factor(f) for d in storage.dims for f in _canonical(d) if not isinstance(f, int)}
+        if all(self._factor(f) in own for d in target.dims for f in _canonical(d) if not isinstance(f, int)):
+            return None
+        p = self.pad(written) if written is not None else NO_PAD
+        if pv.known(storage.const) and pv.known(p.value) and pv.same(p.value, storage.const):
+            return None
+        return self._origin(node, (f"writes padding rows into rows that are real in the tensor it writes (they "
+                                   f"hold {_held(p.value)} there; eager leaves {_held(storage.const)})", MOVES,
+                                   p.leaves))
+
+    def _factor(self, f: Any) -> Any:
+        return f.xreplace(self.met) if not isinstance(f, int) else f
+
     def _write_pad(self, target: _Tensor, result: _Tensor | None) -> None:
         """The pad of ``target``'s storage after the write (``result``: the op's output viewing it, holding what was
         written): the written pad where the write covers the whole storage; kept where the written pad equals it;
@@ -642,6 +708,7 @@ class _Analysis:
             new = _Pad(UNKNOWN, old.leaves | new.leaves if old.leaves and new.leaves else frozenset())
         storage.pad = _Pad(new.value, new.leaves)
         storage.writes += 1
+        storage.const = UNKNOWN
 
     def _unsafe_write(self, target: _Tensor, args: dict[str, Any]) -> str | None:
         if any(_padded(d) for d in target.dims):
@@ -742,7 +809,7 @@ def _needs(a: _Analysis, t: _Tensor, kind: str, what: str) -> Any:
     if pv.is_neutral(kind, p.value, t.dtype):
         return None
     return (f"{what} over a padded dim: exact only if its padded rows hold {pv.describe(pv.neutral(kind, t.dtype))}, "
-            f"but they hold {pv.describe(p.value)}", MIXES, p.leaves)
+            f"but they hold {_held(p.value)}", MIXES, p.leaves)
 
 
 def _index_valid(a: _Analysis, index: Any, size: Any, negative: bool) -> Any:
@@ -754,12 +821,24 @@ def _index_valid(a: _Analysis, index: Any, size: Any, negative: bool) -> Any:
         return ("indexes with a padded mask (the padded rows choose elements too)", MOVES)
     p = a.pad(index)
     v = p.value
-    if isinstance(v, int) and not isinstance(v, bool):
-        low = -size if negative and isinstance(size, int) else (-1 if negative else 0)
-        if low <= v < (size if isinstance(size, int) else 1):
-            return None
-    return (f"reads positions from padded rows that hold {pv.describe(v)}, which is not a valid position (0 to "
+    low = -size if negative and isinstance(size, int) else (-1 if negative else 0)
+    high = size if isinstance(size, int) else 1
+    if isinstance(v, int) and not isinstance(v, bool) and low <= v < high:
+        return None
+    if isinstance(v, _Positions) and v.bound is not None and low <= v.start and v.start + v.bound <= high:
+        return None
+    return (f"reads positions from padded rows that hold {_held(v)}, which is not a valid position (0 to "
             f"{size if isinstance(size, int) else 'its size'} - 1)", MOVES, p.leaves)
+
+
+def _held(v: Held) -> str:
+    """What a pad region holds, for a message."""
+    if isinstance(v, _Positions):
+        bound = f"below {v.start + v.bound}" if v.bound is not None else "with no known bound"
+        return f"the positions after the real ones ({v.start} + row, {bound})"
+    if isinstance(v, _Gathered):
+        return "values gathered from another tensor"
+    return pv.describe(v)
 
 
 def _broadcast(a: _Analysis, node: torch.fx.Node, tensors: list[_Tensor]) -> Out:
@@ -781,7 +860,33 @@ def _pointwise(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     if why is None and _sizes_used_as_values([v for v in args.values() if not isinstance(v, _Tensor)]):
         why = ("uses the size of a padded dim as a value", MIXES)
     random = torch.Tag.nondeterministic_seeded in compat.aten_op(node).tags
-    return dims, why, NO_PAD if random else a.evaluated(node, dims)
+    if random:
+        return dims, why, NO_PAD
+    return dims, why, _symbolic(a, node, args, dims) or a.evaluated(node, dims)
+
+
+def _symbolic(a: _Analysis, node: torch.fx.Node, args: dict, dims: tuple) -> _Pad | None:
+    """The pad of ``where`` when its condition's pad is a known bool (the chosen operand's, positions or gathered
+    values included), or of positions plus or minus an int; None for the general case (``evaluated``)."""
+    name = _op_name(node)
+    if name == "where":
+        cond = args.get("condition")
+        if not isinstance(cond, _Tensor) or not isinstance(a.pad(cond).value, bool) or not _covers(cond.dims, dims):
+            return None
+        chosen = args.get("self") if a.pad(cond).value else args.get("other")
+        if not isinstance(chosen, _Tensor):
+            return None
+        p = a.pad(chosen)
+        same_dtype = chosen.dtype == _meta_dtype(node)
+        return p if _covers(chosen.dims, dims) and same_dtype and isinstance(p.value, (_Positions, _Gathered)) \
+            else None
+    if name in ("add", "sub") and args.get("alpha", 1) == 1:
+        x, y = args.get("self"), args.get("other")
+        if isinstance(x, _Tensor) and isinstance(y, int) and not isinstance(y, bool):
+            p = a.pad(x)
+            if isinstance(p.value, _Positions) and _covers(x.dims, dims):
+                return _Pad(_Positions(p.value.start + (y if name == "add" else -y), p.value.bound))
+    return None
 
 
 def _unknown(a: _Analysis, node: torch.fx.Node, args: dict) -> Any:
@@ -823,8 +928,12 @@ def _fresh(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     why = ("uses the size of a padded dim as a value", MIXES) if _sizes_used_as_values(values) else None
     fill = _FILLS.get(name, args.get("fill_value", args.get("s")) if name in (
         "full", "new_full", "full_like", "scalar_tensor") else None)
-    return _meta_dims(a, node), (("draws random numbers over a padded dim", MIXES) if random else why), \
-        _constant(fill, _meta_dtype(node))
+    dims = _meta_dims(a, node)
+    pad = _constant(fill, _meta_dtype(node))
+    start, step = args.get("start", 0), args.get("step", 1)
+    if name == "arange" and len(dims) == 1 and _padded(dims[0]) and isinstance(start, int) and step == 1:
+        pad = _Pad(_Positions(start, a.bound(dims[0])))
+    return dims, (("draws random numbers over a padded dim", MIXES) if random else why), pad
 
 
 def _like(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -858,12 +967,19 @@ def _sym_size(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
 
 
 # ------------------------------------------------------------------------------------------------ views
+def _view_pad(a: _Analysis, t: _Tensor) -> _Pad:
+    """The pad of a view of ``t`` (or of an op that moves its elements along unpadded dims): ``t``'s, but values
+    gathered along a dim (``_Gathered``, which names that dim) are not followed through it."""
+    p = a.pad(t)
+    return NO_PAD if isinstance(p.value, _Gathered) else p
+
+
 def _view(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     sizes = [a._size(s) for s in node.meta["val"].shape]
     dims = _regroup(args["self"].dims, sizes)
     if dims is None:
         return None, ("reshapes a padded dim so that its rows no longer line up", MOVES)
-    return dims, None, a.pad(args["self"])
+    return dims, None, _view_pad(a, args["self"])
 
 
 def _expand(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -874,27 +990,27 @@ def _expand(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     for k, d in enumerate(src):
         if d != ():
             out[lead + k] = d
-    return tuple(out), None, _Pad(UNKNOWN, frozenset(), False) if spread else a.pad(args["self"])
+    return tuple(out), None, _Pad(UNKNOWN, frozenset(), False) if spread else _view_pad(a, args["self"])
 
 
 def _permute(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     src = args["self"].dims
-    return tuple(src[_norm_dim(d, len(src))] for d in args["dims"]), None, a.pad(args["self"])
+    return tuple(src[_norm_dim(d, len(src))] for d in args["dims"]), None, _view_pad(a, args["self"])
 
 
 def _transpose(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     src = list(args["self"].dims)
     if len(src) < 2:
-        return tuple(src), None, a.pad(args["self"])
+        return tuple(src), None, _view_pad(a, args["self"])
     i, j = (_norm_dim(args["dim0"], len(src)), _norm_dim(args["dim1"], len(src))) if "dim0" in args else (0, 1)
     src[i], src[j] = src[j], src[i]
-    return tuple(src), None, a.pad(args["self"])
+    return tuple(src), None, _view_pad(a, args["self"])
 
 
 def _unsqueeze(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     src = list(args["self"].dims)
     src.insert(_norm_dim(args["dim"], len(src) + 1), ())
-    return tuple(src), None, a.pad(args["self"])
+    return tuple(src), None, _view_pad(a, args["self"])
 
 
 def _squeeze(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -902,7 +1018,7 @@ def _squeeze(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     named = _dim_list(args.get("dim"), len(src))
     if _any_padded(src, named):
         return None, ("squeezes a padded dim, which a real size of 1 would remove", MOVES)
-    return tuple(d for k, d in enumerate(src) if not (k in named and d == ())), None, a.pad(args["self"])
+    return tuple(d for k, d in enumerate(src) if not (k in named and d == ())), None, _view_pad(a, args["self"])
 
 
 def _slice(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -915,7 +1031,7 @@ def _slice(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
         return None, ("slices a dim that merges a padded dim with others", MOVES)
     if _padded(src[dim]) and not _padded(out[dim]):
         return None, ("slices a padded dim to a fixed size, which may take padding rows in", MOVES)
-    return tuple(src[:dim] + [out[dim]] + src[dim + 1:]), None, a.pad(args["self"])
+    return tuple(src[:dim] + [out[dim]] + src[dim + 1:]), None, _view_pad(a, args["self"])
 
 
 def _select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -925,7 +1041,7 @@ def _select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     if _padded(src[dim]) and not (isinstance(index, int) and index == 0 and len(_canonical(src[dim])) == 1):
         return None, ("selects a row of a padded dim other than the first (the last real row moves with the "
                       "padding)", MOVES)
-    return tuple(src[:dim] + src[dim + 1:]), None, a.pad(args["self"])
+    return tuple(src[:dim] + src[dim + 1:]), None, _view_pad(a, args["self"])
 
 
 def _split(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
@@ -934,7 +1050,7 @@ def _split(a: _Analysis, node: torch.fx.Node, args: dict) -> list:
     metas = node.meta["val"]
     why = ("splits a padded dim into pieces", MOVES) if _padded(src[dim]) else None
     unbind = _op_name(node) == "unbind"
-    pad = a.pad(args["self"])
+    pad = _view_pad(a, args["self"])
     return [((tuple(src[:dim] + src[dim + 1:]) if unbind else
               tuple(src[:dim] + [a._dims(m.shape)[dim]] + src[dim + 1:])) if why is None else None, why, pad)
             for m in metas]
@@ -1068,8 +1184,8 @@ def _contract(a: _Analysis, pairs: list[tuple[_Tensor, int, _Tensor, int]]) -> A
                 pv.is_neutral("zero", py.value, y.dtype) and pv.finite(px.value)):
             continue
         return (f"contracts over a padded dim (a matmul summing padded rows in): exact only if one operand's padded "
-                f"rows hold 0 and the other's a finite number, but they hold {pv.describe(px.value)} and "
-                f"{pv.describe(py.value)}", MIXES, px.leaves | py.leaves)
+                f"rows hold 0 and the other's a finite number, but they hold {_held(px.value)} and "
+                f"{_held(py.value)}", MIXES, px.leaves | py.leaves)
     return None
 
 
@@ -1171,7 +1287,9 @@ def _index_select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     dim = _norm_dim(args["dim"], len(src))
     why = ("gathers along a padded dim", MOVES) if _padded(src[dim]) else None
     why = why or _index_valid(a, args["index"], _dim_size(src[dim]), negative=False)
-    pad = a.pad(args["self"]) if not any(_padded(d) for d in index) else NO_PAD
+    pad = _view_pad(a, args["self"]) if not any(_padded(d) for d in index) else NO_PAD
+    if why is None and any(_padded(d) for d in index):      # every element: self's value at index
+        pad = _Pad(_Gathered(args["self"].name, a.writes(args["self"]), dim, args["index"].name))
     return src[:dim] + (index[0] if index else (),) + src[dim + 1:], why, pad
 
 
@@ -1215,7 +1333,7 @@ def _index(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     indices = list(args["indices"]) + [None] * (len(args["self"].dims) - len(args["indices"]))
     dims, why = _indexed(a, args["self"].dims, indices)
     plain = not any(isinstance(ix, _Tensor) and any(_padded(d) for d in ix.dims) for ix in indices)
-    return dims, why, a.pad(args["self"]) if plain else NO_PAD
+    return dims, why, _view_pad(a, args["self"]) if plain else NO_PAD
 
 
 def _index_put(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -1236,12 +1354,13 @@ def _kept_pad(a: _Analysis, target: _Tensor, values: Any, region: tuple) -> _Pad
     """The pad of ``target`` after ``values`` are written into its ``region``: kept when they hold the same pad
     (or a scalar equal to it), else unknown."""
     p = a.pad(target)
+    written: Held
     if isinstance(values, _Tensor):
         q = a.pad(values) if _covers(values.dims, region) else NO_PAD
         written = pv.convert(q.value, target.dtype)
     else:
         written = _constant(values, target.dtype).value
-    if p.value is not UNKNOWN and written is not UNKNOWN and pv.same(p.value, written):
+    if pv.known(p.value) and pv.known(written) and pv.same(p.value, written):
         return p
     return _Pad(UNKNOWN, frozenset())
 
@@ -1252,12 +1371,12 @@ def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     dim = _norm_dim(args["dim"], len(src))
     index = args.get("index")
     why = None
+    source = args.get("source", args.get("src"))
     if _padded(src[dim]):
         why = ("writes into a padded dim at positions an index picks", MOVES)
     elif isinstance(index, _Tensor) and any(_padded(d) for d in index.dims) and (
-            _op_name(node).startswith("index_") or len(index.dims) <= 1):
+            _op_name(node).startswith("index_") or len(index.dims) <= 1) and not _writes_back(a, node, args):
         why = ("writes at positions taken from padded rows", MOVES)
-    source = args.get("source", args.get("src"))
     if why is None and isinstance(source, _Tensor):
         for k, (s, d) in enumerate(zip(source.dims, src)):
             if k != dim and s != () and not a.aligned(s, d):
@@ -1268,6 +1387,22 @@ def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     written = source if isinstance(source, _Tensor) else args.get("value")
     adds = _op_name(node) in ("index_add", "scatter_add", "scatter_reduce")
     return src, why, NO_PAD if adds else _kept_pad(a, args["self"], written, src)
+
+
+def _writes_back(a: _Analysis, node: torch.fx.Node, args: dict) -> bool:
+    """``self.index_copy(dim, index, source)`` whose padded rows write back what their slots hold: ``index``'s pad
+    is positions past the real ones (``arange`` over the padded size: no padded row shares a slot with a real one;
+    valid below the largest gear), and ``source``'s pad is ``self.index_select(dim, index)`` of ``self`` as it is
+    now (as a KV cache update that keeps the old entry where a token is padding does)."""
+    self_t, index, source = args["self"], args["index"], args.get("source")
+    dim = _norm_dim(args["dim"], len(self_t.dims))
+    if _op_name(node) != "index_copy" or not isinstance(source, _Tensor) or len(index.dims) != 1:
+        return False
+    if _index_valid(a, index, _dim_size(self_t.dims[dim]), negative=False) is not None:
+        return False
+    if not isinstance(a.pad(index).value, _Positions) or not _covers(source.dims, source.dims):
+        return False
+    return a.pad(source).value == _Gathered(self_t.name, a.writes(self_t), dim, index.name)
 
 
 def _cat(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
@@ -1329,7 +1464,7 @@ def _along_dims(kind: str) -> Callable:
         for k, d in enumerate(src):
             if k not in acted:
                 out[lead + k] = d
-        p = a.pad(args["self"])
+        p = _view_pad(a, args["self"])
         if kind == "pad" and acted:         # the new border of a padded row holds the border value
             p = p if pv.same(_constant(args.get("value", 0), args["self"].dtype).value, p.value) else NO_PAD
         return tuple(out), None, p

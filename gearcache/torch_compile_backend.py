@@ -52,8 +52,11 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
                           guards, size_classes(guards))
+    bounds: dict[str, int] = {}
+    for m, sym in zip(marks, symbols):
+        bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
     report = padding.analyse(trace, {i: f"input {i}" for i in range(len(fakes))}, {m.leaf for m in marks},
-                             {m.leaf: m.pad_value for m in marks if m.pad_value is not None})
+                             {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
     gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims,
                                  report)
     padding_check.apply("torch.compile(backend=gearcache.get_backend(...))", gear_plan, ic.padding_check)
