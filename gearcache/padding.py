@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import operator
 import re
@@ -75,6 +76,7 @@ from .padding_report import Finding, PaddingReport
 if TYPE_CHECKING:
     from .capture import SymbolicTrace
 
+log = logging.getLogger("gearcache")
 Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy expression (a padded one); () is size 1
 MAX_WALKS = 48
 """Walks of the graph the pad value search may take (each with other pad values for the inputs a finding needs)."""
@@ -94,52 +96,58 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
         dtypes = _leaf_dtypes(trace.graph, trace.inputs, padded_leaves)
         guard_findings = _guard_findings(trace.size_guards, symbols, trace.same)
 
-        def walk(assigned: dict[int, PadValue]) -> tuple[PaddingReport, frozenset]:
+        def walk(assigned: dict[int, PadValue]) -> _Walk:
             analysis = _Analysis(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same,
                                  assigned, bounds)
             report = analysis.run()
             report.mixing.extend(guard_findings)
             report.pad_values = dict(sorted(assigned.items()))
-            return report, frozenset(analysis.sensitive)
+            cost = (len(report.mixing) + len(report.unsafe_writes), len(analysis.pad_origins))
+            return _Walk(report, frozenset(analysis.sensitive), cost)
 
         free = {leaf: pv.candidates(dtype) for leaf, dtype in dtypes.items() if leaf not in given}
         return _choose(walk, free, {leaf: v for leaf, v in given.items() if leaf in dtypes})
     except Exception as exc:          # noqa: BLE001 - an unreadable graph is treated as mixing (refused), not trusted
+        log.info("gearcache: the padding analysis failed", exc_info=True)
         reason = f"the graph could not be analysed ({type(exc).__name__}: {str(exc).strip()[:200]})"
         return PaddingReport(False, [Finding("(whole graph)", "", reason, "every output")], [],
                              sorted({r[1] for r in trace.inputs if r[0] == "leaf"}),
                              sorted({r[1] for r in trace.inputs if r[0] == "state"}), pad_values=given)
 
 
-def _choose(walk: Callable[[dict], tuple[PaddingReport, frozenset]], free: dict[int, list],
-            given: dict[int, PadValue]) -> PaddingReport:
+@dataclasses.dataclass(frozen=True)
+class _Walk:
+    """One walk of the graph with some pad values: its report, the padded leaves whose pad values could change a
+    finding, and its cost (findings, then ops other pad values could make exact: fewer is better)."""
+    report: PaddingReport
+    sensitive: frozenset
+    cost: tuple[int, int]
+
+
+def _choose(walk: Callable[[dict], _Walk], free: dict[int, list], given: dict[int, PadValue]) -> PaddingReport:
     """The report of the first pad values (``given`` kept, each ``free`` leaf from its candidates, the first of each
-    to begin with) that leave no finding a pad value could change; else the report with the fewest findings. Only
-    the leaves the remaining findings depend on are varied, all their combinations, at most :data:`MAX_WALKS` walks."""
-    best, sensitive = walk({**{leaf: c[0] for leaf, c in free.items()}, **given})
+    to begin with) that leave no finding a pad value could change; else the report of the lowest cost. Only the
+    leaves such findings depend on are varied, all their combinations, at most :data:`MAX_WALKS` walks."""
+    best = walk({**{leaf: c[0] for leaf, c in free.items()}, **given})
     walks = 1
     for _ in range(3):
-        vary = sorted(sensitive & set(free))
-        if not vary or walks >= MAX_WALKS:
+        vary = sorted(best.sensitive & set(free))
+        if not vary or walks >= MAX_WALKS or best.cost[1] == 0:
             break
         improved = False
         for combo in itertools.product(*[free[leaf] for leaf in vary]):
-            trial = {**best.pad_values, **dict(zip(vary, combo))}
-            if trial == best.pad_values or walks >= MAX_WALKS:
+            trial = {**best.report.pad_values, **dict(zip(vary, combo))}
+            if trial == best.report.pad_values or walks >= MAX_WALKS:
                 continue
-            report, trial_sensitive = walk(trial)
+            tried = walk(trial)
             walks += 1
-            if _cost(report) < _cost(best):
-                best, sensitive, improved = report, trial_sensitive, True
-                if not sensitive:
+            if tried.cost < best.cost:
+                best, improved = tried, True
+                if best.cost[1] == 0:
                     break
         if not improved:
             break
-    return best
-
-
-def _cost(report: PaddingReport) -> int:
-    return len(report.mixing) + len(report.unsafe_writes)
+    return best.report
 
 
 def _leaf_dtypes(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves: set[int]) -> dict[int, torch.dtype]:
@@ -391,6 +399,7 @@ class _Analysis:
         self.storage_dirty: dict[str, _Origin] = {}     # base name -> why data written into it is dirty
         self.storage: dict[str, _Storage] = {}          # base name -> its dims, pad and writes
         self.sensitive: set[int] = set()                # padded leaves whose pad values a finding depends on
+        self.pad_origins: set[_Origin] = set()          # ops other pad values could make exact
         self.report = PaddingReport()
 
     def run(self) -> PaddingReport:
@@ -523,8 +532,6 @@ class _Analysis:
 
     def _mixing(self, origin: _Origin, reaches: str) -> None:
         self.report.mixing.append(Finding(origin.op, origin.where, origin.why, reaches))
-        if origin.pads is not None:
-            self.sensitive |= origin.pads
 
     # -------------------------------------------------------------------------------------------- one op
     def _call(self, node: torch.fx.Node) -> Any:
@@ -594,8 +601,14 @@ class _Analysis:
         return None
 
     def _origin(self, node: torch.fx.Node, why: tuple) -> _Origin:
-        """``why``: ``(reason, positional)`` or ``(reason, positional, pads)`` (see :class:`_Origin`)."""
-        return _Origin(str(node.target), _where(node), why[0], why[1], why[2] if len(why) > 2 else None)
+        """``why``: ``(reason, positional)`` or ``(reason, positional, pads)`` (see :class:`_Origin`). An origin other
+        pad values could remove is counted (``pad_origins``) and its leaves noted (``sensitive``), also where the
+        value it makes dirty was dirty already: the pad search then sees every op it has to satisfy at once."""
+        origin = _Origin(str(node.target), _where(node), why[0], why[1], why[2] if len(why) > 2 else None)
+        if origin.pads is not None:
+            self.pad_origins.add(origin)
+            self.sensitive |= origin.pads
+        return origin
 
     def _values(self, node: torch.fx.Node, schema: Any, args: dict[str, Any], produced: Any) -> Any:
         """The node's abstract value(s) from what its rule produced: ``(dims, why[, pad])``, or a list of them."""

@@ -24,12 +24,14 @@ REQUIRED_TAGS = ({f"block:{b}" for b in programs.BLOCKS} | {f"output:{o}" for o 
                   "gears:padded-call", "gears:pad-value-nonzero", "past-largest:error", "past-largest:eager",
                   "dynamic:false", "decompositions", "warmup", "verify-padding", "input:non-contiguous",
                   "input:optional-None", "input:optional-tensor", "const:assigned-in-process", "const:file-edited",
-                  "values:entry-shared-with-other-values", "side:main", "side:warm"})
+                  "values:entry-shared-with-other-values", "side:main", "side:warm",
+                  "data:pad-shown-after-first-call", "gears:pad-value-chosen"})
 # features at least one case must show *equal* to eager (a gearcache that refused them all would pass otherwise)
 REQUIRED_EQUAL = {"route:torch_compile", "gears:padded-call", "input:optional-None", "input:optional-tensor",
                   "input:int-scalar", "input:float-scalar", "input:non-contiguous", "dtype:bfloat16", "dtype:int64",
                   "const:assigned-in-process", "const:file-edited", "values:entry-shared-with-other-values",
-                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm"}
+                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm",
+                  "pad:neutral", "pad:int", "data:pad-shown-after-first-call"}
 
 
 # ------------------------------------------------------------------------------------------------- CI's slice
@@ -195,6 +197,38 @@ def test_a_known_bad_setup_is_reported_shrunk_and_reproduced(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "-> mismatch output" in done.stdout
+
+
+PAD_CASES = [          # blocks of programs.PAD_BLOCKS, and how gearcache must answer
+    (["pad_amin", "ids_min"], None), (["pad_amax", "pad_argmax", "ids_max"], None),
+    (["pad_neg_min", "pad_softmax", "pad_logsumexp"], None), (["pad_sum", "pad_prod"], None),
+    (["pad_mean"], "PaddingUnsafeError: aten.mean: reduces over a padded dim"),
+    (["pad_amin", "pad_amax"], "exact only if its padded rows hold +inf, but they hold -inf"),
+    (["ids_input", "ids_min"], "PaddingUnsafeError: aten."),
+]
+
+
+def test_reductions_over_the_geared_dim_equal_eager_on_data_that_shows_a_wrong_pad(tmp_path):
+    """The tester's pad-value-sensitive blocks, each geared (gear 4, calls of 3 and 2 rows) with no pad value given:
+    the first call's mixed data would hide a wrong pad from a min or a max (one checked call passed them before), the
+    later all-positive or all-negative calls show it. A min, max, argmax, softmax, log-sum-exp, sum or product over
+    the geared dim, negated, scaled or of int64 ids, equals eager; a mean, a min and a max of one input, and ids read
+    both as an index and by a min are refused, naming the op."""
+    specs = [{"module": f"dtpad_{k}", "helper": f"dtpad_h_{k}", "blocks": blocks, "output": "tuple"}
+             for k, (blocks, _) in enumerate(PAD_CASES)]
+    session.write_sources(tmp_path / "src", specs)
+    for k, (spec, (_, refusal)) in enumerate(zip(specs, PAD_CASES)):
+        case = {"id": k, "seed": 11 + k, "program": dict(spec, inputs=programs.inputs_of(spec)), "attrs": {},
+                "assign": {}, "mask": False, "oracle": False,
+                "options": {"route": "cache_compile", "past_largest": "error",
+                            "gears": {"sizes": [4], "declare": "by_name", "policy": "zip", "pad": None}},
+                "calls": [{"B": 3, "data": "mixed"}, {"B": 3, "data": "positive"}, {"B": 2, "data": "negative"}]}
+        result = runner.run_case(case, tmp_path / "src", str(tmp_path / "store"))
+        if refusal is None:
+            assert result["outcome"] == "equal" and result["counters"]["pads"] == 3, (spec["blocks"], result)
+        else:
+            assert result["outcome"] == "refused" and result["call"] == "call 0", (spec["blocks"], result)
+            assert refusal in session.refusal_reason(result["detail"]), (spec["blocks"], result["detail"])
 
 
 @needs_cuda

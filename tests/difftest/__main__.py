@@ -5,8 +5,10 @@
                                                                    # graph_outputs and capture_graphs choice
     python3 -m tests.difftest --seed 7 --cases 600 --max-compiles 80 --work /tmp/dt
 
-Prints the counts and coverage, every failure with its reproducer (a standalone script: run it with python3), and
-exits 1 if a case neither equalled eager nor raised a gearcache error, or if an entry was loaded stale.
+Prints the counts and coverage, the refusals by reason, every failure with its reproducer (a standalone script: run
+it with python3), and exits 1 if a case neither equalled eager nor raised a gearcache error, if an entry was loaded
+stale, or (on CUDA) if a case refused there equals eager when run again on the CPU (its "CPU twin": the same program,
+gears and calls with mode="default"): a refusal must hold on every device.
 """
 import argparse
 import json
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work folder: {work}")
     if args.json:
         args.json.write_text(json.dumps(report.to_json(), indent=1))
-    return 1 if report.failures or report.stale else 0
+    return 1 if report.failures or report.stale or report.gpu_only_refusals else 0
 
 
 if __name__ == "__main__":

@@ -197,8 +197,21 @@ def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants
             "warm_batch": 1 if P.consts_of(program) and rng.random() < 0.4 else 0,
             "options": options, "mask": "mask" in inputs and rng.random() < 0.5,
             "calls": _draw_calls(rng, inputs, options, program["gear_sizes"]), "tags": tags}
+    _hide_pads(rng, case)
     _tag_case(case)
     return case
+
+
+def _hide_pads(rng: random.Random, case: dict) -> None:
+    """A program with a reduction over the geared dim of its inputs (programs.PAD_BLOCKS): its first call's data is
+    mixed (which hides a wrong pad from a min or a max), its later ones all positive or all negative (which show
+    it)."""
+    if not any(b in P.PAD_BLOCKS for b in case["program"]["blocks"]):
+        return
+    for k, call in enumerate(case["calls"]):
+        call["data"] = "mixed" if k == 0 else rng.choice(["positive", "negative"])
+    if len(case["calls"]) > 1 and case["options"].get("gears"):
+        case["tags"].append("data:pad-shown-after-first-call")
 
 
 def _assign(program: dict, consts: dict) -> dict:
@@ -212,7 +225,7 @@ def _draw_options(rng: random.Random, program: dict, device: str, graphs: bool,
     gears = None
     if rng.random() < 0.65:
         gears = {"sizes": program["gear_sizes"], "declare": rng.choice(["marks", "by_name"]),
-                 "policy": rng.choice(["zip", "product"]), "pad": 1.0 if rng.random() < 0.15 else 0.0}
+                 "policy": rng.choice(["zip", "product"]), "pad": _pad_choice(rng.random())}
         if route == "torch_compile":
             gears["declare"] = "marks"
     options = {"route": route, "gears": gears, "past_largest": rng.choice(["error", "eager", "compile"]),
@@ -228,6 +241,11 @@ def _draw_options(rng: random.Random, program: dict, device: str, graphs: bool,
         if options["capture_graphs"] == "warmup" and gears:
             options["warmup"] = rng.random() < 0.7
     return options
+
+
+def _pad_choice(r: float) -> float | None:
+    """The gears' pad value: 1 (15 %), 0 given explicitly (20 %), or none given (gearcache chooses one)."""
+    return 1.0 if r < 0.15 else 0.0 if r < 0.35 else None
 
 
 def _draw_calls(rng: random.Random, inputs: list[str], options: dict, sizes: list[int]) -> list[dict]:
@@ -262,6 +280,8 @@ def _tag_case(case: dict) -> None:
         tags += [f"gears:{gears['policy']}", f"gears:{gears['declare']}", f"gears:sizes-{gears['sizes']}"]
         if gears["pad"]:
             tags.append("gears:pad-value-nonzero")
+        if gears["pad"] is None:
+            tags.append("gears:pad-value-chosen")
         if any(c["B"] not in gears["sizes"] and c["B"] < max(gears["sizes"]) for c in case["calls"]):
             tags.append("gears:padded-call")
         if any(c["B"] > max(gears["sizes"]) for c in case["calls"]):
