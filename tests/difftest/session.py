@@ -133,9 +133,9 @@ class Report:
         return "\n".join(lines)
 
 
-_VERBS = ("takes the", "reduces over", "reads positions", "writes padding rows", "contracts over", "has no padding",
-          "concatenates", "sorts", "works along", "selects", "slices", "reshapes", "squeezes", "splits",
-          "uses the size", "combines", "attends", "mixes", "normalises", "indexes", "gathers", "exchanges",
+_VERBS = ("takes the", "takes a", "reduces over", "reads positions", "writes padding rows", "contracts over",
+          "has no padding", "concatenates", "sorts", "works along", "selects", "slices", "reshapes", "squeezes",
+          "splits", "uses the size", "combines", "attends", "mixes", "normalises", "indexes", "gathers", "exchanges",
           "reduce-scatters", "draws", "returns", "multiplies", "shifts", "moves", "looks rows up", "scatters", "writes",
           "the traced graph")
 
