@@ -202,9 +202,9 @@ def test_a_known_bad_setup_is_reported_shrunk_and_reproduced(tmp_path):
 PAD_CASES = [          # blocks of programs.PAD_BLOCKS, and how gearcache must answer
     (["pad_amin", "ids_min"], None), (["pad_amax", "pad_argmax", "ids_max"], None),
     (["pad_neg_min", "pad_softmax", "pad_logsumexp"], None), (["pad_sum", "pad_prod"], None),
-    (["pad_mean"], "PaddingUnsafeError: aten.mean: reduces over a padded dim"),
+    (["pad_mean"], "PaddingUnsafeError: aten.mean: reduces over a padded dim"), (["fresh_rows", "pad_sum"], None),
     (["pad_amin", "pad_amax"], "exact only if its padded rows hold +inf, but they hold -inf"),
-    (["ids_input", "ids_min"], "PaddingUnsafeError: aten."),
+    (["ids_input", "ids_min"], "PaddingUnsafeError: aten."), (["fresh_rows", "pad_amin"], "PaddingUnsafeError: aten."),
 ]
 
 

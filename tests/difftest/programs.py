@@ -100,6 +100,10 @@ PAD_BLOCKS: dict[str, Block] = {
                      tags=("op:reduce-gear-dim", "pad:neutral", "dtype:int64", "pad:int")),
     "ids_max": Block(("h = h - ids.amax(0).float()",), inputs=("ids",),
                      tags=("op:reduce-gear-dim", "pad:neutral", "dtype:int64", "pad:int")),
+    # rows [:B] of a tensor the method makes, then all 8 rows summed: the padded rows land on rows eager leaves zero
+    "fresh_rows": Block(("rows = torch.zeros(8, 16, device=x.device)", "rows[: x.shape[0]] = x",
+                         "h = h + rows.sum(0, keepdim=True)"), tags=("op:reduce-gear-dim", "pad:neutral",
+                                                                     "inplace:fresh-tensor")),
 }
 BLOCKS.update(PAD_BLOCKS)
 
