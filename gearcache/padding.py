@@ -411,6 +411,7 @@ class _Analysis:
                 value = getattr(self.graph, node.target)
                 self.env[node] = self._new(node.name, self._dims(getattr(value, "shape", ())),
                                            getattr(value, "dtype", torch.float32), NO_PAD)
+                self.storage[node.name].const = _graph_constant(value)
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
             elif node.op == "output":
@@ -441,6 +442,12 @@ class _Analysis:
         if storage is None or storage.writes == t.seen:
             return t.pad
         return storage.pad if t.pad.follows else _Pad(UNKNOWN, frozenset(), False)
+
+    def constant(self, t: _Tensor) -> Held:
+        """The value every element of ``t`` holds, when its storage is a fill never written since (a scalar tensor,
+        ``torch.zeros``): an operand that holds it everywhere, its pad included; else UNKNOWN."""
+        storage = self.storage.get(t.base)
+        return storage.const if storage is not None else UNKNOWN
 
     def writes(self, t: _Tensor) -> int:
         """How many writes ``t``'s storage has had."""
@@ -476,9 +483,11 @@ class _Analysis:
         unknown = False
         for arg in only if only is not None else node.all_input_nodes:
             value = self.env.get(arg)
-            if not isinstance(value, _Tensor) or not _covers(value.dims, dims):
+            if not isinstance(value, _Tensor):
                 return NO_PAD
-            p = self.pad(value)
+            p = self.pad(value) if _covers(value.dims, dims) else _Pad(self.constant(value))
+            if not _covers(value.dims, dims) and not pv.known(p.value):
+                return NO_PAD                           # real data where the output's padded rows are
             leaves |= p.leaves
             if not isinstance(p.value, (bool, int, float)):     # unknown, or symbolic (see _symbolic)
                 if not p.leaves:
@@ -741,6 +750,16 @@ class _Analysis:
         return "a graph input"
 
 
+def _graph_constant(value: Any) -> Held:
+    """The value of a one-element constant tensor of the graph (its every element); UNKNOWN for anything else."""
+    if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex() or value.is_meta:
+        return UNKNOWN
+    try:
+        return value.reshape(()).item()
+    except Exception:                   # noqa: BLE001 - a tensor without data (fake): unknown
+        return UNKNOWN
+
+
 def _tensors(values: list) -> list[_Tensor]:
     out = []
     for v in values:
@@ -969,9 +988,7 @@ def _copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     a.adopt(args["self"], args["src"])
     dims, why = _broadcast(a, node, [args["self"], args["src"]])
     src = args["src"]
-    if not _covers(src.dims, dims):
-        return dims, why, NO_PAD
-    p = a.pad(src)
+    p = a.pad(src) if _covers(src.dims, dims) else _Pad(a.constant(src))
     return dims, why, _Pad(pv.convert(p.value, args["self"].dtype), p.leaves)
 
 
@@ -1561,6 +1578,8 @@ RULES: dict[str, Callable] = {
     **dict.fromkeys(["zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
                      "randint_like"], _like),
     "fill": _fill, "zero": _like, "copy": _copy,
+    # elementwise ops whose overloads (or in-place forms) lack torch.Tag.pointwise
+    **dict.fromkeys(["where", "masked_fill", "rsub", "hardswish"], _pointwise),
     **dict.fromkeys(["sym_size", "sym_numel", "sym_stride", "sym_storage_offset"], _sym_size),
     **dict.fromkeys(["view", "_unsafe_view", "reshape", "_reshape_alias", "view_copy"], _view),
     "expand": _expand, "permute": _permute, "transpose": _transpose, "t": _transpose, "unsqueeze": _unsqueeze,
