@@ -899,19 +899,23 @@ def _pointwise(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
 
 def _symbolic(a: _Analysis, node: torch.fx.Node, args: dict, dims: tuple) -> _Pad | None:
     """The pad of ``where`` when its condition's pad is a known bool (the chosen operand's, positions or gathered
-    values included), or of positions plus or minus an int; None for the general case (``evaluated``)."""
+    values included, remembering that the condition's padded inputs chose it), or of positions plus or minus an int;
+    None for the general case (``evaluated``)."""
     name = _op_name(node)
     if name == "where":
         cond = args.get("condition")
-        if not isinstance(cond, _Tensor) or not isinstance(a.pad(cond).value, bool) or not _covers(cond.dims, dims):
+        if not isinstance(cond, _Tensor) or not _covers(cond.dims, dims) or not isinstance(a.pad(cond).value, bool):
             return None
         chosen = args.get("self") if a.pad(cond).value else args.get("other")
-        if not isinstance(chosen, _Tensor):
-            return None
-        p = a.pad(chosen)
-        same_dtype = chosen.dtype == _meta_dtype(node)
-        return p if _covers(chosen.dims, dims) and same_dtype and isinstance(p.value, (_Positions, _Gathered)) \
-            else None
+        out = _meta_dtype(node)
+        if isinstance(chosen, _Tensor):
+            p = a.pad(chosen) if _covers(chosen.dims, dims) else _Pad(a.constant(chosen))
+            value = p.value if chosen.dtype == out or not pv.known(p.value) else pv.convert(p.value, out)
+            if not pv.known(value) and chosen.dtype != out:
+                value = UNKNOWN
+        else:
+            p, value = NO_PAD, _constant(chosen, out).value
+        return _Pad(value, p.leaves | a.pad(cond).leaves)
     if name in ("add", "sub") and args.get("alpha", 1) == 1:
         x, y = args.get("self"), args.get("other")
         if isinstance(x, _Tensor) and isinstance(y, int) and not isinstance(y, bool):
@@ -1400,13 +1404,14 @@ def _index_copy(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     src = args["self"].dims
     dim = _norm_dim(args["dim"], len(src))
     index = args.get("index")
-    why = None
+    why: tuple | None = None
     source = args.get("source", args.get("src"))
     if _padded(src[dim]):
         why = ("writes into a padded dim at positions an index picks", MOVES)
     elif isinstance(index, _Tensor) and any(_padded(d) for d in index.dims) and (
             _op_name(node).startswith("index_") or len(index.dims) <= 1) and not _writes_back(a, node, args):
-        why = ("writes at positions taken from padded rows", MOVES)
+        leaves = a.pad(index).leaves | (a.pad(source).leaves if isinstance(source, _Tensor) else frozenset())
+        why = ("writes at positions taken from padded rows", MOVES, leaves)
     if why is None and isinstance(source, _Tensor):
         for k, (s, d) in enumerate(zip(source.dims, src)):
             if k != dim and s != () and not a.aligned(s, d):

@@ -93,7 +93,27 @@ class Ops(torch.nn.Module):
     def lookups_and_sum(self, ids, x):          # ids as an index (pad 0 valid), x summed (pad 0)
         return self.emb(ids).sum(-1) + x.sum(0).sum()
 
+    def fresh_rows(self, x):                    # padded rows write 0 where eager's rows hold 0
+        buf = torch.zeros(8, 4)
+        buf[: x.shape[0]] = x
+        return buf * 2
+
+    def cache_prefill(self, ids, kv):           # ids [T], kv [16, 4]: a padded position keeps its slot's old entry
+        pos = torch.arange(ids.shape[0])
+        real = (ids >= 0)[:, None]
+        new = self.emb(ids.clamp(min=0))
+        return kv.index_copy(0, pos, torch.where(real, new, kv.index_select(0, pos)))
+
     # -------------------------------------------------------------------------------------- mixing along B
+    def fresh_rows_shifted(self, x):            # padded rows write 1 where eager's rows hold 0
+        buf = torch.zeros(8, 4)
+        buf[: x.shape[0]] = x + 1
+        return buf
+
+    def cache_prefill_overwrites(self, ids, kv):    # the padded positions' embeddings land in their slots
+        pos = torch.arange(ids.shape[0])
+        return kv.index_copy(0, pos, self.emb(ids.clamp(min=0)))
+
     def mean(self, x):
         return x - x.mean(0)
 
@@ -207,6 +227,40 @@ def test_a_pad_value_the_user_gave_is_kept_and_a_plan_it_makes_inexact_names_wha
     assert f.op == "aten.amin.default" and "return x.amin(0)" in f.where
     assert "exact only if its padded rows hold +inf, but they hold 0" in f.why
     assert padding.analyse(trace, {0: "x"}, {0}, {0: float("inf")}).mixing == []
+
+
+def test_rows_written_through_the_padded_size_into_a_tensor_the_method_makes():
+    """``buf[:B] = x`` into a ``buf`` of 8 rows: the padded rows land on rows eager leaves alone. Exact when they
+    write what those rows hold (x padded with 0 over zeros); mixing otherwise (before, served: rows 3 of a call of 3
+    rows padded to 4 held 1 where eager has 0)."""
+    report, _ = _report(OPS.fresh_rows, (torch.randn(4, 4),), [(0, 0)])
+    assert report.mixing == [] and report.pad_values == {0: 0.0}
+    report, _ = _report(OPS.fresh_rows_shifted, (torch.randn(4, 4),), [(0, 0)])
+    (f,) = report.mixing
+    assert f.op == "aten.copy_.default" and "buf[: x.shape[0]] = x + 1" in f.where
+    assert "writes padding rows into rows that are real in the tensor it writes (they hold 1 there; eager leaves 0)" \
+        in f.why
+
+
+@pytest.mark.parametrize("bound, exact", [(8, True), (32, False)])
+def test_a_cache_update_that_keeps_old_entries_at_padded_positions_is_exact(bound, exact):
+    """examples/hf_llama.py's prefill pattern: positions ``arange(T)`` (padded rows: positions after every real one,
+    below the largest gear), the padded rows write back ``kv.index_select(0, pos)``: what their slots hold. gearcache
+    pads the ids with int64's smallest value, so ``ids >= 0`` is False there. With a largest gear past the cache's 16
+    slots the padded positions could index out of range: refused."""
+    args = (torch.randint(0, 10, (6,)), torch.randn(16, 4))
+    leaves, key = signature.call_key(args, {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.cache_prefill, OPS, key[0], leaves, [(0, 0)])
+    report = padding.analyse(trace, {0: "ids", 1: "kv"}, {0}, bounds={trace.symbols[0]: bound})
+    if exact:
+        assert report.mixing == [] and report.pad_values == {0: torch.iinfo(torch.int64).max * -1 - 1}
+    else:
+        assert any("not a valid position" in f.why and "below 32" in f.why for f in report.mixing), report.mixing
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.cache_prefill_overwrites, OPS, key[0], leaves, [(0, 0)])
+    (f,) = padding.analyse(trace, {0: "ids", 1: "kv"}, {0}, bounds={trace.symbols[0]: 8}).mixing
+    assert f.op == "aten.index_copy.default" and "writes at positions taken from padded rows" in f.why
 
 
 def test_an_index_needs_a_pad_that_is_a_valid_position():
