@@ -142,6 +142,7 @@ class GearedGraph:
         counters.misses += 1
         with torch.no_grad():
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
+        compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
         akey, _ = build_key("artifact", ordered_factors("artifact", {
             "format": FORMAT_VERSION, "graph": sha256_text(static.code),
