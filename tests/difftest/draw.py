@@ -35,11 +35,19 @@ NEW_SIGNATURE_SHARE = 0.6
 TORCH_COMPILE_CASES = (2, 13)
 
 
+# Programs of the pad-value-sensitive blocks (programs.PAD_BLOCKS), added after the ``n`` drawn ones so that those
+# stay as they were: each group one pad value serves (x: -inf, ids: int64's largest; x: +inf, ids: the smallest; x: 0),
+# and one no pad value serves (a mean over the geared dim).
+PAD_PROGRAMS = (("pad_amax", "pad_neg_min", "pad_argmax", "pad_softmax", "pad_logsumexp", "ids_min"),
+                ("pad_amin", "ids_max"), ("pad_sum", "pad_prod", "fresh_rows"), ("pad_mean",))
+
+
 def draw_programs(rng: random.Random, n: int) -> list[dict]:
     """``n`` programs; every block and every output appears in at least one when ``n`` is large enough (blocks are
-    dealt round-robin: first one that reads an attribute or constant to each program, then the others)."""
+    dealt round-robin: first one that reads an attribute or constant to each program, then the others); then one
+    program per group of :data:`PAD_PROGRAMS`."""
     attr_blocks = list(ATTR_BLOCKS)
-    rest = [b for b in P.BLOCKS if b not in ATTR_BLOCKS]
+    rest = [b for b in P.BLOCKS if b not in ATTR_BLOCKS and b not in P.PAD_BLOCKS]
     rng.shuffle(attr_blocks)
     rng.shuffle(rest)
     dealt: list[list[str]] = [[] for _ in range(n)]
@@ -47,7 +55,8 @@ def draw_programs(rng: random.Random, n: int) -> list[dict]:
         dealt[i % n].append(block)
     for blocks in dealt:
         if len(blocks) < 3:
-            blocks += rng.sample([b for b in P.BLOCKS if b not in blocks and b not in ATTR_BLOCKS], 3 - len(blocks))
+            blocks += rng.sample([b for b in P.BLOCKS if b not in blocks and b not in ATTR_BLOCKS
+                                  and b not in P.PAD_BLOCKS], 3 - len(blocks))
     outputs = list(P.OUTPUTS)
     rng.shuffle(outputs)
     outputs.sort(key=lambda o: not P.OUTPUTS[o][1])         # outputs that need a block are placed first
@@ -59,8 +68,10 @@ def draw_programs(rng: random.Random, n: int) -> list[dict]:
             chosen[usable[0]] = output
     for k in range(n):
         chosen.setdefault(k, rng.choice([o for o in P.OUTPUTS if not P.OUTPUTS[o][1]]))
-    return [{"module": f"dtp_{k}", "helper": f"dth_{k}", "blocks": _ordered(dealt[k]), "output": chosen[k],
-             "gear_sizes": list(rng.choice(GEAR_SIZES))} for k in range(n)]
+    drawn = [{"module": f"dtp_{k}", "helper": f"dth_{k}", "blocks": _ordered(dealt[k]), "output": chosen[k],
+              "gear_sizes": list(rng.choice(GEAR_SIZES))} for k in range(n)]
+    return drawn + [{"module": f"dtp_{n + k}", "helper": f"dth_{n + k}", "blocks": _ordered(list(group)),
+                     "output": "tuple", "gear_sizes": [2, 4]} for k, group in enumerate(PAD_PROGRAMS)]
 
 
 def _ordered(blocks: list[str]) -> list[str]:
@@ -305,14 +316,15 @@ def _tag_case(case: dict) -> None:
 def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False, n_programs: int = 9,
              max_compiles: int = 48, max_plans: int = 30) -> tuple[list[dict], list[dict], Ledger]:
     """``(programs, cases, ledger)`` of a run: deterministic in its arguments. Case ``i`` has seed
-    ``case_seed(seed, i)`` (its weights and inputs) and program ``i % n_programs``."""
+    ``case_seed(seed, i)`` (its weights and inputs) and program ``i % len(programs)`` (``n_programs`` drawn ones and
+    the :data:`PAD_PROGRAMS`)."""
     rng = random.Random(seed)
     progs = draw_programs(rng, n_programs)
     variants = {p["module"]: value_variants(rng, p) for p in progs}
     ledger = Ledger(max_compiles, max_plans)
     out: list[dict] = []
     for i in range(cases):
-        program = progs[i % n_programs]
+        program = progs[i % len(progs)]
         case_rng = random.Random(f"{seed}/{i}")
         for _ in range(30):
             case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs)
