@@ -1,6 +1,6 @@
 """The differential tester (tests/difftest/): CI's slice of generated cases, and the tester's own parts.
 
-CI's slice (``test_generated_cases_equal_eager_or_are_refused``) draws 300 cases (run seed 0) over 13 generated module
+CI's slice (``test_generated_cases_equal_eager_or_are_refused``) draws 300 cases (run seed 0) over 11 generated module
 classes sharing one store, runs each against its eager twin in this process and again in fresh processes, and
 asserts that every case equals eager or raises a gearcache error and that no entry was loaded stale. On failure the
 message holds the counts, the coverage and a shrunk reproducer. The GPU long mode is

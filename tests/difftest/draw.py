@@ -36,10 +36,10 @@ TORCH_COMPILE_CASES = (2, 13)
 
 
 # Programs of the pad-value-sensitive blocks (programs.PAD_BLOCKS), added after the ``n`` drawn ones so that those
-# stay as they were: each group one pad value serves (x: -inf, ids: int64's largest; x: +inf, ids: the smallest; x: 0),
-# and one no pad value serves (a mean over the geared dim).
+# stay as they were: two groups one pad value serves (x: -inf, ids: int64's largest; x: 0, ids: its smallest), and one
+# none serves (a min needs +inf, a mean nothing; tests/test_difftest.py serves a min alone).
 PAD_PROGRAMS = (("pad_amax", "pad_neg_min", "pad_argmax", "pad_softmax", "pad_logsumexp", "ids_min"),
-                ("pad_amin", "ids_max"), ("pad_sum", "pad_prod", "fresh_rows"), ("pad_mean",))
+                ("pad_sum", "pad_prod", "fresh_rows", "ids_max"), ("pad_amin", "pad_mean"))
 
 
 def draw_programs(rng: random.Random, n: int) -> list[dict]:
@@ -339,19 +339,33 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
 
 def _reuse(rng: random.Random, index: int, seed: int, program: dict, done: list[dict], device: str, graphs: bool,
            ledger: Ledger) -> dict:
-    """Over budget: an earlier case of the program with its entry choices (values, gears, sizes, scalars, route) and
-    fresh free ones (seed, declaration, policy, past-largest policy between "error" and "eager", order of calls)."""
+    """Over budget: an earlier case of the program (of any program if none fits) with its entry choices (values,
+    gears, sizes, scalars, route) and fresh free ones (seed, declaration, policy, past-largest policy between "error"
+    and "eager", order of calls); one whose new choices fit the budget (else one as it was)."""
     earlier = [c for c in done if c["program"]["module"] == program["module"] and ledger.fits(c)]
-    base = json.loads(json.dumps(rng.choice(earlier)))
+    if not earlier:     # none of this program fits the budget yet: another program's (its first case would not)
+        earlier = [c for c in done if ledger.fits(c)]
+    first = rng.choice(earlier)
+    for pick in [first] + [c for c in earlier if c is not first]:
+        case = _reused(rng, pick, index, seed)
+        if ledger.fits(case):
+            return case
+    return _reused(None, first, index, seed)
+
+
+def _reused(rng: random.Random | None, pick: dict, index: int, seed: int) -> dict:
+    """``pick`` as case ``index``, its free choices drawn again (kept as they were without ``rng``)."""
+    base = json.loads(json.dumps(pick))
     base.update(id=index, seed=case_seed(seed, index))
     base["tags"] = [t for t in base["tags"] if not t.startswith(("gears:", "past-largest:", "calls:", "values:entry"))]
     base["tags"].append("reused-entry-choices")
     o = base["options"]
-    if o.get("gears") and o["route"] == "cache_compile":
+    if o.get("gears") and o["route"] == "cache_compile" and rng is not None:
         o["gears"]["declare"] = rng.choice(["marks", "by_name"])
         if o["past_largest"] != "compile":
             o["past_largest"] = rng.choice(["error", "eager"])
-    rng.shuffle(base["calls"])
+    if rng is not None:
+        rng.shuffle(base["calls"])
     base["tags"] = sorted(set(base["tags"]) - {f"route:{o['route']}", "dynamic:false", "decompositions", "warmup",
                                                "verify-padding", "input:non-contiguous", "calls:several"})
     base["tags"] = [t for t in base["tags"] if not t.startswith(("route:", "cuda-graphs", "graph-", "capture-"))]
