@@ -251,6 +251,8 @@ def _draw_options(rng: random.Random, program: dict, device: str, graphs: bool,
                        capture_graphs=rng.choice(["warmup", "first_call"]), static_address=rng.random() < 0.75)
         if options["capture_graphs"] == "warmup" and gears:
             options["warmup"] = rng.random() < 0.7
+    if device == "cuda":                # the model and its float inputs in bfloat16 or float32 (the CPU: float32)
+        options["dtype"] = rng.choice(["float32", "bfloat16"])
     return options
 
 
@@ -307,6 +309,8 @@ def _tag_case(case: dict) -> None:
                       (len(case["calls"]) > 1, "calls:several")):
         if flag:
             tags.append(tag)
+    if o.get("dtype"):
+        tags.append(f"model-dtype:{o['dtype']}")
     if o.get("mode") == "reduce-overhead":
         tags += ["cuda-graphs", f"graph-outputs:{o['graph_outputs']}", f"capture-graphs:{o['capture_graphs']}"]
         if o.get("static_address") and "cache" in case["program"]["inputs"]:

@@ -12,7 +12,7 @@ A case (JSON, made by ``draw.py``)::
                                   "pad": 0.0 | None},     # None: gearcache chooses the pad
                  "past_largest": "error" | "eager" | "compile", "warmup": false, "verify_padding": false,
                  "mode": "default" | "reduce-overhead", "graph_outputs": "copy", "capture_graphs": "warmup",
-                 "static_address": false},
+                 "static_address": false, "dtype": "float32" | "bfloat16"},   # dtype: the model's and x's
      "mask": true,                          # the optional input is a tensor on every call (else None)
      "calls": [{"B": 3, "noncontig": ["x"], "alpha": 0.5, "n": 1, "data": "positive"}, ...]}
 
@@ -46,6 +46,7 @@ from gearcache import CompilerConfig, counters
 
 ROWS, D = 8, 16
 ORACLE_CHECKS = {"left": 10}    # mismatches checked against plain torch.compile per process (each check compiles)
+CASE_DTYPE: dict[str, Any] = {"dtype": None}    # the running case's model dtype: its rounding bounds every float
 COUNTED = ("compiles", "loads", "traces", "misses", "hits", "pads", "eager_calls", "graph_captures")
 
 
@@ -157,6 +158,8 @@ def make_inputs(case: dict, call: dict, index: int, persistent: dict) -> dict[st
             out[name] = None
         else:
             out[name] = _tensor(name, call["B"], gen, name in call.get("noncontig", ()), device, call.get("data"))
+            if name in ("x", "state", "mask") and model_dtype(case) != torch.float32:
+                out[name] = out[name].to(model_dtype(case))
     return out
 
 
@@ -264,6 +267,8 @@ def _compare_tensors(got: Any, want: Any, where: str, out: list[str]) -> None:
         return
     g, w = got.detach().cpu(), want.detach().cpu()
     tol = tolerance(w.dtype)
+    if tol is not None and CASE_DTYPE["dtype"] is not None:         # a bfloat16 model's float32 outputs
+        tol = max(tol, tolerance(CASE_DTYPE["dtype"]) or tol)
     if tol is None:
         bad = g != w
     else:
@@ -305,11 +310,16 @@ def used_entries(fn: Any) -> list[str]:
     return sorted({e.manifest["ekey"] for e in table.values() if "ekey" in getattr(e, "manifest", {})})
 
 
+def model_dtype(case: dict) -> torch.dtype:
+    """The dtype of the case's model and float inputs (``options["dtype"]``, drawn on the GPU; else float32)."""
+    return getattr(torch, case["options"].get("dtype", "float32"))
+
+
 def _persistent(case: dict) -> dict:
     if "cache" not in case["program"]["inputs"]:
         return {}
     device = case.get("device", "cpu")
-    base = torch.zeros(ROWS, D, device=device)
+    base = torch.zeros(ROWS, D, device=device, dtype=model_dtype(case))
     return {"compiled": base, "twin": base.clone()}
 
 
@@ -340,11 +350,13 @@ def run_case(case: dict, src_dir: str | Path, cache_dir: str) -> dict:
     try:
         with assigned(program, case.get("assign", {})), torch.no_grad():
             torch.manual_seed(case["seed"])
-            model = module.Prog(**case.get("attrs", {})).to(case.get("device", "cpu"))
+            CASE_DTYPE["dtype"] = model_dtype(case)
+            model = module.Prog(**case.get("attrs", {})).to(case.get("device", "cpu"), model_dtype(case))
             twin = copy.deepcopy(model)
             fn = compile_method(case, model, cache_dir)
             result.update(_run_calls(case, fn, model, twin))
     finally:
+        CASE_DTYPE["dtype"] = None
         if fn is not None:
             result["entries"] = used_entries(fn)
         result["counters"] = {k: v for k, v in counters.delta(before).items() if k in COUNTED}
