@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=300)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--graphs", action="store_true", help="on CUDA, also draw mode='reduce-overhead'")
-    parser.add_argument("--programs", type=int, default=9, help="distinct generated module classes")
+    parser.add_argument("--programs", type=int, default=9,
+                        help="distinct generated module classes (plus the 3 of draw.PAD_PROGRAMS)")
     parser.add_argument("--max-compiles", type=int, default=48, help="entry identities the draw may create")
     parser.add_argument("--max-plans", type=int, default=30, help="gear plans the draw may create")
     parser.add_argument("--no-warm", action="store_true", help="skip the fresh-process runs")
