@@ -212,8 +212,9 @@ def test_reductions_over_the_geared_dim_equal_eager_on_data_that_shows_a_wrong_p
     """The tester's pad-value-sensitive blocks, each geared (gear 4, calls of 3 and 2 rows) with no pad value given:
     the first call's mixed data would hide a wrong pad from a min or a max (one checked call passed them before), the
     later all-positive or all-negative calls show it. A min, max, argmax, softmax, log-sum-exp, sum or product over
-    the geared dim, negated, scaled or of int64 ids, equals eager; a mean, a min and a max of one input, and ids read
-    both as an index and by a min are refused, naming the op."""
+    the geared dim, negated, scaled or of int64 ids, and rows [:B] of a tensor the method makes, equal eager; a mean,
+    a min and a max of one input, ids read both as an index and by a min, and rows [:B] written with the +inf a min
+    needs are refused, naming the op."""
     specs = [{"module": f"dtpad_{k}", "helper": f"dtpad_h_{k}", "blocks": blocks, "output": "tuple"}
              for k, (blocks, _) in enumerate(PAD_CASES)]
     session.write_sources(tmp_path / "src", specs)
