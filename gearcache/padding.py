@@ -1061,6 +1061,8 @@ def _slice(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     out = list(_meta_dims(a, node))
     if _sizes_used_as_values([args.get("start"), args.get("step")]):
         return None, ("slices from a position that moves with the size of a padded dim", MOVES)
+    if _padded(src[dim]) and args.get("start") in (0, None) and out[dim] == ():    # x[:1]: the first row is real
+        return tuple(src[:dim] + [()] + src[dim + 1:]), None, _view_pad(a, args["self"])
     if _padded(src[dim]) and len(_canonical(src[dim])) > 1:
         return None, ("slices a dim that merges a padded dim with others", MOVES)
     if _padded(src[dim]) and not _padded(out[dim]):

@@ -143,8 +143,8 @@ class Ops(torch.nn.Module):
     def size_as_value(self, x):
         return x * x.shape[0]
 
-    def cat_along(self, x):
-        return torch.cat([x, x], 0)[:1]
+    def cat_along(self, x):                     # the padded rows end up between real ones
+        return torch.cat([x, x[:1]], 0).sum(0)
 
     def masked_attention(self, x):              # x [1, T, 4], T padded, an explicit mask: pad keys are seen
         q = x[:, None]
@@ -284,7 +284,7 @@ def test_an_index_needs_a_pad_that_is_a_valid_position():
     ("merged_cumsum", (torch.randn(4, 3),), [(0, 0)], "aten.cumsum", "merges a padded dim inside others"),
     ("last_row", (torch.randn(4, 4),), [(0, 0)], "aten.select", "other than the first"),
     ("size_as_value", (torch.randn(4, 4),), [(0, 0)], "aten.mul", "size of a padded dim as a value"),
-    ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.slice", "merges a padded dim with others"),
+    ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.cat", "concatenates along a padded dim"),
     ("masked_attention", (torch.randn(1, 6, 4),), [(0, 1)], "scaled_dot_product", "padded key dim"),
     ("scrambled_reshape", (torch.randn(4, 3),), [(0, 0)], "view", "no longer line up"),
     ("branch", (torch.randn(4, 4),), [(0, 0)], "(size guard)", "branches on the size of a padded dim"),
