@@ -231,8 +231,16 @@ class _Gathered:
     index: str
 
 
-Held = Union[PadValue, _Positions, _Gathered, None]
-"""What a pad region holds: a constant, positions, values gathered from a tensor, or UNKNOWN."""
+@dataclasses.dataclass(frozen=True)
+class _Broadcast:
+    """A pad region that repeats real data: each padded element equals the element at a real index of the padded dim
+    (a tensor without the padded dim expanded over it, and what row-wise ops make of it): as valid an index as the
+    real rows, never a neutral value."""
+
+
+BROADCAST = _Broadcast()
+Held = Union[PadValue, _Positions, _Gathered, _Broadcast, None]
+"""What a pad region holds: a constant, positions, values gathered from a tensor, copies of real rows, or UNKNOWN."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,8 +489,11 @@ class _Analysis:
         inputs: list[tuple[torch.fx.Node, PadValue, torch.dtype, int]] = []
         leaves: frozenset = frozenset()
         unknown = False
-        for arg in only if only is not None else node.all_input_nodes:
-            value = self.env.get(arg)
+        args = only if only is not None else node.all_input_nodes
+        operands = [self.env.get(arg) for arg in args]
+        if _copies_real_rows(self, operands, dims):
+            return _Pad(BROADCAST)
+        for arg, value in zip(args, operands):
             if not isinstance(value, _Tensor):
                 return NO_PAD
             p = self.pad(value) if _covers(value.dims, dims) else _Pad(self.constant(value))
@@ -750,6 +761,14 @@ class _Analysis:
         return "a graph input"
 
 
+def _copies_real_rows(a: _Analysis, operands: list, dims: tuple) -> bool:
+    """Whether an elementwise op's output of ``dims`` repeats real rows in its pad region: every operand that covers
+    its padded dims holds copies of real rows there (``_Broadcast``), the others are real data broadcast over them."""
+    covering = [t for t in operands if isinstance(t, _Tensor) and _covers(t.dims, dims)]
+    return bool(covering) and all(isinstance(t, _Tensor) for t in operands) and all(
+        a.pad(t).value is BROADCAST for t in covering)
+
+
 def _graph_constant(value: Any) -> Held:
     """The value of a one-element constant tensor of the graph (its every element); UNKNOWN for anything else."""
     if not isinstance(value, torch.Tensor) or value.numel() != 1 or value.is_complex() or value.is_meta:
@@ -859,12 +878,16 @@ def _index_valid(a: _Analysis, index: Any, size: Any, negative: bool) -> Any:
         return None
     if isinstance(v, _Positions) and v.bound is not None and low <= v.start and v.start + v.bound <= high:
         return None
+    if v is BROADCAST:                  # the real rows' positions again: valid where eager's are
+        return None
     return (f"reads positions from padded rows that hold {_held(v)}, which is not a valid position (0 to "
             f"{size if isinstance(size, int) else 'its size'} - 1)", MOVES, p.leaves)
 
 
 def _held(v: Held) -> str:
     """What a pad region holds, for a message."""
+    if v is BROADCAST:
+        return "copies of real rows"
     if isinstance(v, _Positions):
         bound = f"below {v.start + v.bound}" if v.bound is not None else "with no known bound"
         return f"the positions after the real ones ({v.start} + row, {bound})"
@@ -1024,6 +1047,8 @@ def _expand(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     for k, d in enumerate(src):
         if d != ():
             out[lead + k] = d
+    if spread and not any(map(_padded, src)):      # real rows repeated over the padded dims
+        return tuple(out), None, _Pad(BROADCAST, frozenset(), False)
     return tuple(out), None, _Pad(UNKNOWN, frozenset(), False) if spread else _view_pad(a, args["self"])
 
 
@@ -1315,7 +1340,8 @@ def _embedding(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     weight, indices = args["weight"], args["indices"]
     why = ("looks rows up in a padded table", MOVES) if _padded(weight.dims[0]) else None
     why = why or _index_valid(a, indices, _dim_size(weight.dims[0]), negative=False)
-    return indices.dims + weight.dims[1:], why
+    pad = _Pad(BROADCAST) if a.pad(indices).value is BROADCAST else NO_PAD     # rows looked up at real positions
+    return indices.dims + weight.dims[1:], why, pad
 
 
 def _index_select(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:

@@ -31,6 +31,7 @@ class Ops(torch.nn.Module):
         self.bn = torch.nn.BatchNorm1d(4)
         self.emb = torch.nn.Embedding(10, 4)
         self.register_buffer("table", torch.zeros(10, 4))
+        self.register_buffer("types", torch.zeros(1, 8, dtype=torch.long))
 
     # ------------------------------------------------------------------------------------------ safe along B
     def rowwise(self, x):
@@ -49,6 +50,10 @@ class Ops(torch.nn.Module):
     def lookups(self, ids):                     # ids [B] padded
         pos = torch.arange(ids.shape[0])
         return self.emb(ids) + pos[:, None], self.table[ids]
+
+    def buffered_lookup(self, ids):             # ids [B, 3]: a buffer's row expanded over the batch, as an index
+        types = self.types[:, : ids.shape[1]].expand(ids.shape[0], -1)     # (BERT's token_type_ids)
+        return self.emb(ids) + self.emb(types) * 2
 
     def conv_over_batch(self, x):               # x [B, 4, 8]: B padded
         return self.bn(self.conv(x)).mean(-1)
@@ -186,6 +191,7 @@ OPS = Ops().eval()
     ("merged_reshape", (torch.randn(2, 5, 4),), [(0, 1)]),
     ("causal_attention", (torch.randn(1, 6, 4),), [(0, 1)]),
     ("lookups", (torch.randint(0, 10, (4,)),), [(0, 0)]),
+    ("buffered_lookup", (torch.randint(0, 10, (4, 3)),), [(0, 0)]),
     ("conv_over_batch", (torch.randn(4, 4, 8),), [(0, 0)]),
 ])
 def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
