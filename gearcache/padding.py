@@ -1369,10 +1369,10 @@ def _indexed(a: _Analysis, src: tuple, indices: list) -> tuple[tuple | None, Any
     """Dims of ``src[indices]`` (advanced indexing), and why it mixes (an indexed dim is padded, or an index's pad is
     not a valid position)."""
     used = [k for k, ix in enumerate(indices) if ix is not None]
-    if any(_padded(src[k]) for k in used):
+    if any(_padded(src[k]) and not _identity(a, indices[k], src[k]) for k in used):
         return None, ("indexes into a padded dim", MOVES)
     for k in used:
-        why = _index_valid(a, indices[k], _dim_size(src[k]), negative=True)
+        why = None if _identity(a, indices[k], src[k]) else _index_valid(a, indices[k], _dim_size(src[k]), True)
         if why is not None:
             return None, why
     tensors = [ix for ix in indices if isinstance(ix, _Tensor)]
@@ -1389,6 +1389,18 @@ def _indexed(a: _Analysis, src: tuple, indices: list) -> tuple[tuple | None, Any
     if adjacent and used:
         return tuple(src[:used[0]]) + tuple(index_dims) + tuple(src[used[-1] + 1:]), None
     return tuple(index_dims) + tuple(rest), None
+
+
+def _identity(a: _Analysis, index: Any, dim: Dim) -> bool:
+    """Whether ``index`` picks along the padded ``dim`` row i at its own row i: ``arange`` over that very padded size
+    (positions from 0, its one padded dim in line with ``dim``), as transformers' mask functions index a padding
+    mask by ``batch_idx``: rows stay in line."""
+    if not isinstance(index, _Tensor) or not _padded(dim):
+        return False
+    p = a.pad(index).value
+    padded = [d for d in index.dims if _padded(d)]
+    return isinstance(p, _Positions) and p.start == 0 and len(padded) == 1 and len(_canonical(dim)) == 1 and \
+        a.aligned(padded[0], dim)
 
 
 def _index(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:

@@ -55,6 +55,11 @@ class Ops(torch.nn.Module):
         types = self.types[:, : ids.shape[1]].expand(ids.shape[0], -1)     # (BERT's token_type_ids)
         return self.emb(ids) + self.emb(types) * 2
 
+    def mask_by_batch_index(self, mask):        # mask [B, 5]: transformers' padding_mask[batch_idx, kv_idx]
+        b = torch.arange(mask.shape[0])[:, None]
+        k = torch.arange(mask.shape[1])[None, :]
+        return mask[b, k].float() * 2
+
     def conv_over_batch(self, x):               # x [B, 4, 8]: B padded
         return self.bn(self.conv(x)).mean(-1)
 
@@ -118,6 +123,9 @@ class Ops(torch.nn.Module):
     def cache_prefill_overwrites(self, ids, kv):    # the padded positions' embeddings land in their slots
         pos = torch.arange(ids.shape[0])
         return kv.index_copy(0, pos, self.emb(ids.clamp(min=0)))
+
+    def mask_by_other_rows(self, mask):         # row i reads row i % 2: a padded row is read by a real one
+        return mask[torch.arange(mask.shape[0]) % 2].float()
 
     def mean(self, x):
         return x - x.mean(0)
@@ -192,6 +200,7 @@ OPS = Ops().eval()
     ("causal_attention", (torch.randn(1, 6, 4),), [(0, 1)]),
     ("lookups", (torch.randint(0, 10, (4,)),), [(0, 0)]),
     ("buffered_lookup", (torch.randint(0, 10, (4, 3)),), [(0, 0)]),
+    ("mask_by_batch_index", (torch.ones(4, 5, dtype=torch.bool),), [(0, 0)]),
     ("conv_over_batch", (torch.randn(4, 4, 8),), [(0, 0)]),
 ])
 def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
@@ -289,6 +298,7 @@ def test_an_index_needs_a_pad_that_is_a_valid_position():
     ("sort", (torch.randn(4, 4),), [(0, 0)], "aten.sort", "sorts or ranks along a padded dim"),
     ("merged_cumsum", (torch.randn(4, 3),), [(0, 0)], "aten.cumsum", "merges a padded dim inside others"),
     ("last_row", (torch.randn(4, 4),), [(0, 0)], "aten.select", "other than the first"),
+    ("mask_by_other_rows", (torch.ones(4, 5, dtype=torch.bool),), [(0, 0)], "aten.index", "into a padded dim"),
     ("size_as_value", (torch.randn(4, 4),), [(0, 0)], "aten.mul", "size of a padded dim as a value"),
     ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.cat", "concatenates along a padded dim"),
     ("masked_attention", (torch.randn(1, 6, 4),), [(0, 1)], "scaled_dot_product", "padded key dim"),
