@@ -50,7 +50,8 @@ class TensorKVCache:
     keys and values. Functional: each layer's slice of ``kv`` is ``index_copy``-ed (a new tensor), collected in
     ``self.updated`` and returned by the cached method as the new cache. ``real`` ([B, T], True for a real token): a
     pad token's slot keeps its old keys and values, so a prompt padded up to its length gear leaves the cache exactly
-    as the unpadded prompt does (gearcache's padding check verifies that against eager)."""
+    as the unpadded prompt does (gearcache's padding analysis proves that from the graph: the padded rows' positions
+    come after the real ones, and what they write is what their slots hold)."""
 
     def __init__(self, kv: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
         self.kv, self.positions, self.real = kv, positions, real[:, None, :, None]

@@ -222,6 +222,15 @@ def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="real")(*fakes)
 
 
+def forget_unbacked_bindings(gm: torch.fx.GraphModule) -> None:
+    """Drop the ``unbacked_bindings`` a ``make_fx`` trace left on ``gm``'s nodes (an ``item()`` of a float argument
+    Dynamo passes as a tensor binds an unbacked symbol, ``zuf0``): AOTAutograd's retrace of ``gm`` in a fresh shape
+    environment names its own symbol ``zuf0`` too, and ``rebind_unbacked`` takes the equal names for "possible memo
+    disaster" (torch 2.13); it binds its own symbols without them."""
+    for node in gm.graph.nodes:
+        node.meta.pop("unbacked_bindings", None)
+
+
 def op_schema(target: Any) -> Any:
     """The schema (``torch._C.FunctionSchema``) of an ATen op overload; None for anything else."""
     return getattr(target, "_schema", None) if isinstance(target, torch._ops.OpOverload) else None

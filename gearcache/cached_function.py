@@ -198,8 +198,8 @@ class CachedFunction(Dispatcher):
         return entry.build(outs, leaves)
 
     def verify_first_use(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, targets: list[int]) -> None:
-        """Before gear ``targets`` first serves a padded call in this process, check it against eager on this call
-        (padding_check.verify; only for plans whose padding analysis found mixing: ``gear_plan.verify_first``). Nothing
+        """Before gear ``targets`` first serves a padded call in this process, test it against eager on this call
+        (padding_check.verify; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing
         for a call at the gear's own sizes, or a gear already verified."""
         if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
                                                        for d, t in zip(gear_plan.dims, targets)):
@@ -299,7 +299,11 @@ class CachedFunction(Dispatcher):
         names = _leaf_names(self._method, *signature.unflatten(key[0], leaves), leaves)
         from . import padding     # the analysis (and sympy) only where a gear plan is built, never on a warm load
 
-        report = padding.analyse(trace, names, {m.leaf for m in marks})
+        bounds: dict[str, int] = {}
+        for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
+            bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
+        report = padding.analyse(trace, names, {m.leaf for m in marks},
+                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
         gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
@@ -315,11 +319,11 @@ class CachedFunction(Dispatcher):
     def warmup(self, *args: Any, **kwargs: Any) -> int:
         """Compile or load the entry of every gear now, from example inputs shaped like a real call (their marks or
         the config's gears by name apply); returns the number of gears. Missing gears are compiled in worker
-        processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). First,
-        before anything is compiled, each gear whose padding the analysis could not prove exact (every gear with
-        ``config.inference_config.verify_padding``) is checked against eager on the example narrowed to the
-        smallest real sizes that pad up to it: ``PaddingUnsafeError`` names what padding changes
-        (``inference_config.padding_check``, gearcache/padding_check.py). The runs on the examples leave no trace:
+        processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup.py). A gear
+        plan whose padding the analysis cannot prove exact was refused before this (``PaddingUnsafeError``); with
+        ``inference_config.padding_check="verify"`` or ``verify_padding``, each gear is first tested against eager
+        in float64 on the example narrowed to the smallest real sizes that pad up to it, before anything is
+        compiled (gearcache/padding_check.py). The runs on the examples leave no trace:
         what they write in place (the module's buffers, the example tensors) is restored after them."""
         self.warmup_timeline = timeline = Timeline()
         early = None                            # worker processes started before the gear plan's trace
@@ -414,7 +418,7 @@ class CachedFunction(Dispatcher):
                                     self.config.inference_config.warmup_workers, timeline)
 
     def _verify_gears(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, timeline: Timeline) -> None:
-        """warmup()'s verification of every gear (padding_check.py): where the padding analysis found mixing, or
+        """warmup()'s test of every gear against eager (padding_check.verify), where ``padding_check="verify"`` or
         ``verify_padding`` asks for it."""
         if gear_plan.verify_first or self.config.inference_config.verify_padding:
             for sizes in gear_plan.combinations():
@@ -422,7 +426,7 @@ class CachedFunction(Dispatcher):
                     self._verify_gear(gear_plan, leaves, key, sizes)
 
     def _verify_gear(self, gear_plan: "gears.GearPlan", leaves: tuple, key: tuple, sizes: list[int]) -> None:
-        """Check gear ``sizes`` against eager on warmup()'s example narrowed to the smallest real sizes that pad up to
+        """Test gear ``sizes`` against eager on warmup()'s example narrowed to the smallest real sizes that pad up to
         it (padding_check.verify), unless no size pads up to it or it passed already."""
         real = padding_check.real_sizes(gear_plan, sizes)
         if real == sizes or tuple(sizes) in gear_plan.verified:

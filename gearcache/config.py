@@ -56,8 +56,11 @@ class InferenceConfig(BaseModel):
     dim_gears: dict[str, dict[int, list[int]]] = Field(default_factory=dict)
     """Gears declared by argument name, for processes that do not mark tensors: ``{"x": {0: [1, 2, 4]}}``."""
 
-    pad_values: dict[str, float] = Field(default_factory=dict)
-    """Value used to pad each named argument up to its gear (default 0): a pad token id, a mask value."""
+    pad_values: dict[str, bool | int | float] = Field(default_factory=dict)
+    """Value used to pad each named argument up to its gear (a pad token id, a mask value). An argument not named here
+    (and not marked with ``set_dim_gears(..., pad_value=)``) gets the value gearcache's padding analysis chooses:
+    one that keeps every op reading the padded rows exact (``+inf`` before a min over them, ``0`` before a sum...),
+    0 where any value does. A value given here is kept; a plan it makes inexact is refused."""
 
     past_largest_gear: Literal["error", "eager", "compile"] = "error"
     """A call larger than the largest gear: raise, run uncompiled (warned once, counted), or add an exact entry."""
@@ -77,16 +80,20 @@ class InferenceConfig(BaseModel):
     call pays one warm-up run plus the capture, a few ms, and gears captured smallest first may grow the pool more
     than largest first would)."""
 
-    padding_check: Literal["verify", "refuse", "off"] = "verify"
-    """What gearcache does with what the padding analysis of a geared method finds (gearcache/padding_check.py).
-    ``"verify"``: a write that padding would spread into a parameter, a buffer or an unpadded input is refused when
-    the gear plan is built (``PaddingUnsafeError``); a gear whose padding the analysis cannot prove harmless (a
-    reduction or softmax over a padded dim, ...) is checked against eager before it first serves a padded call
-    (every gear at ``warmup()``), and refused if padding changes an output or a written tensor. ``"refuse"``: refuse
-    both at once. ``"off"``: check nothing (you assert that padding is exact)."""
+    padding_check: Literal["refuse", "verify", "off"] = "refuse"
+    """What gearcache does with the padding analysis of a geared method (gearcache/padding.py, padding_check.py).
+    ``"refuse"`` (the default): a gear plan is served only where the analysis proves padding exact, for every call:
+    each op reading padded rows keeps them apart from the real ones, or sees them only through a pad value neutral
+    for it (chosen per padded input). Anything else (a write that padding would spread into a parameter, a buffer or
+    an unpadded input; a mean over a padded dim; an op without a rule) raises ``PaddingUnsafeError`` when the plan is
+    built or loaded, before anything compiles or runs, naming the op, the source line and the fix. ``"verify"``: the
+    same, and each gear is also run against eager in float64 before its first padded call (every gear at
+    ``warmup()``): an opt-in test of the analysis itself, which raises if padding changed a result the analysis
+    proved exact (a gearcache bug). ``"off"``: nothing is refused or tested (you assert that padding is exact)."""
 
     verify_padding: bool = False
-    """Also verify, at ``warmup()``, the gears the padding analysis found safe (a check of the analysis)."""
+    """Run the float64 test of ``"verify"`` at ``warmup()`` whatever ``padding_check`` says (a check of the
+    analysis, e.g. once when adding gears to a model)."""
 
     warmup_workers: int | None = Field(default=None, ge=1)
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured

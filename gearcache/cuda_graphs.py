@@ -13,9 +13,12 @@ other's graph uses for its intermediates, and a replay of either can overwrite t
 catches misuse of such views: each call hands out views through storages of their own, and the method's next call
 makes every earlier one raise on any access (torch's CUDA-graph trees check their outputs the same way).
 
-Inputs updated in place (a KV cache) must keep their storage: mark them with :func:`mark_static_address`; the graph
-then reads and writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input
-that the graph writes to is detected at capture and refused (its update would land in a private buffer).
+Inputs updated in place (a KV cache) are best marked with :func:`mark_static_address`: the graph then reads and
+writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input that the graph
+writes to (its run plan's ``mutated_inputs``; a padded one included) is written in its static buffer, and copied back
+into the caller's tensor after each replay (its real rows, for a padded one), as ``mode="default"`` copies a padded
+input's rows back after a run (``GearPlan.copy_back``). An entry without a run plan does not say what it writes: a
+write into a copied input found at its capture is refused.
 All graphs of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are
 read and written at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need
 nothing; a parameter or buffer replaced by another tensor is noticed (a watch over the module's ``_parameters`` and
@@ -74,6 +77,7 @@ class GraphedEntry:
         self.entry, self.graph, self.outs = entry, graph, outs
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
+        self.written: list[tuple[int, torch.Tensor]] = []   # [(leaf index, static buffer)] the graph writes
         self.state_watch: Any = None          # valid() while every parameter and buffer the graph reads is the same
         #                                       tensor as at its capture (``_state_watch``)
 
@@ -97,6 +101,12 @@ class GraphedEntry:
         """Run the graph on what ``fill`` left in the buffers; returns its static outputs."""
         self.graph.replay()
         return self.outs
+
+    def copy_back(self, leaves: tuple) -> None:
+        """Copy what the replay wrote into copied inputs back into the caller's tensors (their real rows)."""
+        for i, buf in self.written:
+            dst = leaves[i]
+            dst.copy_(buf if buf.shape == dst.shape else buf[tuple(slice(0, n) for n in dst.shape)])
 
 
 _LIVE: "weakref.WeakSet[CudaGraphs]" = weakref.WeakSet()     # every method's graphs, for release_graphs()
@@ -187,8 +197,9 @@ class CudaGraphs:
         else:
             counters.hits += 1
         graphed.fill(leaves)        # first: the inputs may be views the last call handed out (a decode loop's KV cache)
-        self._retire_views()
         outs = graphed.replay()
+        graphed.copy_back(leaves)   # (before the views are retired: a written input may be one of them)
+        self._retire_views()
         if gear_plan is not None:
             outs = gear_plan.cut(graphed.entry, outs, leaves)
             if served:
@@ -280,12 +291,6 @@ class CudaGraphs:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in gear_plan.dims} if gear_plan is not None else {}
-        for i in gear_plan.written_padded if gear_plan is not None else ():
-            raise UnsupportedInputError(
-                f"input {i} has gears and the method writes it in place; under CUDA graphs a padded input is copied "
-                f"into a static buffer, so the write would not reach the caller's tensor. Fix: pass it without gears "
-                f"and with gearcache.mark_static_address (the same tensor on every call), or use mode='default', "
-                f"where gearcache copies its real rows back after each call")
         static = list(leaves)
         copies, static_ptrs = [], []
         for i, leaf in enumerate(leaves):
@@ -303,7 +308,8 @@ class CudaGraphs:
             buf = leaf.new_empty(leaf.shape if targets is None else
                                  [t for t in _target_shape(gear_plan, leaves, targets, i)])
             static[i] = buf
-            copies.append((i, buf, pad_of.get(i, 0.0)))
+            pad = pad_of.get(i)
+            copies.append((i, buf, 0 if pad is None else pad))
         static_leaves = tuple(static)
         graphed = GraphedEntry(None, cast(torch.cuda.CUDAGraph, None), [], copies, static_ptrs)   # recorded later
         _fill(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
@@ -312,7 +318,7 @@ class CudaGraphs:
         if wait and isinstance(graphed.entry, Compiling):      # compiling in the background: wait, then load it
             background.wait_for(self.life)
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
-        _refuse_unmarked_writes(graphed.entry, copies)
+        graphed.written = _written_copies(graphed.entry, copies)
         return graphed, static_leaves
 
     def _captured(self, graphed: GraphedEntry, seconds: float) -> None:
@@ -580,18 +586,18 @@ def _state_watch(entry: Any) -> Any:
     return guard_watch.GuardWatch(items, [], [], guard_watch.ABSENT) if items else None
 
 
-def _refuse_unmarked_writes(entry: Any, copies: list) -> None:
-    """Refuse, before any run, an entry whose run plan says it writes a copied (not static-address) input."""
-    mutated = _mutated_leaves(entry)
-    copied = {i for i, _, _ in copies}
-    for i in mutated or ():
-        if i in copied:
-            raise UnsupportedInputError(_write_message(i))
+def _written_copies(entry: Any, copies: list) -> list[tuple[int, torch.Tensor]]:
+    """``(leaf index, static buffer)`` of each copied (not static-address) input the entry's run plan says it writes:
+    copied back after each replay (``GraphedEntry.copy_back``). Without a run plan: none (a write found at the
+    capture's warm-up run is refused there)."""
+    mutated = set(_mutated_leaves(entry) or ())
+    return [(i, buf) for i, buf, _ in copies if i in mutated]
 
 
 def _write_message(i: int) -> str:
-    return (f"the method writes to its input {i} in place; under CUDA graphs that input must keep its storage. "
-            f"Fix: gearcache.mark_static_address(tensor) on it (and pass the same tensor on every call)")
+    return (f"the method writes to its input {i} in place, and its entry has no run plan saying so; under CUDA graphs "
+            f"such an input must keep its storage. Fix: gearcache.mark_static_address(tensor) on it (and pass the "
+            f"same tensor on every call)")
 
 
 def _target_shape(gear_plan: Any, leaves: tuple, targets: list[int], i: int) -> list[int]:

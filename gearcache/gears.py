@@ -37,21 +37,26 @@ from . import _torch_compat as compat
 from .config import normalise_dim_gears
 from .counters import counters
 from .errors import ConfigError
+from .pad_values import PadValue, exact
 from .padding_report import PaddingReport
 
 GEARS_ATTR = "_gearcache_dim_gears"
 STATIC_ATTR = "_gearcache_static"
 PAD_ATTR = "_gearcache_pad_value"
 MAX_COMBINATIONS_BEFORE_WARNING = 1000
-PLAN_FORMAT = 2
-"""The stored gear plan's format (a factor of its key). 2: gear plans carry the padding analysis and zip's lockstep."""
+PLAN_FORMAT = 3
+"""The stored gear plan's format (a factor of its key). 2: gear plans carry the padding analysis and zip's lockstep.
+3: the analysis proves padding exact with a pad value per padded input (chosen where the user gave none)."""
 
 
-def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_value: float = 0) -> torch.Tensor:
+def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *,
+                  pad_value: PadValue | None = None) -> torch.Tensor:
     """Declare the sizes ("gears") each listed dim of ``tensor`` may take; returns ``tensor``.
 
     Sizes are deduplicated and sorted; negative dims count from the end. Marking a tensor that already has other gears
-    is an error. ``pad_value`` fills the padding (a pad token id, a mask value); default 0.
+    is an error. ``pad_value`` fills the padding (a pad token id, a mask value); default: chosen by gearcache's
+    padding analysis so that every op reading the padded rows is exact (0 where any value is: gearcache/padding.py).
+    A value the tensor's dtype cannot hold (``-inf`` or ``0.5`` in an integer tensor) is a ``ConfigError``.
     """
     if not isinstance(tensor, torch.Tensor):
         raise ConfigError(f"set_dim_gears: tensor={type(tensor).__qualname__} is not a torch.Tensor")
@@ -71,6 +76,8 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *, pad_
     if existing is not None and existing != resolved:
         raise ConfigError(f"set_dim_gears: the tensor already has gears {existing}; got {resolved}. Mark each tensor "
                           f"once (or use a fresh tensor)")
+    if pad_value is not None:
+        pad_value = _exact_pad(pad_value, tensor.dtype, "set_dim_gears(pad_value)")
     setattr(tensor, GEARS_ATTR, resolved)
     setattr(tensor, PAD_ATTR, pad_value)
     for dim, sizes in resolved.items():
@@ -95,7 +102,16 @@ class MarkedDim:
     dim: int
     sizes: list[int]
     name: str               # for messages: "x", "kv[0]" or "input 3"
-    pad_value: float = 0.0
+    pad_value: PadValue | None = None   # the user's (None: chosen by the padding analysis); a plan's: the one used
+
+
+def _exact_pad(value: PadValue, dtype: torch.dtype, where: str) -> PadValue:
+    """``value`` as a ``dtype`` tensor holds it, else ``ConfigError``."""
+    try:
+        return exact(value, dtype)
+    except ValueError as exc:
+        raise ConfigError(f"{where}={value!r}: {exc}. Fix: give a value of the tensor's dtype, or none (gearcache "
+                          f"then chooses one that keeps every op exact)") from None
 
 
 def _first_index(sizes: list[int]) -> list[int]:
@@ -168,7 +184,7 @@ class GearPlan:
             src = leaves[leaf]
             shape = [dims.get(i, s) for i, s in enumerate(src.shape)]
             pad_value = next(d.pad_value for d in self.dims if d.leaf == leaf)
-            out = src.new_full(shape, pad_value)
+            out = src.new_full(shape, 0 if pad_value is None else pad_value)
             out[tuple(slice(0, s) for s in src.shape)] = src
             new[leaf] = out
         return tuple(new)
@@ -258,8 +274,9 @@ class GearPlan:
 
 # ------------------------------------------------------------------------------------------------ plan building
 def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int, list[int]]],
-               pad_values: dict[str, float]) -> list[MarkedDim]:
-    """The marked dims of a call: ``set_dim_gears`` marks on its tensors, then config gears by argument name."""
+               pad_values: dict[str, PadValue]) -> list[MarkedDim]:
+    """The marked dims of a call: ``set_dim_gears`` marks on its tensors, then config gears by argument name; each
+    with the pad value the user gave (``set_dim_gears``'s, else ``pad_values[name]``), None where none was given."""
     marks: list[MarkedDim] = []
     for i, leaf in enumerate(leaves):
         if not isinstance(leaf, torch.Tensor):
@@ -275,8 +292,10 @@ def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int
                                       f"argument {name} of shape {list(leaf.shape)}")
                 gears[dim % leaf.dim()] = sizes
         if gears:
-            value = pad if pad is not None else pad_values.get(name, 0.0)
-            marks.extend(MarkedDim(i, dim, list(sizes), name, float(value)) for dim, sizes in sorted(gears.items()))
+            value = pad if pad is not None else pad_values.get(name)
+            if value is not None:
+                value = _exact_pad(value, leaf.dtype, f"inference_config.pad_values[{name!r}]")
+            marks.extend(MarkedDim(i, dim, list(sizes), name, value) for dim, sizes in sorted(gears.items()))
     unknown = set(by_name) - set(names.values())
     if unknown:
         raise ConfigError(f"inference_config.dim_gears names {sorted(unknown)}, which are not tensor arguments of the "
@@ -325,9 +344,12 @@ def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: 
 
     ``symbols[m]``: the symbol of marked dim m; ``output_dims[j]``: for method output leaf j, ``(dim, symbol)`` for
     each of its dims whose size is exactly one symbol; ``padding``: the padding analysis, whose ``meets`` (marked
-    dims that meet in an op the trace did not unify them in) join their symbols.
+    dims that meet in an op the trace did not unify them in) join their symbols and whose ``pad_values`` the plan
+    pads with.
     """
     check_marks(marks, policy)
+    if padding is not None:             # the pad values the analysis proved exact (the user's, or chosen)
+        marks = [dataclasses.replace(m, pad_value=padding.pad_values.get(m.leaf, m.pad_value)) for m in marks]
     joined = _joined(padding.meets if padding is not None else [])
     symbols = [joined.get(s, s) for s in symbols]
     output_dims = {j: [(dim, joined.get(s, s)) for dim, s in dims] for j, dims in output_dims.items()}

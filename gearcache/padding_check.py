@@ -1,30 +1,34 @@
-"""What gearcache does with a gear plan's padding report (padding.py): refuse, verify, or trust.
+"""What gearcache does with a gear plan's padding report (padding.py): refuse what it cannot prove, or trust; and
+the opt-in test of the analysis against eager.
 
 ``inference_config.padding_check``:
 
-* ``"verify"`` (default): an unsafe write (padding would spread into a parameter, a buffer or an unpadded input) is
-  refused when the gear plan is built or loaded (:func:`apply`, ``PaddingUnsafeError``). A gear plan with mixing (an op
-  that may let padded rows change real ones) has each gear verified (:func:`verify`) before it first serves a padded
-  call: every gear at ``warmup()``, else the gear of a call at its first padded call in the process.
-* ``"refuse"``: unsafe writes and mixing are both refused when the gear plan is built or loaded.
-* ``"off"``: nothing is refused or verified (the user asserts that padding is exact).
+* ``"refuse"`` (default): the analysis is the gate. A gear plan with an unsafe write (padding would spread into a
+  parameter, a buffer or an unpadded input) or with mixing (an op the analysis cannot prove exact under padding, with
+  the pad values it chose) is refused when it is built or loaded (:func:`apply`, ``PaddingUnsafeError``), before
+  anything compiles or runs. The reason holds for every call, device and dtype: it comes from the graph, not data.
+* ``"verify"``: as ``"refuse"``, and each gear is also tested (:func:`verify`) before it first serves a padded call
+  (every gear at ``warmup()``): a test of the analysis, never the gate.
+* ``"off"``: nothing is refused or tested (the user asserts that padding is exact).
 
-``inference_config.verify_padding=True`` also verifies, at ``warmup()``, the gears of plans without mixing.
+``inference_config.verify_padding=True`` runs the test at ``warmup()`` whatever the policy.
 
-**Verification** runs the eager method twice on the same real-size inputs: padded up to the gear as a call through
-the gear is (outputs cut back, written padded inputs copied back), and unpadded; each on copies of the inputs the
-method writes, with the parameters and buffers it writes restored after each run. Comparing eager with eager tells
-the padding's effect apart from the compiler's rounding. If an output or a written tensor differs beyond the
-rounding of its dtype, ``PaddingUnsafeError`` names it, the gear, the ops the analysis found and the fix (a pad value
-neutral for the op: 0 before a sum, -inf before a softmax or max). It runs on the inputs it is given (``warmup()``'s
-example narrowed to the smallest real sizes of the gear, or the first padded call's), then once more with the real
-rows of every floating-point padded input replaced by seeded random numbers, since an example of zeros can hide a
-mean over the batch. A gear passes once per process (``GearPlan.verified``); ``counters.padding_verifications``
-counts the gears verified.
+**The test** runs the eager method twice on the same real-size inputs, on a float64 copy of the module with float64
+inputs: padded up to the gear as a call through the gear is (the plan's own pad values; outputs cut back, written
+padded inputs copied back), and unpadded; each on copies of the inputs the method writes, with the parameters and
+buffers it writes restored after each run. In float64 a size-dependent kernel's rounding (a bf16 GEMM at M=3 and M=4)
+is ~1e-16 of a value, so the comparison's tolerance (1e-9 relative; one unit in the last place for a value the method
+itself rounds to a narrower dtype) is never reached by rounding, and any effect of the padding rows is. It runs on the
+inputs it is given (``warmup()``'s example narrowed to the smallest real sizes of the gear, or the first padded
+call's), then once more with the real rows of every floating-point padded input replaced by seeded random numbers. A
+difference means the analysis proved something false: ``PaddingUnsafeError`` says so (a gearcache bug to report). A
+gear passes once per process (``GearPlan.verified``); ``counters.padding_verifications`` counts the gears tested.
 """
 from __future__ import annotations
 
+import copy
 import logging
+import types
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -32,6 +36,7 @@ import torch
 from . import signature
 from .counters import counters
 from .errors import PaddingUnsafeError
+from .pad_values import describe as describe_pad
 
 if TYPE_CHECKING:
     from .gears import GearPlan
@@ -39,17 +44,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gearcache")
 
-NEUTRAL_PAD_FIX = ("pass a pad value that is neutral for that op (gearcache.set_dim_gears(t, gears, pad_value=...) "
-                   "or inference_config.pad_values: 0 before a sum, -inf before a softmax or max), or drop the gears "
-                   "of that dim")
+NEUTRAL_PAD_FIX = ("make that op exact under padding: a reduction over the gear dim needs its input's padded rows to "
+                   "hold its neutral value (0 before a sum, 1 before a product, +inf before a min, -inf before a max "
+                   "or softmax): leave pad_value unset so that gearcache chooses it, or mask the padded rows yourself "
+                   "(e.g. pass a mask and use x.masked_fill(~mask, float('inf')).amin(0)); a mean or a variance over "
+                   "the gear dim is never exact: compute it outside the cached method, or drop the gears "
+                   "of that dim (inference_config.padding_check='off' serves it unchecked)")
 WRITE_FIX = ("do that write outside the cached method (return what to write and write it after the call), or pass "
              "the written tensor as an argument with the same gears (gearcache copies its real rows back after each "
              "call), or drop the gears of that dim")
-_TOLERANCES = {torch.float16: (1e-2, 1e-3), torch.bfloat16: (2e-2, 2e-3)}    # (rtol, atol); others: (1e-4, 1e-5)
+_F64_TOLERANCE = (1e-9, 1e-12)           # (rtol, atol relative to the reference's largest finite magnitude)
 
 
 def apply(name: str, gear_plan: GearPlan, policy: str) -> None:
-    """Refuse what ``policy`` refuses; mark ``gear_plan`` for verification before padded calls where it verifies."""
+    """Refuse what ``policy`` refuses (see the module docstring); mark ``gear_plan`` for the test where it tests."""
     report = gear_plan.padding
     gear_plan.verify_first = False
     if policy == "off":
@@ -60,12 +68,21 @@ def apply(name: str, gear_plan: GearPlan, policy: str) -> None:
             f"{name}: padding a call up to its gear would change state: {f.op} at {f.where or '(source unknown)'} "
             f"{f.why}, into {f.reaches}; eager writes only the real rows"
             f"{_more(report.unsafe_writes)}. Fix: {WRITE_FIX}")
-    if report.mixing and policy == "refuse":
+    if report.mixing:
         raise PaddingUnsafeError(
-            f"{name}: padding may change results: {describe(report.mixing)}. inference_config.padding_check="
-            f"'refuse' refuses such methods. Fix: {NEUTRAL_PAD_FIX}, and use padding_check='verify' (the default), "
-            f"which checks each gear against eager")
-    gear_plan.verify_first = bool(report.mixing)
+            f"{name}: padding a call up to its gear may change its results: {describe(report.mixing)}"
+            f"{pads_text(gear_plan)}. A geared method is served only where padding is proved exact from its graph "
+            f"(docs/DESIGN.md, 'Padding analysis'). Fix: {NEUTRAL_PAD_FIX}")
+    gear_plan.verify_first = policy == "verify"
+
+
+def pads_text(gear_plan: GearPlan) -> str:
+    """`` (pad values: x=+inf, ids=0)`` for a message, or ``""``."""
+    seen: dict[str, str] = {}
+    for d in gear_plan.dims:
+        if d.pad_value is not None:
+            seen.setdefault(d.name, describe_pad(d.pad_value))
+    return f" (pad values: {', '.join(f'{k}={v}' for k, v in seen.items())})" if seen else ""
 
 
 def real_sizes(gear_plan: GearPlan, sizes: list[int]) -> list[int]:
@@ -75,29 +92,44 @@ def real_sizes(gear_plan: GearPlan, sizes: list[int]) -> list[int]:
 
 def verify(name: str, method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
            sizes: list[int]) -> None:
-    """Check gear ``sizes`` against eager on the real-size call ``leaves`` (see the module docstring); raise
-    ``PaddingUnsafeError`` if padding changes an output or a written tensor."""
+    """Test gear ``sizes`` against eager on the real-size call ``leaves`` in float64 (see the module docstring);
+    raise ``PaddingUnsafeError`` if padding changes an output or a written tensor."""
     counters.padding_verifications += 1
     real = [leaves[d.leaf].shape[d.dim] for d in gear_plan.dims]
+    wide_module, wide_method = _float64(module, method)
     for k, run in enumerate((leaves, _random_rows(gear_plan, leaves))):
         if run is None:
             continue
         try:
-            diff = _compare(method, module, gear_plan, structure, run, sizes)
+            diff = _compare(wide_method, wide_module, gear_plan, structure, _wide(run), sizes)
         except Exception as exc:                # noqa: BLE001 - random rows may be invalid input: only the given run
             if k == 0:
                 raise
-            log.info("%s: gear %s verified on the given inputs only: random rows raise %s: %s", name, sizes,
+            log.info("%s: gear %s tested on the given inputs only: random rows raise %s: %s", name, sizes,
                      type(exc).__name__, exc)
             continue
         if diff is not None:
             what, detail = diff
-            mixing = gear_plan.padding.mixing
-            found = describe(mixing) if mixing else "no op (verify_padding checked a gear the analysis found safe)"
             raise PaddingUnsafeError(
-                f"{name}: padding changes {what} at gear {sizes} (real sizes {real}{'' if k == 0 else ', random rows'}"
-                f": {detail}). The padding analysis found: {found}. Fix: {NEUTRAL_PAD_FIX}")
+                f"{name}: the padding analysis proved gear {sizes} exact{pads_text(gear_plan)}, but padding changes "
+                f"{what} when the method runs eagerly in float64 (real sizes {real}"
+                f"{'' if k == 0 else ', random rows'}: {detail}). That is a bug of gearcache's padding analysis: "
+                f"please report it with this message. Meanwhile, drop the gears of that dim")
     gear_plan.verified.add(tuple(sizes))
+
+
+def _float64(module: torch.nn.Module, method: Callable) -> tuple[torch.nn.Module, Callable]:
+    """A float64 copy of ``module`` and ``method`` bound to it (the test never touches the served module)."""
+    wide = copy.deepcopy(module).to(torch.float64)
+    func = getattr(method, "__func__", None)
+    bound = types.MethodType(func, wide) if func is not None and getattr(method, "__self__", None) is module else method
+    return wide, bound
+
+
+def _wide(leaves: tuple) -> tuple:
+    """``leaves`` with every floating-point tensor as a float64 copy."""
+    return tuple(x.to(torch.float64, copy=True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                 for x in leaves)
 
 
 def _compare(method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
@@ -190,14 +222,17 @@ def _random_rows(gear_plan: GearPlan, leaves: tuple) -> tuple | None:
 
 
 def _difference(a: Any, b: Any) -> str | None:
-    """How ``a`` (padded) differs from ``b`` (eager) beyond rounding; None if it does not."""
+    """How ``a`` (padded) differs from ``b`` (eager) beyond float64 rounding; None if it does not. A float64 value:
+    beyond 1e-9 of it; a narrower float (the method rounded it itself): beyond one unit in its last place; anything
+    else: not equal."""
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return None if a == b else f"{a!r} vs eager {b!r}"
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{a.dtype}{list(a.shape)} vs eager {b.dtype}{list(b.shape)}"
-    if not (a.is_floating_point() or a.is_complex()):
+    if not a.is_floating_point():
         return None if torch.equal(a, b) else "the values differ"
-    rtol, atol = _TOLERANCES.get(a.dtype, (1e-4, 1e-5))
+    eps = torch.finfo(a.dtype).eps
+    rtol, atol = _F64_TOLERANCE if a.dtype == torch.float64 else (eps, eps)
     x, y = a.double(), b.double()
     finite = y[torch.isfinite(y)]
     scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0

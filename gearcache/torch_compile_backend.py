@@ -17,7 +17,7 @@ from . import _torch_compat as compat
 from . import compiler, faults, gears, runplan
 from .config import CompilerConfig
 from .counters import counters
-from .errors import ConfigError, PaddingUnsafeError, PastLargestGearError
+from .errors import ConfigError, PastLargestGearError
 from .key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
 from .store import Store
 from .topology import process_groups_factor
@@ -39,8 +39,9 @@ def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str
 def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: list[str],
                        output_dims: dict[int, list[tuple[int, str]]], config: CompilerConfig) -> gears.GearPlan:
     """The graph's gear plan, with the padding analysis of the graph (gearcache/padding.py) applied as
-    ``inference_config.padding_check`` says (gearcache/padding_check.py). This route has no method to run eagerly,
-    so a graph the analysis cannot prove exact under padding is refused unless the check is ``"off"``."""
+    ``inference_config.padding_check`` says (gearcache/padding_check.py): a graph the analysis cannot prove exact
+    under padding is refused unless the check is ``"off"``. This route has no method to run eagerly, so
+    ``"verify"``'s test against eager does not run here (its proof does)."""
     from . import padding, padding_check
     from .capture import SymbolicTrace, size_classes
     from .guards import GuardSet
@@ -51,17 +52,15 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
                           guards, size_classes(guards))
-    report = padding.analyse(trace, {i: f"input {i}" for i in range(len(fakes))}, {m.leaf for m in marks})
+    bounds: dict[str, int] = {}
+    for m, sym in zip(marks, symbols):
+        bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
+    report = padding.analyse(trace, {i: f"input {i}" for i in range(len(fakes))}, {m.leaf for m in marks},
+                             {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
     gear_plan = gears.build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols, output_dims,
                                  report)
-    name = "torch.compile(backend=gearcache.get_backend(...))"
-    padding_check.apply(name, gear_plan, ic.padding_check)
-    if gear_plan.verify_first:
-        raise PaddingUnsafeError(
-            f"{name}: padding may change results: {padding_check.describe(report.mixing)}. The torch.compile route "
-            f"cannot check a gear against eager (it has a graph, not the method). "
-            f"Fix: {padding_check.NEUTRAL_PAD_FIX}, and serve the method with cache_compile (which verifies each "
-            f"gear), or set inference_config.padding_check='off' if padding is exact")
+    padding_check.apply("torch.compile(backend=gearcache.get_backend(...))", gear_plan, ic.padding_check)
+    gear_plan.verify_first = False
     return gear_plan
 
 
@@ -79,8 +78,7 @@ class GearedGraph:
         marks, symbols = [], []
         for i, (real, fake) in enumerate(zip(example_inputs, fakes)):
             for dim, sizes in sorted((getattr(real, gears.GEARS_ATTR, None) or {}).items()):
-                marks.append(gears.MarkedDim(i, dim, list(sizes), f"input {i}",
-                                             float(getattr(real, gears.PAD_ATTR, 0))))
+                marks.append(gears.MarkedDim(i, dim, list(sizes), f"input {i}", getattr(real, gears.PAD_ATTR, None)))
                 symbols.append(_expr(fake.shape[dim]) or f"static:{i}:{dim}")
         # SymInt inputs (sizes Dynamo passes separately) follow the marked dim with the same symbol.
         self._size_inputs = [(i, symbols.index(e)) for i, f in enumerate(fakes)
@@ -144,6 +142,7 @@ class GearedGraph:
         counters.misses += 1
         with torch.no_grad():
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
+        compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
         akey, _ = build_key("artifact", ordered_factors("artifact", {
             "format": FORMAT_VERSION, "graph": sha256_text(static.code),

@@ -99,3 +99,15 @@ class RunningSum(torch.nn.Module):
     def fwd(self, x):
         self.total.add_(x.sum(0))
         return self.total * 2
+
+
+class BatchMin(torch.nn.Module):
+    """Column minima over the batch, of a float and of an integer input: exact under padding only with the largest
+    value of each dtype in the padded rows (+inf, iinfo(int64).max), which gearcache chooses."""
+
+    def __init__(self, cache_dir, config=None):
+        super().__init__()
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x, ids):
+        return x.amin(0), ids.min(0).values, (-x).amax(0)

@@ -72,18 +72,25 @@ def test_snapshot_restores_every_view_of_a_storage_from_one_copy():
     assert torch.equal(kv[1, 5], -after_last), "bytes outside the saved range are not touched"
 
 
-def test_run_plan_tells_which_inputs_a_graph_writes_so_capture_refuses_them_without_a_run(tmp_path):
-    """The KV step's entry (compiled on CPU) writes its input 1 in place: a capture copying that input into a buffer
-    of its own is refused from the run plan alone; once the input is static-address (not copied) it is accepted."""
+def test_run_plan_tells_which_copied_inputs_a_graph_writes_so_each_replay_copies_them_back(tmp_path):
+    """The KV step's entry (compiled on CPU) writes its input 1 in place: from the run plan alone, a capture that
+    copies that input into a buffer of its own knows to copy the buffer back after each replay; a static-address
+    input (not copied) needs nothing."""
     m = Step(tmp_path, _config())
     x, kv, pos = torch.randn(2, 1, 8), torch.zeros(2, 4, 8), torch.tensor([0])
     with torch.no_grad():
         m.cached_kv(x, kv, pos)
     entry = next(iter(m.cached_kv._table.values()))
     assert counters.direct_loads >= 1 and cuda_graphs._mutated_leaves(entry) == [1]
-    with pytest.raises(gearcache.UnsupportedInputError, match="mark_static_address"):
-        cuda_graphs._refuse_unmarked_writes(entry, [(0, x, 0.0), (1, kv, 0.0)])
-    cuda_graphs._refuse_unmarked_writes(entry, [(0, x, 0.0)])
+    buf = kv.clone()
+    assert [(i, b is buf) for i, b in cuda_graphs._written_copies(entry, [(0, x, 0.0), (1, buf, 0.0)])] == [(1, True)]
+    assert cuda_graphs._written_copies(entry, [(0, x, 0.0)]) == []
+    graphed = cuda_graphs.GraphedEntry(entry, None, [], [(1, buf, 0.0)], [])
+    graphed.written = [(1, buf)]
+    buf.fill_(7.0)
+    real = torch.zeros(1, 4, 8)                         # a padded call's real rows: the first one of the buffer
+    graphed.copy_back((x, real, pos))
+    assert torch.equal(real, torch.full((1, 4, 8), 7.0))
 
 
 @needs_cuda
@@ -156,11 +163,26 @@ def test_kv_cache_updated_in_place_stays_right_over_100_steps(tmp_path):
 
 
 @needs_cuda
-def test_unmarked_input_written_in_place_is_refused(tmp_path):
-    m = Step(tmp_path, _config()).cuda()
-    with torch.inference_mode(), pytest.raises(gearcache.UnsupportedInputError, match="mark_static_address"):
-        m.cached_kv(torch.randn(2, 1, 8, device="cuda"), torch.zeros(2, 4, 8, device="cuda"),
-                    torch.tensor([0], device="cuda"))
+@pytest.mark.parametrize("outputs", ["copy", "view-checked"])
+@pytest.mark.parametrize("geared", [False, True])
+def test_an_unmarked_input_written_in_place_is_copied_back_after_each_replay(tmp_path, outputs, geared):
+    """An input the graph writes, passed without mark_static_address (with gears, padded too: batches of 3 run on
+    gear 4), is written in the graph's static buffer and copied back into the caller's tensor (its real rows) after
+    each replay, as mode="default" copies a padded input back after a run: outputs and the written input equal eager,
+    call after call (the step is not idempotent: kv.mul_(0.5))."""
+    cfg = _config(**({"x": {0: [1, 2, 4]}, "kv": {0: [1, 2, 4]}} if geared else {}))
+    cfg.inference_config.graph_outputs = outputs
+    torch.manual_seed(0)
+    m = Step(tmp_path, cfg).cuda()
+    start = counters.snapshot()
+    with torch.inference_mode():
+        for step, b in enumerate([3, 3, 1, 4, 3] if geared else [2, 2, 2]):
+            x, kv = torch.randn(b, 1, 8, device="cuda"), torch.randn(b, 6, 8, device="cuda")
+            ref_kv, pos = kv.clone(), torch.tensor([step], device="cuda")
+            out = m.cached_kv(x, kv, pos).clone()
+            torch.testing.assert_close(out, m.fwd_kv(x, ref_kv, pos))
+            torch.testing.assert_close(kv, ref_kv)
+    assert counters.delta(start)["graph_captures"] == (2 if geared else 1), "gears 4 and 1 (geared), or one shape"
 
 
 @needs_cuda

@@ -1,6 +1,6 @@
 """The differential tester (tests/difftest/): CI's slice of generated cases, and the tester's own parts.
 
-CI's slice (``test_generated_cases_equal_eager_or_are_refused``) draws 300 cases (run seed 0) over 9 generated module
+CI's slice (``test_generated_cases_equal_eager_or_are_refused``) draws 300 cases (run seed 0) over 11 generated module
 classes sharing one store, runs each against its eager twin in this process and again in fresh processes, and
 asserts that every case equals eager or raises a gearcache error and that no entry was loaded stale. On failure the
 message holds the counts, the coverage and a shrunk reproducer. The GPU long mode is
@@ -24,12 +24,14 @@ REQUIRED_TAGS = ({f"block:{b}" for b in programs.BLOCKS} | {f"output:{o}" for o 
                   "gears:padded-call", "gears:pad-value-nonzero", "past-largest:error", "past-largest:eager",
                   "dynamic:false", "decompositions", "warmup", "verify-padding", "input:non-contiguous",
                   "input:optional-None", "input:optional-tensor", "const:assigned-in-process", "const:file-edited",
-                  "values:entry-shared-with-other-values", "side:main", "side:warm"})
+                  "values:entry-shared-with-other-values", "side:main", "side:warm",
+                  "data:pad-shown-after-first-call", "gears:pad-value-chosen"})
 # features at least one case must show *equal* to eager (a gearcache that refused them all would pass otherwise)
 REQUIRED_EQUAL = {"route:torch_compile", "gears:padded-call", "input:optional-None", "input:optional-tensor",
                   "input:int-scalar", "input:float-scalar", "input:non-contiguous", "dtype:bfloat16", "dtype:int64",
                   "const:assigned-in-process", "const:file-edited", "values:entry-shared-with-other-values",
-                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm"}
+                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm",
+                  "pad:neutral", "pad:int", "data:pad-shown-after-first-call"}
 
 
 # ------------------------------------------------------------------------------------------------- CI's slice
@@ -197,12 +199,47 @@ def test_a_known_bad_setup_is_reported_shrunk_and_reproduced(tmp_path):
     assert "-> mismatch output" in done.stdout
 
 
+PAD_CASES = [          # blocks of programs.PAD_BLOCKS, and how gearcache must answer
+    (["pad_amin", "ids_min"], None), (["pad_amax", "pad_argmax", "ids_max"], None),
+    (["pad_neg_min", "pad_softmax", "pad_logsumexp"], None), (["pad_sum", "pad_prod"], None),
+    (["pad_mean"], "PaddingUnsafeError: aten.mean: reduces over a padded dim"), (["fresh_rows", "pad_sum"], None),
+    (["pad_amin", "pad_amax"], "exact only if its padded rows hold +inf, but they hold -inf"),
+    (["ids_input", "ids_min"], "PaddingUnsafeError: aten."), (["fresh_rows", "pad_amin"], "PaddingUnsafeError: aten."),
+]
+
+
+def test_reductions_over_the_geared_dim_equal_eager_on_data_that_shows_a_wrong_pad(tmp_path):
+    """The tester's pad-value-sensitive blocks, each geared (gear 4, calls of 3 and 2 rows) with no pad value given:
+    the first call's mixed data would hide a wrong pad from a min or a max (one checked call passed them before), the
+    later all-positive or all-negative calls show it. A min, max, argmax, softmax, log-sum-exp, sum or product over
+    the geared dim, negated, scaled or of int64 ids, and rows [:B] of a tensor the method makes, equal eager; a mean,
+    a min and a max of one input, ids read both as an index and by a min, and rows [:B] written with the +inf a min
+    needs are refused, naming the op."""
+    specs = [{"module": f"dtpad_{k}", "helper": f"dtpad_h_{k}", "blocks": blocks, "output": "tuple"}
+             for k, (blocks, _) in enumerate(PAD_CASES)]
+    session.write_sources(tmp_path / "src", specs)
+    for k, (spec, (_, refusal)) in enumerate(zip(specs, PAD_CASES)):
+        case = {"id": k, "seed": 11 + k, "program": dict(spec, inputs=programs.inputs_of(spec)), "attrs": {},
+                "assign": {}, "mask": False, "oracle": False,
+                "options": {"route": "cache_compile", "past_largest": "error",
+                            "gears": {"sizes": [4], "declare": "by_name", "policy": "zip", "pad": None}},
+                "calls": [{"B": 3, "data": "mixed"}, {"B": 3, "data": "positive"}, {"B": 2, "data": "negative"}]}
+        result = runner.run_case(case, tmp_path / "src", str(tmp_path / "store"))
+        if refusal is None:
+            assert result["outcome"] == "equal" and result["counters"]["pads"] == 3, (spec["blocks"], result)
+        else:
+            assert result["outcome"] == "refused" and result["call"] == "call 0", (spec["blocks"], result)
+            assert refusal in session.refusal_reason(result["detail"]), (spec["blocks"], result["detail"])
+
+
 @needs_cuda
 def test_cuda_graph_cases_equal_eager_or_are_refused(tmp_path):
-    """A short GPU run with mode="reduce-overhead" (every graph_outputs and capture_graphs choice); the long mode is
+    """A short GPU run with mode="reduce-overhead" (every graph_outputs and capture_graphs choice, bfloat16 and float32
+    models); each case it refuses is run again on the CPU, and none of those may equal eager there. The long mode is
     ``python3 -m tests.difftest --cases 100 --device cuda --graphs``."""
     report = session.run_difftest(1, 40, tmp_path, device="cuda", graphs=True, shrink=1)
     print(report.summary())
     assert sum("cuda-graphs" in c["tags"] for c in report.cases) >= 35
     assert not report.failures, report.summary()
     assert not report.stale
+    assert not report.gpu_only_refusals, "a refusal on the GPU whose CPU twin equals eager: " + report.summary()

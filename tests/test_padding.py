@@ -1,5 +1,7 @@
 """The padding analysis (gearcache/padding.py) on the symbolic traces of small methods: what it finds and what it
 does not. Only Dynamo traces run here (no compile)."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,7 @@ class Ops(torch.nn.Module):
         self.bn = torch.nn.BatchNorm1d(4)
         self.emb = torch.nn.Embedding(10, 4)
         self.register_buffer("table", torch.zeros(10, 4))
+        self.register_buffer("types", torch.zeros(1, 8, dtype=torch.long))
 
     # ------------------------------------------------------------------------------------------ safe along B
     def rowwise(self, x):
@@ -48,21 +51,104 @@ class Ops(torch.nn.Module):
         pos = torch.arange(ids.shape[0])
         return self.emb(ids) + pos[:, None], self.table[ids]
 
+    def buffered_lookup(self, ids):             # ids [B, 3]: a buffer's row expanded over the batch, as an index
+        types = self.types[:, : ids.shape[1]].expand(ids.shape[0], -1)     # (BERT's token_type_ids)
+        return self.emb(ids) + self.emb(types) * 2
+
+    def mask_by_batch_index(self, mask):        # mask [B, 5]: transformers' padding_mask[batch_idx, kv_idx]
+        b = torch.arange(mask.shape[0])[:, None]
+        k = torch.arange(mask.shape[1])[None, :]
+        return mask[b, k].float() * 2
+
     def conv_over_batch(self, x):               # x [B, 4, 8]: B padded
         return self.bn(self.conv(x)).mean(-1)
 
-    # -------------------------------------------------------------------------------------- mixing along B
-    def mean(self, x):
-        return x - x.mean(0)
+    # --------------------------------------------------------- exact along B with a neutral pad (pad_values)
+    def amin(self, x):
+        return x.amin(0)
+
+    def amax(self, x):
+        return x.amax(0, keepdim=True) + x
+
+    def negated_amin(self, x):                  # -x holds -pad: x needs -inf
+        return (-x).amin(0)
+
+    def int_min(self, ids):                     # ids [B, 2] int64
+        return ids.min(0).values
+
+    def argmax(self, x):
+        return x.argmax(0)
+
+    def scaled_sum(self, x):
+        return (x * 2).sum(0)
+
+    def shifted_prod(self, x):                  # 0 * 0.5 + 1 = 1 before the product
+        return (x * 0.5 + 1).prod(0)
 
     def softmax(self, x):
         return torch.softmax(x, 0)
 
-    def cumsum(self, x):
+    def logsumexp(self, x):
+        return x.logsumexp(0)
+
+    def gram(self, x):                          # contracts B: 0 * 0 in the padded terms
+        return x.t() @ x
+
+    def cumsum(self, x):                        # padding comes after every real row
         return x.cumsum(0)
 
-    def gram(self, x):
-        return x.t() @ x
+    def masked_min(self, x, valid):             # the user masks the pad rows: any pad of x is fine
+        return x.masked_fill(~valid, float("inf")).amin(0)
+
+    def lookups_and_sum(self, ids, x):          # ids as an index (pad 0 valid), x summed (pad 0)
+        return self.emb(ids).sum(-1) + x.sum(0).sum()
+
+    def fresh_rows(self, x):                    # padded rows write 0 where eager's rows hold 0
+        buf = torch.zeros(8, 4)
+        buf[: x.shape[0]] = x
+        return buf * 2
+
+    def cache_prefill(self, ids, kv):           # ids [T], kv [16, 4]: a padded position keeps its slot's old entry
+        pos = torch.arange(ids.shape[0])
+        real = (ids >= 0)[:, None]
+        new = self.emb(ids.clamp(min=0))
+        return kv.index_copy(0, pos, torch.where(real, new, kv.index_select(0, pos)))
+
+    # -------------------------------------------------------------------------------------- mixing along B
+    def fresh_rows_shifted(self, x):            # padded rows write 1 where eager's rows hold 0
+        buf = torch.zeros(8, 4)
+        buf[: x.shape[0]] = x + 1
+        return buf
+
+    def cache_prefill_overwrites(self, ids, kv):    # the padded positions' embeddings land in their slots
+        pos = torch.arange(ids.shape[0])
+        return kv.index_copy(0, pos, self.emb(ids.clamp(min=0)))
+
+    def mask_by_other_rows(self, mask):         # row i reads row i % 2: a padded row is read by a real one
+        return mask[torch.arange(mask.shape[0]) % 2].float()
+
+    def mean(self, x):
+        return x - x.mean(0)
+
+    def linear_then_sum(self, x):               # lin's pad rows hold its bias: no pad of x makes them 0
+        return self.lin(x).sum(0)
+
+    def min_and_max(self, x):                   # +inf for one, -inf for the other: no one pad serves both
+        return x.amin(0) + x.amax(0)
+
+    def index_and_min(self, ids):               # an index needs 0, the min needs the largest int64
+        return self.emb(ids).sum() + ids.min()
+
+    def partly_overwritten(self, x):            # column 0 of the pad rows holds 5 after the write, the rest the pad
+        y = x.clone()
+        y[:, 0] = 5.0
+        return y.amin(0)
+
+    def sort(self, x):
+        return x.sort(0).values
+
+    def merged_cumsum(self, x):                 # x [B, 3]: B inside the merged dim, pads before real rows there
+        return x.t().reshape(-1).cumsum(0).view(3, -1).t()
 
     def last_row(self, x):
         return x[-1]
@@ -70,8 +156,8 @@ class Ops(torch.nn.Module):
     def size_as_value(self, x):
         return x * x.shape[0]
 
-    def cat_along(self, x):
-        return torch.cat([x, x], 0)[:1]
+    def cat_along(self, x):                     # the padded rows end up between real ones
+        return torch.cat([x, x[:1]], 0).sum(0)
 
     def masked_attention(self, x):              # x [1, T, 4], T padded, an explicit mask: pad keys are seen
         q = x[:, None]
@@ -113,6 +199,8 @@ OPS = Ops().eval()
     ("merged_reshape", (torch.randn(2, 5, 4),), [(0, 1)]),
     ("causal_attention", (torch.randn(1, 6, 4),), [(0, 1)]),
     ("lookups", (torch.randint(0, 10, (4,)),), [(0, 0)]),
+    ("buffered_lookup", (torch.randint(0, 10, (4, 3)),), [(0, 0)]),
+    ("mask_by_batch_index", (torch.ones(4, 5, dtype=torch.bool),), [(0, 0)]),
     ("conv_over_batch", (torch.randn(4, 4, 8),), [(0, 0)]),
 ])
 def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
@@ -121,12 +209,96 @@ def test_ops_that_keep_padded_rows_apart_are_not_flagged(method, args, marked):
     assert report.mixing == [] and report.unsafe_writes == []
 
 
+@pytest.mark.parametrize("method, args, pads", [
+    ("amin", (torch.randn(4, 4),), {0: float("inf")}),
+    ("amax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("negated_amin", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("int_min", (torch.randint(0, 9, (4, 2)),), {0: torch.iinfo(torch.int64).max}),
+    ("argmax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("scaled_sum", (torch.randn(4, 4),), {0: 0.0}),
+    ("shifted_prod", (torch.randn(4, 4),), {0: 0.0}),
+    ("softmax", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("logsumexp", (torch.randn(4, 4),), {0: float("-inf")}),
+    ("gram", (torch.randn(4, 4),), {0: 0.0}),
+    ("cumsum", (torch.randn(4, 4),), {0: 0.0}),
+    ("masked_min", (torch.randn(4, 4), torch.ones(4, 4, dtype=torch.bool)), {0: 0.0, 1: False}),
+    ("lookups_and_sum", (torch.randint(0, 10, (4,)), torch.randn(4, 4)), {0: 0, 1: 0.0}),
+])
+def test_reductions_over_a_padded_dim_are_exact_with_the_pad_value_chosen_for_them(method, args, pads):
+    """Each padded input gets the first candidate (0, -inf, +inf, 1; for integers 0, smallest, largest, 1) for which
+    every op reading its padded rows is exact; the pad is followed exactly through pointwise ops."""
+    report, _ = _report(getattr(OPS, method), args, [(i, 0) for i in range(len(args))])
+    assert report.complete and report.mixing == [] and report.unsafe_writes == [], report.mixing
+    assert report.pad_values == pads
+
+
+def test_a_pad_value_the_user_gave_is_kept_and_a_plan_it_makes_inexact_names_what_it_needs():
+    leaves, key = signature.call_key((torch.randn(4, 4),), {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.amin, OPS, key[0], leaves, [(0, 0)])
+    report = padding.analyse(trace, {0: "x"}, {0}, {0: 0.0})
+    assert report.pad_values == {0: 0.0}
+    (f,) = report.mixing
+    assert f.op == "aten.amin.default" and "return x.amin(0)" in f.where
+    assert "exact only if its padded rows hold +inf, but they hold 0" in f.why
+    assert padding.analyse(trace, {0: "x"}, {0}, {0: float("inf")}).mixing == []
+
+
+def test_rows_written_through_the_padded_size_into_a_tensor_the_method_makes():
+    """``buf[:B] = x`` into a ``buf`` of 8 rows: the padded rows land on rows eager leaves alone. Exact when they
+    write what those rows hold (x padded with 0 over zeros); mixing otherwise (before, served: rows 3 of a call of 3
+    rows padded to 4 held 1 where eager has 0)."""
+    report, _ = _report(OPS.fresh_rows, (torch.randn(4, 4),), [(0, 0)])
+    assert report.mixing == [] and report.pad_values == {0: 0.0}
+    report, _ = _report(OPS.fresh_rows_shifted, (torch.randn(4, 4),), [(0, 0)])
+    (f,) = report.mixing
+    assert f.op == "aten.copy_.default" and "buf[: x.shape[0]] = x + 1" in f.where
+    assert "writes padding rows into rows that are real in the tensor it writes (they hold 1 there; eager leaves 0)" \
+        in f.why
+
+
+@pytest.mark.parametrize("bound, exact", [(8, True), (32, False)])
+def test_a_cache_update_that_keeps_old_entries_at_padded_positions_is_exact(bound, exact):
+    """examples/hf_llama.py's prefill pattern: positions ``arange(T)`` (padded rows: positions after every real one,
+    below the largest gear), the padded rows write back ``kv.index_select(0, pos)``: what their slots hold. gearcache
+    pads the ids with int64's smallest value, so ``ids >= 0`` is False there. With a largest gear past the cache's 16
+    slots the padded positions could index out of range: refused."""
+    args = (torch.randint(0, 10, (6,)), torch.randn(16, 4))
+    leaves, key = signature.call_key(args, {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.cache_prefill, OPS, key[0], leaves, [(0, 0)])
+    report = padding.analyse(trace, {0: "ids", 1: "kv"}, {0}, bounds={trace.symbols[0]: bound})
+    if exact:
+        assert report.mixing == [] and report.pad_values == {0: torch.iinfo(torch.int64).max * -1 - 1}
+    else:
+        assert any("not a valid position" in f.why and "below 32" in f.why for f in report.mixing), report.mixing
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.cache_prefill_overwrites, OPS, key[0], leaves, [(0, 0)])
+    (f,) = padding.analyse(trace, {0: "ids", 1: "kv"}, {0}, bounds={trace.symbols[0]: 8}).mixing
+    assert f.op == "aten.index_copy.default" and "writes at positions taken from padded rows" in f.why
+
+
+def test_an_index_needs_a_pad_that_is_a_valid_position():
+    leaves, key = signature.call_key((torch.randint(0, 10, (4,)), torch.randn(4, 4)), {})
+    with torch.no_grad():
+        trace = symbolic_shapes(OPS.lookups_and_sum, OPS, key[0], leaves, [(0, 0), (1, 0)])
+    report = padding.analyse(trace, {0: "ids", 1: "x"}, {0, 1}, {0: -1})
+    (f,) = report.mixing
+    assert f.op == "aten.embedding.default" and "self.emb(ids)" in f.where
+    assert "reads positions from padded rows that hold -1, which is not a valid position (0 to 10 - 1)" in f.why
+
+
 @pytest.mark.parametrize("method, args, marked, op, why", [
-    ("mean", (torch.randn(4, 4),), [(0, 0)], "aten.mean.dim", "reduces over a padded dim"),
-    ("softmax", (torch.randn(4, 4),), [(0, 0)], "aten._softmax", "along a padded dim"),
-    ("cumsum", (torch.randn(4, 4),), [(0, 0)], "aten.cumsum", "along a padded dim"),
-    ("gram", (torch.randn(4, 4),), [(0, 0)], "aten.mm", "contracts over a padded dim"),
+    ("mean", (torch.randn(4, 4),), [(0, 0)], "aten.mean.dim", "a mean divides by the padded count"),
+    ("linear_then_sum", (torch.randn(4, 4),), [(0, 0)], "aten.sum", "exact only if its padded rows hold 0, but they "
+                                                                    "hold values gearcache cannot tell"),
+    ("min_and_max", (torch.randn(4, 4),), [(0, 0)], "aten.am", "exact only if its padded rows hold"),
+    ("index_and_min", (torch.randint(0, 10, (4,)),), [(0, 0)], "aten.", "padded rows"),
+    ("partly_overwritten", (torch.randn(4, 4),), [(0, 0)], "aten.amin", "exact only if its padded rows hold +inf"),
+    ("sort", (torch.randn(4, 4),), [(0, 0)], "aten.sort", "sorts or ranks along a padded dim"),
+    ("merged_cumsum", (torch.randn(4, 3),), [(0, 0)], "aten.cumsum", "merges a padded dim inside others"),
     ("last_row", (torch.randn(4, 4),), [(0, 0)], "aten.select", "other than the first"),
+    ("mask_by_other_rows", (torch.ones(4, 5, dtype=torch.bool),), [(0, 0)], "aten.index", "into a padded dim"),
     ("size_as_value", (torch.randn(4, 4),), [(0, 0)], "aten.mul", "size of a padded dim as a value"),
     ("cat_along", (torch.randn(4, 4),), [(0, 0)], "aten.cat", "concatenates along a padded dim"),
     ("masked_attention", (torch.randn(1, 6, 4),), [(0, 1)], "scaled_dot_product", "padded key dim"),
@@ -178,12 +350,14 @@ def test_other_unsafe_writes(method, args, marked, names, reaches, why):
     assert any(f.reaches == reaches and why in f.why for f in report.unsafe_writes), report.unsafe_writes
 
 
-def test_state_updated_with_data_from_padded_rows_is_mixing(tmp_path):
+def test_state_updated_with_a_sum_over_padded_rows_is_exact_with_pad_0_and_mixing_with_another(tmp_path):
     m = RunningSum(tmp_path)
-    report, _ = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
+    report, trace = _report(m.fwd, (torch.randn(4, 4),), [(0, 0)])
     assert report.unsafe_writes == [] and report.written_state == ["total"]
-    assert {f.reaches for f in report.mixing} == {"parameter or buffer total", "output 0"}
-    assert all(f.op == "aten.sum.dim_IntList" for f in report.mixing)
+    assert report.mixing == [] and report.pad_values == {0: 0.0}
+    ones = padding.analyse(trace, {0: "x"}, {0}, {0: 1.0})
+    assert {f.reaches for f in ones.mixing} == {"parameter or buffer total", "output 0"}
+    assert all(f.op == "aten.sum.dim_IntList" and "hold 0, but they hold 1" in f.why for f in ones.mixing)
 
 
 def test_a_padded_input_written_in_place_is_recorded_for_copy_back(tmp_path):
@@ -215,6 +389,9 @@ def test_dims_that_meet_without_a_guard_move_in_lockstep(tmp_path):
 def test_report_round_trips_through_json(tmp_path):
     report, _ = _report(SeenRows(tmp_path).fwd, (torch.randn(4, 4),), [(0, 0)])
     assert padding.PaddingReport.from_json(report.to_json()) == report
+    chosen, _ = _report(OPS.amin, (torch.randn(4, 4),), [(0, 0)])
+    again = padding.PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
+    assert again == chosen and again.pad_values == {0: float("inf")}
 
 
 def test_a_graph_that_cannot_be_analysed_counts_as_mixing_and_writing_everything(tmp_path):

@@ -86,3 +86,26 @@ def test_an_op_mixing_padded_rows_is_refused_on_this_route_unless_the_check_is_o
         torch._dynamo.reset()
         served = _geared_compile(Centres(), tmp_path, padding_check="off")(set_dim_gears(x.clone(), {0: [2, 4]}))
     assert served.shape == (3, 4)       # off: served as asked (padding changes the mean: the user's assertion)
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, alpha):
+        return self.lin(x) * alpha
+
+
+def test_a_float_argument_that_changes_is_read_from_the_call(tmp_path):
+    """A float argument whose value changes between calls: Dynamo recompiles with it as a 0-dim tensor read by
+    ``item()``. gearcache's static retrace of that graph bound the item's unbacked symbol, and Inductor's retrace in
+    a fresh shape environment, binding its own of the same name, raised "possible memo disaster" (found by the
+    differential tester: its case 2 on seed 0). The value is read from each call, never baked in."""
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    compiled = torch.compile(model, fullgraph=True, backend=get_backend(CompilerConfig(), cache_dir=tmp_path))
+    with torch.no_grad():
+        for n, alpha in ((2, 2.0), (4, 0.5), (4, 0.7), (2, 3.0)):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(compiled(x, alpha), model(x, alpha))

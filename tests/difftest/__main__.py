@@ -5,8 +5,10 @@
                                                                    # graph_outputs and capture_graphs choice
     python3 -m tests.difftest --seed 7 --cases 600 --max-compiles 80 --work /tmp/dt
 
-Prints the counts and coverage, every failure with its reproducer (a standalone script: run it with python3), and
-exits 1 if a case neither equalled eager nor raised a gearcache error, or if an entry was loaded stale.
+Prints the counts and coverage, the refusals by reason, every failure with its reproducer (a standalone script: run
+it with python3), and exits 1 if a case neither equalled eager nor raised a gearcache error, if an entry was loaded
+stale, or (on CUDA) if a case refused there equals eager when run again on the CPU (its "CPU twin": the same program,
+gears and calls with mode="default"): a refusal must hold on every device.
 """
 import argparse
 import json
@@ -24,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=300)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--graphs", action="store_true", help="on CUDA, also draw mode='reduce-overhead'")
-    parser.add_argument("--programs", type=int, default=9, help="distinct generated module classes")
+    parser.add_argument("--programs", type=int, default=9,
+                        help="distinct generated module classes (plus the 3 of draw.PAD_PROGRAMS)")
     parser.add_argument("--max-compiles", type=int, default=48, help="entry identities the draw may create")
     parser.add_argument("--max-plans", type=int, default=30, help="gear plans the draw may create")
     parser.add_argument("--no-warm", action="store_true", help="skip the fresh-process runs")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"work folder: {work}")
     if args.json:
         args.json.write_text(json.dumps(report.to_json(), indent=1))
-    return 1 if report.failures or report.stale else 0
+    return 1 if report.failures or report.stale or report.gpu_only_refusals else 0
 
 
 if __name__ == "__main__":

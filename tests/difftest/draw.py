@@ -35,11 +35,19 @@ NEW_SIGNATURE_SHARE = 0.6
 TORCH_COMPILE_CASES = (2, 13)
 
 
+# Programs of the pad-value-sensitive blocks (programs.PAD_BLOCKS), added after the ``n`` drawn ones so that those
+# stay as they were: two groups one pad value serves (x: -inf, ids: int64's largest; x: 0, ids: its smallest), and one
+# none serves (a min needs +inf, a mean nothing; tests/test_difftest.py serves a min alone).
+PAD_PROGRAMS = (("pad_amax", "pad_neg_min", "pad_argmax", "pad_softmax", "pad_logsumexp", "ids_min"),
+                ("pad_sum", "pad_prod", "fresh_rows", "ids_max"), ("pad_amin", "pad_mean"))
+
+
 def draw_programs(rng: random.Random, n: int) -> list[dict]:
     """``n`` programs; every block and every output appears in at least one when ``n`` is large enough (blocks are
-    dealt round-robin: first one that reads an attribute or constant to each program, then the others)."""
+    dealt round-robin: first one that reads an attribute or constant to each program, then the others); then one
+    program per group of :data:`PAD_PROGRAMS`."""
     attr_blocks = list(ATTR_BLOCKS)
-    rest = [b for b in P.BLOCKS if b not in ATTR_BLOCKS]
+    rest = [b for b in P.BLOCKS if b not in ATTR_BLOCKS and b not in P.PAD_BLOCKS]
     rng.shuffle(attr_blocks)
     rng.shuffle(rest)
     dealt: list[list[str]] = [[] for _ in range(n)]
@@ -47,7 +55,8 @@ def draw_programs(rng: random.Random, n: int) -> list[dict]:
         dealt[i % n].append(block)
     for blocks in dealt:
         if len(blocks) < 3:
-            blocks += rng.sample([b for b in P.BLOCKS if b not in blocks and b not in ATTR_BLOCKS], 3 - len(blocks))
+            blocks += rng.sample([b for b in P.BLOCKS if b not in blocks and b not in ATTR_BLOCKS
+                                  and b not in P.PAD_BLOCKS], 3 - len(blocks))
     outputs = list(P.OUTPUTS)
     rng.shuffle(outputs)
     outputs.sort(key=lambda o: not P.OUTPUTS[o][1])         # outputs that need a block are placed first
@@ -59,8 +68,10 @@ def draw_programs(rng: random.Random, n: int) -> list[dict]:
             chosen[usable[0]] = output
     for k in range(n):
         chosen.setdefault(k, rng.choice([o for o in P.OUTPUTS if not P.OUTPUTS[o][1]]))
-    return [{"module": f"dtp_{k}", "helper": f"dth_{k}", "blocks": _ordered(dealt[k]), "output": chosen[k],
-             "gear_sizes": list(rng.choice(GEAR_SIZES))} for k in range(n)]
+    drawn = [{"module": f"dtp_{k}", "helper": f"dth_{k}", "blocks": _ordered(dealt[k]), "output": chosen[k],
+              "gear_sizes": list(rng.choice(GEAR_SIZES))} for k in range(n)]
+    return drawn + [{"module": f"dtp_{n + k}", "helper": f"dth_{n + k}", "blocks": _ordered(list(group)),
+                     "output": "tuple", "gear_sizes": [2, 4]} for k, group in enumerate(PAD_PROGRAMS)]
 
 
 def _ordered(blocks: list[str]) -> list[str]:
@@ -197,8 +208,21 @@ def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants
             "warm_batch": 1 if P.consts_of(program) and rng.random() < 0.4 else 0,
             "options": options, "mask": "mask" in inputs and rng.random() < 0.5,
             "calls": _draw_calls(rng, inputs, options, program["gear_sizes"]), "tags": tags}
+    _hide_pads(rng, case)
     _tag_case(case)
     return case
+
+
+def _hide_pads(rng: random.Random, case: dict) -> None:
+    """A program with a reduction over the geared dim of its inputs (programs.PAD_BLOCKS): its first call's data is
+    mixed (which hides a wrong pad from a min or a max), its later ones all positive or all negative (which show
+    it)."""
+    if not any(b in P.PAD_BLOCKS for b in case["program"]["blocks"]):
+        return
+    for k, call in enumerate(case["calls"]):
+        call["data"] = "mixed" if k == 0 else rng.choice(["positive", "negative"])
+    if len(case["calls"]) > 1 and case["options"].get("gears"):
+        case["tags"].append("data:pad-shown-after-first-call")
 
 
 def _assign(program: dict, consts: dict) -> dict:
@@ -212,7 +236,7 @@ def _draw_options(rng: random.Random, program: dict, device: str, graphs: bool,
     gears = None
     if rng.random() < 0.65:
         gears = {"sizes": program["gear_sizes"], "declare": rng.choice(["marks", "by_name"]),
-                 "policy": rng.choice(["zip", "product"]), "pad": 1.0 if rng.random() < 0.15 else 0.0}
+                 "policy": rng.choice(["zip", "product"]), "pad": _pad_choice(rng.random())}
         if route == "torch_compile":
             gears["declare"] = "marks"
     options = {"route": route, "gears": gears, "past_largest": rng.choice(["error", "eager", "compile"]),
@@ -227,7 +251,14 @@ def _draw_options(rng: random.Random, program: dict, device: str, graphs: bool,
                        capture_graphs=rng.choice(["warmup", "first_call"]), static_address=rng.random() < 0.75)
         if options["capture_graphs"] == "warmup" and gears:
             options["warmup"] = rng.random() < 0.7
+    if device == "cuda":                # the model and its float inputs in bfloat16 or float32 (the CPU: float32)
+        options["dtype"] = rng.choice(["float32", "bfloat16"])
     return options
+
+
+def _pad_choice(r: float) -> float | None:
+    """The gears' pad value: 1 (15 %), 0 given explicitly (20 %), or none given (gearcache chooses one)."""
+    return 1.0 if r < 0.15 else 0.0 if r < 0.35 else None
 
 
 def _draw_calls(rng: random.Random, inputs: list[str], options: dict, sizes: list[int]) -> list[dict]:
@@ -262,6 +293,8 @@ def _tag_case(case: dict) -> None:
         tags += [f"gears:{gears['policy']}", f"gears:{gears['declare']}", f"gears:sizes-{gears['sizes']}"]
         if gears["pad"]:
             tags.append("gears:pad-value-nonzero")
+        if gears["pad"] is None:
+            tags.append("gears:pad-value-chosen")
         if any(c["B"] not in gears["sizes"] and c["B"] < max(gears["sizes"]) for c in case["calls"]):
             tags.append("gears:padded-call")
         if any(c["B"] > max(gears["sizes"]) for c in case["calls"]):
@@ -276,6 +309,8 @@ def _tag_case(case: dict) -> None:
                       (len(case["calls"]) > 1, "calls:several")):
         if flag:
             tags.append(tag)
+    if o.get("dtype"):
+        tags.append(f"model-dtype:{o['dtype']}")
     if o.get("mode") == "reduce-overhead":
         tags += ["cuda-graphs", f"graph-outputs:{o['graph_outputs']}", f"capture-graphs:{o['capture_graphs']}"]
         if o.get("static_address") and "cache" in case["program"]["inputs"]:
@@ -285,14 +320,15 @@ def _tag_case(case: dict) -> None:
 def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False, n_programs: int = 9,
              max_compiles: int = 48, max_plans: int = 30) -> tuple[list[dict], list[dict], Ledger]:
     """``(programs, cases, ledger)`` of a run: deterministic in its arguments. Case ``i`` has seed
-    ``case_seed(seed, i)`` (its weights and inputs) and program ``i % n_programs``."""
+    ``case_seed(seed, i)`` (its weights and inputs) and program ``i % len(programs)`` (``n_programs`` drawn ones and
+    the :data:`PAD_PROGRAMS`)."""
     rng = random.Random(seed)
     progs = draw_programs(rng, n_programs)
     variants = {p["module"]: value_variants(rng, p) for p in progs}
     ledger = Ledger(max_compiles, max_plans)
     out: list[dict] = []
     for i in range(cases):
-        program = progs[i % n_programs]
+        program = progs[i % len(progs)]
         case_rng = random.Random(f"{seed}/{i}")
         for _ in range(30):
             case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs)
@@ -307,19 +343,33 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
 
 def _reuse(rng: random.Random, index: int, seed: int, program: dict, done: list[dict], device: str, graphs: bool,
            ledger: Ledger) -> dict:
-    """Over budget: an earlier case of the program with its entry choices (values, gears, sizes, scalars, route) and
-    fresh free ones (seed, declaration, policy, past-largest policy between "error" and "eager", order of calls)."""
+    """Over budget: an earlier case of the program (of any program if none fits) with its entry choices (values,
+    gears, sizes, scalars, route) and fresh free ones (seed, declaration, policy, past-largest policy between "error"
+    and "eager", order of calls); one whose new choices fit the budget (else one as it was)."""
     earlier = [c for c in done if c["program"]["module"] == program["module"] and ledger.fits(c)]
-    base = json.loads(json.dumps(rng.choice(earlier)))
+    if not earlier:     # none of this program fits the budget yet: another program's (its first case would not)
+        earlier = [c for c in done if ledger.fits(c)]
+    first = rng.choice(earlier)
+    for pick in [first] + [c for c in earlier if c is not first]:
+        case = _reused(rng, pick, index, seed)
+        if ledger.fits(case):
+            return case
+    return _reused(None, first, index, seed)
+
+
+def _reused(rng: random.Random | None, pick: dict, index: int, seed: int) -> dict:
+    """``pick`` as case ``index``, its free choices drawn again (kept as they were without ``rng``)."""
+    base = json.loads(json.dumps(pick))
     base.update(id=index, seed=case_seed(seed, index))
     base["tags"] = [t for t in base["tags"] if not t.startswith(("gears:", "past-largest:", "calls:", "values:entry"))]
     base["tags"].append("reused-entry-choices")
     o = base["options"]
-    if o.get("gears") and o["route"] == "cache_compile":
+    if o.get("gears") and o["route"] == "cache_compile" and rng is not None:
         o["gears"]["declare"] = rng.choice(["marks", "by_name"])
         if o["past_largest"] != "compile":
             o["past_largest"] = rng.choice(["error", "eager"])
-    rng.shuffle(base["calls"])
+    if rng is not None:
+        rng.shuffle(base["calls"])
     base["tags"] = sorted(set(base["tags"]) - {f"route:{o['route']}", "dynamic:false", "decompositions", "warmup",
                                                "verify-padding", "input:non-contiguous", "calls:several"})
     base["tags"] = [t for t in base["tags"] if not t.startswith(("route:", "cuda-graphs", "graph-", "capture-"))]

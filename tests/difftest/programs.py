@@ -80,6 +80,33 @@ BLOCKS: dict[str, Block] = {
     "mask_opt": Block(("if mask is not None:", "    h = h * mask"), inputs=("mask",), tags=("input:optional",)),
 }
 
+# Reductions over the geared dim of the inputs themselves, exact under padding only with a pad value neutral for them
+# (gearcache/padding.py chooses it: +inf before a min, -inf before a max or softmax, 0 before a sum...), through
+# negated and scaled inputs and integer ones; a mean, exact with none. Their cases' later calls hold data that shows
+# a wrong pad (all positive after mixed signs: draw.py, "data"), which one checked first call would not.
+PAD_BLOCKS: dict[str, Block] = {
+    "pad_amin": Block(("h = h + x.amin(0, keepdim=True)",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_amax": Block(("h = h + x.amax(0, keepdim=True)",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_neg_min": Block(("h = h - (x * -2.0).amin(0, keepdim=True)",),
+                         tags=("op:reduce-gear-dim", "pad:neutral", "pad:negated")),
+    "pad_argmax": Block(("h = h + x.argmax(0, keepdim=True).float()",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_sum": Block(("h = h + (x * 0.5).sum(0, keepdim=True)",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_prod": Block(("h = h * (x * 0.1 + 1.0).prod(0, keepdim=True)",),
+                      tags=("op:reduce-gear-dim", "pad:neutral", "pad:scaled")),
+    "pad_softmax": Block(("h = h * torch.softmax(x, 0)",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_logsumexp": Block(("h = h + x.logsumexp(0, keepdim=True)",), tags=("op:reduce-gear-dim", "pad:neutral")),
+    "pad_mean": Block(("h = h + x.mean(0, keepdim=True)",), tags=("op:reduce-gear-dim", "pad:never-neutral")),
+    "ids_min": Block(("h = h + ids.amin(0).float()",), inputs=("ids",),
+                     tags=("op:reduce-gear-dim", "pad:neutral", "dtype:int64", "pad:int")),
+    "ids_max": Block(("h = h - ids.amax(0).float()",), inputs=("ids",),
+                     tags=("op:reduce-gear-dim", "pad:neutral", "dtype:int64", "pad:int")),
+    # rows [:B] of a tensor the method makes, then all 8 rows summed: the padded rows land on rows eager leaves zero
+    "fresh_rows": Block(("rows = torch.zeros(8, 16, device=x.device)", "rows[: x.shape[0]] = x",
+                         "h = h + rows.sum(0, keepdim=True)"), tags=("op:reduce-gear-dim", "pad:neutral",
+                                                                     "inplace:fresh-tensor")),
+}
+BLOCKS.update(PAD_BLOCKS)
+
 # Output shapes: the return statement, the blocks it needs, the features it shows.
 OUTPUTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "plain": ("return h", (), ()),

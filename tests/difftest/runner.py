@@ -9,12 +9,17 @@ A case (JSON, made by ``draw.py``)::
      "assign": {"SCALE": 3.0},              # module constants set in this process before the model is built
      "options": {"route": "cache_compile" | "torch_compile", "dynamic": true, "decompositions": null | "addmm",
                  "gears": null | {"sizes": [2, 4], "declare": "marks" | "by_name", "policy": "zip" | "product",
-                                  "pad": 0.0},
+                                  "pad": 0.0 | None},     # None: gearcache chooses the pad
                  "past_largest": "error" | "eager" | "compile", "warmup": false, "verify_padding": false,
                  "mode": "default" | "reduce-overhead", "graph_outputs": "copy", "capture_graphs": "warmup",
-                 "static_address": false},
+                 "static_address": false, "dtype": "float32" | "bfloat16"},   # dtype: the model's and x's
      "mask": true,                          # the optional input is a tensor on every call (else None)
-     "calls": [{"B": 3, "noncontig": ["x"], "alpha": 0.5, "n": 1}, ...]}
+     "calls": [{"B": 3, "noncontig": ["x"], "alpha": 0.5, "n": 1, "data": "positive"}, ...]}
+
+A call's ``data`` (absent: random values as drawn) shapes the values of ``x``, ``y``, ``state`` and ``ids``:
+``"mixed"`` keeps them random (and makes ``ids``' first row 0), ``"positive"`` makes every float above 0.5 and every
+id 5 or more, ``"negative"`` every float below -0.5 and every id below 5: a pad value wrong for a min or a max shows on
+such a call, where the mixed first call hides it.
 
 :func:`run_case` builds the model and its **twin** (a deep copy made before compiling: same weights, same buffers),
 compiles the model's ``fwd`` on the case's route, then for each call makes the inputs twice (same values and
@@ -41,6 +46,7 @@ from gearcache import CompilerConfig, counters
 
 ROWS, D = 8, 16
 ORACLE_CHECKS = {"left": 10}    # mismatches checked against plain torch.compile per process (each check compiles)
+CASE_DTYPE: dict[str, Any] = {"dtype": None}    # the running case's model dtype: its rounding bounds every float
 COUNTED = ("compiles", "loads", "traces", "misses", "hits", "pads", "eager_calls", "graph_captures")
 
 
@@ -104,16 +110,20 @@ def assigned(program: dict, assign: dict):
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
-def _tensor(kind: str, B: int, gen: torch.Generator, noncontig: bool, device: str) -> torch.Tensor:
-    """A per-call input (values from ``gen`` on the CPU, then moved); ``noncontig``: the same values through
-    other strides, made on the device (a move would not keep a strided view)."""
+def _tensor(kind: str, B: int, gen: torch.Generator, noncontig: bool, device: str,
+            data: str | None = None) -> torch.Tensor:
+    """A per-call input (values from ``gen`` on the CPU, then moved; ``data``: see the module docstring);
+    ``noncontig``: the same values through other strides, made on the device (a move would not keep a strided
+    view)."""
     shape = (B, D) if kind != "ids" else (B,)
     if kind == "ids":
-        t = torch.randint(0, 10, shape, generator=gen)
+        t = _shaped_ids(torch.randint(0, 10, shape, generator=gen), data)
     elif kind == "mask":
         t = (torch.rand(shape, generator=gen) > 0.3).float()
     else:
         t = torch.randn(shape, generator=gen)
+        if data in ("positive", "negative"):
+            t = (t.abs() + 0.5) * (1 if data == "positive" else -1)
         if kind == "y":
             t = t.to(torch.bfloat16)
     t = t.to(device)
@@ -122,6 +132,14 @@ def _tensor(kind: str, B: int, gen: torch.Generator, noncontig: bool, device: st
     elif noncontig:
         t = torch.stack([t, t], 1)[:, 0]            # stride 2
     return t
+
+
+def _shaped_ids(ids: torch.Tensor, data: str | None) -> torch.Tensor:
+    if data == "mixed":
+        ids[0] = 0
+    elif data in ("positive", "negative"):
+        ids = ids % 5 + (5 if data == "positive" else 0)
+    return ids
 
 
 def make_inputs(case: dict, call: dict, index: int, persistent: dict) -> dict[str, Any]:
@@ -139,7 +157,9 @@ def make_inputs(case: dict, call: dict, index: int, persistent: dict) -> dict[st
         elif name == "mask" and not case.get("mask"):
             out[name] = None
         else:
-            out[name] = _tensor(name, call["B"], gen, name in call.get("noncontig", ()), device)
+            out[name] = _tensor(name, call["B"], gen, name in call.get("noncontig", ()), device, call.get("data"))
+            if name in ("x", "state", "mask") and model_dtype(case) != torch.float32:
+                out[name] = out[name].to(model_dtype(case))
     return out
 
 
@@ -163,8 +183,10 @@ def geared_inputs(case: dict) -> list[str]:
     return [n for n in names if n != "mask" or case.get("mask")]
 
 
-def pad_value(case: dict, name: str) -> float:
-    return 0.0 if name == "ids" else float(case["options"]["gears"]["pad"])
+def pad_value(case: dict, name: str) -> float | None:
+    """The pad value the case gives ``name`` (ids: 0, a valid index), or None: gearcache chooses it."""
+    pad = case["options"]["gears"]["pad"]
+    return None if pad is None else 0.0 if name == "ids" else float(pad)
 
 
 # ---------------------------------------------------------------------------------------------------- options
@@ -184,7 +206,7 @@ def make_config(case: dict) -> CompilerConfig:
         ic.dynamic_gears_merge_policy = gears["policy"]
         if gears["declare"] == "by_name":
             ic.dim_gears = {name: {0: gears["sizes"]} for name in geared_inputs(case)}
-            ic.pad_values = {name: pad_value(case, name) for name in geared_inputs(case)}
+            ic.pad_values = {name: pad for name in geared_inputs(case) if (pad := pad_value(case, name)) is not None}
     return config
 
 
@@ -245,6 +267,8 @@ def _compare_tensors(got: Any, want: Any, where: str, out: list[str]) -> None:
         return
     g, w = got.detach().cpu(), want.detach().cpu()
     tol = tolerance(w.dtype)
+    if tol is not None and CASE_DTYPE["dtype"] is not None:         # a bfloat16 model's float32 outputs
+        tol = max(tol, tolerance(CASE_DTYPE["dtype"]) or tol)
     if tol is None:
         bad = g != w
     else:
@@ -286,11 +310,16 @@ def used_entries(fn: Any) -> list[str]:
     return sorted({e.manifest["ekey"] for e in table.values() if "ekey" in getattr(e, "manifest", {})})
 
 
+def model_dtype(case: dict) -> torch.dtype:
+    """The dtype of the case's model and float inputs (``options["dtype"]``, drawn on the GPU; else float32)."""
+    return getattr(torch, case["options"].get("dtype", "float32"))
+
+
 def _persistent(case: dict) -> dict:
     if "cache" not in case["program"]["inputs"]:
         return {}
     device = case.get("device", "cpu")
-    base = torch.zeros(ROWS, D, device=device)
+    base = torch.zeros(ROWS, D, device=device, dtype=model_dtype(case))
     return {"compiled": base, "twin": base.clone()}
 
 
@@ -321,11 +350,13 @@ def run_case(case: dict, src_dir: str | Path, cache_dir: str) -> dict:
     try:
         with assigned(program, case.get("assign", {})), torch.no_grad():
             torch.manual_seed(case["seed"])
-            model = module.Prog(**case.get("attrs", {})).to(case.get("device", "cpu"))
+            CASE_DTYPE["dtype"] = model_dtype(case)
+            model = module.Prog(**case.get("attrs", {})).to(case.get("device", "cpu"), model_dtype(case))
             twin = copy.deepcopy(model)
             fn = compile_method(case, model, cache_dir)
             result.update(_run_calls(case, fn, model, twin))
     finally:
+        CASE_DTYPE["dtype"] = None
         if fn is not None:
             result["entries"] = used_entries(fn)
         result["counters"] = {k: v for k, v in counters.delta(before).items() if k in COUNTED}

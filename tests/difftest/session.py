@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +43,19 @@ class Report:
     compile_identities: int
     plan_identities: int
     reproducers: dict[str, str] = dataclasses.field(default_factory=dict)    # "<id>/<side>" -> script path
+    cpu_twins: dict[int, dict] = dataclasses.field(default_factory=dict)     # GPU run: case id -> CPU twin's result
+
+    @property
+    def gpu_only_refusals(self) -> list[dict]:
+        """GPU cases refused whose CPU twin (the same program, gears and calls, mode "default" on the CPU) equals
+        eager: a refusal that does not hold on every device."""
+        return [{"id": i, "gpu": self.results["main"][i]["detail"][:300], "cpu": r["outcome"]}
+                for i, r in sorted(self.cpu_twins.items()) if r["outcome"] == "equal"]
+
+    def refusals(self, side: str) -> collections.Counter:
+        """Why the cases of ``side`` were refused (:func:`refusal_reason`), counted."""
+        return collections.Counter(refusal_reason(r["detail"]) for r in self.results.get(side, {}).values()
+                                   if r["outcome"] == "refused")
 
     @property
     def upstream(self) -> list[dict]:
@@ -80,6 +94,8 @@ class Report:
                 "totals": {side: self.totals(side) for side in self.results}, "stale": self.stale,
                 "coverage": {tag: dict(c) for tag, c in self.coverage().items()}, "seconds": self.seconds,
                 "failures": self.failures, "reproducers": self.reproducers,
+                "refusals": {side: dict(self.refusals(side)) for side in self.results},
+                "gpu_only_refusals": self.gpu_only_refusals,
                 "compile_identities": self.compile_identities,
                 "results": {side: {str(i): r for i, r in rs.items()} for side, rs in self.results.items()}}
 
@@ -95,6 +111,13 @@ class Report:
                          f"{t.get('eager_calls', 0)}, graph captures {t.get('graph_captures', 0)}")
         lines.append(f"  stale loads: {len(self.stale)} ({sum(s['outcome'] in FAILED for s in self.stale)} of them "
                      f"gave a wrong answer)")
+        for side in self.results:
+            lines.append(f"  refused ({side}), by reason:")
+            lines += [f"    {n:4}  {reason}" for reason, n in self.refusals(side).most_common()]
+        if self.cpu_twins:
+            lines.append(f"  refused on the GPU, equal to eager on the CPU (same case): {len(self.gpu_only_refusals)} "
+                         f"of {len(self.cpu_twins)} GPU refusals")
+            lines += [f"    case {g['id']}: {g['gpu'][:200]}" for g in self.gpu_only_refusals]
         lines.append("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items()))
         lines.append("  coverage (feature: equal / refused / failed / upstream):")
         for tag, c in self.coverage().items():
@@ -108,6 +131,52 @@ class Report:
             lines.append(f"  FAILED case {f['id']} ({f['side']}, {f['outcome']} at {f['call']}): "
                          f"{f['detail'].splitlines()[0][:160]}" + (f"\n    reproducer: {where}" if where else ""))
         return "\n".join(lines)
+
+
+_VERBS = ("takes the", "takes a", "reduces over", "reads positions", "writes padding rows", "contracts over",
+          "has no padding", "concatenates", "sorts", "works along", "selects", "slices", "reshapes", "squeezes",
+          "splits", "uses the size", "combines", "attends", "mixes", "normalises", "indexes", "gathers", "exchanges",
+          "reduce-scatters", "draws", "returns", "multiplies", "shifts", "moves", "looks rows up", "scatters", "writes",
+          "the traced graph")
+
+
+def refusal_reason(detail: str) -> str:
+    """A refusal's reason without its case's particulars (source lines, sizes): the exception, and for a padding
+    refusal the op and why (``PaddingUnsafeError: aten.mean: reduces over a padded dim``)."""
+    text = detail.split(": ", 1)[1] if detail.startswith(("call ", "warmup()")) else detail
+    exc, _, message = text.partition(": ")
+    if exc == "PaddingUnsafeError" and "would change state" in message:
+        return f"{exc}: a write through a padded dim into state or an unpadded input"
+    if exc == "PaddingUnsafeError":
+        found = re.search(r"results: (\S+) at .*?: ((?:" + "|".join(map(re.escape, _VERBS)) + r")[^;]*)", message)
+        if found:
+            op = re.sub(r"\.(default|dim\w*|Tensor\w*|Scalar\w*|self|int|values)$", "", found.group(1))
+            return f"{exc}: {op}: {found.group(2).split(' (')[0]}"
+    if exc == "UnsupportedInputError" and "returns tensors only" in message:
+        return f"{exc}: a number computed from a tensor or a padded size returned (.item(), x.shape[0])"
+    if exc == "PastLargestGearError":
+        return f"{exc}: a call past the largest gear (past_largest_gear='error')"
+    message = re.sub(r"^\S+\.\w+: ", "", message.split(". ")[0].splitlines()[0])     # the method's name
+    return f"{exc}: {re.sub(r'[0-9]+', 'N', message)[:110]}"
+
+
+def cpu_twin(case: dict) -> dict:
+    """A GPU case run on the CPU: the same program, values, gears and calls, with mode "default"."""
+    options = {k: v for k, v in case["options"].items()
+               if k not in ("mode", "graph_outputs", "capture_graphs", "static_address")}
+    return dict(main_case(case), device="cpu", options=dict(options, mode="default"))
+
+
+def run_cpu_twins(cases: list[dict], results: dict[int, dict], src: Path, store: Path,
+                  log: Callable[[str], None]) -> dict[int, dict]:
+    """The CPU twin's result of every case ``results`` refused (a GPU run: a refusal must hold on every device)."""
+    twins = {}
+    for case in cases:
+        if results.get(case["id"], {}).get("outcome") == "refused":
+            twins[case["id"]] = runner.run_case(cpu_twin(case), src, str(store))
+    log(f"difftest: {len(twins)} refused GPU cases run again on the CPU: "
+        f"{sum(r['outcome'] == 'equal' for r in twins.values())} equal to eager there")
+    return twins
 
 
 def write_sources(src: Path, progs: list[dict], consts: dict[str, dict] | None = None) -> None:
@@ -206,12 +275,14 @@ def run_difftest(seed: int, cases: int, work: Path, *, device: str = "cpu", grap
     seconds = {}
     results = {"main": run_main(drawn, src, store, log)}
     seconds["main"] = time.perf_counter() - t0
+    twins = run_cpu_twins(drawn, results["main"], src, work / "store_cpu", log) if device == "cuda" else {}
     if warm:
         t1 = time.perf_counter()
         results["warm"] = run_warm_batches(progs, drawn, work, store, log)
         seconds["warm"] = time.perf_counter() - t1
     stale, first = find_stale(drawn, results)
-    report = Report(seed, progs, drawn, results, stale, seconds, len(ledger.identities), len(ledger.plans))
+    report = Report(seed, progs, drawn, results, stale, seconds, len(ledger.identities), len(ledger.plans),
+                    cpu_twins=twins)
     if shrink and report.failures:
         from . import shrink as shrinker
 

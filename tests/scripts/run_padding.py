@@ -1,16 +1,20 @@
-"""Serve five geared models whose padding the analysis handles differently, against eager twins; JSON report on the
+"""Serve six geared models whose padding the analysis handles differently, against eager twins; JSON report on the
 last line. Run twice on one folder: the first process compiles (cold), the second loads (warm): the padding report
-comes from the stored gear plan there, so refusals and verifications happen without a trace or a compiler.
+(and its pad values) comes from the stored gear plan there, so refusals happen without a trace or a compiler.
 
-* KVStep: padding-safe, writes its padded KV cache argument in place (copied back): never verified;
-* RunningSum: adds the batch's sums to a buffer: mixing, exact with pad value 0: verified once per process;
-* BatchSoftmax: a softmax over the batch: mixing, exact with pad value -inf: verified once per process;
+* KVStep: row-wise, writes its padded KV cache argument in place (copied back);
+* RunningSum: adds the batch's sums to a buffer: exact with pad value 0 (chosen);
+* BatchSoftmax: a softmax over the batch: exact with pad value -inf (given in the config);
+* BatchMin: column minima of a float and an int64 input, and ``(-x).amax(0)``: exact with +inf and iinfo.max
+  (chosen); its first calls hold mixed signs and small ids, its later ones only positive values and large ids, where a
+  pad of 0 would be the minimum;
 * SeenRows: writes ``self.seen[:B]``: refused before anything runs (the buffer keeps every row);
-* Center: ``h - h.mean(0)``: mixing, not exact with any pad value: refused by its verification at the first padded
-  call, before anything compiles.
+* Center: ``h - h.mean(0)``: not exact with any pad value: refused when the gear plan is built, before anything
+  compiles or runs.
 
-The first three warm up their one gear (4), then serves batches 1..4 (3 of them padded) twice; every output, the KV
-cache and the buffer are compared with an eager twin (the same weights and state, called directly).
+The first four warm up their one gear (4), then serve batches 1..4 (3 of them padded) twice; every output, the KV
+cache and the buffer are compared with an eager twin (the same weights and state, called directly). No gear is
+tested against eager (``padding_verifications`` stays 0): padding is proved from the graph.
 
 usage: run_padding.py CACHE_DIR [--hooks]
 """
@@ -25,7 +29,7 @@ if "--hooks" in sys.argv:
     compile_hooks.install()
 import torch
 
-from gear_models import BatchSoftmax, Center, KVStep, RunningSum, SeenRows
+from gear_models import BatchMin, BatchSoftmax, Center, KVStep, RunningSum, SeenRows
 from gearcache import CompilerConfig, PaddingUnsafeError, counters
 
 DEVICE = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
@@ -88,6 +92,22 @@ def batch_softmax() -> dict:
     return {"equal": equal, "counters": counters.delta(before)}
 
 
+def batch_min() -> dict:
+    model, twin = pair(BatchMin, config({"x": {0: [4]}, "ids": {0: [4]}}))
+    equal, before = True, counters.snapshot()
+    model.cached.warmup(torch.zeros(4, 3, device=DEVICE), torch.zeros(4, 2, dtype=torch.long, device=DEVICE))
+    for step in range(2):
+        for n in range(1, 5):
+            x = torch.randn(n, 3, device=DEVICE)
+            ids = torch.randint(0, 5, (n, 2), device=DEVICE)
+            if step:                            # all positive, all ids >= 5: a pad of 0 would be the minimum
+                x, ids = x.abs() + 0.5, ids + 5
+            got, want = model.cached(x, ids), twin.fwd(x, ids)
+            equal &= all(same(a, b) if a.is_floating_point() else bool(torch.equal(a, b)) for a, b in zip(got, want))
+    pads = {d.name: d.pad_value for d in model.cached._gears.dims}
+    return {"equal": equal, "counters": counters.delta(before), "pad_values": pads}
+
+
 def refused(cls, state: str | None) -> dict:
     """A batch of 3 on gear 4: the PaddingUnsafeError's message (None if served), whether the model's ``state``
     buffer kept its value."""
@@ -104,7 +124,7 @@ def refused(cls, state: str | None) -> dict:
 
 with torch.inference_mode():
     report = {"kv_step": kv_step(), "running_sum": running_sum(), "batch_softmax": batch_softmax(),
-              "seen_rows": refused(SeenRows, "seen"), "center": refused(Center, None)}
+              "batch_min": batch_min(), "seen_rows": refused(SeenRows, "seen"), "center": refused(Center, None)}
 report["counters"] = dict(vars(counters))
 if "--hooks" in sys.argv:
     report["hooks"] = compile_hooks.COUNTS
