@@ -424,6 +424,40 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
         return None
 
 
+def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], Any]:
+    """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
+    layout, sizes, strides and 16-byte alignment it has now; ``capsule`` (None without gearcache's native module) is
+    the same check in C for gearcache._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
+
+    Mechanism: gearcache's native ``MetaMatch`` (gearcache/native/guards.cpp) where it is built for this torch and
+    every tensor is a plain strided one, else the same comparison in Python (microseconds per tensor: the first
+    process, before the native module is built)."""
+    native = gearcache_native.guards()
+    if native is not None and hasattr(native, "MetaMatch"):
+        try:
+            return native.MetaMatch(tuple(tensors)), native.META_HOLDS
+        except (TypeError, RuntimeError):     # not all plain strided tensors: Python's
+            pass
+    return _PyMetaMatch(tuple(tensors)), None
+
+
+class _PyMetaMatch:
+    """:func:`tensor_meta_match` in Python."""
+
+    def __init__(self, tensors: tuple):
+        self.tensors = tensors
+        self.metas = [_meta(t) for t in tensors]
+
+    def __call__(self) -> bool:
+        return all(_meta(t) == m for t, m in zip(self.tensors, self.metas))
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    if t.layout != torch.strided:
+        return (t.layout, t.dtype, t.device, t.data_ptr())
+    return (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
 def native_data_ptr() -> Any:
     """gearcache's native ``DATA_PTR`` capsule (``tensor.data_ptr()`` in C, for the C runner's alignment checks:
     gearcache/_callpath.c), or None where the native module is not loaded (the runner then calls ``data_ptr()``)."""
