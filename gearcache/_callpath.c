@@ -1114,7 +1114,16 @@ static PyTypeObject DispatcherType = {
     .tp_getset = dispatcher_getset,
 };
 
+static PyObject *type_version_fn(PyObject *module, PyObject *type) {
+    (void)module;
+    if (!PyType_Check(type)) { PyErr_Format(PyExc_TypeError, "type_version: expected a class, got %R", type); return NULL; }
+    return PyLong_FromUnsignedLong(type_tag(type));
+}
+
 static PyMethodDef module_methods[] = {
+    {"type_version", type_version_fn, METH_O,
+     "type_version(cls) -> int: cls's version tag, which changes whenever cls or a base class is modified (an "
+     "attribute set or deleted, its bases replaced); 0 where none can be assigned"},
     {"guard_generation", guard_generation_fn, METH_NOARGS,
      "how many changes of watched guard objects the interpreter reported (tests)"},
     {NULL}

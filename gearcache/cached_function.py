@@ -65,7 +65,8 @@ class CachedFunction(Dispatcher):
         self.topology = topology
         self._decompositions = decompositions
         self.name = _entry_point_name(method)
-        self._scope = value_guards.Scope(self._module, method.__func__.__globals__, method.__func__)
+        self._scope = value_guards.Scope(self._module, method.__func__.__globals__,
+                                         cast(types.FunctionType, method.__func__))
         self.life = EntryLife(method, config=config, store=store, topology=topology, decompositions=decompositions,
                               name=self.name, scope=self._scope,
                               remembered=self._remembered)      # the stages of its entries (entry_life.py)

@@ -371,12 +371,17 @@ def cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
 
 
 def module_state(module: torch.nn.Module) -> list[list]:
-    """The module's parameters and buffers as key rows (name, shape, dtype, device)."""
-    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device)] for n, p in
+    """The module's parameters and buffers as key rows (name, shape, dtype, device, strides: a graph reads them as
+    inputs of these exact strides, ``model.to(memory_format=torch.channels_last)`` compiles anew)."""
+    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device), _strides(p)] for n, p in
             module.named_parameters(remove_duplicate=False)]
-    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device)] for n, b in
+    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device), _strides(b)] for n, b in
              module.named_buffers(remove_duplicate=False)]
     return rows
+
+
+def _strides(t: torch.Tensor) -> list[int] | str:
+    return list(t.stride()) if t.layout == torch.strided else str(t.layout)
 
 
 def _example_meta(t: Any) -> Any:

@@ -12,11 +12,14 @@ Liger/Unsloth pattern) or a factory building the same class over other closure v
   constants by value, classes and modules by name, any other object by its type's name: what a graph reads from such
   an object is guarded by Dynamo on its own path).
 
-What is nested in a function or a class (a closure cell holding another function, a default that is a class) is
-fingerprinted to a bounded depth (``_DEPTH``); a class met again inside its own digest (``super()``'s ``__class__``
-cell) counts by its name. Digests are cached per process: a function by its code, defaults, keyword defaults and
-closure cells' contents (by identity); a class by the identity of every value in its MRO's dicts (a snapshot that
-costs a fraction of the digest); an entry is recomputed when its snapshot differs.
+What is nested in a function or a class: functions by their own digest, to a bounded depth (``_DEPTH``; below it by
+name and code), so a digest is a pure function of the objects (the same in every process whatever was digested
+first, and finite for a function whose closure holds itself); classes by name (what a graph reads from a class it
+reaches that way, Dynamo guards on a path of its own). Digests are cached per process: a function's while its code,
+defaults, keyword defaults and closure cells' contents are the same objects; each class's own attributes while every
+value in its ``__dict__`` is the same object (a snapshot of identities: a fraction of the digest's cost). So a
+function changed in place (``f.__code__ = ...``) inside a class counts once the class itself changes, or in a fresh
+process.
 """
 from __future__ import annotations
 
@@ -31,6 +34,11 @@ from typing import Any
 import torch
 
 from .naming import importable_module
+
+try:
+    from ._callpath import type_version
+except ImportError:                 # pragma: no cover - depends on how gearcache was installed
+    type_version = None
 
 _DEPTH = 3          # how deep functions and classes nested in a fingerprinted function or class are fingerprinted
 
@@ -58,10 +66,9 @@ def code_digest(code: types.CodeType) -> str:
     cached = _CODE_DIGESTS.get(id(code))
     if cached is not None and cached[0] is code:
         return cached[1]
-    h = hashlib.sha256()
-    for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
-                 code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount, code.co_flags):
-        h.update(repr(part).encode())
+    h = hashlib.sha256(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+                   code.co_kwonlyargcount, code.co_posonlyargcount, code.co_flags)).encode())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             h.update(code_digest(const).encode())
@@ -80,17 +87,21 @@ def is_builtin_class(cls: type) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- functions
-_FUNCTION_DIGESTS: "weakref.WeakKeyDictionary[Any, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+_FUNCTION_DIGESTS: dict[tuple[int, int], tuple[Any, tuple, str]] = {}     # (id, depth) -> (function, snapshot, digest)
 
 
-def function_digest(fn: types.FunctionType) -> str:
-    """sha256 of what ``fn`` runs: its code, defaults, keyword defaults and closure contents."""
+def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
+    """sha256 of what ``fn`` runs: its code, defaults, keyword defaults and closure contents; functions among those
+    by their own digest at ``depth - 1`` (at depth 0 by name and code). A pure function of ``fn`` and ``depth``:
+    the same in every process, whatever was digested before."""
     snapshot = _function_snapshot(fn)
-    cached = _FUNCTION_DIGESTS.get(fn)
-    if cached is not None and cached[0] == snapshot:
-        return cached[1]
-    digest = _digest(_function_parts(fn, _DEPTH, set()))
-    _FUNCTION_DIGESTS[fn] = (snapshot, digest)
+    cached = _FUNCTION_DIGESTS.get((id(fn), depth))
+    if cached is not None and cached[0] is fn and cached[1] == snapshot:
+        return cached[2]
+    digest = _digest(["fn", code_digest(fn.__code__), nested_fp(fn.__defaults__, depth),
+                      nested_fp(fn.__kwdefaults__, depth),
+                      [nested_fp(_cell_contents(c), depth) for c in fn.__closure__ or ()]])
+    _FUNCTION_DIGESTS[(id(fn), depth)] = (fn, snapshot, digest)
     return digest
 
 
@@ -115,57 +126,43 @@ class _EmptyCell:
 _EMPTY_CELL = _EmptyCell()
 
 
-def _function_parts(fn: types.FunctionType, depth: int, seen: set[int]) -> list:
-    """What :func:`function_digest` hashes, as JSON."""
-    seen = seen | {id(fn)}
-    return ["fn", code_digest(fn.__code__), nested_fp(fn.__defaults__, depth, seen),
-            nested_fp(fn.__kwdefaults__, depth, seen),
-            [nested_fp(_cell_contents(c), depth, seen) for c in fn.__closure__ or ()]]
-
-
 # --------------------------------------------------------------------------------------------------- classes
-_CLASS_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, str]]" = weakref.WeakKeyDictionary()
+_CLASS_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[int, str]]" = weakref.WeakKeyDictionary()
 
 
 def class_digest(cls: type) -> str:
     """sha256 of what ``cls`` does: every attribute of every class of its MRO that is not built in (see the module
-    docstring); "" for a built-in class."""
+    docstring); "" for a built-in class. Cached while the class's version tag (``_callpath.type_version``: it
+    changes whenever the class or a base is modified) is the same."""
     if is_builtin_class(cls):
         return ""
-    snapshot = _class_snapshot(cls)
+    tag = type_version(cls) if type_version is not None else 0
     cached = _CLASS_DIGESTS.get(cls)
-    if cached is not None and cached[0] == snapshot:
+    if tag and cached is not None and cached[0] == tag:
         return cached[1]
-    digest = _digest(_class_parts(cls, _DEPTH, set()))
-    _CLASS_DIGESTS[cls] = (snapshot, digest)
+    digest = _digest([[type_name(k), own_digest(k)] for k in cls.__mro__])
+    if tag:
+        _CLASS_DIGESTS[cls] = (tag, digest)
     return digest
 
 
-def _class_snapshot(cls: type) -> tuple:
-    """The identity of every value the digest reads (functions' insides too): equal snapshots, equal digests."""
-    parts: list = []
-    for klass in cls.__mro__:
-        if is_builtin_class(klass):
-            continue
-        parts.append(klass)
-        for name, value in klass.__dict__.items():
-            parts.append(id(value))
-            if type(value) is types.FunctionType:
-                parts.append(_function_snapshot(value))
-    return tuple(parts)
-
-
-def _class_parts(cls: type, depth: int, seen: set[int]) -> list:
-    seen = seen | {id(cls)}
-    parts: list = []
-    for klass in cls.__mro__:
-        if is_builtin_class(klass):
-            parts.append(type_name(klass))
-            continue
-        members = sorted((name, member_fp(value, depth, seen)) for name, value in klass.__dict__.items()
-                         if name not in _NOISE)
-        parts.append([type_name(klass), [list(m) for m in members]])
-    return ["class", parts]
+def own_digest(cls: type) -> str:
+    """sha256 of the attributes ``cls`` itself defines ("" for a built-in class); cached while the class's version tag
+    is the same, or, without one, every value in its ``__dict__`` is the same object (a function's code, defaults or
+    closure changed in place count at the function's next digest: a fresh process, or once the class itself
+    changes)."""
+    if is_builtin_class(cls):
+        return ""
+    tag = type_version(cls) if type_version is not None else 0
+    snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
+    cached = _OWN_DIGESTS.get(cls)
+    if cached is not None and cached[0] == snapshot:
+        return cached[1]
+    members = sorted((name, member_fp(value, _DEPTH)) for name, value in cls.__dict__.items() if name not in _NOISE)
+    digest = _digest([list(m) for m in members])
+    _OWN_DIGESTS[cls] = (snapshot, digest)
+    return digest
 
 
 def class_fp(cls: type) -> list:
@@ -175,42 +172,41 @@ def class_fp(cls: type) -> list:
 
 
 # ------------------------------------------------------------------------------------------- nested objects
-def member_fp(value: Any, depth: int, seen: set[int]) -> Any:
+def member_fp(value: Any, depth: int) -> Any:
     """A class attribute's fingerprint: descriptors by the functions they hold, other objects by :func:`nested_fp`."""
     if isinstance(value, (staticmethod, classmethod)):
-        return [type(value).__name__, nested_fp(value.__func__, depth, seen)]
+        return [type(value).__name__, nested_fp(value.__func__, depth)]
     if isinstance(value, property):
-        return ["property", [nested_fp(f, depth, seen) for f in (value.fget, value.fset, value.fdel)]]
+        return ["property", [nested_fp(f, depth) for f in (value.fget, value.fset, value.fdel)]]
     if isinstance(value, functools.cached_property):
-        return ["cached_property", nested_fp(value.func, depth, seen)]
-    return nested_fp(value, depth, seen)
+        return ["cached_property", nested_fp(value.func, depth)]
+    return nested_fp(value, depth)
 
 
-def nested_fp(value: Any, depth: int, seen: set[int]) -> Any:
-    """The fingerprint of an object met inside a function or a class (see the module docstring); never raises."""
+def nested_fp(value: Any, depth: int) -> Any:
+    """The fingerprint of an object met inside a function or a class (see the module docstring); never raises.
+    Functions nest by their digest while ``depth`` lasts; classes by their name (what the graph reads of a class it
+    reaches this way, Dynamo guards on a path of its own)."""
     t = type(value)
     if value is None or t in (bool, int, str):
         return [t.__name__, value]
     if t is float or t is complex:
         return [t.__name__, repr(value)]
     if t is types.FunctionType:
-        if depth <= 0 or id(value) in seen:
+        if depth <= 0:
             return ["fn", type_name(value), code_digest(value.__code__)]
-        return _function_parts(value, depth - 1, seen)
+        return ["fn", type_name(value), function_digest(value, depth - 1)]
     if isinstance(value, type):
-        if depth <= 0 or id(value) in seen or is_builtin_class(value):
-            return ["class", type_name(value)]
-        return ["class", type_name(value), _class_parts(value, depth - 1, seen)]
+        return ["class", type_name(value)]
     if t in (tuple, list, frozenset, set):
-        items = [nested_fp(x, depth, seen) for x in value]
+        items = [nested_fp(x, depth) for x in value]
         return [t.__name__, items if t in (tuple, list) else sorted(items, key=_sort_key)]
     if t is dict:
-        return ["dict", sorted(([nested_fp(k, 0, seen), nested_fp(v, depth, seen)] for k, v in value.items()),
-                               key=_sort_key)]
-    return _object_fp(value, depth, seen)
+        return ["dict", sorted(([nested_fp(k, 0), nested_fp(v, depth)] for k, v in value.items()), key=_sort_key)]
+    return _object_fp(value, depth)
 
 
-def _object_fp(value: Any, depth: int, seen: set[int]) -> Any:
+def _object_fp(value: Any, depth: int) -> Any:
     if isinstance(value, enum.Enum):
         return ["enum", type_name(type(value)), value.name]
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
@@ -218,10 +214,10 @@ def _object_fp(value: Any, depth: int, seen: set[int]) -> Any:
     if isinstance(value, types.ModuleType):
         return ["module", value.__name__]
     if isinstance(value, types.MethodType):
-        return ["method", nested_fp(value.__func__, depth, seen), ["object", type_name(type(value.__self__))]]
+        return ["method", nested_fp(value.__func__, depth), ["object", type_name(type(value.__self__))]]
     if isinstance(value, functools.partial):
-        return ["partial", nested_fp(value.func, depth, seen), nested_fp(value.args, depth, seen),
-                nested_fp(value.keywords, depth, seen)]
+        return ["partial", nested_fp(value.func, depth), nested_fp(value.args, depth),
+                nested_fp(value.keywords, depth)]
     if isinstance(value, bytes):
         return ["bytes", value.hex()]
     if isinstance(value, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -231,7 +227,7 @@ def _object_fp(value: Any, depth: int, seen: set[int]) -> Any:
         return ["tensor", str(value.dtype), list(value.shape)]
     wrapped = getattr(value, "__wrapped__", None) if not isinstance(value, torch.nn.Module) else None
     if type(wrapped) is types.FunctionType:                 # a decorator object around a function
-        return ["wrapped", type_name(type(value)), nested_fp(wrapped, depth, seen)]
+        return ["wrapped", type_name(type(value)), nested_fp(wrapped, depth)]
     return ["object", type_name(type(value))]
 
 
@@ -246,4 +242,5 @@ def _sort_key(fp: Any) -> str:
 
 
 def _digest(parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:24]
+    """sha256 of a fingerprint (nested lists of str, int, bool and None: its repr is canonical)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]

@@ -336,7 +336,7 @@ class _Reader:
         self.self_name = func.__code__.co_varnames[0]
         self.scope = Scope(method.__self__, {**func.__globals__, **recording.installed}, func)
         self.scope.installed = recording.installed
-        code = func.__code__
+        self.code = code = func.__code__
         n_params = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
         self.params = set(code.co_varnames[:n_params])
         self.passed = self.params if passed is None else set(passed)
@@ -376,7 +376,7 @@ class _Reader:
             if name in self.passed:
                 _argument_covered(self.name, kind, source, path)
                 return None
-            if name in self.scope.func.__code__.co_freevars:
+            if name in self.code.co_freevars:
                 return (("closure", name),) + path[1:]
             if name in self.params:
                 return (("default", name),) + path[1:]

@@ -93,7 +93,7 @@ def test_the_c_watch_uses_the_interpreters_watchers_where_it_has_them():
     d = {"k": 1}
     w = _callpath.GuardWatch([(d, "k", 1)], [Plain], [], guard_watch.ABSENT)
     assert w.watched == (sys.version_info >= (3, 12))
-    assert w.counts == {"dicts": 1, "types": 1, "checked": 0}
+    assert w.counts == {"dicts": 1, "types": 1, "checked": 0, "meta": None}
     before = _callpath.guard_generation()
     d["k"] = 2
     assert (_callpath.guard_generation() > before) == (sys.version_info >= (3, 12))
