@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from . import _torch_compat as compat
 from .naming import importable_module
 
 try:
@@ -159,7 +160,12 @@ def own_digest(cls: type) -> str:
     cached = _OWN_DIGESTS.get(cls)
     if cached is not None and cached[0] == snapshot:
         return cached[1]
-    members = sorted((name, member_fp(value, _DEPTH)) for name, value in cls.__dict__.items() if name not in _NOISE)
+    members = []
+    for name, value in cls.__dict__.items():
+        value = compat.unpatched_class_attribute(cls, name, value)
+        if name not in _NOISE and value is not compat.NOT_TORCHS:
+            members.append((name, member_fp(value, _DEPTH)))
+    members.sort()
     digest = _digest([list(m) for m in members])
     _OWN_DIGESTS[cls] = (snapshot, digest)
     return digest

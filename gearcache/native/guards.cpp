@@ -12,7 +12,7 @@
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
 //                            deterministic algorithms (on, warn only), torch-function state (enabled, subclasses or
-//                            all disabled), cuBLAS TF32 and reduced-precision reductions, the four scaled-dot-product
+//                            all disabled; the depth of the TorchFunctionMode stack), cuBLAS TF32 and reduced-precision reductions, the four scaled-dot-product
 //                            attention backends, the thread count. Like Dynamo's GlobalStateGuard it leaves out
 //                            cuDNN's TF32 flag and the float32 matmul precision (but "highest" against "high" or
 //                            "medium" moves cuBLAS TF32, which it reads): reading those costs ~1,000 instructions on
@@ -315,6 +315,7 @@ struct State {
     caffe2::TypeMeta default_dtype;
     bool deterministic, deterministic_warn_only;
     at::impl::TorchFunctionDisabledState torch_function;            // enabled, subclasses or all disabled
+    int64_t torch_function_modes;                                   // TorchFunctionMode stack depth
     bool cublas_tf32;
     // the reduced-precision flags are bools on some torch versions and enums on others
     std::decay_t<decltype(std::declval<at::Context&>().allowFP16ReductionCuBLAS())> fp16_reduced;
@@ -342,6 +343,7 @@ struct State {
         s.deterministic = ctx.deterministicAlgorithms();
         s.deterministic_warn_only = ctx.deterministicAlgorithmsWarnOnly();
         s.torch_function = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+        s.torch_function_modes = at::impl::PythonTorchFunctionTLS::stack_len();
         s.cublas_tf32 = ctx.allowTF32CuBLAS();
         s.fp16_reduced = ctx.allowFP16ReductionCuBLAS();
         s.bf16_reduced = ctx.allowBF16ReductionCuBLAS();
@@ -369,6 +371,7 @@ struct State {
         return c10::get_default_dtype() == default_dtype && ctx.deterministicAlgorithms() == deterministic &&
                ctx.deterministicAlgorithmsWarnOnly() == deterministic_warn_only &&
                at::impl::PythonTorchFunctionTLS::get_disabled_state() == torch_function &&
+               at::impl::PythonTorchFunctionTLS::stack_len() == torch_function_modes &&
                ctx.allowFP16ReductionCuBLAS() == fp16_reduced && ctx.allowBF16ReductionCuBLAS() == bf16_reduced &&
                ctx.userEnabledFlashSDP() == sdp_flash && ctx.userEnabledMemEfficientSDP() == sdp_mem_efficient &&
                ctx.userEnabledMathSDP() == sdp_math && ctx.userEnabledCuDNNSDP() == sdp_cudnn &&
