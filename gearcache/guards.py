@@ -86,6 +86,7 @@ _REFUSED = {
     "WEAKREF_ALIVE": "hold a strong reference (an attribute or a module) instead of a weakref",
     "OPAQUE_OBJ_GUARD_FN_MATCH": "keep the value the graph depends on in a plain attribute",
     "FSDP_TRAINING_STATE": "cache an unwrapped module (gearcache serves inference, not FSDP training)",
+    "COW_TENSOR_MATCH": "do not branch on torch._C._is_cow_tensor in the cached method",
 }
 
 # Dynamo guard type -> gearcache kind
