@@ -128,38 +128,35 @@ _EMPTY_CELL = _EmptyCell()
 
 
 # --------------------------------------------------------------------------------------------------- classes
-_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, str]]" = weakref.WeakKeyDictionary()
-_CLASS_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[int, str]]" = weakref.WeakKeyDictionary()
+_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, tuple, str]]" = weakref.WeakKeyDictionary()
+_CLASS_DIGESTS: dict[tuple, str] = {}          # the own digests of an MRO -> its class digest
 
 
 def class_digest(cls: type) -> str:
     """sha256 of what ``cls`` does: every attribute of every class of its MRO that is not built in (see the module
-    docstring); "" for a built-in class. Cached while the class's version tag (``_callpath.type_version``: it
-    changes whenever the class or a base is modified) is the same."""
+    docstring); "" for a built-in class."""
     if is_builtin_class(cls):
         return ""
-    tag = type_version(cls) if type_version is not None else 0
-    cached = _CLASS_DIGESTS.get(cls)
-    if tag and cached is not None and cached[0] == tag:
-        return cached[1]
-    digest = _digest([[type_name(k), own_digest(k)] for k in cls.__mro__])
-    if tag:
-        _CLASS_DIGESTS[cls] = (tag, digest)
+    parts = tuple((type_name(k), own_digest(k)) for k in cls.__mro__)
+    digest = _CLASS_DIGESTS.get(parts)
+    if digest is None:
+        digest = _CLASS_DIGESTS[parts] = _digest([list(p) for p in parts])
     return digest
 
 
 def own_digest(cls: type) -> str:
-    """sha256 of the attributes ``cls`` itself defines ("" for a built-in class); cached while the class's version tag
-    is the same, or, without one, every value in its ``__dict__`` is the same object (a function's code, defaults or
-    closure changed in place count at the function's next digest: a fresh process, or once the class itself
-    changes)."""
+    """sha256 of the attributes ``cls`` itself defines ("" for a built-in class). Cached while the class's version tag
+    (``_callpath.type_version``: it changes whenever an attribute of the class is set or deleted) is the same and its
+    functions' closure cells hold the same objects (a factory's class whose ``scale`` is rebound by ``nonlocal``);
+    without a version tag, while every value of its ``__dict__`` is the same object too. A function whose code or
+    defaults are replaced in place (``f.__code__ = ...``) counts once the class changes, or in a fresh process."""
     if is_builtin_class(cls):
         return ""
     tag = type_version(cls) if type_version is not None else 0
     snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
     cached = _OWN_DIGESTS.get(cls)
-    if cached is not None and cached[0] == snapshot:
-        return cached[1]
+    if cached is not None and cached[0] == snapshot and all(_cell_contents(c) is v for c, v in cached[1]):
+        return cached[2]
     members = []
     for name, value in cls.__dict__.items():
         value = compat.unpatched_class_attribute(cls, name, value)
@@ -167,8 +164,21 @@ def own_digest(cls: type) -> str:
             members.append((name, member_fp(value, _DEPTH)))
     members.sort()
     digest = _digest([list(m) for m in members])
-    _OWN_DIGESTS[cls] = (snapshot, digest)
+    _OWN_DIGESTS[cls] = (snapshot, _closure_cells(cls), digest)
     return digest
+
+
+def _closure_cells(cls: type) -> tuple:
+    """``(cell, contents)`` of every closure cell of the functions ``cls`` defines (a class's ``__class__`` cell,
+    which ``super()`` reads, excepted: it holds the class)."""
+    cells = []
+    for value in cls.__dict__.values():
+        fn = getattr(value, "__func__", value)
+        for cell in getattr(fn, "__closure__", None) or ():
+            contents = _cell_contents(cell)
+            if contents is not cls:
+                cells.append((cell, contents))
+    return tuple(cells)
 
 
 def class_fp(cls: type) -> list:

@@ -631,9 +631,20 @@ def tensor_fp(t: Any) -> Any:
     return ["tensor", str(t.dtype), str(t.device), list(t.shape), list(t.stride())]
 
 
+def _class_fp(cls: type, values: dict | None) -> list:
+    """``class_fp(cls)``, once per class in a pass over the guards (``values``: the pass's objects read)."""
+    if values is None:
+        return class_fp(cls)
+    mark = ("class_fp", cls)                # never a path: a path's root is a str or a (kind, name) pair of str
+    fp = values.get(mark)
+    if fp is None:
+        fp = values[mark] = class_fp(cls)
+    return fp
+
+
 _FINGERPRINT = {
     "value": lambda obj, g, scope, values: value_fp(obj),
-    "type": lambda obj, g, scope, values: class_fp(type(obj)),
+    "type": lambda obj, g, scope, values: _class_fp(type(obj), values),
     "identity": lambda obj, g, scope, values: identity_fp(obj),
     "length": lambda obj, g, scope, values: len(obj),
     "keys": lambda obj, g, scope, values: [key_fp(k) for k in (dict.keys(obj) if isinstance(obj, dict)

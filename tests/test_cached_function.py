@@ -420,3 +420,43 @@ def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
         assert report["name"] == "pkg.mod.Tiny.fwd" and report["equal"], (how, report)
         assert report["counters"] == {"traces": 0, "compiles": 0, "loads": 1}, (how, report)
         assert set(report["hooks"].values()) == {0}, (how, report)
+
+
+GRAPH_CHANGES = ["class_patch", "closure", "instance_patch", "attr_added", "hook", "global_hook", "list_append",
+                 "dict_add", "buffer_dtype", "buffer_shape", "param_stride", "channels_last", "glob_fn_no_defaults"]
+SAME_GRAPH = ["submodule", "data_swap"]         # a replaced submodule of the same shapes, values swapped in place
+
+
+def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_in_warm_ones(tmp_path):
+    """Issue #35's wrong answers (tests/scripts/run_guard_cases.py), each compared with eager (output and the buffer
+    the method writes in place): changed after the first call in the compiling process; changed before the first
+    call in a fresh process that has only the unchanged models' entries (it must not load them: it compiles, or
+    reuses an artifact, and never serves the stale entry); and in a fresh process that has the changed models'
+    entries too (it loads them: nothing traced or compiled)."""
+    import shutil
+
+    from conftest import Script
+
+    base, fresh = tmp_path / "store", tmp_path / "fresh"
+    report = Script("run_guard_cases.py", str(base), "base").result(timeout=600)
+    assert all(report[c]["error"] is None for c in GRAPH_CHANGES + SAME_GRAPH), report
+    shutil.copytree(base, fresh, ignore=shutil.ignore_patterns("leases", "locks", "index"))
+    after = Script("run_guard_cases.py", str(base), "after")
+    before = Script("run_guard_cases.py", str(fresh), "before")
+    for phase, script in (("after", after), ("before", before)):
+        result = script.result(timeout=900)
+        for case in GRAPH_CHANGES + SAME_GRAPH:
+            r = result[case]
+            assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0 and r["same_dtype"], \
+                (phase, case, r)
+        if phase == "before":
+            for case in GRAPH_CHANGES:
+                assert result[case]["loads"] == 0 and result[case]["misses"] == 1, (case, result[case])
+            for case in SAME_GRAPH:
+                assert result[case]["loads"] == 1 and result[case]["compiles"] == 0, (case, result[case])
+    warm = Script("run_guard_cases.py", str(base), "before").result(timeout=600)
+    for case in GRAPH_CHANGES + SAME_GRAPH:
+        r = warm[case]
+        assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0, (case, r)
+        assert r["loads"] == 1 and r["compiles"] == 0, (case, r)
+    assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0, warm["hooks"]

@@ -126,3 +126,23 @@ def test_digests_are_the_same_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(Path(__file__).parent))],
                          capture_output=True, text=True, timeout=120, check=True).stdout.split()
     assert out == [fingerprints.class_fp(Child)[2], fingerprints.function_digest(_factory(2.0))]
+
+
+def test_a_class_digest_follows_its_methods_closures_rebound_in_place():
+    """A factory's class whose method reads ``scale``, rebound by ``nonlocal`` after a digest was cached: the class
+    is not modified (its version tag stays), its digest must still change."""
+    def factory(scale):
+        class Scaled(torch.nn.Module):
+            def forward(self, x):
+                return x * scale
+
+        def set_scale(v):
+            nonlocal scale
+            scale = v
+        return Scaled, set_scale
+
+    cls, set_scale = factory(2.0)
+    before = fingerprints.class_digest(cls)
+    set_scale(5.0)
+    assert fingerprints.class_digest(cls) != before
+    assert fingerprints.class_digest(cls) == fingerprints.class_digest(factory(5.0)[0])
