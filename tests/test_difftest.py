@@ -24,12 +24,14 @@ REQUIRED_TAGS = ({f"block:{b}" for b in programs.BLOCKS} | {f"output:{o}" for o 
                   "gears:padded-call", "gears:pad-value-nonzero", "past-largest:error", "past-largest:eager",
                   "dynamic:false", "decompositions", "warmup", "verify-padding", "input:non-contiguous",
                   "input:optional-None", "input:optional-tensor", "const:assigned-in-process", "const:file-edited",
-                  "values:entry-shared-with-other-values", "side:main", "side:warm"})
+                  "values:entry-shared-with-other-values", "side:main", "side:warm"} |
+                 {f"change:{k}" for k in runner.CHANGES} | {"change:before", "change:after"})
 # features at least one case must show *equal* to eager (a gearcache that refused them all would pass otherwise)
 REQUIRED_EQUAL = {"route:torch_compile", "gears:padded-call", "input:optional-None", "input:optional-tensor",
                   "input:int-scalar", "input:float-scalar", "input:non-contiguous", "dtype:bfloat16", "dtype:int64",
                   "const:assigned-in-process", "const:file-edited", "values:entry-shared-with-other-values",
-                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm"}
+                  "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm"} | {
+    f"change:{k}" for k in runner.CHANGES} | {"change:before", "change:after"}
 
 
 # ------------------------------------------------------------------------------------------------- CI's slice

@@ -23,7 +23,9 @@ import random
 from . import programs as P
 
 ATTR_BLOCKS = ("layernorm", "gelu", "heads", "act", "residual", "scale", "roll", "global_scale", "helper_fn",
-               "helper_const")
+               "helper_const", "closure_scale")
+CHANGE_SHARE = 0.2          # cases that change the model (runner.CHANGES) before the first call or after it
+VALUE_NEUTRAL_CHANGES = ("submodule",)      # a change of weights only: the entry stays the same
 # an output every geared case refuses (a size gears pad, returned as a number) is not given to a program whose blocks
 # bring an optional input: that program would almost never show a None or a tensor for it equal to eager
 REFUSED_WITH_GEARS = ("shape_int",)
@@ -103,7 +105,8 @@ class Ledger:
 
     def cost(self, case: dict) -> tuple[set[str], set[str]]:
         ids, plans = set(), set()
-        for values in (main_values(case), warm_values(case)):
+        unchanged = dict(case, change=None)                 # a change after the first call: the entries before it
+        for values in (main_values(case), warm_values(case), main_values(unchanged), warm_values(unchanged)):
             for sig in signatures(case):
                 ids.add(json.dumps([values, sig], sort_keys=True))
         gears = case["options"].get("gears")
@@ -141,12 +144,18 @@ class Ledger:
 
 def main_values(case: dict) -> list:
     consts = {**P.default_consts(case["program"]), **case.get("assign", {})}
-    return [case["program"]["module"], case.get("attrs", {}), consts]
+    return [case["program"]["module"], case.get("attrs", {}), consts] + _changed(case)
 
 
 def warm_values(case: dict) -> list:
     consts = warm_consts(case["program"], case["warm_batch"])
-    return [case["program"]["module"], case.get("attrs", {}), consts]
+    return [case["program"]["module"], case.get("attrs", {}), consts] + _changed(case)
+
+
+def _changed(case: dict) -> list:
+    """The case's change of the values its entries bake in (its last entries are used after it)."""
+    change = case.get("change")
+    return [] if not change or change["kind"] in VALUE_NEUTRAL_CHANGES else [change["kind"]]
 
 
 def warm_consts(program: dict, batch: int) -> dict:
@@ -184,7 +193,7 @@ def signatures(case: dict) -> list:
 
 
 def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants: list[dict], device: str,
-              graphs: bool) -> dict:
+              graphs: bool, wanted: set[str] | None = None) -> dict:
     """One case of ``program`` (its value variant, options and calls); ``tags`` name the features it exercises."""
     variant_index = rng.choices(range(len(variants)), weights=[2] + [1] * (len(variants) - 1))[0]
     variant = variants[variant_index]
@@ -197,8 +206,31 @@ def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants
             "warm_batch": 1 if P.consts_of(program) and rng.random() < 0.4 else 0,
             "options": options, "mask": "mask" in inputs and rng.random() < 0.5,
             "calls": _draw_calls(rng, inputs, options, program["gear_sizes"]), "tags": tags}
+    _draw_change(rng, case, wanted or set())
     _tag_case(case)
     return case
+
+
+def _draw_change(rng: random.Random, case: dict, wanted: set[str]) -> None:
+    """A change of the model (``runner.CHANGES``) for a share of the cases on the cache_compile route: one the program
+    can take (one of ``wanted``, kinds no earlier case drew, where it can), before its first call or after it (then
+    the case has a second call to see it). A case that takes a wanted kind is made cheap: its calls share one
+    signature."""
+    from .runner import CHANGES
+
+    if case["options"]["route"] != "cache_compile":
+        return
+    kinds = [k for k, (needs, _) in CHANGES.items() if not needs or set(needs) & set(case["program"]["blocks"])]
+    fresh = [k for k in kinds if k in wanted]
+    if not fresh and rng.random() >= CHANGE_SHARE:
+        return
+    change = {"kind": rng.choice(fresh or kinds), "when": rng.choice(["before", "after"])}
+    if fresh:
+        case["calls"] = [dict(case["calls"][0])]
+    case["change"] = change
+    case["options"]["warmup"] = case["options"]["verify_padding"] = False
+    if change["when"] == "after" and len(case["calls"]) < 2:
+        case["calls"].append(dict(case["calls"][0]))
 
 
 def _assign(program: dict, consts: dict) -> dict:
@@ -276,6 +308,8 @@ def _tag_case(case: dict) -> None:
                       (len(case["calls"]) > 1, "calls:several")):
         if flag:
             tags.append(tag)
+    if case.get("change"):
+        tags += [f"change:{case['change']['kind']}", f"change:{case['change']['when']}"]
     if o.get("mode") == "reduce-overhead":
         tags += ["cuda-graphs", f"graph-outputs:{o['graph_outputs']}", f"capture-graphs:{o['capture_graphs']}"]
         if o.get("static_address") and "cache" in case["program"]["inputs"]:
@@ -294,8 +328,10 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
     for i in range(cases):
         program = progs[i % n_programs]
         case_rng = random.Random(f"{seed}/{i}")
+        wanted = _changes_wanted(out)
         for _ in range(30):
-            case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs)
+            case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs,
+                             wanted)
             if ledger.fits(case):
                 break
         else:
@@ -305,12 +341,30 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
     return progs, out, ledger
 
 
+def _changes_wanted(done: list[dict]) -> set[str]:
+    """The change kinds (runner.CHANGES) no case drew yet."""
+    from .runner import CHANGES
+
+    return set(CHANGES) - {c["change"]["kind"] for c in done if c.get("change")}
+
+
 def _reuse(rng: random.Random, index: int, seed: int, program: dict, done: list[dict], device: str, graphs: bool,
            ledger: Ledger) -> dict:
     """Over budget: an earlier case of the program with its entry choices (values, gears, sizes, scalars, route) and
     fresh free ones (seed, declaration, policy, past-largest policy between "error" and "eager", order of calls)."""
     earlier = [c for c in done if c["program"]["module"] == program["module"] and ledger.fits(c)]
-    base = json.loads(json.dumps(rng.choice(earlier)))
+    chosen = rng.choice(earlier)
+    base = _refreshed(rng, chosen, index, seed)
+    if not ledger.fits(base):               # its fresh choices reach an entry it did not (past the largest gear)
+        base = json.loads(json.dumps(chosen))
+        base.update(id=index, seed=case_seed(seed, index))
+        base["tags"] = sorted(set(base["tags"]) | {"reused-entry-choices"})
+    return base
+
+
+def _refreshed(rng: random.Random, chosen: dict, index: int, seed: int) -> dict:
+    """A copy of the earlier case ``chosen`` with fresh free choices (see ``_reuse``)."""
+    base = json.loads(json.dumps(chosen))
     base.update(id=index, seed=case_seed(seed, index))
     base["tags"] = [t for t in base["tags"] if not t.startswith(("gears:", "past-largest:", "calls:", "values:entry"))]
     base["tags"].append("reused-entry-choices")
@@ -319,7 +373,8 @@ def _reuse(rng: random.Random, index: int, seed: int, program: dict, done: list[
         o["gears"]["declare"] = rng.choice(["marks", "by_name"])
         if o["past_largest"] != "compile":
             o["past_largest"] = rng.choice(["error", "eager"])
-    rng.shuffle(base["calls"])
+    if not base.get("change"):              # a change comes before or after a given call: the order stays
+        rng.shuffle(base["calls"])
     base["tags"] = sorted(set(base["tags"]) - {f"route:{o['route']}", "dynamic:false", "decompositions", "warmup",
                                                "verify-padding", "input:non-contiguous", "calls:several"})
     base["tags"] = [t for t in base["tags"] if not t.startswith(("route:", "cuda-graphs", "graph-", "capture-"))]
