@@ -61,12 +61,18 @@ class Entry:
         return entry
 
     def state_moved(self, module: torch.nn.Module) -> bool:
-        """Whether a module tensor this entry reads (as a graph input or an output) lives in another dict of
-        ``module`` than the one it was bound to (``rebound`` then binds it anew); True where one is gone."""
+        """Whether ``rebound`` must bind this entry anew: a module tensor it reads (as a graph input or an output)
+        lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads is not 16-byte
+        aligned (a ``.data`` swap keeps the tensor object, which the C runner checks only when it is new)."""
         try:
-            return _state_dicts(self.manifest, module) != self._bound
+            if _state_dicts(self.manifest, module) != self._bound:
+                return True
         except (KeyError, AttributeError):
             return True
+        plan = getattr(self._compiled, "plan", None) or {}
+        checked = set(plan.get("inputs_to_check", ()))           # the inputs whose alignment Inductor's code assumes
+        return any(j in checked and item[1] in item[0] and item[0][item[1]].data_ptr() % 16
+                   for j, item in enumerate(self._recipe) if not isinstance(item, int))
 
     def state_refs(self) -> list[tuple[dict, str]]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every

@@ -428,11 +428,13 @@ def _argument_covered(method: str, kind: str, source: str, path: tuple) -> None:
 
 def _hook_guards(guards: list[ValueGuard], scope: Scope, values: dict) -> list[ValueGuard]:
     """Guards on the hook dicts of every module whose ``__call__`` the graph went through (Dynamo guards each such
-    module's ``forward`` against an instance patch: ``in_dict forward``) and, if there is one, on torch's global module
-    hooks: the length each had at capture (their hooks themselves, where there were any, the trace inlined and Dynamo
-    guards)."""
-    called = [g.path for g in guards if g.kind == "in_dict" and g.arg == "forward"]
-    paths = [p + (("attr", name),) for p in called for name in MODULE_HOOK_DICTS]
+    module's ``forward`` against an instance patch, ``in_dict forward``, and some of its hook dicts) and, if there is
+    one, on torch's global module hooks: the length each had at capture (their hooks themselves, where there were
+    any, the trace inlined and Dynamo guards)."""
+    called = {g.path for g in guards if g.kind == "in_dict" and g.arg == "forward"}
+    called |= {g.path[:-1] for g in guards if g.kind == "length" and len(g.path) > 1
+               and g.path[-1][0] == "attr" and g.path[-1][1] in MODULE_HOOK_DICTS}    # Dynamo's own hook guards
+    paths = [p + (("attr", name),) for p in sorted(called, key=repr) for name in MODULE_HOOK_DICTS]
     if called:
         paths += [(("module", _HOOKS_MODULE), ("attr", name)) for name in GLOBAL_HOOK_DICTS]
     made = []
