@@ -233,10 +233,13 @@ class EntryLife:
         if self.config.on_new_signature == "error":
             known = self.store.list_entries(self.topology.folder, self.name)
             if known or self.table:
+                fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
+                       "config.on_new_signature='compile'")
+                if "guard_miss" in found.factors:
+                    fix = (f"the entry of this signature was compiled for other values ({found.factors['guard_miss']});"
+                           f" restore them, or set config.on_new_signature='compile' to compile one for these")
                 raise SignatureMismatchError(
-                    self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known],
-                    "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
-                    "config.on_new_signature='compile'")
+                    self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known], fix)
         diagnostics.record_miss(self.store, self.topology.folder, self.name, found.ekey, found.factors)
         factors = {k: v for k, v in found.factors.items() if k != "guard_miss"}
         t0 = time.perf_counter()

@@ -460,3 +460,22 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
         assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0, (case, r)
         assert r["loads"] == 1 and r["compiles"] == 0, (case, r)
     assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0, warm["hooks"]
+
+
+def test_a_replaced_submodule_is_followed_and_a_misaligned_data_swap_is_realigned(affine_cache):
+    """After the first call: ``m.lin = nn.Linear(4, 4)`` (same class and shapes) is served the same graph over the new
+    weights (no compile: the entry is rebound, its dicts read anew); ``m.lin.weight.data = <a misaligned view>``
+    keeps the Parameter object, and the next call realigns it (the run plan's Python path) instead of reading it
+    misaligned."""
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), counters.expect(compiles=0, traces=0):
+        m.cached(x)
+        torch.manual_seed(5)
+        m.lin = torch.nn.Linear(4, 4)
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        w = m.lin.weight
+        m.lin.weight.data = torch.cat([torch.zeros(1), m.lin.weight.data.flatten() * 2])[1:].view(4, 4)
+        assert m.lin.weight is w and m.lin.weight.data_ptr() % 16
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        torch.testing.assert_close(m.cached(x), m.fwd(x))

@@ -143,19 +143,26 @@ class Ledger:
 
 
 def main_values(case: dict) -> list:
-    consts = {**P.default_consts(case["program"]), **case.get("assign", {})}
-    return [case["program"]["module"], case.get("attrs", {}), consts] + _changed(case)
+    return _changed(case, [case["program"]["module"], case.get("attrs", {}),
+                           {**P.default_consts(case["program"]), **case.get("assign", {})}])
 
 
 def warm_values(case: dict) -> list:
-    consts = warm_consts(case["program"], case["warm_batch"])
-    return [case["program"]["module"], case.get("attrs", {}), consts] + _changed(case)
+    return _changed(case, [case["program"]["module"], case.get("attrs", {}),
+                           warm_consts(case["program"], case["warm_batch"])])
 
 
-def _changed(case: dict) -> list:
-    """The case's change of the values its entries bake in (its last entries are used after it)."""
+def _changed(case: dict, values: list) -> list:
+    """``values`` as the case's change leaves them (its last entries are used after it): a closure rebound holds the
+    rebound value; any other change of what entries bake in is named."""
+    from .runner import CLOSURE_REBOUND
+
     change = case.get("change")
-    return [] if not change or change["kind"] in VALUE_NEUTRAL_CHANGES else [change["kind"]]
+    if not change or change["kind"] in VALUE_NEUTRAL_CHANGES:
+        return values
+    if change["kind"] == "closure_rebind":
+        return values[:2] + [{**values[2], "closure.CSCALE": CLOSURE_REBOUND}]
+    return values + [change["kind"]]
 
 
 def warm_consts(program: dict, batch: int) -> dict:
@@ -225,8 +232,10 @@ def _draw_change(rng: random.Random, case: dict, wanted: set[str]) -> None:
     if not fresh and rng.random() >= CHANGE_SHARE:
         return
     change = {"kind": rng.choice(fresh or kinds), "when": rng.choice(["before", "after"])}
-    if fresh:
-        case["calls"] = [dict(case["calls"][0])]
+    if fresh:                               # the first of its kind: one signature, a gear's size, any signature served
+        sizes = case["program"]["gear_sizes"]
+        case["calls"] = [dict(case["calls"][0], B=sizes[0] if case["options"]["gears"] else case["calls"][0]["B"])]
+        case["options"]["dynamic"] = True
     case["change"] = change
     case["options"]["warmup"] = case["options"]["verify_padding"] = False
     if change["when"] == "after" and len(case["calls"]) < 2:

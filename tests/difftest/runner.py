@@ -131,9 +131,12 @@ def _instance_patch(model, twin, module):
         m.helper = types.MethodType(_patched_helper, m)
 
 
+CLOSURE_REBOUND = 7.0
+
+
 def _closure_rebind(model, twin, module):
     old = module.get_CSCALE()
-    module.set_CSCALE(7.0)
+    module.set_CSCALE(CLOSURE_REBOUND)
     return lambda: module.set_CSCALE(old)
 
 
