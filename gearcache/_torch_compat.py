@@ -427,7 +427,7 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
 
 def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], Any]:
     """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
-    layout, sizes, strides and 16-byte alignment it has now; ``capsule`` (None without gearcache's native module) is
+    layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is
     the same check in C for gearcache._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
 
     Mechanism: gearcache's native ``MetaMatch`` (gearcache/native/guards.cpp) where it is built for this torch and
@@ -456,7 +456,7 @@ class _PyMetaMatch:
 def _meta(t: torch.Tensor) -> tuple:
     if t.layout != torch.strided:
         return (t.layout, t.dtype, t.device, t.data_ptr())
-    return (t.dtype, t.device, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+    return (t.dtype, t.device, t.shape, t.stride(), t.data_ptr())
 
 
 def native_data_ptr() -> Any:

@@ -31,7 +31,7 @@ NATIVE = _NativeRunner is not None
 
 
 class Entry:
-    __slots__ = ("_compiled", "_recipe", "_bound", "run", "native", "gather", "build", "result_outputs", "manifest",
+    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs", "manifest",
                  "hits", "guards", "real_elements", "padded_elements")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
@@ -43,6 +43,7 @@ class Entry:
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
         self._recipe = _recipe(manifest["inputs"], module)
         self._bound = _state_dicts(manifest, module)
+        self._addresses = _addresses(self._recipe)
         self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
         self.result_outputs = _result_outputs(manifest["outputs"])
@@ -62,17 +63,13 @@ class Entry:
 
     def state_moved(self, module: torch.nn.Module) -> bool:
         """Whether ``rebound`` must bind this entry anew: a module tensor it reads (as a graph input or an output)
-        lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads is not 16-byte
-        aligned (a ``.data`` swap keeps the tensor object, which the C runner checks only when it is new)."""
+        lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads as a graph input
+        has another data address than when it was bound (a ``.data`` swap keeps the tensor object: the C runner
+        checks the alignment of a new object only, and a CUDA graph of this entry holds the old address)."""
         try:
-            if _state_dicts(self.manifest, module) != self._bound:
-                return True
+            return _state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
         except (KeyError, AttributeError):
             return True
-        plan = getattr(self._compiled, "plan", None) or {}
-        checked = set(plan.get("inputs_to_check", ()))           # the inputs whose alignment Inductor's code assumes
-        return any(j in checked and item[1] in item[0] and item[0][item[1]].data_ptr() % 16
-                   for j, item in enumerate(self._recipe) if not isinstance(item, int))
 
     def state_refs(self) -> list[tuple[dict, str]]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
@@ -114,6 +111,11 @@ def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
     """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
     (``_parameters``/``_buffers`` dict, name)."""
     return tuple(int(ref) if kind == "leaf" else compat.state_slot(module, ref) for kind, ref in inputs)
+
+
+def _addresses(recipe: tuple) -> list[int]:
+    """The data address of each module tensor the recipe reads, as the dicts hold them now."""
+    return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
 
 
 def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:

@@ -1,6 +1,7 @@
 """CachedFunction: dispatch, miss policies, inference-only calls, stale entries, decompositions (compiles
 in-process)."""
 import importlib
+import os
 import sys
 import textwrap
 
@@ -427,7 +428,10 @@ GRAPH_CHANGES = ["class_patch", "closure", "instance_patch", "attr_added", "hook
 SAME_GRAPH = ["submodule", "data_swap"]         # a replaced submodule of the same shapes, values swapped in place
 
 
-def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_in_warm_ones(tmp_path):
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    os.environ.get("GEARCACHE_TEST_DEVICE") != "cuda", reason="CUDA graphs: GEARCACHE_TEST_DEVICE=cuda"))],
+    ids=["plain", "cuda-graphs"])
+def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_in_warm_ones(tmp_path, graphs):
     """Issue #35's wrong answers (tests/scripts/run_guard_cases.py), each compared with eager (output and the buffer
     the method writes in place): changed after the first call in the compiling process; changed before the first
     call in a fresh process that has only the unchanged models' entries (it must not load them: it compiles, or
@@ -438,11 +442,12 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
     from conftest import Script
 
     base, fresh = tmp_path / "store", tmp_path / "fresh"
-    report = Script("run_guard_cases.py", str(base), "base").result(timeout=600)
+    flags = ["--graphs"] if graphs else []
+    report = Script("run_guard_cases.py", str(base), "base", *flags).result(timeout=600)
     assert all(report[c]["error"] is None for c in GRAPH_CHANGES + SAME_GRAPH), report
     shutil.copytree(base, fresh, ignore=shutil.ignore_patterns("leases", "locks", "index"))
-    after = Script("run_guard_cases.py", str(base), "after")
-    before = Script("run_guard_cases.py", str(fresh), "before")
+    after = Script("run_guard_cases.py", str(base), "after", *flags)
+    before = Script("run_guard_cases.py", str(fresh), "before", *flags)
     for phase, script in (("after", after), ("before", before)):
         result = script.result(timeout=900)
         for case in GRAPH_CHANGES + SAME_GRAPH:
@@ -454,7 +459,7 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
                 assert result[case]["loads"] == 0 and result[case]["misses"] == 1, (case, result[case])
             for case in SAME_GRAPH:
                 assert result[case]["loads"] == 1 and result[case]["compiles"] == 0, (case, result[case])
-    warm = Script("run_guard_cases.py", str(base), "before").result(timeout=600)
+    warm = Script("run_guard_cases.py", str(base), "before", *flags).result(timeout=600)
     for case in GRAPH_CHANGES + SAME_GRAPH:
         r = warm[case]
         assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0, (case, r)

@@ -192,8 +192,8 @@ def test_a_containers_contents_are_re_read(make):
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 def test_a_tensors_metadata_is_re_read_where_its_object_stays(make, native, monkeypatch):
-    """``.data = t`` keeps the tensor object (and every dict on its path) but changes its dtype, shape or strides:
-    the watch's ``meta`` check sees it (gearcache.native's ``MetaMatch``, or the same in Python)."""
+    """``.data = t`` keeps the tensor object (and every dict on its path) but changes its dtype, shape, strides or data
+    address: the watch's ``meta`` check sees it (gearcache.native's ``MetaMatch``, or the same in Python)."""
     from gearcache import _torch_compat as compat, native as gearcache_native
 
     if not native:
@@ -212,8 +212,9 @@ def test_a_tensors_metadata_is_re_read_where_its_object_stays(make, native, monk
     meta, capsule = compat.tensor_meta_match((t,))
     w = type(make())([], [], [], guard_watch.ABSENT, meta, capsule)
     t.mul_(2)                                          # values change in place: graphs read them live
-    t.data = t.data.clone()                            # same metadata, another storage (aligned)
     assert w.valid()
+    t.data = t.data.clone()                            # same metadata, another storage: a CUDA graph holds the old
+    assert not w.valid()
 
 
 def test_hops_cover_what_a_guard_reads_of_its_leaf():

@@ -18,7 +18,7 @@
 //                            "medium" moves cuBLAS TF32, which it reads): reading those costs ~1,000 instructions on
 //                            torch 2.13 (a hash lookup each); a change of only those is seen at the next miss.
 //   MetaMatch(tensors)       holds() -> bool: each tensor (held) still has the dtype, device, sizes, strides and
-//                            16-byte alignment it had at construction (a `.data` swap keeps the Python object but
+//                            data address it had at construction (a `.data` swap keeps the Python object but
 //                            changes these); META_HOLDS, a PyCapsule named "gearcache.meta_holds" holding
 //                            int gearcache_meta_holds(PyObject* meta_match), the same check for gearcache._callpath
 //   DATA_PTR                 a PyCapsule named "gearcache.data_ptr" holding
@@ -178,13 +178,14 @@ PyTypeObject TensorMatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // -------------------------------------------------------------------------------------------------- MetaMatch
 // The module tensors a graph reads (parameters, buffers): held, and each call compared with their metadata at
-// construction (dtype, device, layout, sizes, strides, 16-byte alignment of the first element). `.data = t` swaps a
-// tensor's storage and metadata in place, keeping its Python object: only a read of the tensor itself sees it.
+// construction (dtype, device, layout, sizes, strides, the address of the first element: a CUDA graph holds it, and
+// Inductor's code assumes its alignment). `.data = t` swaps a tensor's storage and metadata in place, keeping its
+// Python object: only a read of the tensor itself sees it.
 struct Meta {
     PyObject* tensor;               // strong
     caffe2::TypeMeta dtype;
     c10::Device device;
-    bool aligned;
+    uintptr_t data;                 // the first element's address
     size_t offset;                  // of this tensor's sizes, then strides, in MetaMatch::dims
     size_t ndim;
 };
@@ -195,8 +196,8 @@ struct MetaMatch {
     std::vector<int64_t>* dims;
 };
 
-bool aligned(const at::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+uintptr_t address(const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.const_data_ptr());
 }
 
 int meta_match_init(MetaMatch* self, PyObject* args, PyObject* kwds) {
@@ -226,7 +227,7 @@ int meta_match_init(MetaMatch* self, PyObject* args, PyObject* kwds) {
             }
             const auto sizes = impl->sizes();
             const auto strides = impl->strides();
-            metas.push_back(Meta{item, impl->dtype(), impl->device(), aligned(t), dims.size(), sizes.size()});
+            metas.push_back(Meta{item, impl->dtype(), impl->device(), address(t), dims.size(), sizes.size()});
             dims.insert(dims.end(), sizes.begin(), sizes.end());
             dims.insert(dims.end(), strides.begin(), strides.end());
         }
@@ -264,7 +265,7 @@ bool metas_hold(const MetaMatch* self) noexcept {
             for (size_t d = 0; d < m.ndim; d++) {
                 if (sizes[d] != want[d] || strides[d] != want[m.ndim + d]) return false;
             }
-            if (aligned(t) != m.aligned) return false;
+            if (address(t) != m.data) return false;
         }
     } catch (const std::exception&) {
         return false;

@@ -2,7 +2,9 @@
 eager: the output and the buffer the method writes in place (``count``). JSON report on the last line:
 ``{case: {"out_diff", "state_diff", "compiles", "loads", "error"}, "hooks": compile hooks}``.
 
-usage: run_guard_cases.py CACHE_DIR PHASE [CASE ...]
+usage: run_guard_cases.py CACHE_DIR PHASE [--graphs] [CASE ...]
+
+On ``$GEARCACHE_TEST_DEVICE`` (default cpu); ``--graphs``: ``mode="reduce-overhead"`` (a CUDA graph per entry).
 
 PHASE ``base``: per case, a fresh model and one call (the entries of the unchanged models); ``after``: per case, a fresh
 model, a call, the change, a call (compared); ``before``: per case, a fresh model, the change, then its first call
@@ -22,7 +24,7 @@ compile_hooks.install()
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from gearcache import cache_compile, counters  # noqa: E402
+from gearcache import CompilerConfig, cache_compile, counters  # noqa: E402
 
 
 def glob_fn(x, k=2.0):
@@ -126,7 +128,7 @@ CASES = {
     "list_append": ("block", lambda m: m.items.append(3)),
     "dict_add": ("block", lambda m: m.table.__setitem__("b", 2)),
     "buffer_dtype": ("block", lambda m: setattr(m, "b", m.b.double())),
-    "buffer_shape": ("block", lambda m: setattr(m, "b", torch.full((1,), 0.25))),
+    "buffer_shape": ("block", lambda m: setattr(m, "b", torch.full((1,), 0.25, device=m.b.device))),
     "param_stride": ("block", _swap_strides),
     "channels_last": ("conv", lambda m: m.to(memory_format=torch.channels_last) and None),
     "glob_fn_no_defaults": ("block", lambda m: _set(sys.modules[__name__], "glob_fn", no_defaults)),
@@ -134,16 +136,19 @@ CASES = {
 }
 
 
+DEVICE = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+
+
 def make(kind, phase):
     torch.manual_seed(0)
     if kind == "conv":
-        return ConvBlock().eval(), torch.randn(2, 3, 5, 5)
+        return ConvBlock().eval().to(DEVICE), torch.randn(2, 3, 5, 5, device=DEVICE)
     if kind == "scaled":
         cls, setter = scaled_class(5.0 if phase == "before" else 2.0)     # another process: the other closure
-        model = cls().eval()
+        model = cls().eval().to(DEVICE)
         model.set_scale = setter
-        return model, torch.randn(2, 4)
-    return Block().eval(), torch.randn(2, 4)
+        return model, torch.randn(2, 4, device=DEVICE)
+    return Block().eval().to(DEVICE), torch.randn(2, 4, device=DEVICE)
 
 
 def compared(cached, model, x):
@@ -155,12 +160,12 @@ def compared(cached, model, x):
     return out_diff, float((model.count - twin.count).abs().max()), got.dtype == want.dtype
 
 
-def run_case(name, cache_dir, phase):
+def run_case(name, cache_dir, phase, config):
     kind, change = CASES[name]
     if kind == "scaled" and phase == "before":
         change = None                       # this process's factory made the scale 5 from the start
     model, x = make(kind, phase)
-    cached = cache_compile(model.forward, cache_dir=cache_dir)
+    cached = cache_compile(model.forward, cache_dir=cache_dir, config=config)
     before = dict(vars(counters))
     undo = None
     report = {}
@@ -187,7 +192,9 @@ def run_case(name, cache_dir, phase):
 
 def main():
     cache_dir, phase, *names = sys.argv[1:]
-    report = {name: run_case(name, cache_dir, phase) for name in names or CASES}
+    config = CompilerConfig(mode="reduce-overhead") if "--graphs" in names else None
+    names = [n for n in names if n != "--graphs"]
+    report = {name: run_case(name, cache_dir, phase, config) for name in names or CASES}
     report["hooks"] = dict(compile_hooks.COUNTS)
     print(json.dumps(report))
 
