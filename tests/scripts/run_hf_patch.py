@@ -1,7 +1,7 @@
 """A tiny Llama served through ``integrations.transformers.enable`` while ``LlamaMLP.forward`` is patched on the class
 (the Liger/Unsloth pattern), compared with eager ``generate()``. JSON report on the last line.
 
-usage: run_hf_patch.py CACHE_DIR PHASE
+usage: run_hf_patch.py CACHE_DIR PHASE     (on $GEARCACHE_TEST_DEVICE, default cpu)
 
 PHASE ``plain``: generate, unpatched. ``before``: patch, then ``enable()`` and generate. ``after``: enable, generate,
 patch, generate again. Each ``generate()`` is compared with the same generate of an eager copy of the model (greedy
@@ -49,9 +49,10 @@ def main():
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2)
-    model = LlamaForCausalLM(config).eval()
+    device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+    model = LlamaForCausalLM(config).eval().to(device)
     twin = copy.deepcopy(model)
-    ids = torch.tensor([[3, 14, 15, 9, 26, 5]])
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5]], device=device)
     if phase == "before":
         modeling_llama.LlamaMLP.forward = patched_forward
     enable(model, cache_dir=cache_dir)
