@@ -404,7 +404,8 @@ static PyTypeObject RunnerType = {
  * GuardWatch(dicts, types, checked, absent, meta=None, meta_holds=None) -> watch; watch.valid() -> bool (see
  * gearcache/guard_watch.py)
  *   dicts    [(dict, key, expected)]: dict[key] is `expected` (`absent`: the key is not there); key None: any change
- *            of the dict counts
+ *            of the dict counts. Rows of one dict should be consecutive: where its version tag has not moved since
+ *            the group was last seen valid, none of its keys is read (< 3.12)
  *   types    [type]: any change of the class (an attribute set, its bases) counts
  *   checked  [(op, parent, key, expected)], re-read at every valid(): op "attr": getattr(parent, key) is `expected`;
  *            "item": parent[key] is `expected`; "len": len(parent) == `expected`; "contains": (key in parent) is
@@ -730,13 +731,19 @@ static int guardwatch_valid(GuardWatch *self) {
     if (self->watched) {
         if (self->gen != guard_generation) goto changed;
     } else {
-        for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
-            uint64_t v = dict_version(self->dicts[i]);
+        /* rows of one dict are consecutive (guard_watch.make_watch sorts them): its version is read once per group,
+         * and the keys only where it moved */
+        for (Py_ssize_t i = 0, end; i < self->n_dicts; i = end) {
+            PyObject *dict = self->dicts[i];
+            for (end = i + 1; end < self->n_dicts && self->dicts[end] == dict; end++) {}
+            uint64_t v = dict_version(dict);
             if (v != 0 && v == self->versions[i]) continue;
-            if (self->dict_keys[i] == NULL) goto changed;
-            PyObject *got = PyDict_GetItemWithError(self->dicts[i], self->dict_keys[i]);     /* borrowed */
-            if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
-            if ((got ? got : self->absent) != self->dict_expected[i]) goto changed;
+            for (Py_ssize_t k = i; k < end; k++) {
+                if (self->dict_keys[k] == NULL) goto changed;
+                PyObject *got = PyDict_GetItemWithError(dict, self->dict_keys[k]);     /* borrowed */
+                if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
+                if ((got ? got : self->absent) != self->dict_expected[k]) goto changed;
+            }
             self->versions[i] = v;
         }
         for (Py_ssize_t i = 0; i < self->n_types; i++) {

@@ -14,7 +14,13 @@ that no longer hold). What counts as a change (``hops``):
 * a class on a path (a class attribute set, a base class changed): watched types (``PyType_Watch``; version tags
   before 3.12);
 * every other step (a list item, a closure cell, a function's ``__defaults__``, an attribute behind a property, a
-  ``__slots__`` attribute) is re-read at every call and compared by identity.
+  ``__slots__`` attribute) is re-read at every call and compared by identity;
+* what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items and a
+  set's length or members re-read), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
+  the dtype, device, sizes, strides and address of a ``tensor`` guard's tensor (one C++ loop: a ``.data`` swap keeps
+  the tensor object). An empty hook dict is covered by ``torch.utils.hooks.RemovableHandle``'s class: registering a
+  hook through torch's API makes a handle, which advances a class attribute (a module's hooks written into its
+  private dicts by hand are seen at the next load).
 
 An object whose class customises ``__getattribute__`` (transformers' configs do) is assumed to answer from its
 instance ``__dict__`` and its class: any change of that dict counts. Not noticed: ``obj.__class__ = Other`` and a
@@ -29,6 +35,7 @@ import types
 from typing import Any, Iterable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from . import _torch_compat as compat
 from . import fingerprints
@@ -127,6 +134,9 @@ def _add_leaf(hops: Hops, g: guards_mod.ValueGuard, leaf: Any) -> None:
         d = getattr(leaf, "__dict__", None)
         if isinstance(d, dict):
             hops.dict_item(d, g.arg, d.get(g.arg, ABSENT))
+    elif kind == "length" and _empty_hook_dict(g, leaf):
+        hops.type_(RemovableHandle)         # every hook registered through torch's API makes a handle: the class's
+        #                                     counter, a class attribute, changes (one watch, not a dict per module)
     elif kind in ("length", "keys", "value"):
         hops.contents(leaf)
     elif kind == "contains":
@@ -136,6 +146,13 @@ def _add_leaf(hops: Hops, g: guards_mod.ValueGuard, leaf: Any) -> None:
             hops.check("contains", leaf, g.arg, g.expected[1] if isinstance(g.expected, list) else None)
     elif kind == "tensor" and isinstance(leaf, torch.Tensor):
         hops.tensor(leaf)
+
+
+def _empty_hook_dict(g: guards_mod.ValueGuard, leaf: Any) -> bool:
+    """Whether ``leaf`` is an empty hook dict of a module or of torch's global module hooks (``g`` reads its length)."""
+    last = g.path[-1]
+    return (isinstance(leaf, dict) and not leaf and last[0] == "attr"
+            and last[1] in guards_mod.MODULE_HOOK_DICTS + guards_mod.GLOBAL_HOOK_DICTS)
 
 
 def _watch_class(hops: Hops, cls: type) -> None:
@@ -325,7 +342,9 @@ def make_watch(hops: Hops) -> Any:
     if not (hops.dicts or hops.types or hops.checked or hops.tensors):
         return None
     meta, meta_holds = compat.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
-    return GuardWatch(list(hops.dicts), list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)
+    order = {id(d): n for n, (d, _, _) in reversed(list(enumerate(hops.dicts)))}    # a dict's first row
+    dicts = sorted(hops.dicts, key=lambda row: order[id(row[0])])                  # its rows together (stable)
+    return GuardWatch(dicts, list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)
 
 
 def watch(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Any:

@@ -55,6 +55,7 @@ def flatten(obj: Any, leaves: list) -> Any:
 class _StateSnapshot(threading.local):
     same: Callable[[], bool] | None = None
     tag: str = ""
+    plain: Callable[[tuple], bool] | None = None       # compat.plain_tensors_check(), found at the first call
 
 
 _snapshot = _StateSnapshot()
@@ -90,10 +91,10 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         except AttributeError:
             pass                # not all plain tensors: take the general path
         else:
-            if len({*map(id, args)}) == len(args) and all(type(a) is _Tensor and not a.dtype.is_complex
-                                                          for a in args):
-                return args, key
-            return args, (len(args), mode, *_leaf_keys(args))
+            plain = _snapshot.plain
+            if plain is None:
+                plain = _snapshot.plain = compat.plain_tensors_check()
+            return args, key if plain(args) else (len(args), mode, *_leaf_keys(args))
     leaves: list = []
     structure = (flatten(args, leaves), flatten(kwargs, leaves))
     return tuple(leaves), (structure, mode, *_leaf_keys(leaves))

@@ -178,14 +178,17 @@ PyTypeObject TensorMatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // -------------------------------------------------------------------------------------------------- MetaMatch
 // The module tensors a graph reads (parameters, buffers): held, and each call compared with their metadata at
-// construction (dtype, device, layout, sizes, strides, the address of the first element: a CUDA graph holds it, and
-// Inductor's code assumes its alignment). `.data = t` swaps a tensor's storage and metadata in place, keeping its
+// construction (dispatch keys, dtype, device, sizes, strides, storage, its address and the storage offset: a CUDA
+// graph holds the address, Inductor's code assumes its alignment). `.data = t` swaps a tensor's storage and metadata in place, keeping its
 // Python object: only a read of the tensor itself sees it.
 struct Meta {
     PyObject* tensor;               // strong
+    uint64_t keys;                  // the dispatch key set: layout, device type, conjugate/negative bits, subclasses
     caffe2::TypeMeta dtype;
     c10::Device device;
-    uintptr_t data;                 // the first element's address
+    const void* storage;            // the StorageImpl, and its first byte's address
+    const void* data;
+    int64_t storage_offset;
     size_t offset;                  // of this tensor's sizes, then strides, in MetaMatch::dims
     size_t ndim;
 };
@@ -196,8 +199,10 @@ struct MetaMatch {
     std::vector<int64_t>* dims;
 };
 
-uintptr_t address(const at::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.const_data_ptr());
+// a tensor's storage and the address of its first byte (nullptrs for a tensor without storage)
+std::pair<const void*, const void*> storage_of(const c10::TensorImpl* impl) {
+    const c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    return {storage, storage ? storage->data_ptr().get() : nullptr};
 }
 
 int meta_match_init(MetaMatch* self, PyObject* args, PyObject* kwds) {
@@ -219,15 +224,16 @@ int meta_match_init(MetaMatch* self, PyObject* args, PyObject* kwds) {
                              Py_TYPE(item)->tp_name);
                 return -1;
             }
-            const at::Tensor& t = THPVariable_Unpack(item);
-            const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+            const c10::TensorImpl* impl = THPVariable_Unpack(item).unsafeGetTensorImpl();
             if (!plain_strided(impl)) {
                 PyErr_Format(PyExc_TypeError, "MetaMatch: tensors[%zd] is not a plain strided tensor", i);
                 return -1;
             }
             const auto sizes = impl->sizes();
             const auto strides = impl->strides();
-            metas.push_back(Meta{item, impl->dtype(), impl->device(), address(t), dims.size(), sizes.size()});
+            const auto storage = storage_of(impl);
+            metas.push_back(Meta{item, impl->key_set().raw_repr(), impl->dtype(), impl->device(), storage.first,
+                                 storage.second, impl->storage_offset(), dims.size(), sizes.size()});
             dims.insert(dims.end(), sizes.begin(), sizes.end());
             dims.insert(dims.end(), strides.begin(), strides.end());
         }
@@ -255,9 +261,11 @@ bool metas_hold(const MetaMatch* self) noexcept {
     const int64_t* dims = self->dims->data();
     try {
         for (const Meta& m : *self->metas) {
-            const at::Tensor& t = THPVariable_Unpack(m.tensor);
-            const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-            if (impl->dtype() != m.dtype || !plain_strided(impl) || impl->device() != m.device) return false;
+            const c10::TensorImpl* impl = THPVariable_Unpack(m.tensor).unsafeGetTensorImpl();
+            if (impl->key_set().raw_repr() != m.keys || impl->dtype() != m.dtype ||
+                impl->storage_offset() != m.storage_offset || impl->device() != m.device)
+                return false;
+            if (storage_of(impl) != std::make_pair(m.storage, m.data)) return false;
             const auto sizes = impl->sizes();
             if (sizes.size() != m.ndim) return false;
             const auto strides = impl->strides();
@@ -265,7 +273,6 @@ bool metas_hold(const MetaMatch* self) noexcept {
             for (size_t d = 0; d < m.ndim; d++) {
                 if (sizes[d] != want[d] || strides[d] != want[m.ndim + d]) return false;
             }
-            if (address(t) != m.data) return false;
         }
     } catch (const std::exception&) {
         return false;
@@ -446,8 +453,34 @@ void init_type(PyTypeObject& type, const char* name, size_t size, const char* do
     type.tp_call = call;
 }
 
+// plain_tensors(args) -> bool: every item is an exact torch.Tensor (no subclass, no Parameter), no two are the same
+// object, and none has its conjugate or negative bit set: a call whose signature key needs nothing but each tensor's
+// shape, stride, dtype and device (gearcache/signature.py's fast path).
+PyObject* plain_tensors(PyObject* /*module*/, PyObject* args) {
+    if (!PyTuple_Check(args)) {
+        PyErr_SetString(PyExc_TypeError, "plain_tensors takes a tuple");
+        return nullptr;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* item = PyTuple_GET_ITEM(args, i);
+        if (Py_TYPE(item) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) Py_RETURN_FALSE;
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (PyTuple_GET_ITEM(args, j) == item) Py_RETURN_FALSE;
+        }
+        const c10::TensorImpl* impl = THPVariable_Unpack(item).unsafeGetTensorImpl();
+        if (impl->is_conj() || impl->is_neg()) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+PyMethodDef module_methods[] = {
+    {"plain_tensors", plain_tensors, METH_O,
+     "plain_tensors(args) -> bool: exact torch.Tensor objects, none twice, no conjugate or negative bit"},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "gearcache_native_guards", "gearcache's native dispatch checks",
-                          -1, nullptr};
+                          -1, module_methods};
 
 }  // namespace
 
