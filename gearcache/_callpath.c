@@ -401,12 +401,17 @@ static PyTypeObject RunnerType = {
 
 /* ---- GuardWatch
  *
- * GuardWatch(dicts, types, checked, absent) -> watch; watch.valid() -> bool (see gearcache/guard_watch.py)
+ * GuardWatch(dicts, types, checked, absent, meta=None, meta_holds=None) -> watch; watch.valid() -> bool (see
+ * gearcache/guard_watch.py)
  *   dicts    [(dict, key, expected)]: dict[key] is `expected` (`absent`: the key is not there); key None: any change
- *            of the dict counts
+ *            of the dict counts. Rows of one dict should be consecutive: where its version tag has not moved since
+ *            the group was last seen valid, none of its keys is read (< 3.12)
  *   types    [type]: any change of the class (an attribute set, its bases) counts
- *   checked  [(op, parent, key, expected)]: getattr(parent, key) (op "attr") or parent[key] (op "item") is
- *            `expected`, re-read at every valid()
+ *   checked  [(op, parent, key, expected)], re-read at every valid(): op "attr": getattr(parent, key) is `expected`;
+ *            "item": parent[key] is `expected`; "len": len(parent) == `expected`; "contains": (key in parent) is
+ *            `expected` (True or False); "seq": the list `parent` holds the items of the tuple `expected`, by identity
+ *   meta     None, or a callable holds() -> bool (module tensors' metadata as at its construction: a `.data` swap keeps
+ *            the tensor object); meta_holds: None, or gearcache.native's META_HOLDS capsule, the same check in C
  * valid() is 1 until a change is seen; it never turns back to 1 (the caller re-checks the guards and makes a new
  * watch). Python 3.12+: the dicts and types are watched (PyDict_Watch with a filter of the keys on the paths,
  * PyType_Watch): any event that may matter advances one process-wide generation, and valid() compares it with the
@@ -424,12 +429,17 @@ typedef struct {
     unsigned int *type_tags;
     Py_ssize_t n_checked;
     PyObject **parents, **keys, **expected;
-    int *is_attr;
+    int *op;                    /* per checked row: CHECK_* */
     PyObject *absent;
+    PyObject *meta;             /* NULL, or the tensors' metadata check (called when meta_holds is NULL) */
+    int (*meta_holds)(PyObject *);
     int watched;                /* 3.12+: every dict and type is watched */
     unsigned long long gen;
     int changed;                /* a change was seen: valid() stays 0 */
 } GuardWatch;
+
+enum { CHECK_ATTR, CHECK_ITEM, CHECK_LEN, CHECK_CONTAINS, CHECK_SEQ };
+static const char *check_ops[] = {"attr", "item", "len", "contains", "seq", NULL};
 
 static unsigned long long guard_generation = 0;
 static PyObject *guard_filters = NULL;     /* {address of a watched dict: set of keys, or None: every key} */
@@ -539,6 +549,7 @@ static int guardwatch_traverse(GuardWatch *self, visitproc visit, void *arg) {
         Py_VISIT(self->parents[i]); Py_VISIT(self->keys[i]); Py_VISIT(self->expected[i]);
     }
     Py_VISIT(self->absent);
+    Py_VISIT(self->meta);
     return 0;
 }
 
@@ -551,6 +562,8 @@ static int guardwatch_clear(GuardWatch *self) {
         Py_CLEAR(self->parents[i]); Py_CLEAR(self->keys[i]); Py_CLEAR(self->expected[i]);
     }
     Py_CLEAR(self->absent);
+    Py_CLEAR(self->meta);
+    self->meta_holds = NULL;
     self->changed = 1;                  /* a cleared watch vouches for nothing */
     return 0;
 }
@@ -560,7 +573,7 @@ static void guardwatch_dealloc(GuardWatch *self) {
     guardwatch_clear(self);
     PyMem_Free(self->dicts); PyMem_Free(self->dict_keys); PyMem_Free(self->dict_expected); PyMem_Free(self->versions);
     PyMem_Free(self->types); PyMem_Free(self->type_tags);
-    PyMem_Free(self->parents); PyMem_Free(self->keys); PyMem_Free(self->expected); PyMem_Free(self->is_attr);
+    PyMem_Free(self->parents); PyMem_Free(self->keys); PyMem_Free(self->expected); PyMem_Free(self->op);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -582,10 +595,20 @@ static PyObject *tuple_rows(PyObject *rows, Py_ssize_t width, const char *what) 
 static PyObject *own(PyObject *o) { Py_XINCREF(o); return o; }
 
 static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"dicts", "types", "checked", "absent", NULL};
-    PyObject *dicts, *types, *checked, *absent;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &dicts, &types, &checked, &absent)) return -1;
+    static char *kwlist[] = {"dicts", "types", "checked", "absent", "meta", "meta_holds", NULL};
+    PyObject *dicts, *types, *checked, *absent, *meta = Py_None, *meta_holds = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO|OO", kwlist, &dicts, &types, &checked, &absent, &meta,
+                                     &meta_holds))
+        return -1;
     if (self->absent != NULL) { PyErr_SetString(PyExc_TypeError, "GuardWatch is initialised once"); return -1; }
+    if (meta_holds != Py_None && !PyCapsule_IsValid(meta_holds, "gearcache.meta_holds")) {
+        PyErr_Format(PyExc_TypeError, "meta_holds: expected None or gearcache.native's META_HOLDS, got %R", meta_holds);
+        return -1;
+    }
+    if (meta != Py_None && meta_holds == Py_None && !PyCallable_Check(meta)) {
+        PyErr_Format(PyExc_TypeError, "meta: expected None or a callable, got %R", meta);
+        return -1;
+    }
     PyObject *d = tuple_rows(dicts, 3, "dicts"), *t = d ? tuple_rows(types, 0, "types") : NULL;
     PyObject *c = t ? tuple_rows(checked, 4, "checked") : NULL;
     if (!c) { Py_XDECREF(d); Py_XDECREF(t); return -1; }
@@ -599,10 +622,10 @@ static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
     self->parents = PyMem_Calloc(nc + 1, sizeof(PyObject *));
     self->keys = PyMem_Calloc(nc + 1, sizeof(PyObject *));
     self->expected = PyMem_Calloc(nc + 1, sizeof(PyObject *));
-    self->is_attr = PyMem_Calloc(nc + 1, sizeof(int));
+    self->op = PyMem_Calloc(nc + 1, sizeof(int));
     int r = -1;
     if (!self->dicts || !self->dict_keys || !self->dict_expected || !self->versions || !self->types ||
-        !self->type_tags || !self->parents || !self->keys || !self->expected || !self->is_attr) {
+        !self->type_tags || !self->parents || !self->keys || !self->expected || !self->op) {
         PyErr_NoMemory();
         goto done;
     }
@@ -624,20 +647,34 @@ static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
         self->n_types = i + 1;
     }
     for (Py_ssize_t i = 0; i < nc; i++) {
-        PyObject *row = PySequence_Fast_GET_ITEM(c, i);
-        int attr = PyUnicode_Check(PyTuple_GET_ITEM(row, 0)) &&
-                   PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(row, 0), "attr") == 0;
-        self->is_attr[i] = attr;
+        PyObject *row = PySequence_Fast_GET_ITEM(c, i), *name = PyTuple_GET_ITEM(row, 0);
+        int op = -1;
+        for (int k = 0; check_ops[k] && op < 0; k++) {
+            if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, check_ops[k]) == 0) op = k;
+        }
+        if (op < 0) { PyErr_Format(PyExc_ValueError, "checked: item %zd has an unknown op %R", i, name); goto done; }
+        self->op[i] = op;
         self->parents[i] = own(PyTuple_GET_ITEM(row, 1));
         self->keys[i] = own(PyTuple_GET_ITEM(row, 2));
         self->expected[i] = own(PyTuple_GET_ITEM(row, 3));
         self->n_checked = i + 1;
-        if (attr && !PyUnicode_Check(self->keys[i])) {
+        if (op == CHECK_ATTR && !PyUnicode_Check(self->keys[i])) {
             PyErr_Format(PyExc_TypeError, "checked: item %zd reads an attribute whose name is not a str", i);
+            goto done;
+        }
+        if ((op == CHECK_LEN && !PyLong_Check(self->expected[i])) ||
+            (op == CHECK_SEQ && (!PyList_Check(self->parents[i]) || !PyTuple_Check(self->expected[i])))) {
+            PyErr_Format(PyExc_TypeError, "checked: item %zd (%s) has a wrong parent or expected value", i,
+                         check_ops[op]);
             goto done;
         }
     }
     self->absent = own(absent);
+    if (meta != Py_None) {
+        self->meta = own(meta);
+        if (meta_holds != Py_None)
+            self->meta_holds = (int (*)(PyObject *))PyCapsule_GetPointer(meta_holds, "gearcache.meta_holds");
+    }
     self->watched = watch_all(self);
     self->gen = guard_generation;
     r = 0;
@@ -661,19 +698,52 @@ static int reads_expected(PyObject *got, PyObject *expected, PyObject *absent) {
     return -1;
 }
 
+/* checked row i: 1 holds, 0 not, -1 error */
+static int checked_holds(GuardWatch *self, Py_ssize_t i) {
+    PyObject *parent = self->parents[i], *key = self->keys[i], *expected = self->expected[i];
+    switch (self->op[i]) {
+    case CHECK_ATTR: return reads_expected(PyObject_GetAttr(parent, key), expected, self->absent);
+    case CHECK_ITEM: return reads_expected(PyObject_GetItem(parent, key), expected, self->absent);
+    case CHECK_LEN: {
+        Py_ssize_t n = PyObject_Length(parent);
+        if (n < 0) { PyErr_Clear(); return 0; }
+        return n == PyLong_AsSsize_t(expected);
+    }
+    case CHECK_CONTAINS: {
+        int r = PySequence_Contains(parent, key);
+        if (r < 0) { PyErr_Clear(); return 0; }
+        return (r ? Py_True : Py_False) == expected;
+    }
+    default: {                              /* CHECK_SEQ: a list, the items of a tuple */
+        Py_ssize_t n = PyList_GET_SIZE(parent);
+        if (n != PyTuple_GET_SIZE(expected)) return 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            if (PyList_GET_ITEM(parent, k) != PyTuple_GET_ITEM(expected, k)) return 0;
+        }
+        return 1;
+    }
+    }
+}
+
 /* 1 valid, 0 a change was seen, -1 error */
 static int guardwatch_valid(GuardWatch *self) {
     if (self->changed) return 0;
     if (self->watched) {
         if (self->gen != guard_generation) goto changed;
     } else {
-        for (Py_ssize_t i = 0; i < self->n_dicts; i++) {
-            uint64_t v = dict_version(self->dicts[i]);
+        /* rows of one dict are consecutive (guard_watch.make_watch sorts them): its version is read once per group,
+         * and the keys only where it moved */
+        for (Py_ssize_t i = 0, end; i < self->n_dicts; i = end) {
+            PyObject *dict = self->dicts[i];
+            for (end = i + 1; end < self->n_dicts && self->dicts[end] == dict; end++) {}
+            uint64_t v = dict_version(dict);
             if (v != 0 && v == self->versions[i]) continue;
-            if (self->dict_keys[i] == NULL) goto changed;
-            PyObject *got = PyDict_GetItemWithError(self->dicts[i], self->dict_keys[i]);     /* borrowed */
-            if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
-            if ((got ? got : self->absent) != self->dict_expected[i]) goto changed;
+            for (Py_ssize_t k = i; k < end; k++) {
+                if (self->dict_keys[k] == NULL) goto changed;
+                PyObject *got = PyDict_GetItemWithError(dict, self->dict_keys[k]);     /* borrowed */
+                if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
+                if ((got ? got : self->absent) != self->dict_expected[k]) goto changed;
+            }
             self->versions[i] = v;
         }
         for (Py_ssize_t i = 0; i < self->n_types; i++) {
@@ -681,11 +751,22 @@ static int guardwatch_valid(GuardWatch *self) {
         }
     }
     for (Py_ssize_t i = 0; i < self->n_checked; i++) {
-        PyObject *got = self->is_attr[i] ? PyObject_GetAttr(self->parents[i], self->keys[i])
-                                         : PyObject_GetItem(self->parents[i], self->keys[i]);
-        int same = reads_expected(got, self->expected[i], self->absent);
+        int same = checked_holds(self, i);
         if (same < 0) return -1;
         if (!same) goto changed;
+    }
+    if (self->meta) {
+        int holds;
+        if (self->meta_holds) {
+            holds = self->meta_holds(self->meta);
+        } else {
+            PyObject *r = PyObject_CallNoArgs(self->meta);
+            if (!r) return -1;
+            holds = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (holds < 0) return -1;
+        }
+        if (!holds) goto changed;
     }
     return 1;
 changed:
@@ -702,7 +783,8 @@ static PyObject *guardwatch_valid_method(GuardWatch *self, PyObject *unused) {
 
 static PyObject *guardwatch_get_watched(GuardWatch *self, void *closure) { return PyBool_FromLong(self->watched); }
 static PyObject *guardwatch_get_counts(GuardWatch *self, void *closure) {
-    return Py_BuildValue("{s:n,s:n,s:n}", "dicts", self->n_dicts, "types", self->n_types, "checked", self->n_checked);
+    return Py_BuildValue("{s:n,s:n,s:n,s:O}", "dicts", self->n_dicts, "types", self->n_types, "checked",
+                         self->n_checked, "meta", self->meta ? (self->meta_holds ? Py_True : Py_False) : Py_None);
 }
 
 static PyMethodDef guardwatch_methods[] = {
@@ -1039,7 +1121,16 @@ static PyTypeObject DispatcherType = {
     .tp_getset = dispatcher_getset,
 };
 
+static PyObject *type_version_fn(PyObject *module, PyObject *type) {
+    (void)module;
+    if (!PyType_Check(type)) { PyErr_Format(PyExc_TypeError, "type_version: expected a class, got %R", type); return NULL; }
+    return PyLong_FromUnsignedLong(type_tag(type));
+}
+
 static PyMethodDef module_methods[] = {
+    {"type_version", type_version_fn, METH_O,
+     "type_version(cls) -> int: cls's version tag, which changes whenever cls or a base class is modified (an "
+     "attribute set or deleted, its bases replaced); 0 where none can be assigned"},
     {"guard_generation", guard_generation_fn, METH_NOARGS,
      "how many changes of watched guard objects the interpreter reported (tests)"},
     {NULL}

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
+import json
 import logging
 import os
 import pathlib
@@ -433,6 +434,57 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
         return None
 
 
+def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], Any]:
+    """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
+    layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is
+    the same check in C for gearcache._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
+
+    Mechanism: gearcache's native ``MetaMatch`` (gearcache/native/guards.cpp) where it is built for this torch and
+    every tensor is a plain strided one, else the same comparison in Python (microseconds per tensor: the first
+    process, before the native module is built)."""
+    native = gearcache_native.guards()
+    if native is not None and hasattr(native, "MetaMatch"):
+        try:
+            return native.MetaMatch(tuple(tensors)), native.META_HOLDS
+        except (TypeError, RuntimeError):     # not all plain strided tensors: Python's
+            pass
+    return _PyMetaMatch(tuple(tensors)), None
+
+
+class _PyMetaMatch:
+    """:func:`tensor_meta_match` in Python."""
+
+    def __init__(self, tensors: tuple):
+        self.tensors = tensors
+        self.metas = [_meta(t) for t in tensors]
+
+    def __call__(self) -> bool:
+        return all(_meta(t) == m for t, m in zip(self.tensors, self.metas))
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    if t.layout != torch.strided:
+        return (t.layout, t.dtype, t.device, t.data_ptr())
+    return (t.dtype, t.device, t.shape, t.stride(), t.data_ptr())
+
+
+_COMPLEX = frozenset({torch.complex32, torch.complex64, torch.complex128})
+
+
+def _plain_tensors(args: tuple) -> bool:
+    """:func:`plain_tensors_check`'s answer in Python."""
+    return (len({*map(id, args)}) == len(args) and all(type(a) is torch.Tensor for a in args)
+            and not any(a.dtype in _COMPLEX and (a.is_conj() or a.is_neg()) for a in args))
+
+
+def plain_tensors_check() -> Callable[[tuple], bool]:
+    """``plain(args) -> bool`` for a tuple of tensors: each an exact ``torch.Tensor`` (no subclass), none passed twice,
+    none with its conjugate or negative bit: a call whose key is each tensor's shape, stride, dtype and device alone.
+    gearcache's native check (one C++ loop) where it is built, else the same in Python (~0.5 us more per call)."""
+    native = gearcache_native.guards()
+    return getattr(native, "plain_tensors", None) or _plain_tensors
+
+
 def native_data_ptr() -> Any:
     """gearcache's native ``DATA_PTR`` capsule (``tensor.data_ptr()`` in C, for the C runner's alignment checks:
     gearcache/_callpath.c), or None where the native module is not loaded (the runner then calls ``data_ptr()``)."""
@@ -604,6 +656,9 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
     - ``matmul``: TF32 and reduced-precision reductions of cuBLAS, cuDNN's TF32, the float32 matmul precision;
     - ``sdp``: the scaled-dot-product attention backends enabled (Dynamo picks one at trace time);
     - ``default_device``: ``torch.set_default_device``'s (factory calls in the method are traced on it);
+    - ``torch_function_modes``: the classes of the active ``TorchFunctionMode`` stack (Dynamo traces a mode into the
+      graph: ``TORCH_FUNCTION_MODE_STACK``), ``functorch``: the active functorch transforms (vmap, grad, ...:
+      ``FUNCTORCH_STACK_MATCH``), ``forward_ad_level``: forward-mode AD's level (``DUAL_LEVEL``);
     - ``cpu_threads``, only where a CPU is among ``devices`` (a key's devices): Inductor writes the thread count into
       its C++ kernels.
 
@@ -633,10 +688,60 @@ def global_state(devices: Iterable[str] = ()) -> dict[str, Any]:
                    "float32_precision": torch.get_float32_matmul_precision()},
         "sdp": _sdp_backends(),
         "default_device": default_device(),
+        "torch_function_modes": _torch_function_modes(),
+        "functorch": _functorch_layers(),
+        "forward_ad_level": _forward_ad_level(),
     }
     if any(str(d).startswith("cpu") for d in devices):
         state["cpu_threads"] = torch.get_num_threads()
     return state
+
+
+NOT_TORCHS = object()      # unpatched_class_attribute: an attribute Dynamo added, not torch's own
+
+# nn.Module attribute -> (the qualified name of Dynamo's wrapper, the wrapped original's name in its closure)
+_DYNAMO_MODULE_PATCHES = {
+    "__init__": ("install_generation_tagging_init.<locals>.patched_init", "init"),
+    "__setstate__": ("install_generation_tagging_init.<locals>.patched_setstate", "setstate"),
+}
+
+
+def unpatched_class_attribute(cls: type, name: str, value: Any) -> Any:
+    """``value`` (``cls.__dict__[name]``) as torch itself defines it: Dynamo's first capture in a process replaces
+    ``nn.Module.__init__`` and ``__setstate__`` by wrappers that call them and tag the module
+    (``torch._dynamo.mutation_guard.install_generation_tagging_init``), and marks the class with
+    ``___needs_generation_tag_patch``; a class's fingerprint must not depend on whether this process ran Dynamo.
+    Returns the wrapped original for those, ``NOT_TORCHS`` for the mark, ``value`` otherwise."""
+    if cls is not torch.nn.Module:
+        return value
+    if name == "___needs_generation_tag_patch":
+        return NOT_TORCHS
+    patch = _DYNAMO_MODULE_PATCHES.get(name)
+    if (patch is not None and getattr(value, "__qualname__", None) == patch[0]
+            and getattr(value, "__module__", None) == "torch._dynamo.mutation_guard"
+            and patch[1] in value.__code__.co_freevars):
+        return value.__closure__[value.__code__.co_freevars.index(patch[1])].cell_contents
+    return value
+
+
+def _torch_function_modes() -> list[str]:
+    """The classes of the thread's ``TorchFunctionMode`` stack, innermost last."""
+    modes = [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+    return [f"{type(m).__module__}.{type(m).__qualname__}" for m in modes]
+
+
+def _functorch_layers() -> list:
+    """The active functorch transforms (each interpreter's state: transform, level, options), outermost first."""
+    if torch._C._functorch.peek_interpreter_stack() is None:
+        return []
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    return [json.loads(json.dumps(ci.get_state(), default=str)) for ci in retrieve_all_functorch_interpreters()]
+
+
+def _forward_ad_level() -> int:
+    """Forward-mode AD's current dual level (-1: none)."""
+    import torch.autograd.forward_ad as forward_ad
+    return int(forward_ad._current_level)
 
 
 def state_guard() -> Callable[[], bool] | None:

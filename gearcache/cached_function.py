@@ -67,7 +67,8 @@ class CachedFunction(Dispatcher):
         self.topology = topology
         self._decompositions = decompositions
         self.name = _entry_point_name(method)
-        self._scope = value_guards.Scope(self._module, method.__func__.__globals__)
+        self._scope = value_guards.Scope(self._module, method.__func__.__globals__,
+                                         cast(types.FunctionType, method.__func__))
         self.life = EntryLife(method, config=config, store=store, topology=topology, decompositions=decompositions,
                               name=self.name, scope=self._scope,
                               remembered=self._remembered)      # the stages of its entries (entry_life.py)
@@ -131,18 +132,23 @@ class CachedFunction(Dispatcher):
             self._set_shortcut(matcher, entry, counters, self._watch)
 
     def _revalidate(self) -> None:
-        """An object on the paths of the value guards changed (``self._watch``): drop the entries, and the gear plan,
-        whose guards no longer hold (their next call misses), and watch the rest anew."""
+        """An object on the paths of the value guards changed (``self._watch``), or a module tensor's metadata: drop
+        the entries, and the gear plan, whose guards no longer hold (their next call misses), bind the rest to where
+        the module holds its tensors now (a submodule replaced by one of the same class and shapes), and watch them
+        anew."""
         with self._lock:
+            reading = value_guards.Reading()        # the entries share most paths: each is read once
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
-                mismatch = guards.mismatch(self._scope) if guards is not None else None
+                mismatch = guards.mismatch(self._scope, reading) if guards is not None else None
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
                     del self._table[key]
                     self._matchers.pop(key, None)
-            if self._plan_guards is not None and self._plan_guards.mismatch(self._scope) is not None:
+                elif isinstance(entry, Entry) and entry.state_moved(self._module):
+                    self._table[key] = entry.rebound(self._module)
+            if self._plan_guards is not None and self._plan_guards.mismatch(self._scope, reading) is not None:
                 self._gears, self._gears_checked, self._plan_guards = None, False, None
             self._first = next(iter(self._table.values()), None)
             self._set_shortcut(None)

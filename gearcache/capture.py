@@ -85,8 +85,17 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
         inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
         outputs=outputs,
         dependencies=_dependencies(state["code"]),
-        guards=value_guards.from_dynamo(recording, method),
+        guards=value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)),
     )
+
+
+def passed_names(method: types.MethodType, args: tuple, kwargs: dict) -> set[str] | None:
+    """The names of the parameters a call of the bound ``method`` passes (the others take their defaults); None where
+    the call does not bind (Dynamo then raised already)."""
+    try:
+        return set(inspect.signature(method).bind(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return None
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list:
@@ -306,7 +315,8 @@ def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure
     recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
     outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
     return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
-                         value_guards.from_dynamo(recording, method), gm, inputs, outputs, guards, same)
+                         value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)), gm, inputs,
+                         outputs, guards, same)
 
 
 def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:

@@ -31,8 +31,8 @@ NATIVE = _NativeRunner is not None
 
 
 class Entry:
-    __slots__ = ("_compiled", "_recipe", "run", "native", "gather", "build", "result_outputs", "manifest", "hits",
-                 "guards", "real_elements", "padded_elements")
+    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs", "manifest",
+                 "hits", "guards", "real_elements", "padded_elements")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
@@ -42,6 +42,8 @@ class Entry:
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
         self._recipe = _recipe(manifest["inputs"], module)
+        self._bound = _state_dicts(manifest, module)
+        self._addresses = _addresses(self._recipe)
         self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
         self.result_outputs = _result_outputs(manifest["outputs"])
@@ -49,6 +51,25 @@ class Entry:
         stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
         if stable is not None:
             stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
+
+    def rebound(self, module: torch.nn.Module) -> "Entry":
+        """This entry reading the module tensors where ``module`` holds them now (a submodule replaced by another of
+        the same class and shapes, ``m.lin = nn.Linear(4, 4)``, holds its weights in dicts of its own): the same
+        compiled graph, manifest, guards and counts, new glue (and so a new object: CUDA graphs of the old one go)."""
+        entry = Entry(self._compiled, module, self.manifest, self.native)
+        entry.guards, entry.hits = self.guards, self.hits
+        entry.real_elements, entry.padded_elements = self.real_elements, self.padded_elements
+        return entry
+
+    def state_moved(self, module: torch.nn.Module) -> bool:
+        """Whether ``rebound`` must bind this entry anew: a module tensor it reads (as a graph input or an output)
+        lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads as a graph input
+        has another data address than when it was bound (a ``.data`` swap keeps the tensor object: the C runner
+        checks the alignment of a new object only, and a CUDA graph of this entry holds the old address)."""
+        try:
+            return _state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
+        except (KeyError, AttributeError):
+            return True
 
     def state_refs(self) -> list[tuple[dict, str]]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
@@ -90,6 +111,18 @@ def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
     """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
     (``_parameters``/``_buffers`` dict, name)."""
     return tuple(int(ref) if kind == "leaf" else compat.state_slot(module, ref) for kind, ref in inputs)
+
+
+def _addresses(recipe: tuple) -> list[int]:
+    """The data address of each module tensor the recipe reads, as the dicts hold them now."""
+    return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
+
+
+def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:
+    """The identity of the dict each module tensor the entry reads lives in (inputs, then outputs)."""
+    refs = [ref for kind, ref in manifest["inputs"] if kind == "state"]
+    refs += [ref for kind, ref in manifest["outputs"]["leaves"] if kind == "state"]
+    return [id(compat.state_slot(module, ref)[0]) for ref in refs]
 
 
 def _make_gather(recipe: tuple) -> Callable[[tuple], list]:

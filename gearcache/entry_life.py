@@ -235,10 +235,13 @@ class EntryLife:
         if self.config.on_new_signature == "error":
             known = self.store.list_entries(self.topology.folder, self.name)
             if known or self.table:
+                fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
+                       "config.on_new_signature='compile'")
+                if "guard_miss" in found.factors:
+                    fix = (f"the entry of this signature was compiled for other values ({found.factors['guard_miss']});"
+                           f" restore them, or set config.on_new_signature='compile' to compile one for these")
                 raise SignatureMismatchError(
-                    self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known],
-                    "call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
-                    "config.on_new_signature='compile'")
+                    self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known], fix)
         diagnostics.record_miss(self.store, self.topology.folder, self.name, found.ekey, found.factors)
         factors = {k: v for k, v in found.factors.items() if k != "guard_miss"}
         t0 = time.perf_counter()
@@ -389,12 +392,17 @@ def entry_groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
 
 
 def module_state(module: torch.nn.Module) -> list[list]:
-    """The module's parameters and buffers as key rows (name, shape, dtype, device)."""
-    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device)] for n, p in
+    """The module's parameters and buffers as key rows (name, shape, dtype, device, strides: a graph reads them as
+    inputs of these exact strides, ``model.to(memory_format=torch.channels_last)`` compiles anew)."""
+    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device), _strides(p)] for n, p in
             module.named_parameters(remove_duplicate=False)]
-    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device)] for n, b in
+    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device), _strides(b)] for n, b in
              module.named_buffers(remove_duplicate=False)]
     return rows
+
+
+def _strides(t: torch.Tensor) -> list[int] | str:
+    return list(t.stride()) if t.layout == torch.strided else str(t.layout)
 
 
 def _example_meta(t: Any) -> Any:

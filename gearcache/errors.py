@@ -132,6 +132,21 @@ class PastLargestGearError(GearcacheError, ValueError):
     the dim, the call's size and the gears (``gears.GearPlan.past_largest_message``)."""
 
 
+class UnguardableError(GearcacheError, TypeError):
+    """A captured method reads a value whose guard gearcache can neither re-check in another process nor watch in this
+    one (an iterator's position, a weak reference, a tensor subclass's metadata, ...): no entry can be proven valid
+    for a later call, so none is served. Names the method, Dynamo's guard and the fix."""
+
+    def __init__(self, method: str, kind: str, source: str, fix: str):
+        super().__init__(method, kind, source, fix)
+        self.method, self.kind, self.source, self.fix = method, kind, source, fix
+
+    def __str__(self) -> str:
+        return (f"{self.method}: the captured graph depends on {self.source or 'a value'} (Dynamo's {self.kind} "
+                f"guard), which gearcache cannot check for a later call, so it serves no entry of it. Fix: "
+                f"{self.fix}")
+
+
 class Unpersistable(GearcacheError):
     """A guarded value has no fingerprint that means the same in another process (gearcache/guards.py): the guard
     is kept for this process only. ``reason`` says why."""

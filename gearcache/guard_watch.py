@@ -14,7 +14,13 @@ that no longer hold). What counts as a change (``hops``):
 * a class on a path (a class attribute set, a base class changed): watched types (``PyType_Watch``; version tags
   before 3.12);
 * every other step (a list item, a closure cell, a function's ``__defaults__``, an attribute behind a property, a
-  ``__slots__`` attribute) is re-read at every call and compared by identity.
+  ``__slots__`` attribute) is re-read at every call and compared by identity;
+* what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items and a
+  set's length or members re-read), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
+  the dtype, device, sizes, strides and address of a ``tensor`` guard's tensor (one C++ loop: a ``.data`` swap keeps
+  the tensor object). An empty hook dict is covered by ``torch.utils.hooks.RemovableHandle``'s class: registering a
+  hook through torch's API makes a handle, which advances a class attribute (a module's hooks written into its
+  private dicts by hand are seen at the next load).
 
 An object whose class customises ``__getattribute__`` (transformers' configs do) is assumed to answer from its
 instance ``__dict__`` and its class: any change of that dict counts. Not noticed: ``obj.__class__ = Other`` and a
@@ -29,7 +35,10 @@ import types
 from typing import Any, Iterable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
+from . import _torch_compat as compat
+from . import fingerprints
 from . import guards as guards_mod
 
 try:
@@ -44,12 +53,17 @@ _MODULE_GETATTRIBUTE = torch.nn.Module.__getattribute__
 
 class Hops:
     """What a watch covers: ``dicts`` ``[(dict, key or None for every key, expected value or ABSENT)]``, ``types``
-    ``[type]``, ``checked`` ``[(op, parent, key, expected)]`` (op ``"attr"`` or ``"item"``, re-read per call)."""
+    ``[type]``, ``checked`` ``[(op, parent, key, expected)]`` re-read per call (op ``"attr"``: ``getattr(parent, key)
+    is expected``; ``"item"``: ``parent[key] is expected``; ``"len"``: ``len(parent) == expected``; ``"contains"``:
+    ``(key in parent) is expected``; ``"seq"``: the list ``parent`` holds the items of the tuple ``expected``, by
+    identity) and ``tensors``, whose dtype, device, sizes, strides and alignment must stay as they are (a parameter
+    whose ``.data`` is swapped keeps its Python object)."""
 
     def __init__(self) -> None:
         self.dicts: list[tuple[dict, Any, Any]] = []
         self.types: list[type] = []
         self.checked: list[tuple[str, Any, Any, Any]] = []
+        self.tensors: list[torch.Tensor] = []
         self._seen: set = set()
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
 
@@ -62,6 +76,19 @@ class Hops:
     def check(self, op: str, parent: Any, key: Any, expected: Any) -> None:
         mark = ("c", op, id(parent), guards_mod.hashable(key))
         self._once(mark, lambda: self.checked.append((op, parent, key, expected)))
+
+    def tensor(self, t: torch.Tensor) -> None:
+        self._once(("x", id(t)), lambda: self.tensors.append(t))
+
+    def contents(self, obj: Any) -> None:
+        """Any change of what the container ``obj`` holds (a guard reads its length, keys or items as a whole)."""
+        if isinstance(obj, dict):
+            self.dict_item(obj, None, None)
+        elif isinstance(obj, list):
+            self.check("seq", obj, None, tuple(obj))
+        elif isinstance(obj, (set, bytearray)) or (hasattr(obj, "__len__") and not isinstance(
+                obj, (tuple, str, bytes, frozenset, types.MappingProxyType, range, torch.Tensor))):
+            self.check("len", obj, None, len(obj))
 
     def _once(self, mark: tuple, add: Any) -> None:
         if mark not in self._seen:
@@ -86,6 +113,52 @@ def _add_guards(hops: Hops, gs: guards_mod.GuardSet, scope: guards_mod.Scope, va
         _add_path(hops, g.path, scope, values, done)
         if g.kind == "same_as":
             _add_path(hops, g.arg, scope, values, done)
+        leaf = guards_mod.evaluate(g.path, scope, values)
+        if leaf is not ABSENT:
+            _add_leaf(hops, g, leaf)
+
+
+def _add_leaf(hops: Hops, g: guards_mod.ValueGuard, leaf: Any) -> None:
+    """What a guard reads of the object at its path, beyond the object itself: its class's contents (``type``, a class
+    or module by ``identity``), the attribute ``hasattr`` and ``in_dict`` look for, a container's contents, a
+    tensor's metadata."""
+    kind = g.kind
+    if kind in ("type", "identity", "live"):
+        cls = leaf if isinstance(leaf, type) else type(leaf)
+        if kind != "identity" or isinstance(leaf, (type, torch.nn.Module)):
+            _watch_class(hops, cls)
+    elif kind == "hasattr":
+        _add_attr(hops, leaf, g.arg, getattr(leaf, g.arg, ABSENT))
+        _watch_class(hops, type(leaf))
+    elif kind == "in_dict":
+        d = getattr(leaf, "__dict__", None)
+        if isinstance(d, dict):
+            hops.dict_item(d, g.arg, d.get(g.arg, ABSENT))
+    elif kind == "length" and _empty_hook_dict(g, leaf):
+        hops.type_(RemovableHandle)         # every hook registered through torch's API makes a handle: the class's
+        #                                     counter, a class attribute, changes (one watch, not a dict per module)
+    elif kind in ("length", "keys", "value"):
+        hops.contents(leaf)
+    elif kind == "contains":
+        if isinstance(leaf, dict):
+            hops.dict_item(leaf, g.arg, leaf.get(g.arg, ABSENT))
+        else:
+            hops.check("contains", leaf, g.arg, g.expected[1] if isinstance(g.expected, list) else None)
+    elif kind == "tensor" and isinstance(leaf, torch.Tensor):
+        hops.tensor(leaf)
+
+
+def _empty_hook_dict(g: guards_mod.ValueGuard, leaf: Any) -> bool:
+    """Whether ``leaf`` is an empty hook dict of a module or of torch's global module hooks (``g`` reads its length)."""
+    last = g.path[-1]
+    return (isinstance(leaf, dict) and not leaf and last[0] == "attr"
+            and last[1] in guards_mod.MODULE_HOOK_DICTS + guards_mod.GLOBAL_HOOK_DICTS)
+
+
+def _watch_class(hops: Hops, cls: type) -> None:
+    """A class's contents and its bases' (a change to a base advances the class's version too)."""
+    if not fingerprints.is_builtin_class(cls):
+        hops.type_(cls)
 
 
 def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, done: set) -> None:
@@ -98,13 +171,31 @@ def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, do
         done.add(prefix)
         child = guards_mod.evaluate(prefix, scope, values)
         if n == 1:
-            if isinstance(prefix[0], tuple) and prefix[0][0] == "global":
-                hops.dict_item(scope.globals, prefix[0][1], child)
+            _add_root(hops, prefix[0], scope, child)
             continue
         parent = guards_mod.evaluate(prefix[:-1], scope, values)
         if parent is ABSENT:
             return
         _add_step(hops, parent, prefix[-1], child)
+
+
+def _add_root(hops: Hops, root: Any, scope: guards_mod.Scope, child: Any) -> None:
+    """A root that can change: a global of the method's module, a closure cell or a default of the cached function."""
+    if not isinstance(root, tuple):
+        return
+    kind, name = root
+    if kind == "global":
+        hops.dict_item(scope.globals, name, child)
+    elif kind == "closure":
+        hops.check("attr", scope.cell(name), "cell_contents", child)
+    elif kind == "default":
+        holder, _ = scope.default_holder(name)
+        func = scope.func
+        if isinstance(holder, dict):                        # __kwdefaults__: replaced, or its item
+            hops.check("attr", func, "__kwdefaults__", holder)
+            hops.dict_item(holder, name, child)
+        else:
+            hops.check("attr", func, "__defaults__", holder)
 
 
 def _add_step(hops: Hops, parent: Any, step: tuple, child: Any) -> None:
@@ -168,29 +259,40 @@ def _is_data_descriptor(cls: type, name: str) -> bool:
 class PyGuardWatch:
     """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
 
-    def __init__(self, dicts: list, types_: list, checked: list, absent: Any):
-        self._reads = ([("item", d, k, e) for d, k, e in dicts if k is not None]
-                       + [("attr", p, k, e) if op == "attr" else ("item", p, k, e) for op, p, k, e in checked])
+    def __init__(self, dicts: list, types_: list, checked: list, absent: Any, meta: Any = None,
+                 meta_holds: Any = None):
+        self._reads = [("item", d, k, e) for d, k, e in dicts if k is not None] + list(checked)
         self._whole = [(d, dict(d)) for d, k, _ in dicts if k is None]
         self._types = [(t, dict(t.__dict__)) for t in types_]
         self._absent = absent
+        self._meta = meta
 
     def valid(self) -> bool:
-        absent = self._absent
-        for op, parent, key, expected in self._reads:
-            try:
-                got = getattr(parent, key) if op == "attr" else parent[key]
-            except (AttributeError, KeyError, IndexError, TypeError):
-                got = absent
-            if got is not expected:
-                return False
+        if not all(_holds(op, parent, key, expected, self._absent) for op, parent, key, expected in self._reads):
+            return False
         for d, copy in self._whole:
             if d.keys() != copy.keys() or any(d[k] is not v for k, v in copy.items()):
                 return False
         for t, copy in self._types:
             if t.__dict__.keys() != copy.keys() or any(t.__dict__[k] is not v for k, v in copy.items()):
                 return False
-        return True
+        return self._meta is None or bool(self._meta())
+
+
+def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
+    """One checked hop (see :class:`Hops`), as the C watch reads it."""
+    try:
+        if op == "attr":
+            return getattr(parent, key) is expected
+        if op == "item":
+            return parent[key] is expected
+        if op == "len":
+            return len(parent) == expected
+        if op == "contains":
+            return (key in parent) is expected
+        return len(parent) == len(expected) and all(a is b for a, b in zip(parent, expected))     # "seq"
+    except (AttributeError, LookupError, TypeError):
+        return expected is absent and op in ("attr", "item")
 
 
 GuardWatch = _NativeGuardWatch or PyGuardWatch
@@ -225,9 +327,7 @@ class Watcher:
             if id(gs) not in known:
                 _add_guards(self._hops, gs, self._scope, self._values, self._done)
         self._sets = sets
-        hops = self._hops
-        self._watch = (GuardWatch(list(hops.dicts), list(hops.types), list(hops.checked), ABSENT)
-                       if hops.dicts or hops.types or hops.checked else None)
+        self._watch = make_watch(self._hops)
         return self._watch
 
     def _extends(self, sets: list[guards_mod.GuardSet]) -> bool:
@@ -235,6 +335,16 @@ class Watcher:
         now = {id(gs) for gs in sets}
         return (all(id(gs) in now for gs in self._sets)
                 and (self._watch is None or self._watch.valid()))
+
+
+def make_watch(hops: Hops) -> Any:
+    """A ``GuardWatch`` over ``hops`` as they are now; None when they are empty."""
+    if not (hops.dicts or hops.types or hops.checked or hops.tensors):
+        return None
+    meta, meta_holds = compat.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
+    order = {id(d): n for n, (d, _, _) in reversed(list(enumerate(hops.dicts)))}    # a dict's first row
+    dicts = sorted(hops.dicts, key=lambda row: order[id(row[0])])                  # its rows together (stable)
+    return GuardWatch(dicts, list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)
 
 
 def watch(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Any:

@@ -14,21 +14,29 @@ cells, config objects, the identity of the functions and classes it calls, empty
   signature's entry key, each other one under :func:`variant_key` (that key plus the live fingerprints of the first
   one's guards), so a lookup reads at most two manifests.
 
-Guards on the call's arguments (the signature key has them), on tensors (the signature and the module's parameter
-and buffer shapes have them) and on global torch state (the key's ``global_state`` factor) are left out.
+Every guard kind Dynamo emits is handled one of four ways (docs/DESIGN.md, "Value guards", has the table): a value
+guard here (re-checked at load, watched per call); the signature key (guards on the call's arguments: their
+structure, scalars' values, tensors' shape, stride, dtype and device); the key's ``global_state`` factor with the
+per-call state snapshot (grad mode, autocast, ...); or refused (:class:`~gearcache.errors.UnguardableError`: no
+entry is served). A guard on a parameter or buffer (``TENSOR_MATCH``) is a ``tensor`` value guard: its dtype,
+shape, stride and device, re-checked at load and, per call, by the watch (gearcache/guard_watch.py).
 
 On-disk form, the entry manifest's ``"guards"``: ``[[kind, path, arg, expected], ...]``. ``path`` is
 ``[root, step, ...]``: root ``"self"`` (the module), ``["global", name]`` (the method's module's globals),
-``["module", name]`` (a Python module, ``sys.modules[name]``) or ``"builtins"``; a step is ``["attr", name]``,
+``["module", name]`` (a Python module, ``sys.modules[name]``), ``"builtins"``, ``["closure", name]`` (the cell of
+the cached function's free variable ``name``: a class built by a factory reads its ``scale`` there) or
+``["default", name]`` (the default of the cached function's parameter ``name``, for a call that does not pass it);
+a step is ``["attr", name]``,
 ``["generic_attr", name]`` (``object.__getattribute__(x, name)``, as Dynamo reads past a custom ``__getattribute__``),
 ``["item", key]`` (a str, int, float, bool or None key), ``["item_at", i]`` (the value at a dict's i-th key),
 ``["key_at", i]`` (a dict's i-th key) or ``["type"]``. ``arg`` is None, an attribute name (``hasattr``,
 ``in_dict``), a key (``contains``) or another path (``same_as``). The kinds and their fingerprints are in
 ``_FINGERPRINT``.
 
-A guard gearcache cannot re-evaluate in another process (an object known only by its identity, a source expression
-of a form not parsed here) makes the entry *local*: it is compiled and served in this process (checked by identity)
-but never written to the store; one warning names the guard.
+A guard on an object known only by its identity (an ``ID_MATCH`` on a plain instance) makes the entry *local*: it is
+compiled and served in this process (checked by identity, watched per call) but never written to the store; one
+warning names the guard. A guard whose source gearcache cannot read at all, or whose kind it cannot check, refuses
+the capture (``UnguardableError``) rather than serve an entry nothing checks.
 """
 from __future__ import annotations
 
@@ -43,42 +51,67 @@ import logging
 import sys
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from . import _torch_compat as compat
-from .errors import Unpersistable
-from .naming import importable_module
+from .errors import UnguardableError, Unpersistable
+from .fingerprints import class_fp, code_digest, function_digest, type_name
 
 log = logging.getLogger("gearcache.guards")
 
 MISSING = ["missing"]                   # the fingerprint of a path that no longer leads anywhere
 
-# Dynamo guard types whose values gearcache keys elsewhere (signature, module state, global state) or that hold no
-# value of the method's (the shape environment of a static capture).
-_COVERED = frozenset({
-    "TENSOR_MATCH", "GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "GLOBAL_STATE", "TORCH_FUNCTION_STATE",
-    "DEFAULT_DEVICE", "SHAPE_ENV", "AUTOGRAD_SAVED_TENSORS_HOOKS", "FSDP_TRAINING_STATE", "FUNCTORCH_STACK_MATCH",
-    "DUAL_LEVEL", "DISPATCH_KEY_SET_MATCH", "TORCH_FUNCTION_MODE_STACK",
-})
+# Dynamo guard types gearcache enforces elsewhere, with where (docs/DESIGN.md's table has the reasons):
+_ELSEWHERE = {
+    # the key's global_state factor, and per call the state snapshot (signature.state_tag, the shortcut's matcher)
+    "GRAD_MODE": "key", "DETERMINISTIC_ALGORITHMS": "key", "GLOBAL_STATE": "key", "TORCH_FUNCTION_STATE": "key",
+    "DEFAULT_DEVICE": "key", "FUNCTORCH_STACK_MATCH": "key", "DUAL_LEVEL": "key",
+    "TORCH_FUNCTION_MODE_STACK": "key",
+    # a static capture: every size is in the signature key (a gear plan's size guards go to its padding analysis)
+    "SHAPE_ENV": "key",
+    # inference only: no tensor is saved for backward (grad off, or no input or weight requires grad)
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": "inference",
+}
+
+# Dynamo guard types no entry can be served under: what they check has no fingerprint and no watch
+_REFUSED = {
+    "TENSOR_SUBCLASS_METADATA_MATCH": "pass plain tensors (a tensor subclass's metadata is not part of any key)",
+    "DTENSOR_SPEC_MATCH": "pass plain tensors (a DTensor's placement is not part of any key)",
+    "TUPLE_ITERATOR_LEN": "read a tuple or list, not an iterator (its position changes as it is consumed)",
+    "RANGE_ITERATOR_MATCH": "read a range, not an iterator over it",
+    "COUNT_ITERATOR_MATCH": "read a number, not an itertools.count",
+    "WEAKREF_ALIVE": "hold a strong reference (an attribute or a module) instead of a weakref",
+    "OPAQUE_OBJ_GUARD_FN_MATCH": "keep the value the graph depends on in a plain attribute",
+    "FSDP_TRAINING_STATE": "cache an unwrapped module (gearcache serves inference, not FSDP training)",
+    "COW_TENSOR_MATCH": "do not branch on torch._C._is_cow_tensor in the cached method",
+}
 
 # Dynamo guard type -> gearcache kind
 _KINDS = {
     "CONSTANT_MATCH": "value", "EQUALS_MATCH": "value", "BOOL_MATCH": "value", "NONE_MATCH": "value",
-    "CONSTANT_SUBCLASS_MATCH": "value",
-    "TYPE_MATCH": "type", "NN_MODULE": "type", "FAKE_SCRIPT_TYPE_MATCH": "type",
-    "OPAQUE_OBJ_GUARD_FN_MATCH": "identity",
-    "ID_MATCH": "identity", "CLASS_MATCH": "identity", "MODULE_MATCH": "identity", "BUILTIN_MATCH": "identity",
-    "FUNCTION_MATCH": "identity", "CLOSURE_MATCH": "identity",
+    "CONSTANT_SUBCLASS_MATCH": "value", "DICT_VERSION": "value", "DISPATCH_KEY_SET_MATCH": "value",
+    "TYPE_MATCH": "type", "FAKE_SCRIPT_TYPE_MATCH": "type",
+    "NN_MODULE": "identity", "ID_MATCH": "identity", "CLASS_MATCH": "identity", "MODULE_MATCH": "identity",
+    "BUILTIN_MATCH": "identity", "FUNCTION_MATCH": "identity", "CLOSURE_MATCH": "identity",
     "SEQUENCE_LENGTH": "length", "DICT_LENGTH": "length", "EMPTY_NN_MODULE_HOOKS_DICT": "length",
     "DICT_KEYS_MATCH": "keys", "DICT_KEYS": "keys", "MAPPING_KEYS_CHECK": "keys",
     "HASATTR": "hasattr", "NOT_PRESENT_IN_GENERIC_DICT": "in_dict",
     "DICT_CONTAINS": "contains", "DICT_NOT_CONTAINS": "contains", "SET_CONTAINS": "contains",
     "SET_NOT_CONTAINS": "contains",
-    "DUPLICATE_INPUT": "same_as", "NOT_NONE_MATCH": "not_none",
+    "DUPLICATE_INPUT": "same_as", "NOT_NONE_MATCH": "not_none", "TENSOR_MATCH": "tensor",
 }
+
+# The hook dicts of a module whose __call__ the graph went through, and torch's global ones: each guarded empty (or
+# as long as at capture) whatever Dynamo guards (``skip_nnmodule_hook_guards`` drops its own guards on them)
+MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+                     "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                     "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                     "_global_forward_hooks_always_called")
+_HOOKS_MODULE = "torch.nn.modules.module"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,10 +149,11 @@ class Mismatch:
 
 
 class Scope:
-    """Where guard paths start in a process: the cached method's module and its function's globals."""
+    """Where guard paths start in a process: the cached method's module, its function's globals and the function itself
+    (its closure cells and defaults)."""
 
-    def __init__(self, module: torch.nn.Module, globals_: dict[str, Any]):
-        self.module, self.globals = module, globals_
+    def __init__(self, module: torch.nn.Module, globals_: dict[str, Any], func: types.FunctionType | None = None):
+        self.module, self.globals, self.func = module, globals_, func
         self.installed: dict[str, Any] = {}         # at capture: the globals Dynamo added for the trace
 
     def root(self, root: Any) -> Any:
@@ -130,11 +164,41 @@ class Scope:
         kind, name = root
         if kind == "global":
             return self.globals[name]
+        if kind == "closure":
+            return self.cell(name).cell_contents        # ValueError for an empty cell: evaluate() says missing
+        if kind == "default":
+            holder, key = self.default_holder(name)
+            return holder[key]
         module = sys.modules.get(name)
         if module is None:
             import importlib
             module = importlib.import_module(name)
         return module
+
+    def cell(self, name: str) -> Any:
+        """The cell of the cached function's free variable ``name`` (KeyError where there is none)."""
+        func = self.func
+        if func is None or func.__closure__ is None or name not in func.__code__.co_freevars:
+            raise KeyError(name)
+        return func.__closure__[func.__code__.co_freevars.index(name)]
+
+    def default_holder(self, name: str) -> tuple[Any, Any]:
+        """``(func.__defaults__, index)`` or ``(func.__kwdefaults__, name)``: where the default of the cached function's
+        parameter ``name`` is (KeyError where it has none)."""
+        func = self.func
+        if func is None:
+            raise KeyError(name)
+        code = func.__code__
+        positional = code.co_varnames[:code.co_argcount]
+        defaults = func.__defaults__ or ()
+        if name in positional:
+            i = positional.index(name) - (len(positional) - len(defaults))
+            if i < 0:
+                raise KeyError(name)
+            return defaults, i
+        if name in (func.__kwdefaults__ or {}):
+            return func.__kwdefaults__, name
+        raise KeyError(name)
 
 
 class GuardSet:
@@ -157,20 +221,38 @@ class GuardSet:
     def from_json(cls, data: list | None) -> "GuardSet":
         return cls([ValueGuard.from_json(g) for g in data or []])
 
-    def mismatch(self, scope: Scope) -> Mismatch | None:
-        """The first guard that does not hold on the live objects, or None."""
-        values: dict[tuple, Any] = {}
+    def mismatch(self, scope: Scope, reading: "Reading | None" = None) -> Mismatch | None:
+        """The first guard that does not hold on the live objects, or None. ``reading``: objects and fingerprints
+        already read in this pass (several guard sets checked at once share the paths they have in common)."""
+        reading = reading if reading is not None else Reading()
         for g in self.guards:
             if unloaded_torch_module(g):
                 continue
-            live = live_fingerprint(g, scope, values)
+            live = reading.fingerprint(g, scope)
             if live != g.expected:
                 return Mismatch(g, live)
         return None
 
     def live_fingerprints(self, scope: Scope) -> list:
-        values: dict[tuple, Any] = {}
-        return [g.expected if unloaded_torch_module(g) else live_fingerprint(g, scope, values) for g in self.guards]
+        reading = Reading()
+        return [g.expected if unloaded_torch_module(g) else reading.fingerprint(g, scope) for g in self.guards]
+
+
+class Reading:
+    """One pass over live objects: the object at each path and each guard's live fingerprint, read once (nothing may
+    change them during the pass: use one per check, under the method's lock)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, Any] = {}
+        self._fps: dict[tuple, Any] = {}
+
+    def fingerprint(self, guard: ValueGuard, scope: Scope) -> Any:
+        mark = (guard.kind, guard.path, hashable(guard.arg))
+        try:
+            return self._fps[mark]
+        except KeyError:
+            fp = self._fps[mark] = live_fingerprint(guard, scope, self.values)
+            return fp
 
 
 def unloaded_torch_module(guard: ValueGuard) -> bool:
@@ -225,61 +307,143 @@ def choose(read: Any, key: str, scope: Scope) -> Choice:
 
 
 # ------------------------------------------------------------------------------------------------------- capture
-def from_dynamo(recording: Any, method: Any) -> GuardSet:
-    """The value guards of a capture of the bound ``method``, from Dynamo's guards
-    (``_torch_compat.GuardRecording``)."""
-    self_name = method.__func__.__code__.co_varnames[0]
-    scope = Scope(method.__self__, {**method.__func__.__globals__, **recording.installed})
-    scope.installed = recording.installed
+def from_dynamo(recording: Any, method: Any, passed: Iterable[str] | None = None) -> GuardSet:
+    """The value guards of a capture of the bound ``method``, from Dynamo's guards (``_torch_compat.GuardRecording``).
+    ``passed``: the names of the parameters the captured call passed (a guard on one of them is the signature key's;
+    on one it did not pass, a guard on the function's default); None: all of them. Raises ``UnguardableError`` for a
+    guard no entry can be served under."""
+    func = method.__func__
+    reader = _Reader(method, recording, passed)
     guards: dict[tuple, ValueGuard] = {}
-    local: list[str] = []
-    values: dict[tuple, Any] = {}
     for dg in recording.guards:
-        if dg.kind in _COVERED or not dg.source:
-            continue
-        try:
-            guard = _value_guard(dg, self_name, scope, values)
-        except Unpersistable as exc:
-            local.append(f"{dg.kind} on {dg.source}: {exc}")
-            guard = _local_guard(dg, self_name, scope, values)
+        guard = reader.guard(dg)
         if guard is not None:
             guards.setdefault((guard.kind, guard.path, hashable(guard.arg)), guard)
+    for guard in _hook_guards(list(guards.values()), reader.scope, reader.values):
+        guards.setdefault((guard.kind, guard.path, hashable(guard.arg)), guard)
     message = None
-    if local:
-        message = (f"{len(local)} guard(s) cannot be checked in another process, e.g. {local[0]}")
-        log.debug("local guards: %s", local)
+    if reader.local:
+        message = f"{len(reader.local)} guard(s) cannot be checked in another process, e.g. {reader.local[0]}"
+        log.debug("local guards of %s: %s", func.__qualname__, reader.local)
     return GuardSet(list(guards.values()), message)
 
 
-def _value_guard(dg: Any, self_name: str, scope: Scope, values: dict) -> ValueGuard | None:
-    kind = _KINDS.get(dg.kind)
-    if kind is None:
-        raise Unpersistable(f"Dynamo guard type {dg.kind} is not one gearcache can re-check")
-    path = _resolve(parse_source(dg.source), self_name, scope)
-    if path is None:
-        return None                                     # an argument: the signature key has it
-    obj = evaluate(path, scope, values)
-    if dg.has_value and not _same_object(obj, dg.value):
-        raise Unpersistable(f"gearcache's reading of {dg.source} is not the object Dynamo guarded")
-    arg = dg.detail.get("attr", dg.detail.get("key"))
-    if kind == "same_as":
-        arg = _resolve(parse_source(dg.detail["other"]), self_name, scope)
-        if arg is None:
+class _Reader:
+    """Turns Dynamo's guards of one capture into value guards (:func:`from_dynamo`)."""
+
+    def __init__(self, method: Any, recording: Any, passed: Iterable[str] | None):
+        func = method.__func__
+        self.name = func.__qualname__
+        self.self_name = func.__code__.co_varnames[0]
+        self.scope = Scope(method.__self__, {**func.__globals__, **recording.installed}, func)
+        self.scope.installed = recording.installed
+        self.code = code = func.__code__
+        n_params = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
+        self.params = set(code.co_varnames[:n_params])
+        self.passed = self.params if passed is None else set(passed)
+        self.values: dict[tuple, Any] = {}
+        self.local: list[str] = []
+
+    def guard(self, dg: Any) -> ValueGuard | None:
+        """The value guard of Dynamo's guard ``dg``; None where the key or the state snapshot enforces it."""
+        if dg.kind in _ELSEWHERE or (not dg.source and dg.kind not in _REFUSED):
             return None
-    guard = ValueGuard(kind, path, arg, None)
-    return dataclasses.replace(guard, expected=fingerprint(guard, obj, scope, values))
+        if dg.kind in _REFUSED:
+            raise UnguardableError(self.name, dg.kind, dg.source, _REFUSED[dg.kind])
+        kind = _KINDS.get(dg.kind)
+        if kind is None:
+            raise UnguardableError(self.name, dg.kind, dg.source, "a guard kind this gearcache does not know (a newer "
+                                   "torch?): pin torch to a version gearcache supports, or report it")
+        if dg.kind == "NN_MODULE":            # a module whose weights the graph holds: this object only
+            return self._local(dg, "a module the graph specialises on, weights and all")
+        try:
+            path = self.resolve(dg.source, dg.kind)
+        except Unpersistable as exc:
+            raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items and "
+                                   f"globals gearcache can follow ({exc})") from None
+        if path is None:
+            return None                                 # an argument: the signature key has it
+        try:
+            return self._value_guard(dg, kind, path)
+        except Unpersistable as exc:
+            return self._local(dg, str(exc), path)
+
+    def resolve(self, source: str, kind: str) -> tuple | None:
+        """The path of ``source`` from a gearcache root; None for an argument the call passed (the signature key
+        covers it: see :func:`_argument_covered`)."""
+        path = parse_source(source)
+        where, name = path[0]
+        if where == "L" and name != self.self_name:
+            if name in self.passed:
+                _argument_covered(self.name, kind, source, path)
+                return None
+            if name in self.code.co_freevars:
+                return (("closure", name),) + path[1:]
+            if name in self.params:
+                return (("default", name),) + path[1:]
+            raise Unpersistable(f"{name} is a local of the cached method that is neither an argument nor a closure")
+        return _resolve(path, self.self_name, self.scope)
+
+    def _value_guard(self, dg: Any, kind: str, path: tuple) -> ValueGuard | None:
+        obj = evaluate(path, self.scope, self.values)
+        if dg.has_value and not _same_object(obj, dg.value):
+            raise Unpersistable(f"gearcache's reading of {dg.source} is not the object Dynamo guarded")
+        arg = dg.detail.get("attr", dg.detail.get("key"))
+        if kind == "same_as":
+            arg = self.resolve(dg.detail["other"], dg.kind)
+            if arg is None:                             # an argument the same object as a module's value
+                raise UnguardableError(self.name, dg.kind, f"{dg.source} is {dg.detail['other']}", "pass a tensor "
+                                       "that is not also an attribute, parameter or buffer of the module (a clone)")
+        guard = ValueGuard(kind, path, arg, None)
+        return dataclasses.replace(guard, expected=fingerprint(guard, obj, self.scope, self.values))
+
+    def _local(self, dg: Any, why: str, path: tuple | None = None) -> ValueGuard:
+        """An identity guard on the object Dynamo guarded, for an entry served in this process only."""
+        self.local.append(f"{dg.kind} on {dg.source}: {why}")
+        if path is None:
+            try:
+                path = self.resolve(dg.source, dg.kind)
+            except Unpersistable as exc:
+                raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items "
+                                       f"and globals gearcache can follow ({exc})") from None
+            if path is None:
+                raise UnguardableError(self.name, dg.kind, dg.source, "pass the object as a module attribute")
+        return ValueGuard("live", path, None, LiveObject(evaluate(path, self.scope, self.values)))
 
 
-def _local_guard(dg: Any, self_name: str, scope: Scope, values: dict) -> ValueGuard | None:
-    """An identity guard on the object Dynamo guarded, for an entry served in this process only; None where even
-    the path cannot be read (the entry is then used as long as nothing it was built from is replaced)."""
-    try:
-        path = _resolve(parse_source(dg.source), self_name, scope)
-    except Unpersistable:
-        return None
-    if path is None:
-        return None
-    return ValueGuard("live", path, None, LiveObject(evaluate(path, scope, values)))
+# What the signature key holds of an argument (signature.call_key): its structure (tuples, lists, dicts and their
+# keys), each scalar leaf's type and value (int, float, bool, str, None, dtype, device), each tensor's shape, stride,
+# dtype and device, and which tensors are the same object. A guard rooted at an argument is covered when it reads only
+# these: through items and types, of the kinds below.
+_KEYED_KINDS = frozenset({"value", "type", "identity", "length", "keys", "contains", "not_none", "tensor", "same_as"})
+
+
+def _argument_covered(method: str, kind: str, source: str, path: tuple) -> None:
+    """Raise ``UnguardableError`` unless the signature key covers Dynamo's guard on an argument."""
+    if _KINDS.get(kind) in _KEYED_KINDS and all(s[0] in ("item", "type") for s in path[1:]):
+        return
+    raise UnguardableError(method, kind, source, "pass the value as a tensor, a scalar or a tuple, list or dict of "
+                           "them (an attribute of an argument is part of no key), or make it a module attribute")
+
+
+def _hook_guards(guards: list[ValueGuard], scope: Scope, values: dict) -> list[ValueGuard]:
+    """Guards on the hook dicts of every module whose ``__call__`` the graph went through (Dynamo guards each such
+    module's ``forward`` against an instance patch, ``in_dict forward``, and some of its hook dicts) and, if there is
+    one, on torch's global module hooks: the length each had at capture (their hooks themselves, where there were
+    any, the trace inlined and Dynamo guards)."""
+    called = {g.path for g in guards if g.kind == "in_dict" and g.arg == "forward"}
+    called |= {g.path[:-1] for g in guards if g.kind == "length" and len(g.path) > 1
+               and g.path[-1][0] == "attr" and g.path[-1][1] in MODULE_HOOK_DICTS}    # Dynamo's own hook guards
+    paths = [p + (("attr", name),) for p in sorted(called, key=repr) for name in MODULE_HOOK_DICTS]
+    if called:
+        paths += [(("module", _HOOKS_MODULE), ("attr", name)) for name in GLOBAL_HOOK_DICTS]
+    made = []
+    for path in paths:
+        obj = evaluate(path, scope, values)
+        if isinstance(obj, dict):
+            guard = ValueGuard("length", path, None, None)
+            made.append(dataclasses.replace(guard, expected=fingerprint(guard, obj, scope, values)))
+    return made
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -310,6 +474,9 @@ def _parse(node: ast.AST, text: str) -> tuple:
     if key_at is not None:
         return _parse(key_at[0], text) + (("key_at", key_at[1]),)
     if isinstance(node, ast.Subscript):
+        key_at = _key_at(node.slice)
+        if key_at is not None and ast.dump(key_at[0]) == ast.dump(node.value):    # X[list(dict.keys(X))[i]]
+            return _parse(node.value, text) + (("item_at", key_at[1]),)
         key = _constant(node.slice, text)
         if isinstance(node.value, ast.Name) and node.value.id in ("L", "G"):
             return ((node.value.id, key),)
@@ -390,7 +557,7 @@ def evaluate(path: tuple, scope: Scope, values: dict | None = None) -> Any:
     if len(path) == 1:
         try:
             obj = scope.root(path[0])
-        except (KeyError, ImportError):
+        except (KeyError, IndexError, ValueError, ImportError):    # no such global, cell, default or module
             obj = MISSING_OBJECT
     else:
         obj = step(evaluate(path[:-1], scope, values), path[-1])
@@ -430,6 +597,8 @@ def step(obj: Any, s: tuple) -> Any:
 
 
 def live_fingerprint(guard: ValueGuard, scope: Scope, values: dict | None = None) -> Any:
+    """``guard``'s fingerprint of the live object at its path: never raises (a value that has none, or that the check
+    cannot read, such as the length of a ``__defaults__`` that became None, gets one that equals no recorded one)."""
     obj = evaluate(guard.path, scope, values)
     if guard.kind == "live":
         return LiveObject(obj)
@@ -437,6 +606,8 @@ def live_fingerprint(guard: ValueGuard, scope: Scope, values: dict | None = None
         return fingerprint(guard, obj, scope, values)
     except Unpersistable as exc:
         return ["unreadable", str(exc)]
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError, RuntimeError) as exc:
+        return ["unreadable", f"{type(exc).__name__} reading {type_name(type(obj))}"]
 
 
 def fingerprint(guard: ValueGuard, obj: Any, scope: Scope, values: dict | None = None) -> Any:
@@ -453,9 +624,29 @@ def _contains(obj: Any, g: ValueGuard, scope: Scope, values: Any) -> Any:
         return [key_fp(g.arg), "unhashable"]
 
 
+def tensor_fp(t: Any) -> Any:
+    """A parameter's or buffer's fingerprint (``TENSOR_MATCH``): what a compiled graph assumes of an input tensor."""
+    if not isinstance(t, torch.Tensor):
+        return ["not a tensor", type_name(type(t))]
+    if t.layout != torch.strided:
+        return ["tensor", str(t.layout), str(t.dtype), str(t.device)]
+    return ["tensor", str(t.dtype), str(t.device), list(t.shape), list(t.stride())]
+
+
+def _class_fp(cls: type, values: dict | None) -> list:
+    """``class_fp(cls)``, once per class in a pass over the guards (``values``: the pass's objects read)."""
+    if values is None:
+        return class_fp(cls)
+    mark = ("class_fp", cls)                # never a path: a path's root is a str or a (kind, name) pair of str
+    fp = values.get(mark)
+    if fp is None:
+        fp = values[mark] = class_fp(cls)
+    return fp
+
+
 _FINGERPRINT = {
     "value": lambda obj, g, scope, values: value_fp(obj),
-    "type": lambda obj, g, scope, values: type_name(type(obj)),
+    "type": lambda obj, g, scope, values: _class_fp(type(obj), values),
     "identity": lambda obj, g, scope, values: identity_fp(obj),
     "length": lambda obj, g, scope, values: len(obj),
     "keys": lambda obj, g, scope, values: [key_fp(k) for k in (dict.keys(obj) if isinstance(obj, dict)
@@ -465,17 +656,11 @@ _FINGERPRINT = {
     "contains": _contains,
     "same_as": lambda obj, g, scope, values: obj is evaluate(g.arg, scope, values),
     "not_none": lambda obj, g, scope, values: obj is not None,
+    "tensor": lambda obj, g, scope, values: tensor_fp(obj),
 }
 
 
 # -------------------------------------------------------------------------------------------------- fingerprints
-def type_name(t: type | types.FunctionType) -> str:
-    """``module.QualName`` of a class or a function, the module named as it is imported (a class of the script run as
-    ``__main__`` has the same name as when it is imported: ``naming.importable_module``)."""
-    qualname = getattr(t, "__qualname__", getattr(t, "__name__", repr(t)))
-    return f"{importable_module(getattr(t, '__module__', '?'))}.{qualname}"
-
-
 def value_fp(v: Any) -> Any:
     """A constant's fingerprint: its type and value (containers element by element)."""
     t = type(v)
@@ -499,6 +684,8 @@ def value_fp(v: Any) -> Any:
         return [t.__name__, [value_fp(v.start), value_fp(v.stop), value_fp(v.step)]]
     if isinstance(v, (int, float, str)):                # other subclasses of the constant types
         return [type_name(t), repr(v)]
+    if t.__name__ == "DispatchKeySet" and t.__module__.startswith("torch"):
+        return ["DispatchKeySet", v.raw_repr()]
     return identity_fp(v)
 
 
@@ -509,24 +696,25 @@ def key_fp(k: Any) -> Any:
 
 
 def identity_fp(v: Any) -> Any:
-    """An object known by identity: what identifies it in any process (a module's, class's or function's name and
-    a function's code), Unpersistable for an object that has nothing but its identity."""
+    """An object known by identity: what identifies it in any process (a module's name; a class's name and contents;
+    a function's name, code, defaults and closure contents: gearcache/fingerprints.py), Unpersistable for an object
+    that has nothing but its identity."""
     if v is None or type(v) in (bool, int, str, float) or isinstance(v, (enum.Enum, torch.dtype, torch.device)):
         return value_fp(v)
     if isinstance(v, types.ModuleType):
         return ["module", v.__name__]
     if isinstance(v, type):
-        return ["class", type_name(v)]
+        return class_fp(v)
     if isinstance(v, types.CodeType):
         return ["code", v.co_qualname if hasattr(v, "co_qualname") else v.co_name, code_digest(v)]
     if isinstance(v, types.FunctionType):
-        return ["function", type_name(v), code_digest(v.__code__)]
+        return ["function", type_name(v), function_digest(v)]
     if isinstance(v, types.MethodType):
         return ["method", identity_fp(v.__func__), identity_fp(v.__self__)]
     if isinstance(v, functools.partial):
         return ["partial", identity_fp(v.func), value_fp(v.args), value_fp(v.keywords)]
     if isinstance(v, torch.nn.Module):
-        return ["nn.Module", type_name(type(v))]
+        return ["nn.Module", class_fp(type(v))]
     group = compat.process_group_identity(v)
     if group is not None:
         return group
@@ -536,30 +724,6 @@ def identity_fp(v: Any) -> Any:
         module = getattr(v, "__module__", None) or getattr(getattr(v, "__objclass__", None), "__module__", "")
         return ["builtin", f"{module}.{name}"]
     raise Unpersistable(f"an object of type {type_name(type(v))} known only by its identity")
-
-
-_CODE_DIGESTS: dict[int, tuple[Any, str]] = {}
-
-
-def code_digest(code: types.CodeType) -> str:
-    """sha256 of what a code object does: bytecode, names, constants (nested code too); not its file or lines."""
-    cached = _CODE_DIGESTS.get(id(code))
-    if cached is not None and cached[0] is code:
-        return cached[1]
-    h = hashlib.sha256()
-    for part in (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
-                 code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount, code.co_flags):
-        h.update(repr(part).encode())
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            h.update(code_digest(const).encode())
-        elif isinstance(const, frozenset):
-            h.update(repr(sorted(repr(x) for x in const)).encode())     # set order follows string hashing
-        else:
-            h.update(repr(const).encode())
-    digest = h.hexdigest()[:24]
-    _CODE_DIGESTS[id(code)] = (code, digest)
-    return digest
 
 
 def _same_object(obj: Any, value: Any) -> bool:

@@ -27,7 +27,9 @@ _SCALARS = (int, float, bool, str, type(None))
 
 def _leaf_key(leaf: Any) -> tuple:
     if isinstance(leaf, _Tensor):
-        return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
+        if type(leaf) is _Tensor and not (leaf.dtype.is_complex and (leaf.is_conj() or leaf.is_neg())):
+            return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
+        return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, type(leaf), leaf.is_conj(), leaf.is_neg())
     if isinstance(leaf, _SCALARS):
         return (type(leaf), leaf)
     if isinstance(leaf, (torch.dtype, torch.device)):
@@ -53,6 +55,7 @@ def flatten(obj: Any, leaves: list) -> Any:
 class _StateSnapshot(threading.local):
     same: Callable[[], bool] | None = None
     tag: str = ""
+    plain: Callable[[tuple], bool] | None = None       # compat.plain_tensors_check(), found at the first call
 
 
 _snapshot = _StateSnapshot()
@@ -78,15 +81,37 @@ def state_tag() -> str:
 
 
 def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+    """``(leaves, key)`` of a call (see the module docstring). A tensor passed twice (the same object) is keyed
+    ``("same", i)`` at its second place, ``i`` its first (a graph captured with it reads one input for both); a tensor
+    subclass, or a complex tensor with its conjugate or negative bit set, adds its type and bits to its key."""
     mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), state_tag())
     if not kwargs:
         try:
-            return args, (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
+            key = (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
         except AttributeError:
             pass                # not all plain tensors: take the general path
+        else:
+            plain = _snapshot.plain
+            if plain is None:
+                plain = _snapshot.plain = compat.plain_tensors_check()
+            return args, key if plain(args) else (len(args), mode, *_leaf_keys(args))
     leaves: list = []
     structure = (flatten(args, leaves), flatten(kwargs, leaves))
-    return tuple(leaves), (structure, mode, *[_leaf_key(leaf) for leaf in leaves])
+    return tuple(leaves), (structure, mode, *_leaf_keys(leaves))
+
+
+def _leaf_keys(leaves: Any) -> list[tuple]:
+    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``."""
+    keys: list[tuple] = []
+    first: dict[int, int] = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, _Tensor):
+            j = first.setdefault(id(leaf), i)
+            if j != i:
+                keys.append(("same", j))
+                continue
+        keys.append(_leaf_key(leaf))
+    return keys
 
 
 class Matcher(NamedTuple):
@@ -128,11 +153,16 @@ def matcher(leaves: tuple, key: tuple) -> Matcher | None:
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
     """A JSON-able description of a call signature (a key factor, and what error messages show)."""
     grad, inference = key[1][0], key[1][1]
-    desc = []
-    for leaf in leaves:
-        if isinstance(leaf, _Tensor):
+    desc: list[dict[str, Any]] = []
+    for leaf, leaf_key in zip(leaves, key[2:]):
+        if leaf_key[0] == "same":
+            desc.append({"same_as": leaf_key[1]})
+        elif isinstance(leaf, _Tensor):
             desc.append({"shape": list(leaf.shape), "stride": list(leaf.stride()), "dtype": str(leaf.dtype),
                          "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
+            if len(leaf_key) > 4:
+                desc[-1]["type"], desc[-1]["conj"], desc[-1]["neg"] = (
+                    f"{type(leaf).__module__}.{type(leaf).__qualname__}", leaf.is_conj(), leaf.is_neg())
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
     autocast = json.loads(key[1][2])["autocast"]
@@ -145,7 +175,9 @@ def short(desc: dict[str, Any]) -> str:
     where autocast is on)."""
     parts = []
     for leaf in desc["leaves"]:
-        if "shape" in leaf:
+        if "same_as" in leaf:
+            parts.append(f"<leaf {leaf['same_as']}>")
+        elif "shape" in leaf:
             dt = leaf["dtype"].replace("torch.", "")
             parts.append(f"{dt}{leaf['shape']} {leaf['device']}")
         else:
@@ -155,8 +187,9 @@ def short(desc: dict[str, Any]) -> str:
 
 
 def rekey(key: tuple, leaves: tuple) -> tuple:
-    """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones)."""
-    return (key[0], key[1], *[_leaf_key(leaf) for leaf in leaves])
+    """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones); a leaf
+    keyed as a repeat of an earlier one (``("same", i)``) stays so (its graph reads leaf ``i`` for both)."""
+    return (key[0], key[1], *[old if old[0] == "same" else _leaf_key(leaf) for old, leaf in zip(key[2:], leaves)])
 
 
 def rebuild(node: Any, leaves: Any) -> Any:

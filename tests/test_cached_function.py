@@ -1,6 +1,7 @@
 """CachedFunction: dispatch, miss policies, inference-only calls, stale entries, decompositions (compiles
 in-process)."""
 import importlib
+import os
 import sys
 import textwrap
 
@@ -420,3 +421,66 @@ def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
         assert report["name"] == "pkg.mod.Tiny.fwd" and report["equal"], (how, report)
         assert report["counters"] == {"traces": 0, "compiles": 0, "loads": 1}, (how, report)
         assert set(report["hooks"].values()) == {0}, (how, report)
+
+
+GRAPH_CHANGES = ["class_patch", "closure", "instance_patch", "attr_added", "hook", "global_hook", "list_append",
+                 "dict_add", "buffer_dtype", "buffer_shape", "param_stride", "channels_last", "glob_fn_no_defaults"]
+SAME_GRAPH = ["submodule", "data_swap"]         # a replaced submodule of the same shapes, values swapped in place
+
+
+@pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    os.environ.get("GEARCACHE_TEST_DEVICE") != "cuda", reason="CUDA graphs: GEARCACHE_TEST_DEVICE=cuda"))],
+    ids=["plain", "cuda-graphs"])
+def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_in_warm_ones(tmp_path, graphs):
+    """Issue #35's wrong answers (tests/scripts/run_guard_cases.py), each compared with eager (output and the buffer
+    the method writes in place): changed after the first call in the compiling process; changed before the first
+    call in a fresh process that has only the unchanged models' entries (it must not load them: it compiles, or
+    reuses an artifact, and never serves the stale entry); and in a fresh process that has the changed models'
+    entries too (it loads them: nothing traced or compiled)."""
+    import shutil
+
+    from conftest import Script
+
+    base, fresh = tmp_path / "store", tmp_path / "fresh"
+    flags = ["--graphs"] if graphs else []
+    report = Script("run_guard_cases.py", str(base), "base", *flags).result(timeout=600)
+    assert all(report[c]["error"] is None for c in GRAPH_CHANGES + SAME_GRAPH), report
+    shutil.copytree(base, fresh, ignore=shutil.ignore_patterns("leases", "locks", "index"))
+    after = Script("run_guard_cases.py", str(base), "after", *flags)
+    before = Script("run_guard_cases.py", str(fresh), "before", *flags)
+    for phase, script in (("after", after), ("before", before)):
+        result = script.result(timeout=900)
+        for case in GRAPH_CHANGES + SAME_GRAPH:
+            r = result[case]
+            assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0 and r["same_dtype"], \
+                (phase, case, r)
+        if phase == "before":
+            for case in GRAPH_CHANGES:
+                assert result[case]["loads"] == 0 and result[case]["misses"] == 1, (case, result[case])
+            for case in SAME_GRAPH:
+                assert result[case]["loads"] == 1 and result[case]["compiles"] == 0, (case, result[case])
+    warm = Script("run_guard_cases.py", str(base), "before", *flags).result(timeout=600)
+    for case in GRAPH_CHANGES + SAME_GRAPH:
+        r = warm[case]
+        assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0, (case, r)
+        assert r["loads"] == 1 and r["compiles"] == 0, (case, r)
+    assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0, warm["hooks"]
+
+
+def test_a_replaced_submodule_is_followed_and_a_misaligned_data_swap_is_realigned(affine_cache):
+    """After the first call: ``m.lin = nn.Linear(4, 4)`` (same class and shapes) is served the same graph over the new
+    weights (no compile: the entry is rebound, its dicts read anew); ``m.lin.weight.data = <a misaligned view>``
+    keeps the Parameter object, and the next call realigns it (the run plan's Python path) instead of reading it
+    misaligned."""
+    m = Affine(affine_cache)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), counters.expect(compiles=0, traces=0):
+        m.cached(x)
+        torch.manual_seed(5)
+        m.lin = torch.nn.Linear(4, 4)
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        w = m.lin.weight
+        m.lin.weight.data = torch.cat([torch.zeros(1), m.lin.weight.data.flatten() * 2])[1:].view(4, 4)
+        assert m.lin.weight is w and m.lin.weight.data_ptr() % 16
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        torch.testing.assert_close(m.cached(x), m.fwd(x))

@@ -25,13 +25,15 @@ REQUIRED_TAGS = ({f"block:{b}" for b in programs.BLOCKS} | {f"output:{o}" for o 
                   "dynamic:false", "decompositions", "warmup", "verify-padding", "input:non-contiguous",
                   "input:optional-None", "input:optional-tensor", "const:assigned-in-process", "const:file-edited",
                   "values:entry-shared-with-other-values", "side:main", "side:warm",
-                  "data:pad-shown-after-first-call", "gears:pad-value-chosen"})
+                  "data:pad-shown-after-first-call", "gears:pad-value-chosen"} |
+                 {f"change:{k}" for k in runner.CHANGES} | {"change:before", "change:after"})
 # features at least one case must show *equal* to eager (a gearcache that refused them all would pass otherwise)
 REQUIRED_EQUAL = {"route:torch_compile", "gears:padded-call", "input:optional-None", "input:optional-tensor",
                   "input:int-scalar", "input:float-scalar", "input:non-contiguous", "dtype:bfloat16", "dtype:int64",
                   "const:assigned-in-process", "const:file-edited", "values:entry-shared-with-other-values",
                   "inplace:buffer", "inplace:input", "output:nested", "output:alias-input", "side:warm",
-                  "pad:neutral", "pad:int", "data:pad-shown-after-first-call"}
+                  "pad:neutral", "pad:int", "data:pad-shown-after-first-call"} | {
+    f"change:{k}" for k in runner.CHANGES} | {"change:before", "change:after"}
 
 
 # ------------------------------------------------------------------------------------------------- CI's slice

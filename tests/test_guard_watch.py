@@ -93,7 +93,7 @@ def test_the_c_watch_uses_the_interpreters_watchers_where_it_has_them():
     d = {"k": 1}
     w = _callpath.GuardWatch([(d, "k", 1)], [Plain], [], guard_watch.ABSENT)
     assert w.watched == (sys.version_info >= (3, 12))
-    assert w.counts == {"dicts": 1, "types": 1, "checked": 0}
+    assert w.counts == {"dicts": 1, "types": 1, "checked": 0, "meta": None}
     before = _callpath.guard_generation()
     d["k"] = 2
     assert (_callpath.guard_generation() > before) == (sys.version_info >= (3, 12))
@@ -171,3 +171,79 @@ def test_a_watcher_forgets_dropped_sets():
     model[1].eps = 0.5
     assert not only_second.valid()
     assert watcher.watch([]) is None
+
+
+def test_a_containers_contents_are_re_read(make):
+    """``len``, ``contains`` and ``seq`` hops: a guard on a list's length, a set's members or a list's items sees the
+    container change in place (its identity on the path does not)."""
+    items, members = [1, 2], {1, 2}
+    w = make(checked=[("len", items, None, 2), ("contains", members, 1, True), ("seq", items, None, tuple(items))])
+    assert w.valid()
+    items[0] = 5                                      # same length, another item
+    assert not w.valid()
+    items[0] = 1
+    w = make(checked=[("len", items, None, 2), ("contains", members, 1, True)])
+    members.discard(1)
+    assert not w.valid()
+    w = make(checked=[("len", items, None, 2)])
+    items.append(3)
+    assert not w.valid()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_a_tensors_metadata_is_re_read_where_its_object_stays(make, native, monkeypatch):
+    """``.data = t`` keeps the tensor object (and every dict on its path) but changes its dtype, shape, strides or data
+    address: the watch's ``meta`` check sees it (gearcache.native's ``MetaMatch``, or the same in Python)."""
+    from gearcache import _torch_compat as compat, native as gearcache_native
+
+    if not native:
+        monkeypatch.setattr(gearcache_native, "guards", lambda **kw: None)
+    swaps = {"dtype": lambda t: t.data.double(), "strides": lambda t: t.data.t().contiguous().t(),
+             "shape": lambda t: t.data[:, :2], "misaligned": lambda t: torch.zeros(17)[1:].view(4, 4)}
+    for name, swap in swaps.items():
+        t = torch.randn(4, 4)
+        meta, capsule = compat.tensor_meta_match((t,))
+        assert (capsule is not None) == (native and gearcache_native.guards() is not None)
+        w = type(make())([], [], [], guard_watch.ABSENT, meta, capsule)
+        assert w.valid()
+        t.data = swap(t)
+        assert not w.valid(), name
+    t = torch.randn(4, 4)
+    meta, capsule = compat.tensor_meta_match((t,))
+    w = type(make())([], [], [], guard_watch.ABSENT, meta, capsule)
+    t.mul_(2)                                          # values change in place: graphs read them live
+    assert w.valid()
+    t.data = t.data.clone()                            # same metadata, another storage: a CUDA graph holds the old
+    assert not w.valid()
+
+
+def test_hops_cover_what_a_guard_reads_of_its_leaf():
+    """Beyond the path: the attribute ``hasattr`` looks for, the class of a ``type`` guard, a dict's contents, the
+    metadata of a ``tensor`` guard's tensor; a closure cell of the cached function is re-read."""
+    model = torch.nn.Linear(2, 2)
+    model.table = {"a": 1}
+
+    def fwd(self, x):
+        return x * scale
+    scale = 2.0
+    scope = guards.Scope(model, {}, fwd)
+    gs = guards.GuardSet([
+        guards.ValueGuard("hasattr", ("self",), "extra", ["extra", False]),
+        guards.ValueGuard("keys", ("self", ("attr", "table")), None, None),
+        guards.ValueGuard("tensor", ("self", ("attr", "_parameters"), ("item", "weight")), None, None),
+        guards.ValueGuard("value", (("closure", "scale"),), None, None),
+    ])
+    hops = guard_watch.hops_for([gs], scope)
+    assert (id(model.table), None) in {(id(d), k) for d, k, _ in hops.dicts}
+    assert (id(model.__dict__), "extra") in {(id(d), k) for d, k, _ in hops.dicts}
+    assert hops.tensors == [model.weight]
+    assert [(op, key) for op, _, key, _ in hops.checked] == [("attr", "cell_contents")]
+    for change in (lambda: setattr(model, "extra", 1), lambda: model.table.__setitem__("b", 2),
+                   lambda: setattr(model.weight, "data", model.weight.data.double())):
+        w = guard_watch.watch([gs], scope)
+        assert w.valid()
+        change()
+        assert not w.valid()
+    w = guard_watch.watch([gs], scope)
+    scale = 3.0                                        # noqa: F841 - read through fwd's closure
+    assert not w.valid()

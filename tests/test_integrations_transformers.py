@@ -193,3 +193,29 @@ def test_cuda_graphs_serve_every_corpus_lm_like_eager_cold_and_warm(tmp_path, na
         assert run["counters"]["graph_captures"] >= 2, "prefill and decode gears replay CUDA graphs"
     assert warm["counters"]["compiles"] == 0 and warm["hooks"]["dynamo_frames"] == 0
     assert warm["tokens"] == cold["tokens"]
+
+
+def test_a_class_patched_like_liger_is_served_patched_never_from_the_unpatched_entries(tmp_path):
+    """Issue #35: ``LlamaMLP.forward`` patched on the class (Liger/Unsloth) before ``enable()`` in a process whose
+    store holds the unpatched model's entries, or after the first ``generate()`` in the compiling process: tokens and
+    every step's logits equal eager ``generate()`` of the patched model (tests/scripts/run_hf_patch.py). A later
+    process, patched or not, loads the matching entries and traces nothing."""
+    import shutil
+
+    from conftest import Script
+
+    store, fresh = tmp_path / "store", tmp_path / "fresh"
+    plain = Script("run_hf_patch.py", str(store), "plain").result(timeout=900)
+    assert plain["first"]["tokens_equal"] and plain["counters"]["compiles"] >= 1
+    shutil.copytree(store, fresh, ignore=shutil.ignore_patterns("leases", "locks", "index"))
+    after, before = Script("run_hf_patch.py", str(store), "after"), Script("run_hf_patch.py", str(fresh), "before")
+    after, before = after.result(timeout=1200), before.result(timeout=1200)
+    for run in (after["first"], after["second"], before["first"]):
+        assert run["tokens_equal"] and run["max_logits_diff"] <= 1e-4, (after, before)
+    assert after["first_counters"]["loads"] >= 1 and after["counters"]["traces"] > after["first_counters"]["traces"]
+    assert before["counters"]["loads"] == 0, "the patched model loaded an unpatched entry"
+    warm = {phase: Script("run_hf_patch.py", str(store), phase) for phase in ("before", "plain")}
+    for phase, script in warm.items():
+        report = script.result(timeout=600)
+        assert report["first"]["tokens_equal"] and report["first"]["max_logits_diff"] <= 1e-4, (phase, report)
+        assert report["counters"]["compiles"] == 0 and report["hooks"]["dynamo_frames"] == 0, (phase, report)

@@ -12,11 +12,15 @@
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
 //                            deterministic algorithms (on, warn only), torch-function state (enabled, subclasses or
-//                            all disabled), cuBLAS TF32 and reduced-precision reductions, the four scaled-dot-product
+//                            all disabled; the depth of the TorchFunctionMode stack), cuBLAS TF32 and reduced-precision reductions, the four scaled-dot-product
 //                            attention backends, the thread count. Like Dynamo's GlobalStateGuard it leaves out
 //                            cuDNN's TF32 flag and the float32 matmul precision (but "highest" against "high" or
 //                            "medium" moves cuBLAS TF32, which it reads): reading those costs ~1,000 instructions on
 //                            torch 2.13 (a hash lookup each); a change of only those is seen at the next miss.
+//   MetaMatch(tensors)       holds() -> bool: each tensor (held) still has the dtype, device, sizes, strides and
+//                            data address it had at construction (a `.data` swap keeps the Python object but
+//                            changes these); META_HOLDS, a PyCapsule named "gearcache.meta_holds" holding
+//                            int gearcache_meta_holds(PyObject* meta_match), the same check for gearcache._callpath
 //   DATA_PTR                 a PyCapsule named "gearcache.data_ptr" holding
 //                            int gearcache_data_ptr(PyObject* tensor, uintptr_t* out): tensor.data_ptr() in C, for
 //                            gearcache._callpath's alignment checks (0: done; -1: ask Python)
@@ -172,6 +176,120 @@ PyObject* tensor_match_call(TensorMatch* self, PyObject* args, PyObject* kwargs)
 
 PyTypeObject TensorMatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// -------------------------------------------------------------------------------------------------- MetaMatch
+// The module tensors a graph reads (parameters, buffers): held, and each call compared with their metadata at
+// construction (dispatch keys, dtype, device, sizes, strides, storage, its address and the storage offset: a CUDA
+// graph holds the address, Inductor's code assumes its alignment). `.data = t` swaps a tensor's storage and metadata in place, keeping its
+// Python object: only a read of the tensor itself sees it.
+struct Meta {
+    PyObject* tensor;               // strong
+    uint64_t keys;                  // the dispatch key set: layout, device type, conjugate/negative bits, subclasses
+    caffe2::TypeMeta dtype;
+    c10::Device device;
+    const void* storage;            // the StorageImpl, and its first byte's address
+    const void* data;
+    int64_t storage_offset;
+    size_t offset;                  // of this tensor's sizes, then strides, in MetaMatch::dims
+    size_t ndim;
+};
+
+struct MetaMatch {
+    PyObject_HEAD
+    std::vector<Meta>* metas;
+    std::vector<int64_t>* dims;
+};
+
+// a tensor's storage and the address of its first byte (nullptrs for a tensor without storage)
+std::pair<const void*, const void*> storage_of(const c10::TensorImpl* impl) {
+    const c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    return {storage, storage ? storage->data_ptr().get() : nullptr};
+}
+
+int meta_match_init(MetaMatch* self, PyObject* args, PyObject* kwds) {
+    PyObject* tensors = nullptr;
+    static const char* kwlist[] = {"tensors", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", const_cast<char**>(kwlist), &PyTuple_Type, &tensors))
+        return -1;
+    if (self->metas) {
+        PyErr_SetString(PyExc_TypeError, "MetaMatch is initialised once");
+        return -1;
+    }
+    try {
+        auto metas = std::vector<Meta>();
+        auto dims = std::vector<int64_t>();
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tensors); i++) {
+            PyObject* item = PyTuple_GET_ITEM(tensors, i);
+            if (!THPVariable_Check(item)) {
+                PyErr_Format(PyExc_TypeError, "MetaMatch: tensors[%zd] is a %s, not a tensor", i,
+                             Py_TYPE(item)->tp_name);
+                return -1;
+            }
+            const c10::TensorImpl* impl = THPVariable_Unpack(item).unsafeGetTensorImpl();
+            if (!plain_strided(impl)) {
+                PyErr_Format(PyExc_TypeError, "MetaMatch: tensors[%zd] is not a plain strided tensor", i);
+                return -1;
+            }
+            const auto sizes = impl->sizes();
+            const auto strides = impl->strides();
+            const auto storage = storage_of(impl);
+            metas.push_back(Meta{item, impl->key_set().raw_repr(), impl->dtype(), impl->device(), storage.first,
+                                 storage.second, impl->storage_offset(), dims.size(), sizes.size()});
+            dims.insert(dims.end(), sizes.begin(), sizes.end());
+            dims.insert(dims.end(), strides.begin(), strides.end());
+        }
+        for (auto& m : metas) Py_INCREF(m.tensor);
+        self->metas = new std::vector<Meta>(std::move(metas));
+        self->dims = new std::vector<int64_t>(std::move(dims));
+    } catch (const std::exception& e) {
+        PyErr_Format(PyExc_RuntimeError, "MetaMatch: %s", e.what());
+        return -1;
+    }
+    return 0;
+}
+
+void meta_match_dealloc(MetaMatch* self) {
+    if (self->metas) {
+        for (auto& m : *self->metas) Py_DECREF(m.tensor);
+    }
+    delete self->metas;
+    delete self->dims;
+    Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+bool metas_hold(const MetaMatch* self) noexcept {
+    if (!self->metas) return false;
+    const int64_t* dims = self->dims->data();
+    try {
+        for (const Meta& m : *self->metas) {
+            const c10::TensorImpl* impl = THPVariable_Unpack(m.tensor).unsafeGetTensorImpl();
+            if (impl->key_set().raw_repr() != m.keys || impl->dtype() != m.dtype ||
+                impl->storage_offset() != m.storage_offset || impl->device() != m.device)
+                return false;
+            if (storage_of(impl) != std::make_pair(m.storage, m.data)) return false;
+            const auto sizes = impl->sizes();
+            if (sizes.size() != m.ndim) return false;
+            const auto strides = impl->strides();
+            const int64_t* want = dims + m.offset;
+            for (size_t d = 0; d < m.ndim; d++) {
+                if (sizes[d] != want[d] || strides[d] != want[m.ndim + d]) return false;
+            }
+        }
+    } catch (const std::exception&) {
+        return false;
+    }
+    return true;
+}
+
+PyObject* meta_match_call(MetaMatch* self, PyObject* args, PyObject* kwargs) {
+    if (PyTuple_GET_SIZE(args) || (kwargs && PyDict_GET_SIZE(kwargs))) {
+        PyErr_SetString(PyExc_TypeError, "a MetaMatch is called with no arguments");
+        return nullptr;
+    }
+    return PyBool_FromLong(metas_hold(self));
+}
+
+PyTypeObject MetaMatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 // ---------------------------------------------------------------------------------------------- StateSnapshot
 constexpr std::array<c10::DeviceType, 8> kAutocastDevices = {
     c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::XPU, c10::DeviceType::MPS,
@@ -205,6 +323,7 @@ struct State {
     caffe2::TypeMeta default_dtype;
     bool deterministic, deterministic_warn_only;
     at::impl::TorchFunctionDisabledState torch_function;            // enabled, subclasses or all disabled
+    int64_t torch_function_modes;                                   // TorchFunctionMode stack depth
     bool cublas_tf32;
     // the reduced-precision flags are bools on some torch versions and enums on others
     std::decay_t<decltype(std::declval<at::Context&>().allowFP16ReductionCuBLAS())> fp16_reduced;
@@ -232,6 +351,7 @@ struct State {
         s.deterministic = ctx.deterministicAlgorithms();
         s.deterministic_warn_only = ctx.deterministicAlgorithmsWarnOnly();
         s.torch_function = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+        s.torch_function_modes = at::impl::PythonTorchFunctionTLS::stack_len();
         s.cublas_tf32 = ctx.allowTF32CuBLAS();
         s.fp16_reduced = ctx.allowFP16ReductionCuBLAS();
         s.bf16_reduced = ctx.allowBF16ReductionCuBLAS();
@@ -259,6 +379,7 @@ struct State {
         return c10::get_default_dtype() == default_dtype && ctx.deterministicAlgorithms() == deterministic &&
                ctx.deterministicAlgorithmsWarnOnly() == deterministic_warn_only &&
                at::impl::PythonTorchFunctionTLS::get_disabled_state() == torch_function &&
+               at::impl::PythonTorchFunctionTLS::stack_len() == torch_function_modes &&
                ctx.allowFP16ReductionCuBLAS() == fp16_reduced && ctx.allowBF16ReductionCuBLAS() == bf16_reduced &&
                ctx.userEnabledFlashSDP() == sdp_flash && ctx.userEnabledMemEfficientSDP() == sdp_mem_efficient &&
                ctx.userEnabledMathSDP() == sdp_math && ctx.userEnabledCuDNNSDP() == sdp_cudnn &&
@@ -315,6 +436,13 @@ extern "C" int gearcache_data_ptr(PyObject* obj, uintptr_t* out) noexcept {
     }
 }
 
+// The C function behind the META_HOLDS capsule, for gearcache._callpath's GuardWatch: 1 while every tensor of the
+// MetaMatch `obj` has its metadata as at construction, else 0 (and 0 for any other object). No Python error is set.
+extern "C" int gearcache_meta_holds(PyObject* obj) noexcept {
+    if (!obj || Py_TYPE(obj) != &MetaMatchType) return 0;
+    return metas_hold(reinterpret_cast<MetaMatch*>(obj)) ? 1 : 0;
+}
+
 void init_type(PyTypeObject& type, const char* name, size_t size, const char* doc, initproc init, ternaryfunc call) {
     type.tp_name = name;
     type.tp_basicsize = static_cast<Py_ssize_t>(size);
@@ -325,8 +453,34 @@ void init_type(PyTypeObject& type, const char* name, size_t size, const char* do
     type.tp_call = call;
 }
 
+// plain_tensors(args) -> bool: every item is an exact torch.Tensor (no subclass, no Parameter), no two are the same
+// object, and none has its conjugate or negative bit set: a call whose signature key needs nothing but each tensor's
+// shape, stride, dtype and device (gearcache/signature.py's fast path).
+PyObject* plain_tensors(PyObject* /*module*/, PyObject* args) {
+    if (!PyTuple_Check(args)) {
+        PyErr_SetString(PyExc_TypeError, "plain_tensors takes a tuple");
+        return nullptr;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* item = PyTuple_GET_ITEM(args, i);
+        if (Py_TYPE(item) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) Py_RETURN_FALSE;
+        for (Py_ssize_t j = 0; j < i; j++) {
+            if (PyTuple_GET_ITEM(args, j) == item) Py_RETURN_FALSE;
+        }
+        const c10::TensorImpl* impl = THPVariable_Unpack(item).unsafeGetTensorImpl();
+        if (impl->is_conj() || impl->is_neg()) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+PyMethodDef module_methods[] = {
+    {"plain_tensors", plain_tensors, METH_O,
+     "plain_tensors(args) -> bool: exact torch.Tensor objects, none twice, no conjugate or negative bit"},
+    {nullptr, nullptr, 0, nullptr}};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "gearcache_native_guards", "gearcache's native dispatch checks",
-                          -1, nullptr};
+                          -1, module_methods};
 
 }  // namespace
 
@@ -338,8 +492,14 @@ PyMODINIT_FUNC PyInit_gearcache_native_guards(void) {
     init_type(StateSnapshotType, "gearcache_native_guards.StateSnapshot", sizeof(StateSnapshot),
               "same() -> bool: the thread's torch state as at construction",
               reinterpret_cast<initproc>(state_snapshot_init), reinterpret_cast<ternaryfunc>(state_snapshot_call));
+    init_type(MetaMatchType, "gearcache_native_guards.MetaMatch", sizeof(MetaMatch),
+              "holds() -> bool: the held tensors' metadata as at construction",
+              reinterpret_cast<initproc>(meta_match_init), reinterpret_cast<ternaryfunc>(meta_match_call));
+    MetaMatchType.tp_dealloc = reinterpret_cast<destructor>(meta_match_dealloc);
     find_autocast_devices();
-    if (PyType_Ready(&TensorMatchType) < 0 || PyType_Ready(&StateSnapshotType) < 0) return nullptr;
+    if (PyType_Ready(&TensorMatchType) < 0 || PyType_Ready(&StateSnapshotType) < 0 ||
+        PyType_Ready(&MetaMatchType) < 0)
+        return nullptr;
     PyObject* m = PyModule_Create(&module_def);
     if (!m) return nullptr;
     PyObject* data_ptr = PyCapsule_New(reinterpret_cast<void*>(&gearcache_data_ptr), "gearcache.data_ptr", nullptr);
@@ -348,7 +508,15 @@ PyMODINIT_FUNC PyInit_gearcache_native_guards(void) {
         Py_DECREF(m);
         return nullptr;
     }
+    PyObject* meta_holds = PyCapsule_New(reinterpret_cast<void*>(&gearcache_meta_holds), "gearcache.meta_holds",
+                                         nullptr);
+    if (!meta_holds || PyModule_AddObject(m, "META_HOLDS", meta_holds) < 0) {
+        Py_XDECREF(meta_holds);
+        Py_DECREF(m);
+        return nullptr;
+    }
     if (PyModule_AddStringConstant(m, "BUILD_KEY", GEARCACHE_BUILD_KEY) < 0 ||
+        PyModule_AddObjectRef(m, "MetaMatch", reinterpret_cast<PyObject*>(&MetaMatchType)) < 0 ||
         PyModule_AddObjectRef(m, "TensorMatch", reinterpret_cast<PyObject*>(&TensorMatchType)) < 0 ||
         PyModule_AddObjectRef(m, "StateSnapshot", reinterpret_cast<PyObject*>(&StateSnapshotType)) < 0) {
         Py_DECREF(m);

@@ -23,7 +23,9 @@ import random
 from . import programs as P
 
 ATTR_BLOCKS = ("layernorm", "gelu", "heads", "act", "residual", "scale", "roll", "global_scale", "helper_fn",
-               "helper_const")
+               "helper_const", "closure_scale")
+CHANGE_SHARE = 0.2          # cases that change the model (runner.CHANGES) before the first call or after it
+VALUE_NEUTRAL_CHANGES = ("submodule",)      # a change of weights only: the entry stays the same
 # an output every geared case refuses (a size gears pad, returned as a number) is not given to a program whose blocks
 # bring an optional input: that program would almost never show a None or a tensor for it equal to eager
 REFUSED_WITH_GEARS = ("shape_int",)
@@ -114,7 +116,8 @@ class Ledger:
 
     def cost(self, case: dict) -> tuple[set[str], set[str]]:
         ids, plans = set(), set()
-        for values in (main_values(case), warm_values(case)):
+        unchanged = dict(case, change=None)                 # a change after the first call: the entries before it
+        for values in (main_values(case), warm_values(case), main_values(unchanged), warm_values(unchanged)):
             for sig in signatures(case):
                 ids.add(json.dumps([values, sig], sort_keys=True))
         gears = case["options"].get("gears")
@@ -151,13 +154,26 @@ class Ledger:
 
 
 def main_values(case: dict) -> list:
-    consts = {**P.default_consts(case["program"]), **case.get("assign", {})}
-    return [case["program"]["module"], case.get("attrs", {}), consts]
+    return _changed(case, [case["program"]["module"], case.get("attrs", {}),
+                           {**P.default_consts(case["program"]), **case.get("assign", {})}])
 
 
 def warm_values(case: dict) -> list:
-    consts = warm_consts(case["program"], case["warm_batch"])
-    return [case["program"]["module"], case.get("attrs", {}), consts]
+    return _changed(case, [case["program"]["module"], case.get("attrs", {}),
+                           warm_consts(case["program"], case["warm_batch"])])
+
+
+def _changed(case: dict, values: list) -> list:
+    """``values`` as the case's change leaves them (its last entries are used after it): a closure rebound holds the
+    rebound value; any other change of what entries bake in is named."""
+    from .runner import CLOSURE_REBOUND
+
+    change = case.get("change")
+    if not change or change["kind"] in VALUE_NEUTRAL_CHANGES:
+        return values
+    if change["kind"] == "closure_rebind":
+        return values[:2] + [{**values[2], "closure.CSCALE": CLOSURE_REBOUND}]
+    return values + [change["kind"]]
 
 
 def warm_consts(program: dict, batch: int) -> dict:
@@ -195,7 +211,7 @@ def signatures(case: dict) -> list:
 
 
 def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants: list[dict], device: str,
-              graphs: bool) -> dict:
+              graphs: bool, wanted: set[str] | None = None) -> dict:
     """One case of ``program`` (its value variant, options and calls); ``tags`` name the features it exercises."""
     variant_index = rng.choices(range(len(variants)), weights=[2] + [1] * (len(variants) - 1))[0]
     variant = variants[variant_index]
@@ -209,6 +225,7 @@ def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants
             "options": options, "mask": "mask" in inputs and rng.random() < 0.5,
             "calls": _draw_calls(rng, inputs, options, program["gear_sizes"]), "tags": tags}
     _hide_pads(rng, case)
+    _draw_change(rng, case, wanted or set())
     _tag_case(case)
     return case
 
@@ -223,6 +240,30 @@ def _hide_pads(rng: random.Random, case: dict) -> None:
         call["data"] = "mixed" if k == 0 else rng.choice(["positive", "negative"])
     if len(case["calls"]) > 1 and case["options"].get("gears"):
         case["tags"].append("data:pad-shown-after-first-call")
+
+
+def _draw_change(rng: random.Random, case: dict, wanted: set[str]) -> None:
+    """A change of the model (``runner.CHANGES``) for a share of the cases on the cache_compile route: one the program
+    can take (one of ``wanted``, kinds no earlier case drew, where it can), before its first call or after it (then
+    the case has a second call to see it). A case that takes a wanted kind is made cheap: its calls share one
+    signature."""
+    from .runner import CHANGES
+
+    if case["options"]["route"] != "cache_compile":
+        return
+    kinds = [k for k, (needs, _) in CHANGES.items() if not needs or set(needs) & set(case["program"]["blocks"])]
+    fresh = [k for k in kinds if k in wanted]
+    if not fresh and rng.random() >= CHANGE_SHARE:
+        return
+    change = {"kind": rng.choice(fresh or kinds), "when": rng.choice(["before", "after"])}
+    if fresh:                               # the first of its kind: one signature, a gear's size, any signature served
+        sizes = case["program"]["gear_sizes"]
+        case["calls"] = [dict(case["calls"][0], B=sizes[0] if case["options"]["gears"] else case["calls"][0]["B"])]
+        case["options"]["dynamic"] = True
+    case["change"] = change
+    case["options"]["warmup"] = case["options"]["verify_padding"] = False
+    if change["when"] == "after" and len(case["calls"]) < 2:
+        case["calls"].append(dict(case["calls"][0]))
 
 
 def _assign(program: dict, consts: dict) -> dict:
@@ -311,6 +352,8 @@ def _tag_case(case: dict) -> None:
             tags.append(tag)
     if o.get("dtype"):
         tags.append(f"model-dtype:{o['dtype']}")
+    if case.get("change"):
+        tags += [f"change:{case['change']['kind']}", f"change:{case['change']['when']}"]
     if o.get("mode") == "reduce-overhead":
         tags += ["cuda-graphs", f"graph-outputs:{o['graph_outputs']}", f"capture-graphs:{o['capture_graphs']}"]
         if o.get("static_address") and "cache" in case["program"]["inputs"]:
@@ -330,8 +373,10 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
     for i in range(cases):
         program = progs[i % len(progs)]
         case_rng = random.Random(f"{seed}/{i}")
+        wanted = _changes_wanted(out)
         for _ in range(30):
-            case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs)
+            case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs,
+                             wanted)
             if ledger.fits(case):
                 break
         else:
@@ -339,6 +384,13 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
         ledger.add(case)
         out.append(case)
     return progs, out, ledger
+
+
+def _changes_wanted(done: list[dict]) -> set[str]:
+    """The change kinds (runner.CHANGES) no case drew yet."""
+    from .runner import CHANGES
+
+    return set(CHANGES) - {c["change"]["kind"] for c in done if c.get("change")}
 
 
 def _reuse(rng: random.Random, index: int, seed: int, program: dict, done: list[dict], device: str, graphs: bool,
@@ -368,7 +420,7 @@ def _reused(rng: random.Random | None, pick: dict, index: int, seed: int) -> dic
         o["gears"]["declare"] = rng.choice(["marks", "by_name"])
         if o["past_largest"] != "compile":
             o["past_largest"] = rng.choice(["error", "eager"])
-    if rng is not None:
+    if rng is not None and not base.get("change"):  # a change comes before or after a given call
         rng.shuffle(base["calls"])
     base["tags"] = sorted(set(base["tags"]) - {f"route:{o['route']}", "dynamic:false", "decompositions", "warmup",
                                                "verify-padding", "input:non-contiguous", "calls:several"})

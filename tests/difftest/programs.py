@@ -33,6 +33,8 @@ class Block:
     helper_consts: dict = dataclasses.field(default_factory=dict)
     inputs: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()           # more methods of the class (source lines at class level)
+    closure: dict = dataclasses.field(default_factory=dict)    # variables of the factory the class is built in
 
 
 BLOCKS: dict[str, Block] = {
@@ -78,6 +80,13 @@ BLOCKS: dict[str, Block] = {
     "alpha_scalar": Block(("h = h * alpha",), inputs=("alpha",), tags=("input:float-scalar",)),
     "int_scalar": Block(("h = torch.roll(h, n, -1)",), inputs=("n",), tags=("input:int-scalar",)),
     "mask_opt": Block(("if mask is not None:", "    h = h * mask"), inputs=("mask",), tags=("input:optional",)),
+    # value guards (issue #35): a method of the class (patched on the class or the instance), an attribute the method
+    # reads with a default (set after the first call), a variable of the factory the class is built in (``fwd``'s
+    # closure, rebound by ``nonlocal``)
+    "helper_method": Block(("h = self.helper(h)",), methods=("def helper(self, h):", "    return h * 1.5 + 0.25"),
+                           tags=("method:class",)),
+    "opt_attr": Block(("h = h * getattr(self, 'extra', 1.0)",), tags=("attr:optional",)),
+    "closure_scale": Block(("h = h * CSCALE",), closure={"CSCALE": (2.0, 5.0)}, tags=("closure:method",)),
 }
 
 # Reductions over the geared dim of the inputs themselves, exact under padding only with a pad value neutral for them
@@ -150,6 +159,7 @@ def consts_of(program: dict) -> dict[str, tuple]:
     for b in blocks_of(program):
         out.update(b.consts)
         out.update({f"helper.{k}": v for k, v in b.helper_consts.items()})
+        out.update({f"closure.{k}": v for k, v in b.closure.items()})
     return out
 
 
@@ -170,7 +180,8 @@ def render(program: dict, consts: dict | None = None) -> dict[str, str]:
     the first of each pool)."""
     values = {**default_consts(program), **(consts or {})}
     helper_values = {k[len("helper."):]: v for k, v in values.items() if k.startswith("helper.")}
-    own = {k: v for k, v in values.items() if not k.startswith("helper.")}
+    closure = {k[len("closure."):]: v for k, v in values.items() if k.startswith("closure.")}
+    own = {k: v for k, v in values.items() if not k.startswith(("helper.", "closure."))}
     blocks = blocks_of(program)
     attrs = attrs_of(program)
     lines = [f'"""difftest program {program["module"]} (generated: tests/difftest/programs.py)."""',
@@ -187,7 +198,12 @@ def render(program: dict, consts: dict | None = None) -> dict[str, str]:
     lines += [f"        {line}" for b in blocks for line in b.init]
     lines += ["", f"    def fwd(self, {', '.join(inputs_of(program))}):", "        h = self.lin(x)"]
     lines += [f"        {line}" for b in blocks for line in b.body]
-    lines += [f"        {OUTPUTS[program['output']][0]}", ""]
+    lines += [f"        {OUTPUTS[program['output']][0]}"]
+    for b in blocks:
+        lines += [""] + [f"    {line}" for line in b.methods]
+    lines.append("")
+    if closure:
+        lines = _in_factory(lines, closure)
     files = {f"{program['module']}.py": "\n".join(lines)}
     if helper_values:
         helper = [f'"""difftest helper of {program["module"]} (generated)."""', "import torch", ""]
@@ -197,3 +213,18 @@ def render(program: dict, consts: dict | None = None) -> dict[str, str]:
         helper.append("")
         files[f"{program['helper']}.py"] = "\n".join(helper)
     return files
+
+
+def _in_factory(lines: list[str], closure: dict) -> list[str]:
+    """The module source with ``class Prog`` built in a factory over the ``closure`` variables (so ``fwd`` reads them
+    from its closure); ``set_<name>``/``get_<name>`` rebind and read them."""
+    start = lines.index("class Prog(torch.nn.Module):")
+    names = ", ".join(closure)
+    body = [f"def _make({names}):"] + [f"    {line}" if line else "" for line in lines[start:]]
+    for name in closure:
+        body += [f"    def set_{name}(value):", f"        nonlocal {name}", f"        {name} = value", "",
+                 f"    def get_{name}():", f"        return {name}", ""]
+    accessors = "".join(f", set_{n}, get_{n}" for n in closure)
+    body += [f"    return Prog{accessors}", "", "",
+             f"Prog{accessors} = _make({', '.join(repr(v) for v in closure.values())})", ""]
+    return lines[:start] + body

@@ -14,6 +14,7 @@ A case (JSON, made by ``draw.py``)::
                  "mode": "default" | "reduce-overhead", "graph_outputs": "copy", "capture_graphs": "warmup",
                  "static_address": false, "dtype": "float32" | "bfloat16"},   # dtype: the model's and x's
      "mask": true,                          # the optional input is a tensor on every call (else None)
+     "change": {"kind": "class_patch", "when": "before" | "after"},    # optional: CHANGES, before call 0 / 1
      "calls": [{"B": 3, "noncontig": ["x"], "alpha": 0.5, "n": 1, "data": "positive"}, ...]}
 
 A call's ``data`` (absent: random values as drawn) shapes the values of ``x``, ``y``, ``state`` and ``ids``:
@@ -95,6 +96,11 @@ def assigned(program: dict, assign: dict):
     module, helper = sys.modules[program["module"]], sys.modules.get(program.get("helper") or "")
     saved = []
     for name, value in assign.items():
+        if name.startswith("closure."):             # a variable of the factory the class is built in: rebound
+            name = name[len("closure."):]
+            saved.append((module, f"set_{name}", getattr(module, f"get_{name}")()))
+            getattr(module, f"set_{name}")(value)
+            continue
         targets = [(module, name)]
         if name.startswith("helper."):
             name = name[len("helper."):]
@@ -106,7 +112,78 @@ def assigned(program: dict, assign: dict):
         yield
     finally:
         for owner, attr, value in reversed(saved):
-            setattr(owner, attr, value)
+            if attr.startswith("set_"):
+                getattr(owner, attr)(value)
+            else:
+                setattr(owner, attr, value)
+
+
+# ---------------------------------------------------------------------------------------------------- changes
+# Issue #35's changes to a model, applied to the model and its twin alike, before the first call or after it:
+# kind -> (blocks the program needs (any of), the change: (model, twin, program module) -> undo or None)
+def _patched_helper(self, h):
+    return h * 0.5 - 1.0
+
+
+def _class_patch(model, twin, module):
+    cls = type(model)
+    old = cls.__dict__["helper"]
+    cls.helper = _patched_helper
+    return lambda: setattr(cls, "helper", old)
+
+
+def _instance_patch(model, twin, module):
+    for m in (model, twin):
+        m.helper = types.MethodType(_patched_helper, m)
+
+
+CLOSURE_REBOUND = 7.0
+
+
+def _closure_rebind(model, twin, module):
+    old = module.get_CSCALE()
+    module.set_CSCALE(CLOSURE_REBOUND)
+    return lambda: module.set_CSCALE(old)
+
+
+def _submodule(model, twin, module):
+    lin = torch.nn.Linear(D, D).to(model.lin.weight.device)
+    with torch.no_grad():
+        lin.weight.copy_(torch.linspace(-1, 1, D * D).view(D, D))
+    model.lin, twin.lin = lin, copy.deepcopy(lin)
+
+
+def _hook(model, twin, module):
+    for m in (model, twin):
+        m.lin.register_forward_hook(lambda mod, inputs, out: out * 0.5 + 1)
+
+
+def _attr_added(model, twin, module):
+    model.extra = twin.extra = 3.0
+
+
+def _param_stride(model, twin, module):
+    for m in (model, twin):
+        m.lin.weight.data = (m.lin.weight.data * 2).t().contiguous().t()     # same object, other values and strides
+
+
+def _buffer_dtype(model, twin, module):
+    for m in (model, twin):
+        name = "acc" if hasattr(m, "acc") else "seen"
+        setattr(m, name, getattr(m, name).double())
+
+
+def _buffer_shape(model, twin, module):
+    for m in (model, twin):
+        m.calls = torch.zeros(D, device=m.calls.device)
+
+
+CHANGES = {
+    "class_patch": (("helper_method",), _class_patch), "instance_patch": (("helper_method",), _instance_patch),
+    "closure_rebind": (("closure_scale",), _closure_rebind), "submodule": ((), _submodule), "hook": ((), _hook),
+    "attr_added": (("opt_attr",), _attr_added), "param_stride": ((), _param_stride),
+    "buffer_dtype": (("buf_acc", "buf_rows"), _buffer_dtype), "buffer_shape": (("buf_count",), _buffer_shape),
+}
 
 
 # ----------------------------------------------------------------------------------------------------- inputs
@@ -369,6 +446,8 @@ def _run_calls(case: dict, fn: Any, model, twin) -> dict:
     if case.get("device") == "cuda" and persistent and case["options"].get("static_address"):
         gearcache.mark_static_address(persistent["compiled"])
     step = "warmup()"
+    change = case.get("change")
+    undo: list = []
     try:
         if case["options"].get("warmup"):
             diffs = _warmup(case, fn, persistent, model, twin)
@@ -376,6 +455,8 @@ def _run_calls(case: dict, fn: Any, model, twin) -> dict:
                 return {"outcome": "mismatch", "detail": "\n".join(diffs[:6]), "call": -1}
         for i, call in enumerate(case["calls"]):
             step = f"call {i}"
+            if change and i == (0 if change["when"] == "before" else 1):
+                undo.append(CHANGES[change["kind"]][1](model, twin, sys.modules[case["program"]["module"]]))
             result = _one_call(case, i, call, fn, model, twin, persistent)
             if result:
                 return result
@@ -385,6 +466,10 @@ def _run_calls(case: dict, fn: Any, model, twin) -> dict:
         tb = traceback.format_exc(limit=-4)
         return {"outcome": "crash", "detail": f"{step}: {type(exc).__name__}: {exc}"[:600] + "\n" + tb[-1500:],
                 "call": step}
+    finally:
+        for u in undo:
+            if u is not None:
+                u()
     return {}
 
 

@@ -1,0 +1,148 @@
+"""gearcache/fingerprints.py: what a class or a function does, as a digest that changes whenever it would run
+differently and means the same in every process."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from gearcache import fingerprints
+
+
+def _factory(scale, offset=1.0):
+    def f(x, k=offset):
+        return x * scale + k
+    return f
+
+
+class Base(torch.nn.Module):
+    def helper(self, x):
+        return x + 1
+
+    def forward(self, x):
+        return self.helper(x)
+
+
+class Child(Base):
+    @property
+    def width(self):
+        return 4
+
+    @staticmethod
+    def act(x):
+        return x.relu()
+
+
+def test_a_function_digest_covers_code_defaults_and_closure_contents():
+    base = fingerprints.function_digest(_factory(2.0))
+    assert fingerprints.function_digest(_factory(2.0)) == base, "same code, defaults and closure: same digest"
+    assert fingerprints.function_digest(_factory(5.0)) != base, "another closure value"
+    assert fingerprints.function_digest(_factory(2.0, offset=3.0)) != base, "another default"
+    f = _factory(2.0)
+    f.__defaults__ = None
+    assert fingerprints.function_digest(f) != base, "defaults removed (the no-defaults patch of issue #35)"
+
+    def other(x, k=1.0):
+        return x * 2.0 - k
+    assert fingerprints.function_digest(other) != base, "other code"
+
+
+def test_a_closure_rebound_in_place_changes_the_digest():
+    scale = 2.0
+
+    def f(x):
+        return x * scale
+    before = fingerprints.function_digest(f)
+    scale = 5.0                             # noqa: F841 - read through f's closure
+    assert fingerprints.function_digest(f) != before
+
+
+def test_a_class_digest_follows_its_methods_and_its_bases():
+    before = fingerprints.class_fp(Child)
+    original = Base.helper
+    try:
+        Base.helper = lambda self, x: x + 34                  # the Liger/Unsloth pattern, on a base class
+        assert fingerprints.class_fp(Child) != before
+        assert fingerprints.class_fp(Child)[:2] == ["class", f"{__name__}.Child"]
+    finally:
+        Base.helper = original
+    assert fingerprints.class_fp(Child) == before, "restored: the same digest again"
+
+
+def test_descriptors_count_by_their_functions():
+    before = fingerprints.class_digest(Child)
+    original = Child.__dict__["width"]
+    try:
+        Child.width = property(lambda self: 8)
+        assert fingerprints.class_digest(Child) != before
+    finally:
+        Child.width = original
+    assert fingerprints.class_digest(Child) == before
+
+
+def test_runtime_noise_and_dynamos_own_patch_do_not_change_a_digest():
+    """A deep copy sets ``__slotnames__`` on the class; Dynamo's first capture wraps ``nn.Module.__init__``: a process
+    that did either must compute the digest of one that did neither."""
+    class Fresh(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    before = fingerprints.class_digest(Fresh)
+    copy.deepcopy(Fresh())
+    torch.compile(Fresh().forward, backend=lambda gm, ex: gm, fullgraph=True)(torch.ones(2))
+    assert fingerprints.class_digest(Fresh) == before
+
+
+def test_built_in_classes_are_named_only():
+    assert fingerprints.class_fp(dict) == ["class", "builtins.dict"]
+    assert fingerprints.class_digest(int) == ""
+
+
+def test_a_self_recursive_closure_digests_the_same_whatever_was_digested_first():
+    def make():
+        def fact(n):
+            return 1 if n <= 1 else n * fact(n - 1)
+        return fact
+    a, b = make(), make()
+    fingerprints.function_digest(a, 1)                        # another depth first: no effect on the default one
+    assert fingerprints.function_digest(a) == fingerprints.function_digest(b)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import test_fingerprints as t
+    from gearcache import fingerprints
+    print(fingerprints.class_fp(t.Child)[2], fingerprints.function_digest(t._factory(2.0)))
+""")
+
+
+def test_digests_are_the_same_in_a_fresh_process():
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", SCRIPT.format(tests=str(Path(__file__).parent))],
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out == [fingerprints.class_fp(Child)[2], fingerprints.function_digest(_factory(2.0))]
+
+
+def test_a_class_digest_follows_its_methods_closures_rebound_in_place():
+    """A factory's class whose method reads ``scale``, rebound by ``nonlocal`` after a digest was cached: the class
+    is not modified (its version tag stays), its digest must still change."""
+    def factory(scale):
+        class Scaled(torch.nn.Module):
+            def forward(self, x):
+                return x * scale
+
+        def set_scale(v):
+            nonlocal scale
+            scale = v
+        return Scaled, set_scale
+
+    cls, set_scale = factory(2.0)
+    before = fingerprints.class_digest(cls)
+    set_scale(5.0)
+    assert fingerprints.class_digest(cls) != before
+    assert fingerprints.class_digest(cls) == fingerprints.class_digest(factory(5.0)[0])
