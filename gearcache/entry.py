@@ -31,8 +31,8 @@ NATIVE = _NativeRunner is not None
 
 
 class Entry:
-    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs", "manifest",
-                 "hits", "guards", "real_elements", "padded_elements")
+    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs",
+                 "manifest", "hits", "guards", "real_elements", "padded_elements")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
