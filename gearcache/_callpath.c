@@ -725,30 +725,43 @@ static int checked_holds(GuardWatch *self, Py_ssize_t i) {
     }
 }
 
+/* 1: every dict row and type is as at the watch's construction, 0: not. `by_version`: skip the keys of a dict whose
+ * version tag has not moved (< 3.12); else every keyed row is read (a row watching a whole dict then counts as
+ * changed: without a version tag it cannot be compared) */
+static int rows_hold(GuardWatch *self, int by_version) {
+    /* rows of one dict are consecutive (guard_watch.make_watch sorts them): its version is read once per group */
+    for (Py_ssize_t i = 0, end; i < self->n_dicts; i = end) {
+        PyObject *dict = self->dicts[i];
+        for (end = i + 1; end < self->n_dicts && self->dicts[end] == dict; end++) {}
+        uint64_t v = dict_version(dict);
+        if (by_version && v != 0 && v == self->versions[i]) continue;
+        for (Py_ssize_t k = i; k < end; k++) {
+            if (self->dict_keys[k] == NULL) return 0;
+            PyObject *got = PyDict_GetItemWithError(dict, self->dict_keys[k]);     /* borrowed */
+            if (!got && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+            if ((got ? got : self->absent) != self->dict_expected[k]) return 0;
+        }
+        self->versions[i] = v;
+    }
+    for (Py_ssize_t i = 0; i < self->n_types; i++) {
+        if (self->type_tags[i] && type_tag(self->types[i]) != self->type_tags[i]) return 0;
+    }
+    return 1;
+}
+
 /* 1 valid, 0 a change was seen, -1 error */
 static int guardwatch_valid(GuardWatch *self) {
     if (self->changed) return 0;
     if (self->watched) {
-        if (self->gen != guard_generation) goto changed;
-    } else {
-        /* rows of one dict are consecutive (guard_watch.make_watch sorts them): its version is read once per group,
-         * and the keys only where it moved */
-        for (Py_ssize_t i = 0, end; i < self->n_dicts; i = end) {
-            PyObject *dict = self->dicts[i];
-            for (end = i + 1; end < self->n_dicts && self->dicts[end] == dict; end++) {}
-            uint64_t v = dict_version(dict);
-            if (v != 0 && v == self->versions[i]) continue;
-            for (Py_ssize_t k = i; k < end; k++) {
-                if (self->dict_keys[k] == NULL) goto changed;
-                PyObject *got = PyDict_GetItemWithError(dict, self->dict_keys[k]);     /* borrowed */
-                if (!got && PyErr_Occurred()) { PyErr_Clear(); goto changed; }
-                if ((got ? got : self->absent) != self->dict_expected[k]) goto changed;
-            }
-            self->versions[i] = v;
+        /* the generation is process-wide: an event on another watch's dict or type moves it too, so the rows are
+         * read once before the watch counts as changed */
+        if (self->gen != guard_generation) {
+            unsigned long long now = guard_generation;
+            if (!rows_hold(self, 0)) goto changed;
+            self->gen = now;
         }
-        for (Py_ssize_t i = 0; i < self->n_types; i++) {
-            if (self->type_tags[i] && type_tag(self->types[i]) != self->type_tags[i]) goto changed;
-        }
+    } else if (!rows_hold(self, 1)) {
+        goto changed;
     }
     for (Py_ssize_t i = 0; i < self->n_checked; i++) {
         int same = checked_holds(self, i);

@@ -48,6 +48,21 @@ def test_other_keys_of_a_watched_dict_do_not_count(make):
     assert w.valid()
 
 
+def test_a_change_another_watch_sees_leaves_this_one_valid(make):
+    """Python 3.12+ watches dicts and types through one process-wide generation: an event on another watch's dict
+    moves it for every watch, which then reads its own rows once instead of counting as changed (under CUDA graphs a
+    watch counting as changed recaptures the graph: a new gear's entry recaptured the other gears' graphs)."""
+    mine, theirs = {"weight": object()}, {"bias": object()}
+    w = make(dicts=[(mine, "weight", mine["weight"])])
+    other = make(dicts=[(theirs, "bias", theirs["bias"])])
+    assert w.valid() and other.valid()
+    theirs["bias"] = object()
+    assert not other.valid()
+    assert w.valid() and w.valid()
+    mine["weight"] = object()
+    assert not w.valid()
+
+
 def test_an_absent_key_appearing_counts(make):
     obj = Plain()
     w = make(dicts=[(obj.__dict__, "forward", guard_watch.ABSENT)])
