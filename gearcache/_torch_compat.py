@@ -254,11 +254,28 @@ def shape_guards(gm: torch.fx.GraphModule) -> list[tuple[Any, str]]:
     marked dim's size shows here (``s0 > 2``)."""
     from torch._guards import detect_fake_mode
 
-    mode = detect_fake_mode([n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")])
-    env = getattr(mode, "shape_env", None)
+    env = _shape_env(gm)
     if env is None:
         return []
     return [(g.expr, str(getattr(g.sloc, "maybe_user_loc", "") or "")) for g in env.guards]
+
+
+def specialized_sizes(gm: torch.fx.GraphModule) -> dict[Any, Any]:
+    """The size symbols of ``gm``'s trace that its shape environment has replaced by a number by now, ``{symbol:
+    number}``. ``aten_graph`` on torch 2.11 specializes a batch size a 3-D matmul expands over (its
+    ``expand(view, [4, 4, 4])`` holds the example's number, not the symbol; 2.13 keeps the symbol): a graph read after
+    that treats the size as static, so the caller must not take it as a proof about other sizes."""
+    env = _shape_env(gm)
+    if env is None:
+        return {}
+    return {sym: value for sym, value in getattr(env, "replacements", {}).items() if getattr(value, "is_number", False)}
+
+
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")])
+    return getattr(mode, "shape_env", None)
 
 
 # --------------------------------------------------------------------------------------------------------- compile

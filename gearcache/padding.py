@@ -91,10 +91,12 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
     over a padded size are valid indices below it)."""
     given = dict(pads or {})
     try:
+        symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)     # before a lowering fixes one
         aten = compat.aten_graph(trace.graph)
-        symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)
         dtypes = _leaf_dtypes(trace.graph, trace.inputs, padded_leaves)
-        guard_findings = _guard_findings(trace.size_guards, symbols, trace.same)
+        # the lowering to ATen may have guarded or specialized a padded size (torch 2.11's matmul): read after it
+        guard_findings = _guard_findings(_unique(trace.size_guards + compat.shape_guards(trace.graph)), symbols,
+                                         trace.same) + _specialized_findings(trace.graph, symbols)
 
         def walk(assigned: dict[int, PadValue]) -> _Walk:
             analysis = _Analysis(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same,
@@ -182,6 +184,23 @@ def _guard_findings(guards: list[tuple[Any, str]], symbols: frozenset, same: dic
             found.append(Finding("(size guard)", where.strip(), f"the traced graph holds only while {expr}: the "
                                  f"method branches on the size of a padded dim", "every output"))
     return found
+
+
+def _unique(guards: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
+    out, seen = [], set()
+    for expr, where in guards:
+        if str(expr) not in seen:
+            seen.add(str(expr))
+            out.append((expr, where))
+    return out
+
+
+def _specialized_findings(graph: torch.fx.GraphModule, symbols: frozenset) -> list[Finding]:
+    """A padded dim's symbol the shape environment replaced by a number (compat.specialized_sizes): the ATen graph
+    holds that number where the size was, so the walk would read the padded dim as static and prove nothing."""
+    return [Finding("(size specialized)", "", f"tracing the graph to ATen ops fixed the padded size {sym} to {value} "
+                    f"(this torch's lowering), so the graph cannot be read for other sizes", "every output")
+            for sym, value in compat.specialized_sizes(graph).items() if sym in symbols]
 
 
 def _benign_guard(expr: Any) -> bool:

@@ -443,6 +443,9 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
 
     base, fresh = tmp_path / "store", tmp_path / "fresh"
     flags = ["--graphs"] if graphs else []
+    # exact on the CPU; on a GPU a recompiled graph's fused kernels round differently from eager (1.5e-5 seen on an
+    # H100), where a stale entry is off by 0.5 or more
+    tol = 1e-4 if os.environ.get("GEARCACHE_TEST_DEVICE") == "cuda" else 0.0
     report = Script("run_guard_cases.py", str(base), "base", *flags).result(timeout=600)
     assert all(report[c]["error"] is None for c in GRAPH_CHANGES + SAME_GRAPH), report
     shutil.copytree(base, fresh, ignore=shutil.ignore_patterns("leases", "locks", "index"))
@@ -452,7 +455,7 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
         result = script.result(timeout=900)
         for case in GRAPH_CHANGES + SAME_GRAPH:
             r = result[case]
-            assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0 and r["same_dtype"], \
+            assert r["error"] is None and r["out_diff"] <= tol and r["state_diff"] <= tol and r["same_dtype"], \
                 (phase, case, r)
         if phase == "before":
             for case in GRAPH_CHANGES:
@@ -462,7 +465,7 @@ def test_every_guard_case_of_issue_35_equals_eager_in_the_compiling_process_and_
     warm = Script("run_guard_cases.py", str(base), "before", *flags).result(timeout=600)
     for case in GRAPH_CHANGES + SAME_GRAPH:
         r = warm[case]
-        assert r["error"] is None and r["out_diff"] == 0.0 and r["state_diff"] == 0.0, (case, r)
+        assert r["error"] is None and r["out_diff"] <= tol and r["state_diff"] <= tol, (case, r)
         assert r["loads"] == 1 and r["compiles"] == 0, (case, r)
     assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0, warm["hooks"]
 

@@ -404,3 +404,26 @@ def test_a_graph_that_cannot_be_analysed_counts_as_mixing_and_writing_everything
     (f,) = report.mixing
     assert "could not be analysed" in f.why and f.reaches == "every output"
     assert report.written_leaves == [0] and report.written_state == ["total"]
+
+
+def test_a_padded_size_the_aten_lowering_specializes_is_refused_not_read_as_static(monkeypatch):
+    """torch 2.11's lowering of a 3-D matmul (make_fx under the trace's fake mode) fixes the batch size to the
+    example's number: the ATen graph then holds ``expand(view, [4, 4, 4])`` and a walk of it reads the padded dim as
+    static, proving a sum over it exact (served wrong on an H100: a buffer's padded row written, a sum taking the
+    padding rows in). Here the lowering is made to specialize the size as 2.11's does: the analysis must refuse."""
+    from gearcache import _torch_compat as compat
+
+    lower = compat.aten_graph
+
+    def specializing(gm):
+        aten = lower(gm)
+        fake = next(iter(gm.graph.find_nodes(op="placeholder", target="L_x_"))).meta["example_value"]
+        int(fake.shape[0])                      # what 2.11's matmul does to the size: guard it to the example's
+        return aten
+
+    monkeypatch.setattr(compat, "aten_graph", specializing)
+    report, _ = _report(OPS.rowwise, (torch.randn(4, 4),), [(0, 0)])
+    assert report.mixing and any("size" in f.op for f in report.mixing), report
+    monkeypatch.undo()
+    report, _ = _report(OPS.rowwise, (torch.randn(4, 4),), [(0, 0)])
+    assert report.mixing == [], "the same method, lowered without specializing, is proved exact"

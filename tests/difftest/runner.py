@@ -147,7 +147,7 @@ def _closure_rebind(model, twin, module):
 
 
 def _submodule(model, twin, module):
-    lin = torch.nn.Linear(D, D).to(model.lin.weight.device)
+    lin = torch.nn.Linear(D, D).to(model.lin.weight.device, model.lin.weight.dtype)   # a bfloat16 model's dtype
     with torch.no_grad():
         lin.weight.copy_(torch.linspace(-1, 1, D * D).view(D, D))
     model.lin, twin.lin = lin, copy.deepcopy(lin)
