@@ -210,6 +210,9 @@ def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[
 # ------------------------------------------------------------------------------------------------ padding analysis
 # gearcache/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at the ATen
 # level, where every op has a schema (which arguments it writes, which it returns a view of).
+ATEN_TRACING_MODE = "symbolic"
+
+
 def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` retraced to ATen ops on its own fake example inputs (nothing runs on real data): ``make_fx`` of an FX
     interpreter under the graph's fake mode, as AOTAutograd traces it but without functionalisation, so in-place ops
@@ -220,7 +223,7 @@ def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     fakes = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
     with detect_fake_mode(fakes) or contextlib.nullcontext(), fx_traceback.preserve_node_meta(), torch.no_grad():
-        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="real")(*fakes)
+        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode=ATEN_TRACING_MODE)(*fakes)
 
 
 def forget_unbacked_bindings(gm: torch.fx.GraphModule) -> None:

@@ -104,7 +104,7 @@ def _global_hook(model):
 
 def _replace_lin(model):
     torch.manual_seed(7)
-    model.lin = nn.Linear(4, 4)
+    model.lin = nn.Linear(4, 4).to(model.lin.weight.device)
 
 
 def _swap_strides(model):
