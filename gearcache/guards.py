@@ -348,9 +348,9 @@ class _Reader:
         """The value guard of Dynamo's guard ``dg``; None where the key or the state snapshot enforces it."""
         if dg.kind in _ELSEWHERE or (not dg.source and dg.kind not in _REFUSED):
             return None
-        if dg.kind in _REFUSED:
+        if dg.kind in _REFUSED and not _process_group(dg):
             raise UnguardableError(self.name, dg.kind, dg.source, _REFUSED[dg.kind])
-        kind = _KINDS.get(dg.kind)
+        kind = "identity" if _process_group(dg) else _KINDS.get(dg.kind)
         if kind is None:
             raise UnguardableError(self.name, dg.kind, dg.source, "a guard kind this gearcache does not know (a newer "
                                    "torch?): pin torch to a version gearcache supports, or report it")
@@ -724,6 +724,13 @@ def identity_fp(v: Any) -> Any:
         module = getattr(v, "__module__", None) or getattr(getattr(v, "__objclass__", None), "__module__", "")
         return ["builtin", f"{module}.{name}"]
     raise Unpersistable(f"an object of type {type_name(type(v))} known only by its identity")
+
+
+def _process_group(dg: Any) -> bool:
+    """An ``OPAQUE_OBJ_GUARD_FN_MATCH`` on a ``ProcessGroup`` (torch 2.13 guards ``dist.group.WORLD`` so): checked as
+    the group's identity, its c10d name and ranks (``compat.process_group_identity``)."""
+    return (dg.kind == "OPAQUE_OBJ_GUARD_FN_MATCH" and dg.has_value
+            and compat.process_group_identity(dg.value) is not None)
 
 
 def _same_object(obj: Any, value: Any) -> bool:
