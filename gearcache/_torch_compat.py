@@ -255,7 +255,6 @@ def size_hint(value: Any) -> int:
 def shape_guards(gm: torch.fx.GraphModule) -> list[tuple[Any, str]]:
     """The guards the trace put on sizes, ``(sympy expression, user source line or "")``: a Python branch on a
     marked dim's size shows here (``s0 > 2``)."""
-    from torch._guards import detect_fake_mode
 
     env = _shape_env(gm)
     if env is None:

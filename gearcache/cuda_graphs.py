@@ -554,11 +554,19 @@ def capture_order(combinations: list[list[int]]) -> list[list[int]]:
 def _mutated_leaves(entry: Any) -> list[int] | None:
     """Call leaves that the entry's graph writes in place, from its run plan (``mutated_inputs``); None when the
     entry was loaded without a plan (then only a run can tell)."""
-    run_plan = getattr(entry.compiled, "plan", None)
-    if run_plan is None:
+    mutated = _plan_mutated(entry)
+    if mutated is None:
         return None
     inputs = entry.manifest["inputs"]
-    return [int(inputs[j][1]) for j in run_plan.get("mutated_inputs", ()) if inputs[j][0] == "leaf"]
+    return [int(inputs[j][1]) for j in mutated if inputs[j][0] == "leaf"]
+
+
+def _plan_mutated(entry: Any) -> list[int] | None:
+    """The graph inputs the entry writes in place, as its run plan says (an unsupported plan too, where its writer
+    could read them: ``runplan.loader.TorchLoaded``); None when unknown."""
+    run_plan = getattr(entry.compiled, "plan", None)
+    mutated = run_plan.get("mutated_inputs") if isinstance(run_plan, dict) else None
+    return [int(j) for j in mutated] if isinstance(mutated, list) else None
 
 
 def written_tensors(entry: Any, static_leaves: tuple) -> list[torch.Tensor]:
@@ -569,9 +577,9 @@ def written_tensors(entry: Any, static_leaves: tuple) -> list[torch.Tensor]:
     if not isinstance(entry, Entry):
         return [x for x in static_leaves if isinstance(x, torch.Tensor)]
     inputs = entry.gather(static_leaves)
-    run_plan = getattr(entry.compiled, "plan", None)
-    if run_plan is not None:
-        return [inputs[j] for j in run_plan.get("mutated_inputs", ()) if isinstance(inputs[j], torch.Tensor)]
+    mutated = _plan_mutated(entry)
+    if mutated is not None:
+        return [inputs[j] for j in mutated if isinstance(inputs[j], torch.Tensor)]
     kinds = entry.manifest["inputs"]
     return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
         (kind == "leaf" and _is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]

@@ -342,3 +342,35 @@ def test_state_replaced_after_capture_is_captured_again(tmp_path):
                 torch.testing.assert_close(served.cached(x), twin.fwd(x))
                 _assert_state_equal(served, twin)
         assert torch.equal(old, frozen), "the replaced cache is left alone"
+
+
+class WritesAndAliases(torch.nn.Module):
+    """Writes its input in place and returns a view of it: no run plan (torch's loader loads it)."""
+
+    def __init__(self, cache_dir, config):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        x.mul_(2)
+        return self.lin(x), x[:, :2]
+
+
+@needs_cuda
+def test_an_input_written_by_an_entry_without_a_run_plan_is_copied_back_not_refused(tmp_path):
+    """The artifact's plan is refused (an output aliases the input), but its writer still read which inputs the
+    graph writes: under CUDA graphs the unmarked input is copied back after each replay, equal to eager (it was
+    refused: 'the method writes to its input 0 in place, and its entry has no run plan saying so')."""
+    torch.manual_seed(0)
+    m = WritesAndAliases(tmp_path, _config()).cuda()
+    with torch.inference_mode():
+        for _ in range(3):
+            x = torch.randn(2, 8, device="cuda")
+            x_eager = x.clone()
+            out, view = m.cached(x)
+            ref, ref_view = m.fwd(x_eager)
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(view, ref_view)
+            torch.testing.assert_close(x, x_eager)
+    assert counters.graph_captures >= 1

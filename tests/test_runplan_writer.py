@@ -5,7 +5,9 @@ import pathlib
 import shutil
 
 import pytest
+import torch
 
+import gearcache
 from conftest import run_script
 from gearcache import CacheCorruptionError, runplan
 from gearcache.store import Store
@@ -56,3 +58,32 @@ def test_graph_returning_a_view_of_its_input_falls_back_to_torchs_loader(tmp_pat
     assert warm["equal"] and warm["aliases_input"]
     assert warm["counters"]["loads"] == 1 and warm["counters"]["direct_loads"] == 0
     assert warm["counters"]["compiles"] == 0
+
+
+class _WritesAndAliases(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.run = gearcache.cache_compile(self._forward, cache_dir=cache_dir)
+
+    def _forward(self, x):
+        x.mul_(2)                               # written in place
+        return self.lin(x), x[:, :2]            # and a view of it returned: no run plan
+
+
+def test_a_plan_refused_still_names_the_inputs_its_graph_writes(tmp_path):
+    """An artifact without a run plan (an output aliases an input) loads through torch's loader; its plan.json still
+    lists the graph inputs it writes in place, and the loaded entry carries it (CUDA graphs copy such an input back
+    after each replay instead of refusing it), equal to eager."""
+    m = _WritesAndAliases(str(tmp_path))
+    x = torch.randn(3, 4)
+    x_eager = x.clone()
+    with torch.no_grad():
+        out, view = m.run(x)
+        ref, ref_view = m._forward(x_eager)
+    assert torch.allclose(out, ref) and torch.equal(x, x_eager) and torch.equal(view, ref_view)
+    (plan,) = _plans(tmp_path).values()
+    assert plan["supported"] is False and "alias" in plan["reason"]
+    (entry,) = m.run.life.table.values()
+    leaf_inputs = [j for j, (kind, ref) in enumerate(entry.manifest["inputs"]) if kind == "leaf" and int(ref) == 0]
+    assert plan["mutated_inputs"] == leaf_inputs and entry.compiled.plan["mutated_inputs"] == leaf_inputs

@@ -72,7 +72,20 @@ def load_artifact(folder: pathlib.Path, device_index: int | None = None,
                           f"it on cuda:{compiled_on}")
     if before_torch_loader is not None:
         before_torch_loader()
-    return compat.load_folder(folder / "inductor")
+    return TorchLoaded(compat.load_folder(folder / "inductor"), plan)
+
+
+class TorchLoaded:
+    """An artifact torch's loader loaded (it has no usable run plan), beside its unsupported ``plan``: what the plan
+    writer still read of it (``mutated_inputs``, where it could: the inputs its graph writes in place, which CUDA
+    graphs copy back after each replay). Called as torch's callable is."""
+    __slots__ = ("fn", "plan")
+
+    def __init__(self, fn: Callable[..., Any], plan: dict[str, Any]):
+        self.fn, self.plan = fn, plan
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
 
 
 def read_plan(folder: pathlib.Path) -> dict[str, Any]:

@@ -54,12 +54,25 @@ def write_run_plan(artifact: pathlib.Path, loaded: Callable[..., Any], example_i
         log.warning("no run plan for %s: %s: %s", artifact.name, type(exc).__name__, exc, exc_info=True)
         plan = {"format": FORMAT, "supported": False, "reason": f"{type(exc).__name__}: {exc}"}
     if not plan["supported"]:                   # torch's loader runs it on the GPU it was compiled on
+        try:
+            plan["mutated_inputs"] = _mutated_inputs(artifact / "inductor")
+        except Exception:                                           # noqa: BLE001 - unknown: CUDA graphs refuse
+            log.info("artifact %s: its graph's in-place writes could not be read", artifact.name, exc_info=True)
         index = compile_device_index(example_inputs)
         plan.update(device_index=index, device_free=index is None)
         log.info("artifact %s gets no run plan (%s): it loads with torch's loader", artifact.name, plan["reason"])
         for leftover in list(plan_dir.iterdir()):
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     (plan_dir / "plan.json").write_text(json.dumps(plan, indent=1, sort_keys=True))
+
+
+def _mutated_inputs(folder: pathlib.Path, fx: Any = None, aot: Any = None) -> list[int]:
+    """The graph inputs the artifact's Inductor folder writes in place (Inductor's ``mutated_input_idxs`` and what
+    AOTAutograd's runtime wrapper writes back)."""
+    fx = fx or _cache_entry(folder, "fxgraph/*/*/*")
+    aot = aot or _cache_entry(folder, "aotautograd/*/*")
+    handled = getattr(aot.runtime_metadata, "mutated_graph_handled_indices", [])
+    return sorted(set(fx.mutated_input_idxs) | set(handled))
 
 
 def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Callable[..., Any],
@@ -70,7 +83,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     fx, aot = _cache_entry(folder, "fxgraph/*/*/*"), _cache_entry(folder, "aotautograd/*/*")
     meta = aot.runtime_metadata
     devices = _refuse_unsupported(fx, aot)
-    mutated = sorted(set(fx.mutated_input_idxs) | set(getattr(meta, "mutated_graph_handled_indices", [])))
+    mutated = _mutated_inputs(folder, fx, aot)
     source = fx.source_code
     uses = _wrapper_uses(source)
     checking = _collectives_during_check(uses, source)
