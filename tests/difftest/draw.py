@@ -211,8 +211,10 @@ def signatures(case: dict) -> list:
 
 
 def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants: list[dict], device: str,
-              graphs: bool, wanted: set[str] | None = None) -> dict:
-    """One case of ``program`` (its value variant, options and calls); ``tags`` name the features it exercises."""
+              graphs: bool, wanted: set[str] | None = None, mask: bool | None = None) -> dict:
+    """One case of ``program`` (its value variant, options and calls); ``tags`` name the features it exercises.
+    ``wanted``: change kinds no case drew yet; ``mask``: the optional input's state no case of the program drew yet
+    (None: drawn)."""
     variant_index = rng.choices(range(len(variants)), weights=[2] + [1] * (len(variants) - 1))[0]
     variant = variants[variant_index]
     inputs = P.inputs_of(program)
@@ -222,7 +224,7 @@ def draw_case(rng: random.Random, index: int, seed: int, program: dict, variants
             "program": dict(program, inputs=inputs),
             "attrs": variant["attrs"], "assign": _assign(program, variant["consts"]),
             "warm_batch": 1 if P.consts_of(program) and rng.random() < 0.4 else 0,
-            "options": options, "mask": "mask" in inputs and rng.random() < 0.5,
+            "options": options, "mask": "mask" in inputs and _choose_mask(rng.random() < 0.5, mask),
             "calls": _draw_calls(rng, inputs, options, program["gear_sizes"]), "tags": tags}
     _hide_pads(rng, case)
     _draw_change(rng, case, wanted or set())
@@ -373,10 +375,10 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
     for i in range(cases):
         program = progs[i % len(progs)]
         case_rng = random.Random(f"{seed}/{i}")
-        wanted = _changes_wanted(out)
+        wanted, mask = _changes_wanted(out), _mask_wanted(out, program)
         for _ in range(30):
             case = draw_case(case_rng, i, case_seed(seed, i), program, variants[program["module"]], device, graphs,
-                             wanted)
+                             wanted, mask)
             if ledger.fits(case):
                 break
         else:
@@ -384,6 +386,17 @@ def draw_run(seed: int, cases: int, *, device: str = "cpu", graphs: bool = False
         ledger.add(case)
         out.append(case)
     return progs, out, ledger
+
+
+def _choose_mask(drawn: bool, wanted: bool | None) -> bool:
+    return drawn if wanted is None else wanted
+
+
+def _mask_wanted(done: list[dict], program: dict) -> bool | None:
+    """The optional input's state (a tensor: True, None: False) no earlier case of ``program`` drew, else None."""
+    seen = {bool(c.get("mask")) for c in done if c["program"]["module"] == program["module"]}
+    missing = [state for state in (False, True) if state not in seen]
+    return missing[0] if missing and seen else None
 
 
 def _changes_wanted(done: list[dict]) -> set[str]:
