@@ -258,10 +258,9 @@ def _draw_change(rng: random.Random, case: dict, wanted: set[str]) -> None:
     if not fresh and rng.random() >= CHANGE_SHARE:
         return
     change = {"kind": rng.choice(fresh or kinds), "when": rng.choice(["before", "after"])}
-    if fresh:                               # the first of its kind: one signature, a gear's size, any signature served
-        sizes = case["program"]["gear_sizes"]
-        case["calls"] = [dict(case["calls"][0], B=sizes[0] if case["options"]["gears"] else case["calls"][0]["B"])]
-        case["options"]["dynamic"] = True
+    if fresh:       # the first of its kind: one signature, no gears (a padding refusal would hide the change)
+        case["calls"] = [dict(case["calls"][0])]
+        case["options"].update(dynamic=True, gears=None, past_largest="compile")
     case["change"] = change
     case["options"]["warmup"] = case["options"]["verify_padding"] = False
     if change["when"] == "after" and len(case["calls"]) < 2:
