@@ -356,17 +356,21 @@ class _Reader:
                                    "torch?): pin torch to a version gearcache supports, or report it")
         if dg.kind == "NN_MODULE":            # a module whose weights the graph holds: this object only
             return self._local(dg, "a module the graph specialises on, weights and all")
-        try:
-            path = self.resolve(dg.source, dg.kind)
-        except Unpersistable as exc:
-            raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items and "
-                                   f"globals gearcache can follow ({exc})") from None
+        path = self._path(dg)
         if path is None:
             return None                                 # an argument: the signature key has it
         try:
             return self._value_guard(dg, kind, path)
         except Unpersistable as exc:
             return self._local(dg, str(exc), path)
+
+    def _path(self, dg: Any) -> tuple | None:
+        """``resolve`` of Dynamo's guard ``dg``; a source gearcache cannot follow refuses the entry."""
+        try:
+            return self.resolve(dg.source, dg.kind)
+        except Unpersistable as exc:
+            raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items and "
+                                   f"globals gearcache can follow ({exc})") from None
 
     def resolve(self, source: str, kind: str) -> tuple | None:
         """The path of ``source`` from a gearcache root; None for an argument the call passed (the signature key
@@ -401,11 +405,7 @@ class _Reader:
         """An identity guard on the object Dynamo guarded, for an entry served in this process only."""
         self.local.append(f"{dg.kind} on {dg.source}: {why}")
         if path is None:
-            try:
-                path = self.resolve(dg.source, dg.kind)
-            except Unpersistable as exc:
-                raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items "
-                                       f"and globals gearcache can follow ({exc})") from None
+            path = self._path(dg)
             if path is None:
                 raise UnguardableError(self.name, dg.kind, dg.source, "pass the object as a module attribute")
         return ValueGuard("live", path, None, LiveObject(evaluate(path, self.scope, self.values)))
