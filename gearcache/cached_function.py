@@ -42,9 +42,9 @@ from .config import CompilerConfig
 from .background import Compiling
 from .cuda_graphs import CudaGraphs
 from .counters import counters
-from .entry import Entry
+from .entry import Entry, writes_a_leaf
 from .entry_life import EntryLife, Loaded, entry_groups, module_state
-from .errors import GradModeError, PastLargestGearError
+from .errors import GradModeError, PastLargestGearError, UnsupportedInputError
 from .key import FORMAT_VERSION, build_key
 from .store import Store
 from .timeline import Timeline
@@ -125,7 +125,8 @@ class CachedFunction(Dispatcher):
             if isinstance(entry, Compiling):    # served eagerly until its background compile is loaded: ask again
                 self._set_shortcut(None)
                 return
-            matcher = self._matchers[key] = signature.matcher(leaves, key) if isinstance(entry, Entry) else None
+            matcher = self._matchers[key] = signature.matcher(
+                leaves, key, distinct_storages=writes_a_leaf(entry)) if isinstance(entry, Entry) else None
         if matcher is None:
             self._set_shortcut(None)
         else:
@@ -184,6 +185,9 @@ class CachedFunction(Dispatcher):
         if gear_plan.verify_first:
             self.verify_first_use(gear_plan, leaves, key, targets)
         padded = gear_plan.pad(leaves, targets)
+        if padded is not leaves and signature.shares_memory(key):
+            raise UnsupportedInputError(signature.shared_memory_message(
+                self.name, key, "padding copies the padded ones to tensors of their own"))
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:

@@ -169,6 +169,10 @@ class CudaGraphs:
     def call(self, gear_plan: Any, leaves: tuple, key: tuple, served: bool = False) -> Any:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
         (its padding is counted: ``GearPlan.record_padding``)."""
+        if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
+                on_cuda(leaves):
+            raise UnsupportedInputError(signature.shared_memory_message(
+                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         if gear_plan is not None and targets is None:
             return self.cached.past_largest(gear_plan, leaves, key)
@@ -249,6 +253,10 @@ class CudaGraphs:
 
     def prepare(self, gear_plan: Any, leaves: tuple, key: tuple) -> Entry:
         """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
+        if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
+                on_cuda(leaves):
+            raise UnsupportedInputError(signature.shared_memory_message(
+                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         static_leaves = gear_plan.pad(leaves, targets) if targets is not None else leaves
         skey = signature.rekey(key, static_leaves)

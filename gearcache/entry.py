@@ -201,3 +201,15 @@ def _compile(src: str, name: str, env: dict[str, Any]) -> Callable:
     namespace = dict(env)
     exec(compile(src, f"<gearcache {name}>", "exec"), namespace)   # noqa: S102 - generated from a recipe above
     return namespace[name]
+
+
+def writes_a_leaf(entry: Entry) -> bool:
+    """Whether ``entry``'s graph may write one of the call's inputs in place: its run plan's ``mutated_inputs`` name
+    a call leaf, or the plan cannot tell (torch's loader without a readable plan: True)."""
+    plan = getattr(entry.compiled, "plan", None)
+    mutated = plan.get("mutated_inputs") if isinstance(plan, dict) else None
+    if not isinstance(mutated, list):
+        return True
+    inputs = entry.manifest["inputs"]
+    return any(inputs[j][0] == "leaf" for j in mutated)
+

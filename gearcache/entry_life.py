@@ -261,7 +261,7 @@ class EntryLife:
         gm = captured.graph
         constants = graph_constants_factor(gm)
         values = factors["values"]
-        code, inputs = gm.code, [_example_meta(t) for t in captured.example_inputs]
+        code, inputs = gm.code, signature.inputs_meta(captured.example_inputs)
         if index is not None and runplan.device_bound_reason(gm) is None:
             free = without_device_index(canonical_json([code, inputs]), index)
             if free is not None:
@@ -403,9 +403,3 @@ def module_state(module: torch.nn.Module) -> list[list]:
 
 def _strides(t: torch.Tensor) -> list[int] | str:
     return list(t.stride()) if t.layout == torch.strided else str(t.layout)
-
-
-def _example_meta(t: Any) -> Any:
-    if isinstance(t, torch.Tensor):
-        return [list(t.shape), list(t.stride()), str(t.dtype), str(t.device)]
-    return repr(t)

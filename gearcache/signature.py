@@ -94,24 +94,93 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
             plain = _snapshot.plain
             if plain is None:
                 plain = _snapshot.plain = compat.plain_tensors_check()
-            return args, key if plain(args) else (len(args), mode, *_leaf_keys(args))
+            if plain(args) and not shared_storages(args):
+                return args, key
+            return args, (len(args), mode, *_leaf_keys(args))
     leaves: list = []
     structure = (flatten(args, leaves), flatten(kwargs, leaves))
     return tuple(leaves), (structure, mode, *_leaf_keys(leaves))
 
 
 def _leaf_keys(leaves: Any) -> list[tuple]:
-    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``."""
+    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares its storage with
+    another leaf (a view of the same memory, not the same object) adds ``("storage", j, storage_offset)``, ``j`` the
+    first leaf on that storage: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and
+    the other way round)."""
     keys: list[tuple] = []
     first: dict[int, int] = {}
+    shared = shared_storages(leaves)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, _Tensor):
             j = first.setdefault(id(leaf), i)
             if j != i:
                 keys.append(("same", j))
                 continue
+            if i in shared:
+                keys.append(_leaf_key(leaf) + (("storage", shared[i], leaf.storage_offset()),))
+                continue
         keys.append(_leaf_key(leaf))
     return keys
+
+
+def shared_storages(leaves: Any) -> dict[int, int]:
+    """``{leaf index: index of the first leaf on its storage}`` for the tensor leaves (distinct objects) that share a
+    storage with another one; ``{}`` when none do (the common case: the key is then the leaves' metadata alone)."""
+    if len(leaves) < 2:
+        return {}
+    on: dict[int, list[int]] = {}
+    objects: set[int] = set()
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, _Tensor) and id(leaf) not in objects:
+            objects.add(id(leaf))
+            on.setdefault(_storage_address(leaf), []).append(i)
+    return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
+
+
+def shares_storage(key: tuple) -> list[int]:
+    """The leaves of the call keyed ``key`` that share a storage with another leaf (distinct tensor objects: see
+    :func:`_leaf_keys`); ``[]`` for most calls."""
+    return [i for i, k in enumerate(key[2:]) if type(k) is tuple and len(k) in (5, 8) and type(k[-1]) is tuple
+            and k[-1][:1] == ("storage",)]
+
+
+def shares_memory(key: tuple) -> list[int]:
+    """:func:`shares_storage`'s leaves and those passed as the same tensor object twice (``("same", i)``: both)."""
+    same = {i for i, k in enumerate(key[2:]) if type(k) is tuple and k[:1] == ("same",)}
+    same |= {key[2 + i][1] for i in same}
+    return sorted(same | set(shares_storage(key)))
+
+
+def shared_memory_message(name: str, key: tuple, why: str) -> str:
+    """The refusal of a call whose inputs share memory where gearcache would copy them apart (``why``)."""
+    return (f"{name}: arguments {shares_memory(key)} (flattened positions) are one tensor or views of one storage; "
+            f"{why}, so a write through one would not show through the others. Fix: pass tensors that do not share "
+            f"memory (a .clone() of each)")
+
+
+def inputs_meta(inputs: Any) -> list:
+    """A graph's example inputs as an artifact key factor: each tensor's shape, stride, dtype and device (plus
+    ``["storage", j, storage_offset]`` where it shares a storage with input ``j``: AOTAutograd compiles aliased inputs
+    as views of one base), ``repr`` of anything else."""
+    shared = shared_storages(inputs)
+    meta: list = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, _Tensor):
+            meta.append(repr(t))
+            continue
+        meta.append([list(t.shape), list(t.stride()), str(t.dtype), str(t.device)])
+        if i in shared:
+            meta[-1].append(["storage", shared[i], t.storage_offset()])
+    return meta
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    """Where ``t``'s storage starts (meta and other storage-less tensors: by object, never shared)."""
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -id(t)
+    return address if address else -id(t)          # empty storages share no memory
 
 
 class Matcher(NamedTuple):
@@ -130,24 +199,45 @@ class Matcher(NamedTuple):
                 and self.check(*args))
 
 
-def matcher(leaves: tuple, key: tuple) -> Matcher | None:
+def matcher(leaves: tuple, key: tuple, distinct_storages: bool = False) -> Matcher | None:
     """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
     grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
     state is snapshotted here). It checks more than the key (Python type, dispatch keys, ``requires_grad``, the thread
     count), so it may answer False for a call with this key; the caller then computes the key. None when ``key`` is
-    not of that kind (keyword arguments, non-tensors, grad on), its state is not the thread's, or torch has no C++
-    check."""
+    not of that kind (keyword arguments, non-tensors, grad on, tensors sharing memory), its state is not the
+    thread's, or torch has no C++ check. ``distinct_storages``: the entry writes an input, so the matcher also answers
+    False for a call whose tensors share a storage (such a call takes the key's path)."""
     if type(key[0]) is not int or key[1][0] or not all(isinstance(leaf, _Tensor) for leaf in leaves):
         return None
+    if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
+        return None             # inputs that share memory: every call takes the key's path, which tells them apart
     same_state = compat.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
     check = compat.tensor_match(leaves)
     if check is None:
         return None
+    if distinct_storages and len(leaves) > 1:
+        check = _and_distinct_storages(check)
     inference = None if compat.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
     return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not compat.any_autocast_enabled())
+
+
+def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
+    """``check``, and no two of the call's tensors on one storage (a matcher for an entry that writes an input: its
+    graph was compiled for inputs that do not share memory, and a write through one would not show through another)."""
+    def matches(*args: Any) -> bool:
+        if not check(*args):
+            return False
+        seen = set()
+        for a in args:
+            address = _storage_address(a)
+            if address in seen:
+                return False
+            seen.add(address)
+        return True
+    return matches
 
 
 def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
@@ -160,9 +250,11 @@ def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
         elif isinstance(leaf, _Tensor):
             desc.append({"shape": list(leaf.shape), "stride": list(leaf.stride()), "dtype": str(leaf.dtype),
                          "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
-            if len(leaf_key) > 4:
+            if len(leaf_key) >= 7:
                 desc[-1]["type"], desc[-1]["conj"], desc[-1]["neg"] = (
                     f"{type(leaf).__module__}.{type(leaf).__qualname__}", leaf.is_conj(), leaf.is_neg())
+            if len(leaf_key) in (5, 8):                 # ("storage", first leaf on it, storage offset)
+                desc[-1]["storage_of"], desc[-1]["storage_offset"] = leaf_key[-1][1], leaf_key[-1][2]
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
     autocast = json.loads(key[1][2])["autocast"]

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import _torch_compat as compat
-from . import compiler, faults, gears, runplan
+from . import compiler, faults, gears, runplan, signature
 from .config import CompilerConfig
 from .counters import counters
 from .errors import ConfigError, PastLargestGearError
@@ -147,8 +147,7 @@ class GearedGraph:
         akey, _ = build_key("artifact", ordered_factors("artifact", {
             "format": FORMAT_VERSION, "graph": sha256_text(static.code),
             "graph_constants": graph_constants_factor(static),
-            "inputs": [[list(x.shape), list(x.stride()), str(x.dtype), str(x.device)] if isinstance(x, torch.Tensor)
-                       else repr(x) for x in inputs],
+            "inputs": signature.inputs_meta(inputs),
             "config": self.config.compile_factors(), "decompositions": [],
             "global_state": compat.global_state(devices), "software": compat.software_versions(),
             "devices": [compat.device_capability(d) for d in devices], "process_groups": process_groups_factor(),

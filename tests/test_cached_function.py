@@ -487,3 +487,36 @@ def test_a_replaced_submodule_is_followed_and_a_misaligned_data_swap_is_realigne
         assert m.lin.weight is w and m.lin.weight.data_ptr() % 16
         torch.testing.assert_close(m.cached(x), m.fwd(x))
         torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
+class WritesOneReadsOther(torch.nn.Module):
+    def __init__(self, cache_dir, config=None):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x, y):
+        y.mul_(2)
+        return x + 1
+
+
+def test_inputs_sharing_memory_are_served_as_eager_in_any_order_and_refused_where_padding_would_split_them(tmp_path):
+    """Views of one storage passed as two arguments (equal, overlapping, disjoint) and separate tensors, in an order
+    that makes each entry meet the others' calls (a new user's report: a graph compiled for aliased inputs was served
+    separate ones, off by 2.6, and the reverse crashed in Inductor's size assert): each equals eager, output and the
+    memory written, in the compiling process and in a fresh one, which compiles nothing
+    (tests/scripts/run_shared_memory.py). With gears, a padded call of such inputs is refused: padding copies them
+    apart."""
+    from conftest import run_script
+
+    cold = run_script("run_shared_memory.py", str(tmp_path / "cache"))
+    assert all(cold["equal"].values()), cold
+    assert cold["compiles"] == 4, "one entry per way of sharing: equal views, overlapping, disjoint, separate"
+    warm = run_script("run_shared_memory.py", str(tmp_path / "cache"))
+    assert all(warm["equal"].values()), warm
+    assert warm["compiles"] == 0 and warm["traces"] == 0 and warm["loads"] == 4, warm
+    cfg = CompilerConfig()
+    cfg.inference_config.dim_gears = {"x": {0: [4]}, "y": {0: [4]}}
+    geared = WritesOneReadsOther(str(tmp_path / "geared"), cfg)
+    big = torch.randn(3, 8)
+    with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError, match="one tensor or views of one storage"):
+        geared.cached(big[:], big[:])

@@ -250,3 +250,23 @@ def test_the_state_tag_is_per_thread():
         assert call_key((x,), {})[1] == before
     assert seen["other"] != before
     assert json.loads(seen["other"][1][2])["autocast"] == {"cpu": "torch.bfloat16"}
+
+
+def test_views_of_one_storage_are_keyed_by_where_they_sit_and_get_no_shortcut():
+    """Distinct tensors on one storage add ("storage", first leaf on it, storage offset) to their keys (Dynamo
+    compiles them as views of one base), so equal views, overlapping ones, disjoint ones and separate tensors have
+    four keys; such calls get no shortcut matcher, and a matcher for an entry that writes an input refuses a later
+    call whose tensors share a storage."""
+    big = torch.randn(8, 8)
+    calls = {"equal views": (big[0:4], big[0:4]), "overlapping": (big[0:4], big[2:6]),
+             "disjoint": (big[0:4], big[4:8]), "separate": (big[0:4].clone(), big[4:8].clone())}
+    with torch.no_grad():
+        keys = {name: call_key(args, {})[1] for name, args in calls.items()}
+        assert len(set(keys.values())) == 4
+        assert keys["overlapping"][3][-1] == ("storage", 0, 16) and keys["disjoint"][3][-1] == ("storage", 0, 32)
+        assert describe(calls["overlapping"], keys["overlapping"])["leaves"][1]["storage_offset"] == 16
+        assert matcher(calls["overlapping"], keys["overlapping"]) is None
+        separate = calls["separate"]
+        plain, writes = matcher(separate, keys["separate"]), matcher(separate, keys["separate"], True)
+        assert plain(calls["disjoint"]) and plain(separate)        # reads only: views read the same values
+        assert writes(separate) and not writes(calls["disjoint"]) and not writes((big, big))
