@@ -210,20 +210,19 @@ def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[
 # ------------------------------------------------------------------------------------------------ padding analysis
 # gearcache/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at the ATen
 # level, where every op has a schema (which arguments it writes, which it returns a view of).
-ATEN_TRACING_MODE = "symbolic"
-
-
 def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` retraced to ATen ops on its own fake example inputs (nothing runs on real data): ``make_fx`` of an FX
-    interpreter under the graph's fake mode, as AOTAutograd traces it but without functionalisation, so in-place ops
-    and views stay in the graph; each node keeps the ``stack_trace`` of the Dynamo node it came from."""
+    interpreter under the graph's fake mode, symbolically, as AOTAutograd traces it but without functionalisation, so
+    in-place ops and views stay in the graph; each node keeps the ``stack_trace`` of the Dynamo node it came from."""
     import torch.fx.traceback as fx_traceback
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     fakes = [n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder")]
     with detect_fake_mode(fakes) or contextlib.nullcontext(), fx_traceback.preserve_node_meta(), torch.no_grad():
-        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode=ATEN_TRACING_MODE)(*fakes)
+        # symbolic: the trace's own shape environment keeps each size a symbol (2.11's "real" mode fixed a batch a
+        # 3-D matmul expands over to the example's number: padding.analyse would read it as static)
+        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="symbolic")(*fakes)
 
 
 def forget_unbacked_bindings(gm: torch.fx.GraphModule) -> None:
