@@ -724,15 +724,23 @@ _DYNAMO_MODULE_PATCHES = {
 }
 
 
+_LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attribute -> the library that adds it
+
+
 def unpatched_class_attribute(cls: type, name: str, value: Any) -> Any:
     """``value`` (``cls.__dict__[name]``) as torch itself defines it: Dynamo's first capture in a process replaces
     ``nn.Module.__init__`` and ``__setstate__`` by wrappers that call them and tag the module
     (``torch._dynamo.mutation_guard.install_generation_tagging_init``), and marks the class with
     ``___needs_generation_tag_patch``; a class's fingerprint must not depend on whether this process ran Dynamo.
-    Returns the wrapped original for those, ``NOT_TORCHS`` for the mark, ``value`` otherwise."""
+    transformers adds ``nn.Module.smart_apply`` the first time a ``PreTrainedModel`` initialises its weights (no
+    forward reads it): every other class's fingerprint must not depend on whether this process built such a model
+    (a process that had was served none of the entries a fresh one compiled). Returns the wrapped original for the
+    Dynamo patches, ``NOT_TORCHS`` for the mark and transformers' method, ``value`` otherwise."""
     if cls is not torch.nn.Module:
         return value
-    if name == "___needs_generation_tag_patch":
+    library = _LIBRARY_MODULE_METHODS.get(name)
+    if name == "___needs_generation_tag_patch" or (
+            library is not None and (getattr(value, "__module__", None) or "").startswith(library)):
         return NOT_TORCHS
     patch = _DYNAMO_MODULE_PATCHES.get(name)
     if (patch is not None and getattr(value, "__qualname__", None) == patch[0]

@@ -3,6 +3,7 @@ differently and means the same in every process."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 import textwrap
@@ -146,3 +147,26 @@ def test_a_class_digest_follows_its_methods_closures_rebound_in_place():
     set_scale(5.0)
     assert fingerprints.class_digest(cls) != before
     assert fingerprints.class_digest(cls) == fingerprints.class_digest(factory(5.0)[0])
+
+
+def test_a_class_fingerprint_does_not_depend_on_whether_transformers_built_a_model_in_the_process():
+    """transformers adds ``nn.Module.smart_apply`` the first time a model initialises its weights: a process that had
+    built one fingerprinted every module class otherwise and loaded none of the entries a fresh process compiled
+    (found by the full suite: an earlier transformers test made later warm loads miss). In a fresh process, the
+    fingerprint of a plain module class is the same before and after building a tiny Llama."""
+    code = (
+        "import json, torch\n"
+        "from gearcache.fingerprints import class_fp\n"
+        "class Plain(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x\n"
+        "before = class_fp(Plain)\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,\n"
+        "                             num_attention_heads=2, num_key_value_heads=2, vocab_size=32))\n"
+        "print(json.dumps([before == class_fp(Plain), 'smart_apply' in torch.nn.Module.__dict__]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    same, patched = json.loads(out.stdout.strip().splitlines()[-1])
+    assert patched, "transformers no longer adds smart_apply: the case this test guards is gone"
+    assert same
