@@ -214,3 +214,33 @@ def test_fresh_process_compiles_nothing_for_any_gear(gears_cache, empty_torch_ca
     assert warm["counters"]["loads"] == 3 and warm["counters"]["compiles"] == 0 and warm["counters"]["traces"] == 0
     assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0
     assert warm["hooks"]["cpp_builds"] == 0 and warm["hooks"]["triton_compiles"] == 0
+
+
+
+def test_a_change_the_watch_cannot_see_between_two_gears_loads_is_caught_at_the_next_load(gears_cache, tmp_path):
+    """The per-call watch does not see a hook written into a module's hook dict by hand, nor a module's
+    ``__class__`` swapped (docs/DESIGN.md, "Not seen per call"): the next load reads every guard of its entry, so a
+    gear loaded after such a change is refused (``on_new_signature="error"``), never served from its stored entry.
+    (Skipping the guard read of a set a loaded gear shares was tried on 2026-11-26 and served these stale.)"""
+    cache, _ = gears_cache
+    config = CompilerConfig(on_new_signature="error")
+    config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 10.0
+
+    changes = {"hook": lambda m: m.lin._forward_hooks.__setitem__(12345, lambda mod, args, out: out * 2),
+               "class": lambda m: setattr(m.lin, "__class__", Scaled)}
+    for name, change in changes.items():
+        folder = tmp_path / name
+        shutil.copytree(cache, folder)
+        torch.manual_seed(0)
+        model = PairMLP(str(folder), config).eval()
+        with torch.inference_mode():
+            x, y = torch.randn(2, 4), torch.randn(2, 4)
+            torch.testing.assert_close(model.cached(x, y), model.fwd(x, y))      # gear 2 loaded
+            change(model)
+            x, y = torch.randn(3, 4), torch.randn(3, 4)
+            with pytest.raises(gearcache.SignatureMismatchError):
+                model.cached(x, y)                  # gear 4's first load: its guards read, the stored entry refused
