@@ -54,6 +54,7 @@ def test_a_new_signature_runs_eagerly_until_its_background_compile_is_loaded(tmp
     assert counters.traces == before["traces"] + 1
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_compile_leaves_the_compile_to_the_settling_call(tmp_path):
     """SIGKILL every worker while the entry compiles: the call was served eagerly, and settling it compiles it in
     this process instead; the workers are closed once nothing is in flight."""
@@ -97,6 +98,7 @@ def test_a_miss_whose_capture_fails_raises_and_leaves_no_worker_running(tmp_path
     assert gearcache.background.worker_pids() == []
 
 
+@pytest.mark.slow
 def test_an_exiting_process_publishes_its_background_compiles_and_the_next_loads_them(tmp_path):
     """Gears 4 and 8 of a method that writes a buffer: compiled in the background of a process that exits right
     after its calls; a fresh process then loads both entries with no trace, guard, compile or kernel build."""
@@ -124,6 +126,7 @@ def _check_background_generate(run: dict) -> None:
     assert after["hits"] > before["hits"]
 
 
+@pytest.mark.slow
 def test_generate_runs_eagerly_while_its_entries_compile_then_compiled(tmp_path):
     """transformers' generate() (the corpus Llama: greedy and sampling, a streamer, left padding) under
     on_new_signature="background": equal to eager while the prompt gear and the decode step compile in a worker,
@@ -153,6 +156,7 @@ def _call_both(model: Counter, twin: Counter, x: torch.Tensor) -> None:
     torch.testing.assert_close(model.total, twin.total)
 
 
+@pytest.mark.slow
 def test_background_compiles_with_cuda_graphs_on_cpu_inputs_run_like_eager(tmp_path):
     """mode="reduce-overhead" with on_new_signature="background" on CPU inputs (no graphs there): eager while the
     gear compiles, then the compiled gear, equal to eager throughout (outputs and the buffer written in place)."""

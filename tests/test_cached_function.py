@@ -304,6 +304,7 @@ def test_a_fixed_signature_method_is_guarded_too(settings_cache):
         torch.testing.assert_close(m.cached(x), m.fwd(x))
 
 
+@pytest.mark.slow
 def test_across_processes_changed_constants_compile_their_own_entry_and_the_old_ones_still_load(tmp_path):
     """Issue #26, across processes: a module-level constant, a constant in another file the method imports, and a
     constructor default (eps, approximate) different from the process that compiled the entry: each compiles its own
@@ -392,6 +393,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_entry_names_do_not_depend_on_how_the_module_is_run(tmp_path):
     """A class of the script run as ``__main__`` is named by the module it is imported as: entries warmed up by the
     CLI (which imports it) load in `python pkg/mod.py` and `python -m pkg.mod`, which trace and compile nothing."""
@@ -428,6 +430,7 @@ GRAPH_CHANGES = ["class_patch", "closure", "instance_patch", "attr_added", "hook
 SAME_GRAPH = ["submodule", "data_swap"]         # a replaced submodule of the same shapes, values swapped in place
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, pytest.param(True, marks=pytest.mark.skipif(
     os.environ.get("GEARCACHE_TEST_DEVICE") != "cuda", reason="CUDA graphs: GEARCACHE_TEST_DEVICE=cuda"))],
     ids=["plain", "cuda-graphs"])
@@ -499,6 +502,7 @@ class WritesOneReadsOther(torch.nn.Module):
         return x + 1
 
 
+@pytest.mark.slow
 def test_inputs_sharing_memory_are_served_as_eager_in_any_order_and_refused_where_padding_would_split_them(tmp_path):
     """Views of one storage passed as two arguments (equal, overlapping, disjoint) and separate tensors, in an order
     that makes each entry meet the others' calls (a new user's report: a graph compiled for aliased inputs was served

@@ -167,6 +167,7 @@ def test_warmup(populated):
     assert str(cache.resolve()) in warm.stdout             # --cache-dir reached cache_compile(cache_dir=None)
 
 
+@pytest.mark.slow
 def test_two_cold_starts_log_what_each_one_does(tmp_path):
     """Two processes miss the same entry at once: one compiles, the other waits for it and reuses the artifact, and
     says so: it never logs that it compiles."""
@@ -377,6 +378,7 @@ def test_prune_leaves_an_artifact_a_live_process_uses(cache_copy):
 
 
 # ========================================================================================================== native
+@pytest.mark.slow
 def test_native_status_says_where_the_native_checks_are_and_build_says_why_it_failed(native_checks, tmp_path):
     built = as_json(gc("native", "--json"))
     assert built["built"] and built["loaded_in_this_process"] and built["enabled"]
@@ -457,6 +459,7 @@ def test_an_unreadable_index_is_rebuilt_once_and_ls_and_stats_work(cache_copy, l
     assert json.loads(second.stdout)["entries"] == 2
 
 
+@pytest.mark.slow
 def test_stats_reports_padding_waste(gears_cache, tmp_path):
     """run_gears.py serves sizes 1..8 of x and y [n, 4] on gears 2, 4, 8: 288 real elements run as 352 (its warm-up
     runs are not calls). Its warm run in test_gears, if any, adds the same calls: the share is the same."""

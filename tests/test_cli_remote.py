@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import FLEET_KEY, fleet_config, run_script
 from gearcache.cli import main
 
@@ -14,6 +16,7 @@ def run(capsys, *argv) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
+@pytest.mark.slow
 def test_push_pull_then_a_node_compiles_nothing(redis, seed, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GEARCACHE_SIGNING_KEY", FLEET_KEY)
     code, doc = run(capsys, "push", "--cache-dir", str(seed), "--remote", redis.url)

@@ -4,6 +4,8 @@ batch gears. Each is compiled cold in one fresh process; a second fresh process,
 caches, must load every entry through a run plan, compile nothing and match eager."""
 import pytest
 
+pytestmark = pytest.mark.slow      # the slow tier (pytest -m slow): CI runs it after the README's line
+
 SLICE = {"llama": 2, "mistral_sliding": 2, "gemma3": 2, "bert": 2}   # entries: prefill gear + decode; two gears
 
 

@@ -42,6 +42,7 @@ def slice_report(tmp_path_factory):
     return session.run_difftest(0, 300, tmp_path_factory.mktemp("difftest"), shrink=1, shrink_seconds=120)
 
 
+@pytest.mark.slow
 def test_generated_cases_equal_eager_or_are_refused(slice_report):
     report = slice_report
     print(report.summary())
@@ -171,6 +172,7 @@ def test_a_call_past_the_largest_gear_is_a_refusal_not_a_failure(tmp_path):
     assert "PastLargestGearError" in result["detail"] and "size 6" in result["detail"]
 
 
+@pytest.mark.slow
 def test_a_known_bad_setup_is_reported_shrunk_and_reproduced(tmp_path):
     """A wrong custom decomposition (``aten.addmm`` without its bias) makes gearcache's answer differ from eager:
     the tester reports a mismatch (not an upstream bug: plain torch.compile gets it right), shrinks the case to the
@@ -210,6 +212,7 @@ PAD_CASES = [          # blocks of programs.PAD_BLOCKS, and how gearcache must a
 ]
 
 
+@pytest.mark.slow
 def test_reductions_over_the_geared_dim_equal_eager_on_data_that_shows_a_wrong_pad(tmp_path):
     """The tester's pad-value-sensitive blocks, each geared (gear 4, calls of 3 and 2 rows) with no pad value given:
     the first call's mixed data would hide a wrong pad from a min or a max (one checked call passed them before), the

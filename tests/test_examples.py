@@ -11,6 +11,8 @@ import pytest
 
 from conftest import Script
 
+pytestmark = pytest.mark.slow      # the slow tier (pytest -m slow): CI runs it after the README's line
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -180,6 +180,7 @@ def test_product_moves_dims_that_meet_in_lockstep(tmp_path):
             m.cached(torch.randn(3, 3), torch.randn(1, 3), c)
 
 
+@pytest.mark.slow
 def test_verify_padding_tests_the_gears_the_analysis_proved(tmp_path, pair_cache):
     cfg = CompilerConfig()
     cfg.inference_config.dim_gears = {"x": {0: [2, 4]}}

@@ -17,6 +17,7 @@ from gearcache.integrations.transformers import ServeGears, disable, enable
 CAUSAL = ["llama", "mistral_sliding", "gemma3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CAUSAL)
 def test_generate_equals_eager_generate_cold_and_warm(corpus_cold, corpus_warm, name):
     _, cold = corpus_cold(name)
@@ -195,6 +196,7 @@ def test_cuda_graphs_serve_every_corpus_lm_like_eager_cold_and_warm(tmp_path, na
     assert warm["tokens"] == cold["tokens"]
 
 
+@pytest.mark.slow
 def test_a_class_patched_like_liger_is_served_patched_never_from_the_unpatched_entries(tmp_path):
     """Issue #35: ``LlamaMLP.forward`` patched on the class (Liger/Unsloth) before ``enable()`` in a process whose
     store holds the unpatched model's entries, or after the first ``generate()`` in the compiling process: tokens and

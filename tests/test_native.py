@@ -196,6 +196,7 @@ def test_a_failed_build_says_why_and_is_not_retried_automatically(tmp_path, monk
     assert native_build.main(["--if-idle"]) == 0        # what the background build runs: skips it quietly
 
 
+@pytest.mark.slow
 def test_a_process_without_the_module_builds_it_in_the_background(tmp_path):
     """The first process finds none, starts the build and goes on with Dynamo's checks; a later process loads it."""
     env = {**os.environ, "GEARCACHE_NATIVE_DIR": str(tmp_path)}
@@ -216,6 +217,7 @@ def test_a_process_without_the_module_builds_it_in_the_background(tmp_path):
     assert later.stdout.split() == ["True", "TensorMatch", "True"]
 
 
+@pytest.mark.slow
 def test_processes_building_at_once_compile_once(tmp_path):
     """Two builds of the same key at once: one compiles, the other waits on the lock and finds the module."""
     counter = tmp_path / "compiles"

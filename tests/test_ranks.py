@@ -24,6 +24,7 @@ def _torchrun(nproc: int, cache: Path, out: Path, *flags: str, script: str = "ru
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc) if (out / f"rank{r}.json").exists()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_tensor_parallel_cold_then_warm_start_with_collectives_inside(tmp_path, nproc):
     cache = tmp_path / "cache"
@@ -73,6 +74,7 @@ def _other_groups_never_load(cache: Path, tmp_path: Path) -> None:
     assert "'0'" in errors["one_rank_group"] and "[0, 1]" in errors["one_rank_group"]
 
 
+@pytest.mark.slow
 def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
     """Four ranks, the last with a narrower shard: two distinct graphs, each compiled once across the node."""
     cache = tmp_path / "cache"
@@ -90,6 +92,7 @@ def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 1 for r in warm)
 
 
+@pytest.mark.slow
 def test_eight_processes_racing_on_one_empty_folder(tmp_path):
     cache = tmp_path / "cache"
     procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "race_compile.py"), str(cache)],
@@ -112,7 +115,7 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
 GEARS = [1, 2, 4]
 
 
-@pytest.fixture(scope="session", params=[4, 8])
+@pytest.fixture(scope="session", params=[4, pytest.param(8, marks=pytest.mark.slow)], ids=["4", "8"])
 def tp_gears(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
     """A cold job of tests/scripts/run_tp_gears.py (a TP MLP with an all-reduce inside, gears 1, 2, 4) on 4 and on 8
     ranks: ``(nproc, its cache folder, the ranks' reports)``."""
@@ -144,6 +147,7 @@ def test_geared_tp_warmup_cold_then_warm_never_hangs(tp_gears, tmp_path):
     assert all(r["destroy_returned"] and r["destroy_s"] < 10 and r["gearcache_threads"] == [] for r in warm)
 
 
+@pytest.mark.slow
 def test_ranks_about_to_run_other_gears_raise_instead_of_hanging(tp_gears, tmp_path):
     """The last rank warms up gears 1, 2 where the others warm up 1, 2, 4: its collectives would pair with theirs
     wrongly (before the fence: gloo aborted on the size mismatch, NCCL would hang or mix data). Every rank raises
@@ -158,6 +162,7 @@ def test_ranks_about_to_run_other_gears_raise_instead_of_hanging(tp_gears, tmp_p
         assert r["counters_after_warmup"]["rank_fences"] == 0
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_arrives_is_named_after_the_timeout(tp_gears, tmp_path):
     """Rank 1 never reaches its warm-up: the others wait at the fence for rank_timeout_s (5 s here; before the fence
     they waited in the first gear's all-reduce, gloo's 30 minutes), then raise RankWaitError naming rank 1 and what
@@ -187,6 +192,7 @@ def _pp_job(cache: Path, timeout: float = 900) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])["ranks"]
 
 
+@pytest.mark.slow
 def test_pipeline_stages_cold_then_warm_tokens_equal_the_unsplit_model(tmp_path):
     """2 pipeline stages x TP 2: each stage's prefill and decode cached under its pp_rank in one folder, activations
     sent between stages; the tokens equal the unsplit eager model's in the cold job and in a fresh warm one, which
@@ -218,6 +224,7 @@ def test_pipeline_stages_cold_then_warm_tokens_equal_the_unsplit_model(tmp_path)
     assert all(r["counters"]["rank_fences"] == 2 for r in warm), "decode's and prefill's fence, per TP group"
 
 
+@pytest.mark.slow
 def test_padded_decode_gears_through_collectives_are_proved_not_sampled(tmp_path):
     """examples/tp_decoder.py's decode (toy size, bfloat16, 2 ranks on gloo) under default settings, a batch of 3 on
     gear 4: its all_reduces are elementwise across ranks, so the padding analysis proves the gear exact (pad 0 for

@@ -24,6 +24,8 @@ import reliability_child as rc
 from gearcache import counters
 from gearcache.store import Store
 
+pytestmark = pytest.mark.slow      # the slow tier (pytest -m slow): CI runs it after the README's line
+
 PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.standalone_compile",
            "torch._inductor.codecache", "gearcache", "gearcache.faults"]
 

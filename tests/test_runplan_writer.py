@@ -47,6 +47,7 @@ def test_plan_files_are_covered_by_the_artifact_digests(tiny_lm_cache, tmp_path)
         store.verify_artifact(akey)
 
 
+@pytest.mark.slow
 def test_graph_returning_a_view_of_its_input_falls_back_to_torchs_loader(tmp_path, empty_torch_caches):
     """An output aliasing an input needs torch's AOTAutograd wrapper: no plan, torch's loader, same answers."""
     cache = tmp_path / "cache"

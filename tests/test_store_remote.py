@@ -70,6 +70,7 @@ def test_warm_remote_fills_empty_local_folders_without_compiling(redis, seed, tm
     assert (again["compiles"], again["remote_loads"], again["loads"], again["equal"]) == (0, 0, 1, True)
 
 
+@pytest.mark.slow
 def test_cold_fleet_compiles_once_even_when_its_compiler_is_killed(redis, tmp_path):
     """4 nodes start cold against an empty Redis; the one that claims the compile is SIGKILLed while compiling; one
     survivor takes over once the claim expires, the others wait for it and load: one compile among the survivors."""
@@ -137,6 +138,7 @@ def test_tampered_remote_artifact_is_never_executed(redis, seed, tmp_path):
     assert (again["compiles"], again["remote_loads"], again["remote_refused"], again["equal"]) == (0, 1, 0, True)
 
 
+@pytest.mark.slow
 def test_dead_remote_never_changes_an_answer(tmp_path):
     dead = f"redis://127.0.0.1:{free_port()}/0"
     t0 = time.monotonic()
@@ -434,6 +436,7 @@ def _kill_node(proc: subprocess.Popen, out) -> None:
     proc.communicate()
 
 
+@pytest.mark.slow
 def test_second_node_of_a_fleet_compiles_nothing_the_first_compiled(redis, tmp_path):
     """Node A (2 ranks, its own folder) starts cold against an empty Redis and compiles each gear's graph once; node
     B (2 ranks, another folder, another MASTER_PORT) then starts cold too: it fetches every entry and artifact, and
@@ -454,6 +457,7 @@ def test_second_node_of_a_fleet_compiles_nothing_the_first_compiled(redis, tmp_p
     assert all(r["destroy_returned"] for r in a + b)
 
 
+@pytest.mark.slow
 def test_a_node_killed_mid_compile_leaves_no_half_entry(redis, tmp_path):
     """Node A is killed (every process of the job, SIGKILL) while it compiles its first artifact: Redis holds no
     entry and no artifact head (only expiring chunks, if any), and A's folder no artifact without its manifest and

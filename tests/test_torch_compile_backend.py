@@ -1,4 +1,5 @@
 """The torch.compile route: one Dynamo graph for every gear, one gearcache entry per gear, outputs equal eager."""
+import pytest
 import torch
 import torch._dynamo.utils as dynamo_utils
 import torch.fx.experimental._config as fx_config
@@ -97,6 +98,7 @@ class Scaled(torch.nn.Module):
         return self.lin(x) * alpha
 
 
+@pytest.mark.slow
 def test_a_float_argument_that_changes_is_read_from_the_call(tmp_path):
     """A float argument whose value changes between calls: Dynamo recompiles with it as a 0-dim tensor read by
     ``item()``. gearcache's static retrace of that graph bound the item's unbacked symbol, and Inductor's retrace in

@@ -72,6 +72,7 @@ def _summary(root: Path) -> tuple[dict, dict]:
     return entries, artifacts
 
 
+@pytest.mark.slow
 def test_workers_give_the_serial_entries_and_a_fresh_process_compiles_nothing(gears_cache, tmp_path,
                                                                              empty_torch_caches):
     serial_cache, serial = gears_cache
@@ -93,6 +94,7 @@ def test_workers_give_the_serial_entries_and_a_fresh_process_compiles_nothing(ge
     assert warm["hooks"]["cpp_builds"] == 0 and warm["hooks"]["triton_compiles"] == 0
 
 
+@pytest.mark.slow
 def test_two_ranks_sharing_a_folder_split_the_gears(tmp_path):
     cache, barrier = tmp_path / "cache", tmp_path / "barrier"
     procs = [subprocess.Popen([sys.executable, str(TESTS / "scripts" / "run_rank_warmup.py"), str(cache),
@@ -205,7 +207,8 @@ class _Advancing(torch.nn.Module):
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warmup", "first call"])
-@pytest.mark.parametrize("gears", [{}, {"x": {0: [1, 2]}}], ids=["no gears", "gears"])
+@pytest.mark.parametrize("gears", [pytest.param({}, marks=pytest.mark.slow), {"x": {0: [1, 2]}}],
+                         ids=["no gears", "gears"])
 def test_warmup_leaves_the_state_its_runs_write_as_it_was(tmp_path, gears, warm):
     """warmup() runs the method on its example (once per gear): the counter and cache those runs advance are restored,
     so the calls after it equal eager's from the same state. Without warmup(), the first call traces the gear plan
