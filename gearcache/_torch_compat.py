@@ -195,6 +195,17 @@ def is_graph_break(exc: BaseException) -> bool:
     return isinstance(exc, (exc_mod.Unsupported, exc_mod.UserError, exc_mod.UncapturedHigherOrderOpError))
 
 
+def op_type_error(exc: BaseException) -> TypeError | None:
+    """The ``TypeError`` an op of the traced code raised on the call's arguments (``linear()`` given None where a
+    tensor goes), which Dynamo reports as a graph break ("TypeError when making fake tensor call", with it as the direct
+    cause: checked on 2.13 and 2.14); None for any other break (a torch that chains it otherwise reports a graph
+    break, as before)."""
+    cause = exc.__cause__
+    if isinstance(exc, torch._dynamo.exc.Unsupported) and type(cause) is TypeError:
+        return cause
+    return None
+
+
 def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
     """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
     out = torch._dynamo.explain(fn)(*args, **kwargs)

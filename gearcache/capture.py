@@ -70,6 +70,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
     except Exception as exc:
         if compat.is_graph_break(exc):
             compat.forget_dynamo_cache(code)
+            _raise_op_type_error(method, exc)
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
         raise
     finally:
@@ -167,6 +168,15 @@ def _empty_like_example(node: Any) -> Any:
 
 def _qualname(method: types.MethodType) -> str:
     return f"{type(method.__self__).__qualname__}.{method.__name__}"
+
+
+def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
+    """An op of the method refused the call's arguments (None where a tensor goes): the ``TypeError`` the method
+    raises uncompiled, not a graph break."""
+    error = compat.op_type_error(exc)
+    if error is not None:
+        raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
+                        f"traced it, as the method does when it runs uncompiled)") from error
 
 
 def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
@@ -362,6 +372,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
                                        recording, method.__func__.__globals__))(*args, **kwargs)
     except Exception as exc:
         if compat.is_graph_break(exc):
+            _raise_op_type_error(method, exc)
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
         if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
             raise GearcacheError(

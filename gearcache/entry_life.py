@@ -310,8 +310,14 @@ class EntryLife:
         return faults.publish_or_fallback(self.store, pending.akey, build, self.config.on_cache_error)
 
     def finish(self, p: Pending, folder, built: bool) -> Loaded:
-        """Given the published artifact folder (``publish``), write the entry manifest and load the entry."""
+        """Given the published artifact folder (``publish``), write the entry manifest and load the entry. An artifact
+        this process did not build (another process compiled it while this one waited, or another entry of the same
+        graph did) counts as a load."""
+        t_load = time.perf_counter()
         folder, built, compiled = self._load_published(p, folder, built)
+        if folder is not None and not built:
+            counters.loads += 1
+            counters.load_seconds += time.perf_counter() - t_load
         args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,

@@ -30,6 +30,29 @@ def test_graph_break_lists_reason_line_and_fixes(tmp_path):
     assert not artifacts.exists() or not any(artifacts.iterdir()), "nothing is published for an uncapturable method"
 
 
+class Linear(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return self.lin(x) * 2
+
+
+def test_none_where_a_tensor_goes_is_the_type_error_eager_raises_not_a_graph_break(tmp_path):
+    """An op given the wrong type (None for a tensor) fails while torch traces it, which Dynamo reports as a graph
+    break: gearcache raises the op's TypeError, as the method does uncompiled."""
+    m = Linear(tmp_path)
+    with torch.inference_mode():
+        with pytest.raises(TypeError) as eager:
+            m.fwd(None)
+        with pytest.raises(TypeError, match="Linear.fwd") as cached:
+            m.cached(None)
+        assert str(eager.value) in str(cached.value)
+        torch.testing.assert_close(m.cached(torch.ones(2, 4)), m.fwd(torch.ones(2, 4)))     # then served as usual
+
+
 def test_method_returning_nested_structures_round_trips(tmp_path):
     class Nested(torch.nn.Module):
         def __init__(self):

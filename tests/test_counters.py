@@ -1,6 +1,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 import gearcache
 from gearcache.counters import Counters
@@ -54,3 +55,35 @@ def test_global_counters_object():
     assert isinstance(gearcache.counters, Counters)
     with gearcache.counters.expect(eager_calls=1):
         gearcache.counters.eager_calls += 1
+
+
+class _Twin(torch.nn.Module):
+    """Two of these classes (below) capture the same graph: one artifact, two entries."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+
+
+class _OtherTwin(_Twin):
+    def fwd(self, x):
+        return torch.relu(self.lin(x))
+
+
+def test_an_entry_whose_artifact_another_built_counts_a_load_not_a_compile(tmp_path):
+    """An artifact this process did not build (another entry of the same graph built it here; another process that
+    compiled it while this one waited is the same path, tests/test_ranks.py's race) is a load."""
+    x = torch.randn(2, 4)
+    with torch.inference_mode():
+        first = _Twin(str(tmp_path))
+        with gearcache.counters.expect(traces=1, compiles=1, loads=0):
+            torch.testing.assert_close(first.cached(x), first.fwd(x))
+        second = _OtherTwin(str(tmp_path))
+        with gearcache.counters.expect(traces=1, compiles=0, loads=1):
+            torch.testing.assert_close(second.cached(x), second.fwd(x))
+    assert len(list((tmp_path / "artifacts").iterdir())) == 1

@@ -105,6 +105,7 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
         reports.append(json.loads(out.strip().splitlines()[-1]))
     assert all(r["equal"] for r in reports)
     assert sum(r["compiles"] for r in reports) == 1, "one process compiles, the others wait and load"
+    assert all(r["compiles"] + r["loads"] == 1 for r in reports), "each process counts its compile or its load"
     artifacts = list((cache / "artifacts").iterdir())
     assert len(artifacts) == 1 and (artifacts[0] / "MANIFEST.json").is_file()
     assert not any((cache / "tmp").iterdir()), "no temp folders left"
