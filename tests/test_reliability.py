@@ -181,7 +181,7 @@ def test_damaged_torch_artifact_is_verified_before_torch_loader_reads_it(prebuil
 def test_garbage_entry_manifest_is_a_miss_and_is_rewritten(cache, akeys, fake_compile, content):
     path = entry_of(cache, akeys["2"])
     path.write_bytes(content)
-    with counters.expect(loads=0, traces=1, compiles=0):    # a miss; the (valid) artifact is reused
+    with counters.expect(loads=1, traces=1, compiles=0):    # a miss; the (valid) artifact is reused: a load
         assert rc.check_call(rc.make(cache), 2)
     assert json.loads(path.read_text())["akey"] == akeys["2"]
     with counters.expect(loads=1, traces=0):
@@ -278,7 +278,7 @@ def test_tampered_entry_manifest_is_refused(signed, caplog):
     path.write_text(json.dumps(data))
     rows = data["signature"]["leaves"][0]["shape"][0]
     with caplog.at_level(logging.WARNING, logger="gearcache"), \
-            counters.expect(loads=0, traces=1, compiles=0, quarantined=1):
+            counters.expect(loads=1, traces=1, compiles=0, quarantined=1):
         assert rc.check_call(rc.make(root, config), rows)
     assert "signature does not match" in caplog.text
     assert json.loads(path.read_text())["inputs"] != data["inputs"]      # written again, signed
@@ -325,7 +325,8 @@ def test_artifact_owned_by_another_user_is_quarantined(cache, akeys, fake_compil
 def test_group_writable_entry_manifest_is_not_loaded(cache, akeys, fake_compile, caplog):
     path = entry_of(cache, akeys["2"])
     path.chmod(0o666)
-    with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(loads=0, traces=1, quarantined=1):
+    with caplog.at_level(logging.WARNING, logger="gearcache"), \
+            counters.expect(loads=1, traces=1, compiles=0, quarantined=1):      # the valid artifact is reused
         assert rc.check_call(rc.make(cache), 2)
     assert "not trusted" in caplog.text
     assert path.stat().st_mode & 0o777 == 0o644

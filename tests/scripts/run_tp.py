@@ -69,6 +69,7 @@ def main() -> None:
               "counters": dict(vars(counters)),
               "imported_before_eager": imported,
               "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device,
+              "akeys": sorted(e.manifest["akey"] for e in model.cached.life.table.values()),
               "captures_in_one_thread": cuda_graphs._collectives_possible()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
