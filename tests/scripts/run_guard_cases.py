@@ -1,6 +1,7 @@
 """Issue #35's wrong answers from value guards, one case each, run through gearcache in this process and compared with
 eager: the output and the buffer the method writes in place (``count``). JSON report on the last line:
-``{case: {"out_diff", "state_diff", "compiles", "loads", "error"}, "hooks": compile hooks}``.
+``{case: {"out_diff", "state_diff", "compiles", "loads", "misses", "akeys" (the artifacts of the entries it
+served), "error"}, "hooks": compile hooks}``.
 
 usage: run_guard_cases.py CACHE_DIR PHASE [--graphs] [CASE ...]
 
@@ -187,6 +188,7 @@ def run_case(name, cache_dir, phase, config):
         if undo is not None:
             undo()
     report.update({k: getattr(counters, k) - before[k] for k in ("compiles", "loads", "misses")})
+    report["akeys"] = sorted(e.manifest["akey"] for e in cached.life.table.values() if hasattr(e, "manifest"))
     return report
 
 
