@@ -102,7 +102,7 @@ with torch.inference_mode():
             f.write(artifacts[0])
     if variant == "gearcache":
         report["counters"] = {k: v for k, v in vars(counters).items()}
-        from gearcache.signature import call_key
+        from gearcache.call.signature import call_key
 
         entry = next(iter(fn._table.values()))
         args = entry.gather(call_key((x, kv, pos), {})[0])

@@ -8,7 +8,7 @@ empty (run the script twice with the same folder to time a warm process's load),
 
 1. paired end to end: the loaded entry ``fn(x, kv, pos)`` and Inductor's ``call(list(args))`` on the same inputs,
    interleaved (the order alternates every pair), p50 of each and the median of the paired differences; for the C
-   per-call path (``gearcache._callpath``, when built) and the Python one gearcache runs without it
+   per-call path (``gearcache.call._callpath``, when built) and the Python one gearcache runs without it
    (``dispatch.PyDispatcher`` and the Python ``entry.run``), in alternating blocks of the same run; then the entry's
    ``run(leaves)`` alone paired with ``call()`` the same way (the dispatcher's share is the rest);
 2. the pieces, isolated (tight loops, p50): signature key, table lookup, gathering the graph inputs, the run plan's
@@ -53,7 +53,7 @@ def main() -> None:
             os.environ.setdefault(k, v)
     import reference_decoder as ref
     from gearcache import cache_compile, counters, native
-    from gearcache.signature import call_key
+    from gearcache.call.signature import call_key
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -222,9 +222,10 @@ def main() -> None:
 
 
 def _python_path(fn, key, entry):
-    """``fn`` as it runs where gearcache._callpath is not built: dispatch.PyDispatcher's shortcut (Python) to the
+    """``fn`` as it runs where gearcache.call._callpath is not built: dispatch.PyDispatcher's shortcut (Python) to the
     same entry; with ``_use_path(entry, "python")`` its ``run`` is Python too."""
-    from gearcache import counters, dispatch
+    from gearcache import counters
+    from gearcache.call import dispatch
 
     class PythonPath(dispatch.PyDispatcher):
         _call = staticmethod(fn._call)

@@ -70,7 +70,8 @@ def warm_child(cache_dir: str, capture: str, threads: int | None = None) -> None
     import torch
 
     import reference_decoder as ref
-    from gearcache import counters, cuda_graphs
+    from gearcache import counters
+    from gearcache.graphs import cuda_graphs
 
     if threads:
         cuda_graphs.CAPTURE_THREADS = threads
@@ -100,7 +101,7 @@ def main() -> None:
     ap.add_argument("--child", choices=("warmup", "first_call"), help=argparse.SUPPRESS)
     ap.add_argument("--capture-threads", type=int, default=None,
                     help="with --child warmup: gears warmed up at once before their capture (default: "
-                         "gearcache.cuda_graphs.CAPTURE_THREADS)")
+                         "gearcache.graphs.cuda_graphs.CAPTURE_THREADS)")
     ap.add_argument("--sdpa", choices=("default", "no-cudnn"), default="default",
                     help="no-cudnn: cuDNN attention off in every path (see the module docstring)")
     opts = ap.parse_args()

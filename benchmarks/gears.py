@@ -35,7 +35,7 @@ def main() -> None:
         os.environ.update({"A_D": "256", "A_H": "4", "A_L": "2", "A_V": "1000", "A_TMAX": "64"})
     import reference_decoder as ref
     from gearcache import CompilerConfig, cache_compile, counters
-    from gearcache.signature import call_key
+    from gearcache.call.signature import call_key
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

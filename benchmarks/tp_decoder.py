@@ -28,7 +28,7 @@ Megatron-style over the ranks, all-reduces inside the cached ``prefill`` and ``d
 Every target of issue #38 is printed per rank and as PASS/FAIL. ``--out-dir`` keeps each rank's report of each
 phase, ``summary.json`` and, for a rank still in a phase after ``--stack-dump-s`` seconds (a hang), its threads'
 stacks (``stacks-<phase>-rank<r>.txt``); a rank waiting at warm-up's fence for longer than ``--rank-timeout-s``
-raises an error naming the ranks it waited for and what they report (gearcache/ranks.py).
+raises an error naming the ranks it waited for and what they report (gearcache/ranks/phases.py).
 
 ``--device cpu --toy`` runs the same on gloo at toy size (no CUDA graphs; a smoke test, not a measurement).
 """

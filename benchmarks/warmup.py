@@ -7,7 +7,7 @@ Each measurement is a fresh process with a new, empty cache folder and empty Ind
 
 1. one gear: ``warmup()`` with only the largest gear (one capture + one compile);
 2. serial: every gear, ``inference_config.warmup_workers = 1`` (what warm-up did before parallel warm-up);
-3. parallel: every gear, ``warmup_workers = N`` (default: ``gearcache.warmup.default_workers``).
+3. parallel: every gear, ``warmup_workers = N`` (default: ``gearcache.warmup.driver.default_workers``).
 
 Then the timelines of the one-gear and parallel runs (``CachedFunction.warmup_timeline``): per gear its capture,
 wait for a worker, compile in worker k, finish_artifact (first load + run-plan check), complete entry, first run;
@@ -107,7 +107,7 @@ def main() -> None:
     print(f"parallel speed-up over serial: {serial['seconds'] / parallel['seconds']:.2f}x "
           f"(target on the H200: parallel <= 1.5x one gear)")
     for label, r in [("one gear", one), ("parallel", parallel)]:
-        print(f"\ntimeline, {label} (seconds from warmup() start; gearcache/timeline.py):\n{r['timeline']}")
+        print(f"\ntimeline, {label} (seconds from warmup() start; gearcache/warmup/timeline.py):\n{r['timeline']}")
 
 
 if __name__ == "__main__":

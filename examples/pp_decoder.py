@@ -14,7 +14,7 @@ a stage. Batch gears 1, 2, 4, ... (``--gears``) on every stage's input and KV ca
 
 Activations go from stage to stage with ``dist.send``/``dist.recv`` (each TP rank to the same TP rank of the next
 stage); the last stage picks the next token (greedy) and sends it back to stage 0. A start warms up every gear of its
-stage (compile or load, and capture; the fences of gearcache/ranks.py pair only the ranks of a TP group), then
+stage (compile or load, and capture; the fences of gearcache/ranks/phases.py pair only the ranks of a TP group), then
 generates ``--new-tokens`` tokens, which are compared with the unsplit eager model's. The parent mode runs a cold and
 a warm start, each a fresh ``torchrun`` with empty Inductor/Triton caches; the last line of output is a JSON summary.
 """

@@ -5,13 +5,13 @@
 """
 from .log import configure_from_env as _configure_logging
 from .api import cache_compile
-from .torch_compile_backend import get_backend
-from .cached_function import CachedFunction
+from .compiling.torch_compile_backend import get_backend
+from .call.cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
-from .cuda_graphs import mark_static_address, release_graphs
-from .background import wait as wait_for_background_compiles
-from .gears import mark_static, set_dim_gears
+from .graphs.cuda_graphs import mark_static_address, release_graphs
+from .compiling.background import wait as wait_for_background_compiles
+from .gears.plan import mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
                      LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
                      UntrustedCacheError, PaddingUnsafeError, PastLargestGearError, RankDivergenceError,

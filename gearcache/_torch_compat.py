@@ -105,7 +105,7 @@ def forget_dynamo_cache(code: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DynamoGuard:
-    """One of Dynamo's guards for a capture, in plain terms (gearcache/guards.py turns it into a value guard).
+    """One of Dynamo's guards for a capture, in plain terms (gearcache/keys/guards.py turns it into a value guard).
 
     ``kind``: Dynamo's guard type (``"CONSTANT_MATCH"``, ``"TYPE_MATCH"``, ...); ``source``: the guarded object as
     the Python expression Dynamo evaluates it with (``L['self']._modules['ln'].eps``, ``G['SCALE']``; ``""`` for
@@ -219,7 +219,8 @@ def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[
 
 
 # ------------------------------------------------------------------------------------------------ padding analysis
-# gearcache/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at the ATen
+# gearcache/gears/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at
+# the ATen
 # level, where every op has a schema (which arguments it writes, which it returns a view of).
 def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` retraced to ATen ops on its own fake example inputs (nothing runs on real data): ``make_fx`` of an FX
@@ -441,7 +442,7 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
     TypeError): True when each has the same Python type, dispatch keys under the thread's dispatch state (device type,
     layout, inference mode), dtype, device index, ``requires_grad``, sizes and strides as the tensor at its place, and
     no argument is passed twice. Nothing else (no values, no storage offset or alignment). Holds no reference to
-    ``tensors``. None where torch lacks it: the caller then keys every call in Python (gearcache/signature.py).
+    ``tensors``. None where torch lacks it: the caller then keys every call in Python (gearcache/call/signature.py).
 
     Mechanism: gearcache's native ``TensorMatch`` (gearcache/native/guards.cpp) where it is built for this torch,
     else Dynamo's ``torch._C._dynamo.guards.TensorGuards`` (guards.cpp ``TensorCheck``) with every size and stride
@@ -466,7 +467,7 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
 def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], Any]:
     """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
     layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is
-    the same check in C for gearcache._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
+    the same check in C for gearcache.call._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
 
     Mechanism: gearcache's native ``MetaMatch`` (gearcache/native/guards.cpp) where it is built for this torch and
     every tensor is a plain strided one, else the same comparison in Python (microseconds per tensor: the first
@@ -516,7 +517,8 @@ def plain_tensors_check() -> Callable[[tuple], bool]:
 
 def native_data_ptr() -> Any:
     """gearcache's native ``DATA_PTR`` capsule (``tensor.data_ptr()`` in C, for the C runner's alignment checks:
-    gearcache/_callpath.c), or None where the native module is not loaded (the runner then calls ``data_ptr()``)."""
+    gearcache/call/_callpath.c), or None where the native module is not loaded (the runner then calls
+    ``data_ptr()``)."""
     native = gearcache_native.guards()
     return getattr(native, "DATA_PTR", None) if native is not None else None
 
@@ -579,7 +581,8 @@ def process_groups() -> dict[str, dict[str, Any]]:
 
 def default_store() -> Any:
     """The key-value store of the default process group (c10d's ``_get_default_store()``: a ``PrefixStore`` over the
-    job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences (gearcache/ranks.py) use
+    job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences
+    (gearcache/ranks/phases.py) use
     it: ``set``, ``get``, ``check``, ``wait(keys, timedelta)`` (2.11 and 2.13)."""
     import torch.distributed as dist
 
@@ -884,7 +887,8 @@ def treespec_loads(text: str) -> Any:
 
 
 # --------------------------------------------------------------------------- compiling in a worker process (warm-up)
-# Parallel warm-up (gearcache/workers.py) captures in the calling process and compiles in worker processes: the
+# Parallel warm-up (gearcache/compiling/workers.py) captures in the calling process and compiles in worker processes:
+# the
 # Dynamo graph travels as bytes (torch's own ``GraphPickler``, which its subprocess compile uses too), the example
 # inputs as metadata, Inductor's and AOTAutograd's settings as torch's portable config snapshot. The worker runs the
 # first half of :func:`compile_to_folder` (:func:`compile_unloaded`); the caller runs the second
@@ -1004,7 +1008,7 @@ def inductor_setting_names() -> set[str]:
 
 def import_torch_loader() -> None:
     """Import torch's artifact loader (``standalone_compile`` and Inductor's ``compile_fx``) now. Background
-    compiles settle at interpreter exit (gearcache/background.py), when importing Inductor fails: it registers
+    compiles settle at interpreter exit (gearcache/compiling/background.py), when importing Inductor fails: it registers
     thread exit hooks, refused once the interpreter shuts down."""
     import torch._inductor.compile_fx  # noqa: F401
     import torch._inductor.standalone_compile  # noqa: F401

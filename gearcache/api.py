@@ -7,11 +7,11 @@ from typing import Any, Callable, cast
 
 import torch
 
-from .cached_function import CachedFunction
+from .call.cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
 from .store import Store
-from .topology import resolve_topology
+from .ranks.topology import resolve_topology
 
 
 def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynamic: bool = True,

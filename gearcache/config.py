@@ -81,7 +81,7 @@ class InferenceConfig(BaseModel):
     than largest first would)."""
 
     padding_check: Literal["refuse", "verify", "off"] = "refuse"
-    """What gearcache does with the padding analysis of a geared method (gearcache/padding.py, padding_check.py).
+    """What gearcache does with the padding analysis of a geared method (gearcache/gears/padding.py, padding_check.py).
     ``"refuse"`` (the default): a gear plan is served only where the analysis proves padding exact, for every call:
     each op reading padded rows keeps them apart from the real ones, or sees them only through a pad value neutral
     for it (chosen per padded input). Anything else (a write that padding would spread into a parameter, a buffer or
@@ -98,7 +98,7 @@ class InferenceConfig(BaseModel):
     warmup_workers: int | None = Field(default=None, ge=1)
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured
     in the calling process). ``None``: as many as there are missing gears, half the cores per local rank and memory
-    for (gearcache/warmup.py ``default_workers``); ``1``: one gear after another in the calling process."""
+    for (gearcache/warmup/driver.py ``default_workers``); ``1``: one gear after another in the calling process."""
 
     @field_validator("dim_gears", mode="before")
     @classmethod
@@ -124,7 +124,7 @@ class CompilerConfig(BaseModel):
     on_new_signature: Literal["compile", "background", "error"] = "compile"
     """A call whose inputs match no entry the store has: compile a new entry (the call waits for it); compile it in
     a worker process while this call and the signature's next ones run the method eagerly, until it is done
-    (``"background"``, gearcache/background.py: ``gearcache.wait_for_background_compiles()`` waits); or raise
+    (``"background"``, gearcache/compiling/background.py: ``gearcache.wait_for_background_compiles()`` waits); or raise
     ``SignatureMismatchError``."""
 
     check_signature: bool = True
@@ -136,7 +136,8 @@ class CompilerConfig(BaseModel):
     """How long a process waits for another that is compiling the same artifact."""
 
     rank_timeout_s: float = Field(default=3600.0, gt=0)
-    """How long a rank of a process group waits at ``warmup()``'s fence (gearcache/ranks.py) for the other ranks of
+    """How long a rank of a process group waits at ``warmup()``'s fence (gearcache/ranks/phases.py) for the other
+    ranks of
     the groups its graphs' collectives use to finish their compiles and arrive; then ``RankWaitError`` names the ranks
     that did not and what each last reported doing. Every rank waits there for the slowest one's compiles."""
 

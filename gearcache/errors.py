@@ -63,7 +63,8 @@ class GradModeError(GearcacheError):
 class PaddingUnsafeError(GearcacheError):
     """Padding a call up to its gear could change the method's results or state: the padding analysis found a write
     that would spread padding into state, or an op that mixes padded rows into real ones and, verified against eager,
-    does (gearcache/padding.py, gearcache/padding_check.py). The message names the op, its source line and the fix."""
+    does (gearcache/gears/padding.py, gearcache/gears/padding_check.py). The message names the op, its source line and
+    the fix."""
 
 
 class UnsupportedInputError(GearcacheError, TypeError):
@@ -148,7 +149,7 @@ class UnguardableError(GearcacheError, TypeError):
 
 
 class Unpersistable(GearcacheError):
-    """A guarded value has no fingerprint that means the same in another process (gearcache/guards.py): the guard
+    """A guarded value has no fingerprint that means the same in another process (gearcache/keys/guards.py): the guard
     is kept for this process only. ``reason`` says why."""
 
     def __init__(self, reason: str):
@@ -160,7 +161,8 @@ class Unpersistable(GearcacheError):
 
 
 class WorkerError(GearcacheError, RuntimeError):
-    """A compile worker (gearcache/workers.py) could not compile a job, or died; the caller compiles in-process.
+    """A compile worker (gearcache/compiling/workers.py) could not compile a job, or died; the caller compiles
+    in-process.
     ``pid`` is the worker's process id; ``detail`` says what happened (the worker's traceback when it failed)."""
 
     def __init__(self, detail: str, pid: int | None = None):
@@ -228,9 +230,9 @@ class WrongDevice(RuntimeError):
     ``runplan.load_artifact``; the caller compiles the graph again, keyed with its own GPU's index."""
 
 
-# ------------------------------------------------------------------------ ranks of a job (gearcache/ranks.py)
+# ------------------------------------------------------------------------ ranks of a job (gearcache/ranks/phases.py)
 class RankWaitError(GearcacheError, TimeoutError):
-    """A rank waited at a fence (gearcache/ranks.py) longer than ``config.rank_timeout_s`` for other ranks of its
+    """A rank waited at a fence (gearcache/ranks/phases.py) longer than ``config.rank_timeout_s`` for other ranks of its
     process groups. ``rank``: this rank; ``fence``: what it waited at; ``missing``: ``{rank: what that rank last
     reported doing}`` for each rank that never arrived."""
 
@@ -248,7 +250,7 @@ class RankWaitError(GearcacheError, TimeoutError):
 
 
 class RankDivergenceError(GearcacheError, RuntimeError):
-    """The ranks of a process group reached a fence (gearcache/ranks.py) about to run different things: their
+    """The ranks of a process group reached a fence (gearcache/ranks/phases.py) about to run different things: their
     collectives would not pair up (a hang, or a wrong result). ``plans``: ``{rank: what that rank was about to
     run}``."""
 

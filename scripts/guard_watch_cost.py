@@ -20,7 +20,8 @@ def main() -> None:
     import torch
 
     import reference_decoder as ref
-    from gearcache import cache_compile, guard_watch
+    from gearcache import cache_compile
+    from gearcache.keys import guard_watch
 
     class CachedGPT(ref.GPT):
         def __init__(self, cache_dir):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gearcache/ranks.py on GPUs (NCCL, mode="reduce-overhead": CUDA graphs with the all-reduce captured): a geared TP MLP
+# gearcache/ranks/phases.py on GPUs (NCCL, mode="reduce-overhead": CUDA graphs with the all-reduce captured): a geared TP MLP
 # (tests/scripts/run_tp_gears.py, gears 1, 2, 4, 8) cold on an empty folder, warm, then with the last rank's gears
 # diverging (every rank must raise RankDivergenceError at the fence: no hang). Each job is bounded to 300 s.
 # usage: bash scripts/ranks_fence_gpu.sh [N] [OUT]     (N GPUs; reports under OUT)

@@ -74,7 +74,7 @@ def native_checks() -> str:
 def checks(request, monkeypatch) -> str:
     """Run a test with each implementation of the dispatch shortcut's checks: gearcache's native module, or Dynamo's
     (``GEARCACHE_NATIVE=0``). The calling thread's cached state snapshot is dropped first (signature.state_tag)."""
-    from gearcache import signature
+    from gearcache.call import signature
 
     if request.param == "dynamo":
         monkeypatch.setenv("GEARCACHE_NATIVE", "0")

@@ -24,9 +24,9 @@ from typing import Any
 import filelock
 import torch
 
-import gearcache.entry_life as entry_life_module
+import gearcache.compiling.entry_life as entry_life_module
 from gearcache import CompilerConfig, cache_compile, counters, runplan
-from gearcache import compiler
+from gearcache.compiling import compiler
 from gearcache.store import files as store_module
 from gearcache.store import Store
 from gearcache.store.artifacts import Artifacts

@@ -1,4 +1,5 @@
-"""gearcache/background.py: ``on_new_signature="background"`` serves a new signature eagerly while a worker process
+"""gearcache/compiling/background.py: ``on_new_signature="background"`` serves a new signature eagerly while a worker
+process
 compiles it, then compiled; an exiting process publishes its compiles, and the next one loads them compiling
 nothing. Every call is compared with an eager twin: outputs and the buffer the method updates in place."""
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_a_new_signature_runs_eagerly_until_its_background_compile_is_loaded(tmp
     assert counters.eager_calls == before["eager_calls"] + 1
     assert gearcache.wait_for_background_compiles() == 1
     assert counters.compiles == before["compiles"] + 1
-    assert gearcache.background.in_flight() == 0
+    assert gearcache.compiling.background.in_flight() == 0
     hits = counters.hits
     for _ in range(3):
         call_both()
@@ -68,13 +69,13 @@ def test_a_worker_killed_mid_compile_leaves_the_compile_to_the_settling_call(tmp
     compiles = counters.compiles
     with torch.inference_mode():
         torch.testing.assert_close(model.cached(x), twin.fwd(x))
-        pids = gearcache.background.worker_pids()
+        pids = gearcache.compiling.background.worker_pids()
         assert pids
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         assert gearcache.wait_for_background_compiles() == 1
         assert counters.compiles == compiles + 1            # compiled here, once
-        assert gearcache.background.worker_pids() == []
+        assert gearcache.compiling.background.worker_pids() == []
         torch.testing.assert_close(model.cached(x), twin.fwd(x))
         torch.testing.assert_close(model.total, twin.total)
 
@@ -94,8 +95,8 @@ def test_a_miss_whose_capture_fails_raises_and_leaves_no_worker_running(tmp_path
     caller's error, as without background compiles, and the workers close: nothing is in flight."""
     with pytest.raises(gearcache.GraphBreakError), torch.inference_mode():
         Breaks(tmp_path / "store").cached(torch.ones(3))
-    assert gearcache.background.in_flight() == 0
-    assert gearcache.background.worker_pids() == []
+    assert gearcache.compiling.background.in_flight() == 0
+    assert gearcache.compiling.background.worker_pids() == []
 
 
 @pytest.mark.slow

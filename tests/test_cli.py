@@ -18,7 +18,7 @@ import pytest
 from gearcache.cli.checks import parse_size
 from gearcache.cli.folder import StoreView
 from gearcache.cli.output import fmt_gears, format_table
-from gearcache.key import FORMAT_VERSION
+from gearcache.keys.key import FORMAT_VERSION
 from gearcache.log import parse_level
 from gearcache.store import Store
 

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import gearcache
-from gearcache import CompilerConfig, counters, cuda_graphs, mark_static_address, snapshot
+from gearcache import CompilerConfig, counters, mark_static_address
+from gearcache.graphs import cuda_graphs
+from gearcache.compiling import snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 

@@ -1,5 +1,5 @@
-"""The dispatcher every call enters first (gearcache/dispatch.py): the C one (gearcache/_callpath.c) and the Python
-one serve a call like the last one through the shortcut and hand every other call to ``_call``."""
+"""The dispatcher every call enters first (gearcache/call/dispatch.py): the C one (gearcache/call/_callpath.c) and
+the Python one serve a call like the last one through the shortcut and hand every other call to ``_call``."""
 import gc
 import types
 import weakref
@@ -7,8 +7,8 @@ import weakref
 import pytest
 import torch
 
-from gearcache import dispatch
-from gearcache.signature import call_key, matcher
+from gearcache.call import dispatch
+from gearcache.call.signature import call_key, matcher
 
 KINDS = [pytest.param(dispatch._NativeDispatcher, id="native"), pytest.param(dispatch.PyDispatcher, id="python")]
 
@@ -168,7 +168,7 @@ def test_a_call_that_drops_the_shortcut_it_runs_through_is_safe(base):
 
 
 class SlotEntry:
-    """An entry whose hit count is a __slots__ member, as gearcache.entry.Entry's is."""
+    """An entry whose hit count is a __slots__ member, as gearcache.call.entry.Entry's is."""
     __slots__ = ("hits", "run", "build", "result_outputs")
 
     def __init__(self):
@@ -213,7 +213,8 @@ def test_the_native_runner_skips_its_state_checks_only_for_a_plain_matcher():
     # A matcher made with autocast off is "plain": the C dispatcher then tells the runner that grad and autocast
     # are off. Under autocast the runner reads the state itself and hands the call to its fallback (which turns
     # autocast off around call(), as AOTAutograd does).
-    from gearcache import _callpath, _torch_compat as compat
+    from gearcache import _torch_compat as compat
+    from gearcache.call import _callpath
 
     calls = []
     runner = _callpath.Runner(call=lambda a: calls.append("call") or [a[0]],

@@ -1,4 +1,5 @@
-"""A loaded entry's per-call path (gearcache/entry.py): the C runner (gearcache/_callpath.c) and the Python one do
+"""A loaded entry's per-call path (gearcache/call/entry.py): the C runner (gearcache/call/_callpath.c) and the Python
+one do
 the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
 hand anything unusual to the run plan's Python ``run_list``."""
 import gc
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from gearcache import _torch_compat as compat
-from gearcache import entry as entry_mod
+from gearcache.call import entry as entry_mod
 from gearcache import runplan
-from gearcache.entry import Entry
+from gearcache.call.entry import Entry
 from gearcache.runplan import PlanRunner
 
 PATHS = [pytest.param(True, id="native"), pytest.param(False, id="python")]
@@ -53,7 +54,7 @@ def make_entry(net, native, plan_extra=None, seen=None):
 
 def test_the_c_extension_is_built():
     # The README's install builds it (setup.py); without it every call takes the slower Python path.
-    assert entry_mod.NATIVE, "gearcache._callpath is not built: pip install -e . needs a C compiler"
+    assert entry_mod.NATIVE, "gearcache.call._callpath is not built: pip install -e . needs a C compiler"
 
 
 @pytest.mark.parametrize("native", PATHS)

@@ -1,4 +1,4 @@
-"""gearcache/fingerprints.py: what a class or a function does, as a digest that changes whenever it would run
+"""gearcache/keys/fingerprints.py: what a class or a function does, as a digest that changes whenever it would run
 differently and means the same in every process."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import torch
 
-from gearcache import fingerprints
+from gearcache.keys import fingerprints
 
 
 def _factory(scale, offset=1.0):
@@ -116,7 +116,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import test_fingerprints as t
-    from gearcache import fingerprints
+    from gearcache.keys import fingerprints
     print(fingerprints.class_fp(t.Child)[2], fingerprints.function_digest(t._factory(2.0)))
 """)
 
@@ -156,7 +156,7 @@ def test_a_class_fingerprint_does_not_depend_on_whether_transformers_built_a_mod
     fingerprint of a plain module class is the same before and after building a tiny Llama."""
     code = (
         "import json, torch\n"
-        "from gearcache.fingerprints import class_fp\n"
+        "from gearcache.keys.fingerprints import class_fp\n"
         "class Plain(torch.nn.Module):\n"
         "    def forward(self, x):\n"
         "        return x\n"

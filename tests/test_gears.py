@@ -11,7 +11,7 @@ import gearcache
 from conftest import run_script
 from gear_models import BatchSoftmax, Mixed, PairMLP
 from gearcache import CompilerConfig, ConfigError, counters, mark_static, set_dim_gears
-from gearcache.gears import GearPlan, MarkedDim
+from gearcache.gears.plan import GearPlan, MarkedDim
 
 
 # ------------------------------------------------------------------------------------------------------- marking

@@ -1,4 +1,5 @@
-"""gearcache/guard_watch.py and the C GuardWatch (gearcache/_callpath.c): a change of an object on a guard's path is
+"""gearcache/keys/guard_watch.py and the C GuardWatch (gearcache/call/_callpath.c): a change of an object on a guard's
+path is
 noticed at the next valid(); other changes are not (they would cost a re-check per call)."""
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import sys
 import pytest
 import torch
 
-from gearcache import guard_watch, guards
+from gearcache.keys import guard_watch
+from gearcache.keys import guards
 
 try:
-    from gearcache import _callpath
+    from gearcache.call import _callpath
 except ImportError:             # pragma: no cover - the extension is built by pip install
     _callpath = None
 

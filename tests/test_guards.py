@@ -1,4 +1,4 @@
-"""gearcache/guards.py: Dynamo's guards as value guards that mean the same in every process (no compiles here:
+"""gearcache/keys/guards.py: Dynamo's guards as value guards that mean the same in every process (no compiles here:
 Dynamo traces with a backend that records, nothing is compiled)."""
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from gearcache import _torch_compat as compat
-from gearcache import guard_watch, guards, signature
+from gearcache.keys import guard_watch
+from gearcache.keys import guards
+from gearcache.call import signature
 from gearcache.errors import UnguardableError, Unpersistable
 
 SCALE = 3.0

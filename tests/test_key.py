@@ -2,10 +2,10 @@ import torch
 from torch import nn
 
 import gearcache
-import gearcache.cached_function
+import gearcache.call.cached_function
 from gearcache import CompilerConfig
-from gearcache.key import build_key, decompositions_factor, factor_hash
-from gearcache.signature import call_key, describe
+from gearcache.keys.key import build_key, decompositions_factor, factor_hash
+from gearcache.call.signature import call_key, describe
 
 FACTORS = [("format", 1), ("method", {"name": "m", "src": "abc"}), ("config", {"mode": "default"})]
 
@@ -176,10 +176,10 @@ def test_entry_key_decompositions(tmp_path):
 
 def test_entry_key_software_versions(tmp_path, monkeypatch):
     a = entry_key(tmp_path)
-    real = gearcache.cached_function.compat.software_versions()
-    monkeypatch.setattr(gearcache.cached_function.compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
+    real = gearcache.call.cached_function.compat.software_versions()
+    monkeypatch.setattr(gearcache.call.cached_function.compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
     b = entry_key(tmp_path)
-    monkeypatch.setattr(gearcache.cached_function.compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
+    monkeypatch.setattr(gearcache.call.cached_function.compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
     c = entry_key(tmp_path)
     assert changed(a, b) == {"software"} and changed(a, c) == {"software"} and len({a[0], b[0], c[0]}) == 3
 
@@ -206,7 +206,7 @@ def test_entry_key_ignores_parameter_values(tmp_path):
 
 
 def test_artifact_text_without_the_device_index():
-    from gearcache.key import without_device_index
+    from gearcache.keys.key import without_device_index
 
     code = "x = torch.ones(3, device = device(type='cuda', index={i})); y = x.to('cuda:{i}')"
     free = {i: without_device_index(code.format(i=i), i) for i in (0, 1, 7)}

@@ -15,7 +15,7 @@ from gearcache import _torch_compat as compat
 from gearcache import native
 from gearcache.errors import NativeBuildError
 from gearcache.native import build as native_build
-from gearcache.signature import call_key, matcher
+from gearcache.call.signature import call_key, matcher
 
 dynamo_guards = torch._C._dynamo.guards
 

@@ -1,11 +1,12 @@
-"""Pad values (gearcache/pad_values.py): neutral values per reduction and dtype, exact conversion of a user's value,
+"""Pad values (gearcache/gears/pad_values.py): neutral values per reduction and dtype, exact conversion of a user's
+value,
 and the exact evaluation of pointwise ops on pad values (a result is kept only when no precision could change it)."""
 import math
 
 import pytest
 import torch
 
-from gearcache import pad_values as pv
+from gearcache.gears import pad_values as pv
 
 aten = torch.ops.aten
 

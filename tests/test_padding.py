@@ -1,4 +1,4 @@
-"""The padding analysis (gearcache/padding.py) on the symbolic traces of small methods: what it finds and what it
+"""The padding analysis (gearcache/gears/padding.py) on the symbolic traces of small methods: what it finds and what it
 does not. Only Dynamo traces run here (no compile)."""
 import json
 
@@ -7,9 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from gear_models import Center, KVStep, RunningSum, SeenRows
-from gearcache import ConfigError, padding, signature
-from gearcache.capture import symbolic_shapes
-from gearcache.gears import MarkedDim, build_plan
+from gearcache import ConfigError
+from gearcache.gears import padding
+from gearcache.call import signature
+from gearcache.compiling.capture import symbolic_shapes
+from gearcache.gears.plan import MarkedDim, build_plan
 
 
 def _report(method, args, marked, names=None):

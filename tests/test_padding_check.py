@@ -1,4 +1,5 @@
-"""Padding that never changes state or results (gearcache/padding_check.py, on the analysis of padding.py): what the
+"""Padding that never changes state or results (gearcache/gears/padding_check.py, on the analysis of padding.py): what
+the
 analysis cannot prove exact is refused before anything compiles or runs, what it proves is served with the pad values
 it chose, padded inputs written in place are copied back; outputs and every mutated tensor equal eager in the
 compiling process and in a warm one. ``padding_check="verify"`` tests the analysis against eager in float64. The GPU
@@ -11,7 +12,9 @@ import torch
 import gearcache
 from conftest import Script
 from gear_models import BatchMin, BatchSoftmax, Center, KVStep, RunningSum, SeenRows
-from gearcache import CompilerConfig, ConfigError, PaddingUnsafeError, counters, padding_check, set_dim_gears, signature
+from gearcache import CompilerConfig, ConfigError, PaddingUnsafeError, counters, set_dim_gears
+from gearcache.gears import padding_check
+from gearcache.call import signature
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 

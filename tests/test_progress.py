@@ -1,11 +1,12 @@
-"""Warm-up progress (gearcache/progress.py): a bar on a terminal, tqdm's or gearcache's own; log lines elsewhere."""
+"""Warm-up progress (gearcache/warmup/progress.py): a bar on a terminal, tqdm's or gearcache's own; log lines
+elsewhere."""
 import io
 import logging
 import threading
 
 import tqdm
 
-from gearcache.progress import Progress
+from gearcache.warmup.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -18,7 +19,7 @@ class Terminal(io.StringIO):
 def test_off_a_terminal_each_gear_is_one_log_line_and_nothing_is_drawn(caplog):
     stream = io.StringIO()
     progress = Progress("decode", 3, "ready", stream=stream)
-    with caplog.at_level(logging.INFO, logger="gearcache.warmup"):
+    with caplog.at_level(logging.INFO, logger="gearcache.warmup.driver"):
         progress.step([1], "loaded", 0.25)
         progress.step([2], "compiled", 11.9)
         progress.close()
@@ -30,7 +31,7 @@ def test_off_a_terminal_each_gear_is_one_log_line_and_nothing_is_drawn(caplog):
 def test_on_a_terminal_without_tqdm_gearcache_draws_its_own_bar_in_place(caplog):
     stream = Terminal()
     progress = Progress("decode", 4, "ready", stream=stream, tqdm_class=None)
-    with caplog.at_level(logging.INFO, logger="gearcache.warmup"):
+    with caplog.at_level(logging.INFO, logger="gearcache.warmup.driver"):
         progress.step([8], "compiled", 11.9)
         progress.step([4], "compiled", 12.3)
         progress.close()

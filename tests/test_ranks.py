@@ -113,7 +113,8 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
     assert not list(cache.rglob("*.tmp")), "no temp files left"
 
 
-# ----------------------------------------------------------------- geared warm-up on 4 and 8 ranks (gearcache/ranks.py)
+# ----------------------------------------------------------------- geared warm-up on 4 and 8 ranks
+# (gearcache/ranks/phases.py)
 GEARS = [1, 2, 4]
 
 

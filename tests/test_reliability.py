@@ -30,12 +30,13 @@ import reliability_child as rc
 from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError, cache_compile, counters)
 from gearcache import _torch_compat as compat
-from gearcache import compiler
-from gearcache import faults, runplan
+from gearcache.compiling import compiler
+from gearcache import runplan
+from gearcache.compiling import faults
 from gearcache.runplan import loader as runplan_loader
 from gearcache.store import files as store_module
 from gearcache.errors import UntrustedArtifactError
-from gearcache.key import FORMAT_VERSION
+from gearcache.keys.key import FORMAT_VERSION
 from gearcache.store import HOST, HOST_TAG, Store, _start_token
 
 KEY = "reliability-test-key"
@@ -484,7 +485,7 @@ def test_untrusted_folder_policy(tmp_path, fake_compile, caplog):
 
 
 def test_an_untrusted_folder_is_warned_about_once_per_process(tmp_path, fake_compile, caplog):
-    from gearcache import diagnostics
+    from gearcache.store import diagnostics
 
     root = tmp_path / "shared"
     root.mkdir()

@@ -27,7 +27,7 @@ from gearcache.store import Store
 pytestmark = pytest.mark.slow      # the slow tier (pytest -m slow): CI runs it after the README's line
 
 PRELOAD = ["torch", "torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.standalone_compile",
-           "torch._inductor.codecache", "gearcache", "gearcache.faults"]
+           "torch._inductor.codecache", "gearcache", "gearcache.compiling.faults"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from torch_settings import attribute, setting
 
 import gearcache
 from gearcache import _torch_compat as compat
-from gearcache.signature import call_key, describe, matcher, short
+from gearcache.call.signature import call_key, describe, matcher, short
 
 
 def key_of(*args, **kwargs):

@@ -11,7 +11,7 @@ import pytest
 
 from gearcache import (CacheCorruptionError, GraphBreakError, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError)
-from gearcache.key import FORMAT_VERSION
+from gearcache.keys.key import FORMAT_VERSION
 from gearcache.store import Store, write_json_atomic
 
 AKEY = "a" * 40

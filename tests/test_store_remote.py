@@ -182,7 +182,7 @@ def test_unsigned_remote_artifact_and_entry_are_refused_under_a_key(redis, tmp_p
 
 
 # ------------------------------------------------------------------------------------- store-level faults
-from gearcache.key import FORMAT_VERSION  # noqa: E402
+from gearcache.keys.key import FORMAT_VERSION  # noqa: E402
 
 
 class Builder:

@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "gearcache"
 MAX_FUNCTION_LINES = 60
 ADAPTER_MODULES = {"gearcache._torch_compat"}      # the one module that may name torch's private symbols
-PRIVATE_MODULES = {"gearcache._torch_compat", "gearcache._callpath"}  # underscore modules every gearcache module uses
+# underscore modules every gearcache module uses
+PRIVATE_MODULES = {"gearcache._torch_compat", "gearcache.call._callpath"}
 
 
 def _module_name(path: Path) -> str:

@@ -39,16 +39,17 @@ def test_loaded_entry_reads_live_weights(tiny_lm_warm):
 
 
 def test_without_the_c_extension_the_same_calls_run_in_python_with_the_same_results(tiny_lm_warm):
-    """Where gearcache._callpath is not built (no C compiler at install) and the native checks are not either, the
+    """Where gearcache.call._callpath is not built (no C compiler at install) and the native checks are not either, the
     per-call path is the Python one with Dynamo's checks: same results, live weights, shortcut, and still nothing
     compiled."""
     native, python = tiny_lm_warm["hooks"], tiny_lm_warm["python"]
     # shortcut calls: decode twice more, prefill again (one shortcut per method); the prefill after the weight
     # changes re-checks the guards first (a new Parameter is a new graph input: its metadata is checked, the entry
     # rebound to it), off the shortcut
-    assert native["call_path"] == {"native_entries": True, "dispatcher": "gearcache._callpath", "native_checks": True,
+    assert native["call_path"] == {"native_entries": True, "dispatcher": "gearcache.call._callpath",
+                                   "native_checks": True,
                                    "shortcut_calls": 3}
-    assert python["call_path"] == {"native_entries": False, "dispatcher": "gearcache.dispatch",
+    assert python["call_path"] == {"native_entries": False, "dispatcher": "gearcache.call.dispatch",
                                    "native_checks": False, "shortcut_calls": 3}
     for report in (native, python):
         assert report["equal"] and report["repeat_equal"] and report["mutated_equal"] and report["mutated_changed"]

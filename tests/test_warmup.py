@@ -1,4 +1,5 @@
-"""Parallel warm-up (gearcache/warmup.py, gearcache/workers.py): rank order, worker-compiled gears equal the serial
+"""Parallel warm-up (gearcache/warmup/driver.py, gearcache/compiling/workers.py): rank order, worker-compiled gears
+equal the serial
 path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the gears."""
 import json
 import os
@@ -12,8 +13,8 @@ import torch
 from conftest import TESTS, run_script
 import gearcache
 from gearcache import CompilerConfig
-from gearcache.warmup import default_workers, rank_order
-from gearcache.workers import build_input, input_spec
+from gearcache.warmup.driver import default_workers, rank_order
+from gearcache.compiling.workers import build_input, input_spec
 
 
 def test_rank_order_starts_with_the_ranks_share():
@@ -125,8 +126,10 @@ def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
     # Dynamo's graph has no casts: AOTAutograd adds them when it traces under autocast. A worker process does not
     # share the caller's (per-thread) autocast or flags, so its job carries them (``global_state``).
     from gearcache import _torch_compat as compat
-    from gearcache import cache_compile, signature, workers
-    from gearcache.warmup import _job
+    from gearcache import cache_compile
+    from gearcache.call import signature
+    from gearcache.compiling import workers
+    from gearcache.warmup.driver import _job
 
     m = _Lin().eval()
     cf = cache_compile(m.fwd, cache_dir=tmp_path / "cache")

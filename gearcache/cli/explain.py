@@ -1,6 +1,7 @@
 """``gearcache explain``: the key factors two entries differ in, or why a method's latest recorded miss missed.
 
-Misses are recorded and read back by gearcache/diagnostics.py (the key factors of each miss that compiled); entries are
+Misses are recorded and read back by gearcache/store/diagnostics.py (the key factors of each miss that compiled);
+entries are
 read through the store (folder.py).
 """
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..diagnostics import differing_factors, missed_methods, nearest_entry, recorded_misses
+from ..store.diagnostics import differing_factors, missed_methods, nearest_entry, recorded_misses
 from ..errors import CliError
 from .folder import EntryRef, StoreView, open_view
 from .local import ordered_factors

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Iterable
 
-from ..key import ENTRY_FACTORS
+from ..keys.key import ENTRY_FACTORS
 from .folder import EntryRef, StoreView, open_view
 from .output import (OK, compact, emit, fmt_bytes, fmt_gears, fmt_time, format_pairs, format_table, indent,
                      plural_entries, short_signature, warn)
@@ -149,7 +149,7 @@ def run_plan_status(folder: Any) -> str:
 
 def _dependencies(m: dict[str, Any]) -> list[dict[str, Any]]:
     """The entry's source dependencies, each with ``changed``: whether the file changed since the compile."""
-    from ..capture import dependencies_changed
+    from ..compiling.capture import dependencies_changed
 
     deps = []
     for d in m.get("dependencies", []):
@@ -160,7 +160,7 @@ def _dependencies(m: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _describe_guard(record: list) -> str:
     """One value guard of a manifest, as ``path (kind): expected``."""
-    from ..guards import ValueGuard
+    from ..keys.guards import ValueGuard
 
     try:
         guard = ValueGuard.from_json(record)

@@ -74,7 +74,7 @@ def compact(value: Any, width: int | None = None) -> str:
 
 
 def short_signature(desc: Any) -> str:
-    from .. import signature
+    from ..call import signature
 
     try:
         return signature.short(desc)

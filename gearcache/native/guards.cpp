@@ -2,7 +2,7 @@
 //
 // Built against the headers of the torch it runs with (gearcache/native/build.py), once per machine and torch
 // build, and loaded only into a process whose torch has the same build key (BUILD_KEY below). Two types, drop-ins
-// for what gearcache used from Dynamo (torch._C._dynamo.guards) before, and a C function for gearcache._callpath:
+// for what gearcache used from Dynamo (torch._C._dynamo.guards) before, and a C function for gearcache.call._callpath:
 //
 //   TensorMatch(tensors)     match(*others) -> bool, as TensorGuards(...).check with every size and stride given:
 //                            each argument has the same Python type, dispatch keys under the thread's dispatch
@@ -20,10 +20,10 @@
 //   MetaMatch(tensors)       holds() -> bool: each tensor (held) still has the dtype, device, sizes, strides and
 //                            data address it had at construction (a `.data` swap keeps the Python object but
 //                            changes these); META_HOLDS, a PyCapsule named "gearcache.meta_holds" holding
-//                            int gearcache_meta_holds(PyObject* meta_match), the same check for gearcache._callpath
+//                            int gearcache_meta_holds(PyObject* meta_match), the same check for gearcache.call._callpath
 //   DATA_PTR                 a PyCapsule named "gearcache.data_ptr" holding
 //                            int gearcache_data_ptr(PyObject* tensor, uintptr_t* out): tensor.data_ptr() in C, for
-//                            gearcache._callpath's alignment checks (0: done; -1: ask Python)
+//                            gearcache.call._callpath's alignment checks (0: done; -1: ask Python)
 //
 // Why: Dynamo's checks are general (symbolic sizes, a hash set for aliasing, a vector per tensor) and cost ~5,400
 // instructions per call of the decode step; these read the same fields directly. A check that cannot answer (a
@@ -423,7 +423,7 @@ PyObject* state_snapshot_call(StateSnapshot* self, PyObject* args, PyObject* kwa
 PyTypeObject StateSnapshotType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // --------------------------------------------------------------------------------------------------- module
-// The C function behind the DATA_PTR capsule, for gearcache._callpath's alignment checks: 0 and the address of the
+// The C function behind the DATA_PTR capsule, for gearcache.call._callpath's alignment checks: 0 and the address of the
 // tensor's first element (tensor.data_ptr()), or -1 (not a tensor, or no data: the caller asks Python instead).
 // No Python error is set either way.
 extern "C" int gearcache_data_ptr(PyObject* obj, uintptr_t* out) noexcept {
@@ -436,7 +436,7 @@ extern "C" int gearcache_data_ptr(PyObject* obj, uintptr_t* out) noexcept {
     }
 }
 
-// The C function behind the META_HOLDS capsule, for gearcache._callpath's GuardWatch: 1 while every tensor of the
+// The C function behind the META_HOLDS capsule, for gearcache.call._callpath's GuardWatch: 1 while every tensor of the
 // MetaMatch `obj` has its metadata as at construction, else 0 (and 0 for any other object). No Python error is set.
 extern "C" int gearcache_meta_holds(PyObject* obj) noexcept {
     if (!obj || Py_TYPE(obj) != &MetaMatchType) return 0;
@@ -455,7 +455,7 @@ void init_type(PyTypeObject& type, const char* name, size_t size, const char* do
 
 // plain_tensors(args) -> bool: every item is an exact torch.Tensor (no subclass, no Parameter), no two are the same
 // object, and none has its conjugate or negative bit set: a call whose signature key needs nothing but each tensor's
-// shape, stride, dtype and device (gearcache/signature.py's fast path).
+// shape, stride, dtype and device (gearcache/call/signature.py's fast path).
 PyObject* plain_tensors(PyObject* /*module*/, PyObject* args) {
     if (!PyTuple_Check(args)) {
         PyErr_SetString(PyExc_TypeError, "plain_tensors takes a tuple");

@@ -9,7 +9,8 @@ in a warm process importing nothing from ``torch._inductor`` or ``triton``.
 
 One load, in one direction: the store reads the plan once (:func:`read_plan`) to choose what to verify
 (:func:`files_read`: ``runplan/`` and the C++ libraries it names, a few files of the hundreds torch's artifact holds)
-and verifies it (``gearcache/artifact_io.py``), then hands the same plan to :func:`load_artifact`, the one loader
+and verifies it (``gearcache/compiling/artifact_io.py``), then hands the same plan to :func:`load_artifact`, the one
+loader
 entry point, which builds a :class:`PlanRunner` from it, or falls back to torch's loader itself (calling its
 ``before_torch_loader``, where the store verifies the rest of the artifact first). The torch.compile route calls
 :func:`load_artifact` on the folder it just published, which reads the plan itself. Each load reads ``plan.json``

@@ -19,7 +19,7 @@ from .format import ALIGNMENT
 class PlanRunner:
     """A loaded run plan: ``runner(*graph_inputs) -> outputs``, from Inductor's ``call(list)`` and the plan's dict.
 
-    What the per-call paths read (entry.py, ``gearcache._callpath.Runner``, benchmarks):
+    What the per-call paths read (entry.py, ``gearcache.call._callpath.Runner``, benchmarks):
 
     * ``run_list(args)``: the per-call work on a list the caller hands over (it is changed: realigned, then
       cleared by ``call()``); ``runner(*inputs)`` is ``run_list(list(inputs))``;

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from ..counters import counters
 from ..errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError
-from ..key import FORMAT_VERSION
+from ..keys.key import FORMAT_VERSION
 from . import files as fs
 from .eviction import Eviction
 from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _sha256_file, write_json_atomic
@@ -247,12 +247,12 @@ class Artifacts:
 
     def _waiting(self, akey: str) -> None:
         """Another process holds artifact ``akey``'s lock (compiling it): say so, naming it, in the log and, in a
-        job of ranks, in this rank's report to the others (gearcache/ranks.py)."""
+        job of ranks, in this rank's report to the others (gearcache/ranks/phases.py)."""
         holder = self.locks.holder(self.locks.path(akey))
         log.info("artifact %s: another process holds its lock (compiling it: %s); waiting for it (up to "
                  "lock_timeout_s=%g s)", akey, holder, self.locks.timeout_s)
         if "torch.distributed" in sys.modules:      # a job of ranks: only then is there anyone to tell
-            from .. import ranks
+            from ..ranks import phases as ranks
 
             ranks.note(f"waiting for the lock of artifact {akey[:16]}, held by {holder} (compiling it)")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..counters import counters
 from ..errors import UntrustedCacheError
-from ..key import FORMAT_VERSION
+from ..keys.key import FORMAT_VERSION
 from . import files as fs
 from .files import storage_fix, write_json_atomic
 from .fleet import Fleet

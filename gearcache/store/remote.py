@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from ..counters import counters
 from ..errors import CacheCorruptionError, ConfigError, RemoteError
-from ..key import FORMAT_VERSION
+from ..keys.key import FORMAT_VERSION
 from .artifacts import Artifacts, CheckedFile
 from .files import HOST, MANIFEST, SIGNATURE
 from .redis_remote_backend import RedisRemoteBackend

@@ -90,7 +90,7 @@ BLOCKS: dict[str, Block] = {
 }
 
 # Reductions over the geared dim of the inputs themselves, exact under padding only with a pad value neutral for them
-# (gearcache/padding.py chooses it: +inf before a min, -inf before a max or softmax, 0 before a sum...), through
+# (gearcache/gears/padding.py chooses it: +inf before a min, -inf before a max or softmax, 0 before a sum...), through
 # negated and scaled inputs and integer ones; a mean, exact with none. Their cases' later calls hold data that shows
 # a wrong pad (all positive after mixed signs: draw.py, "data"), which one checked first call would not.
 PAD_BLOCKS: dict[str, Block] = {

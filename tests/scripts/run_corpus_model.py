@@ -2,7 +2,8 @@
 
 usage: run_corpus_model.py MODEL CACHE_DIR [--hooks] [--cuda-graphs] [--background]
 --cuda-graphs: on the GPU, served with mode="reduce-overhead" (a CUDA graph per gear).
---background: on_new_signature="background" (gearcache/background.py): the workload runs eagerly while its entries
+--background: on_new_signature="background" (gearcache/compiling/background.py): the workload runs eagerly while its
+entries
 compile in a worker; then the compiles are waited for and the workload runs again, compiled ("again_*" keys).
 Causal LMs also generate once more with a StaticCache of the user's (another length, the same gears: no new entry).
 """

@@ -2,7 +2,7 @@
 
 usage: run_tiny_lm.py CACHE_DIR [--hooks] [--mutate-weights] [--no-c-extension]
 
---no-c-extension: gearcache runs as where its C extension (gearcache._callpath) is not built: the import fails.
+--no-c-extension: gearcache runs as where its C extension (gearcache.call._callpath) is not built: the import fails.
 """
 import json
 import os
@@ -11,7 +11,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if "--no-c-extension" in sys.argv:
-    sys.modules["gearcache._callpath"] = None          # `import gearcache._callpath` raises ImportError
+    sys.modules["gearcache.call._callpath"] = None          # `import gearcache.call._callpath` raises ImportError
 if "--hooks" in sys.argv:
     import compile_hooks
 
@@ -19,7 +19,9 @@ if "--hooks" in sys.argv:
 import torch
 
 import models
-from gearcache import counters, dispatch, entry, native
+from gearcache import counters, native
+from gearcache.call import dispatch
+from gearcache.call import entry
 
 cache_dir = sys.argv[1]
 device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")

@@ -16,7 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from gearcache import cache_compile, counters, cuda_graphs
+from gearcache import cache_compile, counters
+from gearcache.graphs import cuda_graphs
 
 
 class RowParallelLinear(torch.nn.Module):

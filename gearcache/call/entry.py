@@ -1,0 +1,215 @@
+"""A loaded entry: a compiled graph plus the glue that feeds it a call's inputs and rebuilds the method's result.
+
+The glue is built once at load so a call does no interpretation:
+
+- ``run(L) -> O``: the graph outputs from the call's flattened inputs ``L``: gathers the graph's input list from
+  ``L`` and the owning modules' ``_parameters`` / ``_buffers`` dicts (a weight changed in place or replaced shows in
+  the next call's output) and runs the compiled graph. For a run plan this is a ``gearcache.call._callpath.Runner``
+  (C: the gathering, the alignment, grad-mode and autocast checks and Inductor's ``call()`` in one call; anything
+  unusual is handed to the run plan's Python ``run_list``); without the C extension, or for an artifact loaded by
+  torch's loader, it is ``compiled(*gather(L))`` in Python. Both do the same work; the C one saves ~10 µs per call.
+- ``gather(L, S0, S1, ...)``: generated Python returning the graph's input list (CUDA-graph capture, benchmarks).
+- ``build(O, L)``: generated Python returning the method's result from the graph outputs ``O``.
+- ``result_outputs``: for a method returning one graph output ``i`` or a flat tuple of graph outputs, ``i`` or the
+  tuple of their indices (the C dispatcher then builds the result itself, see dispatch.py); else None.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .. import _torch_compat as compat
+
+try:
+    from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
+except ImportError:                 # pragma: no cover - depends on how gearcache was installed
+    _NativeRunner = None
+
+NATIVE = _NativeRunner is not None
+"""Whether loaded run plans take the C per-call path (``gearcache.call._callpath``); see ``Entry.native``."""
+
+
+class Entry:
+    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs",
+                 "manifest", "hits", "guards", "real_elements", "padded_elements")
+
+    def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
+                 native: bool = True):
+        self.manifest = manifest
+        self.guards: Any = None     # its value guards (gearcache/keys/guards.py), set by whoever loaded or compiled it
+        self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
+        self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
+        self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
+        self._recipe = _recipe(manifest["inputs"], module)
+        self._bound = _state_dicts(manifest, module)
+        self._addresses = _addresses(self._recipe)
+        self.gather = _make_gather(self._recipe)
+        self.build = _make_build(manifest["outputs"], module)
+        self.result_outputs = _result_outputs(manifest["outputs"])
+        self.compiled = compiled
+        stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
+        if stable is not None:
+            stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
+
+    def rebound(self, module: torch.nn.Module) -> "Entry":
+        """This entry reading the module tensors where ``module`` holds them now (a submodule replaced by another of
+        the same class and shapes, ``m.lin = nn.Linear(4, 4)``, holds its weights in dicts of its own): the same
+        compiled graph, manifest, guards and counts, new glue (and so a new object: CUDA graphs of the old one go)."""
+        entry = Entry(self._compiled, module, self.manifest, self.native)
+        entry.guards, entry.hits = self.guards, self.hits
+        entry.real_elements, entry.padded_elements = self.real_elements, self.padded_elements
+        return entry
+
+    def state_moved(self, module: torch.nn.Module) -> bool:
+        """Whether ``rebound`` must bind this entry anew: a module tensor it reads (as a graph input or an output)
+        lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads as a graph input
+        has another data address than when it was bound (a ``.data`` swap keeps the tensor object: the C runner
+        checks the alignment of a new object only, and a CUDA graph of this entry holds the old address)."""
+        try:
+            return _state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
+        except (KeyError, AttributeError):
+            return True
+
+    def state_refs(self) -> list[tuple[dict, str]]:
+        """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
+        call (a CUDA graph holds their addresses at capture instead: ``cuda_graphs``)."""
+        return [item for item in self._recipe if not isinstance(item, int)]
+
+    @property
+    def compiled(self) -> Callable[..., Any]:
+        """``compiled(*graph_inputs) -> outputs``: the loaded artifact (a run plan's ``run``, or torch's callable)."""
+        return self._compiled
+
+    @compiled.setter
+    def compiled(self, fn: Callable[..., Any]) -> None:
+        self._compiled = fn
+        self.run = _make_run(fn, self._recipe, self.gather, self.native)
+
+    def __call__(self, leaves: tuple) -> Any:
+        return self.build(self.run(leaves), leaves)
+
+
+def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], list],
+              native: bool) -> Callable[[tuple], Any]:
+    """``run(leaves) -> outputs`` for the compiled callable ``fn`` (see the module docstring)."""
+    run_list = getattr(fn, "run_list", None)       # a run plan's: takes the gathered list itself
+    call = getattr(fn, "wrapper_call", None)
+    plan = getattr(fn, "plan", None)
+    if native and run_list is not None and call is not None and plan is not None:
+        return _NativeRunner(call=call, fallback=run_list, recipe=recipe,
+                                check=tuple(plan.get("inputs_to_check", ())),
+                                always_fallback=bool(plan.get("version_bumped_inputs")),
+                                is_grad_enabled=torch.is_grad_enabled,
+                                is_autocast_enabled=compat.any_autocast_enabled, data_ptr=compat.native_data_ptr())
+    if run_list is not None:
+        return lambda leaves: run_list(gather(leaves))
+    return lambda leaves: fn(*gather(leaves))
+
+
+def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
+    """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
+    (``_parameters``/``_buffers`` dict, name)."""
+    return tuple(int(ref) if kind == "leaf" else compat.state_slot(module, ref) for kind, ref in inputs)
+
+
+def _addresses(recipe: tuple) -> list[int]:
+    """The data address of each module tensor the recipe reads, as the dicts hold them now."""
+    return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
+
+
+def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:
+    """The identity of the dict each module tensor the entry reads lives in (inputs, then outputs)."""
+    refs = [ref for kind, ref in manifest["inputs"] if kind == "state"]
+    refs += [ref for kind, ref in manifest["outputs"]["leaves"] if kind == "state"]
+    return [id(compat.state_slot(module, ref)[0]) for ref in refs]
+
+
+def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
+    """``gather(L)`` in generated Python from the recipe of :func:`_recipe` (the dicts already resolved)."""
+    dicts: list[dict] = []
+    items = []
+    for item in recipe:
+        if isinstance(item, int):
+            items.append(f"L[{item}]")
+        else:
+            d, attr = item
+            idx = next((i for i, x in enumerate(dicts) if x is d), None)
+            if idx is None:
+                dicts.append(d)
+                idx = len(dicts) - 1
+            items.append(f"S{idx}[{attr!r}]")
+    params = "".join(f", S{i}=S{i}" for i in range(len(dicts)))
+    src = f"def gather(L{params}):\n    return [{', '.join(items)}]\n"
+    return _compile(src, "gather", {f"S{i}": d for i, d in enumerate(dicts)})
+
+
+def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[list, tuple], Any]:
+    env: dict[str, Any] = {}
+    items = []
+    for i, (kind, ref) in enumerate(outputs["leaves"]):
+        if kind == "out":
+            items.append(f"O[{int(ref)}]")
+        elif kind == "leaf":
+            items.append(f"L[{int(ref)}]")
+        elif kind == "state":
+            d, attr = compat.state_slot(module, ref)
+            env[f"D{i}"] = d
+            items.append(f"D{i}[{attr!r}]")
+        else:
+            env[f"C{i}"] = ref
+            items.append(f"C{i}")
+    body = _structure_expr(outputs["structure"], iter(items), env)
+    defaults = "".join(f", {k}={k}" for k in env)
+    src = f"def build(O, L{defaults}):\n    return {body}\n"
+    return _compile(src, "build", env)
+
+
+def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
+    """``Entry.result_outputs``: what ``build`` returns when it is one graph output or a flat tuple of them."""
+    leaves, structure = outputs["leaves"], outputs["structure"]
+    if not all(kind == "out" for kind, _ in leaves):
+        return None
+    if structure == ["leaf"] and len(leaves) == 1:
+        return int(leaves[0][1])
+    if (structure[0] == "tuple" and all(child == ["leaf"] for child in structure[1])
+            and len(structure[1]) == len(leaves)):
+        return tuple(int(ref) for _, ref in leaves)
+    return None
+
+
+def _structure_expr(node: list, items, env: dict[str, Any]) -> str:
+    """A Python expression rebuilding the nested tuples, lists and dicts of the method's result."""
+    kind = node[0]
+    if kind == "leaf":
+        return next(items)
+    if kind in ("tuple", "list"):
+        parts = [_structure_expr(child, items, env) for child in node[1]]
+        if kind == "list":
+            return f"[{', '.join(parts)}]"
+        return f"({', '.join(parts)},)" if parts else "()"
+    if kind == "dict":
+        keys, children = node[1], node[2]
+        env_name = f"K{len(env)}"
+        env[env_name] = tuple(keys)      # keys come from the manifest: bound as values, never spliced into source
+        parts = [f"{env_name}[{j}]: {_structure_expr(child, items, env)}" for j, child in enumerate(children)]
+        return "{" + ", ".join(parts) + "}"
+    raise ValueError(f"unknown output structure node {kind!r}")
+
+
+def _compile(src: str, name: str, env: dict[str, Any]) -> Callable:
+    namespace = dict(env)
+    exec(compile(src, f"<gearcache {name}>", "exec"), namespace)   # noqa: S102 - generated from a recipe above
+    return namespace[name]
+
+
+def writes_a_leaf(entry: Entry) -> bool:
+    """Whether ``entry``'s graph may write one of the call's inputs in place: its run plan's ``mutated_inputs`` name
+    a call leaf, or the plan cannot tell (torch's loader without a readable plan: True)."""
+    plan = getattr(entry.compiled, "plan", None)
+    mutated = plan.get("mutated_inputs") if isinstance(plan, dict) else None
+    if not isinstance(mutated, list):
+        return True
+    inputs = entry.manifest["inputs"]
+    return any(inputs[j][0] == "leaf" for j in mutated)
+

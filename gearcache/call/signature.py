@@ -1,0 +1,302 @@
+"""The input signature of a call: what the entry table is keyed by on the hot path.
+
+``call_key(args, kwargs)`` returns ``(leaves, key)``: ``leaves`` are the call's flattened inputs (the tensors and
+scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
+the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, the
+grad / inference mode, and the thread's other global torch state (autocast, default dtype, TF32, ...: see
+``state_tag``). Plain positional tensors take a fast path with no pytree work.
+
+``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
+tensors have that key, without building it: the hot path's shortcut for a call like the one before it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from .. import _torch_compat as compat
+from ..errors import UnsupportedInputError
+
+_Tensor = torch.Tensor
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def _leaf_key(leaf: Any) -> tuple:
+    if isinstance(leaf, _Tensor):
+        if type(leaf) is _Tensor and not (leaf.dtype.is_complex and (leaf.is_conj() or leaf.is_neg())):
+            return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
+        return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, type(leaf), leaf.is_conj(), leaf.is_neg())
+    if isinstance(leaf, _SCALARS):
+        return (type(leaf), leaf)
+    if isinstance(leaf, (torch.dtype, torch.device)):
+        return (type(leaf), str(leaf))
+    raise UnsupportedInputError(
+        f"cached methods take tensors, Python scalars, strings, None and lists/tuples/dicts of them; got an argument "
+        f"of type {type(leaf).__qualname__}: {leaf!r:.80}. Fix: pass it as a tensor, or make it an attribute of the "
+        f"module.")
+
+
+def flatten(obj: Any, leaves: list) -> Any:
+    """Append ``obj``'s leaves to ``leaves`` in order; return its structure (tuples, lists and dicts; others are
+    leaves). gearcache's own flattening: cheaper than pytree, and the structure is a hashable tuple."""
+    t = type(obj)
+    if t is tuple or t is list:
+        return (t, *[flatten(o, leaves) for o in obj])
+    if t is dict:
+        return (dict, tuple(obj), *[flatten(v, leaves) for v in obj.values()])
+    leaves.append(obj)
+    return None
+
+
+class _StateSnapshot(threading.local):
+    same: Callable[[], bool] | None = None
+    tag: str = ""
+    plain: Callable[[tuple], bool] | None = None       # compat.plain_tensors_check(), found at the first call
+
+
+_snapshot = _StateSnapshot()
+
+
+def state_tag() -> str:
+    """The calling thread's global torch state (``compat.global_state()``: autocast, default dtype, deterministic
+    algorithms, TF32 and reduced-precision flags, SDPA backends) as a canonical JSON string, part of every key.
+
+    Per thread, the last tag is kept with a C++ snapshot of the state it was computed in (``compat.state_guard``);
+    while the snapshot still holds, the tag is returned without recomputing it. Neither snapshot covers cuDNN's TF32
+    flag or the float32 matmul precision (beyond what it does to cuBLAS TF32), and Dynamo's (without gearcache's
+    native module) not the SDPA backends either: a change of only those in a running process is seen by the next
+    miss (whose entry key computes the state afresh), not by signatures already served, as with ``torch.compile``."""
+    snap = _snapshot
+    same = snap.same
+    if same is not None and same():
+        return snap.tag
+    same = compat.state_guard()
+    tag = sys.intern(json.dumps(compat.global_state(), sort_keys=True, separators=(",", ":")))
+    snap.same, snap.tag = same, tag
+    return tag
+
+
+def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+    """``(leaves, key)`` of a call (see the module docstring). A tensor passed twice (the same object) is keyed
+    ``("same", i)`` at its second place, ``i`` its first (a graph captured with it reads one input for both); a tensor
+    subclass, or a complex tensor with its conjugate or negative bit set, adds its type and bits to its key."""
+    mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), state_tag())
+    if not kwargs:
+        try:
+            key = (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
+        except AttributeError:
+            pass                # not all plain tensors: take the general path
+        else:
+            plain = _snapshot.plain
+            if plain is None:
+                plain = _snapshot.plain = compat.plain_tensors_check()
+            if plain(args) and not shared_storages(args):
+                return args, key
+            return args, (len(args), mode, *_leaf_keys(args))
+    leaves: list = []
+    structure = (flatten(args, leaves), flatten(kwargs, leaves))
+    return tuple(leaves), (structure, mode, *_leaf_keys(leaves))
+
+
+def _leaf_keys(leaves: Any) -> list[tuple]:
+    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares its storage with
+    another leaf (a view of the same memory, not the same object) adds ``("storage", j, storage_offset)``, ``j`` the
+    first leaf on that storage: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and
+    the other way round)."""
+    keys: list[tuple] = []
+    first: dict[int, int] = {}
+    shared = shared_storages(leaves)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, _Tensor):
+            j = first.setdefault(id(leaf), i)
+            if j != i:
+                keys.append(("same", j))
+                continue
+            if i in shared:
+                keys.append(_leaf_key(leaf) + (("storage", shared[i], leaf.storage_offset()),))
+                continue
+        keys.append(_leaf_key(leaf))
+    return keys
+
+
+def shared_storages(leaves: Any) -> dict[int, int]:
+    """``{leaf index: index of the first leaf on its storage}`` for the tensor leaves (distinct objects) that share a
+    storage with another one; ``{}`` when none do (the common case: the key is then the leaves' metadata alone)."""
+    if len(leaves) < 2:
+        return {}
+    on: dict[int, list[int]] = {}
+    objects: set[int] = set()
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, _Tensor) and id(leaf) not in objects:
+            objects.add(id(leaf))
+            on.setdefault(_storage_address(leaf), []).append(i)
+    return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
+
+
+def shares_storage(key: tuple) -> list[int]:
+    """The leaves of the call keyed ``key`` that share a storage with another leaf (distinct tensor objects: see
+    :func:`_leaf_keys`); ``[]`` for most calls."""
+    return [i for i, k in enumerate(key[2:]) if type(k) is tuple and len(k) in (5, 8) and type(k[-1]) is tuple
+            and k[-1][:1] == ("storage",)]
+
+
+def shares_memory(key: tuple) -> list[int]:
+    """:func:`shares_storage`'s leaves and those passed as the same tensor object twice (``("same", i)``: both)."""
+    same = {i for i, k in enumerate(key[2:]) if type(k) is tuple and k[:1] == ("same",)}
+    same |= {key[2 + i][1] for i in same}
+    return sorted(same | set(shares_storage(key)))
+
+
+def shared_memory_message(name: str, key: tuple, why: str) -> str:
+    """The refusal of a call whose inputs share memory where gearcache would copy them apart (``why``)."""
+    return (f"{name}: arguments {shares_memory(key)} (flattened positions) are one tensor or views of one storage; "
+            f"{why}, so a write through one would not show through the others. Fix: pass tensors that do not share "
+            f"memory (a .clone() of each)")
+
+
+def inputs_meta(inputs: Any) -> list:
+    """A graph's example inputs as an artifact key factor: each tensor's shape, stride, dtype and device (plus
+    ``["storage", j, storage_offset]`` where it shares a storage with input ``j``: AOTAutograd compiles aliased inputs
+    as views of one base), ``repr`` of anything else."""
+    shared = shared_storages(inputs)
+    meta: list = []
+    for i, t in enumerate(inputs):
+        if not isinstance(t, _Tensor):
+            meta.append(repr(t))
+            continue
+        meta.append([list(t.shape), list(t.stride()), str(t.dtype), str(t.device)])
+        if i in shared:
+            meta[-1].append(["storage", shared[i], t.storage_offset()])
+    return meta
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    """Where ``t``'s storage starts (meta and other storage-less tensors: by object, never shared)."""
+    try:
+        address = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -id(t)
+    return address if address else -id(t)          # empty storages share no memory
+
+
+class Matcher(NamedTuple):
+    """``matches(args) -> bool`` (see :func:`matcher`). A tuple, so the C dispatcher reads its fields directly."""
+
+    check: Callable[..., bool]                  # C++: the tensors' metadata (compat.tensor_match)
+    n: int                                      # positional arguments
+    inference: bool                             # inference mode on
+    same_state: Callable[[], bool]              # C++: grad off and the global state as at creation (state_guard)
+    is_inference_mode_enabled: Callable[[], bool] | None    # None: same_state covers inference mode
+    plain: bool                                 # autocast off in that state (the C runner then skips its checks)
+
+    def __call__(self, args: tuple) -> bool:
+        return (len(args) == self.n and self.same_state()
+                and (self.is_inference_mode_enabled is None or self.is_inference_mode_enabled() == self.inference)
+                and self.check(*args))
+
+
+def matcher(leaves: tuple, key: tuple, distinct_storages: bool = False) -> Matcher | None:
+    """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
+    return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
+    grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
+    state is snapshotted here). It checks more than the key (Python type, dispatch keys, ``requires_grad``, the thread
+    count), so it may answer False for a call with this key; the caller then computes the key. None when ``key`` is
+    not of that kind (keyword arguments, non-tensors, grad on, tensors sharing memory), its state is not the
+    thread's, or torch has no C++ check. ``distinct_storages``: the entry writes an input, so the matcher also answers
+    False for a call whose tensors share a storage (such a call takes the key's path)."""
+    if type(key[0]) is not int or key[1][0] or not all(isinstance(leaf, _Tensor) for leaf in leaves):
+        return None
+    if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
+        return None             # inputs that share memory: every call takes the key's path, which tells them apart
+    same_state = compat.state_guard()
+    if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
+        return None
+    check = compat.tensor_match(leaves)
+    if check is None:
+        return None
+    if distinct_storages and len(leaves) > 1:
+        check = _and_distinct_storages(check)
+    inference = None if compat.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
+    return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not compat.any_autocast_enabled())
+
+
+def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
+    """``check``, and no two of the call's tensors on one storage (a matcher for an entry that writes an input: its
+    graph was compiled for inputs that do not share memory, and a write through one would not show through another)."""
+    def matches(*args: Any) -> bool:
+        if not check(*args):
+            return False
+        seen = set()
+        for a in args:
+            address = _storage_address(a)
+            if address in seen:
+                return False
+            seen.add(address)
+        return True
+    return matches
+
+
+def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
+    """A JSON-able description of a call signature (a key factor, and what error messages show)."""
+    grad, inference = key[1][0], key[1][1]
+    desc: list[dict[str, Any]] = []
+    for leaf, leaf_key in zip(leaves, key[2:]):
+        if leaf_key[0] == "same":
+            desc.append({"same_as": leaf_key[1]})
+        elif isinstance(leaf, _Tensor):
+            desc.append({"shape": list(leaf.shape), "stride": list(leaf.stride()), "dtype": str(leaf.dtype),
+                         "device": str(leaf.device), "contiguous": leaf.is_contiguous()})
+            if len(leaf_key) >= 7:
+                desc[-1]["type"], desc[-1]["conj"], desc[-1]["neg"] = (
+                    f"{type(leaf).__module__}.{type(leaf).__qualname__}", leaf.is_conj(), leaf.is_neg())
+            if len(leaf_key) in (5, 8):                 # ("storage", first leaf on it, storage offset)
+                desc[-1]["storage_of"], desc[-1]["storage_offset"] = leaf_key[-1][1], leaf_key[-1][2]
+        else:
+            desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
+    autocast = json.loads(key[1][2])["autocast"]
+    return {"structure": str(key[0]), "grad_enabled": grad, "inference_mode": inference, "autocast": autocast,
+            "leaves": desc}
+
+
+def short(desc: dict[str, Any]) -> str:
+    """One line for messages: ``(float32[4, 16] cpu, float32[4, 8] cpu) grad=off`` (`` autocast=cpu:bfloat16`` added
+    where autocast is on)."""
+    parts = []
+    for leaf in desc["leaves"]:
+        if "same_as" in leaf:
+            parts.append(f"<leaf {leaf['same_as']}>")
+        elif "shape" in leaf:
+            dt = leaf["dtype"].replace("torch.", "")
+            parts.append(f"{dt}{leaf['shape']} {leaf['device']}")
+        else:
+            parts.append(f"{leaf['type']}={leaf['value']}")
+    autocast = "".join(f" autocast={d}:{t.replace('torch.', '')}" for d, t in (desc.get("autocast") or {}).items())
+    return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}{autocast}"
+
+
+def rekey(key: tuple, leaves: tuple) -> tuple:
+    """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones); a leaf
+    keyed as a repeat of an earlier one (``("same", i)``) stays so (its graph reads leaf ``i`` for both)."""
+    return (key[0], key[1], *[old if old[0] == "same" else _leaf_key(leaf) for old, leaf in zip(key[2:], leaves)])
+
+
+def rebuild(node: Any, leaves: Any) -> Any:
+    """Rebuild one structure node (from ``flatten``) taking its leaves from the iterator ``leaves``."""
+    if node is None:
+        return next(leaves)
+    kind = node[0]
+    if kind is dict:
+        return {k: rebuild(child, leaves) for k, child in zip(node[1], node[2:])}
+    return kind(rebuild(child, leaves) for child in node[1:])
+
+
+def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
+    """Rebuild ``(args, kwargs)`` from a key's structure (``key[0]``) and leaves: the inverse of ``call_key``."""
+    if isinstance(structure, int):
+        return tuple(leaves), {}
+    it = iter(leaves)
+    return rebuild(structure[0], it), rebuild(structure[1], it)

@@ -1,0 +1,1 @@
+"""Compiling: capture (Dynamo), compile (Inductor), publish and load an artifact, background and worker compiles."""

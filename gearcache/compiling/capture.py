@@ -1,0 +1,460 @@
+"""Capture a bound method as one Dynamo graph and describe how to feed it and rebuild its result.
+
+``capture(method, args, kwargs)`` runs the method once through Dynamo (``fullgraph=True``, static shapes) with a
+backend that records the graph instead of compiling it, and returns a :class:`Captured`:
+
+* ``graph`` and ``example_inputs``: what Inductor compiles;
+* ``inputs``: one recipe per graph input, ``["leaf", i]`` (the call's i-th flattened input) or ``["state", name]``
+  (a parameter or buffer of the module, read live at every call, so a changed weight shows in the output);
+* ``outputs``: the method's return structure (a serialised pytree spec) and one recipe per leaf, ``["out", i]``
+  (the graph's i-th output), ``["leaf", i]``, ``["state", name]`` or ``["const", value]``;
+* ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load;
+* ``guards``: the Python values the graph bakes in (module attributes, globals, constants, closure cells, ...), from
+  Dynamo's guards (gearcache/keys/guards.py): an entry is served only where they still hold.
+
+A graph break raises :class:`~gearcache.errors.GraphBreakError` listing every break (from ``torch._dynamo.explain``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import types
+from typing import Any
+
+import torch
+
+from .. import _torch_compat as compat
+from .snapshot import kept
+from ..keys import guards as value_guards
+from ..errors import GearcacheError, GraphBreakError, UnsupportedInputError
+from ..keys.key import sha256_text
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+@dataclasses.dataclass
+class Captured:
+    graph: torch.fx.GraphModule
+    example_inputs: list[Any]
+    inputs: list[list]
+    outputs: dict[str, Any]
+    dependencies: list[dict[str, Any]]
+    guards: value_guards.GuardSet
+
+
+def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+    state: dict[str, Any] = {}
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+
+        def run(*flat):
+            # Do not run the graph: the call's real run is the compiled entry's, once (an in-place update of an
+            # input must not happen twice). Empty outputs of the right metadata let Dynamo build the result.
+            nodes = _output_nodes(gm)
+            out = _mark_numbers([_empty_like_example(n) for n in nodes], nodes)
+            state["flat_out"] = out
+            return out
+
+        return run
+
+    code = method.__func__.__code__
+    recording = compat.GuardRecording()
+    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
+                             options=compat.guard_recording_options(recording, method.__func__.__globals__))
+    compat.forget_dynamo_cache(code)
+    try:
+        with compat.dynamo_capture_config(), compat.without_dynamic_marks(leaves):
+            result = compiled(*args, **kwargs)
+    except Exception as exc:
+        if compat.is_graph_break(exc):
+            compat.forget_dynamo_cache(code)
+            _raise_op_type_error(method, exc)
+            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+        raise
+    finally:
+        compat.forget_dynamo_cache(code)
+    if "gm" not in state:           # no tensor work at all (it returns constants): an empty graph serves it
+        state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
+    state_names = _state_names(module)
+    outputs = _output_recipe(result, state.get("flat_out", []), leaves, state_names)
+    _ensure_an_output(state["gm"], state["inputs"])
+    return Captured(
+        graph=state["gm"],
+        example_inputs=state["inputs"],
+        inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
+        outputs=outputs,
+        dependencies=_dependencies(state["code"]),
+        guards=value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)),
+    )
+
+
+def passed_names(method: types.MethodType, args: tuple, kwargs: dict) -> set[str] | None:
+    """The names of the parameters a call of the bound ``method`` passes (the others take their defaults); None where
+    the call does not bind (Dynamo then raised already)."""
+    try:
+        return set(inspect.signature(method).bind(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return None
+
+
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return []
+    return list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+
+
+def _ensure_an_output(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Give a graph without outputs (a method returning None or constants, maybe after in-place updates) one empty
+    tensor output, which no output recipe reads: Inductor saves no artifact for a graph that returns nothing."""
+    if _output_nodes(gm):
+        return
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    graph = gm.graph
+    old = next((n for n in graph.nodes if n.op == "output"), None)
+    if old is not None:
+        graph.erase_node(old)
+    graph.output((graph.call_function(torch.empty, ((0,),), {"device": device}),))
+    gm.recompile()
+
+
+class _GraphNumber:
+    """Stands in, during a capture, for a Python number the graph computes (a ``SymInt``, ``SymFloat`` or ``SymBool``
+    output: ``.item()``, ``float(t)``, ``int(t)`` on a tensor, or a size that gears pad). A compiled graph returns
+    tensors only, so such a number cannot be served: :func:`_output_recipe` names where it is in the result."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def message(self, path: str) -> str:
+        return (f"the method's {path} is a Python {self.kind} computed from a tensor (by .item(), float(), int() or "
+                f"bool() on a tensor, or from a size that gears pad): a compiled graph returns tensors only, so "
+                f"gearcache cannot serve it (it would be the compiling call's value on every call). Fix: return the "
+                f"0-d tensor instead (e.g. `t.sum()` rather than `float(t.sum())` or `t.sum().item()`) and call "
+                f".item() on the result outside the cached method (a size: read it from the input there)")
+
+
+class _FloatProbe(torch.Tensor):
+    """The 0-d tensor Dynamo turns a Python float result into (``torch.scalar_tensor``), then reads back with
+    ``.item()``: here ``.item()`` gives a :class:`_GraphNumber`. Returned as a tensor, it is that graph output."""
+
+    def item(self):
+        return _GraphNumber("float")
+
+
+def _mark_numbers(outs: list, nodes: list) -> list:
+    """``outs`` (one per graph output node) with every Python number the graph computes made recognisable:
+    a ``_GraphNumber`` for a symbolic int or bool output, a ``_FloatProbe`` for a float made a 0-d tensor."""
+    marked = []
+    for value, node in zip(outs, nodes):
+        example = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(example, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            value = _GraphNumber(type(example).__name__[3:].lower())
+        elif (isinstance(value, torch.Tensor) and isinstance(node, torch.fx.Node) and node.op == "call_function"
+              and node.target is torch.scalar_tensor):
+            value = compat.as_subclass_sharing_storage(_FloatProbe, value)
+        marked.append(value)
+    return marked
+
+
+def _empty_like_example(node: Any) -> Any:
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else node
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    return value
+
+
+def _qualname(method: types.MethodType) -> str:
+    return f"{type(method.__self__).__qualname__}.{method.__name__}"
+
+
+def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
+    """An op of the method refused the call's arguments (None where a tensor goes): the ``TypeError`` the method
+    raises uncompiled, not a graph break."""
+    error = compat.op_type_error(exc)
+    if error is not None:
+        raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
+                        f"traced it, as the method does when it runs uncompiled)") from error
+
+
+def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
+    code = method.__func__.__code__
+    try:
+        breaks = compat.explain_graph_breaks(method, args, kwargs)
+    except Exception:           # explain itself failed: report the one break we know of
+        breaks = []
+    finally:
+        compat.forget_dynamo_cache(code)
+    return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
+
+
+def _state_names(module: torch.nn.Module) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for name, t in list(module.named_buffers(remove_duplicate=False)) + list(
+            module.named_parameters(remove_duplicate=False)):
+        names.setdefault(id(t), name)
+    return names
+
+
+def _input_recipe(t: Any, leaves: tuple, state_names: dict[int, str], index: int) -> list:
+    for i, leaf in enumerate(leaves):
+        if leaf is t:
+            return ["leaf", i]
+    if id(t) in state_names:
+        return ["state", state_names[id(t)]]
+    raise UnsupportedInputError(
+        f"graph input {index} ({type(t).__qualname__}{list(getattr(t, 'shape', []))}) is neither an argument nor a "
+        f"parameter or buffer of the module. Fix: register tensors the method reads as buffers "
+        f"(self.register_buffer(name, tensor)) instead of plain attributes or globals.")
+
+
+def _output_recipe(result: Any, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> dict[str, Any]:
+    """``{"structure": nested ["tuple"|"list", [children]] / ["dict", [keys], [children]] / ["leaf"], "leaves": [...]}``
+    with one recipe per leaf in order."""
+    recipe: list[list] = []
+
+    def walk(obj: Any, path: str) -> list:
+        t = type(obj)
+        if t is tuple or t is list:
+            return [t.__name__, [walk(o, f"{path}[{i}]") for i, o in enumerate(obj)]]
+        if t is dict and all(type(k) in (str, int) for k in obj):
+            return ["dict", list(obj), [walk(v, f"{path}[{k!r}]") for k, v in obj.items()]]
+        if isinstance(obj, torch.Tensor):
+            recipe.append(_tensor_output(obj, flat_out, leaves, state_names))
+        elif isinstance(obj, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise UnsupportedInputError(_GraphNumber(type(obj).__name__[3:].lower()).message(path))
+        elif isinstance(obj, _GraphNumber):
+            raise UnsupportedInputError(obj.message(path))
+        elif isinstance(obj, (int, float, bool, str, type(None))):
+            recipe.append(["const", obj])
+        else:
+            raise UnsupportedInputError(
+                f"the method's {path} is a {type(obj).__qualname__}; cached methods return tensors, Python scalars "
+                f"(constants) and tuples, lists and dicts (with str or int keys) of them. Fix: return tensors "
+                f"(convert {type(obj).__qualname__} to one) or build it outside the cached method")
+        return ["leaf"]
+
+    structure = walk(result, "output")
+    return {"structure": structure, "leaves": recipe}
+
+
+def _tensor_output(t: torch.Tensor, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> list:
+    for i, o in enumerate(flat_out):
+        if o is t:
+            return ["out", i]
+    for i, leaf in enumerate(leaves):
+        if leaf is t:
+            return ["leaf", i]
+    if id(t) in state_names:
+        return ["state", state_names[id(t)]]
+    raise UnsupportedInputError("the method returns a tensor that is not produced by its graph (a global or a "
+                                "constant); return something computed from the inputs instead")
+
+
+def _dependencies(codes: list[Any]) -> list[dict[str, Any]]:
+    """One record per traced user function: file, first line, line count and sha256 of those lines."""
+    deps, seen = [], set()
+    for code in codes:
+        path = os.path.abspath(code.co_filename)
+        if path.startswith(_TORCH_DIR) or (path, code.co_firstlineno) in seen or not os.path.isfile(path):
+            continue            # torch's own code is covered by the torch version factor
+        seen.add((path, code.co_firstlineno))
+        try:
+            lines, first = inspect.getsourcelines(code)
+        except (OSError, TypeError):
+            continue
+        deps.append({"file": path, "name": code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+                     "first_line": first, "n_lines": len(lines), "sha256": sha256_text("".join(lines))})
+    return deps
+
+
+def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
+    """The first dependency whose source changed since capture, as ``"file:line name"``; None if all match."""
+    cache: dict[str, list[str]] = {}
+    for d in deps:
+        path = d["file"]
+        if path not in cache:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    cache[path] = f.readlines()
+            except OSError:
+                return f"{path} (missing)"
+        lines = cache[path][d["first_line"] - 1: d["first_line"] - 1 + d["n_lines"]]
+        if sha256_text("".join(lines)) != d["sha256"]:
+            return f"{path}:{d['first_line']} {d['name']}"
+    return None
+
+
+@dataclasses.dataclass
+class SymbolicTrace:
+    """What the gear plan's symbolic trace found (:func:`symbolic_shapes`)."""
+    symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
+    output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol
+    dependencies: list[dict[str, Any]]          # the traced user functions
+    plan_guards: value_guards.GuardSet          # the trace's value guards (guards.py)
+    graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/gears/padding.py)
+    inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
+    outputs: dict[int, int]                     # graph output index -> method output leaf
+    size_guards: list[tuple[Any, str]]          # the trace's size guards: (sympy expression, user source line)
+    same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)
+
+
+def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple,
+                    marked: list[tuple[int, int]]) -> SymbolicTrace:
+    """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
+
+    Returns the symbol of each marked dim (dims that meet in the graph share one); for each output leaf, ``(dim,
+    symbol)`` for every dim whose size is exactly a marked symbol; the traced user functions; the trace's value guards;
+    and the graph with its inputs, outputs and size guards, for the padding analysis. The graph is not run: its
+    outputs are empty tensors of the example's sizes, so the trace writes nothing (a buffer or input the method
+    updates in place keeps its value). A marked dim the model specialises on (its size became a constant) cannot be
+    padded: error.
+    """
+    from ..call.signature import unflatten
+
+    clones = _dynamic_clones(leaves, marked)
+    args, kwargs = unflatten(structure, tuple(clones))
+    state, result, recording = _trace_symbolically(method, module, args, kwargs)
+    gm, state_names = state["gm"], _state_names(module)
+    guards = compat.shape_guards(gm)
+    same = size_classes(guards)
+    inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
+    symbols = _marked_symbols(method, gm, inputs, marked, same)
+    recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
+    outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
+    return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
+                         value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)), gm, inputs,
+                         outputs, guards, same)
+
+
+def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
+    """``leaves`` with each marked leaf replaced by a clone whose marked dims are dynamic (the caller's tensors keep
+    no mark)."""
+    clones = list(leaves)
+    for leaf_index, _ in marked:
+        if clones[leaf_index] is leaves[leaf_index]:
+            clones[leaf_index] = leaves[leaf_index].clone()
+    for leaf_index, dim in marked:
+        compat.require_dynamic(clones[leaf_index], dim)
+    return clones
+
+
+def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple,
+                        kwargs: dict) -> tuple[dict[str, Any], Any, compat.GuardRecording]:
+    """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
+    recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
+    (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
+    from them, ``recording`` the guards Dynamo recorded."""
+    state: dict[str, Any] = {}
+
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+
+        def run(*flat):
+            nodes = _output_nodes(gm)
+            out = _mark_numbers([_empty_like_hint(n) for n in nodes], nodes)
+            state["flat_out"] = out
+            return out
+
+        return run
+
+    code = method.__func__.__code__
+    compat.forget_dynamo_cache(code)
+    recording = compat.GuardRecording()
+    try:
+        # the graph is not run (``run`` returns empty outputs); whatever tracing itself writes into the module's
+        # buffers is put back all the same, so a call that builds the plan updates the state once, as eager does
+        with compat.dynamo_capture_config(), compat.symbolic_capture_config(), kept(list(module.buffers())):
+            result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
+                                   options=compat.guard_recording_options(
+                                       recording, method.__func__.__globals__))(*args, **kwargs)
+    except Exception as exc:
+        if compat.is_graph_break(exc):
+            _raise_op_type_error(method, exc)
+            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+        if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
+            raise GearcacheError(
+                f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "
+                f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
+                f"that size") from None
+        raise
+    finally:
+        compat.forget_dynamo_cache(code)
+    if "gm" not in state:
+        raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
+    return state, result, recording
+
+
+def size_classes(guards: list[tuple[Any, str]]) -> dict[Any, Any]:
+    """symbol -> the symbol it equals by the trace's guards, one representative per class. Two marked dims that meet
+    in an op Dynamo does not unify them in keep two symbols and get a guard ``Eq(s91, s77)`` instead."""
+    import sympy
+
+    from ..gears.plan import joined_classes
+
+    pairs = [(expr.lhs, expr.rhs) for expr, _ in guards
+             if isinstance(expr, sympy.Eq) and expr.lhs.is_Symbol and expr.rhs.is_Symbol]
+    return {x: r for x, r in joined_classes(pairs).items() if r != x}
+
+
+def _empty_like_hint(node: Any) -> Any:
+    """An empty tensor shaped like an output node's example value at the trace's example sizes."""
+    value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else node
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided([compat.size_hint(s) for s in value.shape],
+                                   [compat.size_hint(s) for s in value.stride()], dtype=value.dtype,
+                                   device=value.device)
+    return value
+
+
+def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
+    """A graph input of the symbolic trace: ``["leaf", i]``, ``["state", name]``, ``["size"]`` (a SymInt) or
+    ``["other"]``."""
+    if not isinstance(t, torch.Tensor):
+        return ["size"]
+    for i, clone in enumerate(clones):
+        if clone is t:
+            return ["leaf", i]
+    return ["state", state_names[id(t)]] if id(t) in state_names else ["other"]
+
+
+def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: list[list],
+                    marked: list[tuple[int, int]], same: dict[Any, Any]) -> list[str]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_of = {recipe[1]: node.meta.get("example_value") for node, recipe in zip(placeholders, inputs)
+               if recipe[0] == "leaf"}
+    symbols = []
+    for leaf_index, dim in marked:
+        size = fake_of[leaf_index].shape[dim] if leaf_index in fake_of else None
+        if not isinstance(size, torch.SymInt):
+            raise GearcacheError(
+                f"{_qualname(method)}: input {leaf_index} dim {dim} is marked with gears, but the traced graph "
+                f"treats it as the constant {size}: the method specialises on that size, so padding it would change "
+                f"its result. Fix: remove the gears of that dim")
+        symbols.append(str(compat.sym_expr(size).xreplace(same)))
+    return symbols
+
+
+def _cut_dims(method: types.MethodType, gm: torch.fx.GraphModule, outputs: dict[int, int], symbols: list[str],
+              same: dict[Any, Any]) -> dict[int, list[tuple[int, str]]]:
+    """For each method output leaf made by the graph, ``(dim, symbol)`` for each dim whose size is a marked symbol;
+    a dim derived from one without equalling it cannot be cut back: error."""
+    out_nodes = _output_nodes(gm)
+    output_dims: dict[int, list[tuple[int, str]]] = {}
+    for i, j in sorted(outputs.items(), key=lambda item: item[1]):
+        value = out_nodes[i].meta.get("example_value")
+        dims = []
+        for dim, size in enumerate(getattr(value, "shape", [])):
+            if isinstance(size, torch.SymInt):
+                expr = compat.sym_expr(size).xreplace(same)
+                if str(expr) in symbols:
+                    dims.append((dim, str(expr)))
+                elif any(s in {str(x) for x in expr.free_symbols} for s in symbols):
+                    raise GearcacheError(
+                        f"{_qualname(method)}: output {j} dim {dim} has size {expr}, derived from a padded dim but "
+                        f"not equal to one, so it cannot be cut back. Fix: remove the gears of that dim")
+        if dims:
+            output_dims[j] = dims
+    return output_dims

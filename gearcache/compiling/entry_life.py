@@ -1,0 +1,415 @@
+"""An entry's life as public stages: ``find``, ``capture``, ``compile``, ``publish``, ``load``, ``remember``.
+
+:class:`EntryLife` holds one cached method's in-memory table of entries (signature key -> :class:`Entry`) and takes a
+signature through the stages that give it an entry:
+
+- ``find``: the entry key of a signature, the store's entry manifest for it whose value guards hold here
+  (gearcache/keys/guards.py), and the entry ``load``ed from it (None: a miss). Counts ``counters.misses``.
+- ``load``: an entry from its stored manifest, through the run-plan loader (``artifact_io``).
+- ``capture``: the graph of a call (Dynamo, in the calling thread), with its artifact's key: a :class:`Pending`.
+- ``compile``: the graph compiled into a build folder (Inductor); ``publish`` runs it under the artifact lock
+  (``faults.publish_or_fallback``: once across the processes sharing the folder), ``finish`` writes the entry
+  manifest and loads the published artifact.
+- ``remember``: the entry in the table (and ``remembered``, the owner's hook).
+
+:meth:`EntryLife.get_or_miss` is the one "get or miss": the table's entry (a hit, counted here), else find, capture,
+compile, publish, load and remember under the lock. ``CachedFunction`` (the call path), ``warmup.py``,
+``cuda_graphs.py`` and the integrations use these stages alike; the per-call shortcut (dispatch.py, C) counts its
+own hits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+import types
+import weakref
+from typing import Any, Callable, Union, cast
+
+import torch
+
+from .. import _torch_compat as compat
+from . import artifact_io, background, compiler, faults
+from ..store import diagnostics
+from ..ranks import phases as ranks
+from .. import runplan
+from ..call import signature
+from ..keys import guards as value_guards
+from .capture import Captured, capture, dependencies_changed
+from ..config import CompilerConfig
+from ..counters import counters
+from ..call.entry import Entry
+from ..runplan.collectives import graph_groups
+from ..errors import CacheCorruptionError, SignatureMismatchError
+from ..keys.key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
+                  graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
+from ..store import Store
+from ..ranks.topology import Topology, process_groups_factor
+
+log = logging.getLogger("gearcache")
+
+Loaded = Union[Entry, faults.EagerEntry]
+"""What serves a signature: a loaded entry, or the eager stand-in of ``on_cache_error="eager"``."""
+
+
+@dataclasses.dataclass
+class Found:
+    """What ``find`` found for a signature: its description, the key its entry is (or is to be) stored under, the
+    key's factors, and its entry (None: a miss, to be captured and compiled)."""
+    desc: dict
+    ekey: str
+    factors: dict[str, Any]
+    entry: Entry | None = None
+
+
+@dataclasses.dataclass
+class Pending:
+    """A captured signature whose artifact is not published yet (between ``capture`` and ``finish``)."""
+    args: tuple
+    kwargs: dict
+    desc: dict
+    ekey: str
+    factors: dict[str, Any]
+    captured: Captured
+    akey: str
+    artifact_factors: dict[str, str]
+    t0: float
+    index: int | None = None        # the GPU the call runs on (cuda_index)
+
+
+class EntryLife:
+    """The stages of the entries of one bound method of an ``nn.Module`` (see the module docstring)."""
+
+    def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
+                 decompositions: dict[Any, Callable] | None, name: str, scope: value_guards.Scope,
+                 remembered: Callable[[Loaded], None] | None = None):
+        self.method = method
+        self.module = cast(torch.nn.Module, method.__self__)
+        self.config = config
+        self.store = store
+        self.topology = topology
+        self.decompositions = decompositions
+        self.name = name
+        self.scope = scope
+        self.method_digest = source_digest(method.__func__)
+        self.table: dict[tuple, Loaded] = {}
+        self.compiling: dict[tuple, background.Compiling] = {}    # on_new_signature="background": eager stand-ins
+        self.communicates: bool | None = None   # whether its graphs call collectives (None: not known yet)
+        self.lock = threading.RLock()
+        # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
+        # this object) is freed as soon as its last user drops it, not at the next cyclic collection: its Store's
+        # leases go with it, and an evicting process may then remove the artifact
+        self._remembered = _weak(remembered)
+
+    # ---------------------------------------------------------------------------------------------- get or miss
+    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded:
+        """The entry of signature ``key``: the table's (a hit: counted in ``counters.hits`` and the entry's ``hits``
+        unless ``count`` is False, for a look-up that serves no call: a CUDA graph's capture), else a miss
+        (``miss``). The call path's hot look-ups (``CachedFunction._call`` and ``_call_geared``) do the same inline,
+        then call ``miss``; the shortcut (dispatch.py) counts its own hits."""
+        entry = self.table.get(key)
+        if entry is None:
+            return self.miss(leaves, key)
+        if count:
+            counters.hits += 1
+            entry.hits += 1
+        return entry
+
+    def miss(self, leaves: tuple, key: tuple, call: tuple[tuple, dict] | None = None) -> Loaded:
+        """Find (load) the entry of signature ``key``, or capture, compile and publish it; remember it. Under
+        ``on_new_signature="background"`` a signature the store lacks is compiled in a worker and served by an eager
+        stand-in until it is done (gearcache/compiling/background.py): the stand-in is returned, not remembered."""
+        with self.lock:
+            if key in self.table:
+                return self.table[key]
+            stand_in = self.compiling.get(key)
+            if stand_in is not None:                # compiling in the background: the entry once done, else eager
+                return background.settle(self, key, stand_in)
+            found = self.find(leaves, key)
+            entry: Loaded | None = found.entry
+            if entry is None:
+                args, kwargs = call if call is not None else signature.unflatten(key[0], leaves)
+                if self.config.on_new_signature == "background":
+                    entry = background.start(self, key, args, kwargs, leaves, found)
+                    if isinstance(entry, background.Compiling):
+                        return entry            # served eagerly until settled; remembered then
+                else:
+                    entry = self.new_entry(args, kwargs, leaves, found)
+            self.remember(key, entry)
+            return entry
+
+    # ---------------------------------------------------------------------------------------------------- find
+    def find(self, leaves: tuple, key: tuple) -> Found:
+        """A miss: the signature's entry key and factors, and its entry if the store has one whose value guards hold
+        here (loaded: ``load``)."""
+        counters.misses += 1
+        diagnostics.track_hits(self)
+        desc, ekey, factors = self.describe(leaves, key)
+        found = self.choose(ekey)
+        if found.mismatch is not None:
+            factors = {**factors, "guard_miss": str(found.mismatch)}
+        entry = None
+        if found.record is not None:
+            entry = self.load(found.record, found.key, found.guards, cuda_index(leaves, self.module))
+        return Found(desc, found.key, factors, entry)
+
+    def choose(self, ekey: str) -> value_guards.Choice:
+        """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
+        folder, name = self.topology.folder, self.name
+        return value_guards.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self.scope)
+
+    def stored(self, leaves: tuple, key: tuple) -> bool:
+        """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
+        its artifact checked: a load may still miss)."""
+        _, ekey, _ = self.describe(leaves, key)
+        return self.choose(ekey).record is not None
+
+    def describe(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
+        """The signature's description, its entry key and the key's factors."""
+        desc = signature.describe(leaves, key)
+        ekey, factors = self.entry_key(desc, leaves)
+        return desc, ekey, factors
+
+    def entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
+        """The entry key of the signature ``desc`` (everything its entry depends on) and its factors."""
+        devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
+                         {str(p.device) for p in self.module.parameters()}) or ["cpu"]
+        factors = ordered_factors("entry", {
+            "format": FORMAT_VERSION,
+            "method": {"name": self.name, "source_sha256": self.method_digest},
+            "signature": desc,
+            "module_state": module_state(self.module),
+            "config": self.config.compile_factors(),
+            "decompositions": decompositions_factor(self.decompositions),
+            "global_state": compat.global_state(devices),
+            "software": compat.software_versions(),
+            "devices": [compat.device_capability(d) for d in devices],
+            "process_groups": process_groups_factor(),
+        })
+        ekey, hashes = build_key("entry", factors)
+        return ekey, {"values": dict(factors), "hashes": hashes}
+
+    # ---------------------------------------------------------------------------------------------------- load
+    def load(self, manifest: dict[str, Any], ekey: str, guards: value_guards.GuardSet | None,
+             index: int | None) -> Entry | None:
+        """Load the stored entry ``manifest`` (stored under ``ekey``; its value guards hold here), or None (a miss)."""
+        changed = dependencies_changed(manifest.get("dependencies", []))
+        if changed:
+            log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
+            return None
+        akey = manifest["akey"]
+        try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
+            run_plan = artifact_io.verified_plan(self.store, akey)
+        except FileNotFoundError:
+            log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
+            return None
+        except CacheCorruptionError as exc:
+            self.store.quarantine(akey, exc.reason)
+            log.warning("%s: %s; recompiling", self.name, exc)
+            return None
+        t0 = time.perf_counter()
+        try:                                                  # a verified private copy if the folder is read-only
+            compiled = artifact_io.load_stored(self.store, akey, index, run_plan)
+        except runplan.WrongDevice as exc:
+            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
+            return None
+        if compiled is None:
+            return None                                       # vanished since it was verified: a miss
+        self.store.lease(akey)                                # in use: not evicted under max_size
+        entry = Entry(compiled, self.module, manifest)
+        entry.guards = guards
+        dt = time.perf_counter() - t0
+        counters.loads += 1
+        counters.load_seconds += dt
+        diagnostics.record_load(self.store, ekey, dt)
+        log.info("%s: loaded entry %s (artifact %s) in %.3f s", self.name, ekey, akey, dt)
+        return entry
+
+    # ------------------------------------------------------------------------------ capture, compile, publish
+    def new_entry(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Loaded:
+        """The entry of a signature the store lacks: ``capture``, ``publish`` (``compile``), ``finish``."""
+        pending = self.capture(args, kwargs, leaves, found)
+        folder, built = self.publish(pending)
+        return self.finish(pending, folder, built)
+
+    def capture(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Pending:
+        """Capture the call's graph and key its artifact (in the calling thread: Dynamo)."""
+        if self.config.on_new_signature == "error":
+            known = self.store.list_entries(self.topology.folder, self.name)
+            if known or self.table:
+                fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
+                       "config.on_new_signature='compile'")
+                if "guard_miss" in found.factors:
+                    fix = (f"the entry of this signature was compiled for other values ({found.factors['guard_miss']});"
+                           f" restore them, or set config.on_new_signature='compile' to compile one for these")
+                raise SignatureMismatchError(
+                    self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known], fix)
+        diagnostics.record_miss(self.store, self.topology.folder, self.name, found.ekey, found.factors)
+        factors = {k: v for k, v in found.factors.items() if k != "guard_miss"}
+        t0 = time.perf_counter()
+        counters.traces += 1
+        captured = capture(self.method, self.module, args, kwargs, leaves)
+        index = cuda_index(leaves, self.module)
+        akey, artifact_factors = self.artifact_key(captured, factors, index)
+        return Pending(args, kwargs, found.desc, found.ekey, factors, captured, akey, artifact_factors, t0, index)
+
+    def artifact_key(self, captured: Captured, factors: dict[str, Any],
+                     index: int | None) -> tuple[str, dict[str, str]]:
+        """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
+        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
+        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
+        runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
+        again with it (``finish``)."""
+        gm = captured.graph
+        constants = graph_constants_factor(gm)
+        values = factors["values"]
+        code, inputs = gm.code, signature.inputs_meta(captured.example_inputs)
+        if index is not None and runplan.device_bound_reason(gm) is None:
+            free = without_device_index(canonical_json([code, inputs]), index)
+            if free is not None:
+                code, inputs = json.loads(free)
+        akey, hashes = build_key("artifact", ordered_factors("artifact", {
+            "format": FORMAT_VERSION, "graph": sha256_text(code), "graph_constants": constants, "inputs": inputs,
+            "config": values["config"], **{name: values[name] for name in ENVIRONMENT_FACTORS},
+        }))
+        return akey, hashes
+
+    def compile(self, captured: Captured, folder) -> None:
+        """Compile the captured graph into the build folder ``folder`` (Inductor, in this process)."""
+        t0 = time.perf_counter()
+        compiler.compile_artifact(self.graph_to_compile(captured), captured.example_inputs, folder,
+                                  config_patches=self.compile_patches())
+        counters.compiles += 1
+        counters.compile_seconds += time.perf_counter() - t0
+
+    def finish_compiled_elsewhere(self, captured: Captured, folder, worker_seconds: float) -> None:
+        """The rest of ``compile`` for a folder a worker process compiled (warm-up, background compiles): a first
+        load and the run plan from the captured example inputs (``compiler.finish_artifact``); counted as a compile
+        of ``worker_seconds`` plus this."""
+        t0 = time.perf_counter()
+        compiler.finish_artifact(folder, captured.example_inputs)
+        counters.compiles += 1
+        counters.compile_seconds += worker_seconds + time.perf_counter() - t0
+
+    def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
+        """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
+        if self.decompositions:
+            return compat.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
+        return captured.graph
+
+    def compile_patches(self) -> dict[str, Any]:
+        """Inductor's config patches for the config's mode and options."""
+        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+
+    def publish(self, pending: Pending, build: Callable[[Any], None] | None = None) -> tuple[Any, bool]:
+        """Publish the pending artifact (``faults.publish_or_fallback``: the artifact lock, a private build folder,
+        digests, an atomic rename; once across the processes sharing the store): ``(folder, built)``, folder None
+        where the store failed and ``on_cache_error="eager"``. ``build``: what builds it (default: ``compile``)."""
+        if build is None:
+            build = lambda work: self.compile(pending.captured, work)   # noqa: E731
+        ranks.note(f"{self.name}: publishing artifact {pending.akey[:16]} (compiling it, or waiting for the process "
+                   f"that compiles it)")
+        return faults.publish_or_fallback(self.store, pending.akey, build, self.config.on_cache_error)
+
+    def finish(self, p: Pending, folder, built: bool) -> Loaded:
+        """Given the published artifact folder (``publish``), write the entry manifest and load the entry. An artifact
+        this process did not build (another process compiled it while this one waited, or another entry of the same
+        graph did) counts as a load."""
+        t_load = time.perf_counter()
+        folder, built, compiled = self._load_published(p, folder, built)
+        if folder is not None and not built:
+            counters.loads += 1
+            counters.load_seconds += time.perf_counter() - t_load
+        args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
+        manifest = {
+            "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
+            "topology": self.topology.folder, "signature": p.desc, "factors": p.factors,
+            "artifact_factors": p.artifact_factors, "inputs": captured.inputs, "outputs": captured.outputs,
+            "dependencies": captured.dependencies,
+            "guards": None if captured.guards.local else captured.guards.to_json(),
+            "groups": graph_groups(captured.graph),        # the ranks its collectives reach (ranks.py's fences)
+            "created": time.time(),
+            "compile_seconds": time.perf_counter() - t0 if built else 0.0,
+        }
+        if folder is None:                                    # the store failed and on_cache_error="eager"
+            return faults.EagerEntry(self.method, args, kwargs, manifest)
+        entry = Entry(compiled, self.module, manifest)
+        entry.guards = captured.guards
+        value_guards.warn_local(self.name, captured.guards)
+        if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
+            self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
+            self.store.lease(akey)
+        if built:
+            log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
+        else:
+            log.info("%s: entry %s reuses artifact %s, compiled by another process or for another entry (nothing "
+                     "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
+        return entry
+
+    def _load_published(self, p: Pending, folder, built: bool) -> tuple[Any, bool, Any]:
+        """Load the published artifact for the call's GPU: ``(folder, built, loaded)``. An artifact bound to another
+        GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index, compiled here (``p`` is updated)."""
+        if folder is None:                                    # the store failed and on_cache_error="eager"
+            return None, built, None
+        try:
+            return folder, built, runplan.load_artifact(folder, p.index)
+        except runplan.WrongDevice as exc:
+            log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
+        p.akey, p.artifact_factors = build_key("artifact", [("shared", p.akey), ("device_index", p.index)])
+        folder, built = self.publish(p)
+        return folder, built, None if folder is None else runplan.load_artifact(folder, p.index)
+
+    # ------------------------------------------------------------------------------------------------ remember
+    def remember(self, key: tuple, entry: Loaded) -> None:
+        """Put ``entry`` in the table under signature key ``key`` (and tell the owner: ``remembered``)."""
+        self.table[key] = entry
+        hook = self._remembered()
+        if hook is not None:
+            hook(entry)
+
+
+def _weak(hook: Callable[[Loaded], None] | None) -> Callable[[], Callable[[Loaded], None] | None]:
+    """A weak reference to ``hook`` when it is a bound method (its object may die first: then None), else a
+    function returning ``hook`` itself."""
+    if isinstance(hook, types.MethodType):
+        return weakref.WeakMethod(hook)
+    return lambda: hook
+
+
+def cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
+    """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
+    on a GPU, or they are on several (their artifact keeps every index)."""
+    tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
+    indexes = {t.device.index for t in tensors if t.is_cuda}
+    if len(indexes) != 1 or None in indexes:
+        return None
+    return indexes.pop()
+
+
+def entry_groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
+    """The process groups an entry's collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run
+    plan's ``groups``, else its manifest's (written at compile); None when unknown (an eager stand-in, which runs the
+    method as written, or an entry stored without either): ranks.py then cannot tell which ranks it talks to."""
+    if not isinstance(entry, Entry):
+        return None
+    plan = getattr(entry.compiled, "plan", None)
+    if isinstance(plan, dict) and "groups" in plan:
+        return plan["groups"]
+    groups = entry.manifest.get("groups")
+    return groups if isinstance(groups, dict) else None
+
+
+def module_state(module: torch.nn.Module) -> list[list]:
+    """The module's parameters and buffers as key rows (name, shape, dtype, device, strides: a graph reads them as
+    inputs of these exact strides, ``model.to(memory_format=torch.channels_last)`` compiles anew)."""
+    rows = [["param", n, list(p.shape), str(p.dtype), str(p.device), _strides(p)] for n, p in
+            module.named_parameters(remove_duplicate=False)]
+    rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device), _strides(b)] for n, b in
+             module.named_buffers(remove_duplicate=False)]
+    return rows
+
+
+def _strides(t: torch.Tensor) -> list[int] | str:
+    return list(t.stride()) if t.layout == torch.strided else str(t.layout)

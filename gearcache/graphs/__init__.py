@@ -1,0 +1,1 @@
+"""CUDA graphs: capture per gear, replay, output handling."""

@@ -1,0 +1,133 @@
+"""Cache keys built from ordered, named factors (after JAX's ``cache_key.py``).
+
+A key is ``sha256`` over the lines ``"<name>=<sha256 of the factor's canonical JSON>"`` in factor order. Every factor
+is stored in the entry's manifest and each factor's hash is logged at DEBUG, so ``gearcache explain`` can say which
+factor made a miss.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import inspect
+import json
+import logging
+import re
+from typing import Any, Callable, Iterable
+
+log = logging.getLogger("gearcache.keys.key")
+
+FORMAT_VERSION = 6
+"""gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
+2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
+3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
+4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives; artifact
+   keys leave out the GPU's index (one artifact for cuda:0..N-1), run plans bind it at load.
+5: entry manifests and gear plans carry value guards (gearcache/keys/guards.py); an entry whose guards differ from the
+   first of its signature is stored under a variant key; the global state names the default device.
+6: value guards fingerprint classes by their contents and functions by code, defaults and closure contents, guard
+   parameters and buffers (``tensor``) and the cached function's closure cells and defaults; module_state rows carry
+   strides."""
+
+
+ENTRY_FACTORS = ("format", "method", "signature", "module_state", "config", "decompositions", "global_state",
+                 "software", "devices", "process_groups")
+"""The factors of an entry key, in key order: the one list (the call path builds them in this order, ``gearcache
+inspect``/``explain`` print them in it). ``format``: FORMAT_VERSION; ``method``: the function's name and source
+digest; ``signature``: the call's leaves (gearcache/call/signature.py); ``module_state``: the owner's parameters and
+buffers (shapes, dtypes, devices); ``config``: what of the CompilerConfig changes the compiled code; the last five
+are :data:`ENVIRONMENT_FACTORS`."""
+
+ENVIRONMENT_FACTORS = ("decompositions", "global_state", "software", "devices", "process_groups")
+"""The factors an artifact key shares with its entry key (after ``config``): custom decompositions, torch's global
+state (grad mode, autocast, default device), torch/triton/Python versions, the devices' capabilities and the process
+groups."""
+
+ARTIFACT_FACTORS = ("format", "graph", "graph_constants", "inputs", "config", *ENVIRONMENT_FACTORS)
+"""The factors of an artifact key, in key order: ``graph``: the captured graph's code; ``graph_constants``: digests of
+its lifted constants; ``inputs``: shapes, strides, dtypes and devices of its example inputs."""
+
+
+def ordered_factors(kind: str, values: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``values`` as ``[(name, value), ...]`` in the order of ``kind``'s list ("entry" or "artifact"); a missing or
+    unknown name is a ValueError (a factor added in one place and not the list is a bug, not a silent key change)."""
+    names = {"entry": ENTRY_FACTORS, "artifact": ARTIFACT_FACTORS}[kind]
+    if set(values) != set(names):
+        raise ValueError(f"{kind} key factors {sorted(values)} are not the list {list(names)} (gearcache/keys/key.py)")
+    return [(name, values[name]) for name in names]
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def sha256_text(text: str | bytes) -> str:
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()
+
+
+def factor_hash(value: Any) -> str:
+    return sha256_text(canonical_json(value))
+
+
+def build_key(kind: str, factors: Iterable[tuple[str, Any]]) -> tuple[str, dict[str, str]]:
+    """Return ``(key, {factor name: factor hash})`` for the ordered ``(name, value)`` factors."""
+    hashes: dict[str, str] = {}
+    lines = []
+    for name, value in factors:
+        h = factor_hash(value)
+        hashes[name] = h
+        lines.append(f"{name}={h}")
+        log.debug("%s key factor %s: %s", kind, name, h)
+    key = sha256_text("\n".join(lines))[:40]
+    log.debug("%s key: %s", kind, key)
+    return key, hashes
+
+
+def tensor_digest(t: Any) -> str:
+    """sha256 of a tensor's bytes, then its shape."""
+    import torch
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)    # (numpy is not a dependency)
+    return sha256_text(ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b"") + str(list(t.shape))
+
+
+def graph_constants_factor(gm: Any) -> list[list[str]]:
+    """A graph module's own parameters and buffers (constants its code reads) as ``[[name, tensor digest], ...]``."""
+    return [[name, tensor_digest(t)] for name, t in list(gm.named_parameters()) + list(gm.named_buffers())]
+
+
+def source_digest(obj: Any) -> str:
+    """sha256 of an object's source text; its qualified name where there is no source (a builtin, a C op)."""
+    try:
+        return sha256_text(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return sha256_text(f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}")
+
+
+def decompositions_factor(decompositions: dict[Any, Callable] | None) -> list[list[str]]:
+    """Custom decompositions as ``[[op name, source digest of the function], ...]`` sorted by op."""
+    if not decompositions:
+        return []
+    return sorted([str(op), source_digest(fn)] for op, fn in decompositions.items())
+
+
+_CUDA_INDEX = re.compile(r"cuda:(\d+)|device\(type='cuda', index=(\d+)\)")
+_INT_DEVICE = re.compile(r"device\s*=\s*\d|\.(?:to|cuda)\(\s*\d|'cuda',\s*\d")     # a GPU named by a bare int
+
+
+def without_device_index(text: str, index: int) -> str | None:
+    """``text`` (a graph's code, a device string) with CUDA device ``index`` written without its index
+    (``cuda:*``), for artifact keys shared by the GPUs of a node; None when the text also names another GPU, or
+    names one by a bare integer (``device=1``, ``.to(1)``: kept, as that GPU is meant whatever the caller's).
+
+    The artifact key of a graph on one GPU leaves the index out (its run plan binds it at load, see
+    gearcache/runplan/device_binding.py): the same graph on cuda:0 .. cuda:N-1 is one artifact."""
+    other = False
+
+    def replace(m: re.Match) -> str:
+        nonlocal other
+        if int(m.group(1) or m.group(2)) != index:
+            other = True
+        return "cuda:*"
+
+    out = _CUDA_INDEX.sub(replace, text)
+    return None if other or _INT_DEVICE.search(text) else out

@@ -1,0 +1,68 @@
+"""Where a process sits in a distributed job, and the folder name that keys its cache entries.
+
+Resolution order for ``global_rank`` and ``world_size``: the argument, else ``torch.distributed`` when it is
+initialised, else torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables, else 0 and 1. ``tp_rank`` and
+``pp_rank`` are as passed (0 when not). :func:`process_groups_factor` describes the process groups for the keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .. import _torch_compat as compat
+from ..errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    world_size: int
+    global_rank: int
+    tp_rank: int
+    pp_rank: int
+
+    @property
+    def folder(self) -> str:
+        """``world{W}_rank{g}_tp{t}_pp{p}``: the per-rank folder of entry manifests (torchair's layout)."""
+        return f"world{self.world_size}_rank{self.global_rank}_tp{self.tp_rank}_pp{self.pp_rank}"
+
+
+def _check_rank(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}={value!r}: expected a non-negative int (or None to detect it)")
+    return value
+
+
+def _from_env(var: str, default: int) -> int:
+    raw = os.environ.get(var)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {var}={raw!r} is not an integer") from None
+
+
+def resolve_topology(global_rank: int | None, tp_rank: int | None, pp_rank: int | None) -> Topology:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+    else:
+        world, rank = _from_env("WORLD_SIZE", 1), _from_env("RANK", 0)
+        if world < 1 or rank < 0:
+            raise ConfigError(f"environment WORLD_SIZE={world} / RANK={rank}: expected WORLD_SIZE >= 1 and RANK >= 0")
+    if global_rank is not None:
+        rank = _check_rank("global_rank", global_rank)
+    tp = 0 if tp_rank is None else _check_rank("tp_rank", tp_rank)
+    pp = 0 if pp_rank is None else _check_rank("pp_rank", pp_rank)
+    if rank >= world:
+        world = rank + 1
+    return Topology(world_size=world, global_rank=rank, tp_rank=tp, pp_rank=pp)
+
+
+def process_groups_factor() -> list[list]:
+    """The process groups of this process as a key factor: ``[[name, [global ranks], backend], ...]`` sorted by name
+    (``[]`` without ``torch.distributed``). Graphs name groups by registry name (``'0'`` is the default group in
+    every job), so without this factor a job of another size or layout would load an artifact whose collectives
+    then run on a different group. It is the same on every rank of a group (ranks are global, not this rank's)."""
+    return [[name, g["ranks"], g["backend"]] for name, g in sorted(compat.process_groups().items())]

@@ -1,0 +1,236 @@
+"""Cold warm-up of a geared method: compile the gears the store lacks side by side (``CachedFunction.warmup``).
+
+Which gears, in what order (:func:`rank_order`): on ``W`` ranks sharing a folder, rank ``r`` first takes the gears
+whose index is ``r`` mod ``W``, then the others, so ranks compile different gears at once instead of queueing on the
+same artifact lock; the artifact lock still decides who compiles what (never twice).
+
+How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
+
+1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
+2. if several are missing, start ``n`` worker processes (``gearcache/compiling/workers.py``) before the first capture:
+their
+   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
+   stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
+   ``CachedFunction._early_workers``), and closed unused if at most one gear turns out missing;
+3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
+   artifact, then hand it to a thread that publishes the artifact exactly as a miss does
+   (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
+   sending the graph to an idle worker. The worker compiles; the thread then loads the folder and writes the run
+   plan from the real example inputs (``compiler.finish_artifact``: one at a time, on their own lock, beside the
+   captures; a fallback compile in this process takes both locks);
+4. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``); the
+   workers are told to exit and reaped in the background.
+
+Every phase is recorded in a :class:`~gearcache.warmup.timeline.Timeline` (``CachedFunction.warmup_timeline``).
+
+A graph a worker cannot take (torch cannot pickle one of its calls; it calls collectives, and Inductor resolves
+their process groups while compiling) or fails on is compiled in the calling
+process instead, so the result is that of the serial path: the same keys, artifacts, entries and run plans.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import shutil
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import _torch_compat as compat
+from ..compiling import background
+from ..ranks import phases as ranks
+from ..call import signature
+from ..gears.plan import narrowed
+from .progress import Progress
+from .timeline import Timeline
+from ..errors import WorkerError
+from ..runplan.collectives import communicates
+from ..compiling.workers import WorkerPool, default_workers, job_for
+
+if TYPE_CHECKING:
+    from ..compiling.entry_life import EntryLife, Pending
+
+log = logging.getLogger("gearcache.warmup.driver")
+
+def rank_order(n: int, world_size: int, rank: int) -> list[int]:
+    """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
+    own = [i for i in range(n) if i % world_size == rank % world_size]
+    return own + [i for i in range(n) if i % world_size != rank % world_size]
+
+
+def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | None,
+                  timeline: Timeline) -> WorkerPool | None:
+    """Start the worker processes of a warm-up that will compile up to ``gears`` gears before it knows which are
+    missing (``CachedFunction._early_workers``); None when that would be one worker (the serial path)."""
+    n = min(workers or default_workers(gears, _call_inputs(life, leaves)), gears)
+    if n <= 1:
+        return None
+    log.info("warmup %s: starting %d worker processes while the gear plan is traced", life.name, n)
+    with timeline.span("all", "spawn workers"):
+        return WorkerPool(n)
+
+
+def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple, workers: int | None,
+                    timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
+    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
+    example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker
+    processes when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
+    :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``: workers already started
+    (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
+    entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
+    gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+    background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
+    combos = gear_plan.combinations()
+    ranks.note(f"{life.name}: warm-up's compile phase ({len(combos)} gears: look-ups, captures, compiles)")
+    progress = Progress(life.name, len(combos), "ready")
+    missing: list[tuple] = []
+    try:
+        with life.lock:
+            for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
+                gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
+                gkey = signature.rekey(key, gear_leaves)
+                if gkey in life.table:
+                    progress.step(combos[i], "already loaded", 0.0)
+                    continue
+                t0 = time.perf_counter()
+                if defer_loads:
+                    with timeline.span(f"gear {combos[i]}", "find stored entry"):
+                        stored = life.stored(gear_leaves, gkey)
+                    if stored:
+                        progress.step(combos[i], "stored", time.perf_counter() - t0)
+                        continue
+                with timeline.span(f"gear {combos[i]}", "look up"):
+                    found = life.find(gear_leaves, gkey)
+                if found.entry is not None:
+                    life.remember(gkey, found.entry)
+                    progress.step(combos[i], "loaded", time.perf_counter() - t0)
+                else:
+                    missing.append((combos[i], gear_leaves, gkey, found))
+            if len(missing) > 1 and workers != 1 and not life.communicates:
+                pool, used = None, pool
+                _compile_in_workers(life, missing, workers, progress, timeline, used)
+            else:
+                for sizes, gear_leaves, gkey, found in missing:
+                    t0 = time.perf_counter()
+                    args, kwargs = signature.unflatten(gkey[0], gear_leaves)
+                    with timeline.span(f"gear {sizes}", "compile serially"):
+                        life.remember(gkey, life.new_entry(args, kwargs, gear_leaves, found))
+                    progress.step(sizes, "compiled or published", time.perf_counter() - t0)
+    finally:
+        progress.close()
+        if pool is not None:
+            log.info("warmup %s: %d gears missing; the workers started early are not needed", life.name, len(missing))
+            pool.close(wait=False)
+
+
+def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | None, progress: Progress,
+                        timeline: Timeline, pool: WorkerPool | None) -> None:
+    finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
+    capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
+    pending: list[tuple[tuple, concurrent.futures.Future, "Pending", str]] = []
+    if pool is None:
+        n = min(workers or default_workers(len(missing), _call_inputs(life, missing[0][1])), len(missing))
+        with timeline.span("all", "spawn workers"):
+            pool = WorkerPool(n)        # before the first capture: the workers' imports overlap the captures
+    n = min(pool.size, len(missing))
+    log.info("warmup %s: compiling %d missing gears in %d worker processes", life.name, len(missing), n)
+    threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup",
+                                                    initializer=_adopt_device, initargs=(_caller_device(),))
+
+    def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
+        if future.exception() is None:
+            how = "compiled" if future.result()[1] else "published by another process"
+            progress.step(sizes, how, time.perf_counter() - t0)
+
+    try:
+        for sizes, gear_leaves, gkey, found in missing:
+            who = f"gear {sizes}"
+            args, kwargs = signature.unflatten(gkey[0], gear_leaves)
+            with capture_lock, timeline.span(who, "capture"):
+                p = life.capture(args, kwargs, gear_leaves, found)
+                job = _job(life, p)
+            build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
+            future = threads.submit(life.publish, p, build)
+            future.add_done_callback(functools.partial(done, sizes=sizes, t0=p.t0))
+            pending.append((gkey, future, p, who))
+        for gkey, future, p, who in pending:
+            folder, built = future.result()
+            with timeline.span(who, "complete entry"):
+                life.remember(gkey, life.finish(p, folder, built))
+    finally:
+        with timeline.span("all", "close workers"):
+            threads.shutdown(wait=True, cancel_futures=True)
+            pool.close(wait=False)      # their exit (compile pools shutting down) overlaps the first runs
+
+
+def _caller_device() -> int | None:
+    """The calling thread's current CUDA device, if this process uses CUDA (None otherwise: CUDA is not started)."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
+def _adopt_device(device: int | None) -> None:
+    """A warm-up thread's start: make the caller's CUDA device current here too (a new thread starts on cuda:0, so
+    on rank r of a job a compile, its exactness check or a load would otherwise touch cuda:0: a second context
+    there, and kernels loaded into it)."""
+    if device is not None:
+        torch.cuda.set_device(device)
+
+
+def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
+    """What a worker will hold copies of, known before any capture: the call's tensors and the module's weights."""
+    module = life.module
+    weights = list(module.parameters()) + list(module.buffers()) if isinstance(module, torch.nn.Module) else []
+    return [x for x in leaves if isinstance(x, torch.Tensor)] + weights
+
+
+def _job(life: "EntryLife", p: "Pending") -> dict[str, Any] | None:
+    """The worker job for a captured gear, or None when its graph cannot travel (it is compiled in-process)."""
+    if communicates(p.captured.graph):
+        life.communicates = True            # the method's next warm-ups compile in the calling thread
+    return job_for(life.graph_to_compile(p.captured), p.captured.example_inputs, life.compile_patches(),
+                   f"{life.name}: entry {p.ekey}")
+
+
+class _RemoteBuild:
+    """The ``build`` step of ``faults.publish_or_fallback`` for one gear: compile in a worker into ``folder``, then
+    load it and write its run plan here; on a worker failure, compile here as the serial path does."""
+
+    def __init__(self, life: "EntryLife", p: "Pending", job: dict[str, Any] | None, pool: WorkerPool,
+                 locks: tuple[threading.Lock, threading.Lock], timeline: Timeline, who: str):
+        self.life, self.p, self.job, self.pool = life, p, job, pool
+        self.capture_lock, self.finish_lock = locks
+        self.timeline, self.who = timeline, who
+        # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's state
+        self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        self.state = compat.global_state()
+
+    def __call__(self, folder) -> None:
+        if self.job is not None:
+            try:
+                reply = self._compile_remotely(self.job, folder)
+            except WorkerError as exc:
+                log.warning("warmup %s: a worker failed to compile entry %s; compiling it in this process:\n%s",
+                            self.life.name, self.p.ekey, exc)
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                with self.finish_lock, self.timeline.span(self.who, "finish_artifact"), \
+                        torch.inference_mode(self.inference), torch.set_grad_enabled(self.grad):
+                    self.life.finish_compiled_elsewhere(self.p.captured, folder, reply["seconds"])
+                return
+        with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
+                compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
+                torch.set_grad_enabled(self.grad):
+            self.life.compile(self.p.captured, folder)
+
+    def _compile_remotely(self, job: dict[str, Any], folder) -> dict[str, Any]:
+        """Compile in a worker; record the wait for it, its start (first job only) and its compile."""
+        t0 = time.time()
+        reply = self.pool.compile({**job, "folder": str(folder)})
+        times, worker = reply["times"], f"worker {reply['worker']}"
+        self.timeline.add_once(worker, "worker start+imports", times["started"], times["ready"])
+        self.timeline.add(self.who, "wait for a worker", t0, max(t0, times["job_start"]))
+        self.timeline.add(self.who, f"compile in {worker}", times["job_start"], times["job_end"])
+        return reply
