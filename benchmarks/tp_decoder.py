@@ -96,7 +96,7 @@ def phase(args) -> dict:
     with torch.inference_mode():
         one = decode_inputs(ex, sizes, 1, device, dtype)
         out.update(start(ex, model, sizes, device, dtype, one, args))
-        if args.phase == "warm":
+        if args.phase == "warm" and not os.environ.get("GEARCACHE_BENCH_START_ONLY"):
             out.update(sweep(ex, model, sizes, device, dtype, args))
             _progress(f"sweep: failures {out['sweep_failures']}, compiles {out['sweep_compiles']}")
             out["step_us_b1"] = steps(model, one, device, args)
@@ -132,17 +132,42 @@ def start(ex, model, sizes, device: str, dtype, one, args) -> dict:
     ex.sync(device)
     out["first_call_s"] = time.perf_counter() - t0
     _progress(f"{args.phase}: first call {out['first_call_s']:.3f} s")
-    model.cached_decode.warmup(*largest)
-    ex.sync(device)
+    with _profiled(f"decode-warmup-rank{dist.get_rank()}"):
+        model.cached_decode.warmup(*largest)
+        ex.sync(device)
     out["decode_all_gears_s"] = time.perf_counter() - t0
     _progress(f"{args.phase}: decode gears {out['decode_all_gears_s']:.2f} s")
     model.cached_prefill.warmup(*prompts)
     ex.sync(device)
     out["all_gears_s"] = time.perf_counter() - t0
     _progress(f"{args.phase}: all gears {out['all_gears_s']:.2f} s")
+    out["timelines"] = {"decode": model.cached_decode.warmup_timeline.summary(),
+                        "prefill": model.cached_prefill.warmup_timeline.summary()}
     out["compiler_imported"] = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
     out["counters_after_warmup"] = dict(vars(counters))
     return out
+
+
+def _profiled(name: str):
+    """``torch.profiler`` around a block when ``GEARCACHE_BENCH_PROFILE`` names a folder: its table of ops by CPU
+    time and the Chrome trace go there as ``<name>.txt`` / ``<name>.json`` (else nothing is recorded)."""
+    import contextlib
+
+    folder = os.environ.get("GEARCACHE_BENCH_PROFILE")
+    if not folder:
+        return contextlib.nullcontext()
+    import torch
+
+    @contextlib.contextmanager
+    def run():
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            yield
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, name + ".txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by="cpu_time_total", row_limit=60))
+        prof.export_chrome_trace(os.path.join(folder, name + ".json"))
+    return run()
 
 
 def _teardown(device: str, how: str) -> dict:
