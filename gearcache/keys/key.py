@@ -22,7 +22,7 @@ FORMAT_VERSION = 6
 3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
 4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives; artifact
    keys leave out the GPU's index (one artifact for cuda:0..N-1), run plans bind it at load.
-5: entry manifests and gear plans carry value guards (gearcache/keys/guards.py); an entry whose guards differ from the
+5: entry manifests and gear plans carry value guards (keys/guard_sets.py); an entry whose guards differ from the
    first of its signature is stored under a variant key; the global state names the default device.
 6: value guards fingerprint classes by their contents and functions by code, defaults and closure contents, guard
    parameters and buffers (``tensor``) and the cached function's closure cells and defaults; module_state rows carry
