@@ -32,7 +32,7 @@ import torch
 
 from .. import _torch_compat as compat
 from . import signature
-from ..graphs import cuda_graphs
+from ..graphs import cuda_graphs, graphed_entry
 from ..gears import plan as gears, padding_check
 from ..keys import guard_watch
 from ..ranks import phases as ranks
@@ -414,7 +414,7 @@ class CachedFunction(Dispatcher):
         written: list = []
         for gear_leaves, gear_key in gear_calls:
             entry = self._table.get(gear_key)
-            written += unknown if entry is None else cuda_graphs.written_tensors(entry, gear_leaves)
+            written += unknown if entry is None else graphed_entry.written_tensors(entry, gear_leaves)
         return written
 
     def _early_workers(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,

@@ -32,7 +32,7 @@ which re-reads every hop at every call.
 from __future__ import annotations
 
 import types
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -260,6 +260,14 @@ def _is_data_descriptor(cls: type, name: str) -> bool:
     return False
 
 
+class Watch(Protocol):
+    """A ``GuardWatch``, C or Python (``PyGuardWatch``), as its holders use it."""
+
+    def valid(self) -> bool:
+        """True while nothing it watches changed."""
+        ...
+
+
 class PyGuardWatch:
     """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
 
@@ -318,9 +326,9 @@ class Watcher:
         self._hops = Hops()
         self._values: dict[tuple, Any] = {}
         self._done: set[tuple] = set()
-        self._watch: Any = None
+        self._watch: Watch | None = None
 
-    def watch(self, guard_sets: Iterable[GuardSet | None]) -> Any:
+    def watch(self, guard_sets: Iterable[GuardSet | None]) -> Watch | None:
         """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked);
         None when there is nothing to watch."""
         sets = [gs for gs in guard_sets if gs is not None and len(gs)]
@@ -341,7 +349,7 @@ class Watcher:
                 and (self._watch is None or self._watch.valid()))
 
 
-def make_watch(hops: Hops) -> Any:
+def make_watch(hops: Hops) -> Watch | None:
     """A ``GuardWatch`` over ``hops`` as they are now; None when they are empty."""
     if not (hops.dicts or hops.types or hops.checked or hops.tensors):
         return None
@@ -351,7 +359,7 @@ def make_watch(hops: Hops) -> Any:
     return GuardWatch(dicts, list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)
 
 
-def watch(guard_sets: Iterable[GuardSet], scope: Scope) -> Any:
+def watch(guard_sets: Iterable[GuardSet], scope: Scope) -> Watch | None:
     """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked); None
     when there is nothing to watch. A one-off :class:`Watcher`."""
     return Watcher(scope).watch(guard_sets)
