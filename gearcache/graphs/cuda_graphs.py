@@ -13,7 +13,7 @@ other's graph uses for its intermediates, and a replay of either can overwrite t
 catches misuse of such views: each call hands out views through storages of their own, and the method's next call
 makes every earlier one raise on any access (torch's CUDA-graph trees check their outputs the same way).
 
-Inputs updated in place (a KV cache, ``mark_static_address``) and inputs the graph writes:
+Inputs updated in place (a KV cache, ``mark_static_address``) and inputs the graph writes: see
 gearcache/graphs/graphed_entry.py.
 All graphs of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are
 read and written at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need
@@ -23,7 +23,6 @@ The warm-up run before a capture writes what the graph writes (a KV cache, a pos
 (the run plan's ``mutated_inputs``, module state included) is saved before it and restored after, so each call
 updates the state once, as eager.
 """
-
 from __future__ import annotations
 
 import contextlib
