@@ -48,7 +48,7 @@ def fingerprint(guard: ValueGuard, obj: Any, scope: Scope, values: dict | None =
     return _FINGERPRINT[guard.kind](obj, guard, scope, values)
 
 
-def _contains(obj: Any, g: ValueGuard, scope: Scope, values: Any) -> Any:
+def _contains(obj: Any, g: ValueGuard, scope: Scope, values: dict | None) -> Any:
     try:
         return [key_fp(g.arg), g.arg in obj]
     except TypeError:

@@ -32,7 +32,7 @@ which re-reads every hop at every call.
 from __future__ import annotations
 
 import types
-from typing import Any, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -271,8 +271,8 @@ class Watch(Protocol):
 class PyGuardWatch:
     """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
 
-    def __init__(self, dicts: list, types_: list, checked: list, absent: Any, meta: Any = None,
-                 meta_holds: Any = None):
+    def __init__(self, dicts: list, types_: list, checked: list, absent: Any,
+                 meta: Callable[[], bool] | None = None, meta_holds: object = None):
         self._reads = [("item", d, k, e) for d, k, e in dicts if k is not None] + list(checked)
         self._whole = [(d, dict(d)) for d, k, _ in dicts if k is None]
         self._types = [(t, dict(t.__dict__)) for t in types_]
