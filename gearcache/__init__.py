@@ -9,7 +9,8 @@ from .compiling.torch_compile_backend import get_backend
 from .call.cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
-from .graphs.cuda_graphs import mark_static_address, release_graphs
+from .graphs.cuda_graphs import release_graphs
+from .graphs.graphed_entry import mark_static_address
 from .compiling.background import wait as wait_for_background_compiles
 from .gears.plan import mark_static, set_dim_gears
 from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,

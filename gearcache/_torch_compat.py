@@ -105,7 +105,7 @@ def forget_dynamo_cache(code: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DynamoGuard:
-    """One of Dynamo's guards for a capture, in plain terms (gearcache/keys/guards.py turns it into a value guard).
+    """One of Dynamo's guards for a capture, in plain terms (keys/guards_from_dynamo.py turns it into a value guard).
 
     ``kind``: Dynamo's guard type (``"CONSTANT_MATCH"``, ``"TYPE_MATCH"``, ...); ``source``: the guarded object as
     the Python expression Dynamo evaluates it with (``L['self']._modules['ln'].eps``, ``G['SCALE']``; ``""`` for

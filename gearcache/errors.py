@@ -149,7 +149,7 @@ class UnguardableError(GearcacheError, TypeError):
 
 
 class Unpersistable(GearcacheError):
-    """A guarded value has no fingerprint that means the same in another process (gearcache/keys/guards.py): the guard
+    """A guarded value has no fingerprint that means the same in another process (keys/guard_fingerprints.py): the guard
     is kept for this process only. ``reason`` says why."""
 
     def __init__(self, reason: str):

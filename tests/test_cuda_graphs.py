@@ -5,7 +5,7 @@ import torch
 
 import gearcache
 from gearcache import CompilerConfig, counters, mark_static_address
-from gearcache.graphs import cuda_graphs
+from gearcache.graphs import cuda_graphs, graphed_entry
 from gearcache.compiling import snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
@@ -83,11 +83,11 @@ def test_run_plan_tells_which_copied_inputs_a_graph_writes_so_each_replay_copies
     with torch.no_grad():
         m.cached_kv(x, kv, pos)
     entry = next(iter(m.cached_kv._table.values()))
-    assert counters.direct_loads >= 1 and cuda_graphs._mutated_leaves(entry) == [1]
+    assert counters.direct_loads >= 1 and graphed_entry.mutated_leaves(entry) == [1]
     buf = kv.clone()
-    assert [(i, b is buf) for i, b in cuda_graphs._written_copies(entry, [(0, x, 0.0), (1, buf, 0.0)])] == [(1, True)]
-    assert cuda_graphs._written_copies(entry, [(0, x, 0.0)]) == []
-    graphed = cuda_graphs.GraphedEntry(entry, None, [], [(1, buf, 0.0)], [])
+    assert [(i, b is buf) for i, b in graphed_entry.written_copies(entry, [(0, x, 0.0), (1, buf, 0.0)])] == [(1, True)]
+    assert graphed_entry.written_copies(entry, [(0, x, 0.0)]) == []
+    graphed = graphed_entry.GraphedEntry(entry, None, [], [(1, buf, 0.0)], [])
     graphed.written = [(1, buf)]
     buf.fill_(7.0)
     real = torch.zeros(1, 4, 8)                         # a padded call's real rows: the first one of the buffer

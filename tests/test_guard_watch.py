@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from gearcache.keys import guard_watch
-from gearcache.keys import guards
+from gearcache.keys import guard_paths
+from gearcache.keys import guard_sets
+from gearcache.keys import value_guard
 
 try:
     from gearcache.call import _callpath
@@ -122,11 +124,11 @@ def test_hops_follow_a_modules_paths():
     steps (a list item)."""
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
     model.sizes = [1, 2]
-    scope = guards.Scope(model, {"SCALE": 1.0})
-    gs = guards.GuardSet([
-        guards.ValueGuard("value", ("self", ("attr", "_modules"), ("item", "1"), ("attr", "eps")), None, None),
-        guards.ValueGuard("value", (("global", "SCALE"),), None, None),
-        guards.ValueGuard("value", ("self", ("attr", "sizes"), ("item", 1)), None, None),
+    scope = guard_paths.Scope(model, {"SCALE": 1.0})
+    gs = guard_sets.GuardSet([
+        value_guard.ValueGuard("value", ("self", ("attr", "_modules"), ("item", "1"), ("attr", "eps")), None, None),
+        value_guard.ValueGuard("value", (("global", "SCALE"),), None, None),
+        value_guard.ValueGuard("value", ("self", ("attr", "sizes"), ("item", 1)), None, None),
     ])
     hops = guard_watch.hops_for([gs], scope)
     watched = {(id(d), k) for d, k, _ in hops.dicts}
@@ -143,14 +145,14 @@ def test_hops_follow_a_modules_paths():
 
 
 def _eps_guards(*names):
-    return guards.GuardSet([guards.ValueGuard("value", ("self", ("attr", "_modules"), ("item", n), ("attr", "eps")),
-                                              None, None) for n in names])
+    return guard_sets.GuardSet([value_guard.ValueGuard("value", ("self", ("attr", "_modules"), ("item", n),
+                                                                 ("attr", "eps")), None, None) for n in names])
 
 
 def test_a_watcher_grows_its_watch_and_each_watch_covers_every_set():
     """Adding a guard set extends the previous hops: the new watch notices a change on either set's paths."""
     model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
-    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    watcher = guard_watch.Watcher(guard_paths.Scope(model, {}))
     first, second = _eps_guards("0"), _eps_guards("1")
     assert watcher.watch([first, None]).valid()
     both = watcher.watch([first, second])
@@ -166,7 +168,7 @@ def test_a_watcher_reads_replaced_objects_again_after_a_change():
     """After a watched object was replaced (an equal submodule), the next watch follows the new object, not the
     one its earlier hops read: a change of the new one is noticed."""
     model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
-    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    watcher = guard_watch.Watcher(guard_paths.Scope(model, {}))
     first, second = _eps_guards("0"), _eps_guards("1")
     watched = watcher.watch([first])
     model[0] = torch.nn.LayerNorm(2)                # same eps: the guards still hold, the object is new
@@ -179,7 +181,7 @@ def test_a_watcher_reads_replaced_objects_again_after_a_change():
 
 def test_a_watcher_forgets_dropped_sets():
     model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
-    watcher = guard_watch.Watcher(guards.Scope(model, {}))
+    watcher = guard_watch.Watcher(guard_paths.Scope(model, {}))
     first, second = _eps_guards("0"), _eps_guards("1")
     watcher.watch([first, second])
     only_second = watcher.watch([second])
@@ -243,12 +245,12 @@ def test_hops_cover_what_a_guard_reads_of_its_leaf():
     def fwd(self, x):
         return x * scale
     scale = 2.0
-    scope = guards.Scope(model, {}, fwd)
-    gs = guards.GuardSet([
-        guards.ValueGuard("hasattr", ("self",), "extra", ["extra", False]),
-        guards.ValueGuard("keys", ("self", ("attr", "table")), None, None),
-        guards.ValueGuard("tensor", ("self", ("attr", "_parameters"), ("item", "weight")), None, None),
-        guards.ValueGuard("value", (("closure", "scale"),), None, None),
+    scope = guard_paths.Scope(model, {}, fwd)
+    gs = guard_sets.GuardSet([
+        value_guard.ValueGuard("hasattr", ("self",), "extra", ["extra", False]),
+        value_guard.ValueGuard("keys", ("self", ("attr", "table")), None, None),
+        value_guard.ValueGuard("tensor", ("self", ("attr", "_parameters"), ("item", "weight")), None, None),
+        value_guard.ValueGuard("value", (("closure", "scale"),), None, None),
     ])
     hops = guard_watch.hops_for([gs], scope)
     assert (id(model.table), None) in {(id(d), k) for d, k, _ in hops.dicts}

@@ -1,5 +1,6 @@
-"""gearcache/keys/guards.py: Dynamo's guards as value guards that mean the same in every process (no compiles here:
-Dynamo traces with a backend that records, nothing is compiled)."""
+"""gearcache/keys/guards_from_dynamo.py, guard_sets.py, guard_paths.py, guard_fingerprints.py, dynamo_sources.py:
+Dynamo's guards as value guards that mean the same in every process (no compiles here: Dynamo traces with a backend
+that records, nothing is compiled)."""
 from __future__ import annotations
 
 import enum
@@ -13,7 +14,13 @@ import torch
 
 from gearcache import _torch_compat as compat
 from gearcache.keys import guard_watch
-from gearcache.keys import guards
+from gearcache.keys import dynamo_sources
+from gearcache.keys import fingerprints
+from gearcache.keys import guard_fingerprints
+from gearcache.keys import guard_paths
+from gearcache.keys import guard_sets
+from gearcache.keys import guards_from_dynamo
+from gearcache.keys import value_guard
 from gearcache.call import signature
 from gearcache.errors import UnguardableError, Unpersistable
 
@@ -60,7 +67,7 @@ class Model(torch.nn.Module):
         return h.view(x.shape[0], self.heads, -1).sum(-1)
 
 
-def capture_guards(method, *args) -> guards.GuardSet:
+def capture_guards(method, *args) -> guard_sets.GuardSet:
     recording = compat.GuardRecording()
 
     def record(gm, example_inputs):
@@ -73,7 +80,7 @@ def capture_guards(method, *args) -> guards.GuardSet:
                           options=compat.guard_recording_options(recording, method.__func__.__globals__))(*args)
     finally:
         compat.forget_dynamo_cache(code)
-    return guards.from_dynamo(recording, method)
+    return guards_from_dynamo.from_dynamo(recording, method)
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +90,11 @@ def model_and_guards():
     return model, capture_guards(model.forward, torch.randn(2, 8))
 
 
-def scope_of(model) -> guards.Scope:
-    return guards.Scope(model, Model.forward.__globals__)
+def scope_of(model) -> guard_paths.Scope:
+    return guard_paths.Scope(model, Model.forward.__globals__)
 
 
-def texts(gs: guards.GuardSet, kind: str) -> set[str]:
+def texts(gs: guard_sets.GuardSet, kind: str) -> set[str]:
     return {g.text() for g in gs.guards if g.kind == kind}
 
 
@@ -142,7 +149,7 @@ def test_json_round_trip_and_a_fresh_process_reading(model_and_guards):
     """The on-disk form is plain JSON; read back, it is the same guards and checks the same."""
     model, gs = model_and_guards
     text = json.dumps(gs.to_json())
-    again = guards.GuardSet.from_json(json.loads(text))
+    again = guard_sets.GuardSet.from_json(json.loads(text))
     assert again.guards == gs.guards
     assert again.mismatch(scope_of(model)) is None
     model.heads = 8
@@ -155,11 +162,11 @@ def test_json_round_trip_and_a_fresh_process_reading(model_and_guards):
 def test_variants_of_one_signature_get_one_key_per_guarded_values(model_and_guards):
     model, gs = model_and_guards
     scope = scope_of(model)
-    first = guards.variant_key("k" * 40, gs, scope)
-    assert guards.variant_key("k" * 40, gs, scope) == first
+    first = guard_sets.variant_key("k" * 40, gs, scope)
+    assert guard_sets.variant_key("k" * 40, gs, scope) == first
     model.heads = 8
     try:
-        assert guards.variant_key("k" * 40, gs, scope) != first
+        assert guard_sets.variant_key("k" * 40, gs, scope) != first
     finally:
         model.heads = 4
 
@@ -168,30 +175,31 @@ def test_choose_takes_the_record_whose_guards_hold(model_and_guards):
     model, gs = model_and_guards
     scope = scope_of(model)
     records = {"e0": {"guards": gs.to_json(), "name": "first"}}
-    found = guards.choose(records.get, "e0", scope)
+    found = guard_sets.choose(records.get, "e0", scope)
     assert found.record["name"] == "first" and found.key == "e0" and found.mismatch is None
     model.heads = 8
     try:
-        miss = guards.choose(records.get, "e0", scope)
+        miss = guard_sets.choose(records.get, "e0", scope)
         assert miss.record is None and miss.key != "e0" and "self.heads" in str(miss.mismatch)
         records[miss.key] = {"guards": capture_guards(model.forward, torch.randn(2, 8)).to_json(), "name": "8"}
-        assert guards.choose(records.get, "e0", scope).record["name"] == "8"
+        assert guard_sets.choose(records.get, "e0", scope).record["name"] == "8"
     finally:
         model.heads = 4
-    assert guards.choose(records.get, "e0", scope).record["name"] == "first"
+    assert guard_sets.choose(records.get, "e0", scope).record["name"] == "first"
 
 
 def test_fingerprints_are_stable_names_not_addresses():
-    assert guards.identity_fp(torch.nn.functional.relu)[:2] == ["function", "torch.nn.functional.relu"]
-    assert guards.identity_fp(torch.nn.functional.linear) == ["builtin", "torch._C._nn.linear"]
-    assert guards.identity_fp(types) == ["module", "types"]
-    assert guards.identity_fp(Mode.A) == ["enum", f"{__name__}.Mode", "A"]
-    assert guards.value_fp(1e-5) == ["float", "1e-05"] and guards.value_fp(True) == ["bool", True]
-    assert guards.value_fp(torch.Size([2, 3])) == ["torch.Size", [["int", 2], ["int", 3]]]
+    assert guard_fingerprints.identity_fp(torch.nn.functional.relu)[:2] == ["function", "torch.nn.functional.relu"]
+    assert guard_fingerprints.identity_fp(torch.nn.functional.linear) == ["builtin", "torch._C._nn.linear"]
+    assert guard_fingerprints.identity_fp(types) == ["module", "types"]
+    assert guard_fingerprints.identity_fp(Mode.A) == ["enum", f"{__name__}.Mode", "A"]
+    assert guard_fingerprints.value_fp(1e-5) == ["float", "1e-05"]
+    assert guard_fingerprints.value_fp(True) == ["bool", True]
+    assert guard_fingerprints.value_fp(torch.Size([2, 3])) == ["torch.Size", [["int", 2], ["int", 3]]]
     partial = functools.partial(torch.add, alpha=2)
-    assert guards.identity_fp(partial)[0] == "partial"
+    assert guard_fingerprints.identity_fp(partial)[0] == "partial"
     with pytest.raises(Unpersistable):
-        guards.identity_fp(object())
+        guard_fingerprints.identity_fp(object())
 
 
 def test_code_digest_ignores_where_the_code_is_but_not_what_it_does():
@@ -204,8 +212,8 @@ def test_code_digest_ignores_where_the_code_is_but_not_what_it_does():
     def h(x):
         return x + 2
 
-    assert guards.code_digest(f.__code__) == guards.code_digest(g.__code__)
-    assert guards.code_digest(f.__code__) != guards.code_digest(h.__code__)
+    assert fingerprints.code_digest(f.__code__) == fingerprints.code_digest(g.__code__)
+    assert fingerprints.code_digest(f.__code__) != fingerprints.code_digest(h.__code__)
 
 
 def test_an_object_known_only_by_identity_makes_the_guards_local():
@@ -215,11 +223,11 @@ def test_an_object_known_only_by_identity_makes_the_guards_local():
     holder.token = object()
     method = types.MethodType(lambda self, x: x, holder)
     dynamo_guard = compat.DynamoGuard("ID_MATCH", "L['self'].token", True, holder.token, {})
-    gs = guards.from_dynamo(compat.GuardRecording([dynamo_guard]), method)
+    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dynamo_guard]), method)
     assert gs.local is not None and "known only by its identity" in gs.local
     with pytest.raises(Unpersistable):
         gs.to_json()
-    scope = guards.Scope(holder, {})
+    scope = guard_paths.Scope(holder, {})
     assert gs.mismatch(scope) is None
     holder.token = object()
     assert gs.mismatch(scope) is not None
@@ -238,27 +246,27 @@ def test_an_object_known_only_by_identity_makes_the_guards_local():
      (("L", "self"), ("attr", "fn"), ("attr", "__closure__"), ("item", 0), ("attr", "cell_contents"))),
 ])
 def test_dynamos_source_expressions_parse_into_paths(source, path):
-    assert guards.parse_source(source) == path
+    assert dynamo_sources.parse_source(source) == path
 
 
 @pytest.mark.parametrize("source", ["___tuple_iterator_getitem(G['it'], 0)", "G['x'][G['i']]", "L['a'] + 1"])
 def test_other_source_forms_are_refused_not_guessed(source):
     with pytest.raises(Unpersistable):
-        guards.parse_source(source)
+        dynamo_sources.parse_source(source)
 
 
 def test_a_guard_on_a_torch_module_this_process_has_not_imported_holds_without_importing_it():
     """Dynamo's traces import helpers of torch's own (torch._dynamo.polyfills); a warm process never imports them:
     their guards hold without a check (the torch version is a key factor), and checking them imports nothing."""
     name = "torch._gearcache_never_imported"
-    guard = guards.ValueGuard("value", (("module", name), ("attr", "flag")), None, ["bool", True])
-    scope = guards.Scope(torch.nn.Linear(1, 1), {})
-    assert guards.unloaded_torch_module(guard)
-    assert guards.GuardSet([guard]).mismatch(scope) is None
-    assert guards.GuardSet([guard]).live_fingerprints(scope) == [["bool", True]]
+    guard = value_guard.ValueGuard("value", (("module", name), ("attr", "flag")), None, ["bool", True])
+    scope = guard_paths.Scope(torch.nn.Linear(1, 1), {})
+    assert guard_sets.unloaded_torch_module(guard)
+    assert guard_sets.GuardSet([guard]).mismatch(scope) is None
+    assert guard_sets.GuardSet([guard]).live_fingerprints(scope) == [["bool", True]]
     assert name not in sys.modules
-    other = guards.ValueGuard("value", (("module", "json"), ("attr", "flag")), None, ["bool", True])
-    assert not guards.unloaded_torch_module(other), "only torch's own modules"
+    other = value_guard.ValueGuard("value", (("module", "json"), ("attr", "flag")), None, ["bool", True])
+    assert not guard_sets.unloaded_torch_module(other), "only torch's own modules"
 
 
 def test_a_generic_attribute_step_reads_past_a_custom_getattribute():
@@ -273,8 +281,8 @@ def test_a_generic_attribute_step_reads_past_a_custom_getattribute():
 
     obj = Answers()
     assert obj.size == 99
-    assert guards.step(obj, ("generic_attr", "size")) == 3
-    assert guards.path_text((("global", "cfg"), ("generic_attr", "size"))) == "cfg.size"
+    assert guard_paths.step(obj, ("generic_attr", "size")) == 3
+    assert guard_paths.path_text((("global", "cfg"), ("generic_attr", "size"))) == "cfg.size"
 
 
 # ------------------------------------------------------------------------------------------------ one test per row
@@ -306,16 +314,16 @@ def _installed_guard_kinds() -> set[str]:
 
 def test_the_design_table_lists_every_guard_kind_and_what_gearcache_does_with_it():
     rows = _design_rows()
-    handled = set(guards._KINDS) | set(guards._ELSEWHERE) | set(guards._REFUSED)
+    handled = set(guards_from_dynamo._KINDS) | set(guards_from_dynamo._ELSEWHERE) | set(guards_from_dynamo._REFUSED)
     assert _installed_guard_kinds() <= handled, "a guard kind of this torch that gearcache does not handle"
     assert handled <= set(rows), sorted(handled - set(rows))
     for kind in handled:
-        if kind in guards._REFUSED:
+        if kind in guards_from_dynamo._REFUSED:
             assert "refused" in rows[kind], kind
-        elif kind in guards._ELSEWHERE:
-            assert guards._ELSEWHERE[kind] in rows[kind], kind
+        elif kind in guards_from_dynamo._ELSEWHERE:
+            assert guards_from_dynamo._ELSEWHERE[kind] in rows[kind], kind
         else:
-            assert f"`{guards._KINDS[kind] if kind != 'NN_MODULE' else 'live'}`" in rows[kind], kind
+            assert f"`{guards_from_dynamo._KINDS[kind] if kind != 'NN_MODULE' else 'live'}`" in rows[kind], kind
 
 
 def test_a_guard_kind_this_gearcache_does_not_know_is_refused():
@@ -323,7 +331,7 @@ def test_a_guard_kind_this_gearcache_does_not_know_is_refused():
     holder.n = 3
     dg = compat.DynamoGuard("SOME_FUTURE_MATCH", "L['self'].n", True, 3, {})
     with pytest.raises(UnguardableError, match="SOME_FUTURE_MATCH"):
-        guards.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
 
 
 MODE_CLS = torch.nn.ReLU
@@ -418,8 +426,8 @@ def test_a_guard_dynamo_emits_is_re_checked_and_watched(kind, source, change):
     recording = _record(method, torch.randn(2, 4))
     assert any(dg.kind == kind and source in dg.source for dg in recording.guards), \
         sorted({(dg.kind, dg.source) for dg in recording.guards})
-    gs = guards.from_dynamo(recording, method, passed={"x"})
-    scope = guards.Scope(model, method.__func__.__globals__, method.__func__)
+    gs = guards_from_dynamo.from_dynamo(recording, method, passed={"x"})
+    scope = guard_paths.Scope(model, method.__func__.__globals__, method.__func__)
     assert gs.local is None and gs.mismatch(scope) is None
     watch = guard_watch.watch([gs], scope)
     assert watch.valid()
@@ -473,11 +481,11 @@ def _make_twice(k):
 def test_a_guard_kind_dynamo_emits_rarely_is_re_checked_and_watched(kind, source, detail, gkind, change):
     holder = Holder()
     method = types.MethodType(lambda self, x: x, holder)
-    value = guards.evaluate(("self",) + guards.parse_source(source)[1:], guards.Scope(holder, {}))
+    value = guard_paths.evaluate(("self",) + dynamo_sources.parse_source(source)[1:], guard_paths.Scope(holder, {}))
     dg = compat.DynamoGuard(kind, source, True, value, detail)
-    gs = guards.from_dynamo(compat.GuardRecording([dg]), method)
+    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method)
     assert [g.kind for g in gs.guards] == [gkind] and gs.local is None
-    scope = guards.Scope(holder, {})
+    scope = guard_paths.Scope(holder, {})
     watch = guard_watch.watch([gs], scope)
     assert gs.mismatch(scope) is None and watch.valid()
     change(holder)
@@ -488,21 +496,21 @@ def test_a_module_the_graph_specialises_on_is_checked_by_identity_in_this_proces
     """``NN_MODULE``: Dynamo holds the module's weights in the graph: only this object may be served it."""
     holder = Holder()
     dg = compat.DynamoGuard("NN_MODULE", "L['self'].obj", True, holder.obj, {})
-    gs = guards.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
     assert gs.local is not None and [g.kind for g in gs.guards] == ["live"]
-    scope = guards.Scope(holder, {})
+    scope = guard_paths.Scope(holder, {})
     assert gs.mismatch(scope) is None
     holder.obj = torch.nn.ReLU()                        # the same class, another object
     assert gs.mismatch(scope) is not None
 
 
-@pytest.mark.parametrize("kind", sorted(guards._REFUSED))
+@pytest.mark.parametrize("kind", sorted(guards_from_dynamo._REFUSED))
 def test_a_guard_no_entry_can_be_served_under_is_refused_with_the_fix(kind):
     holder = Holder()
     dg = compat.DynamoGuard(kind, "L['self'].obj", True, holder.obj, {})
     with pytest.raises(UnguardableError, match=kind) as err:
-        guards.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
-    assert guards._REFUSED[kind] in str(err.value)
+        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+    assert guards_from_dynamo._REFUSED[kind] in str(err.value)
 
 
 def _key_state_changes():
@@ -541,13 +549,14 @@ def _key_state_changes():
             "TORCH_FUNCTION_MODE_STACK": Mode_, "FUNCTORCH_STACK_MATCH": in_vmap, "DUAL_LEVEL": fwad.dual_level}
 
 
-@pytest.mark.parametrize("kind", sorted(k for k, v in guards._ELSEWHERE.items() if v == "key"))
+@pytest.mark.parametrize("kind", sorted(k for k, v in guards_from_dynamo._ELSEWHERE.items() if v == "key"))
 def test_a_guard_on_global_state_is_the_keys(kind):
     """No value guard: the entry key's ``global_state`` factor differs under the state Dynamo guards (and the
     signature key holds grad mode and every size: ``GRAD_MODE``, ``SHAPE_ENV``)."""
     holder = Holder()
     dg = compat.DynamoGuard(kind, "", False, None, {})
-    assert len(guards.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))) == 0
+    method = types.MethodType(lambda self, x: x, holder)
+    assert len(guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method)) == 0
     if kind == "GRAD_MODE":
         with torch.no_grad():
             off = signature.call_key((torch.ones(2),), {})[1]
@@ -566,7 +575,7 @@ def test_a_guard_on_saved_tensor_hooks_needs_no_check_for_inference_only_entries
     """``AUTOGRAD_SAVED_TENSORS_HOOKS``: nothing is saved for backward in an inference-only call (grad off, or no
     input or weight requiring grad: a call that would record autograd raises GradModeError,
     tests/test_cached_function.py), so a hook could not fire in eager either."""
-    assert guards._ELSEWHERE["AUTOGRAD_SAVED_TENSORS_HOOKS"] == "inference"
+    assert guards_from_dynamo._ELSEWHERE["AUTOGRAD_SAVED_TENSORS_HOOKS"] == "inference"
     x = torch.ones(2, requires_grad=True)
     fired = []
     with torch.no_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: fired.append(1) or t, lambda t: t):
@@ -584,14 +593,14 @@ def test_a_guard_on_a_passed_argument_is_the_signature_keys():
     for kind, source in (("CONSTANT_MATCH", "L['n']"), ("TENSOR_MATCH", "L['x']"), ("SEQUENCE_LENGTH", "L['n']"),
                          ("DUPLICATE_INPUT", "L['x']")):
         dg = compat.DynamoGuard(kind, source, True, 2, {"other": "L['n']"})
-        assert len(guards.from_dynamo(compat.GuardRecording([dg]), method, passed={"x", "n"})) == 0, kind
+        assert len(guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x", "n"})) == 0, kind
 
 
 def test_an_attribute_of_an_argument_is_in_no_key_and_refused():
     method = _method(lambda self, x: x)
     dg = compat.DynamoGuard("CONSTANT_MATCH", "L['x'].foo", True, 1, {})
     with pytest.raises(UnguardableError, match="attribute of an argument"):
-        guards.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
+        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
 
 
 def test_an_argument_that_is_also_a_module_buffer_is_refused():
@@ -599,7 +608,7 @@ def test_an_argument_that_is_also_a_module_buffer_is_refused():
     holder.register_buffer("buf", torch.ones(2))
     dg = compat.DynamoGuard("DUPLICATE_INPUT", "L['self']._buffers['buf']", True, holder.buf, {"other": "L['x']"})
     with pytest.raises(UnguardableError, match="clone"):
-        guards.from_dynamo(compat.GuardRecording([dg]), _method(lambda self, x: x, holder), passed={"x"})
+        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), _method(lambda self, x: x, holder), passed={"x"})
 
 
 def test_a_default_the_call_did_not_pass_is_guarded_on_the_function():
@@ -608,9 +617,9 @@ def test_a_default_the_call_did_not_pass_is_guarded_on_the_function():
     holder = Holder()
     method = types.MethodType(fwd, holder)
     dg = compat.DynamoGuard("CONSTANT_MATCH", "L['scale']", True, 2.0, {})
-    gs = guards.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
+    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
     assert [g.path for g in gs.guards] == [(("default", "scale"),)]
-    scope = guards.Scope(holder, {}, fwd)
+    scope = guard_paths.Scope(holder, {}, fwd)
     watch = guard_watch.watch([gs], scope)
     fwd.__defaults__ = (3.0,)
     assert "scale" in str(gs.mismatch(scope)) and not watch.valid()
@@ -631,15 +640,15 @@ def test_a_closure_variable_of_the_cached_method_is_guarded_on_its_cell():
     fwd, set_scale = factory(2.0)
     holder = Holder()
     recording = _record(types.MethodType(fwd, holder), torch.ones(2))
-    gs = guards.from_dynamo(recording, types.MethodType(fwd, holder), passed={"x"})
+    gs = guards_from_dynamo.from_dynamo(recording, types.MethodType(fwd, holder), passed={"x"})
     assert (("closure", "scale"),) in [g.path for g in gs.guards]
-    scope = guards.Scope(holder, {}, fwd)
+    scope = guard_paths.Scope(holder, {}, fwd)
     watch = guard_watch.watch([gs], scope)
     assert gs.mismatch(scope) is None and watch.valid()
     set_scale(5.0)
     assert "scale" in str(gs.mismatch(scope)) and not watch.valid()
     same, _ = factory(2.0)
-    assert gs.mismatch(guards.Scope(holder, {}, same)) is None, "another process's factory with the same scale"
+    assert gs.mismatch(guard_paths.Scope(holder, {}, same)) is None, "another process's factory with the same scale"
 
 
 def test_a_function_patched_without_defaults_is_a_mismatch_not_a_crash():
@@ -647,8 +656,8 @@ def test_a_function_patched_without_defaults_is_a_mismatch_not_a_crash():
     is replaced by one without defaults: the lookup answers "no", it does not raise."""
     model = Kinds()
     recording = _record(model.forward, torch.randn(2, 4))
-    gs = guards.from_dynamo(recording, model.forward, passed={"x"})
-    scope = guards.Scope(model, Kinds.forward.__globals__, Kinds.forward)
+    gs = guards_from_dynamo.from_dynamo(recording, model.forward, passed={"x"})
+    scope = guard_paths.Scope(model, Kinds.forward.__globals__, Kinds.forward)
 
     def no_defaults(x, *rest):
         return x * 3
@@ -666,13 +675,13 @@ def test_hook_dicts_of_called_modules_and_torchs_global_hooks_are_guarded():
     hooks by type only: gearcache guards the length of each, for every module whose ``__call__`` the graph went
     through."""
     model = Kinds()
-    gs = guards.from_dynamo(_record(model.forward, torch.randn(2, 4)), model.forward, passed={"x"})
-    lengths = {guards.path_text(g.path) for g in gs.guards if g.kind == "length"}
-    for name in guards.MODULE_HOOK_DICTS:
+    gs = guards_from_dynamo.from_dynamo(_record(model.forward, torch.randn(2, 4)), model.forward, passed={"x"})
+    lengths = {guard_paths.path_text(g.path) for g in gs.guards if g.kind == "length"}
+    for name in guards_from_dynamo.MODULE_HOOK_DICTS:
         assert f"self._modules['lin'].{name}" in lengths, name
-    for name in guards.GLOBAL_HOOK_DICTS:
+    for name in guards_from_dynamo.GLOBAL_HOOK_DICTS:
         assert f"torch.nn.modules.module.{name}" in lengths, name
-    scope = guards.Scope(model, Kinds.forward.__globals__, Kinds.forward)
+    scope = guard_paths.Scope(model, Kinds.forward.__globals__, Kinds.forward)
     watch = guard_watch.watch([gs], scope)
     handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda *a: None)
     try:

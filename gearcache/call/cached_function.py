@@ -8,7 +8,7 @@ built) serves it with one C++ check of the tensors' metadata (``signature.matche
 Miss path (``EntryLife.miss``, gearcache/compiling/entry_life.py), once per signature per process: build the entry key
 from
 its factors; if the store has a valid manifest and artifact for it whose value guards hold here
-(gearcache/keys/guards.py),
+(gearcache/keys/guard_sets.py),
 load it (no tracing, no compiler); otherwise capture the method with Dynamo, compile it with Inductor (once across all
 processes sharing the folder), publish, and load.
 
@@ -32,12 +32,12 @@ import torch
 
 from .. import _torch_compat as compat
 from . import signature
-from ..graphs import cuda_graphs
+from ..graphs import cuda_graphs, graphed_entry
 from ..gears import plan as gears, padding_check
 from ..keys import guard_watch
 from ..ranks import phases as ranks
 from ..warmup import driver as warmup
-from ..keys import guards as value_guards
+from ..keys import guard_paths, guard_sets
 from ..keys.naming import importable_module
 from ..compiling.snapshot import kept
 from .recompiles import RecompileWatch
@@ -73,7 +73,7 @@ class CachedFunction(Dispatcher):
         self.topology = topology
         self._decompositions = decompositions
         self.name = _entry_point_name(method)
-        self._scope = value_guards.Scope(self._module, method.__func__.__globals__,
+        self._scope = guard_paths.Scope(self._module, method.__func__.__globals__,
                                          cast(types.FunctionType, method.__func__))
         self.life = EntryLife(method, config=config, store=store, topology=topology, decompositions=decompositions,
                               name=self.name, scope=self._scope,
@@ -86,7 +86,7 @@ class CachedFunction(Dispatcher):
         self._gears: gears.GearPlan | None = None
         self._gears_checked = False
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
-        self._plan_guards: value_guards.GuardSet | None = None    # the gear plan's trace's value guards
+        self._plan_guards: guard_sets.GuardSet | None = None    # the gear plan's trace's value guards
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
         #                                                                       value or size (None: the caller pads)
@@ -144,7 +144,7 @@ class CachedFunction(Dispatcher):
         the module holds its tensors now (a submodule replaced by one of the same class and shapes), and watch them
         anew."""
         with self._lock:
-            reading = value_guards.Reading()        # the entries share most paths: each is read once
+            reading = guard_sets.Reading()        # the entries share most paths: each is read once
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
                 mismatch = guards.mismatch(self._scope, reading) if guards is not None else None
@@ -289,7 +289,7 @@ class CachedFunction(Dispatcher):
         stored; either way checked against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
-        found = value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+        found = guard_sets.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
                                     self._plan_key(marks, key), self._scope)
         saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
@@ -414,7 +414,7 @@ class CachedFunction(Dispatcher):
         written: list = []
         for gear_leaves, gear_key in gear_calls:
             entry = self._table.get(gear_key)
-            written += unknown if entry is None else cuda_graphs.written_tensors(entry, gear_leaves)
+            written += unknown if entry is None else graphed_entry.written_tensors(entry, gear_leaves)
         return written
 
     def _early_workers(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
@@ -426,7 +426,7 @@ class CachedFunction(Dispatcher):
         marks = self._marks(args, kwargs, leaves)
         if not marks or self.config.inference_config.warmup_workers == 1:
             return None
-        if value_guards.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+        if guard_sets.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
                                self._plan_key(marks, key), self._scope).record is not None:
             return None
         policy = self.config.inference_config.dynamic_gears_merge_policy

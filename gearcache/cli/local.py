@@ -160,7 +160,7 @@ def _dependencies(m: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _describe_guard(record: list) -> str:
     """One value guard of a manifest, as ``path (kind): expected``."""
-    from ..keys.guards import ValueGuard
+    from ..keys.value_guard import ValueGuard
 
     try:
         guard = ValueGuard.from_json(record)

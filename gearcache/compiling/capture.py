@@ -10,7 +10,7 @@ backend that records the graph instead of compiling it, and returns a :class:`Ca
   (the graph's i-th output), ``["leaf", i]``, ``["state", name]`` or ``["const", value]``;
 * ``dependencies``: the source of every user function the trace inlined, to detect a stale entry on load;
 * ``guards``: the Python values the graph bakes in (module attributes, globals, constants, closure cells, ...), from
-  Dynamo's guards (gearcache/keys/guards.py): an entry is served only where they still hold.
+  Dynamo's guards (gearcache/keys/guards_from_dynamo.py): an entry is served only where they still hold.
 
 A graph break raises :class:`~gearcache.errors.GraphBreakError` listing every break (from ``torch._dynamo.explain``).
 """
@@ -26,7 +26,7 @@ import torch
 
 from .. import _torch_compat as compat
 from .snapshot import kept
-from ..keys import guards as value_guards
+from ..keys import guard_sets, guards_from_dynamo
 from ..errors import GearcacheError, GraphBreakError, UnsupportedInputError
 from ..keys.key import sha256_text
 
@@ -40,7 +40,7 @@ class Captured:
     inputs: list[list]
     outputs: dict[str, Any]
     dependencies: list[dict[str, Any]]
-    guards: value_guards.GuardSet
+    guards: guard_sets.GuardSet
 
 
 def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
@@ -86,7 +86,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
         inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
         outputs=outputs,
         dependencies=_dependencies(state["code"]),
-        guards=value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)),
+        guards=guards_from_dynamo.from_dynamo(recording, method, passed_names(method, args, kwargs)),
     )
 
 
@@ -293,7 +293,7 @@ class SymbolicTrace:
     symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
     output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol
     dependencies: list[dict[str, Any]]          # the traced user functions
-    plan_guards: value_guards.GuardSet          # the trace's value guards (guards.py)
+    plan_guards: guard_sets.GuardSet          # the trace's value guards (guards.py)
     graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/gears/padding.py)
     inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
     outputs: dict[int, int]                     # graph output index -> method output leaf
@@ -325,8 +325,8 @@ def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure
     recipe = _output_recipe(result, state.get("flat_out", []), tuple(clones), state_names)
     outputs = {int(ref): j for j, (kind, ref) in enumerate(recipe["leaves"]) if kind == "out"}
     return SymbolicTrace(symbols, _cut_dims(method, gm, outputs, symbols, same), _dependencies(state["code"]),
-                         value_guards.from_dynamo(recording, method, passed_names(method, args, kwargs)), gm, inputs,
-                         outputs, guards, same)
+                         guards_from_dynamo.from_dynamo(recording, method, passed_names(method, args, kwargs)), gm,
+                         inputs, outputs, guards, same)
 
 
 def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:

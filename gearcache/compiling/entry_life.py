@@ -4,7 +4,7 @@
 signature through the stages that give it an entry:
 
 - ``find``: the entry key of a signature, the store's entry manifest for it whose value guards hold here
-  (gearcache/keys/guards.py), and the entry ``load``ed from it (None: a miss). Counts ``counters.misses``.
+  (gearcache/keys/guard_sets.py), and the entry ``load``ed from it (None: a miss). Counts ``counters.misses``.
 - ``load``: an entry from its stored manifest, through the run-plan loader (``artifact_io``).
 - ``capture``: the graph of a call (Dynamo, in the calling thread), with its artifact's key: a :class:`Pending`.
 - ``compile``: the graph compiled into a build folder (Inductor); ``publish`` runs it under the artifact lock
@@ -36,7 +36,7 @@ from ..store import diagnostics
 from ..ranks import phases as ranks
 from .. import runplan
 from ..call import signature
-from ..keys import guards as value_guards
+from ..keys import guard_paths, guard_sets
 from .capture import Captured, capture, dependencies_changed
 from ..config import CompilerConfig
 from ..counters import counters
@@ -83,7 +83,7 @@ class EntryLife:
     """The stages of the entries of one bound method of an ``nn.Module`` (see the module docstring)."""
 
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
-                 decompositions: dict[Any, Callable] | None, name: str, scope: value_guards.Scope,
+                 decompositions: dict[Any, Callable] | None, name: str, scope: guard_paths.Scope,
                  remembered: Callable[[Loaded], None] | None = None):
         self.method = method
         self.module = cast(torch.nn.Module, method.__self__)
@@ -155,10 +155,10 @@ class EntryLife:
             entry = self.load(found.record, found.key, found.guards, cuda_index(leaves, self.module))
         return Found(desc, found.key, factors, entry)
 
-    def choose(self, ekey: str) -> value_guards.Choice:
-        """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
+    def choose(self, ekey: str) -> guard_sets.Choice:
+        """The stored entry of signature key ``ekey`` whose value guards hold here (``guard_sets.choose``)."""
         folder, name = self.topology.folder, self.name
-        return value_guards.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self.scope)
+        return guard_sets.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self.scope)
 
     def stored(self, leaves: tuple, key: tuple) -> bool:
         """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
@@ -192,7 +192,7 @@ class EntryLife:
         return ekey, {"values": dict(factors), "hashes": hashes}
 
     # ---------------------------------------------------------------------------------------------------- load
-    def load(self, manifest: dict[str, Any], ekey: str, guards: value_guards.GuardSet | None,
+    def load(self, manifest: dict[str, Any], ekey: str, guards: guard_sets.GuardSet | None,
              index: int | None) -> Entry | None:
         """Load the stored entry ``manifest`` (stored under ``ekey``; its value guards hold here), or None (a miss)."""
         changed = dependencies_changed(manifest.get("dependencies", []))
@@ -337,7 +337,7 @@ class EntryLife:
             return faults.EagerEntry(self.method, args, kwargs, manifest)
         entry = Entry(compiled, self.module, manifest)
         entry.guards = captured.guards
-        value_guards.warn_local(self.name, captured.guards)
+        guard_sets.warn_local(self.name, captured.guards)
         if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
             self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
             self.store.lease(akey)

@@ -47,7 +47,7 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     ``"verify"``'s test against eager does not run here (its proof does)."""
     from ..gears import padding, padding_check
     from .capture import SymbolicTrace, size_classes
-    from ..keys.guards import GuardSet
+    from ..keys.guard_sets import GuardSet
 
     ic = config.inference_config
     guards = compat.shape_guards(gm)

@@ -1,6 +1,6 @@
 """Fingerprints of code: what a class or a function does, as a digest that means the same in every process.
 
-A value guard on a function or a class (gearcache/keys/guards.py) must change whenever what it guards would run
+A value guard on a function or a class (gearcache/keys/value_guard.py) must change whenever what it guards would run
 differently. Dynamo guards a class by its identity and trusts that its attributes do not change, and it guards the
 functions it inlines by identity alone; neither holds across processes, nor after ``MyBlock.helper = patched`` (the
 Liger/Unsloth pattern) or a factory building the same class over other closure values. So:

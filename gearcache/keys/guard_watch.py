@@ -1,10 +1,10 @@
 """Noticing, at the cost of a comparison per call, that a value an entry's guards depend on may have changed.
 
-An entry's value guards (gearcache/keys/guards.py) are checked when it is loaded; a call must also never be served by an
-entry whose guarded values changed since (``model.eps = 0.1`` after the first call). Re-checking every guard at every
-call would cost microseconds, so a :class:`GuardWatch` watches the objects on the guards' paths instead, and only a
-change there sends the next call to ``CachedFunction._revalidate`` (which re-checks the guards and drops the entries
-that no longer hold). What counts as a change (``hops``):
+An entry's value guards (gearcache/keys/guard_sets.py) are checked when it is loaded; a call must also never be
+served by an entry whose guarded values changed since (``model.eps = 0.1`` after the first call). Re-checking every
+guard at every call would cost microseconds, so a :class:`GuardWatch` watches the objects on the guards' paths
+instead, and only a change there sends the next call to ``CachedFunction._revalidate`` (which re-checks the guards
+and drops the entries that no longer hold). What counts as a change (``hops``):
 
 * an item of a dict on a path (a module's globals, an instance ``__dict__``, ``nn.Module``'s ``_modules``,
   ``_parameters`` and ``_buffers``, plain dicts): the key set, replaced or deleted. On Python 3.12+ these dicts are
@@ -32,21 +32,25 @@ which re-reads every hop at every call.
 from __future__ import annotations
 
 import types
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from .. import _torch_compat as compat
 from . import fingerprints
-from . import guards as guards_mod
+from .guard_fingerprints import hashable
+from .guard_paths import MISSING_OBJECT, Scope, evaluate
+from .guard_sets import GuardSet, unloaded_torch_module
+from .guards_from_dynamo import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
+from .value_guard import ValueGuard
 
 try:
     from ..call._callpath import GuardWatch as _NativeGuardWatch
 except ImportError:                 # pragma: no cover - depends on how gearcache was installed
     _NativeGuardWatch = None
 
-ABSENT = guards_mod.MISSING_OBJECT      # a key or attribute that is not there (expected so)
+ABSENT = MISSING_OBJECT      # a key or attribute that is not there (expected so)
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 _MODULE_GETATTRIBUTE = torch.nn.Module.__getattribute__
 
@@ -68,13 +72,13 @@ class Hops:
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
 
     def dict_item(self, d: dict, key: Any, expected: Any) -> None:
-        self._once(("d", id(d), guards_mod.hashable(key)), lambda: self.dicts.append((d, key, expected)))
+        self._once(("d", id(d), hashable(key)), lambda: self.dicts.append((d, key, expected)))
 
     def type_(self, t: type) -> None:
         self._once(("t", id(t)), lambda: self.types.append(t))
 
     def check(self, op: str, parent: Any, key: Any, expected: Any) -> None:
-        mark = ("c", op, id(parent), guards_mod.hashable(key))
+        mark = ("c", op, id(parent), hashable(key))
         self._once(mark, lambda: self.checked.append((op, parent, key, expected)))
 
     def tensor(self, t: torch.Tensor) -> None:
@@ -96,7 +100,7 @@ class Hops:
             add()
 
 
-def hops_for(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Hops:
+def hops_for(guard_sets: Iterable[GuardSet], scope: Scope) -> Hops:
     """The hops of every path of every guard in ``guard_sets``, read on the live objects of ``scope``."""
     hops = Hops()
     values: dict[tuple, Any] = {}
@@ -106,19 +110,19 @@ def hops_for(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope)
     return hops
 
 
-def _add_guards(hops: Hops, gs: guards_mod.GuardSet, scope: guards_mod.Scope, values: dict, done: set) -> None:
+def _add_guards(hops: Hops, gs: GuardSet, scope: Scope, values: dict, done: set) -> None:
     for g in gs.guards:
-        if guards_mod.unloaded_torch_module(g):
+        if unloaded_torch_module(g):
             continue
         _add_path(hops, g.path, scope, values, done)
         if g.kind == "same_as":
             _add_path(hops, g.arg, scope, values, done)
-        leaf = guards_mod.evaluate(g.path, scope, values)
+        leaf = evaluate(g.path, scope, values)
         if leaf is not ABSENT:
             _add_leaf(hops, g, leaf)
 
 
-def _add_leaf(hops: Hops, g: guards_mod.ValueGuard, leaf: Any) -> None:
+def _add_leaf(hops: Hops, g: ValueGuard, leaf: Any) -> None:
     """What a guard reads of the object at its path, beyond the object itself: its class's contents (``type``, a class
     or module by ``identity``), the attribute ``hasattr`` and ``in_dict`` look for, a container's contents, a
     tensor's metadata."""
@@ -148,11 +152,11 @@ def _add_leaf(hops: Hops, g: guards_mod.ValueGuard, leaf: Any) -> None:
         hops.tensor(leaf)
 
 
-def _empty_hook_dict(g: guards_mod.ValueGuard, leaf: Any) -> bool:
+def _empty_hook_dict(g: ValueGuard, leaf: Any) -> bool:
     """Whether ``leaf`` is an empty hook dict of a module or of torch's global module hooks (``g`` reads its length)."""
     last = g.path[-1]
     return (isinstance(leaf, dict) and not leaf and last[0] == "attr"
-            and last[1] in guards_mod.MODULE_HOOK_DICTS + guards_mod.GLOBAL_HOOK_DICTS)
+            and last[1] in MODULE_HOOK_DICTS + GLOBAL_HOOK_DICTS)
 
 
 def _watch_class(hops: Hops, cls: type) -> None:
@@ -161,7 +165,7 @@ def _watch_class(hops: Hops, cls: type) -> None:
         hops.type_(cls)
 
 
-def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, done: set) -> None:
+def _add_path(hops: Hops, path: tuple, scope: Scope, values: dict, done: set) -> None:
     if path in done:                    # its prefixes were added with it (entries of one model share most paths)
         return
     for n in range(1, len(path) + 1):
@@ -169,17 +173,17 @@ def _add_path(hops: Hops, path: tuple, scope: guards_mod.Scope, values: dict, do
         if prefix in done:
             continue
         done.add(prefix)
-        child = guards_mod.evaluate(prefix, scope, values)
+        child = evaluate(prefix, scope, values)
         if n == 1:
             _add_root(hops, prefix[0], scope, child)
             continue
-        parent = guards_mod.evaluate(prefix[:-1], scope, values)
+        parent = evaluate(prefix[:-1], scope, values)
         if parent is ABSENT:
             return
         _add_step(hops, parent, prefix[-1], child)
 
 
-def _add_root(hops: Hops, root: Any, scope: guards_mod.Scope, child: Any) -> None:
+def _add_root(hops: Hops, root: Any, scope: Scope, child: Any) -> None:
     """A root that can change: a global of the method's module, a closure cell or a default of the cached function."""
     if not isinstance(root, tuple):
         return
@@ -256,11 +260,19 @@ def _is_data_descriptor(cls: type, name: str) -> bool:
     return False
 
 
+class Watch(Protocol):
+    """A ``GuardWatch``, C or Python (``PyGuardWatch``), as its holders use it."""
+
+    def valid(self) -> bool:
+        """True while nothing it watches changed."""
+        ...
+
+
 class PyGuardWatch:
     """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
 
-    def __init__(self, dicts: list, types_: list, checked: list, absent: Any, meta: Any = None,
-                 meta_holds: Any = None):
+    def __init__(self, dicts: list, types_: list, checked: list, absent: Any,
+                 meta: Callable[[], bool] | None = None, meta_holds: object = None):
         self._reads = [("item", d, k, e) for d, k, e in dicts if k is not None] + list(checked)
         self._whole = [(d, dict(d)) for d, k, _ in dicts if k is None]
         self._types = [(t, dict(t.__dict__)) for t in types_]
@@ -308,15 +320,15 @@ class Watcher:
     the same attributes (measured on an H100, a 1024-hidden 8-layer Llama: 2,990 guards in two entries; rebuilding
     the watch from scratch per entry was 0.2 s of the first ``generate()`` under cProfile)."""
 
-    def __init__(self, scope: guards_mod.Scope):
+    def __init__(self, scope: Scope):
         self._scope = scope
-        self._sets: list[guards_mod.GuardSet] = []
+        self._sets: list[GuardSet] = []
         self._hops = Hops()
         self._values: dict[tuple, Any] = {}
         self._done: set[tuple] = set()
-        self._watch: Any = None
+        self._watch: Watch | None = None
 
-    def watch(self, guard_sets: Iterable[guards_mod.GuardSet | None]) -> Any:
+    def watch(self, guard_sets: Iterable[GuardSet | None]) -> Watch | None:
         """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked);
         None when there is nothing to watch."""
         sets = [gs for gs in guard_sets if gs is not None and len(gs)]
@@ -330,14 +342,14 @@ class Watcher:
         self._watch = make_watch(self._hops)
         return self._watch
 
-    def _extends(self, sets: list[guards_mod.GuardSet]) -> bool:
+    def _extends(self, sets: list[GuardSet]) -> bool:
         """Whether ``sets`` holds every set of the previous call and the previous watch still holds."""
         now = {id(gs) for gs in sets}
         return (all(id(gs) in now for gs in self._sets)
                 and (self._watch is None or self._watch.valid()))
 
 
-def make_watch(hops: Hops) -> Any:
+def make_watch(hops: Hops) -> Watch | None:
     """A ``GuardWatch`` over ``hops`` as they are now; None when they are empty."""
     if not (hops.dicts or hops.types or hops.checked or hops.tensors):
         return None
@@ -347,7 +359,7 @@ def make_watch(hops: Hops) -> Any:
     return GuardWatch(dicts, list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)
 
 
-def watch(guard_sets: Iterable[guards_mod.GuardSet], scope: guards_mod.Scope) -> Any:
+def watch(guard_sets: Iterable[GuardSet], scope: Scope) -> Watch | None:
     """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked); None
     when there is nothing to watch. A one-off :class:`Watcher`."""
     return Watcher(scope).watch(guard_sets)

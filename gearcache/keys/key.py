@@ -12,7 +12,10 @@ import inspect
 import json
 import logging
 import re
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    import torch       # for annotations only: tensor_digest imports it where it reads a tensor
 
 log = logging.getLogger("gearcache.keys.key")
 
@@ -22,7 +25,7 @@ FORMAT_VERSION = 6
 3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
 4: the process groups are a factor of entry and artifact keys; run plans for graphs with collectives; artifact
    keys leave out the GPU's index (one artifact for cuda:0..N-1), run plans bind it at load.
-5: entry manifests and gear plans carry value guards (gearcache/keys/guards.py); an entry whose guards differ from the
+5: entry manifests and gear plans carry value guards (keys/guard_sets.py); an entry whose guards differ from the
    first of its signature is stored under a variant key; the global state names the default device.
 6: value guards fingerprint classes by their contents and functions by code, defaults and closure contents, guard
    parameters and buffers (``tensor``) and the cached function's closure cells and defaults; module_state rows carry
@@ -83,14 +86,14 @@ def build_key(kind: str, factors: Iterable[tuple[str, Any]]) -> tuple[str, dict[
     return key, hashes
 
 
-def tensor_digest(t: Any) -> str:
+def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's bytes, then its shape."""
     import torch
     data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)    # (numpy is not a dependency)
     return sha256_text(ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b"") + str(list(t.shape))
 
 
-def graph_constants_factor(gm: Any) -> list[list[str]]:
+def graph_constants_factor(gm: torch.nn.Module) -> list[list[str]]:
     """A graph module's own parameters and buffers (constants its code reads) as ``[[name, tensor digest], ...]``."""
     return [[name, tensor_digest(t)] for name, t in list(gm.named_parameters()) + list(gm.named_buffers())]
 

@@ -22,7 +22,7 @@ import pathlib
 import threading
 import time
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from ..errors import UntrustedCacheError
 from ..keys.key import FORMAT_VERSION
@@ -150,17 +150,28 @@ _pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
 _atexit_registered = False
 
 
-def track_hits(cached_function: Any) -> None:
-    """Have this process's hits on ``cached_function``'s entries written to the index at exit (idempotent)."""
+class CountedEntries(Protocol):
+    """What :func:`track_hits` reads of a method's entries (an ``entry_life.EntryLife``): the store they belong to and
+    the table of entries (signature key -> entry) whose counts (``COUNTED``) it writes."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def table(self) -> dict: ...
+
+
+def track_hits(entries: CountedEntries) -> None:
+    """Have this process's hits on ``entries``' entries written to the index at exit (idempotent)."""
     global _atexit_registered
-    if cached_function in _tracked:
+    if entries in _tracked:
         return
     with _lock:
-        if cached_function in _tracked:
+        if entries in _tracked:
             return
-        fin = weakref.finalize(cached_function, _stash, str(cached_function.store.root), cached_function.table)
+        fin = weakref.finalize(entries, _stash, str(entries.store.root), entries.table)
         fin.atexit = False              # flush_hits reads the live ones itself
-        _tracked[cached_function] = fin
+        _tracked[entries] = fin
         if not _atexit_registered:
             atexit.register(flush_hits)
             _atexit_registered = True

@@ -1,0 +1,39 @@
+"""What a method's CUDA graphs (gearcache/graphs/cuda_graphs.py) call back into, and nothing more: the cached method's
+call path without graphs (:class:`UncapturedPath`, a ``call.cached_function.CachedFunction``) and its entries' stages
+(:class:`EntryStages`, a ``compiling.entry_life.EntryLife``). Typed here as Protocols, so graphs/ names what it needs
+of the call path instead of holding it as ``Any``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..compiling.entry_life import Loaded
+    from ..config import CompilerConfig
+    from ..gears.plan import GearPlan
+
+
+class UncapturedPath(Protocol):
+    """The cached method, as its graphs use it: its ``name`` (messages, logs), its ``config`` (``graph_outputs``), its
+    call path without graphs (CPU inputs; a gear whose entry still compiles in the background), the call past the
+    largest gear, and the check of a gear's first use (``GearPlan.verify_first``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> CompilerConfig: ...
+
+    def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
+
+    def past_largest(self, gear_plan: GearPlan, leaves: tuple, key: tuple) -> Any: ...
+
+    def verify_first_use(self, gear_plan: GearPlan, leaves: tuple, key: tuple, targets: list[int]) -> None: ...
+
+
+class EntryStages(Protocol):
+    """The method's entries, as its graphs use them: the entry of a signature, found, loaded or compiled (a gear's
+    capture: not counted as a hit). Also handed to ``compiling.background.wait_for`` (a capture that must wait for
+    its gear's background compile)."""
+
+    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded: ...

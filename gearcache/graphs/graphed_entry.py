@@ -1,0 +1,154 @@
+"""One gear's CUDA graph (:class:`GraphedEntry`): its static input buffers, what a call copies into them and back out,
+and what the gear's entry writes in place (gearcache/graphs/cuda_graphs.py captures and replays it).
+
+Inputs updated in place (a KV cache) are best marked with :func:`mark_static_address`: the graph then reads and
+writes the caller's tensor itself, and a call passing another tensor is an error. An unmarked input that the graph
+writes to (its run plan's ``mutated_inputs``; a padded one included) is written in its static buffer, and copied back
+into the caller's tensor after each replay (its real rows, for a padded one), as ``mode="default"`` copies a padded
+input's rows back after a run (``GearPlan.copy_back``). An entry without a run plan does not say what it writes: a
+write into a copied input found at its capture is refused.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..keys import guard_watch
+from ..call.entry import Entry
+from ..errors import ConfigError, UnsupportedInputError
+
+if TYPE_CHECKING:
+    from ..compiling.entry_life import Loaded
+    from ..gears.plan import GearPlan
+
+
+STATIC_ADDRESS_ATTR = "_gearcache_static_address"
+
+
+def mark_static_address(tensor: torch.Tensor) -> torch.Tensor:
+    """Declare that ``tensor`` is passed (the same storage) on every call, e.g. a KV cache updated in place."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"mark_static_address: tensor={type(tensor).__qualname__} is not a torch.Tensor")
+    setattr(tensor, STATIC_ADDRESS_ATTR, True)
+    return tensor
+
+
+def is_static_address(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) and getattr(leaf, STATIC_ADDRESS_ATTR, False)
+
+
+class GraphedEntry:
+    """One entry (one gear) captured as a CUDA graph, with its static input buffers."""
+
+    def __init__(self, entry: Loaded, graph: torch.cuda.CUDAGraph, outs: list, copies: list, static_ptrs: list):
+        self.entry, self.graph, self.outs = entry, graph, outs
+        self.copies = copies                  # [(leaf index, static buffer, pad value)]
+        self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
+        self.written: list[tuple[int, torch.Tensor]] = []   # [(leaf index, static buffer)] the graph writes
+        # valid() while every parameter and buffer the graph reads is the same tensor as at its capture
+        # (``state_watch_of``)
+        self.state_watch: guard_watch.Watch | None = None
+
+    def state_replaced(self) -> bool:
+        """Whether a parameter or buffer the graph reads was replaced by another tensor since its capture (a new KV
+        cache bound to the module, ``module.weight = Parameter(...)``): its replays would read and write the old
+        one's memory, so the graph must be captured again."""
+        return self.state_watch is not None and not self.state_watch.valid()
+
+    def fill(self, leaves: tuple) -> None:
+        """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs."""
+        fill_buffers(self, leaves)
+        for i, ptr in self.static_ptrs:
+            if leaves[i].data_ptr() != ptr:
+                raise UnsupportedInputError(
+                    f"input {i} was marked with mark_static_address, but this call passes another tensor (storage "
+                    f"{leaves[i].data_ptr():#x}, captured {ptr:#x}). Pass the same tensor on every call, or call "
+                    f".graphs.reset() on the cached method after replacing it")
+
+    def replay(self) -> list:
+        """Run the graph on what ``fill`` left in the buffers; returns its static outputs."""
+        self.graph.replay()
+        return self.outs
+
+    def copy_back(self, leaves: tuple) -> None:
+        """Copy what the replay wrote into copied inputs back into the caller's tensors (their real rows)."""
+        for i, buf in self.written:
+            dst = leaves[i]
+            dst.copy_(buf if buf.shape == dst.shape else buf[tuple(slice(0, n) for n in dst.shape)])
+
+
+def fill_buffers(graphed: GraphedEntry, leaves: tuple) -> None:
+    """Copy (and pad) the call's inputs into the static buffers without replaying."""
+    for i, buf, pad in graphed.copies:
+        src = leaves[i]
+        if src.shape == buf.shape:
+            buf.copy_(src)
+        else:
+            buf.fill_(pad)
+            buf[tuple(slice(0, s) for s in src.shape)].copy_(src)
+
+
+def target_shape(gear_plan: GearPlan, leaves: tuple, targets: list[int], i: int) -> list[int]:
+    shape = list(leaves[i].shape)
+    for d, t in zip(gear_plan.dims, targets):
+        if d.leaf == i:
+            shape[d.dim] = t
+    return shape
+
+
+def mutated_leaves(entry: Loaded) -> list[int] | None:
+    """Call leaves that the entry's graph writes in place, from its run plan (``mutated_inputs``); None when the
+    entry was loaded without a plan (then only a run can tell)."""
+    mutated = _plan_mutated(entry)
+    if mutated is None:
+        return None
+    inputs = entry.manifest["inputs"]
+    return [int(inputs[j][1]) for j in mutated if inputs[j][0] == "leaf"]
+
+
+def _plan_mutated(entry: Loaded) -> list[int] | None:
+    """The graph inputs the entry writes in place, as its run plan says (an unsupported plan too, where its writer
+    could read them: ``runplan.loader.TorchLoaded``); None when unknown."""
+    run_plan = getattr(entry.compiled, "plan", None)
+    mutated = run_plan.get("mutated_inputs") if isinstance(run_plan, dict) else None
+    return [int(j) for j in mutated] if isinstance(mutated, list) else None
+
+
+def written_tensors(entry: Loaded, static_leaves: tuple) -> list[torch.Tensor]:
+    """The tensors a run of ``entry`` on ``static_leaves`` may write in place: its run plan's ``mutated_inputs``
+    (call leaves and module state alike: a KV cache, a position counter); without a run plan, every static-address leaf
+    and every buffer it reads (a run alone could tell; these are what a method may legitimately update). For an
+    eager stand-in (``faults.EagerEntry``), which runs the method as written: every tensor leaf."""
+    if not isinstance(entry, Entry):
+        return [x for x in static_leaves if isinstance(x, torch.Tensor)]
+    inputs = entry.gather(static_leaves)
+    mutated = _plan_mutated(entry)
+    if mutated is not None:
+        return [inputs[j] for j in mutated if isinstance(inputs[j], torch.Tensor)]
+    kinds = entry.manifest["inputs"]
+    return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
+        (kind == "leaf" and is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]
+
+
+def state_watch_of(entry: Loaded) -> guard_watch.Watch | None:
+    """A watch over the ``_parameters`` / ``_buffers`` items the entry's graph reads (``GraphedEntry.state_watch``):
+    the graph holds their addresses, so replacing one of them must lead to a new capture. None when it reads none."""
+    if not isinstance(entry, Entry):
+        return None
+    items = [(d, name, d[name]) for d, name in entry.state_refs()]
+    return guard_watch.GuardWatch(items, [], [], guard_watch.ABSENT) if items else None
+
+
+def written_copies(entry: Loaded, copies: list) -> list[tuple[int, torch.Tensor]]:
+    """``(leaf index, static buffer)`` of each copied (not static-address) input the entry's run plan says it writes:
+    copied back after each replay (``GraphedEntry.copy_back``). Without a run plan: none (a write found at the
+    capture's warm-up run is refused there)."""
+    mutated = set(mutated_leaves(entry) or ())
+    return [(i, buf) for i, buf, _ in copies if i in mutated]
+
+
+def write_refused_message(i: int) -> str:
+    return (f"the method writes to its input {i} in place, and its entry has no run plan saying so; under CUDA graphs "
+            f"such an input must keep its storage. Fix: gearcache.mark_static_address(tensor) on it (and pass the "
+            f"same tensor on every call)")

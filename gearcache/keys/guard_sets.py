@@ -1,0 +1,170 @@
+"""Value guards: the Python values a captured graph bakes in, recorded at capture and checked before it is served.
+
+Dynamo specialises a capture on every Python value the method reads — module attributes (``self.heads``,
+``self.ln.eps``, ``self.training``), globals and constants of any module (``SCALE``, ``helper.ALPHA``), closure
+cells, config objects, the identity of the functions and classes it calls, empty hook dicts — and records each as a
+*guard*. ``torch.compile`` checks its guards at every call; a gearcache entry keeps them as value guards:
+
+* at capture, ``guards_from_dynamo.from_dynamo`` turns Dynamo's guards (``_torch_compat.DynamoGuard``) into
+  ``ValueGuard`` records (gearcache/keys/value_guard.py): a path from a root (the module, a Python module's globals,
+  builtins) to the guarded object (gearcache/keys/guard_paths.py), what is checked about it (``kind``) and the
+  expected *fingerprint*, a JSON value that means the same in every process (gearcache/keys/guard_fingerprints.py);
+* an entry or a gear plan is served only where every fingerprint computed on the live objects equals the recorded
+  one (:meth:`GuardSet.mismatch`, at load and whenever :mod:`gearcache.keys.guard_watch` sees a guarded object change);
+* stored entries of one call signature whose guards differ live side by side: the first is stored under the
+  signature's entry key, each other one under :func:`variant_key` (that key plus the live fingerprints of the first
+  one's guards), so a lookup reads at most two manifests (:func:`choose`).
+
+This module is the set of one capture's guards: :class:`GuardSet` (its JSON form, the manifest's ``"guards"``:
+``[[kind, path, arg, expected], ...]``), its check on live objects (:class:`Reading`, :class:`Mismatch`) and the
+choice of a stored record at load (:func:`choose`, :func:`variant_key`). A set with a *local* guard (an object known
+only by its identity) is served in this process only, never stored (:func:`warn_local`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import warnings
+from typing import Any, Callable
+
+from ..errors import Unpersistable
+from .guard_fingerprints import hashable, live_fingerprint
+from .guard_paths import Scope
+from .value_guard import LiveObject, ValueGuard
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """The first guard whose live fingerprint differs from the recorded one."""
+    guard: ValueGuard
+    live: Any
+
+    def __str__(self) -> str:
+        return (f"{self.guard.text()} ({self.guard.kind}): compiled with {_show(self.guard.expected)}, "
+                f"now {_show(self.live)}")
+
+
+class GuardSet:
+    """The value guards of one capture. ``local`` (a message) when one of them cannot be checked in another process:
+    the entry is then served in this process only."""
+
+    def __init__(self, guards: list[ValueGuard], local: str | None = None):
+        self.guards = guards
+        self.local = local
+
+    def __len__(self) -> int:
+        return len(self.guards)
+
+    def to_json(self) -> list:
+        if self.local is not None:
+            raise Unpersistable(self.local)
+        return [g.to_json() for g in self.guards]
+
+    @classmethod
+    def from_json(cls, data: list | None) -> "GuardSet":
+        return cls([ValueGuard.from_json(g) for g in data or []])
+
+    def mismatch(self, scope: Scope, reading: "Reading | None" = None) -> Mismatch | None:
+        """The first guard that does not hold on the live objects, or None. ``reading``: objects and fingerprints
+        already read in this pass (several guard sets checked at once share the paths they have in common)."""
+        reading = reading if reading is not None else Reading()
+        for g in self.guards:
+            if unloaded_torch_module(g):
+                continue
+            live = reading.fingerprint(g, scope)
+            if live != g.expected:
+                return Mismatch(g, live)
+        return None
+
+    def live_fingerprints(self, scope: Scope) -> list:
+        reading = Reading()
+        return [g.expected if unloaded_torch_module(g) else reading.fingerprint(g, scope) for g in self.guards]
+
+
+class Reading:
+    """One pass over live objects: the object at each path and each guard's live fingerprint, read once (nothing may
+    change them during the pass: use one per check, under the method's lock)."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple, Any] = {}
+        self._fps: dict[tuple, Any] = {}
+
+    def fingerprint(self, guard: ValueGuard, scope: Scope) -> Any:
+        mark = (guard.kind, guard.path, hashable(guard.arg))
+        try:
+            return self._fps[mark]
+        except KeyError:
+            fp = self._fps[mark] = live_fingerprint(guard, scope, self.values)
+            return fp
+
+
+def unloaded_torch_module(guard: ValueGuard) -> bool:
+    """Whether ``guard`` reads a module of torch's own that this process has not imported (Dynamo's helpers such as
+    ``torch._dynamo.polyfills``, which its traces import). Such a guard holds without a check: the module's values are
+    those of this torch version (a key factor) as imported, since nothing in this process could have set them; and
+    importing it to check would import torch's compiler into a warm process that never needs it."""
+    return (_unloaded_torch_root(guard.path[0])
+            or (guard.kind == "same_as" and _unloaded_torch_root(guard.arg[0])))
+
+
+def _unloaded_torch_root(root: Any) -> bool:
+    return (type(root) is tuple and root[0] == "module" and (root[1] == "torch" or root[1].startswith("torch."))
+            and root[1] not in sys.modules)
+
+
+def variant_key(ekey: str, first: GuardSet, scope: Scope) -> str:
+    """Where an entry of signature key ``ekey`` whose guards differ from ``first``'s (the entry stored under ``ekey``)
+    is stored: ``ekey`` + the live fingerprints of ``first``'s guards. Two processes whose guarded values agree on
+    those guards compute the same key."""
+    text = json.dumps([ekey, first.live_fingerprints(scope)], sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+@dataclasses.dataclass
+class Choice:
+    """What :func:`choose` found: ``record`` (None: a miss) with its ``guards``, the ``key`` it is (or, on a miss, is
+    to be) stored under, and on a miss caused by guards the ``mismatch`` with the signature's first record."""
+    record: dict | None
+    guards: GuardSet | None
+    key: str
+    mismatch: Mismatch | None = None
+
+
+def choose(read: Callable[[str], dict | None], key: str, scope: Scope) -> Choice:
+    """The stored record (an entry manifest or a gear plan) of ``key`` whose guards hold on ``scope``: the one stored
+    under ``key`` or its variant (:func:`variant_key`). ``read(key) -> record or None``."""
+    first = read(key)
+    if first is None:
+        return Choice(None, None, key)
+    first_guards = GuardSet.from_json(first.get("guards"))
+    mismatch = first_guards.mismatch(scope)
+    if mismatch is None:
+        return Choice(first, first_guards, key)
+    vkey = variant_key(key, first_guards, scope)
+    variant = read(vkey)
+    if variant is not None:
+        variant_guards = GuardSet.from_json(variant.get("guards"))
+        if variant_guards.mismatch(scope) is None:
+            return Choice(variant, variant_guards, vkey)
+    return Choice(None, None, vkey, mismatch)
+
+
+def _show(fp: Any) -> str:
+    if isinstance(fp, list) and len(fp) == 2 and fp[0] in ("bool", "int", "str", "float", "NoneType"):
+        return repr(fp[1]) if fp[0] != "float" else fp[1]
+    if isinstance(fp, LiveObject):
+        return f"<object at {id(fp.obj):#x}>"
+    text = json.dumps(fp, default=repr)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def warn_local(method_name: str, guards: GuardSet, _warned: set = set()) -> None:   # noqa: B006 - once per method
+    """Warn, once per method, that its entries are served in this process only (``guards.local`` says why)."""
+    if guards.local is None or method_name in _warned:
+        return
+    _warned.add(method_name)
+    warnings.warn(f"gearcache: {method_name}: {guards.local}; its entries are compiled and served in this process "
+                  f"only, not stored. Fix: make the value a constant (int, float, str, enum, tuple) or a module "
+                  f"attribute gearcache can read", stacklevel=4)
