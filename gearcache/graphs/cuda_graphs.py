@@ -234,15 +234,8 @@ class CudaGraphs:
     def _capture_prepared(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> GraphedEntry:
         """Warm up and record a gear ``_prepare`` made ready (its entry found): the run phase of a capture."""
         t0 = time.perf_counter()
-        with self.phase(static_leaves, "graph warm-up run"):
-            # The warm-up run writes to static-address inputs and to state (a KV cache, a position counter): undo it,
-            # so this call updates them once.
-            saved = snapshot(written_tensors(graphed.entry, static_leaves))
-            counters.graph_warmups += 1
-            self.warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
-            for view, before in saved:
-                view.copy_(before)
-            fill_buffers(graphed, leaves)
+        counters.graph_warmups += 1
+        self._warm_up_undone(graphed, leaves, static_leaves)
         with self.phase(static_leaves, "graph record"):
             graphed.graph, graphed.outs = self.record(graphed.entry, static_leaves)
         graphed.state_watch = state_watch_of(graphed.entry)
@@ -301,33 +294,36 @@ class CudaGraphs:
         thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
         keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
-        every warm-up has ended (while a graph is recorded no other thread uses the device). In a process that
-        belongs to a process group (collectives may be in the graphs) every gear is warmed up and recorded in the
-        calling thread, one after another in ``calls``' order, so each rank's collectives reach the group in the same
-        order, and only once every gear's entry is found (the compile phase: loads, or compiles, in no rank's order)
-        and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned. The static-address
+        every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address
         inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
-        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs)."""
+        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs).
+
+        In a process that belongs to a process group (collectives may be in the graphs) the parallel warm-up runs
+        answer collectives locally (``runplan.collectives.stand_in_collectives``: no communication, as the run plan's
+        check at compile time ran them), so they do every per-shape first use (cuDNN plans, cuBLAS heuristics, lazy
+        kernel loads) side by side; then, once every gear's entry is found (the compile phase: loads, or compiles, in
+        no rank's order) and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
+        each gear's thread in turn, in ``calls``' order, runs the real warm-up run (its collectives reach the group in
+        the same order on every rank, one thread at a time) and records."""
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
-        if _collectives_possible():
-            return self._capture_in_order(gear_plan, todo, before_runs)
+        in_order = _collectives_possible()
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        gear_threads, prepared = GearThreads(self, len(todo), threads or CAPTURE_THREADS), []
-        written: list[torch.Tensor] = []
+        gear_threads = GearThreads(self, len(todo), threads or CAPTURE_THREADS, shadow=in_order)
+        prepared: list[tuple[tuple, tuple, GraphedEntry, tuple]] = []
         saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         try:
             for gkey, leaves, key, targets in todo:
                 with self.phase(leaves, "look up", synchronize=False):
                     graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait=True)
-                prepared.append((gkey, leaves, graphed))
-                fresh = [t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in written)]
-                saved += snapshot(fresh)   # (what the gears started before write is in ``written``: not again)
-                written += fresh
+                prepared.append((gkey, leaves, graphed, static_leaves))
+                saved += self._snapshot_new(graphed, static_leaves, [v for v, _ in saved])
                 gear_threads.start(graphed, static_leaves)
+            if in_order and before_runs is not None:
+                before_runs([graphed.entry for _, _, graphed, _ in prepared])
         except BaseException:
             gear_threads.stop()
             raise
@@ -335,12 +331,16 @@ class CudaGraphs:
         def between() -> None:              # every warm-up has ended; no record has begun
             for view, before in saved:
                 view.copy_(before)
-            for _, leaves, graphed in prepared:
+            for _, leaves, graphed, _ in prepared:
                 fill_buffers(graphed, leaves)
 
-        recorded = gear_threads.finish(between)
+        def real_warm_up(k: int) -> None:   # in gear k's thread, alone on the device
+            _, leaves, graphed, static_leaves = prepared[k]
+            self._warm_up_undone(graphed, leaves, static_leaves)
+
+        recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
-        for (gkey, _, graphed), (graph, outs) in zip(prepared, recorded):
+        for (gkey, _, graphed, _), (graph, outs) in zip(prepared, recorded):
             graphed.graph, graphed.outs = graph, outs
             graphed.state_watch = state_watch_of(graphed.entry)
             self.graphs[gkey] = graphed
@@ -349,20 +349,22 @@ class CudaGraphs:
         torch.cuda.empty_cache()
         return len(todo)
 
-    def _capture_in_order(self, gear_plan: GearPlan | None, todo: list[tuple[tuple, tuple, tuple, list[int] | None]],
-                          before_runs: Callable[[list], None] | None) -> int:
-        """``capture_all`` in a process of a process group. Collectives in warm-up runs of several threads would
-        reach the group in a different order on each rank (a hang): every gear's entry first (no collective runs
-        while ranks compile or wait for each other's artifacts), then ``before_runs`` (the fence), then one gear at
-        a time in ``todo``'s order, the same on every rank."""
-        prepared = [(gkey, leaves, *self._prepare(gear_plan, leaves, key, targets, wait=True))
-                    for gkey, leaves, key, targets in todo]
-        if before_runs is not None:
-            before_runs([graphed.entry for _, _, graphed, _ in prepared])
-        for gkey, leaves, graphed, static_leaves in prepared:
-            self.graphs[gkey] = self._capture_prepared(graphed, leaves, static_leaves)
-        torch.cuda.empty_cache()
-        return len(todo)
+    @staticmethod
+    def _snapshot_new(graphed: GraphedEntry, static_leaves: tuple,
+                      taken: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Saved copies of what the gear's warm-up run writes, but not of tensors in ``taken`` (saved for a gear
+        started before, which may have written them already)."""
+        return snapshot([t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in taken)])
+
+    def _warm_up_undone(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> None:
+        """Run the gear's warm-up run, then undo what it wrote to static-address inputs and to state (a KV cache, a
+        position counter), so that the call being served updates them once, and fill its static buffers again."""
+        with self.phase(static_leaves, "graph warm-up run"):
+            saved = snapshot(written_tensors(graphed.entry, static_leaves))
+            self.warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
+            for view, before in saved:
+                view.copy_(before)
+            fill_buffers(graphed, leaves)
 
     def _uncaptured(self, gear_plan: GearPlan | None,
                     calls: list[tuple[tuple, tuple]]) -> list[tuple[tuple, tuple, tuple, list[int] | None]]:

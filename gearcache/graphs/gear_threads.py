@@ -3,12 +3,16 @@ the other gears' and the next look-ups, then its record, one gear at a time (:cl
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from typing import TYPE_CHECKING, Callable, ContextManager, Protocol
 
 import torch
 
+from ..runplan.collectives import stand_in_collectives
 from .graphed_entry import GraphedEntry
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
@@ -28,10 +32,16 @@ class GearRecorder(Protocol):
 class GearThreads:
     """``CudaGraphs.capture_all``'s threads, one per gear (``start``ed as each gear's entry is found): its warm-up run
     (at most ``limit`` at once), then, once every gear's has ended (``finish``), its record, one gear at a time in the
-    order they were started. A failure in any thread stops the records that follow and is raised in the caller."""
+    order they were started. A failure in any thread stops the records that follow and is raised in the caller.
 
-    def __init__(self, graphs: GearRecorder, n: int, limit: int):
+    ``shadow``: the warm-up runs answer collectives locally (``runplan.collectives.stand_in_collectives``, in the
+    thread's own dispatch mode: no communication), and ``finish``'s ``in_turn`` runs the real one in each thread's
+    turn, before its record (a process of a process group: collectives reach the group in the threads' order)."""
+
+    def __init__(self, graphs: GearRecorder, n: int, limit: int, shadow: bool = False):
         self.graphs = graphs
+        self.shadow = shadow
+        self.in_turn: Callable[[int], None] | None = None
         self.slots = threading.Semaphore(max(1, limit))
         self.warmed = threading.Barrier(n + 1)                      # every gear's thread, and the caller
         self.gears: list[tuple[GraphedEntry, tuple]] = []
@@ -58,9 +68,11 @@ class GearThreads:
             self.turns[k].set()
             thread.join()
 
-    def finish(self, between: Callable[[], None]) -> list[tuple[torch.cuda.CUDAGraph, list]]:
-        """Wait for every warm-up run, call ``between`` (unless one failed), then let each thread record in turn.
-        Returns each gear's (graph, static outputs)."""
+    def finish(self, between: Callable[[], None],
+               in_turn: Callable[[int], None] | None = None) -> list[tuple[torch.cuda.CUDAGraph, list]]:
+        """Wait for every warm-up run, call ``between`` (unless one failed), then let each thread record in turn
+        (after ``in_turn(k)``, in thread ``k``, where given). Returns each gear's (graph, static outputs)."""
+        self.in_turn = in_turn
         self.warmed.wait()
         try:
             if not any(self.errors):
@@ -77,6 +89,20 @@ class GearThreads:
                 raise exc
         return self.results         # type: ignore[return-value]  # no None left: each gear recorded, or raised above
 
+    def _warm_up(self, graphed: GraphedEntry, static_leaves: tuple) -> None:
+        """The gear's warm-up run. ``shadow``: with collectives stood in, and a failure only logged (an operator
+        without a stand-in, say): the real warm-up run in the thread's turn runs the same graph on the group and
+        raises what is real."""
+        if not self.shadow:
+            with self.graphs.phase(static_leaves, "graph warm-up run"):
+                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+            return
+        try:
+            with self.graphs.phase(static_leaves, "graph warm-up run, collectives stood in"), stand_in_collectives():
+                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+        except Exception as exc:                    # the real run in turn raises what is real
+            log.debug("gearcache: a warm-up run with collectives stood in failed (%s); the real one follows", exc)
+
     def _gear(self, k: int) -> None:
         graphed, static_leaves = self.gears[k]
         device, grad, inference = self.modes
@@ -85,8 +111,8 @@ class GearThreads:
                 modes.enter_context(torch.cuda.device(device))
                 modes.enter_context(torch.inference_mode(inference))
                 modes.enter_context(torch.set_grad_enabled(grad))
-                with self.slots, self.graphs.phase(static_leaves, "graph warm-up run"):
-                    self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+                with self.slots:
+                    self._warm_up(graphed, static_leaves)
             except BaseException as exc:                # raised in the caller
                 self.errors[k] = exc
             finally:
@@ -96,6 +122,8 @@ class GearThreads:
             if self.abort or self.errors[k] is not None:
                 return
             try:
+                if self.in_turn is not None:
+                    self.in_turn(k)
                 with self.graphs.phase(static_leaves, "graph record"):
                     self.results[k] = self.graphs.record(graphed.entry, static_leaves)
             except BaseException as exc:
