@@ -618,6 +618,13 @@ def intercepting_ops(namespaces: frozenset[str],
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Intercept(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo unless a subclass opts out, and
+            # that wrapper imports torch._dynamo (and Inductor) on its first call: seconds in a warm process, which
+            # runs stand-ins (CudaGraphs' warm-up runs under a process group) and never runs under Dynamo.
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             ns, _, op = func._schema.name.partition("::")

@@ -27,3 +27,24 @@ def test_stand_ins_answer_in_this_thread_and_record_the_group():
         torch.ops._c10d_functional.wait_tensor(y)
     assert torch.equal(y, x) and z.shape == (12,) and torch.equal(z[4:8], x)
     assert names == {"7"}
+
+
+def test_standing_in_for_collectives_imports_no_compiler():
+    """A warm process under a process group runs every gear's CUDA-graph warm-up with collectives stood in
+    (gearcache/graphs/gear_threads.py): the dispatch mode must not import torch._dynamo or Inductor (seconds; torch
+    wraps a mode's ``__torch_dispatch__`` in ``_disable_dynamo`` unless the mode opts out). A fresh process, so that
+    nothing imported them before."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from gearcache.runplan.collectives import stand_in_collectives\n"
+            "with stand_in_collectives():\n"
+            "    y = torch.ones(2) + 1\n"
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules), float(y.sum()))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "4.0"]
