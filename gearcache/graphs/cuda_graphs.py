@@ -313,20 +313,13 @@ class CudaGraphs:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         gear_threads = GearThreads(self, len(todo), threads or CAPTURE_THREADS, shadow=in_order)
-        prepared: list[tuple[tuple, tuple, GraphedEntry, tuple]] = []
-        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        try:
-            for gkey, leaves, key, targets in todo:
-                with self.phase(leaves, "look up", synchronize=False):
-                    graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait=True)
-                prepared.append((gkey, leaves, graphed, static_leaves))
-                saved += self._snapshot_new(graphed, static_leaves, [v for v, _ in saved])
-                gear_threads.start(graphed, static_leaves)
-            if in_order and before_runs is not None:
+        prepared, saved = self._start_gears(gear_plan, todo, gear_threads)
+        if in_order and before_runs is not None:
+            try:
                 before_runs([graphed.entry for _, _, graphed, _ in prepared])
-        except BaseException:
-            gear_threads.stop()
-            raise
+            except BaseException:
+                gear_threads.stop()
+                raise
 
         def between() -> None:              # every warm-up has ended; no record has begun
             for view, before in saved:
@@ -348,6 +341,25 @@ class CudaGraphs:
             self._captured(graphed, seconds)
         torch.cuda.empty_cache()
         return len(todo)
+
+    def _start_gears(self, gear_plan: GearPlan | None, todo: list[tuple[tuple, tuple, tuple, list[int] | None]],
+                     gear_threads: GearThreads) -> tuple[list[tuple[tuple, tuple, GraphedEntry, tuple]],
+                                                         list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Find each gear's entry and start its thread's warm-up run: ``(graph key, leaves, graphed, static
+        leaves)`` per gear, and the saved copies of what the warm-up runs write (restored before the records)."""
+        prepared: list[tuple[tuple, tuple, GraphedEntry, tuple]] = []
+        saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        try:
+            for gkey, leaves, key, targets in todo:
+                with self.phase(leaves, "look up", synchronize=False):
+                    graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait=True)
+                prepared.append((gkey, leaves, graphed, static_leaves))
+                saved += self._snapshot_new(graphed, static_leaves, [v for v, _ in saved])
+                gear_threads.start(graphed, static_leaves)
+        except BaseException:
+            gear_threads.stop()
+            raise
+        return prepared, saved
 
     @staticmethod
     def _snapshot_new(graphed: GraphedEntry, static_leaves: tuple,
