@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from gear_models import Center, KVStep, RunningSum, SeenRows
 from gearcache import ConfigError
-from gearcache.gears import padding
 from gearcache.call import signature
 from gearcache.compiling.capture import symbolic_shapes
+from gearcache.gears import padding
+from gearcache.gears.padding_report import PaddingReport
 from gearcache.gears.plan import MarkedDim, build_plan
 
 
@@ -390,9 +391,9 @@ def test_dims_that_meet_without_a_guard_move_in_lockstep(tmp_path):
 
 def test_report_round_trips_through_json(tmp_path):
     report, _ = _report(SeenRows(tmp_path).fwd, (torch.randn(4, 4),), [(0, 0)])
-    assert padding.PaddingReport.from_json(report.to_json()) == report
+    assert PaddingReport.from_json(report.to_json()) == report
     chosen, _ = _report(OPS.amin, (torch.randn(4, 4),), [(0, 0)])
-    again = padding.PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
+    again = PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
     assert again == chosen and again.pad_values == {0: float("inf")}
 
 
