@@ -430,3 +430,16 @@ def test_a_padded_size_the_aten_lowering_specializes_is_refused_not_read_as_stat
     monkeypatch.undo()
     report, _ = _report(OPS.rowwise, (torch.randn(4, 4),), [(0, 0)])
     assert report.mixing == [], "the same method, lowered without specializing, is proved exact"
+
+
+def test_every_op_has_its_rule_in_one_family_only():
+    """The rules table (padding_rules.py) gathers one table per op family: an op two families claimed would take
+    whichever came last, silently."""
+    from gearcache.gears import (padding_rules, padding_rules_collectives, padding_rules_contractions,
+                                 padding_rules_elementwise, padding_rules_indexing, padding_rules_reductions,
+                                 padding_rules_views)
+
+    families = [padding_rules_elementwise, padding_rules_views, padding_rules_reductions, padding_rules_contractions,
+                padding_rules_indexing, padding_rules_collectives]
+    names = [name for family in families for name in family.RULES]
+    assert len(names) == len(set(names)) == len(padding_rules.RULES)

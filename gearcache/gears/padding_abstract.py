@@ -76,6 +76,8 @@ NO_PAD = Pad()
 
 @dataclasses.dataclass
 class TensorValue:
+    """A tensor node's abstract value: its dims (one Dim each), whether its real rows may differ from eager's
+    (``dirty``), the storage it views, whether a view on its way moved rows, and its pad."""
     dims: tuple             # one Dim per dim
     dirty: Origin | None
     base: str               # the storage it views: the name of the node that made it
@@ -101,6 +103,11 @@ class SizeValue:
     """A SymInt, SymFloat or SymBool the graph computes."""
     padded: bool            # depends on a marked dim's size
     dirty: Origin | None
+
+
+AbstractValue = Union[TensorValue, SizeValue, list, None]
+"""A node's abstract value: a tensor's, a size's, a list of them (an op with several outputs), or None (a value the
+walk does not follow)."""
 
 
 _LIBRARY_PATHS = re.compile(r"/(torch|gearcache)/|/(contextlib|functools)\.py$")
@@ -131,6 +138,7 @@ def graph_constant(value: Any) -> Held:
 
 
 def tensors_in(values: list) -> list[TensorValue]:
+    """The TensorValues among ``values``, nested lists included, in order."""
     out = []
     for v in values:
         if isinstance(v, TensorValue):

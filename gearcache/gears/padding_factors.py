@@ -29,10 +29,12 @@ def size_expr(value: Any, same: dict) -> Any:
 
 
 def is_padded_dim(dim: Dim) -> bool:
+    """Whether a dim has a padded factor (a symbol's expression): its rows past the real size are padding."""
     return any(not isinstance(f, int) for f in dim)
 
 
 def dim_size(dim: Dim) -> Any:
+    """A dim's size: the product of its factors (a sympy expression when one is padded)."""
     return sympy.Mul(*dim) if any(not isinstance(f, int) for f in dim) else math.prod(dim)
 
 
@@ -83,12 +85,14 @@ def regroup(dims: tuple, sizes: list) -> tuple | None:
 
 
 def same_size(a: Any, b: Any) -> bool:
+    """Whether two sizes are equal for every value of the symbols."""
     if isinstance(a, int) and isinstance(b, int):
         return a == b
     return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
 
 def mul(a: Any, b: Any) -> Any:
+    """The product of two sizes (a sympy expression when one is)."""
     return a * b if isinstance(a, int) and isinstance(b, int) else sympy.sympify(a) * b
 
 
@@ -103,4 +107,5 @@ def divide(a: Any, b: Any) -> Any:
 
 
 def numel(dims: tuple) -> Any:
+    """The number of elements of a tensor of ``dims``."""
     return dim_size(tuple(f for d in dims for f in d))

@@ -24,8 +24,8 @@ import torch
 
 from .. import _torch_compat as compat
 from . import pad_values as pv
-from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, Gathered, Held, Pad, Positions, SizeValue, TensorValue,
-                               describe_held)
+from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, AbstractValue, Gathered, Held, Pad, Positions, SizeValue,
+                               TensorValue, describe_held)
 from .padding_factors import Dim, is_padded_dim
 
 Out = tuple
@@ -61,7 +61,7 @@ class RuleContext(Protocol):
     def size_of(self, value: Any) -> Any:
         """A size as an int or a sympy expression (padding_factors.size_expr)."""
 
-    def value_of(self, node: torch.fx.Node) -> Any:
+    def value_of(self, node: torch.fx.Node) -> AbstractValue:
         """The abstract value of a node already walked (None if none)."""
 
 
@@ -77,6 +77,7 @@ def op_name(node: torch.fx.Node) -> str:
 
 
 def meta_dims(a: RuleContext, node: torch.fx.Node, k: int | None = None) -> tuple:
+    """The dims of the node's (fake) output, or of its ``k``-th output: every symbolic size taken as padded."""
     meta: Any = node.meta.get("val")
     if k is not None:
         meta = meta[k]
@@ -84,11 +85,13 @@ def meta_dims(a: RuleContext, node: torch.fx.Node, k: int | None = None) -> tupl
 
 
 def meta_dtype(node: torch.fx.Node) -> torch.dtype:
+    """The dtype of the node's (fake) output (float32 for a non-tensor one)."""
     meta = node.meta.get("val")
     return meta.dtype if isinstance(meta, torch.Tensor) else torch.float32
 
 
 def norm_dim(d: int, rank: int) -> int:
+    """A dim index made non-negative for a tensor of ``rank`` dims."""
     return d + rank if d < 0 else d
 
 
@@ -101,10 +104,12 @@ def dim_list(dim: Any, rank: int) -> list[int]:
 
 
 def any_padded(dims: tuple, which: list[int]) -> bool:
+    """Whether any of the dims at indices ``which`` is padded."""
     return any(is_padded_dim(dims[d]) for d in which if d < len(dims))
 
 
 def sizes_used_as_values(values: list) -> bool:
+    """Whether any of ``values`` (nested lists included) is a size that involves a marked dim."""
     return any(isinstance(v, SizeValue) and v.padded for v in values) or any(
         sizes_used_as_values(v) for v in values if isinstance(v, list))
 

@@ -22,6 +22,7 @@ def _collective(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _wait(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """wait_tensor: its input as it is, pad included."""
     return args["tensor"].dims, None, a.pad(args["tensor"])
 
 

@@ -69,6 +69,7 @@ def _mv(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _dot(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """dot, vdot: a contraction of one dim (see :func:`_contract`)."""
     x, y = tensors_in(list(args.values()))[:2]
     return (), _contract(a, [(x, 0, y, 0)])
 

@@ -70,6 +70,9 @@ def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple, only: list[torch
 
 
 def pointwise(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """Pointwise ops (``torch.Tag.pointwise``, and ``where``, ``masked_fill``...): operands broadcast with their padded
+    rows in line (two marked dims meet); a padded size as a value mixes. Pad: followed symbolically (:func:`_symbolic`)
+    or evaluated exactly (:func:`evaluated`); a random op's is unknown."""
     dims, why = broadcast_dims(a, node, tensors_in(list(args.values())))
     if why is None and sizes_used_as_values([v for v in args.values() if not isinstance(v, TensorValue)]):
         why = ("uses the size of a padded dim as a value", MIXES)
@@ -155,11 +158,13 @@ def fresh(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def like(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """zeros_like, full_like, ...: a new tensor of ``self``'s dims holding the fill (see :func:`fresh`)."""
     _, why, pad = fresh(a, node, args)
     return args["self"].dims, why, pad
 
 
 def _fill(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """fill_: ``self``'s dims holding the value (a tensor value broadcasts in line)."""
     value = args.get("value")
     if isinstance(value, TensorValue):
         return broadcast_dims(a, node, [args["self"], value])
@@ -179,6 +184,7 @@ def _copy(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _sym_size(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """sym_size, sym_numel, ...: a size (the walk makes it a SizeValue: padded when it involves a marked dim)."""
     return None, None
 
 

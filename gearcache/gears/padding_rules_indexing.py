@@ -22,6 +22,9 @@ from .padding_rule_context import MOVES, Out, Rule, RuleContext, invalid_index, 
 
 
 def _embedding(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """embedding: rows of an unpadded table looked up at ``indices``, whose pad must be a valid row
+    (:func:`~gearcache.gears.padding_rule_context.invalid_index`); a padded table moves rows. Pad: copies of real rows
+    when the indices' pad is, else real data."""
     weight, indices = args["weight"], args["indices"]
     why = ("looks rows up in a padded table", MOVES) if is_padded_dim(weight.dims[0]) else None
     why = why or invalid_index(a, indices, dim_size(weight.dims[0]), negative=False)
@@ -30,6 +33,8 @@ def _embedding(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _index_select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """index_select: along an unpadded dim at an index whose pad is a valid position; along a padded dim moves
+    rows. Pad: the source's for an unpadded index; values gathered from the source (``Gathered``) for a padded one."""
     src, index = args["self"].dims, args["index"].dims
     dim = norm_dim(args["dim"], len(src))
     why = ("gathers along a padded dim", MOVES) if is_padded_dim(src[dim]) else None
@@ -41,6 +46,8 @@ def _index_select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _gather(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """gather: along an unpadded dim with an index whose padded rows line up with the source's and whose pad is a
+    valid position; along a padded dim moves rows."""
     src, index = args["self"].dims, args["index"].dims
     dim = norm_dim(args["dim"], len(src))
     why = ("gathers along a padded dim", MOVES) if is_padded_dim(src[dim]) else None
@@ -89,6 +96,7 @@ def _identity(a: RuleContext, index: Any, dim: Dim) -> bool:
 
 
 def _index(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """index (``x[i]``, advanced indexing): see :func:`_indexed`. Pad: the source's when no index is padded."""
     indices = list(args["indices"]) + [None] * (len(args["self"].dims) - len(args["indices"]))
     dims, why = _indexed(a, args["self"].dims, indices)
     plain = not any(isinstance(ix, TensorValue) and any(is_padded_dim(d) for d in ix.dims) for ix in indices)
@@ -96,6 +104,8 @@ def _index(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _index_put(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """index_put (``x[i] = v``): positions from a padded index move rows; the values' padded rows must line up
+    with where they go. Pad: kept where the written pad equals the target's (:func:`_kept_pad`)."""
     src = args["self"].dims
     indices = list(args["indices"]) + [None] * (len(src) - len(args["indices"]))
     if any(isinstance(ix, TensorValue) and any(is_padded_dim(d) for d in ix.dims) for ix in indices):

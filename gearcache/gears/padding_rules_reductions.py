@@ -109,6 +109,7 @@ def _along(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
 
 
 def _normalise(src: tuple, reduced: list[int]) -> Any:
+    """Why normalising over the ``reduced`` dims of ``src`` mixes (None when none of them is padded)."""
     return ("normalises over a padded dim (its mean and variance count the padded rows)", MIXES) \
         if any_padded(src, reduced) else None
 

@@ -22,6 +22,8 @@ from .padding_rule_context import (MOVES, Out, Rule, RuleContext, any_padded, di
 
 
 def _view(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """view, reshape: the factors regrouped into the new sizes (padding_factors.regroup): rows in line; a padded
+    factor that would be split moves rows. Pad: the source's."""
     sizes = [a.size_of(s) for s in node.meta["val"].shape]
     dims = regroup(args["self"].dims, sizes)
     if dims is None:
@@ -30,6 +32,8 @@ def _view(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _expand(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """expand: the source's dims where it has them; new or size-1 dims spread over a padded size repeat real rows
+    (pad: copies of real rows) or, for a source with a padded dim of its own, an unknown pad."""
     src, out = args["self"].dims, list(meta_dims(a, node))
     lead = len(out) - len(src)
     spread = any(is_padded_dim(out[k]) for k in range(lead)) or any(
@@ -43,11 +47,13 @@ def _expand(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _permute(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """permute: the dims reordered, rows in line. Pad: the source's."""
     src = args["self"].dims
     return tuple(src[norm_dim(d, len(src))] for d in args["dims"]), None, view_pad(a, args["self"])
 
 
 def _transpose(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """transpose, t: two dims swapped, rows in line. Pad: the source's."""
     src = list(args["self"].dims)
     if len(src) < 2:
         return tuple(src), None, view_pad(a, args["self"])
@@ -57,12 +63,14 @@ def _transpose(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _unsqueeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """unsqueeze: a size-1 dim inserted, rows in line. Pad: the source's."""
     src = list(args["self"].dims)
     src.insert(norm_dim(args["dim"], len(src) + 1), ())
     return tuple(src), None, view_pad(a, args["self"])
 
 
 def _squeeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """squeeze: size-1 dims removed; naming a padded dim moves rows (a real size of 1 would remove it)."""
     src = args["self"].dims
     named = dim_list(args.get("dim"), len(src))
     if any_padded(src, named):
@@ -71,6 +79,10 @@ def _squeeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _slice(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """slice: along an unpadded dim, or along a padded one to a size that is still padded, the sliced dim takes the
+    output's size; ``x[:1]`` keeps the first (always real) row; a fixed-size slice of a padded dim, a slice of a dim
+    that merges a padded factor with others, or a start or step that moves with a padded size moves rows. Pad: the
+    source's."""
     src = list(args["self"].dims)
     dim = norm_dim(args["dim"], len(src))
     out = list(meta_dims(a, node))
@@ -86,6 +98,8 @@ def _slice(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """select: a row of an unpadded dim, or row 0 of a padded one (always real); any other row of a padded dim
+    moves with the padding. Pad: the source's."""
     src = list(args["self"].dims)
     dim = norm_dim(args["dim"], len(src))
     index = args.get("index")
@@ -96,6 +110,8 @@ def _select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 
 
 def _split(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
+    """split, chunk, unbind, ...: pieces of an unpadded dim keep rows in line; splitting a padded dim moves rows.
+    One output per piece, each with the source's pad."""
     src = list(args["self"].dims)
     dim = norm_dim(args.get("dim", 0) or 0, len(src))
     metas = node.meta["val"]
@@ -108,6 +124,9 @@ def _split(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
 
 
 def _cat(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    """cat, stack: tensors whose padded rows line up; equal padded blocks along the concatenated dim become one dim
+    ``(blocks, s)`` (rows in line inside each block), unequal ones move rows. Pad: their common pad
+    (:func:`_common_pad`)."""
     tensors = [t for t in args["tensors"] if isinstance(t, TensorValue)]
     rank = node.meta["val"].dim()
     stack = op_name(node) == "stack"

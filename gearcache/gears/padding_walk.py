@@ -26,7 +26,7 @@ import torch
 from .. import _torch_compat as compat
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_abstract import (NO_PAD, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
+from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
 from .padding_report import Finding, PaddingReport
@@ -45,7 +45,7 @@ class GraphWalk:
         self.padded_leaves, self.symbols, self.same, self.pads = padded_leaves, symbols, same, pads
         self.bounds = bounds or {}                      # symbol -> its largest gear
         self.met: dict = {}                             # symbol -> the symbol it met (see ``aligned``)
-        self.env: dict[torch.fx.Node, Any] = {}
+        self.env: dict[torch.fx.Node, AbstractValue] = {}
         self.input_of: dict[str, list] = {}             # base name -> input recipe, for the graph's inputs
         self.storage_dirty: dict[str, Origin] = {}     # base name -> why data written into it is dirty
         self.storage: dict[str, Storage] = {}          # base name -> its dims, pad and writes
@@ -54,6 +54,7 @@ class GraphWalk:
         self.report = PaddingReport()
 
     def run(self) -> PaddingReport:
+        """Walk every node in program order, then return the report (findings deduplicated, written indices sorted)."""
         placeholders = iter(self.inputs)
         for node in self.graph.graph.nodes:
             if node.op == "placeholder":
@@ -72,7 +73,8 @@ class GraphWalk:
         r.mixing, r.unsafe_writes = list(dict.fromkeys(r.mixing)), list(dict.fromkeys(r.unsafe_writes))
         return r
 
-    def _placeholder(self, node: torch.fx.Node, recipe: list) -> Any:
+    def _placeholder(self, node: torch.fx.Node, recipe: list) -> TensorValue | SizeValue:
+        """A graph input: a size, or a tensor with its own storage whose pad is the leaf's pad value (if padded)."""
         value = node.meta.get("val", node.meta.get("example_value"))
         if not isinstance(value, torch.Tensor):
             return SizeValue(self._is_padded(value), None)
@@ -134,7 +136,7 @@ class GraphWalk:
     def size_of(self, value: Any) -> Any:
         return size_expr(value, self.same)
 
-    def value_of(self, node: torch.fx.Node) -> Any:
+    def value_of(self, node: torch.fx.Node) -> AbstractValue:
         """The abstract value of a node already walked (None if none)."""
         return self.env.get(node)
 
@@ -156,6 +158,7 @@ class GraphWalk:
         return False
 
     def _outputs(self, node: torch.fx.Node) -> None:
+        """Findings for the graph's outputs: a dirty one mixes; a padded size returned is mixing too."""
         for i, arg in enumerate(node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]):
             value = self.env.get(arg) if isinstance(arg, torch.fx.Node) else None
             dirty = self._dirt(value)
@@ -169,9 +172,11 @@ class GraphWalk:
         self.report.mixing.append(Finding(origin.op, origin.where, origin.why, reaches))
 
     # -------------------------------------------------------------------------------------------- one op
-    def _call(self, node: torch.fx.Node) -> Any:
+    def _call(self, node: torch.fx.Node) -> AbstractValue:
+        """One ATen op: its arguments bound by schema name, its rule (padding_rules.rule_for) applied, its output's
+        value made (:meth:`_values`), then its in-place writes followed (:meth:`_write`)."""
         if node.target is operator.getitem:
-            return self.env[cast(torch.fx.Node, node.args[0])][node.args[1]]
+            return cast(list, self.env[cast(torch.fx.Node, node.args[0])])[cast(int, node.args[1])]
         schema = compat.op_schema(node.target)
         if schema is None:
             return self._python_op(node)
@@ -214,7 +219,7 @@ class GraphWalk:
             return [self._value(r) for r in raw]
         return raw
 
-    def _python_op(self, node: torch.fx.Node) -> Any:
+    def _python_op(self, node: torch.fx.Node) -> TensorValue | SizeValue:
         """Arithmetic on sizes (``operator.mul``, ``sym_float``, ...): a size, dirty if its operands are."""
         inputs = [self.env.get(a) for a in node.all_input_nodes]
         dirty = next((d for d in map(self._dirt, inputs) if d is not None), None)
@@ -225,7 +230,7 @@ class GraphWalk:
             return t
         return SizeValue(self._is_padded(value), dirty)
 
-    def _dirt(self, value: Any) -> Origin | None:
+    def _dirt(self, value: object) -> Origin | None:
         """Why ``value`` (a tensor, a size, or a list of them) may differ from eager's; None if it cannot."""
         if isinstance(value, TensorValue):
             return value.dirty or self.storage_dirty.get(value.base)
@@ -245,7 +250,7 @@ class GraphWalk:
             self.sensitive |= origin.pads
         return origin
 
-    def _values(self, node: torch.fx.Node, schema: Any, args: dict[str, Any], produced: Any) -> Any:
+    def _values(self, node: torch.fx.Node, schema: Any, args: dict[str, Any], produced: Any) -> AbstractValue:
         """The node's abstract value(s) from what its rule produced: ``(dims, why[, pad])``, or a list of them."""
         inherited = self._dirt(list(args.values()))
         moved = next((t.moved for t in tensors_in(list(args.values())) if t.moved is not None), None)
@@ -257,7 +262,8 @@ class GraphWalk:
                     for k, (p, m) in enumerate(zip(produced, metas))]
         return self._one(node, produced, meta, (inherited, moved), base or node.name, node.name)
 
-    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str, name: str) -> Any:
+    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str,
+             name: str) -> TensorValue | SizeValue | None:
         """One output: its dims checked against the node's shape; dirty from its inputs (``given``: their dirt and
         whether a view on their way moved rows) or from the op itself; its pad (a view's follows its storage)."""
         (inherited, moved), (dims, why) = given, produced[:2]
@@ -291,7 +297,7 @@ class GraphWalk:
         return None
 
     # ------------------------------------------------------------------------------------------ writes
-    def _write(self, node: torch.fx.Node, target: Any, value: Any, args: dict[str, Any]) -> None:
+    def _write(self, node: torch.fx.Node, target: object, value: AbstractValue, args: dict[str, Any]) -> None:
         """An in-place write into ``target`` (see the module docstring, "Findings")."""
         if not isinstance(target, TensorValue):
             return
@@ -360,6 +366,8 @@ class GraphWalk:
         storage.const = UNKNOWN
 
     def _unsafe_write(self, target: TensorValue, args: dict[str, Any]) -> str | None:
+        """Why an in-place write into a module tensor or an unpadded input changes state eager leaves alone
+        (through a padded dim, through a view that moved rows, or with a padded tensor); None if it does not."""
         if any(is_padded_dim(d) for d in target.dims):
             return "writes through a padded dim, so the padding rows land in it too"
         if target.moved is not None:
@@ -370,6 +378,7 @@ class GraphWalk:
         return None
 
     def _input_name(self, recipe: list) -> str:
+        """How a finding names a graph input: ``parameter or buffer NAME``, ``argument NAME``."""
         if recipe[0] == "state":
             return f"parameter or buffer {recipe[1]}"
         if recipe[0] == "leaf":
