@@ -298,7 +298,7 @@ class GraphWalk:
 
     # ------------------------------------------------------------------------------------------ writes
     def _write(self, node: torch.fx.Node, target: object, value: AbstractValue, args: dict[str, Any]) -> None:
-        """An in-place write into ``target`` (see the module docstring, "Findings")."""
+        """An in-place write into ``target`` (see padding.py's docstring, "Findings", and this module's)."""
         if not isinstance(target, TensorValue):
             return
         result = value[0] if isinstance(value, list) else value
