@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from gear_models import Center, KVStep, RunningSum, SeenRows
 from gearcache import ConfigError
-from gearcache.gears import padding
 from gearcache.call import signature
 from gearcache.compiling.capture import symbolic_shapes
+from gearcache.gears import padding
+from gearcache.gears.padding_report import PaddingReport
 from gearcache.gears.plan import MarkedDim, build_plan
 
 
@@ -390,9 +391,9 @@ def test_dims_that_meet_without_a_guard_move_in_lockstep(tmp_path):
 
 def test_report_round_trips_through_json(tmp_path):
     report, _ = _report(SeenRows(tmp_path).fwd, (torch.randn(4, 4),), [(0, 0)])
-    assert padding.PaddingReport.from_json(report.to_json()) == report
+    assert PaddingReport.from_json(report.to_json()) == report
     chosen, _ = _report(OPS.amin, (torch.randn(4, 4),), [(0, 0)])
-    again = padding.PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
+    again = PaddingReport.from_json(json.loads(json.dumps(chosen.to_json())))
     assert again == chosen and again.pad_values == {0: float("inf")}
 
 
@@ -429,3 +430,16 @@ def test_a_padded_size_the_aten_lowering_specializes_is_refused_not_read_as_stat
     monkeypatch.undo()
     report, _ = _report(OPS.rowwise, (torch.randn(4, 4),), [(0, 0)])
     assert report.mixing == [], "the same method, lowered without specializing, is proved exact"
+
+
+def test_every_op_has_its_rule_in_one_family_only():
+    """The rules table (padding_rules.py) gathers one table per op family: an op two families claimed would take
+    whichever came last, silently."""
+    from gearcache.gears import (padding_rules, padding_rules_collectives, padding_rules_contractions,
+                                 padding_rules_elementwise, padding_rules_indexing, padding_rules_reductions,
+                                 padding_rules_views)
+
+    families = [padding_rules_elementwise, padding_rules_views, padding_rules_reductions, padding_rules_contractions,
+                padding_rules_indexing, padding_rules_collectives]
+    names = [name for family in families for name in family.RULES]
+    assert len(names) == len(set(names)) == len(padding_rules.RULES)
