@@ -20,7 +20,6 @@ own hits.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -43,10 +42,10 @@ from ..counters import counters
 from ..call.entry import Entry
 from ..runplan.collectives import graph_groups
 from ..errors import CacheCorruptionError, SignatureMismatchError
-from ..keys.key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
-                  graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
+from ..keys import key as cache_keys
+from ..keys.key import FORMAT_VERSION, source_digest
 from ..store import Store
-from ..ranks.topology import Topology, process_groups_factor
+from ..ranks.topology import Topology
 
 log = logging.getLogger("gearcache")
 
@@ -176,20 +175,9 @@ class EntryLife:
         """The entry key of the signature ``desc`` (everything its entry depends on) and its factors."""
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
                          {str(p.device) for p in self.module.parameters()}) or ["cpu"]
-        factors = ordered_factors("entry", {
-            "format": FORMAT_VERSION,
-            "method": {"name": self.name, "source_sha256": self.method_digest},
-            "signature": desc,
-            "module_state": module_state(self.module),
-            "config": self.config.compile_factors(),
-            "decompositions": decompositions_factor(self.decompositions),
-            "global_state": compat.global_state(devices),
-            "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices],
-            "process_groups": process_groups_factor(),
-        })
-        ekey, hashes = build_key("entry", factors)
-        return ekey, {"values": dict(factors), "hashes": hashes}
+        return cache_keys.entry_key(method_name=self.name, method_digest=self.method_digest, signature=desc,
+                                    module_state=module_state(self.module), config=self.config.compile_factors(),
+                                    environment=cache_keys.environment_factors(devices, self.decompositions))
 
     # ---------------------------------------------------------------------------------------------------- load
     def load(self, manifest: dict[str, Any], ekey: str, guards: guard_sets.GuardSet | None,
@@ -258,23 +246,17 @@ class EntryLife:
     def artifact_key(self, captured: Captured, factors: dict[str, Any],
                      index: int | None) -> tuple[str, dict[str, str]]:
         """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
-        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
-        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
+        code and the inputs' devices (``keys.key.artifact_key``'s ``device_index``): ranks on cuda:0..N-1 share one
+        artifact, whose run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
         runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
         again with it (``finish``)."""
         gm = captured.graph
-        constants = graph_constants_factor(gm)
         values = factors["values"]
-        code, inputs = gm.code, signature.inputs_meta(captured.example_inputs)
-        if index is not None and runplan.device_bound_reason(gm) is None:
-            free = without_device_index(canonical_json([code, inputs]), index)
-            if free is not None:
-                code, inputs = json.loads(free)
-        akey, hashes = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(code), "graph_constants": constants, "inputs": inputs,
-            "config": values["config"], **{name: values[name] for name in ENVIRONMENT_FACTORS},
-        }))
-        return akey, hashes
+        free = index is not None and runplan.device_bound_reason(gm) is None
+        return cache_keys.artifact_key(graph_code=gm.code, graph_constants=cache_keys.graph_constants_factor(gm),
+                                       inputs=signature.inputs_meta(captured.example_inputs), config=values["config"],
+                                       environment={name: values[name] for name in cache_keys.ENVIRONMENT_FACTORS},
+                                       device_index=index if free else None)
 
     def compile(self, captured: Captured, folder) -> None:
         """Compile the captured graph into the build folder ``folder`` (Inductor, in this process)."""
@@ -357,7 +339,7 @@ class EntryLife:
             return folder, built, runplan.load_artifact(folder, p.index)
         except runplan.WrongDevice as exc:
             log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
-        p.akey, p.artifact_factors = build_key("artifact", [("shared", p.akey), ("device_index", p.index)])
+        p.akey, p.artifact_factors = cache_keys.device_bound_artifact_key(p.akey, p.index)
         folder, built = self.publish(p)
         return folder, built, None if folder is None else runplan.load_artifact(folder, p.index)
 

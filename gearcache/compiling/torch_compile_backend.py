@@ -21,9 +21,8 @@ from ..call import signature
 from ..config import CompilerConfig
 from ..counters import counters
 from ..errors import ConfigError, PastLargestGearError
-from ..keys.key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
+from ..keys import key as cache_keys
 from ..store import Store
-from ..ranks.topology import process_groups_factor
 
 
 def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable:
@@ -147,14 +146,10 @@ class GearedGraph:
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
         compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
-        akey, _ = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(static.code),
-            "graph_constants": graph_constants_factor(static),
-            "inputs": signature.inputs_meta(inputs),
-            "config": self.config.compile_factors(), "decompositions": [],
-            "global_state": compat.global_state(devices), "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices], "process_groups": process_groups_factor(),
-        }))
+        akey, _ = cache_keys.artifact_key(graph_code=static.code,
+                                          graph_constants=cache_keys.graph_constants_factor(static),
+                                          inputs=signature.inputs_meta(inputs), config=self.config.compile_factors(),
+                                          environment=cache_keys.environment_factors(devices, None))
         patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
         t0 = time.perf_counter()
 
