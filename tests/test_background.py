@@ -222,3 +222,38 @@ def test_generate_under_cuda_graphs_runs_eagerly_while_compiling_then_replays_gr
     assert warm["counters"]["compiles"] == 0 and warm["hooks"]["dynamo_frames"] == 0
     assert warm["counters"]["graph_captures"] >= 2
     assert warm["tokens"] == cold["tokens"]
+
+
+def test_a_background_compile_is_a_handle_its_owner_keeps_polls_and_closes(tmp_path):
+    """background.Compiling is what the owner (an EntryLife) keeps: ``done``/``wait`` poll the worker, ``reply`` is
+    None when it failed (the settling build compiles in-process), ``close`` removes its scratch folder and ends its
+    count in ``in_flight``; the module holds it weakly and reaches its owner only through ``settle_all``."""
+    import concurrent.futures
+    import types
+
+    from gearcache.compiling import background
+    from gearcache.errors import WorkerError
+
+    class Owner:
+        def __init__(self):
+            self.deadlines = []
+
+        def settle_all(self, deadline=None):
+            self.deadlines.append(deadline)
+            return 0
+
+    owner, scratch = Owner(), tmp_path / "scratch"
+    scratch.mkdir()
+    pending = types.SimpleNamespace(args=(torch.ones(2),), kwargs={}, ekey="e" * 40, captured=None)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    before = background.in_flight()
+    handle = background.Compiling(torch.relu, "m", pending, None, future, scratch, owner)
+    background._WORKERS.handles.add(handle)
+    assert background.in_flight() == before + 1
+    assert not handle.done() and not handle.wait(0.01)
+    assert background.wait(timeout=0) == 0 and owner.deadlines and owner.deadlines[-1] is not None
+    future.set_exception(WorkerError("the worker died", pid=1))
+    assert handle.done() and handle.wait(0) and handle.reply() is None
+    assert handle.manifest == {"method": "m", "ekey": "e" * 40, "eager": True, "compiling": True}
+    handle.close()
+    assert not scratch.exists() and background.in_flight() == before

@@ -230,3 +230,40 @@ def test_the_cpu_device_factor_names_the_isa_extensions_inductor_builds_for(tmp_
     has = {name for name in compat.CPU_ISA_EXTRAS if getattr(torch.cpu, f"_is_{name}_supported", lambda: False)()}
     named = set(device.split(":")[-1].split("+")[1:])
     assert named == has
+
+
+# Each key function pinned against the value the code before keys/key.py computed them all gave for a fixed input:
+# caches written before must still hit. A change here is a cache-invalidating change (bump FORMAT_VERSION).
+PIN_ENV = {"decompositions": [["aten.silu.default", "d" * 64]], "global_state": {"autocast": False},
+           "software": {"torch": "2.5.0", "python": "3.11.7"}, "devices": [[8, 0]], "process_groups": []}
+PIN_CONFIG = {"mode": "default", "options": {}}
+PIN_METHOD = {"method_name": "M.forward", "method_digest": "a" * 64}
+PIN_STATE = [["param", "w", [3, 3], "torch.float32", "cpu", [3, 1]]]
+
+
+def test_entry_key_value_pinned():
+    from gearcache.keys.key import ENTRY_FACTORS, FORMAT_VERSION, entry_key
+    assert FORMAT_VERSION == 6
+    key, factors = entry_key(**PIN_METHOD, signature={"leaves": [["tensor", [2, 3], "torch.float32"]]},
+                             module_state=PIN_STATE, config=PIN_CONFIG, environment=PIN_ENV)
+    assert key == "9d17fcda4da6961578892f668dec0d7a37ca33ab"
+    assert list(factors["values"]) == list(factors["hashes"]) == list(ENTRY_FACTORS)
+
+
+def test_artifact_keys_values_pinned():
+    from gearcache.keys.key import artifact_key, device_bound_artifact_key
+    code = "def forward(self, x):\n    return x.to('cuda:1')\n"
+    parts = dict(graph_code=code, graph_constants=[["w", "e" * 64 + "[3]"]],
+                 inputs=[[[2, 3], [3, 1], "torch.float32", "cuda:1"]], config=PIN_CONFIG, environment=PIN_ENV)
+    assert artifact_key(**parts)[0] == "0dfeec38a9f882daca355bf0b114c4996ada2ccf"
+    assert artifact_key(**parts, device_index=1)[0] == "0ed1e87ede35ba779902b5adecdb5bb263d5ecee"
+    assert artifact_key(**parts, device_index=0)[0] == "0dfeec38a9f882daca355bf0b114c4996ada2ccf"  # names another GPU
+    assert device_bound_artifact_key("f" * 40, 1)[0] == "6c0274e15b6d564b4429cd0f0aae00365230af21"
+
+
+def test_gear_plan_key_value_pinned():
+    from gearcache.keys.key import gear_plan_key
+    key = gear_plan_key(**PIN_METHOD, structure="('tuple', 1)", plan_format=3, marks=[[0, 0, [1, 2, 4], None]],
+                        merge_policy="merge", module_state=PIN_STATE, global_state={"autocast": False},
+                        software={"torch": "2.5.0", "python": "3.11.7"})
+    assert key == "72fdb92c5abd007c387964b46ee33e9d0154929b"

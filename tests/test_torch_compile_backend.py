@@ -111,3 +111,23 @@ def test_a_float_argument_that_changes_is_read_from_the_call(tmp_path):
         for n, alpha in ((2, 2.0), (4, 0.5), (4, 0.7), (2, 3.0)):
             x = torch.randn(n, 4)
             torch.testing.assert_close(compiled(x, alpha), model(x, alpha))
+
+
+def test_a_second_backend_over_the_same_folder_loads_each_gear(tmp_path):
+    """The route compiles and loads through the same seam as cache_compile's entries (compiling/pipeline.py): a
+    fresh trace over a folder that has the gears' artifacts loads them (counted as loads), compiling nothing."""
+    import torch._dynamo
+    torch.manual_seed(0)
+    model = Pair().eval()
+    a, b = torch.randn(3, 2), torch.randn(3, 2)
+    outs = []
+    for expected in ({"compiles": 2, "loads": 0}, {"compiles": 0, "loads": 2}):
+        torch._dynamo.reset()
+        compiled = _geared_compile(model, tmp_path)
+        with torch.no_grad(), counters.expect(misses=2, **expected):
+            outs.append([compiled(set_dim_gears(a[:n], {0: [2, 4]}), set_dim_gears(b[:n], {0: [2, 4]}))
+                         for n in (2, 3)])
+    for first, second in zip(*outs):
+        torch.testing.assert_close(first, second)
+    with torch.no_grad():
+        torch.testing.assert_close(outs[1][1], model(a, b))

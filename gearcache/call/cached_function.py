@@ -51,7 +51,7 @@ from ..counters import counters
 from .entry import Entry, writes_a_leaf
 from ..compiling.entry_life import EntryLife, Loaded, entry_groups, module_state
 from ..errors import GradModeError, PastLargestGearError, UnsupportedInputError
-from ..keys.key import FORMAT_VERSION, build_key
+from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..store import Store
 from ..warmup.timeline import Timeline
 from ..compiling.workers import WorkerPool
@@ -271,18 +271,11 @@ class CachedFunction(Dispatcher):
     def _plan_key(self, marks: list, key: tuple) -> str:
         """The gear plan's key: everything its trace depends on."""
         ic = self.config.inference_config
-        pkey, _ = build_key("gear plan", [
-            ("format", FORMAT_VERSION),
-            ("method", {"name": self.name, "source_sha256": self.life.method_digest}),
-            ("structure", repr(key[0])),
-            ("plan_format", gears.PLAN_FORMAT),
-            ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
-            ("policy", ic.dynamic_gears_merge_policy),
-            ("module_state", module_state(self._module)),
-            ("global_state", compat.global_state()),
-            ("software", compat.software_versions()),
-        ])
-        return pkey
+        return gear_plan_key(method_name=self.name, method_digest=self.life.method_digest, structure=repr(key[0]),
+                             plan_format=gears.PLAN_FORMAT,
+                             marks=[[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks],
+                             merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self._module),
+                             global_state=compat.global_state(), software=compat.software_versions())
 
     def _load_or_build_plan(self, marks: list, leaves: tuple, key: tuple) -> "gears.GearPlan":
         """The stored gear plan for these marks, else one built from a symbolic trace (with its padding analysis) and

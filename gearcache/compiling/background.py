@@ -2,19 +2,20 @@
 
 A miss the store cannot serve is captured in the calling thread (Dynamo needs the live call; nothing runs), its graph
 is compiled in a worker process (gearcache/compiling/workers.py), and the call returns at once: it, and every later
-call of
-that signature until the compile is done, runs the method eagerly through :class:`Compiling`, an eager stand-in
-(``faults.EagerEntry``), so outputs and in-place updates are eager's by construction. Such calls count in
+call of that signature until the compile is done, runs the method eagerly through :class:`Compiling`, an eager
+stand-in (``faults.EagerEntry``), so outputs and in-place updates are eager's by construction. Such calls count in
 ``counters.eager_calls``, not in ``hits``.
 
-The first call of the signature after the worker is done (or :func:`wait`) settles it in the calling thread: the
-artifact is published as any miss publishes it (``EntryLife.publish``: the artifact lock, a private build folder
-into which the worker's folder is copied, the run plan written from the captured example inputs:
-``compiler.finish_artifact``, digests, an atomic rename), the entry manifest written, the entry loaded and put in
-the table (``EntryLife.finish`` and ``remember``). From then on the signature is served compiled, CUDA graphs
-included: under ``mode="reduce-overhead"`` a compiling gear runs eagerly with no graph
-(gearcache/graphs/cuda_graphs.py: a
-graph of the stand-in would replay one eager run), and its graph is captured on its first call once loaded.
+A background compile is a handle, :class:`Compiling`, that its owner (an ``entry_life.EntryLife``) keeps, polls
+(``done``, ``wait``) and installs: the first call of the signature after the worker is done (or :func:`wait`)
+settles it in the calling thread (``EntryLife.settle``): the artifact is published as any miss publishes it
+(``EntryLife.publish``: the artifact lock, a private build folder which :meth:`Compiling.fill` fills with the worker's
+folder and the run plan written from the captured example inputs, ``compiler.finish_artifact``, digests, an atomic
+rename), the entry manifest written, the entry loaded and put in the table (``EntryLife.finish`` and ``remember``),
+and the handle closed (:meth:`Compiling.close`). This module never reaches into its owner: it only asks it to
+settle what it holds (:class:`BackgroundOwner`). From then on the signature is served compiled, CUDA graphs
+included: under ``mode="reduce-overhead"`` a compiling gear runs eagerly with no graph (gearcache/graphs/cuda_graphs.py:
+a graph of the stand-in would replay one eager run), and its graph is captured on its first call once loaded.
 Nothing compiled touches CUDA in this process outside the calling thread: the threads here only wait for the
 workers' pipes.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import logging
 import pathlib
 import shutil
@@ -43,29 +45,53 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 import torch
 
 from .. import _torch_compat as compat
 from ..call import signature
 from ..errors import WorkerError
+from .capture import Captured
 from .faults import EagerEntry
+from .pipeline import ArtifactPipeline
 from .workers import WorkerPool, default_workers, job_for
 
 log = logging.getLogger("gearcache.compiling.background")
 MAX_WORKERS = 8         # compiles at once, at most (fewer where cores or memory are short: workers.default_workers)
 
 
-class Compiling(EagerEntry):
-    """Serves one signature eagerly while its entry compiles in a worker (see the module docstring): the
-    ``pending`` capture (``entry_life.Pending``), the worker's ``future`` and its build folder ``scratch``, and the
-    calling thread's grad mode, inference mode and global state, which the settling compile runs under."""
+class PendingCall(Protocol):
+    """A captured call whose artifact is not published yet (``entry_life.Pending``): what a background compile needs
+    of it."""
+    args: tuple
+    kwargs: dict
+    ekey: str
+    captured: Captured
 
-    __slots__ = ("pending", "future", "scratch", "grad", "inference", "state")
 
-    def __init__(self, method: Any, name: str, pending: Any, future: concurrent.futures.Future,
-                 scratch: pathlib.Path):
+PendingT = TypeVar("PendingT", bound=PendingCall)
+
+
+class BackgroundOwner(Protocol):
+    """What holds background compiles (an ``entry_life.EntryLife``): :func:`wait` asks it to settle them."""
+
+    def settle_all(self, deadline: float | None = None) -> int:
+        """Wait for its compiles (until ``deadline``, a ``time.monotonic()``) and settle them; how many were."""
+        ...
+
+
+class Compiling(EagerEntry, Generic[PendingT]):
+    """The handle of one background compile, which serves its signature eagerly meanwhile (see the module
+    docstring): the ``pending`` capture, the ``graph`` the worker compiles, the worker's ``future`` and its build
+    folder ``scratch``, the ``owner`` (held weakly) and the calling thread's grad mode, inference mode and global
+    state, which the settling compile runs under. The owner keeps it, polls it (:meth:`done`, :meth:`wait`), fills
+    the published build folder with it (:meth:`fill`) and then closes it (:meth:`close`)."""
+
+    __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state")
+
+    def __init__(self, method: Callable, name: str, pending: PendingT, graph: torch.fx.GraphModule,
+                 future: concurrent.futures.Future, scratch: pathlib.Path, owner: BackgroundOwner):
         # not EagerEntry.__init__: nothing failed, so nothing is warned; the stand-in is the design until compiled
         self.method = method
         self.structure = signature.call_key(pending.args, pending.kwargs)[1][0]
@@ -73,9 +99,85 @@ class Compiling(EagerEntry):
                          "compiling": True}
         self.hits = self.real_elements = self.padded_elements = 0
         self.out_structure = None
-        self.pending, self.future, self.scratch = pending, future, scratch
+        self.pending, self.graph, self.future, self.scratch = pending, graph, future, scratch
+        self.owner: Callable[[], BackgroundOwner | None] = weakref.ref(owner)
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self.state = compat.global_state()
+
+    def done(self) -> bool:
+        """Whether the worker is done (compiled, or failed: :meth:`reply` tells)."""
+        return self.future.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: until done) for the worker; whether it is done."""
+        try:
+            self.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return False
+        except WorkerError:
+            pass                                # done, failed: the settling ``fill`` compiles it in this process
+        return True
+
+    def reply(self) -> dict[str, Any] | None:
+        """The done worker's reply (``{"seconds": ...}``); None when it failed (logged: ``fill`` compiles it here)."""
+        try:
+            return self.future.result()
+        except WorkerError as exc:
+            log.warning("%s: a worker failed to compile entry %s; compiling it in this process:\n%s",
+                        self.manifest["method"], self.pending.ekey, exc)
+            return None
+
+    def fill(self, pipeline: ArtifactPipeline, reply: dict[str, Any] | None, work: pathlib.Path) -> None:
+        """Fill the build folder ``work``: the worker's folder and its run plan, or (``reply`` None: the worker
+        failed) a compile here; under the calling thread's grad mode, inference mode and global state."""
+        example_inputs = self.pending.captured.example_inputs
+        with compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
+                torch.set_grad_enabled(self.grad):
+            if reply is None:
+                pipeline.compile(self.graph, example_inputs, work)
+                return
+            shutil.copytree(self.scratch / "inductor", work, symlinks=True)
+            pipeline.finish_compiled_elsewhere(example_inputs, work, reply["seconds"])
+
+    def close(self) -> None:
+        """The compile is settled (or given up): remove its scratch folder, and close the workers if idle."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        _WORKERS.handles.discard(self)
+        _WORKERS.close_if_idle()
+
+
+class Launcher:
+    """Starts background compiles on the open worker pool (:func:`starting`)."""
+
+    def __init__(self, pool: WorkerPool, threads: concurrent.futures.ThreadPoolExecutor):
+        self.pool, self.threads = pool, threads
+
+    def launch(self, owner: BackgroundOwner, method: Callable, name: str, pending: PendingT,
+               graph: torch.fx.GraphModule, patches: dict[str, Any]) -> Compiling[PendingT] | None:
+        """Compile ``graph`` (the capture ``pending``'s, decompositions applied) under Inductor's ``patches`` in a
+        worker: the :class:`Compiling` handle, for ``owner`` to keep; None when the graph cannot travel to a worker
+        (the caller compiles it in this process)."""
+        compat.import_torch_loader()            # settling may happen at exit, when Inductor can no longer import
+        job = job_for(graph, pending.captured.example_inputs, patches, f"{name}: entry {pending.ekey}")
+        if job is None:
+            return None
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
+        future = self.threads.submit(self.pool.compile, {**job, "folder": str(scratch / "inductor")})
+        handle = Compiling(method, name, pending, graph, future, scratch, owner)
+        _WORKERS.handles.add(handle)
+        return handle
+
+
+@contextlib.contextmanager
+def starting(tensors: list[torch.Tensor], workers: int | None) -> Iterator[Launcher]:
+    """The worker pool (started if closed: ``workers`` processes, else :func:`workers.default_workers` for the call's
+    and the module's ``tensors``), open for the block, which captures the miss and :meth:`Launcher.launch`es it:
+    the workers' imports overlap the trace. The pool closes after the block if nothing was launched."""
+    pool, threads = _WORKERS.start(workers or default_workers(MAX_WORKERS, tensors))
+    try:
+        yield Launcher(pool, threads)
+    finally:
+        _WORKERS.started()                      # in flight now, or nothing is: the pool closes if idle
 
 
 class _Workers:
@@ -85,7 +187,7 @@ class _Workers:
         self.lock = threading.Lock()
         self.pool: WorkerPool | None = None
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
-        self.lives: "weakref.WeakSet[Any]" = weakref.WeakSet()     # EntryLife objects with compiles in flight
+        self.handles: "weakref.WeakSet[Compiling[Any]]" = weakref.WeakSet()    # in flight (their owners hold them)
         self.starting = 0       # misses between ``start`` and ``started`` (capturing: not in flight yet)
         self.exit_registered = False
 
@@ -124,96 +226,24 @@ class _Workers:
 _WORKERS = _Workers()
 
 
-def start(life: Any, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found: Any) -> Any:
-    """A miss of ``life`` (an ``entry_life.EntryLife``, under its lock) the store cannot serve: capture it here and
-    compile it in a worker; returns the :class:`Compiling` stand-in (kept in ``life.compiling[key]``, not in the
-    table), or the entry itself when the graph must be compiled in this process."""
-    weights = [*life.module.parameters(), *life.module.buffers()]
-    size = life.config.inference_config.warmup_workers or default_workers(
-        MAX_WORKERS, [x for x in leaves if isinstance(x, torch.Tensor)] + weights)
-    pool, threads = _WORKERS.start(size)         # before the capture: the workers' imports overlap the trace
-    try:
-        pending = life.capture(args, kwargs, leaves, found)
-        compat.import_torch_loader()            # settling may happen at exit, when Inductor can no longer import
-        job = job_for(life.graph_to_compile(pending.captured), pending.captured.example_inputs,
-                      life.compile_patches(), f"{life.name}: entry {pending.ekey}")
-        if job is None:
-            folder, built = life.publish(pending)
-            return life.finish(pending, folder, built)
-        scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
-        future = threads.submit(pool.compile, {**job, "folder": str(scratch / "inductor")})
-        stand_in = Compiling(life.method, life.name, pending, future, scratch)
-        life.compiling[key] = stand_in
-        _WORKERS.lives.add(life)
-    finally:
-        _WORKERS.started()                      # in flight now, or nothing is: the pool closes if idle
-    log.info("%s: entry %s compiles in the background; its calls run eagerly until it is loaded", life.name,
-             pending.ekey)
-    return stand_in
-
-
-def settle(life: Any, key: tuple, stand_in: Compiling, wait: bool = False) -> Any:
-    """The entry of ``key`` if its compile is done (or, with ``wait``, once it is): published, loaded and
-    remembered here (see the module docstring); else ``stand_in``. Called under ``life.lock``."""
-    if not (wait or stand_in.future.done()):
-        return stand_in
-    try:
-        reply: dict[str, Any] | None = stand_in.future.result()
-    except WorkerError as exc:
-        log.warning("%s: a worker failed to compile entry %s; compiling it in this process:\n%s", life.name,
-                    stand_in.pending.ekey, exc)
-        reply = None
-    try:
-        folder, built = life.publish(stand_in.pending, lambda work: _build(life, stand_in, reply, work))
-        entry = life.finish(stand_in.pending, folder, built)
-    finally:
-        shutil.rmtree(stand_in.scratch, ignore_errors=True)
-        del life.compiling[key]
-        _WORKERS.close_if_idle()
-    life.remember(key, entry)
-    return entry
-
-
-def _build(life: Any, stand_in: Compiling, reply: dict[str, Any] | None, work: pathlib.Path) -> None:
-    """Fill the build folder ``work``: the worker's folder and its run plan, or (the worker failed) a compile here."""
-    with compat.global_state_applied(stand_in.state), torch.inference_mode(stand_in.inference), \
-            torch.set_grad_enabled(stand_in.grad):
-        if reply is None:
-            life.compile(stand_in.pending.captured, work)
-            return
-        shutil.copytree(stand_in.scratch / "inductor", work, symlinks=True)
-        life.finish_compiled_elsewhere(stand_in.pending.captured, work, reply["seconds"])
-
-
 def wait(timeout: float | None = None) -> int:
     """Wait for every background compile of this process and settle it in the calling thread (publish, load,
     remember: see the module docstring); returns how many entries were settled. ``timeout`` (seconds, in all): the
     compiles not done by then stay in flight (their calls still run eagerly)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    return sum(wait_for(life, deadline) for life in list(_WORKERS.lives))
+    owners = dict.fromkeys(owner for handle in list(_WORKERS.handles) if (owner := handle.owner()) is not None)
+    return sum(wait_for(owner, deadline) for owner in owners)
 
 
-def wait_for(life: Any, deadline: float | None = None) -> int:
-    """:func:`wait` for the compiles of one ``entry_life.EntryLife`` (``deadline``: a ``time.monotonic()``)."""
-    settled = 0
-    with life.lock:
-        for key, stand_in in list(life.compiling.items()):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                stand_in.future.result(left)
-            except concurrent.futures.TimeoutError:
-                continue
-            except WorkerError:
-                pass                            # settle compiles it here
-            settle(life, key, stand_in, wait=True)
-            settled += 1
-    return settled
+def wait_for(owner: BackgroundOwner, deadline: float | None = None) -> int:
+    """:func:`wait` for the compiles of one owner (an ``entry_life.EntryLife``; ``deadline``: a
+    ``time.monotonic()``)."""
+    return owner.settle_all(deadline)
 
 
 def in_flight() -> int:
     """How many background compiles of this process are not settled yet."""
-    return sum(len(life.compiling) for life in list(_WORKERS.lives))
-
+    return len(_WORKERS.handles)
 
 def worker_pids() -> list[int]:
     """The pids of the background worker processes running now (none while no compile is in flight)."""

@@ -20,7 +20,7 @@ own hits.
 from __future__ import annotations
 
 import dataclasses
-import json
+import pathlib
 import logging
 import threading
 import time
@@ -31,22 +31,23 @@ from typing import Any, Callable, Union, cast
 import torch
 
 from .. import _torch_compat as compat
-from . import artifact_io, background, compiler, faults
+from . import artifact_io, background, faults
 from ..store import diagnostics
 from ..ranks import phases as ranks
 from .. import runplan
 from ..call import signature
 from ..keys import guard_paths, guard_sets
+from .pipeline import ArtifactPipeline, Build
 from .capture import Captured, capture, dependencies_changed
 from ..config import CompilerConfig
 from ..counters import counters
 from ..call.entry import Entry
 from ..runplan.collectives import graph_groups
-from ..errors import CacheCorruptionError, SignatureMismatchError
-from ..keys.key import (ENVIRONMENT_FACTORS, FORMAT_VERSION, build_key, canonical_json, decompositions_factor,
-                  graph_constants_factor, ordered_factors, sha256_text, source_digest, without_device_index)
+from ..errors import SignatureMismatchError
+from ..keys import key as cache_keys
+from ..keys.key import FORMAT_VERSION, source_digest
 from ..store import Store
-from ..ranks.topology import Topology, process_groups_factor
+from ..ranks.topology import Topology
 
 log = logging.getLogger("gearcache")
 
@@ -89,13 +90,15 @@ class EntryLife:
         self.module = cast(torch.nn.Module, method.__self__)
         self.config = config
         self.store = store
+        self.pipeline = ArtifactPipeline(store, config)     # the artifacts' compile, publish and load
         self.topology = topology
         self.decompositions = decompositions
         self.name = name
         self.scope = scope
         self.method_digest = source_digest(method.__func__)
         self.table: dict[tuple, Loaded] = {}
-        self.compiling: dict[tuple, background.Compiling] = {}    # on_new_signature="background": eager stand-ins
+        # on_new_signature="background": the handles of compiles in flight (eager stand-ins until settled)
+        self.compiling: dict[tuple, background.Compiling[Pending]] = {}
         self.communicates: bool | None = None   # whether its graphs call collectives (None: not known yet)
         self.lock = threading.RLock()
         # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
@@ -126,19 +129,66 @@ class EntryLife:
                 return self.table[key]
             stand_in = self.compiling.get(key)
             if stand_in is not None:                # compiling in the background: the entry once done, else eager
-                return background.settle(self, key, stand_in)
+                return self.settle(key, stand_in)
             found = self.find(leaves, key)
             entry: Loaded | None = found.entry
             if entry is None:
                 args, kwargs = call if call is not None else signature.unflatten(key[0], leaves)
                 if self.config.on_new_signature == "background":
-                    entry = background.start(self, key, args, kwargs, leaves, found)
+                    entry = self.start_background(key, args, kwargs, leaves, found)
                     if isinstance(entry, background.Compiling):
                         return entry            # served eagerly until settled; remembered then
                 else:
                     entry = self.new_entry(args, kwargs, leaves, found)
             self.remember(key, entry)
             return entry
+
+    # ------------------------------------------------------------------------------------------------ background
+    def start_background(self, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Loaded:
+        """A miss the store cannot serve, under ``on_new_signature="background"`` (under the lock): captured here,
+        compiled in a worker (gearcache/compiling/background.py); returns the :class:`background.Compiling` handle
+        (kept in ``compiling``, not in the table), or the entry itself when the graph must compile in this process."""
+        tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *self.module.parameters(),
+                   *self.module.buffers()]
+        with background.starting(tensors, self.config.inference_config.warmup_workers) as launcher:
+            pending = self.capture(args, kwargs, leaves, found)
+            handle = launcher.launch(self, self.method, self.name, pending, self.graph_to_compile(pending.captured),
+                                     self.compile_patches())
+            if handle is None:                  # cannot travel to a worker: compiled here
+                folder, built = self.publish(pending)
+                return self.finish(pending, folder, built)
+            self.compiling[key] = handle
+        log.info("%s: entry %s compiles in the background; its calls run eagerly until it is loaded", self.name,
+                 pending.ekey)
+        return handle
+
+    def settle(self, key: tuple, handle: background.Compiling[Pending], wait: bool = False) -> Loaded:
+        """The entry of ``key`` if its background compile is done (or, with ``wait``, once it is): published,
+        loaded and remembered here (gearcache/compiling/background.py's docstring); else the eager ``handle``.
+        Called under the lock."""
+        if not (wait or handle.done()):
+            return handle
+        reply = handle.reply()
+        try:
+            folder, built = self.publish(handle.pending, lambda work: handle.fill(self.pipeline, reply, work))
+            entry = self.finish(handle.pending, folder, built)
+        finally:
+            del self.compiling[key]
+            handle.close()
+        self.remember(key, entry)
+        return entry
+
+    def settle_all(self, deadline: float | None = None) -> int:
+        """Wait for this method's background compiles (until ``deadline``, a ``time.monotonic()``: the compiles not
+        done by then stay in flight) and settle them; returns how many were settled."""
+        settled = 0
+        with self.lock:
+            for key, handle in list(self.compiling.items()):
+                if not handle.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                    continue
+                self.settle(key, handle, wait=True)
+                settled += 1
+        return settled
 
     # ---------------------------------------------------------------------------------------------------- find
     def find(self, leaves: tuple, key: tuple) -> Found:
@@ -176,20 +226,9 @@ class EntryLife:
         """The entry key of the signature ``desc`` (everything its entry depends on) and its factors."""
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
                          {str(p.device) for p in self.module.parameters()}) or ["cpu"]
-        factors = ordered_factors("entry", {
-            "format": FORMAT_VERSION,
-            "method": {"name": self.name, "source_sha256": self.method_digest},
-            "signature": desc,
-            "module_state": module_state(self.module),
-            "config": self.config.compile_factors(),
-            "decompositions": decompositions_factor(self.decompositions),
-            "global_state": compat.global_state(devices),
-            "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices],
-            "process_groups": process_groups_factor(),
-        })
-        ekey, hashes = build_key("entry", factors)
-        return ekey, {"values": dict(factors), "hashes": hashes}
+        return cache_keys.entry_key(method_name=self.name, method_digest=self.method_digest, signature=desc,
+                                    module_state=module_state(self.module), config=self.config.compile_factors(),
+                                    environment=cache_keys.environment_factors(devices, self.decompositions))
 
     # ---------------------------------------------------------------------------------------------------- load
     def load(self, manifest: dict[str, Any], ekey: str, guards: guard_sets.GuardSet | None,
@@ -200,29 +239,12 @@ class EntryLife:
             log.info("%s: entry %s is stale (%s changed since it was compiled); recompiling", self.name, ekey, changed)
             return None
         akey = manifest["akey"]
-        try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
-            run_plan = artifact_io.verified_plan(self.store, akey)
-        except FileNotFoundError:
-            log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
-            return None
-        except CacheCorruptionError as exc:
-            self.store.quarantine(akey, exc.reason)
-            log.warning("%s: %s; recompiling", self.name, exc)
-            return None
-        t0 = time.perf_counter()
-        try:                                                  # a verified private copy if the folder is read-only
-            compiled = artifact_io.load_stored(self.store, akey, index, run_plan)
-        except runplan.WrongDevice as exc:
-            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", self.name, ekey, index, exc)
-            return None
-        if compiled is None:
-            return None                                       # vanished since it was verified: a miss
-        self.store.lease(akey)                                # in use: not evicted under max_size
+        loaded = self.pipeline.load_stored(akey, index, name=self.name, ekey=ekey)
+        if loaded is None:
+            return None                                       # a miss
+        compiled, dt = loaded
         entry = Entry(compiled, self.module, manifest)
         entry.guards = guards
-        dt = time.perf_counter() - t0
-        counters.loads += 1
-        counters.load_seconds += dt
         diagnostics.record_load(self.store, ekey, dt)
         log.info("%s: loaded entry %s (artifact %s) in %.3f s", self.name, ekey, akey, dt)
         return entry
@@ -258,40 +280,26 @@ class EntryLife:
     def artifact_key(self, captured: Captured, factors: dict[str, Any],
                      index: int | None) -> tuple[str, dict[str, str]]:
         """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
-        code and the inputs' devices (key.without_device_index): ranks on cuda:0..N-1 share one artifact, whose
-        run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
+        code and the inputs' devices (``keys.key.artifact_key``'s ``device_index``): ranks on cuda:0..N-1 share one
+        artifact, whose run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
         runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
         again with it (``finish``)."""
         gm = captured.graph
-        constants = graph_constants_factor(gm)
         values = factors["values"]
-        code, inputs = gm.code, signature.inputs_meta(captured.example_inputs)
-        if index is not None and runplan.device_bound_reason(gm) is None:
-            free = without_device_index(canonical_json([code, inputs]), index)
-            if free is not None:
-                code, inputs = json.loads(free)
-        akey, hashes = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(code), "graph_constants": constants, "inputs": inputs,
-            "config": values["config"], **{name: values[name] for name in ENVIRONMENT_FACTORS},
-        }))
-        return akey, hashes
+        free = index is not None and runplan.device_bound_reason(gm) is None
+        return cache_keys.artifact_key(graph_code=gm.code, graph_constants=cache_keys.graph_constants_factor(gm),
+                                       inputs=signature.inputs_meta(captured.example_inputs), config=values["config"],
+                                       environment={name: values[name] for name in cache_keys.ENVIRONMENT_FACTORS},
+                                       device_index=index if free else None)
 
-    def compile(self, captured: Captured, folder) -> None:
+    def compile(self, captured: Captured, folder: pathlib.Path) -> None:
         """Compile the captured graph into the build folder ``folder`` (Inductor, in this process)."""
-        t0 = time.perf_counter()
-        compiler.compile_artifact(self.graph_to_compile(captured), captured.example_inputs, folder,
-                                  config_patches=self.compile_patches())
-        counters.compiles += 1
-        counters.compile_seconds += time.perf_counter() - t0
+        self.pipeline.compile(self.graph_to_compile(captured), captured.example_inputs, folder)
 
-    def finish_compiled_elsewhere(self, captured: Captured, folder, worker_seconds: float) -> None:
-        """The rest of ``compile`` for a folder a worker process compiled (warm-up, background compiles): a first
-        load and the run plan from the captured example inputs (``compiler.finish_artifact``); counted as a compile
-        of ``worker_seconds`` plus this."""
-        t0 = time.perf_counter()
-        compiler.finish_artifact(folder, captured.example_inputs)
-        counters.compiles += 1
-        counters.compile_seconds += worker_seconds + time.perf_counter() - t0
+    def finish_compiled_elsewhere(self, captured: Captured, folder: pathlib.Path, worker_seconds: float) -> None:
+        """The rest of ``compile`` for a folder a worker process compiled (warm-up, background compiles):
+        ``ArtifactPipeline.finish_compiled_elsewhere`` with the captured example inputs."""
+        self.pipeline.finish_compiled_elsewhere(captured.example_inputs, folder, worker_seconds)
 
     def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
         """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
@@ -300,28 +308,24 @@ class EntryLife:
         return captured.graph
 
     def compile_patches(self) -> dict[str, Any]:
-        """Inductor's config patches for the config's mode and options."""
-        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+        """Inductor's config patches for the config's mode and options (``ArtifactPipeline.patches``)."""
+        return self.pipeline.patches()
 
-    def publish(self, pending: Pending, build: Callable[[Any], None] | None = None) -> tuple[Any, bool]:
-        """Publish the pending artifact (``faults.publish_or_fallback``: the artifact lock, a private build folder,
+    def publish(self, pending: Pending, build: Build | None = None) -> tuple[pathlib.Path | None, bool]:
+        """Publish the pending artifact (``ArtifactPipeline.publish``: the artifact lock, a private build folder,
         digests, an atomic rename; once across the processes sharing the store): ``(folder, built)``, folder None
         where the store failed and ``on_cache_error="eager"``. ``build``: what builds it (default: ``compile``)."""
         if build is None:
             build = lambda work: self.compile(pending.captured, work)   # noqa: E731
         ranks.note(f"{self.name}: publishing artifact {pending.akey[:16]} (compiling it, or waiting for the process "
                    f"that compiles it)")
-        return faults.publish_or_fallback(self.store, pending.akey, build, self.config.on_cache_error)
+        return self.pipeline.publish(pending.akey, build)
 
-    def finish(self, p: Pending, folder, built: bool) -> Loaded:
+    def finish(self, p: Pending, folder: pathlib.Path | None, built: bool) -> Loaded:
         """Given the published artifact folder (``publish``), write the entry manifest and load the entry. An artifact
         this process did not build (another process compiled it while this one waited, or another entry of the same
         graph did) counts as a load."""
-        t_load = time.perf_counter()
         folder, built, compiled = self._load_published(p, folder, built)
-        if folder is not None and not built:
-            counters.loads += 1
-            counters.load_seconds += time.perf_counter() - t_load
         args, kwargs, ekey, akey, captured, t0 = p.args, p.kwargs, p.ekey, p.akey, p.captured, p.t0
         manifest = {
             "format": FORMAT_VERSION, "ekey": ekey, "akey": akey, "method": self.name,
@@ -333,7 +337,7 @@ class EntryLife:
             "created": time.time(),
             "compile_seconds": time.perf_counter() - t0 if built else 0.0,
         }
-        if folder is None:                                    # the store failed and on_cache_error="eager"
+        if folder is None or compiled is None:                # the store failed and on_cache_error="eager"
             return faults.EagerEntry(self.method, args, kwargs, manifest)
         entry = Entry(compiled, self.module, manifest)
         entry.guards = captured.guards
@@ -348,18 +352,19 @@ class EntryLife:
                      "compiled here), in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         return entry
 
-    def _load_published(self, p: Pending, folder, built: bool) -> tuple[Any, bool, Any]:
+    def _load_published(self, p: Pending, folder: pathlib.Path | None,
+                        built: bool) -> tuple[pathlib.Path | None, bool, Callable[..., Any] | None]:
         """Load the published artifact for the call's GPU: ``(folder, built, loaded)``. An artifact bound to another
         GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index, compiled here (``p`` is updated)."""
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return None, built, None
         try:
-            return folder, built, runplan.load_artifact(folder, p.index)
+            return folder, built, self.pipeline.load_published(folder, built, p.index)
         except runplan.WrongDevice as exc:
             log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
-        p.akey, p.artifact_factors = build_key("artifact", [("shared", p.akey), ("device_index", p.index)])
+        p.akey, p.artifact_factors = cache_keys.device_bound_artifact_key(p.akey, p.index)
         folder, built = self.publish(p)
-        return folder, built, None if folder is None else runplan.load_artifact(folder, p.index)
+        return folder, built, None if folder is None else self.pipeline.load_published(folder, built, p.index)
 
     # ------------------------------------------------------------------------------------------------ remember
     def remember(self, key: tuple, entry: Loaded) -> None:

@@ -2,28 +2,25 @@
 
 Dynamo traces once with the gear-marked dims dynamic (``set_dim_gears`` marks them), so changing sizes never
 recompiles. Inside the backend, :class:`GearedGraph` resolves each call to its gear, pads, runs a static compiled
-entry for that gear (specialised from the dynamic graph, compiled by Inductor once and persisted in the store like
-``cache_compile``'s artifacts), and cuts the outputs back. Dynamo's own guards still run on this route (it is
-torch.compile's); ``cache_compile`` is the guard-free route.
+entry for that gear (specialised from the dynamic graph, compiled by Inductor once and persisted in the store through
+the compile/load seam ``cache_compile``'s entries use, gearcache/compiling/pipeline.py), and cuts the outputs back.
+Dynamo's own guards still run on this route (it is torch.compile's); ``cache_compile`` is the guard-free route.
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import torch
 
 from .. import _torch_compat as compat
-from . import compiler, faults
 from ..gears import plan as gears
-from .. import runplan
 from ..call import signature
 from ..config import CompilerConfig
 from ..counters import counters
 from ..errors import ConfigError, PastLargestGearError
-from ..keys.key import FORMAT_VERSION, build_key, graph_constants_factor, ordered_factors, sha256_text
+from ..keys import key as cache_keys
 from ..store import Store
-from ..ranks.topology import process_groups_factor
+from .pipeline import ArtifactPipeline
 
 
 def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable:
@@ -75,7 +72,8 @@ class GearedGraph:
     """One Dynamo graph; one static compiled entry per gear."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], config: CompilerConfig, store: Store):
-        self.gm, self.config, self.store = gm, config, store
+        self.gm, self.config = gm, config
+        self.pipeline = ArtifactPipeline(store, config)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         fakes = [n.meta.get("example_value") for n in placeholders]
         marks, symbols = [], []
@@ -139,7 +137,8 @@ class GearedGraph:
         return fn(*inputs)
 
     def _compile(self, inputs: list[Any]) -> Callable:
-        """Specialise the dynamic graph to these inputs' shapes, compile (or load) it, return the callable."""
+        """Specialise the dynamic graph to these inputs' shapes, key it (``keys.key.artifact_key``), compile or load it
+        (``ArtifactPipeline.compile_or_load``, the same seam as a cached method's entries), return the callable."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         counters.misses += 1
@@ -147,29 +146,14 @@ class GearedGraph:
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
         compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
-        akey, _ = build_key("artifact", ordered_factors("artifact", {
-            "format": FORMAT_VERSION, "graph": sha256_text(static.code),
-            "graph_constants": graph_constants_factor(static),
-            "inputs": signature.inputs_meta(inputs),
-            "config": self.config.compile_factors(), "decompositions": [],
-            "global_state": compat.global_state(devices), "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices], "process_groups": process_groups_factor(),
-        }))
-        patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
-        t0 = time.perf_counter()
-
-        def build(folder):
-            compiler.compile_artifact(static, inputs, folder, config_patches=patches)
-            counters.compiles += 1
-
-        folder, built = faults.publish_or_fallback(self.store, akey, build, self.config.on_cache_error)
-        if folder is None:                                  # the store failed and on_cache_error="eager"
+        akey, _ = cache_keys.artifact_key(graph_code=static.code,
+                                          graph_constants=cache_keys.graph_constants_factor(static),
+                                          inputs=signature.inputs_meta(inputs), config=self.config.compile_factors(),
+                                          environment=cache_keys.environment_factors(devices, None))
+        published = self.pipeline.compile_or_load(akey, static, inputs)
+        if published.compiled is None:                      # the store failed and on_cache_error="eager"
             def uncompiled(*args: Any) -> Any:
                 counters.eager_calls += 1
                 return static(*args)
             return uncompiled
-        if built:
-            counters.compile_seconds += time.perf_counter() - t0
-        else:
-            counters.loads += 1
-        return runplan.load_artifact(folder)
+        return published.compiled

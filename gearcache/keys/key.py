@@ -1,8 +1,20 @@
 """Cache keys built from ordered, named factors (after JAX's ``cache_key.py``).
 
-A key is ``sha256`` over the lines ``"<name>=<sha256 of the factor's canonical JSON>"`` in factor order. Every factor
-is stored in the entry's manifest and each factor's hash is logged at DEBUG, so ``gearcache explain`` can say which
-factor made a miss.
+A key is ``sha256`` over the lines ``"<name>=<sha256 of the factor's canonical JSON>"`` in factor order, cut to 40 hex
+digits. Every factor is stored in the entry's manifest and each factor's hash is logged at DEBUG, so ``gearcache
+explain`` can say which factor made a miss.
+
+This module computes every key's value from its named factors; callers pass the factors' values and never assemble
+factor lists themselves:
+
+- :func:`entry_key`: a cached method's entry for one signature (the entry manifest's name in the store);
+- :func:`artifact_key`: a compiled graph (the artifact folder's name), and :func:`device_bound_artifact_key` for one
+  whose run plan turned out bound to the GPU it was compiled on;
+- :func:`gear_plan_key`: a cached method's gear plan for one set of gear marks;
+- :func:`environment_factors`: the factors entry and artifact keys share (this process's torch, devices and groups).
+
+A key's value must not change for the same factors (caches written before must still hit): tests/test_key.py pins
+each function's value for a fixed input. Change what a key depends on only with a :data:`FORMAT_VERSION` bump.
 """
 from __future__ import annotations
 
@@ -16,6 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:
     import torch       # for annotations only: tensor_digest imports it where it reads a tensor
+
+from .. import _torch_compat as compat
+from ..ranks.topology import process_groups_factor
 
 log = logging.getLogger("gearcache.keys.key")
 
@@ -134,3 +149,80 @@ def without_device_index(text: str, index: int) -> str | None:
 
     out = _CUDA_INDEX.sub(replace, text)
     return None if other or _INT_DEVICE.search(text) else out
+
+
+def environment_factors(devices: list[str], decompositions: dict[Any, Callable] | None) -> dict[str, Any]:
+    """The values of :data:`ENVIRONMENT_FACTORS` for a graph on ``devices`` (``["cpu"]``, ``["cuda:0"]``) compiled
+    with the custom ``decompositions``: read from this process (torch's global state and versions, the devices'
+    capabilities, the process groups)."""
+    return {
+        "decompositions": decompositions_factor(decompositions),
+        "global_state": compat.global_state(devices),
+        "software": compat.software_versions(),
+        "devices": [compat.device_capability(d) for d in devices],
+        "process_groups": process_groups_factor(),
+    }
+
+
+def entry_key(*, method_name: str, method_digest: str, signature: dict, module_state: list, config: dict[str, Any],
+              environment: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The entry key of one signature of a cached method, and its factors as the entry manifest stores them:
+    ``(key, {"values": {name: value}, "hashes": {name: factor hash}})`` in :data:`ENTRY_FACTORS` order.
+    ``method_digest``: :func:`source_digest` of the method; ``signature``: ``call.signature.describe``'s;
+    ``module_state``: ``entry_life.module_state``'s rows; ``config``: ``CompilerConfig.compile_factors()``;
+    ``environment``: :func:`environment_factors`'s."""
+    factors = ordered_factors("entry", {
+        "format": FORMAT_VERSION,
+        "method": {"name": method_name, "source_sha256": method_digest},
+        "signature": signature,
+        "module_state": module_state,
+        "config": config,
+        **environment,
+    })
+    key, hashes = build_key("entry", factors)
+    return key, {"values": dict(factors), "hashes": hashes}
+
+
+def artifact_key(*, graph_code: str, graph_constants: list[list[str]], inputs: list, config: dict[str, Any],
+                 environment: dict[str, Any], device_index: int | None = None) -> tuple[str, dict[str, str]]:
+    """The content address of a compiled graph: ``(key, {factor name: factor hash})`` over :data:`ARTIFACT_FACTORS`.
+    ``graph_code``: the graph module's ``code``; ``graph_constants``: :func:`graph_constants_factor`'s; ``inputs``:
+    ``call.signature.inputs_meta`` of its example inputs; ``config`` and ``environment`` as :func:`entry_key`'s.
+
+    ``device_index``: the one GPU the graph runs on, when its run plan can bind the GPU at load
+    (``runplan.device_bound_reason`` is None): that index is left out of the code and the inputs' devices
+    (:func:`without_device_index`), so ranks on cuda:0..N-1 share one artifact. None: nothing is left out."""
+    if device_index is not None:
+        free = without_device_index(canonical_json([graph_code, inputs]), device_index)
+        if free is not None:
+            graph_code, inputs = json.loads(free)
+    return build_key("artifact", ordered_factors("artifact", {
+        "format": FORMAT_VERSION, "graph": sha256_text(graph_code), "graph_constants": graph_constants,
+        "inputs": inputs, "config": config, **environment,
+    }))
+
+
+def device_bound_artifact_key(shared_key: str, device_index: int | None) -> tuple[str, dict[str, str]]:
+    """The key of an artifact compiled for GPU ``device_index`` alone, for a graph whose device-free artifact
+    ``shared_key`` turned out bound to the GPU it was compiled on (``runplan.WrongDevice`` at load)."""
+    return build_key("artifact", [("shared", shared_key), ("device_index", device_index)])
+
+
+def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_format: int, marks: list,
+                  merge_policy: str, module_state: list, global_state: dict[str, Any], software: dict[str, str]) -> str:
+    """The key of a cached method's gear plan: everything its symbolic trace depends on. ``structure``: the repr of
+    the call's structure (the signature key's first part); ``plan_format``: ``gears.plan.PLAN_FORMAT``; ``marks``:
+    ``[[leaf, dim, gear sizes, pad value], ...]``; ``merge_policy``: ``dynamic_gears_merge_policy``;
+    ``global_state`` and ``software``: ``_torch_compat.global_state()`` and ``software_versions()``."""
+    key, _ = build_key("gear plan", [
+        ("format", FORMAT_VERSION),
+        ("method", {"name": method_name, "source_sha256": method_digest}),
+        ("structure", structure),
+        ("plan_format", plan_format),
+        ("marks", marks),
+        ("policy", merge_policy),
+        ("module_state", module_state),
+        ("global_state", global_state),
+        ("software", software),
+    ])
+    return key

@@ -1,0 +1,137 @@
+"""The one compile/load seam, after vLLM's ``compilation/compiler_interface.py`` (``CompilerInterface.compile`` and
+``.load``): artifact key -> the store's artifact if present and valid, else compiled (Inductor, then the run plan),
+published and loaded.
+
+Both routes go through :class:`ArtifactPipeline`: a cached method's entries (gearcache/compiling/entry_life.py, which
+adds the entry manifests around it) and the torch.compile backend (gearcache/compiling/torch_compile_backend.py).
+The artifact key itself is computed by gearcache/keys/key.py's ``artifact_key``. The stages:
+
+- :meth:`~ArtifactPipeline.load_stored`: the store's artifact ``akey``, verified (what its run plan reads), loaded for
+  a GPU and leased; None (a miss) when it is absent, corrupt (quarantined), bound to another GPU or vanished.
+- :meth:`~ArtifactPipeline.compile`: a graph into a build folder (``compiler.compile_artifact``: Inductor's
+  ``<artifact>/inductor``, then ``<artifact>/runplan``) under the config's Inductor patches
+  (:meth:`~ArtifactPipeline.patches`); :meth:`~ArtifactPipeline.finish_compiled_elsewhere` for a folder a worker
+  process compiled.
+- :meth:`~ArtifactPipeline.publish`: a build under the artifact lock, once across the processes sharing the store,
+  with ``config.on_cache_error`` applied when the store fails (``faults.publish_or_fallback``): ``(folder, built)``,
+  folder None under ``"eager"`` after a fault.
+- :meth:`~ArtifactPipeline.load_published`: the published folder loaded for a GPU (``runplan.load_artifact``; raises
+  ``runplan.WrongDevice``), counted as a load when this process did not build it.
+- :meth:`~ArtifactPipeline.compile_or_load`: publish (compiling the graph) then load_published: a :class:`Published`.
+
+Counters: ``compiles`` and ``compile_seconds`` for each compile here (a worker's seconds added for one compiled
+elsewhere); ``loads`` and ``load_seconds`` for each artifact loaded that this process did not compile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import _torch_compat as compat
+from .. import runplan
+from ..config import CompilerConfig
+from ..counters import counters
+from ..errors import CacheCorruptionError
+from ..store import Store
+from . import artifact_io, compiler, faults
+
+log = logging.getLogger("gearcache")
+
+Build = Callable[[pathlib.Path], None]
+"""What fills a build folder (``<artifact>/inductor``; it may write siblings such as ``<artifact>/runplan``)."""
+
+
+@dataclasses.dataclass
+class Published:
+    """What :meth:`ArtifactPipeline.compile_or_load` gives: the artifact ``folder`` (the store's, or a private one:
+    ``artifact_io.persisted`` tells), whether this process ``built`` it, and the ``compiled`` callable loaded from it.
+    ``folder`` and ``compiled`` are None when the store failed under ``on_cache_error="eager"``: run uncompiled."""
+    folder: pathlib.Path | None
+    built: bool
+    compiled: Callable[..., Any] | None
+
+
+class ArtifactPipeline:
+    """Compile, publish and load the artifacts of one ``store`` under one ``config`` (see the module docstring)."""
+
+    def __init__(self, store: Store, config: CompilerConfig):
+        self.store = store
+        self.config = config
+
+    def patches(self) -> dict[str, Any]:
+        """Inductor's config patches for the config's mode and options."""
+        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+
+    def compile(self, graph: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path) -> None:
+        """Compile ``graph`` into the build folder ``folder`` (Inductor, in this process, then its run plan)."""
+        t0 = time.perf_counter()
+        compiler.compile_artifact(graph, example_inputs, folder, config_patches=self.patches())
+        counters.compiles += 1
+        counters.compile_seconds += time.perf_counter() - t0
+
+    def finish_compiled_elsewhere(self, example_inputs: list[Any], folder: pathlib.Path,
+                                  worker_seconds: float) -> None:
+        """The rest of :meth:`compile` for a folder a worker process compiled (a first load and the run plan from
+        ``example_inputs``: ``compiler.finish_artifact``); counted as a compile of ``worker_seconds`` plus this."""
+        t0 = time.perf_counter()
+        compiler.finish_artifact(folder, example_inputs)
+        counters.compiles += 1
+        counters.compile_seconds += worker_seconds + time.perf_counter() - t0
+
+    def publish(self, akey: str, build: Build) -> tuple[pathlib.Path | None, bool]:
+        """Publish artifact ``akey`` built by ``build`` (``faults.publish_or_fallback`` under
+        ``config.on_cache_error``): ``(folder, built)``; folder None where the store failed under ``"eager"``."""
+        return faults.publish_or_fallback(self.store, akey, build, self.config.on_cache_error)
+
+    def load_published(self, folder: pathlib.Path, built: bool, index: int | None) -> Callable[..., Any]:
+        """The published ``folder`` loaded for CUDA device ``index`` (``runplan.load_artifact``; raises
+        ``runplan.WrongDevice`` when it runs only on another GPU); counted as a load unless ``built`` here."""
+        t0 = time.perf_counter()
+        compiled = runplan.load_artifact(folder, index)
+        if not built:
+            counters.loads += 1
+            counters.load_seconds += time.perf_counter() - t0
+        return compiled
+
+    def compile_or_load(self, akey: str, graph: torch.fx.GraphModule, example_inputs: list[Any],
+                        index: int | None = None) -> Published:
+        """Artifact ``akey``: published (compiled from ``graph`` here unless the store or another process has it),
+        then loaded for CUDA device ``index``."""
+        folder, built = self.publish(akey, lambda work: self.compile(graph, example_inputs, work))
+        if folder is None:                                  # the store failed and on_cache_error="eager"
+            return Published(None, built, None)
+        return Published(folder, built, self.load_published(folder, built, index))
+
+    def load_stored(self, akey: str, index: int | None, *, name: str,
+                    ekey: str) -> tuple[Callable[..., Any], float] | None:
+        """The store's artifact ``akey`` loaded for CUDA device ``index`` and leased (not evicted while in use), with
+        the seconds its load took (counted in ``counters.loads``); None (a miss: compile it) when the store lacks it,
+        it is corrupt (quarantined), it runs only on another GPU, or it vanished while loading. ``name`` and ``ekey``:
+        the cached method and the entry that wants it, for the log."""
+        try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
+            run_plan = artifact_io.verified_plan(self.store, akey)
+        except FileNotFoundError:
+            log.info("%s: entry %s has no artifact %s; recompiling", name, ekey, akey)
+            return None
+        except CacheCorruptionError as exc:
+            self.store.quarantine(akey, exc.reason)
+            log.warning("%s: %s; recompiling", name, exc)
+            return None
+        t0 = time.perf_counter()
+        try:                                                  # a verified private copy if the folder is read-only
+            compiled = artifact_io.load_stored(self.store, akey, index, run_plan)
+        except runplan.WrongDevice as exc:
+            log.info("%s: entry %s cannot run on cuda:%s (%s); compiling", name, ekey, index, exc)
+            return None
+        if compiled is None:
+            return None                                       # vanished since it was verified: a miss
+        self.store.lease(akey)                                # in use: not evicted under max_size
+        seconds = time.perf_counter() - t0
+        counters.loads += 1
+        counters.load_seconds += seconds
+        return compiled, seconds
