@@ -158,7 +158,7 @@ class EntryLife:
     def choose(self, ekey: str) -> value_guards.Choice:
         """The stored entry of signature key ``ekey`` whose value guards hold here (``value_guards.choose``)."""
         folder, name = self.topology.folder, self.name
-        return value_guards.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self.scope)
+        return value_guards.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope)
 
     def stored(self, leaves: tuple, key: tuple) -> bool:
         """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
@@ -206,7 +206,7 @@ class EntryLife:
             log.info("%s: entry %s has no artifact %s; recompiling", self.name, ekey, akey)
             return None
         except CacheCorruptionError as exc:
-            self.store.quarantine(akey, exc.reason)
+            self.store.artifacts.quarantine(akey, exc.reason)
             log.warning("%s: %s; recompiling", self.name, exc)
             return None
         t0 = time.perf_counter()
@@ -217,7 +217,7 @@ class EntryLife:
             return None
         if compiled is None:
             return None                                       # vanished since it was verified: a miss
-        self.store.lease(akey)                                # in use: not evicted under max_size
+        self.store.leases.take(akey)                                # in use: not evicted under max_size
         entry = Entry(compiled, self.module, manifest)
         entry.guards = guards
         dt = time.perf_counter() - t0
@@ -237,7 +237,7 @@ class EntryLife:
     def capture(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Pending:
         """Capture the call's graph and key its artifact (in the calling thread: Dynamo)."""
         if self.config.on_new_signature == "error":
-            known = self.store.list_entries(self.topology.folder, self.name)
+            known = self.store.entries.in_method(self.topology.folder, self.name)
             if known or self.table:
                 fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
                        "config.on_new_signature='compile'")
@@ -339,8 +339,8 @@ class EntryLife:
         entry.guards = captured.guards
         value_guards.warn_local(self.name, captured.guards)
         if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
-            self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
-            self.store.lease(akey)
+            self.store.entries.write(self.topology.folder, self.name, ekey, manifest)
+            self.store.leases.take(akey)
         if built:
             log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         else:

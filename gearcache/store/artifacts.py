@@ -17,13 +17,13 @@ from ..counters import counters
 from ..errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError
 from ..keys.key import FORMAT_VERSION
 from . import files as fs
-from .eviction import Eviction
 from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _sha256_file, write_json_atomic
 from .index import Index
 from .layout import Layout
 from .leases import Leases
 from .locks import Locks
 from .first_use import FirstUse
+from .maintenance import Maintenance
 from .signing import _hmac
 from .trust import Trust
 
@@ -39,12 +39,15 @@ CheckedFile = tuple[str, memoryview, int]
 
 class Artifacts:
     """Publishing, installing, verifying and quarantining the artifacts of one folder, signed with ``key`` (or
-    unsigned: None). A publish leases the artifact, records it in the index and (``eviction.max_size``) evicts."""
+    unsigned: None). A publish leases the artifact, records it in the index and (``maintenance.max_size``) evicts.
+    ``through``: how a publish reaches the fleet (``Fleet.publish``), set by the Store once its remote store is open;
+    None: a local folder only."""
 
     def __init__(self, layout: Layout, locks: Locks, leases: Leases, trust: Trust, index: Index, first_use: FirstUse,
-                 eviction: Eviction, key: bytes | None):
+                 maintenance: Maintenance, key: bytes | None):
         self.layout, self.locks, self.leases, self.trust, self.index = layout, locks, leases, trust, index
-        self.first_use, self.eviction, self.key = first_use, eviction, key
+        self.first_use, self.maintenance, self.key = first_use, maintenance, key
+        self.through: Through | None = None
         self._checked_in_memory: set[str] = set()   # artifacts installed here from bytes checked in memory
 
     def folder(self, akey: str) -> pathlib.Path:
@@ -213,12 +216,11 @@ class Artifacts:
         log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
         self.index.pop([f"artifact:{akey}"])
 
-    def publish(self, akey: str, build: Callable[[pathlib.Path], None],
-                through: Through | None = None) -> tuple[pathlib.Path, bool]:
+    def publish(self, akey: str, build: Callable[[pathlib.Path], None]) -> tuple[pathlib.Path, bool]:
         """Return ``(artifact folder, built_here)``. Exactly one process per ``akey`` runs ``build(folder)``; the
         others wait on the artifact's lock and then find it published. ``build`` writes into an empty work folder
         that is renamed into place after its digests (and signature) are written. With ``max_size``, publishing
-        evicts least recently used artifacts until the folder fits. ``through`` (a remote store: ``Fleet.publish``):
+        evicts least recently used artifacts until the folder fits. With ``self.through`` (a remote store):
         the artifact is fetched from it when it has one, else one process of the whole fleet builds it and pushes
         it (``remote.py``)."""
         self.first_use.ensure()
@@ -231,6 +233,7 @@ class Artifacts:
         with self.locks.held(self.locks.path(akey), self.locks.timeout_s, on_wait=lambda: self._waiting(akey)):
             if self._valid(akey, quarantine=True):
                 return final, False
+            through = self.through
             if through is None:
                 log.info("compiling artifact %s", akey)
                 size = self._build(akey, build)
@@ -241,8 +244,8 @@ class Artifacts:
                 size = fetched_or_size
         now = time.time()
         self.index.put(f"artifact:{akey}", {"bytes": size, "created": now, "last_used": now})
-        if self.eviction.max_size is not None:
-            self.eviction.evict(keep={akey}, when=f"after publishing {akey}")
+        if self.maintenance.max_size is not None:
+            self.maintenance.evict(keep={akey}, when=f"after publishing {akey}")
         return final, True
 
     def _waiting(self, akey: str) -> None:

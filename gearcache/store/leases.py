@@ -38,7 +38,7 @@ def _release_leases(root: str, akeys: set[str], pid: int) -> None:
             _LEASES.pop((root, akey), None)
             path = Layout(pathlib.Path(root)).lease(akey, pid)
             with contextlib.suppress(OSError):
-                path.unlink()                   # (empty lease folders are removed by Cleanup.run)
+                path.unlink()                   # (empty lease folders are removed by Maintenance.cleanup)
 
 
 class Leases:
@@ -53,7 +53,7 @@ class Leases:
     def take(self, akey: str) -> None:
         """Mark artifact ``akey`` as in use by this process (``leases/<akey>/<pid>@<host>``) for as long as this
         Store lives: eviction never removes it meanwhile. Idempotent, cheap after the first call, never raises.
-        ``Store.entry_for_load`` and ``Store.publish_artifact`` take it before they verify the artifact, so an
+        ``Entries.read_for_load`` and ``Artifacts.publish`` take it before they verify the artifact, so an
         artifact cannot be evicted between its check and its load (the lease file is written under
         ``locks/<akey>.lease.lock``, which an evictor holds while it checks the leases and moves the artifact
         away)."""
