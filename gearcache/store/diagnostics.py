@@ -22,7 +22,7 @@ import pathlib
 import threading
 import time
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from ..errors import UntrustedCacheError
 from ..keys.key import FORMAT_VERSION
@@ -139,15 +139,23 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
 # with a weakref finalizer holding its cache folder's path and its entry table (never the CachedFunction, so it can
 # still be collected); a collected one moves its counts to ``_pending`` (dict work only: safe inside the garbage
 # collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
+class HitCounted(Protocol):
+    """What the hit bookkeeping reads of a ``CachedFunction``: its store, and its entry table (signature -> an entry
+    with ``manifest`` and the counts named in ``COUNTED``)."""
+
+    store: Store
+    table: dict
+
+
 _lock = threading.Lock()
-_tracked: "weakref.WeakKeyDictionary[Any, weakref.finalize]" = weakref.WeakKeyDictionary()
+_tracked: "weakref.WeakKeyDictionary[HitCounted, weakref.finalize]" = weakref.WeakKeyDictionary()
 COUNTED = ("hits", "real_elements", "padded_elements")     # what entries count per call, flushed to their rows
 # (root, topology, method, ekey) -> {name in COUNTED: count not yet written}
 _pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
 _atexit_registered = False
 
 
-def track_hits(cached_function: Any) -> None:
+def track_hits(cached_function: HitCounted) -> None:
     """Have this process's hits on ``cached_function``'s entries written to the index at exit (idempotent)."""
     global _atexit_registered
     if cached_function in _tracked:

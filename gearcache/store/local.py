@@ -7,16 +7,17 @@ The parts, and what each is built from (the constructors show every dependency):
     Layout(root, dir_mode)                                  every path (layout.py)
     Locks(layout, mode, timeout_s)                          publish and lease locks (locks.py)
     Trust(layout, shared)                                   who may have written what is loaded (trust.py)
-    FirstUse(layout, trust, on_first_use=maintenance.cleanup)   the folder's first-use checks (first_use.py)
+    FirstUse(layout, trust)                                 the folder's first-use checks (first_use.py), whose
+                                                            on_first_use is maintenance.cleanup
     Index(layout, locks, first_use, fresh)                  the diskcache bookkeeping (index.py)
-    Leases(layout, locks, index)                            "this process loaded it" (leases.py)
+    Leases(layout, locks, index, owner=store)               "this process loaded it", while the Store lives
     Maintenance(layout, locks, leases, index, first_use, max_size)  eviction, removal, cleanup (maintenance.py)
-    Artifacts(layout, locks, leases, trust, index, first_use, maintenance, key)         (artifacts.py)
+    Artifacts(layout, locks, leases, trust, index, first_use, maintenance, key, RemoteStore)        (artifacts.py)
     Fleet(layout, locks, leases, trust, first_use, artifacts, RemoteStore)  a remote store, on a miss (fleet.py)
     Entries(layout, trust, leases, index, first_use, key, fleet)    entry manifests, gear plans (entries.py)
     Sync(layout, locks, first_use, entries, artifacts, fleet)       gearcache push / pull (sync.py)
 
-With a remote store, ``artifacts.through`` is ``fleet.publish`` (a publish fetches from, or pushes to, the fleet).
+With a remote store, a publish fetches from, or builds once for and pushes to, the fleet (``Artifacts.publish``).
 The remote tier (``remote.py``) sees only ``Artifacts`` (checked bytes in, ``Artifacts.install`` out). The layout is
 in this package's docstring (``gearcache/store/__init__.py``); the options are a ``StoreConfig`` (config.py).
 """
@@ -25,8 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-import weakref
-from typing import Any, Callable
+from typing import Any
 
 from ..config import CompilerConfig
 from ..errors import ConfigError
@@ -64,15 +64,6 @@ def _fresh_index(root: str) -> Any:
     return Store(root).index.db
 
 
-def _cleanup_of(store: weakref.ref[Store]) -> Callable[[], object]:
-    """``store.maintenance.cleanup()`` while the Store lives (a weak reference: the parts never keep their Store
-    alive)."""
-    def cleanup() -> object:
-        live = store()
-        return live.maintenance.cleanup() if live is not None else None
-    return cleanup
-
-
 def _checked_options(root: pathlib.Path, config: StoreConfig) -> None:
     if root.exists() and not root.is_dir():
         raise ConfigError(f"cache_dir={str(root)!r} is a file, not a folder. Fix: pass a folder path "
@@ -103,17 +94,16 @@ class Store:
         self.layout = layout = Layout(self.root, 0o770 if shared else 0o700)
         self.locks = locks = Locks(layout, config.lock_mode, config.lock_timeout_s)
         self.trust = trust = Trust(layout, shared)
-        self.first_use = first_use = FirstUse(layout, trust, on_first_use=_cleanup_of(weakref.ref(self)))
+        self.first_use = first_use = FirstUse(layout, trust)
         self.index = index = Index(layout, locks, first_use, fresh=_fresh_index)
-        self.leases = leases = Leases(layout, locks, index)
+        self.leases = leases = Leases(layout, locks, index, owner=self)
         self.maintenance = Maintenance(layout, locks, leases, index, first_use, config.max_size)
-        self.artifacts = artifacts = Artifacts(layout, locks, leases, trust, index, first_use, self.maintenance,
-                                               self._key)
+        first_use.on_first_use = self.maintenance.cleanup       # dropped once run (first_use.py)
         self.remote = self._open_remote()
+        self.artifacts = artifacts = Artifacts(layout, locks, leases, trust, index, first_use, self.maintenance,
+                                               self._key, self.remote)
         self.fleet = None if self.remote is None else Fleet(layout, locks, leases, trust, first_use, artifacts,
                                                             self.remote)
-        if self.fleet is not None:
-            artifacts.through = self.fleet.publish
         self.entries = entries = Entries(layout, trust, leases, index, first_use, self._key, self.fleet)
         self.sync = Sync(layout, locks, first_use, entries, artifacts, self.fleet)
 
