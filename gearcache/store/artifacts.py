@@ -19,7 +19,7 @@ from ..keys.key import FORMAT_VERSION
 from . import files as fs
 from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _sha256_file, write_json_atomic
 from .index import Index
-from .layout import Layout
+from .layout import TORCH_FOLDER, Layout
 from .leases import Leases
 from .locks import Locks
 from .first_use import FirstUse
@@ -276,7 +276,7 @@ class Artifacts:
         work = self.layout.work(akey)
         work.mkdir(mode=self.layout.dir_mode)
         try:
-            build(work / "inductor")
+            build(work / TORCH_FOLDER)
             size = self._write_manifest(work, akey)
             self._rename_in(work, akey)
         finally:

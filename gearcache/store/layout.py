@@ -12,6 +12,9 @@ import uuid
 from .files import HOST, MANIFEST, _folder_bytes, _makedirs, _mkdir, _tmp_tag
 
 
+TORCH_FOLDER = "inductor"       # torch's unpacked artifact inside an artifact (or work) folder
+
+
 class Layout:
     """The paths under ``root``; folders are created with ``dir_mode`` (0700, or 0770 for a shared folder)."""
 
@@ -20,6 +23,7 @@ class Layout:
         self.artifacts = root / "artifacts"
         self.entries = root / "entries"
         self.index = root / "index"
+        self.index_db = self.index / "cache.db"     # the diskcache index's SQLite file
         self.locks = root / "locks"
         self.leases = root / "leases"
         self.tmp = root / "tmp"
@@ -32,7 +36,7 @@ class Layout:
 
     def torch_artifact(self, akey: str) -> pathlib.Path:
         """torch's unpacked artifact inside artifact ``akey``: the generated code and kernels."""
-        return self.artifact(akey) / "inductor"
+        return self.artifact(akey) / TORCH_FOLDER
 
     def work(self, akey: str) -> pathlib.Path:
         """A new work folder name for artifact ``akey``, ``tmp/<akey>.<pid>.<tag>``: an artifact is built (or
