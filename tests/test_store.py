@@ -300,3 +300,50 @@ def test_an_unreadable_index_is_moved_aside_and_rebuilt_from_the_manifests(store
     assert "unreadable" in warned[0] and "rebuilt it from 2 entry manifest(s)" in warned[0], warned[0]
     aside = list((store.root / "quarantine").glob("index.*"))
     assert len(aside) == 1 and (aside[0] / "cache.db").is_file() and str(aside[0]) in warned[0]
+
+
+# ================================================================================================ the store's shape
+def test_store_is_its_parts_and_forwards_nothing(tmp_path):
+    """``Store`` names its parts; each job is a method of one part (``store.artifacts.publish``), never a forward."""
+    public = {name for name in vars(Store) if not name.startswith("_")}
+    assert public == {"from_config", "signed"}
+    store = Store(tmp_path / "cache")
+    for part in ("layout", "locks", "trust", "first_use", "index", "leases", "maintenance", "artifacts", "entries",
+                 "sync"):
+        assert getattr(store, part) is not None, part
+    assert store.config == StoreConfig() and store.remote is None and store.fleet is None
+
+
+def test_store_config_of_a_compiler_config_takes_every_store_option():
+    from gearcache import CompilerConfig
+
+    cfg = CompilerConfig(lock_timeout_s=3, lock_mode="soft", max_size=123, signing_key="k", trust_shared_folder=True,
+                         remote="redis://h:1/0", remote_trust="unsigned-ok", remote_timeout_s=2,
+                         remote_chunk_bytes=4096, remote_claim_ttl_s=7)
+    assert StoreConfig.of(cfg) == StoreConfig(lock_timeout_s=3, lock_mode="soft", max_size=123, signing_key="k",
+                                              trust_shared_folder=True, remote="redis://h:1/0",
+                                              remote_trust="unsigned-ok", remote_timeout_s=2,
+                                              remote_chunk_bytes=4096, remote_claim_ttl_s=7)
+    assert "s3cr3t" not in repr(StoreConfig(signing_key="s3cr3t"))  # the key is never logged
+
+
+def test_push_and_pull_without_a_remote_store_are_config_errors(tmp_path, monkeypatch):
+    from gearcache.errors import ConfigError
+
+    monkeypatch.delenv("GEARCACHE_REMOTE", raising=False)
+    store = Store(tmp_path / "cache")
+    for run in (store.sync.push, store.sync.pull):
+        with pytest.raises(ConfigError, match="has no remote store"):
+            run()
+
+
+def test_a_part_kept_after_its_store_is_gone_still_runs_the_first_use_cleanup(tmp_path):
+    """The first-use hook (``Maintenance.cleanup``) does not depend on the Store object staying alive."""
+    root = tmp_path / "cache"
+    Store(root).artifacts.publish(AKEY, Builder())
+    leftover = root / "tmp" / f"{AKEY}.999999999.deadbeef"
+    leftover.mkdir()
+    os.utime(leftover, (0, 0))                               # another host's, and old: a leftover
+    entries = Store(root).entries
+    entries.read_for_load("t", "m", "e1")                   # the folder's first use by this Store: cleaned
+    assert not leftover.exists()
