@@ -140,13 +140,13 @@ with torch.inference_mode():
             # The run plan's own per-call work, isolated: the same per-call function around a call() that does nothing.
             from gearcache.runplan import PlanRunner
 
-            plan = json.loads((fn.store.artifact_dir(entry.manifest["akey"]) / "runplan" / "plan.json").read_text())
+            plan = json.loads((fn.store.layout.artifact(entry.manifest["akey"]) / "runplan" / "plan.json").read_text())
             null_run = PlanRunner(lambda a: a, plan)
             null_run.set_stable_inputs([j for j, (kind, _) in enumerate(entry.manifest["inputs"]) if kind == "state"])
             report["run_plan_own_p50_us"] = _p50(lambda: null_run(*args), n) - _p50(lambda: list(args), n)
             from gearcache import _torch_compat as compat
 
-            torch_loaded = compat.load_folder(fn.store.artifact_dir(entry.manifest["akey"]) / "inductor")
+            torch_loaded = compat.load_folder(fn.store.layout.artifact(entry.manifest["akey"]) / "inductor")
             torch_loaded(*args)
             report["torch_loaded_call_p50_us"] = _p50(lambda: torch_loaded(*args), n)
         # gearcache's own work per call, without the compiled graph: key + lookup + gather + build.

@@ -104,16 +104,16 @@ def add_ratios(results: dict) -> None:
 
 def partial(folder: str, server=None) -> int:
     """Partial artifacts: work folders left, local artifacts failing verification, uncommitted non-expiring chunks."""
-    from gearcache.store import Store
+    from gearcache.store import Store, StoreConfig
 
     bad = 0
-    store = Store(folder, signing_key=KEY)
+    store = Store(folder, StoreConfig(signing_key=KEY))
     if os.path.isdir(os.path.join(folder, "tmp")):
         bad += len(os.listdir(os.path.join(folder, "tmp")))
     artifacts = os.path.join(folder, "artifacts")
     for akey in os.listdir(artifacts) if os.path.isdir(artifacts) else []:
         try:
-            store.verify_artifact(akey)
+            store.artifacts.verify(akey)
         except Exception:
             bad += 1
     if server is not None and server.proc.poll() is None:
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of N nodes at once (local warm, then warm Redis)")
     args = ap.parse_args()
     import redis_server
-    from gearcache.store import Store
+    from gearcache.store import Store, StoreConfig
 
     tmp = tempfile.mkdtemp(prefix="gearcache-fleet-")
     server = redis_server.start()
@@ -143,7 +143,7 @@ def main() -> None:
         assert first["compiles"] == 1 and first["equal"], first
         local = [nodes([build], cfg(None))[0] for _ in range(3)]
         results["local_warm_first_call_s"] = statistics.median(r["first_call_s"] for r in local)
-        Store(build, signing_key=KEY, remote=server.url).push_to_remote()
+        Store(build, StoreConfig(signing_key=KEY, remote=server.url)).sync.push()
         local_n, warm = n_at_once(tmp, build, server.url, args.nodes, args.rounds)
         results["rounds"] = args.rounds
         results["local_warm_n_at_once"] = first_calls(local_n)
@@ -168,7 +168,7 @@ def main() -> None:
 
 
 def faults(tmp: str, server, build: str) -> dict:
-    from gearcache.store import Store
+    from gearcache.store import Store, StoreConfig
     from redis_server import free_port
 
     out = {}
@@ -179,7 +179,7 @@ def faults(tmp: str, server, build: str) -> dict:
         c = server.client()
         c.config_set("maxmemory", 0)
         c.flushall()
-        Store(build, signing_key=KEY, remote=server.url, remote_chunk_bytes=4096).push_to_remote()
+        Store(build, StoreConfig(signing_key=KEY, remote=server.url, remote_chunk_bytes=4096)).sync.push()
         return c
 
     def chunk(c):

@@ -30,6 +30,7 @@ from gearcache.compiling import compiler
 from gearcache.store import files as store_module
 from gearcache.store import Store
 from gearcache.store.artifacts import Artifacts
+from gearcache.store.entries import Entries
 from gearcache.store.index import Index
 from gearcache.store.leases import Leases
 
@@ -186,7 +187,7 @@ def _arm(step: str, delay: float) -> None:
         wrap(store_module, "_rename", lambda src, dst: pathlib.Path(src).parent.name == "artifacts"
              and pathlib.Path(dst).parent.name == "tmp")
     elif step == "write-entry":
-        wrap(Store, "write_entry")
+        wrap(Entries, "write")
     elif step == "replace-entry":
         wrap(store_module, "_replace", lambda src, dst: pathlib.Path(dst).parent.name == METHOD)
     elif step == "lease":
@@ -232,7 +233,7 @@ def check_store(root: str, prebuilt: str, config: dict, out: str, corrupted: str
         install_fake_compile(pathlib.Path(prebuilt))
         store = Store.from_config(root_p, CompilerConfig(**config))
         before = sorted(p.name for p in (root_p / "tmp").iterdir()) if (root_p / "tmp").is_dir() else []
-        store.ensure_ready()                                    # runs Store.cleanup() once
+        store.first_use.ensure()                                    # runs Store.maintenance.cleanup() once
         report["cleaned_tmp"] = before
         problems = report["problems"]
         left = sorted(p.name for p in (root_p / "tmp").iterdir())
@@ -245,19 +246,19 @@ def check_store(root: str, prebuilt: str, config: dict, out: str, corrupted: str
             problems += [f"stale lease {p}" for p in folder.iterdir() if not store.leases.is_live(p)]
         for folder in (root_p / "artifacts").iterdir():
             try:
-                store.verify_artifact(folder.name)
+                store.artifacts.verify(folder.name)
             except Exception as exc:
                 if folder.name != corrupted:
                     problems.append(f"half-published or corrupt artifact {folder.name}: {exc}")
         for path in (root_p / "entries").glob("*/*/*.json"):
-            data = store.read_entry(path.parent.parent.name, path.parent.name, path.stem)
+            data = store.entries.read(path.parent.parent.name, path.parent.name, path.stem)
             if data is None:
                 problems.append(f"unreadable entry manifest {path}")
         model = make(root_p, CompilerConfig(**config))
         report["equal"] = {rows: check_call(model, rows) for rows in ROWS}
         for folder in (root_p / "artifacts").iterdir():
             try:
-                store.verify_artifact(folder.name)
+                store.artifacts.verify(folder.name)
             except Exception as exc:
                 problems.append(f"after the calls, artifact {folder.name} is still bad: {exc}")
         report["counters"] = {k: v for k, v in vars(counters).items()}
@@ -313,7 +314,7 @@ def stress_worker(root: str, prebuilt: str, config: dict, calls: int, generation
 def hold_lease(root: str, akey: str, ready: str) -> None:
     """Child: lease ``akey`` like a process that loaded it, say so, and wait (until killed)."""
     store = Store(root)
-    store.lease(akey)
+    store.leases.take(akey)
     pathlib.Path(ready).write_text(str(os.getpid()))
     time.sleep(600)
 

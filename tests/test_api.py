@@ -96,7 +96,7 @@ def test_rejects_cache_dir_that_is_a_file(tmp_path):
 def test_config_kept_and_dynamic_false_pins_signature(tmp_path):
     cfg = CompilerConfig(mode="max-autotune", lock_timeout_s=3)
     cf = cache_compile(Net().run, config=cfg, cache_dir=tmp_path)
-    assert cf.config is cfg and cf.store.lock_timeout_s == 3
+    assert cf.config is cfg and cf.store.config.lock_timeout_s == 3
     pinned = cache_compile(Net().run, config=cfg, dynamic=False, cache_dir=tmp_path)
     assert pinned.config.on_new_signature == "error" and pinned.config.mode == "max-autotune"
     assert cfg.on_new_signature == "compile"                   # the caller's config is not mutated

@@ -338,8 +338,9 @@ def test_table_sizes_gears_levels(tmp_path):
     table = format_table(["NAME", "N"], [["a", 1], ["long name", 22]], right=(1,))
     assert table.splitlines() == ["NAME        N", "a           1", "long name  22"]
     assert parse_size("2K") == 2048 and parse_size("1.5M") == 1572864 and parse_size("100") == 100
-    Store(tmp_path).write_plan("world1_rank0_tp0_pp0", "m.M.f", "p", {"format": FORMAT_VERSION, "pkey": "p", "plan": {
-        "dims": [{"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}})
+    Store(tmp_path).entries.write_gear_plan("world1_rank0_tp0_pp0", "m.M.f", "p", {
+        "format": FORMAT_VERSION, "pkey": "p", "plan": {
+            "dims": [{"leaf": 0, "dim": 0, "sizes": [1, 2, 4], "name": "x", "pad_value": 0.0}]}})
     plans = StoreView(tmp_path).gears("world1_rank0_tp0_pp0", "m.M.f")
     assert fmt_gears(plans) == "x:0=[1,2,4]"
     assert parse_level("info") == 20 and parse_level("15") == 15 and parse_level("nope") is None
@@ -435,10 +436,10 @@ def test_with_a_signing_key_unsigned_manifests_are_refused_as_the_runtime_refuse
 
 def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
     """Writers with lock_mode="soft" lock ``locks/<akey>.softlock``: prune takes the store's locks of both modes."""
-    from gearcache.store import Store
+    from gearcache.store import Store, StoreConfig
 
     akey = sorted(p.name for p in (cache_copy / "artifacts").iterdir())[0]
-    writer = Store(cache_copy, lock_mode="soft")
+    writer = Store(cache_copy, StoreConfig(lock_mode="soft"))
     with writer.locks.held(writer.locks.path(akey), 5):
         done = gc_json("prune", "--older-than", "0", "--yes", "--cache-dir", cache_copy)
     assert done["skipped_locked"] == [akey] and akey not in done["deleted_artifacts"]

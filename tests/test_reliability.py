@@ -37,7 +37,8 @@ from gearcache.runplan import loader as runplan_loader
 from gearcache.store import files as store_module
 from gearcache.errors import UntrustedArtifactError
 from gearcache.keys.key import FORMAT_VERSION
-from gearcache.store import HOST, HOST_TAG, Store, _start_token
+from gearcache.store import HOST, HOST_TAG, Store, StoreConfig, _start_token
+from gearcache.store.maintenance import Maintenance
 
 KEY = "reliability-test-key"
 
@@ -141,20 +142,20 @@ def test_every_file_of_a_real_artifact_damaged_is_quarantined_and_rebuilt(prebui
                     or (delta["loads"], delta["quarantined"]) == (1, 0))
             if delta["loads"]:
                 with pytest.raises(CacheCorruptionError):
-                    Store(root).verify_artifact(akey)
+                    Store(root).artifacts.verify(akey)
             continue
         if not rc.read_by_load(folder, rel):
             with counters.expect(quarantined=0, compiles=0, loads=1, direct_loads=1):
                 assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
             with pytest.raises(CacheCorruptionError):
-                Store(root).verify_artifact(akey)
+                Store(root).artifacts.verify(akey)
             continue
         with caplog.at_level(logging.WARNING, logger="gearcache"), \
                 counters.expect(quarantined=1, compiles=1, loads=0):
             assert rc.check_call(rc.make(root), 2), f"{how} {rel}: wrong answer"
         assert f"quarantined artifact {root / 'artifacts' / akey}" in caplog.text, f"{how} {rel}: no warning"
         (moved,) = list((root / "quarantine").glob(f"{akey}.*"))
-        Store(root).verify_artifact(akey)                   # rebuilt, and valid
+        Store(root).artifacts.verify(akey)                   # rebuilt, and valid
         with counters.expect(loads=1, compiles=0):
             assert rc.check_call(rc.make(root), 2)
 
@@ -175,7 +176,7 @@ def test_damaged_torch_artifact_is_verified_before_torch_loader_reads_it(prebuil
     with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(direct_loads=0, compiles=1):
         assert rc.check_call(rc.make(root), 2)
     assert f"quarantined artifact {root / 'artifacts' / akey}" in caplog.text
-    Store(root).verify_artifact(akey)                       # rebuilt, and valid
+    Store(root).artifacts.verify(akey)                       # rebuilt, and valid
 
 
 @pytest.mark.parametrize("content", [b"{garbage", b"", b"\xff\xfe\x00", b"[1, 2]", b'{"format": 1}'])
@@ -225,7 +226,7 @@ def test_signed_store_signs_everything_and_loads(signed):
     root, config = signed
     for folder in (root / "artifacts").iterdir():
         assert (folder / "MANIFEST.sig").is_file()
-        Store(root, signing_key=KEY).verify_artifact(folder.name)
+        Store(root, StoreConfig(signing_key=KEY)).artifacts.verify(folder.name)
     for path in (root / "entries").glob("*/*/*.json"):
         assert "sig" in json.loads(path.read_text())
     with counters.expect(loads=3, compiles=0, quarantined=0):
@@ -244,16 +245,16 @@ def test_tampered_artifact_with_a_valid_digest_is_refused_quarantined_and_rebuil
     rel = wrapper.relative_to(folder).as_posix()
     manifest["files"][rel] = hashlib.sha256(wrapper.read_bytes()).hexdigest()
     (folder / "MANIFEST.json").write_text(json.dumps(manifest))
-    Store(root).verify_artifact(akey)                       # without the key: digests all match
+    Store(root).artifacts.verify(akey)                       # without the key: digests all match
     with pytest.raises(CacheCorruptionError, match="MANIFEST.sig does not match"):
-        Store(root, signing_key=KEY).verify_artifact(akey)
+        Store(root, StoreConfig(signing_key=KEY)).artifacts.verify(akey)
     rows = int(json.loads(next(root.glob("entries/*/*/*.json")).read_text())["signature"]["leaves"][0]["shape"][0])
     with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(quarantined=1, compiles=1, loads=0):
         assert rc.check_call(rc.make(root, config), rows)
     assert f"quarantined artifact {folder}" in caplog.text and "MANIFEST.sig does not match" in caplog.text
     (moved,) = (root / "quarantine").glob(f"{akey}.*")
     assert "TAMPERED" in (moved / rel).read_text()
-    Store(root, signing_key=KEY).verify_artifact(akey)
+    Store(root, StoreConfig(signing_key=KEY)).artifacts.verify(akey)
     assert "TAMPERED" not in (folder / rel).read_text()
 
 
@@ -287,20 +288,20 @@ def test_tampered_entry_manifest_is_refused(signed, caplog):
 
 def test_signing_key_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("GEARCACHE_SIGNING_KEY", KEY)
-    assert Store(tmp_path).signed and Store(tmp_path, signing_key="explicit")._key == b"explicit"
+    assert Store(tmp_path).signed and Store(tmp_path, StoreConfig(signing_key="explicit"))._key == b"explicit"
     monkeypatch.delenv("GEARCACHE_SIGNING_KEY")
     assert not Store(tmp_path).signed
 
 
 def test_signed_gear_plans(tmp_path):
-    store = Store(tmp_path / "c", signing_key=KEY)
+    store = Store(tmp_path / "c", StoreConfig(signing_key=KEY))
     plan = {"format": FORMAT_VERSION, "pkey": "p1", "plan": {"dims": []}}
-    store.write_plan("t", "m", "p1", plan)
-    assert store.read_plan("t", "m", "p1") == plan
-    assert Store(tmp_path / "c", signing_key="other").read_plan("t", "m", "p1") is None
-    path = store.plan_path("t", "m", "p1")
+    store.entries.write_gear_plan("t", "m", "p1", plan)
+    assert store.entries.read_gear_plan("t", "m", "p1") == plan
+    assert Store(tmp_path / "c", StoreConfig(signing_key="other")).entries.read_gear_plan("t", "m", "p1") is None
+    path = store.layout.gear_plan("t", "m", "p1")
     path.write_text(json.dumps(dict(json.loads(path.read_text()), plan={"dims": [1]})))
-    assert store.read_plan("t", "m", "p1") is None
+    assert store.entries.read_gear_plan("t", "m", "p1") is None
 
 
 # ====================================================================================================== trust
@@ -309,11 +310,11 @@ def test_group_writable_file_in_an_artifact_is_quarantined_and_rebuilt(cache, ak
     so = next((folder / "inductor").rglob("*.so"))
     so.chmod(0o775)
     with pytest.raises(UntrustedArtifactError, match="lets other users write it"):
-        Store(cache).verify_artifact(akeys["5"])
+        Store(cache).artifacts.verify(akeys["5"])
     with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(quarantined=1, compiles=1):
         assert rc.check_call(rc.make(cache), 5)
     assert "lets other users write it" in caplog.text
-    Store(cache).verify_artifact(akeys["5"])
+    Store(cache).artifacts.verify(akeys["5"])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -339,14 +340,14 @@ def test_shared_group_folder_needs_a_signing_key_and_trust_shared_folder(tmp_pat
     root.chmod(0o770)
     for kwargs in ({}, {"trust_shared_folder": True}, {"signing_key": KEY}):
         with pytest.raises(UntrustedCacheError, match="trust_shared_folder") as info:
-            Store(root, **kwargs).publish_artifact("a" * 40, Builder())
+            Store(root, StoreConfig(**kwargs)).artifacts.publish("a" * 40, Builder())
         assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
-    store = Store(root, trust_shared_folder=True, signing_key=KEY)
-    assert store.publish_artifact("a" * 40, Builder())[1]
+    store = Store(root, StoreConfig(trust_shared_folder=True, signing_key=KEY))
+    assert store.artifacts.publish("a" * 40, Builder())[1]
     assert (root / "artifacts").stat().st_mode & 0o777 == 0o770        # group members can use it
     root.chmod(0o777)                                                   # every user: never
     with pytest.raises(UntrustedCacheError, match="every user"):
-        Store(root, trust_shared_folder=True, signing_key=KEY).publish_artifact("b" * 40, Builder())
+        Store(root, StoreConfig(trust_shared_folder=True, signing_key=KEY)).artifacts.publish("b" * 40, Builder())
 
 
 def test_untrusted_errors_pickle():
@@ -465,7 +466,7 @@ def test_lock_timeout_compiles_in_memory(tmp_path, prebuilt, akeys, fake_compile
 
     root = tmp_path / "cache"
     store = Store(root)
-    store.ensure_ready()
+    store.first_use.ensure()
     model = rc.make(root, CompilerConfig(lock_timeout_s=0.2))
     with filelock.FileLock(str(store.locks.path(akeys["2"]))):
         with caplog.at_level(logging.WARNING, logger="gearcache"), counters.expect(compiles=1):
@@ -541,12 +542,12 @@ def test_compiler_errors_are_not_cache_faults(tmp_path):
 # =================================================================================================== eviction
 def publish(root: pathlib.Path, akey: str, *, max_size=None, last_used: float | None = None, size: int = 1000):
     """Publish an artifact (and an entry pointing at it) from a short-lived Store, as another process would."""
-    store = Store(root, max_size=max_size)
-    store.publish_artifact(akey, Builder(size))
-    store.write_entry("t", "m", "e" + akey[1:], {"format": FORMAT_VERSION, "ekey": "e" + akey[1:], "akey": akey})
+    store = Store(root, StoreConfig(max_size=max_size))
+    store.artifacts.publish(akey, Builder(size))
+    store.entries.write("t", "m", "e" + akey[1:], {"format": FORMAT_VERSION, "ekey": "e" + akey[1:], "akey": akey})
     if last_used is not None:
-        store.index["e" + akey[1:]] = dict(store.index["e" + akey[1:]], last_used=last_used)
-        store.index[f"artifact:{akey}"] = dict(store.index[f"artifact:{akey}"], last_used=last_used)
+        store.index.db["e" + akey[1:]] = dict(store.index.db["e" + akey[1:]], last_used=last_used)
+        store.index.db[f"artifact:{akey}"] = dict(store.index.db[f"artifact:{akey}"], last_used=last_used)
 
 
 def test_opening_a_folder_over_max_size_trims_it(tmp_path, caplog):
@@ -555,7 +556,8 @@ def test_opening_a_folder_over_max_size_trims_it(tmp_path, caplog):
     for c in "ab":
         publish(root, c * 40)
     with caplog.at_level(logging.INFO, logger="gearcache"), counters.expect(evictions=1):
-        Store(root, max_size=1500).entry_for_load("t", "m", "e" + "b" * 39)      # any first use of the folder
+        # any first use of the folder
+        Store(root, StoreConfig(max_size=1500)).entries.read_for_load("t", "m", "e" + "b" * 39)
     assert [p.name for p in (root / "artifacts").iterdir()] == ["b" * 40]
     assert "when a process opened it" in caplog.text
 
@@ -572,7 +574,7 @@ def test_publishing_past_max_size_evicts_the_least_recently_used(tmp_path, caplo
     assert sorted(p.name[0] for p in (root / "artifacts").iterdir()) == ["b", "d"]     # a, then c went
     assert "evicted artifact " + "a" * 40 in caplog.text and "over max_size=2500 after publishing " in caplog.text
     assert sorted(p.stem[1] for p in (root / "entries").rglob("*.json")) == ["b", "d"]
-    index = Store(root).index
+    index = Store(root).index.db
     assert "artifact:" + "a" * 40 not in index and "e" + "a" * 39 not in index
     assert "artifact:" + "b" * 40 in index
 
@@ -586,35 +588,35 @@ def test_an_entry_written_while_eviction_runs_goes_with_its_artifact(tmp_path):
     publish(root, "b" * 40)
     late_ekey = "f" + "a" * 39
 
-    evictor = Store(root, max_size=1500)
-    evict_one = evictor.eviction._evict_one
+    evictor = Store(root, StoreConfig(max_size=1500))
+    evict_one = evictor.maintenance._evict_one
 
     def evict_one_meeting_a_late_writer(akey, *args):
         other = Store(root)                             # another process: it publishes (a no-op: it is
-        other.publish_artifact(akey, Builder())          # there), writes its entry, and ends
-        other.write_entry("t", "m", late_ekey, {"format": FORMAT_VERSION, "ekey": late_ekey, "akey": akey})
+        other.artifacts.publish(akey, Builder())          # there), writes its entry, and ends
+        other.entries.write("t", "m", late_ekey, {"format": FORMAT_VERSION, "ekey": late_ekey, "akey": akey})
         del other
         return evict_one(akey, *args)
 
-    evictor.eviction._evict_one = evict_one_meeting_a_late_writer
+    evictor.maintenance._evict_one = evict_one_meeting_a_late_writer
     with counters.expect(evictions=1):
-        evictor.evict()
+        evictor.maintenance.evict()
     assert [p.name for p in (root / "artifacts").iterdir()] == ["b" * 40]
     assert not [p for p in (root / "entries").rglob("*.json") if "a" * 40 in p.read_text()], "entries of a went too"
-    index = Store(root).index
+    index = Store(root).index.db
     assert late_ekey not in index and "e" + "a" * 39 not in index and "e" + "b" * 39 in index
 
 
 def test_leased_artifact_is_not_evicted_and_lru_falls_back_to_manifest_age(tmp_path):
     root = tmp_path / "cache"
     for i, c in enumerate("abc"):
-        Store(root).publish_artifact(c * 40, Builder())
+        Store(root).artifacts.publish(c * 40, Builder())
         t = time.time() - 1000 + i
         os.utime(root / "artifacts" / (c * 40) / "MANIFEST.json", (t, t))
     shutil.rmtree(root / "index")                           # no last_used rows: the manifests' age decides
     holder = Store(root)
-    holder.lease("a" * 40)                                  # in use by a live process (this one)
-    assert Store(root).live_leases("a" * 40) == [f"{os.getpid()}@{HOST}"]
+    holder.leases.take("a" * 40)                                  # in use by a live process (this one)
+    assert Store(root).leases.live_holders("a" * 40) == [f"{os.getpid()}@{HOST}"]
     with counters.expect(evictions=1):
         assert trim(root, 2500) == {"b" * 40}
     del holder                                              # the lease goes with its Store
@@ -625,27 +627,28 @@ def test_leased_artifact_is_not_evicted_and_lru_falls_back_to_manifest_age(tmp_p
 def trim(root: pathlib.Path, max_size: int) -> set[str]:
     """What a Store with ``max_size`` evicts from ``root`` (when it opens the folder, or when asked)."""
     before = {p.name for p in (root / "artifacts").iterdir()}
-    Store(root, max_size=max_size).evict()
+    Store(root, StoreConfig(max_size=max_size)).maintenance.evict()
     return before - {p.name for p in (root / "artifacts").iterdir()}
 
 
 def test_max_size_reaches_the_store_through_the_config(tmp_path):
     cfg = CompilerConfig(max_size=123, lock_mode="soft", signing_key=KEY, trust_shared_folder=True)
     store = cache_compile(torch.nn.Linear(2, 2).forward, cache_dir=str(tmp_path), config=cfg).store
-    assert (store.max_size, store.lock_mode, store.signed, store.trust_shared_folder) == (123, "soft", True, True)
+    assert (store.config.max_size, store.config.lock_mode, store.signed, store.config.trust_shared_folder) == (
+        123, "soft", True, True)
 
 
 # =============================================================================================== soft locks
 def test_soft_lock_mode_publishes_and_leaves_no_lock_file(tmp_path):
-    store = Store(tmp_path / "cache", lock_mode="soft")
-    assert store.publish_artifact("a" * 40, Builder())[1]
+    store = Store(tmp_path / "cache", StoreConfig(lock_mode="soft"))
+    assert store.artifacts.publish("a" * 40, Builder())[1]
     assert not list((store.root / "locks").glob("*.softlock"))
 
 
 @pytest.mark.parametrize("holder", ["dead", "old"])
 def test_stale_soft_lock_is_removed(tmp_path, caplog, holder):
-    store = Store(tmp_path / "cache", lock_mode="soft", lock_timeout_s=2)
-    store.ensure_ready()
+    store = Store(tmp_path / "cache", StoreConfig(lock_mode="soft", lock_timeout_s=2))
+    store.first_use.ensure()
     lock = store.locks.path("a" * 40)
     pid = dead_pid() if holder == "dead" else os.getppid()
     lock.write_text(f"{pid}\n{HOST}\n")
@@ -653,24 +656,24 @@ def test_stale_soft_lock_is_removed(tmp_path, caplog, holder):
         os.utime(lock, (time.time() - 10, time.time() - 10))
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="gearcache"):
-        assert store.publish_artifact("a" * 40, Builder())[1]
+        assert store.artifacts.publish("a" * 40, Builder())[1]
     assert time.monotonic() - t0 < 1.5
     assert "removed stale soft lock" in caplog.text
     assert ("is dead" if holder == "dead" else "older than lock_timeout_s") in caplog.text
 
 
 def test_live_soft_lock_times_out(tmp_path):
-    store = Store(tmp_path / "cache", lock_mode="soft", lock_timeout_s=0.3)
-    store.ensure_ready()
+    store = Store(tmp_path / "cache", StoreConfig(lock_mode="soft", lock_timeout_s=0.3))
+    store.first_use.ensure()
     store.locks.path("a" * 40).write_text(f"{os.getppid()}\n{HOST}\n")
     with pytest.raises(LockTimeoutError, match="waited 0.3 s"):
-        store.publish_artifact("a" * 40, Builder())
+        store.artifacts.publish("a" * 40, Builder())
 
 
 # =================================================================================================== cleanup
 def test_cleanup_removes_what_killed_processes_left(tmp_path):
     root = tmp_path / "cache"
-    Store(root).ensure_ready()
+    Store(root).first_use.ensure()
     dead, live = dead_pid(), os.getppid()
     ours, other = HOST_TAG + "0" * 8, "f" * 14
     old = time.time() - 2 * 3600
@@ -699,7 +702,7 @@ def test_cleanup_removes_what_killed_processes_left(tmp_path):
     (leases / f"{live}@elsewhere").write_text("1\n")
     os.utime(leases / f"{live}@elsewhere", (time.time() - 2 * 86400,) * 2)
 
-    done = Store(root).cleanup()
+    done = Store(root).maintenance.cleanup()
     assert {p.name for p in (root / "tmp").iterdir()} == kept
     assert [p.name for p in method.iterdir()] == [f".e2.json.{live}.{ours}.tmp"] and not list(misses.iterdir())
     assert sorted(p.name for p in leases.iterdir()) == [f"{live}@{HOST}", f"{live}@{HOST}-other"]
@@ -708,12 +711,12 @@ def test_cleanup_removes_what_killed_processes_left(tmp_path):
 
 def test_each_store_cleans_up_once(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(Store, "cleanup", lambda self: calls.append(self))
+    monkeypatch.setattr(Maintenance, "cleanup", lambda self: calls.append(self))
     store = Store(tmp_path / "cache")
-    store.publish_artifact("a" * 40, Builder())
-    store.publish_artifact("b" * 40, Builder())
-    store.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": "a" * 40})
-    assert calls == [store]
+    store.artifacts.publish("a" * 40, Builder())
+    store.artifacts.publish("b" * 40, Builder())
+    store.entries.write("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": "a" * 40})
+    assert calls == [store.maintenance]
 
 
 # ================================================================================================ bad inputs

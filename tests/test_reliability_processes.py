@@ -22,7 +22,7 @@ import pytest
 
 import reliability_child as rc
 from gearcache import counters
-from gearcache.store import Store
+from gearcache.store import Store, StoreConfig
 
 pytestmark = pytest.mark.slow      # the slow tier (pytest -m slow): CI runs it after the README's line
 
@@ -124,8 +124,8 @@ def test_sigkill_at_every_step_of_publishing_leaves_nothing_loadable(prebuilt, f
 
 def test_sigkill_releases_the_publish_lock(prebuilt, fork, tmp_path):
     """A process killed while holding an artifact's lock (flock) does not block the next one."""
-    store = Store(tmp_path / "store", lock_timeout_s=5)
-    store.ensure_ready()
+    store = Store(tmp_path / "store", StoreConfig(lock_timeout_s=5))
+    store.first_use.ensure()
     lock = store.locks.path("a" * 40)
     proc = fork.Process(target=_hold_lock, args=(str(lock), str(tmp_path / "ready")))
     proc.start()
@@ -135,7 +135,7 @@ def test_sigkill_releases_the_publish_lock(prebuilt, fork, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
     t0 = time.monotonic()
-    assert store.publish_artifact("a" * 40, lambda f: (f.mkdir(), (f / "x.py").write_text("x = 1\n")))[1]
+    assert store.artifacts.publish("a" * 40, lambda f: (f.mkdir(), (f / "x.py").write_text("x = 1\n")))[1]
     assert time.monotonic() - t0 < 2
 
 
@@ -168,10 +168,11 @@ def test_eviction_spares_an_artifact_a_live_process_loaded(prebuilt, fork, tmp_p
         child = json.loads(_wait_for(tmp_path / "ready"))
         assert child["equal"] and child["loads"] == 1 and child["compiles"] == 0
         size = artifact_bytes(prebuilt)
-        store = Store(root, max_size=int(size * 2.5))
-        assert [n.split("@")[0] for n in store.live_leases(a)] == [str(proc.pid)] and not store.live_leases(b)
+        store = Store(root, StoreConfig(max_size=int(size * 2.5)))
+        assert [n.split("@")[0] for n in store.leases.live_holders(a)] == [str(proc.pid)]
+        assert not store.leases.live_holders(b)
         with caplog.at_level("INFO", logger="gearcache"), counters.expect(evictions=1):
-            store.evict()                           # (the Store's first cleanup may be the one that evicts)
+            store.maintenance.evict()                           # (the Store's first cleanup may be the one that evicts)
         assert "evicted artifact " + b in caplog.text and "over max_size" in caplog.text
         assert (root / "artifacts" / a).is_dir() and not (root / "artifacts" / b).exists()
         assert (root / "artifacts" / c).is_dir()
@@ -180,7 +181,8 @@ def test_eviction_spares_an_artifact_a_live_process_loaded(prebuilt, fork, tmp_p
         os.kill(proc.pid, signal.SIGKILL)
         proc.join()
     with counters.expect(evictions=1):
-        Store(root, max_size=int(size * 1.5)).evict()   # its reader is dead: the lease no longer counts
+        # its reader is dead: the lease no longer counts
+        Store(root, StoreConfig(max_size=int(size * 1.5))).maintenance.evict()
     assert not (root / "artifacts" / a).exists() and (root / "artifacts" / c).is_dir()
     monkeypatch.setattr(rc.compiler, "compile_artifact", rc.fake_compile(prebuilt))
     with counters.expect(compiles=1, loads=0):
@@ -218,7 +220,7 @@ def test_stress_8_processes_200_calls_with_eviction(prebuilt, fork, tmp_path):
     publishes = sum(rep["counters"]["compiles"] for rep in reports)
     assert evictions >= 3 and publishes >= 3, (evictions, publishes)
 
-    store = Store(root, max_size=max_size)
+    store = Store(root, StoreConfig(max_size=max_size))
     on_disk = {p.name for p in (root / "artifacts").iterdir()}
     index = diskcache.Index(str(root / "index"))
     rows = dict(index.items())
@@ -230,9 +232,9 @@ def test_stress_8_processes_200_calls_with_eviction(prebuilt, fork, tmp_path):
     for path in (root / "entries").glob("*/*/*.json"):
         assert json.loads(path.read_text())["akey"] in on_disk, f"entry {path.name} names a missing artifact"
     for akey in on_disk:
-        store.verify_artifact(akey)
+        store.artifacts.verify(akey)
     assert not list((root / "tmp").iterdir()), "work folders left behind"
-    store.ensure_ready()                              # a new Store's cleanup removes the leases of exited workers
+    store.first_use.ensure()                              # a new Store's cleanup removes the leases of exited workers
     assert not [p for p in (root / "leases").rglob("*") if p.is_file()], "leases of exited processes left behind"
-    store.evict()                                     # nobody holds a lease now: the cap holds again
-    assert sum(s for s, _ in store.artifact_sizes().values()) <= max_size
+    store.maintenance.evict()                                     # nobody holds a lease now: the cap holds again
+    assert sum(s for s, _ in store.layout.artifact_sizes().values()) <= max_size

@@ -39,12 +39,12 @@ def test_plan_files_are_covered_by_the_artifact_digests(tiny_lm_cache, tmp_path)
     shutil.copytree(cache, copy, ignore=shutil.ignore_patterns("locks", "index", "leases"))
     akey = next(iter(_plans(copy)))
     store = Store(copy)
-    store.verify_artifact(akey)
+    store.artifacts.verify(akey)
     wrapper = copy / "artifacts" / akey / "runplan" / "wrapper.py"
     wrapper.chmod(0o600)
     wrapper.write_text(wrapper.read_text() + "\nimport os  # tampered\n")
     with pytest.raises(CacheCorruptionError, match="runplan/wrapper.py"):
-        store.verify_artifact(akey)
+        store.artifacts.verify(akey)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ import pytest
 from conftest import FLEET_KEY, TESTS, fleet_config
 from gearcache import counters
 from gearcache.errors import CacheCorruptionError, ConfigError
-from gearcache.store import Store
+from gearcache.store import Store, StoreConfig
 from gearcache.store.fleet import flush_fetched_entries
 from redis_server import free_port
 
@@ -38,7 +38,7 @@ def config(redis_url: str | None, **extra) -> str:
 
 
 def push_seed(seed, url) -> None:
-    done = Store(seed, signing_key=KEY, remote=url, remote_chunk_bytes=4096).push_to_remote()
+    done = Store(seed, StoreConfig(signing_key=KEY, remote=url, remote_chunk_bytes=4096)).sync.push()
     assert done == {"entries": 1, "artifacts": 1, "skipped": 0}
 
 
@@ -152,32 +152,32 @@ def test_dead_remote_never_changes_an_answer(tmp_path):
 def test_remote_needs_a_signing_key_or_an_explicit_opt_out(tmp_path, caplog, monkeypatch):
     monkeypatch.delenv("GEARCACHE_SIGNING_KEY", raising=False)
     with pytest.raises(ConfigError, match=r"remote='redis://h:1/0' without a signing key.*remote_trust='unsigned-ok'"):
-        Store(tmp_path, remote="redis://h:1/0")
+        Store(tmp_path, StoreConfig(remote="redis://h:1/0"))
     monkeypatch.setenv("GEARCACHE_REMOTE", "redis://h:2/0")
     with pytest.raises(ConfigError, match="redis://h:2/0"):
         Store(tmp_path)
     with caplog.at_level(logging.WARNING, "gearcache.store"):
-        store = Store(tmp_path, remote_trust="unsigned-ok")
+        store = Store(tmp_path, StoreConfig(remote_trust="unsigned-ok"))
     assert store.remote.url == "redis://h:2/0" and "without a signing key" in caplog.text
     with pytest.raises(ConfigError, match="remote_trust='maybe'"):
-        Store(tmp_path, signing_key="k", remote="redis://h:1/0", remote_trust="maybe")
+        Store(tmp_path, StoreConfig(signing_key="k", remote="redis://h:1/0", remote_trust="maybe"))
 
 
 def test_unknown_remote_scheme_is_a_config_error_when_the_store_is_made(tmp_path):
     with pytest.raises(ConfigError, match=r"remote='memcached://h:1'.*unknown scheme"):
-        Store(tmp_path, signing_key=KEY, remote="memcached://h:1")      # not at the first miss, inside a call
+        Store(tmp_path, StoreConfig(signing_key=KEY, remote="memcached://h:1"))   # not at the first miss, inside a call
 
 
 def test_unsigned_remote_artifact_and_entry_are_refused_under_a_key(redis, tmp_path):
     plain = store_at(tmp_path / "a", redis, signing_key=None, remote_trust="unsigned-ok")
-    plain.publish_artifact(AKEY, Builder())
-    plain.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    plain.artifacts.publish(AKEY, Builder())
+    plain.entries.write("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     keyed = store_at(tmp_path / "b", redis)
     before = counters.remote_refused
-    assert keyed.entry_for_load("t", "m", "e1") is None                       # the entry: not signed
+    assert keyed.entries.read_for_load("t", "m", "e1") is None                       # the entry: not signed
     builder = Builder()
-    assert keyed.publish_artifact(AKEY, builder)[1] and builder.calls == 1  # the artifact: not signed, rebuilt
-    keyed.verify_artifact(AKEY)
+    assert keyed.artifacts.publish(AKEY, builder)[1] and builder.calls == 1  # the artifact: not signed, rebuilt
+    keyed.artifacts.verify(AKEY)
     assert counters.remote_refused - before == 2
 
 
@@ -201,14 +201,14 @@ class Builder:
 def store_at(folder, redis, **kw) -> Store:
     kw.setdefault("signing_key", KEY)
     url = kw.pop("url", None) or redis.url
-    return Store(folder, remote=url, remote_chunk_bytes=1024, remote_timeout_s=kw.pop("timeout", 2), **kw)
+    return Store(folder, StoreConfig(remote=url, remote_chunk_bytes=1024, remote_timeout_s=kw.pop("timeout", 2), **kw))
 
 
 def nothing_partial(store: Store, redis=None) -> None:
     """No work folder left locally; every local artifact verifies; every remote chunk is committed or expiring."""
     assert os.listdir(store.root / "tmp") == []
     for folder in (store.root / "artifacts").iterdir():
-        store.verify_artifact(folder.name)
+        store.artifacts.verify(folder.name)
     if redis is not None and redis.proc.poll() is None:
         client = redis.client()
         heads = {json.loads(client.get(h))["bundle"][:16] for h in remote_keys(redis, "artifact")}
@@ -218,49 +218,49 @@ def nothing_partial(store: Store, redis=None) -> None:
 
 def test_fetched_artifact_is_published_locally_and_verified(redis, tmp_path):
     a = store_at(tmp_path / "a", redis)
-    assert a.publish_artifact(AKEY, Builder())[1]
+    assert a.artifacts.publish(AKEY, Builder())[1]
     assert len(remote_keys(redis, "chunk")) > 5                               # chunked (1 KiB chunks)
     b = store_at(tmp_path / "b", redis)
     builder = Builder()
-    assert b.publish_artifact(AKEY, builder) == (b.artifact_dir(AKEY), False) and builder.calls == 0
-    assert (b.artifact_dir(AKEY) / "inductor" / "kernels" / "k.so").read_bytes() == FILES["kernels/k.so"]
+    assert b.artifacts.publish(AKEY, builder) == (b.layout.artifact(AKEY), False) and builder.calls == 0
+    assert (b.layout.artifact(AKEY) / "inductor" / "kernels" / "k.so").read_bytes() == FILES["kernels/k.so"]
     nothing_partial(b, redis)
 
 
 def test_fetched_entry_is_loaded_from_memory_and_written_at_exit_after_its_artifact(redis, tmp_path):
     a = store_at(tmp_path / "a", redis)
-    a.publish_artifact(AKEY, Builder())
+    a.artifacts.publish(AKEY, Builder())
     manifest = {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY}
-    a.write_entry("t", "m", "e1", manifest)                                 # pushed, signed
+    a.entries.write("t", "m", "e1", manifest)                                 # pushed, signed
     b = store_at(tmp_path / "b", redis)
-    assert b.entry_for_load("t", "m", "e1") == manifest                         # checked, "sig" dropped
-    b.verify_artifact(AKEY)                                                 # published here first
-    assert not b.entry_path("t", "m", "e1").exists()                        # the entry: at exit
+    assert b.entries.read_for_load("t", "m", "e1") == manifest                         # checked, "sig" dropped
+    b.artifacts.verify(AKEY)                                                 # published here first
+    assert not b.layout.entry("t", "m", "e1").exists()                        # the entry: at exit
     flush_fetched_entries()
-    assert b.read_entry("t", "m", "e1") == manifest            # then written, signed
+    assert b.entries.read("t", "m", "e1") == manifest            # then written, signed
     nothing_partial(b, redis)
 
 
 def test_fetched_entry_whose_artifact_was_evicted_before_exit_is_not_written(redis, tmp_path):
     a = store_at(tmp_path / "a", redis)
-    a.publish_artifact(AKEY, Builder())
-    a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    a.artifacts.publish(AKEY, Builder())
+    a.entries.write("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     b = store_at(tmp_path / "b", redis)
-    assert b.entry_for_load("t", "m", "e1")["akey"] == AKEY                     # fetched, published here, queued
-    shutil.rmtree(b.artifact_dir(AKEY))                                     # evicted (by another process) since
+    assert b.entries.read_for_load("t", "m", "e1")["akey"] == AKEY                     # fetched, published here, queued
+    shutil.rmtree(b.layout.artifact(AKEY))                                     # evicted (by another process) since
     flush_fetched_entries()
-    assert not b.entry_path("t", "m", "e1").exists(), "an entry naming an evicted artifact"
+    assert not b.layout.entry("t", "m", "e1").exists(), "an entry naming an evicted artifact"
 
 
 def test_fetched_entry_whose_artifact_is_refused_is_not_written(redis, tmp_path):
     a = store_at(tmp_path / "a", redis)
-    a.publish_artifact(AKEY, Builder())
-    a.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    a.artifacts.publish(AKEY, Builder())
+    a.entries.write("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
     damage_chunk(redis, "flip")
     b = store_at(tmp_path / "b", redis)
-    assert b.entry_for_load("t", "m", "e1")["akey"] == AKEY                     # the caller finds no artifact: compiles
+    assert b.entries.read_for_load("t", "m", "e1")["akey"] == AKEY              # the caller finds no artifact: compiles
     flush_fetched_entries()
-    assert not b.artifact_dir(AKEY).exists() and not b.entry_path("t", "m", "e1").exists()
+    assert not b.layout.artifact(AKEY).exists() and not b.layout.entry("t", "m", "e1").exists()
     nothing_partial(b, redis)
 
 
@@ -295,18 +295,18 @@ def damage_chunk(redis, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["truncate", "flip", "flip-and-fix-sha", "delete", "uncommitted"])
 def test_damaged_remote_value_is_never_loaded(redis, tmp_path, how):
-    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     damage_chunk(redis, how)
     before = counters.snapshot()
     b = store_at(tmp_path / "b", redis)
     builder = Builder()
-    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1       # built here, never loaded from remote
+    assert b.artifacts.publish(AKEY, builder)[1] and builder.calls == 1       # built here, never loaded from remote
     delta = counters.delta(before)
     assert delta["remote_refused"] == (0 if how in ("delete", "uncommitted") else 1)
     assert delta["remote_pushes"] == 1                                       # the rebuilt one replaces it
     nothing_partial(b, redis)
     c = store_at(tmp_path / "c", redis)
-    assert c.publish_artifact(AKEY, Builder())[1] is False                  # and serves the fleet again
+    assert c.artifacts.publish(AKEY, Builder())[1] is False                  # and serves the fleet again
 
 
 @pytest.mark.parametrize("change", ["extra file", "unsafe path", "missing file"])
@@ -314,7 +314,7 @@ def test_remote_head_listing_other_files_than_its_manifest_is_refused_before_any
                                                                                                 change):
     """A fetch checks the bundle in memory against the signed manifest before it writes a byte: a head that lists a
     file the manifest does not (or a path outside the artifact), or leaves one out, is refused and rebuilt."""
-    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     client = redis.client()
     hkey, = remote_keys(redis, "artifact")
     head = json.loads(client.get(hkey))
@@ -329,7 +329,7 @@ def test_remote_head_listing_other_files_than_its_manifest_is_refused_before_any
     before = counters.snapshot()
     b = store_at(tmp_path / "b", redis)
     builder = Builder()
-    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert b.artifacts.publish(AKEY, builder)[1] and builder.calls == 1
     assert counters.delta(before)["remote_refused"] == 1
     assert not (tmp_path / "outside.py").exists() and not (tmp_path / "b" / "outside.py").exists()
     nothing_partial(b, redis)
@@ -338,41 +338,42 @@ def test_remote_head_listing_other_files_than_its_manifest_is_refused_before_any
 def test_a_fetched_artifact_skips_only_the_next_load_check(redis, tmp_path):
     """Right after a fetch, the load's check would read back what was just checked in memory: it is skipped once;
     the next load checks the folder again (a file damaged meanwhile is found)."""
-    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     b = store_at(tmp_path / "b", redis)
-    assert b.publish_artifact(AKEY, Builder())[1] is False                 # fetched
-    kernel = b.artifact_dir(AKEY) / "inductor" / "kernels" / "k.so"
+    assert b.artifacts.publish(AKEY, Builder())[1] is False                 # fetched
+    kernel = b.layout.artifact(AKEY) / "inductor" / "kernels" / "k.so"
     os.chmod(kernel, 0o644)
     kernel.write_bytes(b"damaged")
-    b.verify_for_load(AKEY, None)                       # skipped: the fetch checked these bytes
+    b.artifacts.verify_for_load(AKEY, None)                       # skipped: the fetch checked these bytes
     with pytest.raises(CacheCorruptionError, match="k.so does not match"):
-        b.verify_for_load(AKEY, None)
+        b.artifacts.verify_for_load(AKEY, None)
 
 
 def test_redis_down_at_start_costs_one_timeout(tmp_path):
-    store = Store(tmp_path / "a", signing_key=KEY, remote=f"redis://127.0.0.1:{free_port()}/0", remote_timeout_s=1)
+    store = Store(tmp_path / "a", StoreConfig(signing_key=KEY, remote=f"redis://127.0.0.1:{free_port()}/0",
+                                              remote_timeout_s=1))
     before = counters.snapshot()
     t0 = time.monotonic()
     builder = Builder()
-    assert store.entry_for_load("t", "m", "e1") is None
-    assert store.publish_artifact(AKEY, builder)[1] and builder.calls == 1
-    store.write_entry("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
-    assert store.publish_artifact("b" * 40, Builder())[1]
+    assert store.entries.read_for_load("t", "m", "e1") is None
+    assert store.artifacts.publish(AKEY, builder)[1] and builder.calls == 1
+    store.entries.write("t", "m", "e1", {"format": FORMAT_VERSION, "ekey": "e1", "akey": AKEY})
+    assert store.artifacts.publish("b" * 40, Builder())[1]
     assert time.monotonic() - t0 < 2 and counters.delta(before)["remote_errors"] == 1   # then left alone
-    assert store.entry_for_load("t", "m", "e1")["akey"] == AKEY
+    assert store.entries.read_for_load("t", "m", "e1")["akey"] == AKEY
     nothing_partial(store)
 
 
 def test_redis_killed_mid_transfer(redis, tmp_path):
     """The server stops answering mid-command (CLIENT PAUSE) and is then killed: the fetch fails within the timeout,
     the artifact is built here, nothing partial is left."""
-    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     redis.client().execute_command("CLIENT", "PAUSE", 5000, "ALL")
     threading.Timer(0.3, redis.kill).start()
     b = store_at(tmp_path / "b", redis, timeout=1)
     t0 = time.monotonic()
     builder = Builder()
-    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert b.artifacts.publish(AKEY, builder)[1] and builder.calls == 1
     assert time.monotonic() - t0 < 2.5
     nothing_partial(b)
 
@@ -383,14 +384,14 @@ def test_full_redis_keeps_the_artifact_local_and_nothing_partial_remote(redis, t
     store = store_at(tmp_path / "a", redis)
     before = counters.snapshot()
     builder = Builder()
-    assert store.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert store.artifacts.publish(AKEY, builder)[1] and builder.calls == 1
     assert counters.delta(before)["remote_errors"] == 1 and not remote_keys(redis, "artifact")
     nothing_partial(store, redis)                                           # chunks written before OOM expire
     client.config_set("maxmemory", 0)
 
 
 def test_slow_redis_is_bounded_by_the_timeout(redis, tmp_path):
-    store_at(tmp_path / "a", redis).publish_artifact(AKEY, Builder())
+    store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     b = store_at(tmp_path / "b", redis, timeout=0.5)
     b.remote.backend.get("warm-up")                                          # connected before the server stalls
     sleeper = threading.Thread(target=lambda: redis.client(socket_timeout=10).execute_command("DEBUG", "SLEEP", 3))
@@ -398,7 +399,7 @@ def test_slow_redis_is_bounded_by_the_timeout(redis, tmp_path):
     time.sleep(0.1)
     t0 = time.monotonic()
     builder = Builder()
-    assert b.publish_artifact(AKEY, builder)[1] and builder.calls == 1
+    assert b.artifacts.publish(AKEY, builder)[1] and builder.calls == 1
     assert time.monotonic() - t0 < 1.5
     sleeper.join()
     nothing_partial(b, redis)

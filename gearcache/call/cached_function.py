@@ -248,7 +248,7 @@ class CachedFunction(Dispatcher):
         if self._recompiles is None:
             return
         self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared, gear_plans_stored=lambda: any(
-            self.store.plan_path(self.topology.folder, self.name, "-").parent.glob("*.json")))
+            self.store.layout.gear_plan(self.topology.folder, self.name, "-").parent.glob("*.json")))
 
     def _init_gears(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
                     again: bool = False) -> "gears.GearPlan | None":
@@ -282,7 +282,7 @@ class CachedFunction(Dispatcher):
         stored; either way checked against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
         ic = self.config.inference_config
         gears.check_marks(marks, ic.dynamic_gears_merge_policy)
-        found = guard_sets.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+        found = guard_sets.choose(lambda k: self.store.entries.read_gear_plan(self.topology.folder, self.name, k),
                                     self._plan_key(marks, key), self._scope)
         saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
@@ -320,7 +320,7 @@ class CachedFunction(Dispatcher):
         self._plan_guards = trace.plan_guards
         self._rewatch()
         if trace.plan_guards.local is None:
-            self.store.write_plan(self.topology.folder, self.name, pkey, {
+            self.store.entries.write_gear_plan(self.topology.folder, self.name, pkey, {
                 "format": FORMAT_VERSION, "pkey": pkey, "plan": gear_plan.to_json(), "dependencies": trace.dependencies,
                 "guards": trace.plan_guards.to_json()})
         return gear_plan
@@ -419,7 +419,7 @@ class CachedFunction(Dispatcher):
         marks = self._marks(args, kwargs, leaves)
         if not marks or self.config.inference_config.warmup_workers == 1:
             return None
-        if guard_sets.choose(lambda k: self.store.read_plan(self.topology.folder, self.name, k),
+        if guard_sets.choose(lambda k: self.store.entries.read_gear_plan(self.topology.folder, self.name, k),
                                self._plan_key(marks, key), self._scope).record is not None:
             return None
         policy = self.config.inference_config.dynamic_gears_merge_policy

@@ -50,7 +50,7 @@ def _artifact_status(view: StoreView, akey: str, memo: dict[str, Problem]) -> Pr
     """("ok" | "corrupt" | "orphaned", detail) for an artifact; verified once."""
     if akey not in memo:
         try:
-            view.store.verify_artifact(akey)
+            view.store.artifacts.verify(akey)
             memo[akey] = ("ok", "")
         except FileNotFoundError:
             memo[akey] = ("orphaned", f"artifact {akey} is missing")
@@ -70,13 +70,13 @@ def untrusted_folders(view: StoreView) -> list[dict[str, str]]:
     """The store's folders the runtime refuses (gearcache/store/trust.py): another user owns them or others can
     write them. A refused root, ``entries/`` or ``artifacts/`` refuses the whole store. ``[{"path", "why", "fix"}]``."""
     return [{"path": str(path), "why": why, "fix": _trust_fix(path, why)}
-            for path, why in view.store.refused_folders()]
+            for path, why in view.store.trust.refused_folders()]
 
 
 def _untrusted_entry(view: StoreView, ref: EntryRef) -> Problem | None:
     """("untrusted", why and fix) when the runtime refuses this entry manifest or its method folder."""
     for path in (ref.path.parent, ref.path):
-        why = view.store.untrusted_why(path)
+        why = view.store.trust.path_problem(path)
         if why is not None:
             return ("untrusted", f"{path}: {why}; the entry is never loaded. Fix: {_trust_fix(path, why)}")
     return None
@@ -226,7 +226,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     doomed = {str(c["ref"].path) for c in chosen.values()}
     remaining = {r.akey for r in view.entries() if str(r.path) not in doomed and r.akey}
     artifacts = sorted({c["ref"].akey for c in chosen.values() if c["ref"].akey} - remaining)
-    artifacts = [k for k in artifacts if view.store.artifact_dir(k).is_dir()]
+    artifacts = [k for k in artifacts if view.store.layout.artifact(k).is_dir()]
     entry_rows = [{"ekey": c["ref"].ekey, "method": c["ref"].method, "topology": c["ref"].topology,
                    "akey": c["ref"].akey, "path": str(c["ref"].path), "reasons": c["reasons"]}
                   for c in chosen.values()]
@@ -269,7 +269,7 @@ def _delete(view: StoreView, chosen: Chosen, artifacts: list[str]) -> tuple[list
     store = view.store
     for c in chosen.values():
         ref = c["ref"]
-        store.remove_entry(ref.topology, ref.method, ref.ekey)
+        store.entries.remove(ref.topology, ref.method, ref.ekey)
         log.info("%s: pruned entry %s: %s", ref.method, ref.ekey, "; ".join(c["reasons"]))
     still_used = {r.akey for r in view.entries(refresh=True) if r.akey}
     deleted, locked = [], []
@@ -277,8 +277,8 @@ def _delete(view: StoreView, chosen: Chosen, artifacts: list[str]) -> tuple[list
         if akey in still_used:
             continue                # an entry written meanwhile uses it again
         try:                        # the writers' own lock, of either lock_mode (flock or soft)
-            with store.locked_in_every_mode(akey, 0):
-                status = store.remove_artifact(akey)      # moved aside at once: never seen half deleted
+            with store.locks.held_in_every_mode(akey, 0):
+                status = store.maintenance.remove_artifact(akey)      # moved aside at once: never seen half deleted
         except LockTimeoutError:
             locked.append(akey)
             warn(f"artifact {akey} is locked by a running process; left in place")
@@ -290,6 +290,6 @@ def _delete(view: StoreView, chosen: Chosen, artifacts: list[str]) -> tuple[list
             locked.append(akey)
             warn(f"artifact {akey} is {status}; left in place")
     kept = {r.ekey for r in view.entries()}
-    store.forget([c["ref"].ekey for c in chosen.values() if c["ref"].ekey not in kept], deleted)
+    store.index.forget([c["ref"].ekey for c in chosen.values() if c["ref"].ekey not in kept], deleted)
     return deleted, locked
 

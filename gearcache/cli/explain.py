@@ -78,7 +78,7 @@ def explain_miss(args: argparse.Namespace) -> int:
     missed then: exit 0."""
     view = open_view(args)
     method = resolve_method(view, args.method)
-    records = recorded_misses(view.root, method)
+    records = recorded_misses(view.store.layout, method)
     if not records:
         emit(args, {"method": method, "miss": None, "differs": []},
              lambda: f"no recorded miss of {method} in {view.root} (misses are recorded when gearcache compiles an "
@@ -149,7 +149,7 @@ def _explain_still_missing(args: argparse.Namespace, view: StoreView, doc: dict[
 
 def resolve_method(view: StoreView, name: str) -> str:
     """An exact method name, or the one known method name that ends with ``name`` (``Model.forward``)."""
-    known = {r.method for r in view.entries()} | missed_methods(view.root)
+    known = {r.method for r in view.entries()} | missed_methods(view.store.layout)
     if name in known:
         return name
     matches = sorted(k for k in known if k.endswith("." + name) or k.endswith(name))

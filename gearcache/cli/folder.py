@@ -1,7 +1,7 @@
 """The cache folder as ``gearcache`` sees it: a read-mostly client of one ``Store`` (gearcache/store/).
 
 Every manifest, index row, artifact folder and lock is reached through the store's public methods: the CLI has no
-file format, path or lock of its own. Entry manifests are read with ``Store.check_entry`` (signature checked with
+file format, path or lock of its own. Entry manifests are read with ``Store.entries.check`` (signature checked with
 ``$GEARCACHE_SIGNING_KEY``, as the call path checks it); nothing here writes, except what ``prune --yes`` asks the
 store to delete.
 """
@@ -14,7 +14,7 @@ import pathlib
 from typing import Any
 
 from ..errors import CliError
-from ..store import Store, default_root
+from ..store import Store, StoreConfig, default_root
 from .output import warn
 
 ENTRY_PREFIX_MIN = 6
@@ -40,7 +40,7 @@ class StoreView:
     nothing; the store is local only (``$GEARCACHE_REMOTE`` is for ``--remote`` commands)."""
 
     def __init__(self, root: pathlib.Path):
-        self.store = Store(root, remote="")
+        self.store = Store(root, StoreConfig(remote=""))
         self.root = self.store.root
         self._entries: list[EntryRef] | None = None
         self._usage: dict[str, dict[str, Any]] | None = None
@@ -51,9 +51,9 @@ class StoreView:
         """Every entry manifest on disk, accepted or not (``EntryRef.problem``)."""
         if self._entries is None or refresh:
             self._entries = []
-            for topology, method, ekey in self.store.entry_keys():
-                manifest, problem = self.store.check_entry(topology, method, ekey)
-                path = self.store.entry_path(topology, method, ekey)
+            for topology, method, ekey in self.store.layout.entry_keys():
+                manifest, problem = self.store.entries.check(topology, method, ekey)
+                path = self.store.layout.entry(topology, method, ekey)
                 self._entries.append(EntryRef(topology, method, ekey, path, manifest, problem))
         return self._entries
 
@@ -79,7 +79,7 @@ class StoreView:
     def gears(self, topology: str, method: str) -> list[list[dict[str, Any]]]:
         """The method's gear plans: per plan, its marked dims ``{name, leaf, dim, sizes}``."""
         plans = []
-        for data in self.store.list_plans(topology, method):
+        for data in self.store.entries.gear_plans_in_method(topology, method):
             try:
                 plans.append([{"name": d.get("name"), "leaf": d.get("leaf"), "dim": d.get("dim"),
                                "sizes": list(d.get("sizes", []))} for d in data["plan"]["dims"]])
@@ -90,12 +90,12 @@ class StoreView:
     # ---------------------------------------------------------------------------------------------- artifacts
     def artifact_keys(self) -> list[str]:
         """Every artifact folder, valid or not."""
-        return self.store.artifact_keys()
+        return self.store.layout.artifact_keys()
 
     def published(self) -> dict[str, tuple[int, float]]:
         """``{akey: (bytes, manifest mtime)}`` of the artifacts with a readable manifest."""
         if self._sizes is None:
-            self._sizes = self.store.artifact_sizes()
+            self._sizes = self.store.layout.artifact_sizes()
         return self._sizes
 
     def artifact_bytes(self, akey: str | None) -> int | None:
@@ -109,7 +109,7 @@ class StoreView:
         if self._usage is None:
             self._usage = {}
             try:
-                self._usage = self.store.entry_usage()
+                self._usage = self.store.index.entry_usage()
             except Exception as exc:
                 warn(f"cannot read the index of {self.root} ({exc}); loads, hits and last used are not shown")
         return self._usage.get(ekey) or {}

@@ -68,7 +68,7 @@ def inspect_doc(view: StoreView, refs: list[EntryRef]) -> dict[str, Any]:
     ref = refs[0]
     m = ref.manifest or {}
     akey = m["akey"]
-    folder, compiled = view.store.artifact_dir(akey), view.store.torch_artifact_dir(akey)
+    folder, compiled = view.store.layout.artifact(akey), view.store.layout.torch_artifact(akey)
     values, hashes = m.get("factors", {}).get("values", {}), m.get("factors", {}).get("hashes", {})
     factors = [{"name": n, "hash": hashes.get(n), "value": values.get(n)}
                for n in ordered_factors([*hashes, *values])]

@@ -22,7 +22,7 @@ import os
 from typing import Any, Callable, TypeVar
 
 from ..errors import CliError, ConfigError, RemoteError
-from ..store import Store
+from ..store import Store, StoreConfig
 from ..store.remote import REMOTE_ENV, RemoteStore
 from .output import FAILED, OK, USAGE, emit, fmt_bytes, format_pairs, format_table
 
@@ -58,7 +58,7 @@ def store_for(args: argparse.Namespace) -> tuple[Store, RemoteStore]:
         raise CliError(f"gearcache {args.command}: no remote store. Fix: pass --remote redis://host:6379/0 or set "
                        f"${REMOTE_ENV}")
     try:
-        store = Store(args.cache_dir, remote=url, remote_trust=args.remote_trust)
+        store = Store(args.cache_dir, StoreConfig(remote=url, remote_trust=args.remote_trust))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     assert store.remote is not None           # a URL was given
@@ -76,7 +76,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     store, remote = store_for(args)
     if not store.root.is_dir():
         raise CliError(f"no cache folder at {store.root}")
-    done = _remote_call(store.push_to_remote, force=args.force)
+    done = _remote_call(store.sync.push, force=args.force)
     emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
          lambda: f"pushed {done['entries']} entries and {done['artifacts']} artifacts from {store.root} to "
                  f"{remote.url}" + (f"; skipped {done['skipped']} invalid" if done["skipped"] else ""))
@@ -85,7 +85,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     store, remote = store_for(args)
-    done = _remote_call(store.pull_from_remote, method=args.method)
+    done = _remote_call(store.sync.pull, method=args.method)
     emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
          lambda: f"pulled {done['entries']} entries and {done['artifacts']} artifacts from {remote.url} into "
                  f"{store.root}" + (f"; refused {done['refused']} (see the log)" if done["refused"] else ""))

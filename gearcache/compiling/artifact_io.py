@@ -1,7 +1,7 @@
 """Publishing a compiled artifact into the store, and loading a stored one: the store's side of both paths.
 
 Publish: ``build`` compiles into a private temporary folder (:class:`PrivateBuild`), which is then copied into the
-store's work folder and published (:func:`publish`: ``Store.publish_artifact``'s artifact lock, digests, atomic
+store's work folder and published (:func:`publish`: ``Store.artifacts.publish``'s artifact lock, digests, atomic
 rename). A compile error is thus told from a store error, and a compiled folder outlives a store that fails after the
 compile. An artifact that another process published into a folder this process cannot write is loaded from a
 verified private copy (:func:`loadable_folder`), because torch's loader writes into the folder it loads from.
@@ -60,10 +60,10 @@ class PrivateBuild:
 
 
 def publish(store: Store, akey: str, build: PrivateBuild) -> tuple[pathlib.Path, bool]:
-    """``store.publish_artifact(akey, build)``: ``(the store's artifact folder, built)``; ``built``: the build ran
+    """``store.artifacts.publish(akey, build)``: ``(the store's artifact folder, built)``; ``built``: the build ran
     here (its private folder is then removed: the store's copy is the one loaded). Raises what the store or the
     build raises (``OSError`` for a store fault)."""
-    folder, built = store.publish_artifact(akey, build)
+    folder, built = store.artifacts.publish(akey, build)
     build.discard()
     return folder, built
 
@@ -81,7 +81,7 @@ def loadable_folder(store: Store, akey: str, folder: pathlib.Path, built: bool) 
 def persisted(store: Store, akey: str, folder: pathlib.Path | None) -> bool:
     """Whether ``folder`` (from ``faults.publish_or_fallback``) is the store's artifact, so that an entry manifest
     pointing at it may be written."""
-    return folder is not None and pathlib.Path(folder) == store.artifact_dir(akey)
+    return folder is not None and pathlib.Path(folder) == store.layout.artifact(akey)
 
 
 def verified_plan(store: Store, akey: str) -> dict[str, Any] | None:
@@ -89,14 +89,14 @@ def verified_plan(store: Store, akey: str) -> dict[str, Any] | None:
     it reads (``runplan.files_read``; the whole artifact when it has no usable plan). Hand it to
     :func:`load_stored`. None: ``plan.json`` could not be read (yet the artifact verified): :func:`load_stored` reads
     it itself. Raises ``FileNotFoundError`` (no such artifact) or ``CacheCorruptionError`` as
-    ``Store.verify_for_load``.
+    ``Store.artifacts.verify_for_load``.
 
     The plan is parsed before it is verified, only to choose what to verify, which includes ``plan.json`` itself."""
     try:
-        plan: dict[str, Any] | None = runplan.read_plan(store.artifact_dir(akey))
+        plan: dict[str, Any] | None = runplan.read_plan(store.layout.artifact(akey))
     except (OSError, ValueError):
         plan = None                             # unreadable: the whole artifact is verified (and found corrupt)
-    store.verify_for_load(akey, runplan.files_read(plan))
+    store.artifacts.verify_for_load(akey, runplan.files_read(plan))
     return plan
 
 
@@ -109,14 +109,14 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
 
     A folder this process cannot write (a read-only mount, another user's files) is loaded through a verified
     private copy, because torch's loader writes into the folder it loads from."""
-    folder = store.artifact_dir(akey)
+    folder = store.layout.artifact(akey)
     try:
         if not writable(folder):
             folder = private_copy(store, akey)      # verified whole
             return runplan.load_artifact(folder, device_index, plan=plan)
-        return runplan.load_artifact(folder, device_index, lambda: store.verify_artifact(akey), plan=plan)
+        return runplan.load_artifact(folder, device_index, lambda: store.artifacts.verify(akey), plan=plan)
     except Exception as exc:
-        if store.artifact_dir(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
+        if store.layout.artifact(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
                 isinstance(exc, runplan.WrongDevice):
             raise                       # a real load failure: not ours to hide
         log.warning("artifact %s vanished or changed while it was loaded (%s: %s); compiling it again", akey,
@@ -134,9 +134,9 @@ def private_folder(akey: str) -> pathlib.Path:
 def private_copy(store: Store, akey: str) -> pathlib.Path:
     """Copy the store's artifact into a private folder and verify the copy (digests, signature) before use."""
     folder = private_folder(akey)
-    shutil.copytree(store.artifact_dir(akey), folder, dirs_exist_ok=True, symlinks=True,
+    shutil.copytree(store.layout.artifact(akey), folder, dirs_exist_ok=True, symlinks=True,
                     ignore=shutil.ignore_patterns("locks"))
-    store.verify_artifact(akey, folder)
+    store.artifacts.verify(akey, folder)
     log.info("artifact %s is in a folder this process cannot write; loading a verified copy from %s", akey, folder)
     return folder
 

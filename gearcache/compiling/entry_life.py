@@ -208,7 +208,7 @@ class EntryLife:
     def choose(self, ekey: str) -> guard_sets.Choice:
         """The stored entry of signature key ``ekey`` whose value guards hold here (``guard_sets.choose``)."""
         folder, name = self.topology.folder, self.name
-        return guard_sets.choose(lambda k: self.store.entry_for_load(folder, name, k), ekey, self.scope)
+        return guard_sets.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope)
 
     def stored(self, leaves: tuple, key: tuple) -> bool:
         """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
@@ -259,7 +259,7 @@ class EntryLife:
     def capture(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Pending:
         """Capture the call's graph and key its artifact (in the calling thread: Dynamo)."""
         if self.config.on_new_signature == "error":
-            known = self.store.list_entries(self.topology.folder, self.name)
+            known = self.store.entries.in_method(self.topology.folder, self.name)
             if known or self.table:
                 fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
                        "config.on_new_signature='compile'")
@@ -343,8 +343,8 @@ class EntryLife:
         entry.guards = captured.guards
         guard_sets.warn_local(self.name, captured.guards)
         if artifact_io.persisted(self.store, akey, folder) and captured.guards.local is None:
-            self.store.write_entry(self.topology.folder, self.name, ekey, manifest)
-            self.store.lease(akey)
+            self.store.entries.write(self.topology.folder, self.name, ekey, manifest)
+            self.store.leases.take(akey)
         if built:
             log.info("%s: compiled entry %s (artifact %s) in %.2f s", self.name, ekey, akey, time.perf_counter() - t0)
         else:

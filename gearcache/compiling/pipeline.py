@@ -119,7 +119,7 @@ class ArtifactPipeline:
             log.info("%s: entry %s has no artifact %s; recompiling", name, ekey, akey)
             return None
         except CacheCorruptionError as exc:
-            self.store.quarantine(akey, exc.reason)
+            self.store.artifacts.quarantine(akey, exc.reason)
             log.warning("%s: %s; recompiling", name, exc)
             return None
         t0 = time.perf_counter()
@@ -130,7 +130,7 @@ class ArtifactPipeline:
             return None
         if compiled is None:
             return None                                       # vanished since it was verified: a miss
-        self.store.lease(akey)                                # in use: not evicted under max_size
+        self.store.leases.take(akey)                                # in use: not evicted under max_size
         seconds = time.perf_counter() - t0
         counters.loads += 1
         counters.load_seconds += seconds

@@ -1,6 +1,7 @@
 """The store: one local cache folder, safe for many processes and ranks at once (``Store``), optionally backed by a
-remote store shared by a fleet (``remote.py``, ``remote_backend.py``). ``Store`` is a façade over its parts
-(``local.py`` lists them): ``Layout`` names every path below.
+remote store shared by a fleet (``remote.py``, ``remote_backend.py``). ``Store`` is a composition of typed parts
+(``local.py`` lists them; ``store.artifacts``, ``store.entries``, ``store.leases``, ``store.maintenance``,
+``store.sync``, ...), its options a ``StoreConfig``: ``Layout`` names every path below.
 
 On-disk layout (format 1)::
 
@@ -17,23 +18,25 @@ On-disk layout (format 1)::
       leases/<akey>/<pid>@<host>              "this process loaded the artifact": never evicted while the pid lives
       tmp/<akey>.<pid>.<tag>                  work folders; a published artifact is renamed out of here
       quarantine/                             artifacts (and entry manifests) that failed a check, kept for inspection
+      misses/<topology>/<method>/<ekey>.json  the key factors of a recorded miss (diagnostics.py)
 
 Publishing is crash-safe: an artifact is built in ``tmp/``, its ``MANIFEST.json`` (and signature) written last, then
 the folder is renamed into ``artifacts/`` (atomic); an entry manifest is written to a temp name and ``os.replace``-d,
 after its artifact exists. A reader treats an artifact without a valid manifest, or whose files do not match their
 digests, as corrupt: quarantined, never executed. Leftovers of killed processes (work folders, temp manifest files,
-leases, soft locks) are removed by :meth:`Store.cleanup` (``Cleanup.run``), run once by every Store that writes. See
-docs/RELIABILITY.md for every fault and what happens.
+leases, soft locks) are removed by ``store.maintenance.cleanup()`` (``Maintenance.cleanup``), run once by every Store
+that writes. See docs/RELIABILITY.md for every fault and what happens.
 """
 from __future__ import annotations
 
 from .files import (HOST, HOST_TAG, MANIFEST, SIGNATURE, SIGNING_KEY_ENV, default_root, storage_fix,
                     write_json_atomic)
 from .index import flush_index_updates
+from .config import StoreConfig
 from .local import Store
 from .processes import _start_token, pid_alive
 from .signing import canonical_bytes, json_signature_ok, sign_json
 
-__all__ = ["HOST", "HOST_TAG", "MANIFEST", "SIGNATURE", "SIGNING_KEY_ENV", "Store", "canonical_bytes", "default_root",
-           "flush_index_updates", "json_signature_ok", "pid_alive", "sign_json", "storage_fix", "write_json_atomic",
-           "_start_token"]
+__all__ = ["HOST", "HOST_TAG", "MANIFEST", "SIGNATURE", "SIGNING_KEY_ENV", "Store", "StoreConfig", "canonical_bytes",
+           "default_root", "flush_index_updates", "json_signature_ok", "pid_alive", "sign_json", "storage_fix",
+           "write_json_atomic", "_start_token"]

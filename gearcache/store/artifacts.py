@@ -11,40 +11,48 @@ import shutil
 import stat
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..counters import counters
 from ..errors import CacheCorruptionError, LockTimeoutError, UntrustedArtifactError
 from ..keys.key import FORMAT_VERSION
 from . import files as fs
-from .eviction import Eviction
 from .files import MANIFEST, SIGNATURE, _LOCKS_DIR, _is_lock_file, _sha256_file, write_json_atomic
 from .index import Index
-from .layout import Layout
+from .layout import TORCH_FOLDER, Layout
 from .leases import Leases
 from .locks import Locks
 from .first_use import FirstUse
+from .maintenance import Maintenance
 from .signing import _hmac
 from .trust import Trust
 
 log = logging.getLogger("gearcache.store")
 
 
-# How a publish reaches the fleet: ``through(akey, build_here)`` fetches the artifact (None) or runs ``build_here``
-# (the artifact's bytes), under the artifact's local lock (``Fleet.publish``).
-Through = Callable[[str, Callable[[], int]], "int | None"]
+
+class FleetPublisher(Protocol):
+    """What a publish needs of the remote store (``remote.RemoteStore``): whether it is up, and its one compile per
+    fleet (fetch the artifact: None; or run ``build_here`` once for the fleet and push it: its size)."""
+
+    def available(self) -> bool: ...
+
+    def publish(self, artifacts: Artifacts, akey: str, build_here: Callable[[], int], wait_s: float) -> int | None: ...
+
+
 # A checked file of a fetched artifact: (relative path, bytes, mode).
 CheckedFile = tuple[str, memoryview, int]
 
 
 class Artifacts:
     """Publishing, installing, verifying and quarantining the artifacts of one folder, signed with ``key`` (or
-    unsigned: None). A publish leases the artifact, records it in the index and (``eviction.max_size``) evicts."""
+    unsigned: None). A publish leases the artifact, records it in the index and (``maintenance.max_size``) evicts.
+    ``remote``: the remote store a publish goes through (None: a local folder only)."""
 
     def __init__(self, layout: Layout, locks: Locks, leases: Leases, trust: Trust, index: Index, first_use: FirstUse,
-                 eviction: Eviction, key: bytes | None):
+                 maintenance: Maintenance, key: bytes | None, remote: FleetPublisher | None):
         self.layout, self.locks, self.leases, self.trust, self.index = layout, locks, leases, trust, index
-        self.first_use, self.eviction, self.key = first_use, eviction, key
+        self.first_use, self.maintenance, self.key, self.remote = first_use, maintenance, key, remote
         self._checked_in_memory: set[str] = set()   # artifacts installed here from bytes checked in memory
 
     def folder(self, akey: str) -> pathlib.Path:
@@ -213,12 +221,11 @@ class Artifacts:
         log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
         self.index.pop([f"artifact:{akey}"])
 
-    def publish(self, akey: str, build: Callable[[pathlib.Path], None],
-                through: Through | None = None) -> tuple[pathlib.Path, bool]:
+    def publish(self, akey: str, build: Callable[[pathlib.Path], None]) -> tuple[pathlib.Path, bool]:
         """Return ``(artifact folder, built_here)``. Exactly one process per ``akey`` runs ``build(folder)``; the
         others wait on the artifact's lock and then find it published. ``build`` writes into an empty work folder
         that is renamed into place after its digests (and signature) are written. With ``max_size``, publishing
-        evicts least recently used artifacts until the folder fits. ``through`` (a remote store: ``Fleet.publish``):
+        evicts least recently used artifacts until the folder fits. With a remote store (``self.remote``):
         the artifact is fetched from it when it has one, else one process of the whole fleet builds it and pushes
         it (``remote.py``)."""
         self.first_use.ensure()
@@ -231,19 +238,26 @@ class Artifacts:
         with self.locks.held(self.locks.path(akey), self.locks.timeout_s, on_wait=lambda: self._waiting(akey)):
             if self._valid(akey, quarantine=True):
                 return final, False
-            if through is None:
+            if self.remote is None:
                 log.info("compiling artifact %s", akey)
                 size = self._build(akey, build)
             else:                           # one compile per fleet: fetched, or built here and pushed
-                fetched_or_size = through(akey, lambda: self._build(akey, build))
+                fetched_or_size = self._through_remote(self.remote, akey, lambda: self._build(akey, build))
                 if fetched_or_size is None:
                     return final, False
                 size = fetched_or_size
         now = time.time()
         self.index.put(f"artifact:{akey}", {"bytes": size, "created": now, "last_used": now})
-        if self.eviction.max_size is not None:
-            self.eviction.evict(keep={akey}, when=f"after publishing {akey}")
+        if self.maintenance.max_size is not None:
+            self.maintenance.evict(keep={akey}, when=f"after publishing {akey}")
         return final, True
+
+    def _through_remote(self, remote: FleetPublisher, akey: str, build_here: Callable[[], int]) -> int | None:
+        """Under the artifact's local lock: fetch it from the remote store (None), or build it here once for the
+        fleet (its size); a remote store that is down (``available``) is skipped: built here."""
+        if not remote.available():
+            return build_here()
+        return remote.publish(self, akey, build_here, wait_s=self.locks.timeout_s)
 
     def _waiting(self, akey: str) -> None:
         """Another process holds artifact ``akey``'s lock (compiling it): say so, naming it, in the log and, in a
@@ -262,7 +276,7 @@ class Artifacts:
         work = self.layout.work(akey)
         work.mkdir(mode=self.layout.dir_mode)
         try:
-            build(work / "inductor")
+            build(work / TORCH_FOLDER)
             size = self._write_manifest(work, akey)
             self._rename_in(work, akey)
         finally:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Protocol
 from ..errors import UntrustedCacheError
 from ..keys.key import FORMAT_VERSION
 from . import Store, flush_index_updates, write_json_atomic
+from .layout import Layout
 
 log = logging.getLogger("gearcache.store.diagnostics")
 
@@ -57,16 +58,12 @@ def nearest_entry(manifests: Iterable[dict[str, Any]], hashes: dict[str, str],
 
 
 # -------------------------------------------------------------------------------------------------------- misses
-def misses_dir(root: pathlib.Path, topology_folder: str, method: str) -> pathlib.Path:
-    return pathlib.Path(root) / "misses" / topology_folder / method
-
-
 def record_miss(store: Store, topology_folder: str, method: str, ekey: str, factors: dict[str, Any]) -> None:
     """Write a miss's key factors to ``misses/<topology>/<method>/<ekey>.json`` (newest 50 kept per method) and log
     at INFO which factors differ from the nearest existing entry of the method (whether this process then compiles
     the artifact, or waits for another one compiling it, is logged by the store). Never raises."""
     try:
-        known = store.list_entries(topology_folder, method)
+        known = store.entries.in_method(topology_folder, method)
         nearest, diff = nearest_entry(known, factors["hashes"], exclude=ekey)
         if factors.get("guard_miss"):
             reason = f"a value the graph bakes in differs from the stored entry's: {factors['guard_miss']}"
@@ -77,8 +74,8 @@ def record_miss(store: Store, topology_folder: str, method: str, ekey: str, fact
         else:
             reason = f"key factor(s) {', '.join(diff)} differ from the nearest entry {nearest['ekey']}"
         log.info("%s: miss for entry %s: %s; capturing it", method, ekey, reason)
-        store.ensure_ready()
-        folder = misses_dir(store.root, topology_folder, method)
+        store.first_use.ensure()
+        folder = store.layout.method_misses(topology_folder, method)
         for d in (folder.parent.parent, folder.parent, folder):
             d.mkdir(mode=0o700, exist_ok=True)
         write_json_atomic(folder / f"{ekey}.json", {
@@ -102,11 +99,11 @@ def _trim(folder: pathlib.Path, keep: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def recorded_misses(root: pathlib.Path, method: str) -> list[tuple[float, pathlib.Path, dict[str, Any]]]:
-    """The misses of ``method`` :func:`record_miss` recorded in the store at ``root`` (every topology), as ``(time,
-    path, record)``; unreadable records are skipped (``gearcache explain --method``)."""
+def recorded_misses(layout: Layout, method: str) -> list[tuple[float, pathlib.Path, dict[str, Any]]]:
+    """The misses of ``method`` :func:`record_miss` recorded in the folder of ``layout`` (every topology), as
+    ``(time, path, record)``; unreadable records are skipped (``gearcache explain --method``)."""
     records = []
-    for path in (pathlib.Path(root) / "misses").glob(f"*/{method}/*.json"):
+    for path in layout.miss_files(method):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(data, dict) and isinstance(data.get("factors"), dict):
@@ -116,15 +113,15 @@ def recorded_misses(root: pathlib.Path, method: str) -> list[tuple[float, pathli
     return records
 
 
-def missed_methods(root: pathlib.Path) -> set[str]:
-    """The methods with recorded misses in the store at ``root``."""
-    return {p.name for p in (pathlib.Path(root) / "misses").glob("*/*") if p.is_dir()}
+def missed_methods(layout: Layout) -> set[str]:
+    """The methods with recorded misses in the folder of ``layout``."""
+    return layout.missed_methods()
 
 
 # --------------------------------------------------------------------------------------------------------- loads
 def record_load(store: Store, ekey: str, seconds: float) -> None:
     """Index row of ``ekey``: ``loads`` + 1, ``last_used`` = now, ``load_seconds`` += ``seconds``; queued, written at
-    exit (``store.flush_index_updates``). Never raises."""
+    exit (``index.flush_index_updates``). Never raises."""
     now = time.time()
 
     def update(index: Any) -> None:
@@ -134,7 +131,7 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
         row["load_seconds"] = row.get("load_seconds", 0.0) + float(seconds)
         index[ekey] = row
 
-    store.defer_index_update(update)
+    store.index.defer(update)
 
 
 # ---------------------------------------------------------------------------------------------------------- hits
@@ -142,26 +139,23 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
 # with a weakref finalizer holding its cache folder's path and its entry table (never the CachedFunction, so it can
 # still be collected); a collected one moves its counts to ``_pending`` (dict work only: safe inside the garbage
 # collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
+class HitCounted(Protocol):
+    """What the hit bookkeeping reads of a method's entries (an ``EntryLife``): its store, and its entry table
+    (signature -> an entry with ``manifest`` and the counts named in ``COUNTED``)."""
+
+    store: Store
+    table: dict
+
+
 _lock = threading.Lock()
-_tracked: "weakref.WeakKeyDictionary[Any, weakref.finalize]" = weakref.WeakKeyDictionary()
+_tracked: "weakref.WeakKeyDictionary[HitCounted, weakref.finalize]" = weakref.WeakKeyDictionary()
 COUNTED = ("hits", "real_elements", "padded_elements")     # what entries count per call, flushed to their rows
 # (root, topology, method, ekey) -> {name in COUNTED: count not yet written}
 _pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
 _atexit_registered = False
 
 
-class CountedEntries(Protocol):
-    """What :func:`track_hits` reads of a method's entries (an ``entry_life.EntryLife``): the store they belong to and
-    the table of entries (signature key -> entry) whose counts (``COUNTED``) it writes."""
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def table(self) -> dict: ...
-
-
-def track_hits(entries: CountedEntries) -> None:
+def track_hits(entries: HitCounted) -> None:
     """Have this process's hits on ``entries``' entries written to the index at exit (idempotent)."""
     global _atexit_registered
     if entries in _tracked:
@@ -197,7 +191,7 @@ def _stash(root: str, table: dict) -> None:
 def flush_hits() -> None:
     """Add the hits (and geared calls' elements) counted in this process since the last flush to the index rows'
     ``hits`` (``real_elements``, ``padded_elements``), and write the other queued index updates
-    (``store.flush_index_updates``). Never raises."""
+    (``index.flush_index_updates``). Never raises."""
     global _pending
     flush_index_updates()
     try:
@@ -216,11 +210,11 @@ def flush_hits() -> None:
             continue                    # the cache folder was removed: never recreate it
         store = Store(root)
         try:
-            index = store.index
+            index = store.index.db
             with index.transact():
                 for topology, method, ekey, counts in rows:
                     row = index.get(ekey)
-                    if row is None and not store.entry_path(topology, method, ekey).is_file():
+                    if row is None and not store.layout.entry(topology, method, ekey).is_file():
                         continue        # the entry was pruned meanwhile
                     row = dict(row or {"method": method, "topology": topology})
                     for name, n in counts.items():
@@ -233,4 +227,4 @@ def flush_hits() -> None:
         except Exception as exc:
             log.warning("cache index update of entry hits failed (%s)", exc)
         finally:
-            store.close_index()
+            store.index.close()

@@ -140,10 +140,11 @@ class Entries:
         if self.fleet is not None:
             self.fleet.push_entry(topology_folder, method, ekey, data)
 
-    def read_plan(self, topology_folder: str, method: str, pkey: str) -> dict[str, Any] | None:
-        """A gear plan written by :meth:`write_plan`, or None (missing, unreadable, other format, bad signature)."""
+    def read_gear_plan(self, topology_folder: str, method: str, pkey: str) -> dict[str, Any] | None:
+        """A gear plan written by :meth:`write_gear_plan`, or None (missing, unreadable, other format, bad
+        signature)."""
         try:
-            with open(self.layout.plan(topology_folder, method, pkey), encoding="utf-8") as f:
+            with open(self.layout.gear_plan(topology_folder, method, pkey), encoding="utf-8") as f:
                 data = json.load(f)
         except (OSError, ValueError):
             return None
@@ -154,8 +155,8 @@ class Entries:
                 data.pop("sig")
         return data if ok else None
 
-    def write_plan(self, topology_folder: str, method: str, pkey: str, plan: dict[str, Any]) -> None:
-        path = self.layout.plan(topology_folder, method, pkey)
+    def write_gear_plan(self, topology_folder: str, method: str, pkey: str, plan: dict[str, Any]) -> None:
+        path = self.layout.gear_plan(topology_folder, method, pkey)
         try:
             self.first_use.ensure()
             write_json_atomic(path, sign_json(self.key, plan) if self.key else plan, dir_mode=self.layout.dir_mode)
@@ -175,10 +176,10 @@ class Entries:
                 out.append(data)
         return out
 
-    def list_plans(self, topology_folder: str, method: str) -> list[dict[str, Any]]:
-        """Every gear plan of a method that :meth:`read_plan` accepts, in file name order."""
-        folder = self.layout.plan(topology_folder, method, "-").parent
-        plans = [self.read_plan(topology_folder, method, path.stem) for path in sorted(folder.glob("*.json"))]
+    def gear_plans_in_method(self, topology_folder: str, method: str) -> list[dict[str, Any]]:
+        """Every gear plan of a method that :meth:`read_gear_plan` accepts, in file name order."""
+        folder = self.layout.gear_plans(topology_folder, method)
+        plans = [self.read_gear_plan(topology_folder, method, path.stem) for path in sorted(folder.glob("*.json"))]
         return [plan for plan in plans if plan is not None]
 
     # ------------------------------------------------------------------------------- for tools (gearcache ls, ...)

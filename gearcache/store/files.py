@@ -75,7 +75,8 @@ def _makedirs(path: pathlib.Path, mode: int) -> None:
 
 def write_json_atomic(path: pathlib.Path, data: Any, *, dir_mode: int = 0o700) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder, fsync'd, then ``os.replace``: a reader sees
-    the old file or the new one, never a part. A temp file left by a killed writer is removed by ``Store.cleanup``."""
+    the old file or the new one, never a part. A temp file left by a killed writer is removed by
+    ``Maintenance.cleanup``."""
     _makedirs(path.parent, dir_mode)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{_tmp_tag()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

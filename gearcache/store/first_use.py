@@ -10,10 +10,17 @@ from .trust import Trust
 
 class FirstUse:
     """The first-use checks of one cache folder, run once: create the root and its main folders with the folder's
-    mode, refuse an untrusted root (``UntrustedCacheError``), then run ``on_first_use`` (the store's cleanup)."""
+    mode, refuse an untrusted root (``UntrustedCacheError``), then run ``on_first_use`` (the Store sets it to its
+    ``Maintenance.cleanup``).
 
-    def __init__(self, layout: Layout, trust: Trust, on_first_use: Callable[[], object]):
-        self.layout, self.trust, self.on_first_use = layout, trust, on_first_use
+    ``on_first_use`` is dropped once it ran: the maintenance refers back to this part (it evicts only after the
+    first-use checks), a reference cycle that lasts only until the folder's first use. From then on a Store and its
+    parts are freed as soon as the last reference to them goes (``Leases`` releases its leases then), whichever part
+    a caller kept."""
+
+    def __init__(self, layout: Layout, trust: Trust, on_first_use: Callable[[], object] | None = None):
+        self.layout, self.trust = layout, trust
+        self.on_first_use: Callable[[], object] | None = on_first_use
         self.checked = False
         self._seen = False      # an entry was read from it: if it is gone later, it vanished (never recreate it)
 
@@ -37,7 +44,9 @@ class FirstUse:
             self.trust.check(folder)
         self.checked = True
         self.trust.root_trusted()
-        self.on_first_use()
+        hook, self.on_first_use = self.on_first_use, None
+        if hook is not None:
+            hook()
 
     def vanished(self) -> FileNotFoundError:
         """The error of a cache folder that vanished while this process ran (it is never re-created)."""

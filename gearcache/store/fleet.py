@@ -12,7 +12,7 @@ import logging
 import os
 import pathlib
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import LockTimeoutError, RemoteError
 from .artifacts import Artifacts
@@ -135,13 +135,6 @@ class Fleet:
         except (LockTimeoutError, OSError) as exc:
             log.info("could not fetch artifact %s from the remote store (%s); it is compiled here", akey, exc)
         return False
-
-    def publish(self, akey: str, build_here: Callable[[], int]) -> int | None:
-        """Under the artifact's local lock (``Artifacts.publish``'s ``through``): fetch it (None), or build it here
-        once for the fleet (its size)."""
-        if not self.remote.available():
-            return build_here()
-        return self.remote.publish(self.artifacts, akey, build_here, wait_s=self.locks.timeout_s)
 
     def push_entry(self, topology_folder: str, method: str, ekey: str, data: dict[str, Any]) -> None:
         if not self.remote.available():

@@ -13,6 +13,7 @@ import atexit
 import json
 import logging
 import os
+import pathlib
 import sqlite3
 import threading
 import time
@@ -122,7 +123,7 @@ class Index:
         import diskcache
 
         folder = str(self.layout.index)
-        problem = None if folder in _HEALTHY else _index_problem(folder)
+        problem = None if folder in _HEALTHY else _index_problem(self.layout.index_db)
         if problem is None:
             try:
                 index = diskcache.Index(folder)
@@ -141,7 +142,7 @@ class Index:
         folder = self.layout.index
         self.layout.makedirs(self.layout.locks)
         with self.locks.held(self.locks.path("index"), INDEX_LOCK_TIMEOUT_S):
-            problem = _index_problem(str(folder)) and problem
+            problem = _index_problem(self.layout.index_db) and problem
             if problem:
                 dest = self.layout.quarantined_index()
                 try:
@@ -226,10 +227,10 @@ class Index:
             _index_failed(exc)
 
 
-def _index_problem(folder: str) -> str | None:
-    """Why SQLite cannot read the index at ``folder`` (``PRAGMA quick_check``); None when it can, or there is none."""
-    db = os.path.join(folder, "cache.db")
-    if not os.path.isfile(db):
+def _index_problem(db: pathlib.Path) -> str | None:
+    """Why SQLite cannot read the index's file ``db`` (``Layout.index_db``; ``PRAGMA quick_check``); None when it
+    can, or there is none."""
+    if not db.is_file():
         return None
     try:
         con = sqlite3.connect(db, timeout=30)

@@ -12,6 +12,9 @@ import uuid
 from .files import HOST, MANIFEST, _folder_bytes, _makedirs, _mkdir, _tmp_tag
 
 
+TORCH_FOLDER = "inductor"       # torch's unpacked artifact inside an artifact (or work) folder
+
+
 class Layout:
     """The paths under ``root``; folders are created with ``dir_mode`` (0700, or 0770 for a shared folder)."""
 
@@ -20,6 +23,7 @@ class Layout:
         self.artifacts = root / "artifacts"
         self.entries = root / "entries"
         self.index = root / "index"
+        self.index_db = self.index / "cache.db"     # the diskcache index's SQLite file
         self.locks = root / "locks"
         self.leases = root / "leases"
         self.tmp = root / "tmp"
@@ -32,12 +36,12 @@ class Layout:
 
     def torch_artifact(self, akey: str) -> pathlib.Path:
         """torch's unpacked artifact inside artifact ``akey``: the generated code and kernels."""
-        return self.artifact(akey) / "inductor"
+        return self.artifact(akey) / TORCH_FOLDER
 
     def work(self, akey: str) -> pathlib.Path:
         """A new work folder name for artifact ``akey``, ``tmp/<akey>.<pid>.<tag>``: an artifact is built (or
         unpacked) there and renamed into ``artifacts/``, or moved there to be deleted. The pid and the host's tag
-        let ``Cleanup`` tell a dead process's leftovers."""
+        let ``Maintenance.cleanup`` tell a dead process's leftovers."""
         return self.tmp / f"{akey}.{os.getpid()}.{_tmp_tag()}"
 
     def quarantined_artifact(self, akey: str) -> pathlib.Path:
@@ -50,11 +54,28 @@ class Layout:
     def entry(self, topology_folder: str, method: str, ekey: str) -> pathlib.Path:
         return self.method(topology_folder, method) / f"{ekey}.json"
 
-    def plan(self, topology_folder: str, method: str, pkey: str) -> pathlib.Path:
-        return self.method(topology_folder, method) / "plans" / f"{pkey}.json"
+    def gear_plans(self, topology_folder: str, method: str) -> pathlib.Path:
+        """The folder of a method's gear plans."""
+        return self.method(topology_folder, method) / "plans"
+
+    def gear_plan(self, topology_folder: str, method: str, pkey: str) -> pathlib.Path:
+        return self.gear_plans(topology_folder, method) / f"{pkey}.json"
 
     def quarantined_entry(self, stem: str) -> pathlib.Path:
         return self.quarantine / "entries" / f"{stem}.{int(time.time())}.{uuid.uuid4().hex[:6]}.json"
+
+    # ------------------------------------------------------------------------------------------------- misses
+    def method_misses(self, topology_folder: str, method: str) -> pathlib.Path:
+        """``misses/<topology>/<method>/``: the recorded misses of a method (``diagnostics.record_miss``)."""
+        return self.misses / topology_folder / method
+
+    def miss_files(self, method: str) -> list[pathlib.Path]:
+        """Every recorded miss file of ``method`` (every topology), unsorted."""
+        return list(self.misses.glob(f"*/{method}/*.json"))
+
+    def missed_methods(self) -> set[str]:
+        """The methods with a folder of recorded misses (any topology)."""
+        return {p.name for p in self.misses.glob("*/*") if p.is_dir()}
 
     # ---------------------------------------------------------------------------------------- locks, leases, index
     def lock(self, name: str, kind: str = "", suffix: str = "lock") -> pathlib.Path:

@@ -20,8 +20,8 @@ log = logging.getLogger("gearcache.store")
 
 
 # Leases held by this process: (root, akey) -> number of live Leases objects (one per Store) holding it. The lease
-# file is removed when the last one is garbage collected (or at exit); a killed process's file names a dead pid and
-# is ignored.
+# file is removed when the last one's owner (its Store) is garbage collected (or at exit); a killed process's file
+# names a dead pid and is ignored.
 _LEASES: dict[tuple[str, str], int] = {}
 _LEASES_LOCK = threading.Lock()
 
@@ -38,22 +38,24 @@ def _release_leases(root: str, akeys: set[str], pid: int) -> None:
             _LEASES.pop((root, akey), None)
             path = Layout(pathlib.Path(root)).lease(akey, pid)
             with contextlib.suppress(OSError):
-                path.unlink()                   # (empty lease folders are removed by Cleanup.run)
+                path.unlink()                   # (empty lease folders are removed by Maintenance.cleanup)
 
 
 class Leases:
     """The leases this Store holds on the artifacts this process loaded, and the liveness of anyone's lease. A lease
-    is written under ``locks/<akey>.lease.lock``; a first lease records the artifact as used in the index."""
+    is written under ``locks/<akey>.lease.lock``; a first lease records the artifact as used in the index.
+    ``owner``: the object the leases last as long as (the Store; held weakly); None: this part itself."""
 
-    def __init__(self, layout: Layout, locks: Locks, index: Index):
+    def __init__(self, layout: Layout, locks: Locks, index: Index, owner: object | None = None):
         self.layout, self.locks, self.index = layout, locks, index
+        self._owner = None if owner is None else weakref.ref(owner)
         self._held: set[str] = set()
         self._finalizer: weakref.finalize | None = None
 
     def take(self, akey: str) -> None:
         """Mark artifact ``akey`` as in use by this process (``leases/<akey>/<pid>@<host>``) for as long as this
         Store lives: eviction never removes it meanwhile. Idempotent, cheap after the first call, never raises.
-        ``Store.entry_for_load`` and ``Store.publish_artifact`` take it before they verify the artifact, so an
+        ``Entries.read_for_load`` and ``Artifacts.publish`` take it before they verify the artifact, so an
         artifact cannot be evicted between its check and its load (the lease file is written under
         ``locks/<akey>.lease.lock``, which an evictor holds while it checks the leases and moves the artifact
         away)."""
@@ -65,7 +67,8 @@ class Leases:
             _LEASES[(root, akey)] = held + 1
             self._held.add(akey)
             if self._finalizer is None:
-                self._finalizer = weakref.finalize(self, _release_leases, root, self._held, pid)
+                owner = self if self._owner is None else self._owner() or self
+                self._finalizer = weakref.finalize(owner, _release_leases, root, self._held, pid)
         path = self.layout.lease(akey, pid)
         if held and path.exists():
             return                      # (the first lease of this process always writes: a file left by an

@@ -1,28 +1,37 @@
 """``Sync``: ``gearcache push`` / ``pull``, every entry of the folder to the remote store, or back. Unlike a miss
-(``fleet.py``), these raise ``RemoteError``."""
+(``fleet.py``), these raise ``RemoteError``; in a folder without a remote store, ``ConfigError``."""
 from __future__ import annotations
 
 import json
 import logging
 
-from ..errors import CacheCorruptionError
+from ..errors import CacheCorruptionError, ConfigError
 from .artifacts import Artifacts
 from .entries import Entries
 from .fleet import Fleet
 from .layout import Layout
 from .locks import Locks
 from .first_use import FirstUse
+from .remote import REMOTE_ENV
 
 log = logging.getLogger("gearcache.store")
 
 
 class Sync:
-    """Pushing the folder's entries to ``fleet.remote`` and pulling its entries into the folder."""
+    """Pushing the folder's entries to ``fleet.remote`` and pulling its entries into the folder (``fleet``: None
+    when the folder has no remote store; then both raise ``ConfigError``)."""
 
     def __init__(self, layout: Layout, locks: Locks, first_use: FirstUse, entries: Entries, artifacts: Artifacts,
-                 fleet: Fleet):
+                 fleet: Fleet | None):
         self.layout, self.locks, self.first_use = layout, locks, first_use
-        self.entries, self.artifacts, self.fleet = entries, artifacts, fleet
+        self.entries, self.artifacts, self._fleet = entries, artifacts, fleet
+
+    @property
+    def fleet(self) -> Fleet:
+        if self._fleet is None:
+            raise ConfigError(f"the store at {self.layout.root} has no remote store. Fix: pass remote=... (or set "
+                              f"${REMOTE_ENV})")
+        return self._fleet
 
     def push(self, *, force: bool = False) -> dict[str, int]:
         """Push every valid local entry and its artifact (an artifact the remote holds already is skipped unless

@@ -1,29 +1,35 @@
-"""``Eviction``: eviction under ``max_size`` (least recently used first, leased artifacts spared) and removal
-(``prune``)."""
+"""``Maintenance``: keeping one cache folder in shape. Eviction under ``max_size`` (least recently used first, leased
+artifacts spared), removal of one artifact (``gearcache prune``), and the cleanup of what killed processes left: work
+folders, temp files, leases of dead pids, stale soft locks."""
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import os
 import pathlib
 import shutil
 import time
+import uuid
 
 from ..counters import counters
 from ..errors import LockTimeoutError
 from . import files as fs
+from .files import HOST_TAG, TMP_MAX_AGE_S, _TMP_FILE, _older_than
+from .first_use import FirstUse
 from .index import Index
 from .layout import Layout
 from .leases import Leases
 from .locks import Locks
-from .first_use import FirstUse
+from .processes import pid_alive
 
 log = logging.getLogger("gearcache.store")
 
 
-class Eviction:
-    """Eviction under ``max_size`` (bytes of artifacts; None: no limit) and ``remove_artifact``, both under the
-    artifact's lease lock, sparing what a live process leases."""
+class Maintenance:
+    """Eviction under ``max_size`` (bytes of artifacts; None: no limit), ``remove_artifact`` (both under the
+    artifact's lease lock, sparing what a live process leases) and ``cleanup`` (run once by every Store that writes:
+    its first use)."""
 
     def __init__(self, layout: Layout, locks: Locks, leases: Leases, index: Index, first_use: FirstUse,
                  max_size: int | None):
@@ -96,8 +102,8 @@ class Eviction:
         """Evict ``akey`` with every entry manifest (and index row) naming it, unless a live process leases it.
 
         The entries are listed under the artifact's lease lock, not before: a process writes an entry for ``akey``
-        while it holds a lease on it (``publish_artifact`` and ``entry_for_load`` take one first), so with no live lease
-        under the lock every such entry is on disk already (a list made earlier missed the entries written in
+        while it holds a lease on it (``Artifacts.publish`` and ``Entries.read_for_load`` take one first), so with no
+        live lease under the lock every such entry is on disk already (a list made earlier missed the entries written in
         between: they outlived their artifact). The one write without a lease, a fetched entry written at exit
         (``fleet.flush_fetched_entries``), checks that its artifact is still there; an entry that names a missing
         artifact anyway is a miss to its reader, never a wrong answer."""
@@ -131,3 +137,63 @@ class Eviction:
                  len(gone), reason)
         return True
 
+    def cleanup(self) -> dict[str, int]:
+        """Remove what killed processes left behind: work folders in ``tmp/`` whose pid is dead (another host's:
+        older than an hour), temp manifest files likewise, leases of dead processes, and (``lock_mode="soft"``)
+        stale soft locks; with ``max_size``, evict down to it (artifacts that were in use when the folder went over
+        the cap may not be any more). Never raises; returns counts per kind."""
+        done = {"tmp": 0, "partial_files": 0, "leases": 0, "soft_locks": 0, "evicted": 0}
+        now = time.time()
+        try:
+            for path in list(self.layout.tmp.iterdir()):
+                if self._tmp_leftover(path.name, path, now):
+                    aside = path.with_name(f".{path.name}.removing.{uuid.uuid4().hex[:6]}")
+                    with contextlib.suppress(OSError):
+                        fs._rename(path, aside)
+                        shutil.rmtree(aside, ignore_errors=True)
+                        done["tmp"] += 1
+        except OSError:
+            pass
+        for folder in (self.layout.entries, self.layout.misses):
+            for dirpath, _, names in os.walk(folder):
+                for name in names:
+                    m = _TMP_FILE.match(name)
+                    if m and self._pid_leftover(int(m["pid"]), m["tag"], pathlib.Path(dirpath) / name, now):
+                        with contextlib.suppress(OSError):
+                            os.unlink(pathlib.Path(dirpath) / name)
+                            done["partial_files"] += 1
+        try:
+            for folder in list(self.layout.leases.iterdir()):
+                for lease in list(folder.iterdir()):
+                    if not self.leases.is_live(lease, now):
+                        with contextlib.suppress(OSError):
+                            lease.unlink()
+                            done["leases"] += 1
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        except OSError:
+            pass
+        if self.locks.mode == "soft":
+            try:
+                for lock in list(self.layout.locks.glob("*.softlock")):
+                    done["soft_locks"] += self.locks.break_if_stale(lock)
+            except OSError:
+                pass
+        if self.max_size is not None:  # a folder left over the cap (its artifacts were in use) is trimmed
+            done["evicted"] = len(self.evict(when="when a process opened it"))
+        if any(done.values()):
+            log.info("cleaned %s: %s", self.layout.root, ", ".join(f"{v} {k}" for k, v in done.items() if v))
+        return done
+
+    def _tmp_leftover(self, name: str, path: pathlib.Path, now: float) -> bool:
+        parts = name.split(".")
+        if name.startswith(".") and ".removing." in name:
+            return True                         # a removal that was itself interrupted
+        if len(parts) >= 3 and parts[1].isdigit():
+            return self._pid_leftover(int(parts[1]), parts[2], path, now)
+        return _older_than(path, TMP_MAX_AGE_S, now)
+
+    def _pid_leftover(self, pid: int, tag: str, path: pathlib.Path, now: float) -> bool:
+        if tag.startswith(HOST_TAG) and len(tag) == len(HOST_TAG) + 8:
+            return pid != os.getpid() and not pid_alive(pid)
+        return _older_than(path, TMP_MAX_AGE_S, now)     # another host's (or an older gearcache's)
