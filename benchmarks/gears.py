@@ -70,7 +70,7 @@ def main() -> None:
         for batch in (8, 5):
             x, kv, pos = ref.inputs(batch, device, dtype)
             fn(x, kv, pos)
-            gear_plan = fn._gears
+            gear_plan = fn.gear_life.plan
             padded = gear_plan.pad((x, kv, pos), gear_plan.targets((x, kv, pos)))
             entry = fn._table[call_key(padded, {})[1]]
             args = entry.gather(padded)

@@ -120,7 +120,7 @@ def test_marks_on_a_call_after_an_unmarked_first_call_build_the_gear_plan(pair_c
         with counters.expect(compiles=0, traces=0, pads=1):
             out, total = m.cached(a, b)                      # the plan (stored), then padded to the 4-gear
         ref, ref_total = m.fwd(a, b)
-    assert m.cached._gears is not None and out.shape == (3, 3)
+    assert m.cached.gear_life.plan is not None and out.shape == (3, 3)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(total, ref_total)
 
@@ -169,7 +169,7 @@ def test_product_moves_dims_that_meet_in_lockstep(tmp_path):
     z = set_dim_gears(torch.randn(5), {0: [5, 9]})
     with torch.no_grad():
         out, zs = m.cached(x, y, z)
-        plan = m.cached._gears
+        plan = m.cached.gear_life.plan
         assert sorted(map(sorted, plan.groups)) == [[0, 1], [2]]          # x and y together, z alone
         assert len(plan.combinations()) == 4                               # not 2 * 2 * 2 = 8
         a, b, c = torch.randn(3, 3), torch.randn(3, 3), torch.randn(7)

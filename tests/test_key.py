@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 import gearcache
-import gearcache.call.cached_function
+import gearcache._torch_compat
 from gearcache import CompilerConfig
 from gearcache.keys.key import build_key, decompositions_factor, factor_hash
 from gearcache.call.signature import call_key, describe
@@ -176,10 +176,10 @@ def test_entry_key_decompositions(tmp_path):
 
 def test_entry_key_software_versions(tmp_path, monkeypatch):
     a = entry_key(tmp_path)
-    real = gearcache.call.cached_function.compat.software_versions()
-    monkeypatch.setattr(gearcache.call.cached_function.compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
+    real = gearcache._torch_compat.software_versions()
+    monkeypatch.setattr(gearcache._torch_compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
     b = entry_key(tmp_path)
-    monkeypatch.setattr(gearcache.call.cached_function.compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
+    monkeypatch.setattr(gearcache._torch_compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
     c = entry_key(tmp_path)
     assert changed(a, b) == {"software"} and changed(a, c) == {"software"} and len({a[0], b[0], c[0]}) == 3
 

@@ -152,7 +152,7 @@ def test_verify_tests_each_proved_gear_against_eager_in_float64_and_catches_a_fa
     x = torch.randn(3, 5)
     with torch.no_grad(), counters.expect(padding_verifications=1, compiles=1):
         torch.testing.assert_close(m.cached(x), m.fwd(x))
-    plan = m.cached._gears
+    plan = m.cached.gear_life.plan
     assert [d.pad_value for d in plan.dims] == [-math.inf] and plan.verified == {(4,)}
     plan.dims[0].pad_value = 0.0
     leaves, key = signature.call_key((x,), {})

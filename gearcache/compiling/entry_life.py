@@ -110,7 +110,7 @@ class EntryLife:
     def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded:
         """The entry of signature ``key``: the table's (a hit: counted in ``counters.hits`` and the entry's ``hits``
         unless ``count`` is False, for a look-up that serves no call: a CUDA graph's capture), else a miss
-        (``miss``). The call path's hot look-ups (``CachedFunction._call`` and ``_call_geared``) do the same inline,
+        (``miss``). The call path's hot look-ups (``CachedFunction._call`` and ``call_geared``) do the same inline,
         then call ``miss``; the shortcut (dispatch.py) counts its own hits."""
         entry = self.table.get(key)
         if entry is None:

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
     from ..config import CompilerConfig
+    from ..gears.life import GearPlanLife
     from ..gears.plan import GearPlan
 
 
 class UncapturedPath(Protocol):
     """The cached method, as its graphs use it: its ``name`` (messages, logs), its ``config`` (``graph_outputs``), its
-    call path without graphs (CPU inputs; a gear whose entry still compiles in the background), the call past the
-    largest gear, and the check of a gear's first use (``GearPlan.verify_first``)."""
+    call path without graphs (CPU inputs; a gear whose entry still compiles in the background), and its gear plan's
+    stages (``gear_life``: the call past the largest gear, the check of a gear's first use)."""
 
     @property
     def name(self) -> str: ...
@@ -26,9 +27,8 @@ class UncapturedPath(Protocol):
 
     def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
 
-    def past_largest(self, gear_plan: GearPlan, leaves: tuple, key: tuple) -> Any: ...
-
-    def verify_first_use(self, gear_plan: GearPlan, leaves: tuple, key: tuple, targets: list[int]) -> None: ...
+    @property
+    def gear_life(self) -> GearPlanLife: ...
 
 
 class EntryStages(Protocol):

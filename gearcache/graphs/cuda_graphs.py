@@ -130,9 +130,9 @@ class CudaGraphs:
                 self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         if gear_plan is not None and targets is None:
-            return self.cached.past_largest(gear_plan, leaves, key)
+            return self.cached.gear_life.past_largest(gear_plan, leaves, key)
         if gear_plan is not None and gear_plan.verify_first:
-            self.cached.verify_first_use(gear_plan, leaves, key, targets)  # type: ignore[arg-type]  # padding_check.py
+            self.cached.gear_life.verify_first_use(gear_plan, leaves, key, targets)  # type: ignore[arg-type]  # padding_check.py
         gkey = self._graph_key(gear_plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:

@@ -11,7 +11,7 @@ How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (def
 their
    start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
    stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
-   ``CachedFunction._early_workers``), and closed unused if at most one gear turns out missing;
+   ``warmup.method._early_workers``), and closed unused if at most one gear turns out missing;
 3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
    artifact, then hand it to a thread that publishes the artifact exactly as a miss does
    (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
@@ -43,7 +43,7 @@ from .. import _torch_compat as compat
 from ..compiling import background
 from ..ranks import phases as ranks
 from ..call import signature
-from ..gears.plan import narrowed
+from ..gears.plan import GearPlan, narrowed
 from .progress import Progress
 from .timeline import Timeline
 from ..errors import WorkerError
@@ -64,7 +64,7 @@ def rank_order(n: int, world_size: int, rank: int) -> list[int]:
 def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | None,
                   timeline: Timeline) -> WorkerPool | None:
     """Start the worker processes of a warm-up that will compile up to ``gears`` gears before it knows which are
-    missing (``CachedFunction._early_workers``); None when that would be one worker (the serial path)."""
+    missing (``warmup.method._early_workers``); None when that would be one worker (the serial path)."""
     n = min(workers or default_workers(gears, _call_inputs(life, leaves)), gears)
     if n <= 1:
         return None
@@ -73,7 +73,7 @@ def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | N
         return WorkerPool(n)
 
 
-def compile_missing(life: "EntryLife", gear_plan: Any, leaves: tuple, key: tuple, workers: int | None,
+def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: tuple, workers: int | None,
                     timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
     """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
     example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker

@@ -104,7 +104,7 @@ def batch_min() -> dict:
                 x, ids = x.abs() + 0.5, ids + 5
             got, want = model.cached(x, ids), twin.fwd(x, ids)
             equal &= all(same(a, b) if a.is_floating_point() else bool(torch.equal(a, b)) for a, b in zip(got, want))
-    pads = {d.name: d.pad_value for d in model.cached._gears.dims}
+    pads = {d.name: d.pad_value for d in model.cached.gear_life.plan.dims}
     return {"equal": equal, "counters": counters.delta(before), "pad_values": pads}
 
 

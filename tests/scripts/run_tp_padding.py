@@ -84,7 +84,7 @@ def run(cached, eager, args, tol: dict) -> dict:
         want = eager(*[a.clone() for a in args])
     got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
     equal = all(torch.allclose(g.float(), w.float(), **tol) for g, w in zip(got, want))
-    plan = cached._gears
+    plan = cached.gear_life.plan
     return {"outcome": "served", "equal": equal, "counters": counters.delta(before),
             "mixing": [str(f) for f in plan.padding.mixing],
             "pad_values": {d.name: d.pad_value for d in plan.dims}}

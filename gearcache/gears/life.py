@@ -1,0 +1,229 @@
+"""A gear plan's life as public stages: ``marks``, ``plan_key``, ``stored``, ``load_or_build``, ``build``,
+``verify_first_use`` / ``verify_gear``, ``past_largest``, ``revalidate``.
+
+:class:`GearPlanLife` holds the gear plan (plan.py) of one cached method, beside its :class:`EntryLife` (the entries'
+stages, gearcache/compiling/entry_life.py), and takes it from the first marked call to its last:
+
+- ``marks``: the call's gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name);
+- ``plan_key``: the gear plan's key, every factor its trace depends on (:data:`~gearcache.gears.plan.PLAN_FORMAT`,
+  the marks, the method's source, the module's state, torch's versions);
+- ``stored``: the store's plan record for these marks whose value guards hold here (``guard_sets.choose``);
+- ``load_or_build``: that record's plan, else ``build``: a symbolic trace with the marked dims symbolic (at the
+  largest gear), its padding analysis (padding.py), the plan stored under its key; either way checked against
+  ``padding_check`` (``padding_check.apply``: may raise ``PaddingUnsafeError``);
+- ``verify_first_use`` / ``verify_all``: a gear tested against eager before it serves, or every gear at a warm-up
+  (``padding_check.verify``);
+- ``past_largest``: a call past the largest gear, as ``inference_config.past_largest_gear`` says;
+- ``revalidate``: the plan dropped when its trace's value guards no longer hold (its next call builds it anew).
+
+State: ``plan`` (None: nothing marked yet, or not looked for), ``checked`` (the marks were looked for) and
+``guards`` (the value guards of the plan's trace, watched by the owner with its entries').
+
+On disk (``Entries.write_gear_plan``, gearcache/store/entries.py; one JSON record per plan key, beside the method's
+entries):
+``{"format": FORMAT_VERSION, "pkey", "plan": GearPlan.to_json(), "dependencies": [...], "guards": GuardSet.to_json()}``.
+A plan whose value guards read a value local to this process is never stored (no other process can check it).
+"""
+from __future__ import annotations
+
+import inspect
+import types
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
+
+import torch
+
+from .. import _torch_compat as compat
+from ..call import signature
+from ..compiling.capture import dependencies_changed, symbolic_shapes
+from ..compiling.entry_life import module_state
+from ..config import CompilerConfig
+from ..counters import counters
+from ..errors import PastLargestGearError
+from ..keys import guard_paths, guard_sets
+from ..keys.key import FORMAT_VERSION, gear_plan_key
+from ..runplan.collectives import communicates
+from . import padding_check
+from .plan import PLAN_FORMAT, GearPlan, MarkedDim, build_plan, check_marks, find_marks, narrowed
+
+if TYPE_CHECKING:
+    from ..compiling.entry_life import EntryLife
+    from ..ranks.topology import Topology
+    from ..store import Store
+
+
+class GearPlanLife:
+    """The gear plan of one cached method (see the module docstring). ``entries``: the method's entry stages, which
+    serve a call past the largest gear and learn whether its graphs call collectives; their lock guards the plan."""
+
+    def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
+                 name: str, scope: guard_paths.Scope, entries: EntryLife):
+        self.method = method
+        self.module = cast(torch.nn.Module, method.__self__)
+        self.config = config
+        self.store = store
+        self.topology = topology
+        self.name = name
+        self.scope = scope
+        self.entries = entries
+        self.lock = entries.lock
+        self.plan: GearPlan | None = None
+        self.checked = False                    # the marks were looked for (plan None then: nothing marked)
+        self.guards: guard_sets.GuardSet | None = None    # the plan's trace's value guards
+
+    # --------------------------------------------------------------------------------------------- the plan
+    def plan_for(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                 again: bool = False) -> GearPlan | None:
+        """The gear plan, built (or loaded) from the first call's marks; None when nothing is marked. ``again``: look
+        for marks on this call too when an earlier call had none."""
+        with self.lock:
+            if self.checked and not (again and self.plan is None):
+                return self.plan
+            marks = self.marks(args, kwargs, leaves)
+            if marks:
+                self.plan = self.load_or_build(marks, leaves, key)
+            self.checked = True
+            return self.plan
+
+    def marks(self, args: tuple, kwargs: dict, leaves: tuple) -> list[MarkedDim]:
+        """The call's gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name)."""
+        ic = self.config.inference_config
+        return find_marks(leaves, leaf_names(self.method, args, kwargs, leaves), ic.dim_gears, ic.pad_values)
+
+    def plan_key(self, marks: list[MarkedDim], key: tuple) -> str:
+        """The gear plan's key: everything its trace depends on."""
+        ic = self.config.inference_config
+        return gear_plan_key(method_name=self.name, method_digest=self.entries.method_digest, structure=repr(key[0]),
+                             plan_format=PLAN_FORMAT, marks=[[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks],
+                             merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self.module),
+                             global_state=compat.global_state(), software=compat.software_versions())
+
+    def stored(self, marks: list[MarkedDim], key: tuple) -> guard_sets.Choice:
+        """The store's plan record for these marks whose value guards hold here (``record`` None: none stored)."""
+        pkey = self.plan_key(marks, key)
+        return guard_sets.choose(self._read, pkey, self.scope)
+
+    def any_stored(self) -> bool:
+        """Whether the store holds any gear plan of this method (``Entries.gear_plans_in_method``)."""
+        return bool(self.store.entries.gear_plans_in_method(self.topology.folder, self.name))
+
+    def load_or_build(self, marks: list[MarkedDim], leaves: tuple, key: tuple) -> GearPlan:
+        """The stored gear plan for these marks, else one built (``build``) and stored; either way checked against
+        ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
+        ic = self.config.inference_config
+        check_marks(marks, ic.dynamic_gears_merge_policy)
+        found = self.stored(marks, key)
+        saved, pkey = found.record, found.key
+        if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
+            self.guards = found.guards
+            gear_plan = GearPlan.from_json(saved["plan"], ic.past_largest_gear)
+        else:
+            gear_plan = self.build(marks, leaves, key, pkey)
+        padding_check.apply(self.name, gear_plan, ic.padding_check)
+        return gear_plan
+
+    def build(self, marks: list[MarkedDim], leaves: tuple, key: tuple, pkey: str) -> GearPlan:
+        """Trace the method with the marked dims symbolic (at the largest gear), analyse its padding, and store the
+        plan under ``pkey`` (unless its value guards read a local value, which no other process can check)."""
+        ic = self.config.inference_config
+        counters.traces += 1
+        largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
+        traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
+        sample = GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
+            narrowed(leaves, marks, largest), list(largest))
+        trace = symbolic_shapes(self.method, self.module, key[0], sample, traced)
+        self.entries.communicates = communicates(trace.graph)      # warm-up compiles such graphs in this thread
+        names = leaf_names(self.method, *signature.unflatten(key[0], leaves), leaves)
+        from . import padding  # the analysis (and sympy) only where a gear plan is built, never on a warm load
+
+        bounds: dict[str, int] = {}
+        for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
+            bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
+        report = padding.analyse(trace, names, {m.leaf for m in marks},
+                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
+        it = iter(trace.symbols)
+        symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
+        gear_plan = build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,
+                               trace.output_dims, report)
+        self.guards = trace.plan_guards
+        if trace.plan_guards.local is None:
+            self._write(pkey, {"format": FORMAT_VERSION, "pkey": pkey, "plan": gear_plan.to_json(),
+                               "dependencies": trace.dependencies, "guards": trace.plan_guards.to_json()})
+        return gear_plan
+
+    def revalidate(self, reading: guard_sets.Reading) -> None:
+        """Drop the plan when its trace's value guards no longer hold (the next call looks for marks anew)."""
+        if self.guards is not None and self.guards.mismatch(self.scope, reading) is not None:
+            self.plan, self.checked, self.guards = None, False, None
+
+    # ------------------------------------------------------------------------------------------ on a call
+    def verify_first_use(self, gear_plan: GearPlan, leaves: tuple, key: tuple, targets: list[int]) -> None:
+        """Before gear ``targets`` first serves a padded call in this process, test it against eager on this call
+        (padding_check.verify; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing
+        for a call at the gear's own sizes, or a gear already verified."""
+        if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
+                                                       for d, t in zip(gear_plan.dims, targets)):
+            return
+        with self.lock:
+            if tuple(targets) not in gear_plan.verified:
+                padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, targets)
+
+    def verify_all(self, gear_plan: GearPlan, leaves: tuple, key: tuple,
+                   span: Callable[[str, str], ContextManager[None]]) -> None:
+        """A warm-up's test of every gear against eager (``verify_gear``), where ``padding_check="verify"`` or
+        ``verify_padding`` asks for it; each gear's test is timed in ``span(who, phase)`` (``Timeline.span``)."""
+        if gear_plan.verify_first or self.config.inference_config.verify_padding:
+            for sizes in gear_plan.combinations():
+                with span(f"gear {sizes}", "verify padding"):
+                    self.verify_gear(gear_plan, leaves, key, sizes)
+
+    def verify_gear(self, gear_plan: GearPlan, leaves: tuple, key: tuple, sizes: list[int]) -> None:
+        """Test gear ``sizes`` against eager on an example call (``leaves``, ``key``) narrowed to the smallest real
+        sizes that pad up to it (padding_check.verify), unless no size pads up to it or it passed already."""
+        real = padding_check.real_sizes(gear_plan, sizes)
+        if real == sizes or tuple(sizes) in gear_plan.verified:
+            return
+        real_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, real), real)
+        with self.lock:
+            padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], real_leaves, sizes)
+
+    def past_largest(self, gear_plan: GearPlan, leaves: tuple, key: tuple) -> Any:
+        """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,
+        warned once), or serve it from an entry of its own signature (``"compile"``)."""
+        policy = self.config.inference_config.past_largest_gear
+        if policy == "error":
+            raise PastLargestGearError(f"{self.name}: {gear_plan.past_largest_message(leaves)}")
+        if policy == "eager":
+            counters.eager_calls += 1
+            if not gear_plan._warned_eager:         # once per plan
+                gear_plan._warned_eager = True
+                warnings.warn(f"gearcache: {self.name}: {gear_plan.past_largest_message(leaves)}; running it "
+                              f"uncompiled (warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
+            args, kwargs = signature.unflatten(key[0], leaves)
+            return self.method(*args, **kwargs)
+        return self.entries.get_or_miss(leaves, key)(leaves)
+
+    # ------------------------------------------------------------------------------------------ the store
+    def _read(self, pkey: str) -> dict[str, Any] | None:
+        return self.store.entries.read_gear_plan(self.topology.folder, self.name, pkey)
+
+    def _write(self, pkey: str, record: dict[str, Any]) -> None:
+        self.store.entries.write_gear_plan(self.topology.folder, self.name, pkey, record)
+
+
+def leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
+    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return {}
+    names: dict[int, str] = {}
+    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+    for name, value in bound.arguments.items():
+        if isinstance(value, torch.Tensor) and id(value) in ids:
+            names[ids[id(value)]] = name
+        elif isinstance(value, (list, tuple)):
+            for k, item in enumerate(value):
+                if isinstance(item, torch.Tensor) and id(item) in ids:
+                    names[ids[id(item)]] = f"{name}[{k}]"
+    return names

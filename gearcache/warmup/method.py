@@ -1,0 +1,171 @@
+"""Warm-up of one cached method (``CachedFunction.warmup``): every gear's entry compiled or loaded, then run once.
+
+The stages, each a public stage of the method's parts (``CachedMethod``: its ``gear_life``, a
+:class:`~gearcache.gears.life.GearPlanLife`; its ``life``, an :class:`~gearcache.compiling.entry_life.EntryLife`; its
+``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
+
+1. the example call's signature key and gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
+   yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace;
+   a method without marks is called once and done;
+2. every gear tested against eager where ``padding_check="verify"`` or ``verify_padding`` asks (eager runs only,
+   before anything is compiled: ``GearPlanLife.verify_all``);
+3. the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
+4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
+5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
+   largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
+
+Every phase is recorded in the :class:`~gearcache.warmup.timeline.Timeline` the caller passes.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+import torch
+
+from ..call import signature
+from ..compiling.entry_life import Loaded, entry_groups
+from ..compiling.snapshot import kept
+from ..config import CompilerConfig
+from ..gears.plan import GearPlan, has_marks, most_combinations, narrowed
+from ..graphs import cuda_graphs, graphed_entry
+from ..ranks import phases as ranks
+from . import driver
+from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from ..compiling.entry_life import EntryLife
+    from ..compiling.workers import WorkerPool
+    from ..gears.life import GearPlanLife
+
+log = logging.getLogger("gearcache.warmup.method")
+
+
+class CachedMethod(Protocol):
+    """What a warm-up drives: a ``CachedFunction``'s public stages."""
+    name: str
+    config: CompilerConfig
+    life: EntryLife
+    gear_life: GearPlanLife
+    graphs: cuda_graphs.CudaGraphs | None
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def gear_plan(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                  again: bool = False) -> GearPlan | None: ...
+
+    def call_geared(self, gear_plan: GearPlan, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
+
+
+def warm_up(cached: CachedMethod, args: tuple, kwargs: dict, timeline: Timeline) -> int:
+    """Compile or load the entry of every gear of ``cached`` from the example call ``args``, ``kwargs``, then run each
+    once (see the module docstring); returns the number of gears (1 for a method without marks)."""
+    early = None                            # worker processes started before the gear plan's trace
+    ic = cached.config.inference_config
+    lazy = ic.capture_graphs == "first_call"    # CUDA graphs captured at each gear's first call, not here
+    try:
+        with timeline.span("all", "signature and gears"):
+            leaves, key = signature.call_key(args, kwargs)
+            if not cached.gear_life.checked:
+                early = _early_workers(cached, args, kwargs, leaves, key, timeline)
+            gear_plan = cached.gear_plan(args, kwargs, leaves, key)
+            if gear_plan is None and has_marks(leaves):     # an earlier call had no marks, these do
+                gear_plan = cached.gear_plan(args, kwargs, leaves, key, again=True)
+        if gear_plan is not None:
+            # eager runs only, before anything is compiled
+            cached.gear_life.verify_all(gear_plan, leaves, key, timeline.span)
+            capture_now = cached.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
+            pool, early = early, None       # compile_missing owns (and closes) it from here
+            driver.compile_missing(cached.life, gear_plan, leaves, key, ic.warmup_workers, timeline, pool,
+                                   defer_loads=capture_now)      # capture_all loads stored gears
+    finally:
+        if early is not None:
+            early.close(wait=False)
+    if gear_plan is not None:
+        return _run_gears(cached, gear_plan, leaves, key, timeline, lazy, capture_now)
+    with kept([*leaves, *cached.module.buffers()]):     # no marks: one call
+        cached(*args, **kwargs)
+    return 1
+
+
+def _run_gears(cached: CachedMethod, gear_plan: GearPlan, leaves: tuple, key: tuple, timeline: Timeline,
+               lazy: bool, capture_now: bool) -> int:
+    """Run every gear once on the example padded to it (under CUDA graphs: capture it now, largest first, or only
+    load it: lazy capture), after the fence; returns the number of gears."""
+    combos = gear_plan.combinations()
+    graphs = cached.graphs
+    call: Callable[..., Any] = cached.call_geared
+    if graphs is not None:
+        combos = cuda_graphs.capture_order(combos)
+        call = graphs.prepare if lazy else graphs.call
+        graphs.timeline = timeline
+    try:
+        gear_calls = []
+        for sizes in combos:
+            gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, sizes), sizes)
+            gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
+        fence = functools.partial(_fence, cached, combos, timeline=timeline)
+        table = cached.life.table
+        if capture_now:
+            assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
+            with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
+                graphs.capture_all(gear_plan, gear_calls, before_runs=fence)
+        elif not lazy:
+            fence([table.get(gear_key) for _, gear_key in gear_calls])
+        written = _written_by(table, gear_calls, [*leaves, *cached.module.buffers()])
+        with kept(written):
+            for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
+                with timeline.span(f"gear {sizes}", "first run"):
+                    call(gear_plan, gear_leaves, gear_key)
+    finally:
+        if graphs is not None:
+            graphs.timeline = None
+    return len(combos)
+
+
+def _early_workers(cached: CachedMethod, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
+                   timeline: Timeline) -> WorkerPool | None:
+    """Worker processes started before the gear plan is traced, when no plan is stored for these marks yet: such
+    a warm-up has gears to compile, and the workers' start (importing torch and Inductor: ~10 s each on the H200
+    host) then overlaps the trace (~7 s there) instead of following it. None when the plan is stored, nothing is
+    marked, or warm-up is serial."""
+    ic = cached.config.inference_config
+    marks = cached.gear_life.marks(args, kwargs, leaves)
+    if not marks or ic.warmup_workers == 1:
+        return None
+    if cached.gear_life.stored(marks, key).record is not None:
+        return None
+    most = most_combinations(marks, ic.dynamic_gears_merge_policy)
+    return driver.start_workers(cached.life, most, leaves, ic.warmup_workers, timeline)
+
+
+def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
+    """Between the compile phase and the runs: wait until every rank of the process groups the gears' graphs name is
+    here with the same gears in the same order (ranks.fence; nothing without collectives, or when an entry does not
+    say which groups it uses)."""
+    groups: dict[str, dict] = {}
+    for entry in entries:
+        named = entry_groups(entry) if entry is not None else None
+        if named is None:
+            log.debug("%s: an entry does not say which process groups it uses; no fence before its runs",
+                      cached.name)
+            return
+        groups.update(named)
+    if groups:
+        with timeline.span("all", "wait for the other ranks"):
+            ranks.fence(ranks.group_ranks(groups.values()), f"{cached.name} warm-up runs",
+                        f"gears {combos}", cached.config.rank_timeout_s)
+
+
+def _written_by(table: dict[tuple, Loaded], gear_calls: list[tuple[tuple, tuple]], unknown: list) -> list:
+    """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
+    gear's entry is not in ``table`` yet (it is found by its first run)."""
+    written: list = []
+    for gear_leaves, gear_key in gear_calls:
+        entry = table.get(gear_key)
+        written += unknown if entry is None else graphed_entry.written_tensors(entry, gear_leaves)
+    return written
