@@ -30,7 +30,7 @@ from typing import Any, Callable, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import state as torch_state, versions as torch_versions
 from . import signature
 from ..graphs import cuda_graphs
 from ..gears import plan as gears, padding_check
@@ -279,8 +279,8 @@ class CachedFunction(Dispatcher):
             ("marks", [[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks]),
             ("policy", ic.dynamic_gears_merge_policy),
             ("module_state", module_state(self._module)),
-            ("global_state", compat.global_state()),
-            ("software", compat.software_versions()),
+            ("global_state", torch_state.global_state()),
+            ("software", torch_versions.software_versions()),
         ])
         return pkey
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor, state as torch_state
 from ..call import signature
 from ..errors import WorkerError
 from .faults import EagerEntry
@@ -75,7 +75,7 @@ class Compiling(EagerEntry):
         self.out_structure = None
         self.pending, self.future, self.scratch = pending, future, scratch
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-        self.state = compat.global_state()
+        self.state = torch_state.global_state()
 
 
 class _Workers:
@@ -134,7 +134,7 @@ def start(life: Any, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found
     pool, threads = _WORKERS.start(size)         # before the capture: the workers' imports overlap the trace
     try:
         pending = life.capture(args, kwargs, leaves, found)
-        compat.import_torch_loader()            # settling may happen at exit, when Inductor can no longer import
+        torch_inductor.import_torch_loader()           # settling may happen at exit, when Inductor can no longer import
         job = job_for(life.graph_to_compile(pending.captured), pending.captured.example_inputs,
                       life.compile_patches(), f"{life.name}: entry {pending.ekey}")
         if job is None:
@@ -176,7 +176,7 @@ def settle(life: Any, key: tuple, stand_in: Compiling, wait: bool = False) -> An
 
 def _build(life: Any, stand_in: Compiling, reply: dict[str, Any] | None, work: pathlib.Path) -> None:
     """Fill the build folder ``work``: the worker's folder and its run plan, or (the worker failed) a compile here."""
-    with compat.global_state_applied(stand_in.state), torch.inference_mode(stand_in.inference), \
+    with torch_state.global_state_applied(stand_in.state), torch.inference_mode(stand_in.inference), \
             torch.set_grad_enabled(stand_in.grad):
         if reply is None:
             life.compile(stand_in.pending.captured, work)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Union, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor, state as torch_state, versions as torch_versions
 from . import artifact_io, background, compiler, faults
 from ..store import diagnostics
 from ..ranks import phases as ranks
@@ -183,9 +183,9 @@ class EntryLife:
             "module_state": module_state(self.module),
             "config": self.config.compile_factors(),
             "decompositions": decompositions_factor(self.decompositions),
-            "global_state": compat.global_state(devices),
-            "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices],
+            "global_state": torch_state.global_state(devices),
+            "software": torch_versions.software_versions(),
+            "devices": [torch_versions.device_capability(d) for d in devices],
             "process_groups": process_groups_factor(),
         })
         ekey, hashes = build_key("entry", factors)
@@ -296,12 +296,12 @@ class EntryLife:
     def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
         """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
         if self.decompositions:
-            return compat.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
+            return torch_inductor.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
         return captured.graph
 
     def compile_patches(self) -> dict[str, Any]:
         """Inductor's config patches for the config's mode and options."""
-        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+        return {**torch_inductor.mode_options(self.config.mode), **self.config.inductor_options}
 
     def publish(self, pending: Pending, build: Callable[[Any], None] | None = None) -> tuple[Any, bool]:
         """Publish the pending artifact (``faults.publish_or_fallback``: the artifact lock, a private build folder,

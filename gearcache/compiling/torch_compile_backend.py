@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import (aten as torch_aten, inductor as torch_inductor, shapes as torch_shapes, state as torch_state,
+                      versions as torch_versions)
 from . import compiler, faults
 from ..gears import plan as gears
 from .. import runplan
@@ -50,7 +51,7 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     from ..keys.guards import GuardSet
 
     ic = config.inference_config
-    guards = compat.shape_guards(gm)
+    guards = torch_shapes.shape_guards(gm)
     inputs = [["size"] if isinstance(f, torch.SymInt) else ["leaf", i] for i, f in enumerate(fakes)]
     n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
@@ -145,17 +146,18 @@ class GearedGraph:
         counters.misses += 1
         with torch.no_grad():
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
-        compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
+        torch_aten.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
         akey, _ = build_key("artifact", ordered_factors("artifact", {
             "format": FORMAT_VERSION, "graph": sha256_text(static.code),
             "graph_constants": graph_constants_factor(static),
             "inputs": signature.inputs_meta(inputs),
             "config": self.config.compile_factors(), "decompositions": [],
-            "global_state": compat.global_state(devices), "software": compat.software_versions(),
-            "devices": [compat.device_capability(d) for d in devices], "process_groups": process_groups_factor(),
+            "global_state": torch_state.global_state(devices), "software": torch_versions.software_versions(),
+            "devices": [torch_versions.device_capability(d) for d in devices],
+            "process_groups": process_groups_factor(),
         }))
-        patches = {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+        patches = {**torch_inductor.mode_options(self.config.mode), **self.config.inductor_options}
         t0 = time.perf_counter()
 
         def build(folder):

@@ -4,7 +4,7 @@ A call is padded up to its gear (gears.py): its marked dims get extra rows of a 
 outputs are cut back. That is exact when the real rows never see the padded ones, or see them only through an op the
 pad value leaves unchanged, and when nothing outside the padded copies is written through them. This module proves
 that, once per gear plan, for every op of the method's graph, from the plan's symbolic trace (capture.symbolic_shapes:
-a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch_compat.aten_graph``), where every op has
+a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch.aten.aten_graph``), where every op has
 a schema saying which arguments it writes and which it returns a view of. Nothing runs on real data, so a result
 holds for every call, device and dtype: no sample is taken.
 
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union, cast
 import sympy
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten, shapes as torch_shapes
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
 from .padding_report import Finding, PaddingReport
@@ -92,10 +92,10 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
     given = dict(pads or {})
     try:
         symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)     # before a lowering fixes one
-        aten = compat.aten_graph(trace.graph)
+        aten = torch_aten.aten_graph(trace.graph)
         dtypes = _leaf_dtypes(trace.graph, trace.inputs, padded_leaves)
         # the lowering to ATen may have guarded or specialized a padded size (torch 2.11's matmul): read after it
-        guard_findings = _guard_findings(_unique(trace.size_guards + compat.shape_guards(trace.graph)), symbols,
+        guard_findings = _guard_findings(_unique(trace.size_guards + torch_shapes.shape_guards(trace.graph)), symbols,
                                          trace.same) + _specialized_findings(trace.graph, symbols)
 
         def walk(assigned: dict[int, PadValue]) -> _Walk:
@@ -196,11 +196,11 @@ def _unique(guards: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
 
 
 def _specialized_findings(graph: torch.fx.GraphModule, symbols: frozenset) -> list[Finding]:
-    """A padded dim's symbol the shape environment replaced by a number (compat.specialized_sizes): the ATen graph
+    """A padded dim's symbol the shape environment replaced by a number (torch_shapes.specialized_sizes): the ATen graph
     holds that number where the size was, so the walk would read the padded dim as static and prove nothing."""
     return [Finding("(size specialized)", "", f"tracing the graph to ATen ops fixed the padded size {sym} to {value} "
                     f"(this torch's lowering), so the graph cannot be read for other sizes", "every output")
-            for sym, value in compat.specialized_sizes(graph).items() if sym in symbols]
+            for sym, value in torch_shapes.specialized_sizes(graph).items() if sym in symbols]
 
 
 def _benign_guard(expr: Any) -> bool:
@@ -307,7 +307,7 @@ class _Size:
 def _size(value: Any, same: dict) -> Any:
     """A size as an int, or a sympy expression when it involves a symbol (each symbol replaced by the one ``same``
     says it equals: see capture.size_classes)."""
-    expr = compat.sym_expr(value)
+    expr = torch_shapes.sym_expr(value)
     if isinstance(expr, (int, bool)):
         return int(expr)
     return int(expr) if getattr(expr, "is_number", False) else expr.xreplace(same)
@@ -528,7 +528,7 @@ class _Analysis:
         meta = node.meta.get("val")
         if unknown or not isinstance(meta, torch.Tensor):
             return _Pad(UNKNOWN, leaves)
-        return _Pad(pv.evaluate(compat.aten_op(node), tuple(node.args), dict(node.kwargs), inputs, meta.dtype),
+        return _Pad(pv.evaluate(torch_aten.aten_op(node), tuple(node.args), dict(node.kwargs), inputs, meta.dtype),
                     leaves)
 
     def _is_padded(self, value: Any) -> bool:
@@ -576,13 +576,13 @@ class _Analysis:
     def _call(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:
             return self.env[cast(torch.fx.Node, node.args[0])][node.args[1]]
-        schema = compat.op_schema(node.target)
+        schema = torch_aten.op_schema(node.target)
         if schema is None:
             return self._python_op(node)
         args = self._bind(schema, node)
         name = _op_name(node)
         functional = name[:-1] if name.endswith("_") and not name.endswith("__") else name
-        rule = _pointwise if torch.Tag.pointwise in compat.aten_op(node).tags else RULES.get(functional, _unknown)
+        rule = _pointwise if torch.Tag.pointwise in torch_aten.aten_op(node).tags else RULES.get(functional, _unknown)
         produced = rule(self, node, args)
         value = self._values(node, schema, args, produced)
         if rule in (_fresh, _like) and isinstance(value, _Tensor) and value.base in self.storage:
@@ -827,7 +827,7 @@ MOVES, MIXES = True, False
 
 def _op_name(node: torch.fx.Node) -> str:
     """The name of the ATen op ``node`` calls, without its overload (``"add"``, ``"index_put_"``)."""
-    return compat.aten_op(node).overloadpacket.__name__
+    return torch_aten.aten_op(node).overloadpacket.__name__
 
 
 def _meta_dims(a: _Analysis, node: torch.fx.Node, k: int | None = None) -> tuple:
@@ -933,7 +933,7 @@ def _pointwise(a: _Analysis, node: torch.fx.Node, args: dict) -> Out:
     dims, why = _broadcast(a, node, _tensors(list(args.values())))
     if why is None and _sizes_used_as_values([v for v in args.values() if not isinstance(v, _Tensor)]):
         why = ("uses the size of a padded dim as a value", MIXES)
-    random = torch.Tag.nondeterministic_seeded in compat.aten_op(node).tags
+    random = torch.Tag.nondeterministic_seeded in torch_aten.aten_op(node).tags
     if random:
         return dims, why, NO_PAD
     return dims, why, _symbolic(a, node, args, dims) or a.evaluated(node, dims)

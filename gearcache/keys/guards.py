@@ -5,7 +5,7 @@ Dynamo specialises a capture on every Python value the method reads — module a
 cells, config objects, the identity of the functions and classes it calls, empty hook dicts — and records each as a
 *guard*. ``torch.compile`` checks its guards at every call; a gearcache entry keeps them as value guards:
 
-* at capture, :func:`from_dynamo` turns Dynamo's guards (``_torch_compat.DynamoGuard``) into :class:`ValueGuard`
+* at capture, :func:`from_dynamo` turns Dynamo's guards (``_torch.guards.DynamoGuard``) into :class:`ValueGuard`
   records: a path from a root (the module, a Python module's globals, builtins) to the guarded object, what is
   checked about it (``kind``) and the expected *fingerprint*, a JSON value that means the same in every process;
 * an entry or a gear plan is served only where every fingerprint computed on the live objects equals the recorded
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed
 from ..errors import UnguardableError, Unpersistable
 from .fingerprints import class_fp, code_digest, function_digest, type_name
 
@@ -308,7 +308,7 @@ def choose(read: Any, key: str, scope: Scope) -> Choice:
 
 # ------------------------------------------------------------------------------------------------------- capture
 def from_dynamo(recording: Any, method: Any, passed: Iterable[str] | None = None) -> GuardSet:
-    """The value guards of a capture of the bound ``method``, from Dynamo's guards (``_torch_compat.GuardRecording``).
+    """The value guards of a capture of the bound ``method``, from Dynamo's guards (``_torch.guards.GuardRecording``).
     ``passed``: the names of the parameters the captured call passed (a guard on one of them is the signature key's;
     on one it did not pass, a guard on the function's default); None: all of them. Raises ``UnguardableError`` for a
     guard no entry can be served under."""
@@ -715,7 +715,7 @@ def identity_fp(v: Any) -> Any:
         return ["partial", identity_fp(v.func), value_fp(v.args), value_fp(v.keywords)]
     if isinstance(v, torch.nn.Module):
         return ["nn.Module", class_fp(type(v))]
-    group = compat.process_group_identity(v)
+    group = torch_distributed.process_group_identity(v)
     if group is not None:
         return group
     if isinstance(v, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -728,9 +728,9 @@ def identity_fp(v: Any) -> Any:
 
 def _process_group(dg: Any) -> bool:
     """An ``OPAQUE_OBJ_GUARD_FN_MATCH`` on a ``ProcessGroup`` (torch 2.13 guards ``dist.group.WORLD`` so): checked as
-    the group's identity, its c10d name and ranks (``compat.process_group_identity``)."""
+    the group's identity, its c10d name and ranks (``torch_distributed.process_group_identity``)."""
     return (dg.kind == "OPAQUE_OBJ_GUARD_FN_MATCH" and dg.has_value
-            and compat.process_group_identity(dg.value) is not None)
+            and torch_distributed.process_group_identity(dg.value) is not None)
 
 
 def _same_object(obj: Any, value: Any) -> bool:
