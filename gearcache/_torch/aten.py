@@ -5,7 +5,7 @@ view of): what gearcache/gears/padding.py reads of the gear plan's symbolic trac
 from __future__ import annotations
 
 import contextlib
-from typing import Any, cast
+from typing import cast
 
 import torch
 
@@ -37,7 +37,7 @@ def forget_unbacked_bindings(gm: torch.fx.GraphModule) -> None:
         node.meta.pop("unbacked_bindings", None)
 
 
-def op_schema(target: Any) -> Any:
+def op_schema(target: object) -> torch._C.FunctionSchema | None:
     """The schema (``torch._C.FunctionSchema``) of an ATen op overload; None for anything else."""
     return getattr(target, "_schema", None) if isinstance(target, torch._ops.OpOverload) else None
 

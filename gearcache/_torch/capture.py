@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, cast
+import types
+from typing import Callable, cast
 
 import torch
 
@@ -54,12 +55,12 @@ def require_dynamic(tensor: torch.Tensor, dim: int) -> None:
     torch._dynamo.mark_dynamic(tensor, dim)
 
 
-def traced_code() -> list[Any]:
+def traced_code() -> list[types.CodeType]:
     """Code objects Dynamo traced for the graph being compiled (call inside a backend)."""
     return list(torch._guards.TracingContext.get_traced_code() or [])
 
 
-def forget_dynamo_cache(code: Any) -> None:
+def forget_dynamo_cache(code: types.CodeType) -> None:
     """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
     nothing of the capture stays installed on the user's function."""
     torch._dynamo.eval_frame.reset_code(code)

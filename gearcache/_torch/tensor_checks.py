@@ -7,7 +7,7 @@ check in Python.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -41,7 +41,7 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
         return None
 
 
-def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], Any]:
+def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], object | None]:
     """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
     layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is
     the same check in C for gearcache.call._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
@@ -92,7 +92,7 @@ def plain_tensors_check() -> Callable[[tuple], bool]:
     return getattr(native, "plain_tensors", None) or _plain_tensors
 
 
-def native_data_ptr() -> Any:
+def native_data_ptr() -> object | None:
     """gearcache's native ``DATA_PTR`` capsule (``tensor.data_ptr()`` in C, for the C runner's alignment checks:
     gearcache/call/_callpath.c), or None where the native module is not loaded (the runner then calls
     ``data_ptr()``)."""
