@@ -46,9 +46,6 @@ def cubin_launcher() -> Callable[..., None]:
     return torch._C._StaticCudaLauncher._launch_kernel
 
 
-# What gearcache/runplan/ reads of torch's private API beyond the run-time section above. The writer's functions run
-# in a compiling process only and import torch's compiler lazily, inside each function; the loader's
-# (``grad_mode_setter``) touch torch._C only: a warm process imports nothing from torch._inductor or triton.
 def grad_mode_setter() -> Callable[[bool], None]:
     """``torch._C._set_grad_enabled``: sets grad mode with no Python frame (``torch.set_grad_enabled`` is a context
     manager class), for the run plan's per-call function."""
@@ -65,6 +62,7 @@ def operator_ref(target: Any) -> tuple[str, str] | None:
     return None
 
 
+# The writer's half (a compiling process only): torch's compiler is imported inside each function.
 def load_cache_entry(path: pathlib.Path) -> Any:
     """Unpickle one of torch's cache entries in a saved artifact (AOTAutograd's ``aotautograd/*/*`` or the FX graph
     entry ``fxgraph/*/*/*``), after importing the modules defining the classes they pickle."""
