@@ -144,9 +144,9 @@ with torch.inference_mode():
             null_run = PlanRunner(lambda a: a, plan)
             null_run.set_stable_inputs([j for j, (kind, _) in enumerate(entry.manifest["inputs"]) if kind == "state"])
             report["run_plan_own_p50_us"] = _p50(lambda: null_run(*args), n) - _p50(lambda: list(args), n)
-            from gearcache import _torch_compat as compat
+            from gearcache._torch import inductor as torch_inductor
 
-            torch_loaded = compat.load_folder(fn.store.layout.artifact(entry.manifest["akey"]) / "inductor")
+            torch_loaded = torch_inductor.load_folder(fn.store.layout.artifact(entry.manifest["akey"]) / "inductor")
             torch_loaded(*args)
             report["torch_loaded_call_p50_us"] = _p50(lambda: torch_loaded(*args), n)
         # gearcache's own work per call, without the compiled graph: key + lookup + gather + build.

@@ -187,9 +187,9 @@ class CompilerConfig(BaseModel):
     @field_validator("inductor_options")
     @classmethod
     def _check_inductor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from . import _torch_compat as compat
+        from ._torch import inductor as torch_inductor
 
-        known = compat.inductor_setting_names()
+        known = torch_inductor.inductor_setting_names()
         for name in value:
             if name not in known:
                 raise ValueError(f"inductor_options: {name!r} is not a torch._inductor.config setting "
@@ -203,9 +203,9 @@ class CompilerConfig(BaseModel):
         ``inductor_options`` (computed without importing torch's compiler: a warm start must not).
         ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process), so the two share
         entries."""
-        from . import _torch_compat as compat
+        from ._torch import inductor as torch_inductor
 
-        return {"mode": compat.compiled_mode(self.mode),
+        return {"mode": torch_inductor.compiled_mode(self.mode),
                 "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
 
     @classmethod

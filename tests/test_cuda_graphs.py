@@ -246,11 +246,11 @@ def test_copied_outputs_of_every_gear_stay_right_across_calls_of_the_others(tmp_
 
 
 def test_storage_alias_views_the_same_memory_through_its_own_storage():
-    from gearcache import _torch_compat as compat
+    from gearcache._torch import cuda_graphs as torch_cuda_graphs
 
     base = torch.arange(12.0)
     view = base[2:].view(2, 5)
-    alias = compat.storage_alias(view)
+    alias = torch_cuda_graphs.storage_alias(view)
     assert torch.equal(alias, view) and alias.stride() == view.stride() and alias.data_ptr() == view.data_ptr()
     assert alias.untyped_storage()._cdata != view.untyped_storage()._cdata
     base.add_(1)                                            # writes show through the alias

@@ -213,14 +213,14 @@ def test_the_native_runner_skips_its_state_checks_only_for_a_plain_matcher():
     # A matcher made with autocast off is "plain": the C dispatcher then tells the runner that grad and autocast
     # are off. Under autocast the runner reads the state itself and hands the call to its fallback (which turns
     # autocast off around call(), as AOTAutograd does).
-    from gearcache import _torch_compat as compat
+    from gearcache._torch import state as torch_state
     from gearcache.call import _callpath
 
     calls = []
     runner = _callpath.Runner(call=lambda a: calls.append("call") or [a[0]],
                               fallback=lambda a: calls.append("fallback") or [a[0]], recipe=(0,), check=(),
                               always_fallback=False, is_grad_enabled=torch.is_grad_enabled,
-                              is_autocast_enabled=compat.any_autocast_enabled)
+                              is_autocast_enabled=torch_state.any_autocast_enabled)
     entry = SlotEntry()
     entry.run = runner
     x = torch.ones(2)

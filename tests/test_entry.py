@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from gearcache import _torch_compat as compat
+from gearcache._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from gearcache.call import entry as entry_mod
 from gearcache import runplan
 from gearcache.call.entry import Entry
@@ -39,7 +39,7 @@ def make_entry(net, native, plan_extra=None, seen=None):
 
     def call(args):
         seen.append({"aligned": [a.data_ptr() % runplan.ALIGNMENT == 0 for a in args],
-                     "grad": torch.is_grad_enabled(), "autocast": compat.any_autocast_enabled(),
+                     "grad": torch.is_grad_enabled(), "autocast": torch_state.any_autocast_enabled(),
                      "ids": [id(a) for a in args]})
         x, w, b, s = args
         args.clear()
@@ -200,7 +200,7 @@ def test_runner_rejects_a_malformed_recipe_with_the_reason():
 
     def make(recipe, check=()):
         return Runner(call=print, fallback=print, recipe=recipe, check=check, always_fallback=False,
-                      is_grad_enabled=torch.is_grad_enabled, is_autocast_enabled=compat.any_autocast_enabled)
+                      is_grad_enabled=torch.is_grad_enabled, is_autocast_enabled=torch_state.any_autocast_enabled)
     with pytest.raises(TypeError, match=r"recipe\[0\]"):
         make(("weight",))
     with pytest.raises(ValueError, match="leaf index must be >= 0"):
@@ -214,12 +214,12 @@ def test_runner_rejects_a_malformed_recipe_with_the_reason():
 @pytest.mark.parametrize("reader", ["native DATA_PTR", "tensor.data_ptr()"])
 def test_the_runner_checks_alignment_alike_with_the_native_address_reader_or_without(reader):
     Runner = entry_mod._NativeRunner
-    capsule = compat.native_data_ptr()
+    capsule = torch_tensor_checks.native_data_ptr()
     assert capsule is not None                      # the session builds the native module (tests/conftest.py)
     calls = []
     runner = Runner(call=lambda a: calls.append("call") or a.clear(), fallback=lambda a: calls.append("fallback"),
                     recipe=(0, 1), check=(0, 1), always_fallback=False, is_grad_enabled=torch.is_grad_enabled,
-                    is_autocast_enabled=compat.any_autocast_enabled,
+                    is_autocast_enabled=torch_state.any_autocast_enabled,
                     data_ptr=capsule if reader == "native DATA_PTR" else None)
     aligned, misaligned = torch.zeros(8), torch.zeros(9)[1:]
     with torch.no_grad():
@@ -233,7 +233,7 @@ def test_the_runner_takes_only_the_native_address_reader():
     with pytest.raises(TypeError, match="data_ptr: expected None or gearcache.native's DATA_PTR capsule"):
         entry_mod._NativeRunner(call=print, fallback=print, recipe=(0,), check=(), always_fallback=False,
                                    is_grad_enabled=torch.is_grad_enabled,
-                                   is_autocast_enabled=compat.any_autocast_enabled, data_ptr=print)
+                                   is_autocast_enabled=torch_state.any_autocast_enabled, data_ptr=print)
 
 
 def test_an_entry_does_not_keep_its_module_alive():

@@ -213,7 +213,8 @@ def test_a_containers_contents_are_re_read(make):
 def test_a_tensors_metadata_is_re_read_where_its_object_stays(make, native, monkeypatch):
     """``.data = t`` keeps the tensor object (and every dict on its path) but changes its dtype, shape, strides or data
     address: the watch's ``meta`` check sees it (gearcache.native's ``MetaMatch``, or the same in Python)."""
-    from gearcache import _torch_compat as compat, native as gearcache_native
+    from gearcache import native as gearcache_native
+    from gearcache._torch import tensor_checks as torch_tensor_checks
 
     if not native:
         monkeypatch.setattr(gearcache_native, "guards", lambda **kw: None)
@@ -221,14 +222,14 @@ def test_a_tensors_metadata_is_re_read_where_its_object_stays(make, native, monk
              "shape": lambda t: t.data[:, :2], "misaligned": lambda t: torch.zeros(17)[1:].view(4, 4)}
     for name, swap in swaps.items():
         t = torch.randn(4, 4)
-        meta, capsule = compat.tensor_meta_match((t,))
+        meta, capsule = torch_tensor_checks.tensor_meta_match((t,))
         assert (capsule is not None) == (native and gearcache_native.guards() is not None)
         w = type(make())([], [], [], guard_watch.ABSENT, meta, capsule)
         assert w.valid()
         t.data = swap(t)
         assert not w.valid(), name
     t = torch.randn(4, 4)
-    meta, capsule = compat.tensor_meta_match((t,))
+    meta, capsule = torch_tensor_checks.tensor_meta_match((t,))
     w = type(make())([], [], [], guard_watch.ABSENT, meta, capsule)
     t.mul_(2)                                          # values change in place: graphs read them live
     assert w.valid()

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from gearcache import _torch_compat as compat
+from gearcache._torch import capture as torch_capture, guards as torch_guards, state as torch_state
 from gearcache.keys import guard_watch
 from gearcache.keys import dynamo_sources
 from gearcache.keys import fingerprints
@@ -68,7 +68,7 @@ class Model(torch.nn.Module):
 
 
 def capture_guards(method, *args) -> guard_sets.GuardSet:
-    recording = compat.GuardRecording()
+    recording = torch_guards.GuardRecording()
 
     def record(gm, example_inputs):
         return gm
@@ -77,9 +77,9 @@ def capture_guards(method, *args) -> guard_sets.GuardSet:
     try:
         with torch.no_grad():
             torch.compile(method, fullgraph=True, dynamic=False, backend=record,
-                          options=compat.guard_recording_options(recording, method.__func__.__globals__))(*args)
+                          options=torch_guards.guard_recording_options(recording, method.__func__.__globals__))(*args)
     finally:
-        compat.forget_dynamo_cache(code)
+        torch_capture.forget_dynamo_cache(code)
     return guards_from_dynamo.from_dynamo(recording, method)
 
 
@@ -222,8 +222,8 @@ def test_an_object_known_only_by_identity_makes_the_guards_local():
     holder = torch.nn.Module()
     holder.token = object()
     method = types.MethodType(lambda self, x: x, holder)
-    dynamo_guard = compat.DynamoGuard("ID_MATCH", "L['self'].token", True, holder.token, {})
-    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dynamo_guard]), method)
+    dynamo_guard = torch_guards.DynamoGuard("ID_MATCH", "L['self'].token", True, holder.token, {})
+    gs = guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dynamo_guard]), method)
     assert gs.local is not None and "known only by its identity" in gs.local
     with pytest.raises(Unpersistable):
         gs.to_json()
@@ -329,9 +329,9 @@ def test_the_design_table_lists_every_guard_kind_and_what_gearcache_does_with_it
 def test_a_guard_kind_this_gearcache_does_not_know_is_refused():
     holder = torch.nn.Module()
     holder.n = 3
-    dg = compat.DynamoGuard("SOME_FUTURE_MATCH", "L['self'].n", True, 3, {})
+    dg = torch_guards.DynamoGuard("SOME_FUTURE_MATCH", "L['self'].n", True, 3, {})
     with pytest.raises(UnguardableError, match="SOME_FUTURE_MATCH"):
-        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+        guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
 
 
 MODE_CLS = torch.nn.ReLU
@@ -368,15 +368,15 @@ class Kinds(torch.nn.Module):
         return (y + torch.nn.functional.relu(x)).view(self.size)
 
 
-def _record(method, *args) -> compat.GuardRecording:
-    recording = compat.GuardRecording()
+def _record(method, *args) -> torch_guards.GuardRecording:
+    recording = torch_guards.GuardRecording()
     code = method.__func__.__code__
     try:
         with torch.no_grad():
             torch.compile(method, fullgraph=True, dynamic=False, backend=lambda gm, ex: gm,
-                          options=compat.guard_recording_options(recording, method.__func__.__globals__))(*args)
+                          options=torch_guards.guard_recording_options(recording, method.__func__.__globals__))(*args)
     finally:
-        compat.forget_dynamo_cache(code)
+        torch_capture.forget_dynamo_cache(code)
     return recording
 
 
@@ -482,8 +482,8 @@ def test_a_guard_kind_dynamo_emits_rarely_is_re_checked_and_watched(kind, source
     holder = Holder()
     method = types.MethodType(lambda self, x: x, holder)
     value = guard_paths.evaluate(("self",) + dynamo_sources.parse_source(source)[1:], guard_paths.Scope(holder, {}))
-    dg = compat.DynamoGuard(kind, source, True, value, detail)
-    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method)
+    dg = torch_guards.DynamoGuard(kind, source, True, value, detail)
+    gs = guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), method)
     assert [g.kind for g in gs.guards] == [gkind] and gs.local is None
     scope = guard_paths.Scope(holder, {})
     watch = guard_watch.watch([gs], scope)
@@ -495,8 +495,8 @@ def test_a_guard_kind_dynamo_emits_rarely_is_re_checked_and_watched(kind, source
 def test_a_module_the_graph_specialises_on_is_checked_by_identity_in_this_process_only():
     """``NN_MODULE``: Dynamo holds the module's weights in the graph: only this object may be served it."""
     holder = Holder()
-    dg = compat.DynamoGuard("NN_MODULE", "L['self'].obj", True, holder.obj, {})
-    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+    dg = torch_guards.DynamoGuard("NN_MODULE", "L['self'].obj", True, holder.obj, {})
+    gs = guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
     assert gs.local is not None and [g.kind for g in gs.guards] == ["live"]
     scope = guard_paths.Scope(holder, {})
     assert gs.mismatch(scope) is None
@@ -507,9 +507,9 @@ def test_a_module_the_graph_specialises_on_is_checked_by_identity_in_this_proces
 @pytest.mark.parametrize("kind", sorted(guards_from_dynamo._REFUSED))
 def test_a_guard_no_entry_can_be_served_under_is_refused_with_the_fix(kind):
     holder = Holder()
-    dg = compat.DynamoGuard(kind, "L['self'].obj", True, holder.obj, {})
+    dg = torch_guards.DynamoGuard(kind, "L['self'].obj", True, holder.obj, {})
     with pytest.raises(UnguardableError, match=kind) as err:
-        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
+        guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), types.MethodType(lambda self, x: x, holder))
     assert guards_from_dynamo._REFUSED[kind] in str(err.value)
 
 
@@ -539,7 +539,7 @@ def _key_state_changes():
     @contextlib.contextmanager
     def in_vmap():
         box = {}
-        torch.vmap(lambda t: box.setdefault("state", compat.global_state()) and t)(torch.ones(2, 1))
+        torch.vmap(lambda t: box.setdefault("state", torch_state.global_state()) and t)(torch.ones(2, 1))
         yield box["state"]
 
     import torch.autograd.forward_ad as fwad
@@ -554,9 +554,9 @@ def test_a_guard_on_global_state_is_the_keys(kind):
     """No value guard: the entry key's ``global_state`` factor differs under the state Dynamo guards (and the
     signature key holds grad mode and every size: ``GRAD_MODE``, ``SHAPE_ENV``)."""
     holder = Holder()
-    dg = compat.DynamoGuard(kind, "", False, None, {})
+    dg = torch_guards.DynamoGuard(kind, "", False, None, {})
     method = types.MethodType(lambda self, x: x, holder)
-    assert len(guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method)) == 0
+    assert len(guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), method)) == 0
     if kind == "GRAD_MODE":
         with torch.no_grad():
             off = signature.call_key((torch.ones(2),), {})[1]
@@ -565,9 +565,9 @@ def test_a_guard_on_global_state_is_the_keys(kind):
     if kind == "SHAPE_ENV":
         assert signature.call_key((torch.ones(2),), {})[1] != signature.call_key((torch.ones(3),), {})[1]
         return
-    outside = compat.global_state()
+    outside = torch_state.global_state()
     with _key_state_changes()[kind]() as inside:
-        state = inside if isinstance(inside, dict) else compat.global_state()
+        state = inside if isinstance(inside, dict) else torch_state.global_state()
     assert state != outside, kind
 
 
@@ -592,23 +592,25 @@ def test_a_guard_on_a_passed_argument_is_the_signature_keys():
     method = _method(lambda self, x, n=2: x * n)
     for kind, source in (("CONSTANT_MATCH", "L['n']"), ("TENSOR_MATCH", "L['x']"), ("SEQUENCE_LENGTH", "L['n']"),
                          ("DUPLICATE_INPUT", "L['x']")):
-        dg = compat.DynamoGuard(kind, source, True, 2, {"other": "L['n']"})
-        assert len(guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x", "n"})) == 0, kind
+        dg = torch_guards.DynamoGuard(kind, source, True, 2, {"other": "L['n']"})
+        assert len(guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), method, passed={"x",
+                                                                                                     "n"})) == 0, kind
 
 
 def test_an_attribute_of_an_argument_is_in_no_key_and_refused():
     method = _method(lambda self, x: x)
-    dg = compat.DynamoGuard("CONSTANT_MATCH", "L['x'].foo", True, 1, {})
+    dg = torch_guards.DynamoGuard("CONSTANT_MATCH", "L['x'].foo", True, 1, {})
     with pytest.raises(UnguardableError, match="attribute of an argument"):
-        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
+        guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), method, passed={"x"})
 
 
 def test_an_argument_that_is_also_a_module_buffer_is_refused():
     holder = Holder()
     holder.register_buffer("buf", torch.ones(2))
-    dg = compat.DynamoGuard("DUPLICATE_INPUT", "L['self']._buffers['buf']", True, holder.buf, {"other": "L['x']"})
+    dg = torch_guards.DynamoGuard("DUPLICATE_INPUT", "L['self']._buffers['buf']", True, holder.buf, {"other": "L['x']"})
     with pytest.raises(UnguardableError, match="clone"):
-        guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), _method(lambda self, x: x, holder), passed={"x"})
+        guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), _method(lambda self, x: x, holder),
+                                       passed={"x"})
 
 
 def test_a_default_the_call_did_not_pass_is_guarded_on_the_function():
@@ -616,8 +618,8 @@ def test_a_default_the_call_did_not_pass_is_guarded_on_the_function():
         return x * scale
     holder = Holder()
     method = types.MethodType(fwd, holder)
-    dg = compat.DynamoGuard("CONSTANT_MATCH", "L['scale']", True, 2.0, {})
-    gs = guards_from_dynamo.from_dynamo(compat.GuardRecording([dg]), method, passed={"x"})
+    dg = torch_guards.DynamoGuard("CONSTANT_MATCH", "L['scale']", True, 2.0, {})
+    gs = guards_from_dynamo.from_dynamo(torch_guards.GuardRecording([dg]), method, passed={"x"})
     assert [g.path for g in gs.guards] == [(("default", "scale"),)]
     scope = guard_paths.Scope(holder, {}, fwd)
     watch = guard_watch.watch([gs], scope)

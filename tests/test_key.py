@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 import gearcache
-import gearcache._torch_compat
+from gearcache._torch import versions as torch_versions
 from gearcache import CompilerConfig
 from gearcache.keys.key import build_key, decompositions_factor, factor_hash
 from gearcache.call.signature import call_key, describe
@@ -176,10 +176,10 @@ def test_entry_key_decompositions(tmp_path):
 
 def test_entry_key_software_versions(tmp_path, monkeypatch):
     a = entry_key(tmp_path)
-    real = gearcache._torch_compat.software_versions()
-    monkeypatch.setattr(gearcache._torch_compat, "software_versions", lambda: {**real, "torch": "9.9.9"})
+    real = torch_versions.software_versions()
+    monkeypatch.setattr(torch_versions, "software_versions", lambda: {**real, "torch": "9.9.9"})
     b = entry_key(tmp_path)
-    monkeypatch.setattr(gearcache._torch_compat, "software_versions", lambda: {**real, "triton": "0.0.1"})
+    monkeypatch.setattr(torch_versions, "software_versions", lambda: {**real, "triton": "0.0.1"})
     c = entry_key(tmp_path)
     assert changed(a, b) == {"software"} and changed(a, c) == {"software"} and len({a[0], b[0], c[0]}) == 3
 
@@ -221,13 +221,12 @@ def test_artifact_text_without_the_device_index():
 def test_the_cpu_device_factor_names_the_isa_extensions_inductor_builds_for(tmp_path):
     """Inductor adds -mavx512bf16, -mavx512vnni, -mamx-* when the CPU has them: a kernel built so may not run on a CPU
     of the same ATen capability that lacks one, so the key's device factor names each extension this CPU has."""
-    from gearcache import _torch_compat as compat
-
     device = entry_key(tmp_path)[1]["values"]["devices"][0]
-    assert device == compat.device_capability("cpu")
+    assert device == torch_versions.device_capability("cpu")
     capability = torch.backends.cpu.get_cpu_capability()
     assert device.startswith("cpu:") and f":{capability}" in device
-    has = {name for name in compat.CPU_ISA_EXTRAS if getattr(torch.cpu, f"_is_{name}_supported", lambda: False)()}
+    has = {name for name in torch_versions.CPU_ISA_EXTRAS
+           if getattr(torch.cpu, f"_is_{name}_supported", lambda: False)()}
     named = set(device.split(":")[-1].split("+")[1:])
     assert named == has
 

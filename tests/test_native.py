@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch_settings import attribute, setting
 
-from gearcache import _torch_compat as compat
+from gearcache._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from gearcache import native
 from gearcache.errors import NativeBuildError
 from gearcache.native import build as native_build
@@ -77,7 +77,7 @@ def test_tensor_match_checks_its_arguments(module):
 
 def test_a_sparse_tensor_gets_dynamos_check(module):
     sparse = torch.eye(3).to_sparse()
-    check = compat.tensor_match((sparse,))
+    check = torch_tensor_checks.tensor_match((sparse,))
     assert not isinstance(check, module.TensorMatch)
     assert check(torch.eye(3).to_sparse()) and not check(torch.eye(4).to_sparse())
 
@@ -128,19 +128,19 @@ def test_the_snapshot_sees_every_setting(module, name):
 
 
 def test_the_snapshot_covers_the_key_state_but_cudnn_tf32(module):
-    """Whatever changes ``compat.global_state()`` (the key's state) makes the snapshot say False, but cuDNN's TF32
+    """Whatever changes ``torch_state.global_state()`` (the key's state) makes the snapshot say False, but cuDNN's TF32
     flag (left out, as Dynamo leaves it out: a hash lookup per call on torch 2.13; the next miss keys it)."""
-    plain = compat.global_state(["cpu"])
+    plain = torch_state.global_state(["cpu"])
     same = module.StateSnapshot()
     changed = 0
     for name, set_state in STATES.items():
         with set_state():
-            if compat.global_state(["cpu"]) != plain:
+            if torch_state.global_state(["cpu"]) != plain:
                 changed += 1
                 assert not same(), name
     assert changed >= 15
     with cudnn_tf32():
-        assert compat.global_state(["cpu"]) != plain and same()
+        assert torch_state.global_state(["cpu"]) != plain and same()
 
 
 def test_the_native_snapshot_also_stands_for_the_matchers_inference_mode_check(module):
@@ -155,9 +155,9 @@ def test_the_native_snapshot_also_stands_for_the_matchers_inference_mode_check(m
 
 def test_gearcache_native_0_turns_it_off(module, monkeypatch):
     monkeypatch.setenv("GEARCACHE_NATIVE", "0")
-    assert native.guards() is None and compat.native_data_ptr() is None
-    same = compat.state_guard()
-    assert not isinstance(same, module.StateSnapshot) and not compat.state_guard_covers_inference_mode(same)
+    assert native.guards() is None and torch_tensor_checks.native_data_ptr() is None
+    same = torch_state.state_guard()
+    assert not isinstance(same, module.StateSnapshot) and not torch_state.state_guard_covers_inference_mode(same)
     x = torch.randn(2, 4)
     with torch.no_grad():
         matches = matcher(*call_key((x,), {}))
@@ -200,8 +200,9 @@ def test_a_failed_build_says_why_and_is_not_retried_automatically(tmp_path, monk
 def test_a_process_without_the_module_builds_it_in_the_background(tmp_path):
     """The first process finds none, starts the build and goes on with Dynamo's checks; a later process loads it."""
     env = {**os.environ, "GEARCACHE_NATIVE_DIR": str(tmp_path)}
-    probe = ("import sys, torch; from gearcache import native, _torch_compat as compat; "
-             "m = native.guards(); x = torch.randn(2); check = compat.tensor_match((x,)); "
+    probe = ("import sys, torch; from gearcache import native; from gearcache._torch import tensor_checks as "
+             "torch_tensor_checks; "
+             "m = native.guards(); x = torch.randn(2); check = torch_tensor_checks.tensor_match((x,)); "
              "print(m is not None, type(check).__name__, check(x))")
     first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr

@@ -414,9 +414,9 @@ def test_a_padded_size_the_aten_lowering_specializes_is_refused_not_read_as_stat
     example's number: the ATen graph then holds ``expand(view, [4, 4, 4])`` and a walk of it reads the padded dim as
     static, proving a sum over it exact (served wrong on an H100: a buffer's padded row written, a sum taking the
     padding rows in). Here the lowering is made to specialize the size as 2.11's does: the analysis must refuse."""
-    from gearcache import _torch_compat as compat
+    from gearcache._torch import aten as torch_aten
 
-    lower = compat.aten_graph
+    lower = torch_aten.aten_graph
 
     def specializing(gm):
         aten = lower(gm)
@@ -424,7 +424,7 @@ def test_a_padded_size_the_aten_lowering_specializes_is_refused_not_read_as_stat
         int(fake.shape[0])                      # what 2.11's matmul does to the size: guard it to the example's
         return aten
 
-    monkeypatch.setattr(compat, "aten_graph", specializing)
+    monkeypatch.setattr(torch_aten, "aten_graph", specializing)
     report, _ = _report(OPS.rowwise, (torch.randn(4, 4),), [(0, 0)])
     assert report.mixing and any("size" in f.op for f in report.mixing), report
     monkeypatch.undo()

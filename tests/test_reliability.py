@@ -29,7 +29,7 @@ import torch
 import reliability_child as rc
 from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError, cache_compile, counters)
-from gearcache import _torch_compat as compat
+from gearcache._torch import versions as torch_versions
 from gearcache.compiling import compiler
 from gearcache import runplan
 from gearcache.compiling import faults
@@ -195,10 +195,10 @@ def test_entry_of_another_torch_version_or_isa_is_never_loaded(cache, prebuilt, 
     """Another torch version or CPU ISA is another key: a new entry is compiled, the old one is left untouched."""
     before = {p: p.read_bytes() for p in (cache / "entries").rglob("*.json")}
     if factor == "software":
-        real = compat.software_versions()
-        monkeypatch.setattr(compat, "software_versions", lambda: dict(real, torch="2.99.0+other"))
+        real = torch_versions.software_versions()
+        monkeypatch.setattr(torch_versions, "software_versions", lambda: dict(real, torch="2.99.0+other"))
     else:
-        monkeypatch.setattr(compat, "device_capability", lambda device: "cpu:x86_64:AVX1024")
+        monkeypatch.setattr(torch_versions, "device_capability", lambda device: "cpu:x86_64:AVX1024")
     monkeypatch.setattr(compiler, "compile_artifact", rc.fake_compile(prebuilt, fallback=akeys["2"]))
     with counters.expect(loads=0, compiles=1):
         assert rc.check_call(rc.make(cache), 2)

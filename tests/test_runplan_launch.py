@@ -21,9 +21,9 @@ def _spec(**extra):
 
 def test_static_launcher_computes_the_grid_and_passes_the_cubin_arguments(tmp_path, monkeypatch):
     launches = []
-    monkeypatch.setattr(launch_static.compat, "load_cubin", lambda path, fn, shared, device: ("handle", path, fn,
+    monkeypatch.setattr(launch_static.torch_runplan, "load_cubin", lambda path, fn, shared, device: ("handle", path, fn,
                                                                                               device))
-    monkeypatch.setattr(launch_static.compat, "cubin_launcher", lambda: lambda *a: launches.append(a))
+    monkeypatch.setattr(launch_static.torch_runplan, "cubin_launcher", lambda: lambda *a: launches.append(a))
     kernel = launch_static.StaticLaunch("triton_poi_0", _spec(), tmp_path, 1)
     kernel.run("a", "b", 1025, stream=7)
     handle = ("handle", str(tmp_path / "runplan/kernels/K.cubin"), "triton_poi_0", 1)
@@ -74,7 +74,7 @@ class _RecordingDriver:
 def test_driver_launch_sets_clusters_pdl_and_passes_every_argument(tmp_path, monkeypatch):
     recorder = _RecordingDriver([ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint16])
     monkeypatch.setattr(launch_driver, "_driver", lambda: recorder)
-    monkeypatch.setattr(launch_driver.compat, "load_cubin", lambda path, fn, shared, device: 0xF00D)
+    monkeypatch.setattr(launch_driver.torch_runplan, "load_cubin", lambda path, fn, shared, device: 0xF00D)
     spec = _spec(launcher="driver", arg_types="OOie", scratch_args=0, shared=1024, num_warps=8,
                  def_args=["in_ptr0", "out_ptr0", "xnumel", "scale"], call_args=["in_ptr0", "out_ptr0", "xnumel",
                                                                                  "scale"],
@@ -101,7 +101,7 @@ def test_driver_launch_passes_null_scratch_pointers_when_the_kernel_needs_no_scr
     or not."""
     recorder = _RecordingDriver([ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64])
     monkeypatch.setattr(launch_driver, "_driver", lambda: recorder)
-    monkeypatch.setattr(launch_driver.compat, "load_cubin", lambda path, fn, shared, device: 0xF00D)
+    monkeypatch.setattr(launch_driver.torch_runplan, "load_cubin", lambda path, fn, shared, device: 0xF00D)
     spec = _spec(launcher="driver", num_ctas=1, cluster_dims=[1, 1, 1], launch_pdl=False,
                  launch_cooperative_grid=False, global_scratch_size=0, profile_scratch_size=0)
     x = torch.zeros(4)

@@ -6,7 +6,7 @@ import torch
 from torch_settings import attribute, setting
 
 import gearcache
-from gearcache import _torch_compat as compat
+from gearcache._torch import state as torch_state
 from gearcache.call.signature import call_key, describe, matcher, short
 
 
@@ -188,11 +188,11 @@ def test_global_torch_state_is_part_of_the_key(name):
 
 @pytest.mark.parametrize("name", GLOBAL_STATES)
 def test_every_setting_changes_the_global_state_factor(name):
-    plain = compat.global_state()
+    plain = torch_state.global_state()
     with GLOBAL_STATES[name]():
-        changed = compat.global_state()
+        changed = torch_state.global_state()
     assert changed != plain
-    assert compat.global_state() == plain
+    assert torch_state.global_state() == plain
 
 
 def test_sdpa_backends_are_seen_per_call_by_the_native_snapshot_and_at_a_miss_by_dynamos(checks):
@@ -202,7 +202,7 @@ def test_sdpa_backends_are_seen_per_call_by_the_native_snapshot_and_at_a_miss_by
     x = torch.randn(2, 4)
     plain = call_key((x,), {})[1]
     with GLOBAL_STATES["cudnn_sdp"]():
-        assert compat.global_state()["sdp"]["cudnn"] is False
+        assert torch_state.global_state()["sdp"]["cudnn"] is False
         if checks == "native":
             assert call_key((x,), {})[1] != plain
         else:

@@ -12,9 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "gearcache"
 MAX_FUNCTION_LINES = 60
-ADAPTER_MODULES = {"gearcache._torch_compat"}      # the one module that may name torch's private symbols
-# underscore modules every gearcache module uses
-PRIVATE_MODULES = {"gearcache._torch_compat", "gearcache.call._callpath"}
+ADAPTER_PACKAGE = "gearcache._torch"      # the one package whose modules may name torch's private symbols
 
 
 def _module_name(path: Path) -> str:
@@ -25,6 +23,9 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+ADAPTER_MODULES = {m for m in MODULES if m == ADAPTER_PACKAGE or m.startswith(ADAPTER_PACKAGE + ".")}
+# underscore modules every gearcache module uses: the torch adapter's and the C call path
+PRIVATE_MODULES = ADAPTER_MODULES | {"gearcache.call._callpath"}
 TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
 
 

@@ -125,7 +125,7 @@ class _Lin(torch.nn.Module):
 def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
     # Dynamo's graph has no casts: AOTAutograd adds them when it traces under autocast. A worker process does not
     # share the caller's (per-thread) autocast or flags, so its job carries them (``global_state``).
-    from gearcache import _torch_compat as compat
+    from gearcache._torch import inductor as torch_inductor, state as torch_state
     from gearcache import cache_compile
     from gearcache.call import signature
     from gearcache.compiling import workers
@@ -141,11 +141,11 @@ def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
         job = _job(cf.life, pending)
         want = m.fwd(x)
     assert job is not None and job["global_state"]["autocast"] == {"cpu": "torch.bfloat16"}
-    before = compat.global_state()
+    before = torch_state.global_state()
     with torch.no_grad():                                      # this thread has no autocast, as a worker
         reply = workers._run_job({**job, "folder": str(tmp_path / "artifact")})
-    assert reply["ok"] and compat.global_state() == before, "the caller's state is applied for the job only"
-    out = compat.load_folder(tmp_path / "artifact")(*pending.captured.example_inputs)
+    assert reply["ok"] and torch_state.global_state() == before, "the caller's state is applied for the job only"
+    out = torch_inductor.load_folder(tmp_path / "artifact")(*pending.captured.example_inputs)
     assert want.dtype == out[0].dtype == torch.bfloat16
     torch.testing.assert_close(out[0], want)
 
@@ -153,41 +153,41 @@ def test_a_worker_compiles_under_the_callers_autocast_and_flags(tmp_path):
 def test_global_state_applied_reproduces_a_state_in_another_thread_and_restores_it():
     import threading
 
-    from gearcache import _torch_compat as compat
+    from gearcache._torch import state as torch_state
 
-    base = compat.global_state()
+    base = torch_state.global_state()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch.use_deterministic_algorithms(True, warn_only=True)
         try:
-            wanted = compat.global_state()
+            wanted = torch_state.global_state()
         finally:
             torch.use_deterministic_algorithms(False)
     wanted["sdp"]["cudnn"] = not wanted["sdp"]["cudnn"]
     seen = {}
 
     def other():
-        with compat.global_state_applied(wanted):
-            seen["inside"] = compat.global_state()
-        seen["after"] = compat.global_state()
+        with torch_state.global_state_applied(wanted):
+            seen["inside"] = torch_state.global_state()
+        seen["after"] = torch_state.global_state()
         bad = {**wanted, "torch_function": [False, True]}      # not reproducible by setting flags
         try:
-            with compat.global_state_applied(bad):
+            with torch_state.global_state_applied(bad):
                 seen["bad"] = "entered"
         except ValueError as exc:
             seen["bad"] = str(exc)
-        seen["after_bad"] = compat.global_state()
+        seen["after_bad"] = torch_state.global_state()
 
     t = threading.Thread(target=other)
     t.start()
     t.join()
-    assert seen["inside"] == wanted and seen["after"] == base == seen["after_bad"] == compat.global_state()
+    assert seen["inside"] == wanted and seen["after"] == base == seen["after_bad"] == torch_state.global_state()
     assert "torch_function" in seen["bad"]
     # An equal state sets nothing: setting the matmul precision would also set the fp32_precision fields Inductor's
     # cache keys read (a worker's artifacts then differed from the caller's)
     fields = lambda: [getattr(torch.backends.cuda.matmul, "fp32_precision", None),     # noqa: E731
                       getattr(torch.backends, "fp32_precision", None)]
     before = fields()
-    with compat.global_state_applied(base):
+    with torch_state.global_state_applied(base):
         assert fields() == before
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import nn_modules as torch_nn_modules, state as torch_state, tensor_checks as torch_tensor_checks
 
 try:
     from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
@@ -101,7 +101,8 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
                                 check=tuple(plan.get("inputs_to_check", ())),
                                 always_fallback=bool(plan.get("version_bumped_inputs")),
                                 is_grad_enabled=torch.is_grad_enabled,
-                                is_autocast_enabled=compat.any_autocast_enabled, data_ptr=compat.native_data_ptr())
+                                is_autocast_enabled=torch_state.any_autocast_enabled,
+                                data_ptr=torch_tensor_checks.native_data_ptr())
     if run_list is not None:
         return lambda leaves: run_list(gather(leaves))
     return lambda leaves: fn(*gather(leaves))
@@ -110,7 +111,7 @@ def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], l
 def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
     """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
     (``_parameters``/``_buffers`` dict, name)."""
-    return tuple(int(ref) if kind == "leaf" else compat.state_slot(module, ref) for kind, ref in inputs)
+    return tuple(int(ref) if kind == "leaf" else torch_nn_modules.state_slot(module, ref) for kind, ref in inputs)
 
 
 def _addresses(recipe: tuple) -> list[int]:
@@ -122,7 +123,7 @@ def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]
     """The identity of the dict each module tensor the entry reads lives in (inputs, then outputs)."""
     refs = [ref for kind, ref in manifest["inputs"] if kind == "state"]
     refs += [ref for kind, ref in manifest["outputs"]["leaves"] if kind == "state"]
-    return [id(compat.state_slot(module, ref)[0]) for ref in refs]
+    return [id(torch_nn_modules.state_slot(module, ref)[0]) for ref in refs]
 
 
 def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
@@ -153,7 +154,7 @@ def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[l
         elif kind == "leaf":
             items.append(f"L[{int(ref)}]")
         elif kind == "state":
-            d, attr = compat.state_slot(module, ref)
+            d, attr = torch_nn_modules.state_slot(module, ref)
             env[f"D{i}"] = d
             items.append(f"D{i}[{attr!r}]")
         else:

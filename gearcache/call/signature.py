@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from ..errors import UnsupportedInputError
 
 _Tensor = torch.Tensor
@@ -55,17 +55,17 @@ def flatten(obj: Any, leaves: list) -> Any:
 class _StateSnapshot(threading.local):
     same: Callable[[], bool] | None = None
     tag: str = ""
-    plain: Callable[[tuple], bool] | None = None       # compat.plain_tensors_check(), found at the first call
+    plain: Callable[[tuple], bool] | None = None    # torch_tensor_checks.plain_tensors_check(), found at the first call
 
 
 _snapshot = _StateSnapshot()
 
 
 def state_tag() -> str:
-    """The calling thread's global torch state (``compat.global_state()``: autocast, default dtype, deterministic
+    """The calling thread's global torch state (``torch_state.global_state()``: autocast, default dtype, deterministic
     algorithms, TF32 and reduced-precision flags, SDPA backends) as a canonical JSON string, part of every key.
 
-    Per thread, the last tag is kept with a C++ snapshot of the state it was computed in (``compat.state_guard``);
+    Per thread, the last tag is kept with a C++ snapshot of the state it was computed in (``torch_state.state_guard``);
     while the snapshot still holds, the tag is returned without recomputing it. Neither snapshot covers cuDNN's TF32
     flag or the float32 matmul precision (beyond what it does to cuBLAS TF32), and Dynamo's (without gearcache's
     native module) not the SDPA backends either: a change of only those in a running process is seen by the next
@@ -74,8 +74,8 @@ def state_tag() -> str:
     same = snap.same
     if same is not None and same():
         return snap.tag
-    same = compat.state_guard()
-    tag = sys.intern(json.dumps(compat.global_state(), sort_keys=True, separators=(",", ":")))
+    same = torch_state.state_guard()
+    tag = sys.intern(json.dumps(torch_state.global_state(), sort_keys=True, separators=(",", ":")))
     snap.same, snap.tag = same, tag
     return tag
 
@@ -93,7 +93,7 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
         else:
             plain = _snapshot.plain
             if plain is None:
-                plain = _snapshot.plain = compat.plain_tensors_check()
+                plain = _snapshot.plain = torch_tensor_checks.plain_tensors_check()
             if plain(args) and not shared_storages(args):
                 return args, key
             return args, (len(args), mode, *_leaf_keys(args))
@@ -186,7 +186,7 @@ def _storage_address(t: torch.Tensor) -> int:
 class Matcher(NamedTuple):
     """``matches(args) -> bool`` (see :func:`matcher`). A tuple, so the C dispatcher reads its fields directly."""
 
-    check: Callable[..., bool]                  # C++: the tensors' metadata (compat.tensor_match)
+    check: Callable[..., bool]                  # C++: the tensors' metadata (torch_tensor_checks.tensor_match)
     n: int                                      # positional arguments
     inference: bool                             # inference mode on
     same_state: Callable[[], bool]              # C++: grad off and the global state as at creation (state_guard)
@@ -212,16 +212,16 @@ def matcher(leaves: tuple, key: tuple, distinct_storages: bool = False) -> Match
         return None
     if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
         return None             # inputs that share memory: every call takes the key's path, which tells them apart
-    same_state = compat.state_guard()
+    same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
-    check = compat.tensor_match(leaves)
+    check = torch_tensor_checks.tensor_match(leaves)
     if check is None:
         return None
     if distinct_storages and len(leaves) > 1:
         check = _and_distinct_storages(check)
-    inference = None if compat.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
-    return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not compat.any_autocast_enabled())
+    inference = None if torch_state.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
+    return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not torch_state.any_autocast_enabled())
 
 
 def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:

@@ -25,12 +25,12 @@ Problem = tuple[str, str]           # (status, detail)
 def _machine() -> tuple[dict[str, str], set[str]]:
     import torch
 
-    from .. import _torch_compat as compat
+    from .._torch import versions as torch_versions
 
-    devices = {compat.device_capability("cpu")}
+    devices = {torch_versions.device_capability("cpu")}
     if torch.cuda.is_available():
-        devices |= {compat.device_capability(f"cuda:{i}") for i in range(torch.cuda.device_count())}
-    return dict(compat.software_versions()), devices
+        devices |= {torch_versions.device_capability(f"cuda:{i}") for i in range(torch.cuda.device_count())}
+    return dict(torch_versions.software_versions()), devices
 
 
 def incompatibilities(manifest: dict[str, Any], software: dict[str, str], devices: set[str]) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor, state as torch_state
 from ..call import signature
 from ..errors import WorkerError
 from .capture import Captured
@@ -102,7 +102,7 @@ class Compiling(EagerEntry, Generic[PendingT]):
         self.pending, self.graph, self.future, self.scratch = pending, graph, future, scratch
         self.owner: Callable[[], BackgroundOwner | None] = weakref.ref(owner)
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-        self.state = compat.global_state()
+        self.state = torch_state.global_state()
 
     def done(self) -> bool:
         """Whether the worker is done (compiled, or failed: :meth:`reply` tells)."""
@@ -131,7 +131,7 @@ class Compiling(EagerEntry, Generic[PendingT]):
         """Fill the build folder ``work``: the worker's folder and its run plan, or (``reply`` None: the worker
         failed) a compile here; under the calling thread's grad mode, inference mode and global state."""
         example_inputs = self.pending.captured.example_inputs
-        with compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
+        with torch_state.global_state_applied(self.state), torch.inference_mode(self.inference), \
                 torch.set_grad_enabled(self.grad):
             if reply is None:
                 pipeline.compile(self.graph, example_inputs, work)
@@ -157,7 +157,7 @@ class Launcher:
         """Compile ``graph`` (the capture ``pending``'s, decompositions applied) under Inductor's ``patches`` in a
         worker: the :class:`Compiling` handle, for ``owner`` to keep; None when the graph cannot travel to a worker
         (the caller compiles it in this process)."""
-        compat.import_torch_loader()            # settling may happen at exit, when Inductor can no longer import
+        torch_inductor.import_torch_loader()           # settling may happen at exit, when Inductor can no longer import
         job = job_for(graph, pending.captured.example_inputs, patches, f"{name}: entry {pending.ekey}")
         if job is None:
             return None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import capture as torch_capture, guards as torch_guards, shapes as torch_shapes
 from .snapshot import kept
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import GearcacheError, GraphBreakError, UnsupportedInputError
@@ -47,7 +47,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
-        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
 
         def run(*flat):
             # Do not run the graph: the call's real run is the compiled entry's, once (an in-place update of an
@@ -60,21 +60,21 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
         return run
 
     code = method.__func__.__code__
-    recording = compat.GuardRecording()
+    recording = torch_guards.GuardRecording()
     compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
-                             options=compat.guard_recording_options(recording, method.__func__.__globals__))
-    compat.forget_dynamo_cache(code)
+                             options=torch_guards.guard_recording_options(recording, method.__func__.__globals__))
+    torch_capture.forget_dynamo_cache(code)
     try:
-        with compat.dynamo_capture_config(), compat.without_dynamic_marks(leaves):
+        with torch_capture.dynamo_capture_config(), torch_capture.without_dynamic_marks(leaves):
             result = compiled(*args, **kwargs)
     except Exception as exc:
-        if compat.is_graph_break(exc):
-            compat.forget_dynamo_cache(code)
+        if torch_capture.is_graph_break(exc):
+            torch_capture.forget_dynamo_cache(code)
             _raise_op_type_error(method, exc)
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
         raise
     finally:
-        compat.forget_dynamo_cache(code)
+        torch_capture.forget_dynamo_cache(code)
     if "gm" not in state:           # no tensor work at all (it returns constants): an empty graph serves it
         state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
     state_names = _state_names(module)
@@ -154,7 +154,7 @@ def _mark_numbers(outs: list, nodes: list) -> list:
             value = _GraphNumber(type(example).__name__[3:].lower())
         elif (isinstance(value, torch.Tensor) and isinstance(node, torch.fx.Node) and node.op == "call_function"
               and node.target is torch.scalar_tensor):
-            value = compat.as_subclass_sharing_storage(_FloatProbe, value)
+            value = torch_capture.as_subclass_sharing_storage(_FloatProbe, value)
         marked.append(value)
     return marked
 
@@ -173,7 +173,7 @@ def _qualname(method: types.MethodType) -> str:
 def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     """An op of the method refused the call's arguments (None where a tensor goes): the ``TypeError`` the method
     raises uncompiled, not a graph break."""
-    error = compat.op_type_error(exc)
+    error = torch_capture.op_type_error(exc)
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
@@ -182,11 +182,11 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
 def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
     code = method.__func__.__code__
     try:
-        breaks = compat.explain_graph_breaks(method, args, kwargs)
+        breaks = torch_capture.explain_graph_breaks(method, args, kwargs)
     except Exception:           # explain itself failed: report the one break we know of
         breaks = []
     finally:
-        compat.forget_dynamo_cache(code)
+        torch_capture.forget_dynamo_cache(code)
     return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
 
 
@@ -318,7 +318,7 @@ def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure
     args, kwargs = unflatten(structure, tuple(clones))
     state, result, recording = _trace_symbolically(method, module, args, kwargs)
     gm, state_names = state["gm"], _state_names(module)
-    guards = compat.shape_guards(gm)
+    guards = torch_shapes.shape_guards(gm)
     same = size_classes(guards)
     inputs = [_symbolic_input(t, clones, state_names) for t in state["inputs"]]
     symbols = _marked_symbols(method, gm, inputs, marked, same)
@@ -337,12 +337,12 @@ def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
         if clones[leaf_index] is leaves[leaf_index]:
             clones[leaf_index] = leaves[leaf_index].clone()
     for leaf_index, dim in marked:
-        compat.require_dynamic(clones[leaf_index], dim)
+        torch_capture.require_dynamic(clones[leaf_index], dim)
     return clones
 
 
 def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple,
-                        kwargs: dict) -> tuple[dict[str, Any], Any, compat.GuardRecording]:
+                        kwargs: dict) -> tuple[dict[str, Any], Any, torch_guards.GuardRecording]:
     """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
     recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
     (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
@@ -350,7 +350,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
     state: dict[str, Any] = {}
 
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
-        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), compat.traced_code()
+        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
 
         def run(*flat):
             nodes = _output_nodes(gm)
@@ -361,17 +361,18 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
         return run
 
     code = method.__func__.__code__
-    compat.forget_dynamo_cache(code)
-    recording = compat.GuardRecording()
+    torch_capture.forget_dynamo_cache(code)
+    recording = torch_guards.GuardRecording()
     try:
         # the graph is not run (``run`` returns empty outputs); whatever tracing itself writes into the module's
         # buffers is put back all the same, so a call that builds the plan updates the state once, as eager does
-        with compat.dynamo_capture_config(), compat.symbolic_capture_config(), kept(list(module.buffers())):
+        with (torch_capture.dynamo_capture_config(), torch_capture.symbolic_capture_config(),
+              kept(list(module.buffers()))):
             result = torch.compile(method, fullgraph=True, dynamic=None, backend=record,
-                                   options=compat.guard_recording_options(
+                                   options=torch_guards.guard_recording_options(
                                        recording, method.__func__.__globals__))(*args, **kwargs)
     except Exception as exc:
-        if compat.is_graph_break(exc):
+        if torch_capture.is_graph_break(exc):
             _raise_op_type_error(method, exc)
             raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
         if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
@@ -381,7 +382,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
                 f"that size") from None
         raise
     finally:
-        compat.forget_dynamo_cache(code)
+        torch_capture.forget_dynamo_cache(code)
     if "gm" not in state:
         raise GearcacheError(f"{_qualname(method)} computes nothing with tensors: there is no graph to compile")
     return state, result, recording
@@ -403,8 +404,8 @@ def _empty_like_hint(node: Any) -> Any:
     """An empty tensor shaped like an output node's example value at the trace's example sizes."""
     value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else node
     if isinstance(value, torch.Tensor):
-        return torch.empty_strided([compat.size_hint(s) for s in value.shape],
-                                   [compat.size_hint(s) for s in value.stride()], dtype=value.dtype,
+        return torch.empty_strided([torch_shapes.size_hint(s) for s in value.shape],
+                                   [torch_shapes.size_hint(s) for s in value.stride()], dtype=value.dtype,
                                    device=value.device)
     return value
 
@@ -433,7 +434,7 @@ def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: 
                 f"{_qualname(method)}: input {leaf_index} dim {dim} is marked with gears, but the traced graph "
                 f"treats it as the constant {size}: the method specialises on that size, so padding it would change "
                 f"its result. Fix: remove the gears of that dim")
-        symbols.append(str(compat.sym_expr(size).xreplace(same)))
+        symbols.append(str(torch_shapes.sym_expr(size).xreplace(same)))
     return symbols
 
 
@@ -448,7 +449,7 @@ def _cut_dims(method: types.MethodType, gm: torch.fx.GraphModule, outputs: dict[
         dims = []
         for dim, size in enumerate(getattr(value, "shape", [])):
             if isinstance(size, torch.SymInt):
-                expr = compat.sym_expr(size).xreplace(same)
+                expr = torch_shapes.sym_expr(size).xreplace(same)
                 if str(expr) in symbols:
                     dims.append((dim, str(expr)))
                 elif any(s in {str(x) for x in expr.free_symbols} for s in symbols):

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor
 from ..runplan import write_run_plan
 
 
@@ -19,12 +19,12 @@ def compile_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
                      config_patches: dict[str, Any]) -> None:
     """Write the artifact whose Inductor folder is ``folder`` (``<artifact>/inductor``) and its run plan
     (``<artifact>/runplan``; this runs the graph on ``example_inputs``, in-place updates going to copies)."""
-    compat.compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
+    torch_inductor.compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
     finish_artifact(folder, example_inputs)
 
 
 def finish_artifact(folder: pathlib.Path, example_inputs: list[Any]) -> None:
     """The second half of :func:`compile_artifact`, for an Inductor folder compiled elsewhere (a warm-up worker
-    process, ``_torch_compat.compile_unloaded``): a first load, then the run plan from the real ``example_inputs``."""
-    loaded = compat.load_folder(folder)
+    process, ``_torch.inductor.compile_unloaded``): a first load, then the run plan from the real ``example_inputs``."""
+    loaded = torch_inductor.load_folder(folder)
     write_run_plan(pathlib.Path(folder).parent, loaded, example_inputs)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Union, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor
 from . import artifact_io, background, faults
 from ..store import diagnostics
 from ..ranks import phases as ranks
@@ -304,7 +304,7 @@ class EntryLife:
     def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
         """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
         if self.decompositions:
-            return compat.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
+            return torch_inductor.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
         return captured.graph
 
     def compile_patches(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor
 from .. import runplan
 from ..config import CompilerConfig
 from ..counters import counters
@@ -65,7 +65,7 @@ class ArtifactPipeline:
 
     def patches(self) -> dict[str, Any]:
         """Inductor's config patches for the config's mode and options."""
-        return {**compat.mode_options(self.config.mode), **self.config.inductor_options}
+        return {**torch_inductor.mode_options(self.config.mode), **self.config.inductor_options}
 
     def compile(self, graph: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path) -> None:
         """Compile ``graph`` into the build folder ``folder`` (Inductor, in this process, then its run plan)."""

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten, shapes as torch_shapes
 from ..gears import plan as gears
 from ..call import signature
 from ..config import CompilerConfig
@@ -47,7 +47,7 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     from ..keys.guard_sets import GuardSet
 
     ic = config.inference_config
-    guards = compat.shape_guards(gm)
+    guards = torch_shapes.shape_guards(gm)
     inputs = [["size"] if isinstance(f, torch.SymInt) else ["leaf", i] for i, f in enumerate(fakes)]
     n_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     trace = SymbolicTrace(symbols, output_dims, [], GuardSet([]), gm, inputs, {j: j for j in range(n_outputs)},
@@ -144,7 +144,7 @@ class GearedGraph:
         counters.misses += 1
         with torch.no_grad():
             static = make_fx(self.gm, tracing_mode="fake")(*inputs)
-        compat.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
+        torch_aten.forget_unbacked_bindings(static)     # a float argument's .item(): AOT binds its own symbols
         devices = sorted({str(x.device) for x in inputs if isinstance(x, torch.Tensor)}) or ["cpu"]
         akey, _ = cache_keys.artifact_key(graph_code=static.code,
                                           graph_constants=cache_keys.graph_constants_factor(static),

@@ -4,9 +4,9 @@ A worker is a plain ``python`` subprocess running :func:`main`, so the caller's 
 (as multiprocessing's "spawn" would) and no CUDA state is inherited (as "fork" would). It serves jobs one at a time
 over its stdin and stdout; each message is an 8-byte big-endian length then a pickle:
 
-* job (caller → worker): ``{"graph": bytes from _torch_compat.graph_to_bytes, "inputs": [input spec], "folder":
-  str, "patches": {Inductor setting: value}, "settings": _torch_compat.compiler_settings(), "grad": bool,
-  "inference": bool, "global_state": _torch_compat.global_state()}`` (the compile runs under the caller's autocast,
+* job (caller → worker): ``{"graph": bytes from _torch.worker_compile.graph_to_bytes, "inputs": [input spec], "folder":
+  str, "patches": {Inductor setting: value}, "settings": _torch.worker_compile.compiler_settings(), "grad": bool,
+  "inference": bool, "global_state": _torch.state.global_state()}`` (the compile runs under the caller's autocast,
   TF32 flags, ...: they change what AOTAutograd traces and Inductor generates); an input spec is ``["tensor", shape,
   stride, storage_offset, dtype, device, requires_grad, is_parameter, is_inference]`` or ``["value", v]``;
 * reply (worker → caller): ``{"ok": True, "seconds": float, "times": {...}}`` or ``{"ok": False, "error": str,
@@ -14,11 +14,11 @@ over its stdin and stdout; each message is an 8-byte big-endian length then a pi
   line), ``ready`` (torch and the compiler imported, Inductor's compile pool started), ``job_start``, ``job_end``.
 
 The worker rebuilds the example inputs as zero-filled tensors of the same metadata (the compile depends on shapes,
-strides, offsets, dtypes and devices, never on values) and runs ``_torch_compat.compile_unloaded`` into ``folder``;
+strides, offsets, dtypes and devices, never on values) and runs ``_torch.inductor.compile_unloaded`` into ``folder``;
 the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
 Workers start when warm-up starts and import torch, Inductor and its compile pool before their first job
-(``_torch_compat.warm_up_compiler``), so that cost overlaps the caller's first captures. A worker's own Inductor uses
-:func:`compile_threads` threads. Pickles come only from the process that started
+(``_torch.worker_compile.warm_up_compiler``), so that cost overlaps the caller's first captures. A worker's own Inductor
+uses :func:`compile_threads` threads. Pickles come only from the process that started
 the worker (its own pipes), never from the cache folder.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor, state as torch_state, worker_compile as torch_worker_compile
 from ..errors import WorkerError
 from ..runplan.collectives import communicates
 
@@ -97,12 +97,12 @@ def _run_job(job: dict[str, Any]) -> dict[str, Any]:
     import pathlib
 
     t0 = time.perf_counter()
-    compat.apply_compiler_settings(job["settings"])
-    gm = compat.graph_from_bytes(job["graph"])
+    torch_worker_compile.apply_compiler_settings(job["settings"])
+    gm = torch_worker_compile.graph_from_bytes(job["graph"])
     inputs = [build_input(s) for s in job["inputs"]]
-    with compat.global_state_applied(job["global_state"]), torch.inference_mode(job["inference"]), \
+    with torch_state.global_state_applied(job["global_state"]), torch.inference_mode(job["inference"]), \
             torch.set_grad_enabled(job["grad"]):
-        compat.compile_unloaded(gm, inputs, pathlib.Path(job["folder"]), config_patches=job["patches"])
+        torch_inductor.compile_unloaded(gm, inputs, pathlib.Path(job["folder"]), config_patches=job["patches"])
     return {"ok": True, "seconds": time.perf_counter() - t0}
 
 
@@ -111,7 +111,7 @@ def main(started: float | None = None) -> None:
     ``started``: the ``time.time()`` of the interpreter's first line (reported in replies)."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())           # stray prints must not corrupt the replies
-    compat.warm_up_compiler()          # while the caller is still capturing
+    torch_worker_compile.warm_up_compiler()          # while the caller is still capturing
     times = {"started": started or time.time(), "ready": time.time()}
     jobs = sys.stdin.buffer
     while True:
@@ -231,14 +231,14 @@ def job_for(gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[s
                  "process has", who)
         return None
     try:
-        graph = compat.graph_to_bytes(gm)
+        graph = torch_worker_compile.graph_to_bytes(gm)
     except Exception as exc:                                    # noqa: BLE001 - compiled in-process instead
         log.info("%s is compiled in this process: its graph cannot be sent to a worker (%s: %s)", who,
                  type(exc).__name__, exc)
         return None
     return {"graph": graph, "inputs": [input_spec(x) for x in example_inputs], "patches": patches,
-            "settings": compat.compiler_settings(), "grad": torch.is_grad_enabled(),
-            "inference": torch.is_inference_mode_enabled(), "global_state": compat.global_state()}
+            "settings": torch_worker_compile.compiler_settings(), "grad": torch.is_grad_enabled(),
+            "inference": torch.is_inference_mode_enabled(), "global_state": torch_state.global_state()}
 
 
 def default_workers(missing: int, example_inputs: list[Any]) -> int:

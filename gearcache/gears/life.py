@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import state as torch_state, versions as torch_versions
 from ..call import signature
 from ..compiling.capture import dependencies_changed, symbolic_shapes
 from ..compiling.entry_life import module_state
@@ -96,7 +96,7 @@ class GearPlanLife:
         return gear_plan_key(method_name=self.name, method_digest=self.entries.method_digest, structure=repr(key[0]),
                              plan_format=PLAN_FORMAT, marks=[[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks],
                              merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self.module),
-                             global_state=compat.global_state(), software=compat.software_versions())
+                             global_state=torch_state.global_state(), software=torch_versions.software_versions())
 
     def stored(self, marks: list[MarkedDim], key: tuple) -> guard_sets.Choice:
         """The store's plan record for these marks whose value guards hold here (``record`` None: none stored)."""

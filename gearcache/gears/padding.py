@@ -4,7 +4,7 @@ A call is padded up to its gear (gears.py): its marked dims get extra rows of a 
 outputs are cut back. That is exact when the real rows never see the padded ones, or see them only through an op the
 pad value leaves unchanged, and when nothing outside the padded copies is written through them. This module proves
 that, once per gear plan, for every op of the method's graph, from the plan's symbolic trace (capture.symbolic_shapes:
-a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch_compat.aten_graph``), where every op has
+a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch.aten.aten_graph``), where every op has
 a schema saying which arguments it writes and which it returns a view of. Nothing runs on real data, so a result
 holds for every call, device and dtype: no sample is taken.
 
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import sympy
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten, shapes as torch_shapes
 from . import pad_values as pv
 from .pad_values import PadValue
 from .padding_factors import size_expr
@@ -93,10 +93,10 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
     given = dict(pads or {})
     try:
         symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)     # before a lowering fixes one
-        aten = compat.aten_graph(trace.graph)
+        aten = torch_aten.aten_graph(trace.graph)
         dtypes = _leaf_dtypes(trace.graph, trace.inputs, padded_leaves)
         # the lowering to ATen may have guarded or specialized a padded size (torch 2.11's matmul): read after it
-        guard_findings = _guard_findings(_unique(trace.size_guards + compat.shape_guards(trace.graph)), symbols,
+        guard_findings = _guard_findings(_unique(trace.size_guards + torch_shapes.shape_guards(trace.graph)), symbols,
                                          trace.same) + _specialized_findings(trace.graph, symbols)
 
         def walk(assigned: dict[int, PadValue]) -> _WalkResult:
@@ -197,11 +197,11 @@ def _unique(guards: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
 
 
 def _specialized_findings(graph: torch.fx.GraphModule, symbols: frozenset) -> list[Finding]:
-    """A padded dim's symbol the shape environment replaced by a number (compat.specialized_sizes): the ATen graph
+    """A padded dim's symbol the shape environment replaced by a number (torch_shapes.specialized_sizes): the ATen graph
     holds that number where the size was, so the walk would read the padded dim as static and prove nothing."""
     return [Finding("(size specialized)", "", f"tracing the graph to ATen ops fixed the padded size {sym} to {value} "
                     f"(this torch's lowering), so the graph cannot be read for other sizes", "every output")
-            for sym, value in compat.specialized_sizes(graph).items() if sym in symbols]
+            for sym, value in torch_shapes.specialized_sizes(graph).items() if sym in symbols]
 
 
 def _benign_guard(expr: Any) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import sympy
 
-from .. import _torch_compat as compat
+from .._torch import shapes as torch_shapes
 
 Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy expression (a padded one); () is size 1
 
@@ -22,7 +22,7 @@ Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy ex
 def size_expr(value: Any, same: dict) -> Any:
     """A size as an int, or a sympy expression when it involves a symbol (each symbol replaced by the one ``same``
     says it equals: see capture.size_classes)."""
-    expr = compat.sym_expr(value)
+    expr = torch_shapes.sym_expr(value)
     if isinstance(expr, (int, bool)):
         return int(expr)
     return int(expr) if getattr(expr, "is_number", False) else expr.xreplace(same)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, AbstractValue, Gathered, Held, Pad, Positions, SizeValue,
                                TensorValue, describe_held)
@@ -73,7 +73,7 @@ Rule = Callable[[RuleContext, torch.fx.Node, dict], Any]
 
 def op_name(node: torch.fx.Node) -> str:
     """The name of the ATen op ``node`` calls, without its overload (``"add"``, ``"index_put_"``)."""
-    return compat.aten_op(node).overloadpacket.__name__
+    return torch_aten.aten_op(node).overloadpacket.__name__
 
 
 def meta_dims(a: RuleContext, node: torch.fx.Node, k: int | None = None) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten
 from . import (padding_rules_collectives, padding_rules_contractions, padding_rules_elementwise, padding_rules_indexing,
                padding_rules_reductions, padding_rules_views)
 from .padding_rule_context import Rule
@@ -31,6 +31,6 @@ UNDECLARED_WRITES = {name: ("running_mean", "running_var") for name in (
 def rule_for(node: torch.fx.Node, functional: str) -> Rule:
     """The rule for ``node``'s ATen op (``functional``: its name without overload or in-place ``_``): the pointwise
     rule for an op tagged ``torch.Tag.pointwise``, else the table's, else :func:`no_rule`."""
-    if torch.Tag.pointwise in compat.aten_op(node).tags:
+    if torch.Tag.pointwise in torch_aten.aten_op(node).tags:
         return pointwise
     return RULES.get(functional, no_rule)

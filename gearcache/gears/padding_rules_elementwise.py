@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
 from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, Pad, Positions, TensorValue, constant_pad, covers,
@@ -66,7 +66,7 @@ def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple, only: list[torch
     meta = node.meta.get("val")
     if unknown or not isinstance(meta, torch.Tensor):
         return Pad(UNKNOWN, leaves)
-    return Pad(pv.evaluate(compat.aten_op(node), tuple(node.args), dict(node.kwargs), inputs, meta.dtype), leaves)
+    return Pad(pv.evaluate(torch_aten.aten_op(node), tuple(node.args), dict(node.kwargs), inputs, meta.dtype), leaves)
 
 
 def pointwise(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
@@ -76,7 +76,7 @@ def pointwise(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     dims, why = broadcast_dims(a, node, tensors_in(list(args.values())))
     if why is None and sizes_used_as_values([v for v in args.values() if not isinstance(v, TensorValue)]):
         why = ("uses the size of a padded dim as a value", MIXES)
-    random = torch.Tag.nondeterministic_seeded in compat.aten_op(node).tags
+    random = torch.Tag.nondeterministic_seeded in torch_aten.aten_op(node).tags
     if random:
         return dims, why, NO_PAD
     return dims, why, _symbolic(a, node, args, dims) or evaluated(a, node, dims)

@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
@@ -177,7 +177,7 @@ class GraphWalk:
         value made (:meth:`_values`), then its in-place writes followed (:meth:`_write`)."""
         if node.target is operator.getitem:
             return cast(list, self.env[cast(torch.fx.Node, node.args[0])])[cast(int, node.args[1])]
-        schema = compat.op_schema(node.target)
+        schema = torch_aten.op_schema(node.target)
         if schema is None:
             return self._python_op(node)
         args = self._bind(schema, node)

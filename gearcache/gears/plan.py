@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import capture as torch_capture
 from ..config import normalise_dim_gears
 from ..counters import counters
 from ..errors import ConfigError
@@ -83,7 +83,7 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: dict[int, list[int]], *,
     setattr(tensor, PAD_ATTR, pad_value)
     for dim, sizes in resolved.items():
         if sizes[-1] >= 2:
-            compat.mark_dynamic(tensor, dim)       # for the torch.compile(backend=get_backend()) route
+            torch_capture.mark_dynamic(tensor, dim)       # for the torch.compile(backend=get_backend()) route
     return tensor
 
 

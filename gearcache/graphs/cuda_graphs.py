@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import cuda_graphs as torch_cuda_graphs, distributed as torch_distributed
 from ..call import signature
 from ..compiling.snapshot import snapshot
 from ..compiling import background
@@ -89,7 +89,8 @@ class CudaGraphs:
         _LIVE.add(self)
         self.cached = cached        # the CachedFunction: its call path without graphs, its gear checks, name, config
         self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
-        self.pool: compat.GraphPoolHandle | None = None     # torch.cuda.graph_pool_handle(), shared by every gear
+        # torch.cuda.graph_pool_handle(), shared by every gear
+        self.pool: torch_cuda_graphs.GraphPoolHandle | None = None
         self.graphs: dict[tuple, GraphedEntry] = {}
         self._side: torch.cuda.Stream | None = None
         self._capture_stream: torch.cuda.Stream | None = None
@@ -172,7 +173,7 @@ class CudaGraphs:
 
     def _checked_views(self, outs: list) -> list:
         """``"view-checked"``: views of ``outs`` through storages of their own, retired by the method's next call."""
-        views = [compat.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
+        views = [torch_cuda_graphs.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
         self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
         return views
 
@@ -187,7 +188,7 @@ class CudaGraphs:
                    f"(graph_outputs='view-checked'). Fix: .clone() it before calling again, or use "
                    f"graph_outputs='copy'")
         for old in self.handed_out:
-            compat.forbid_storage_access(old, message)
+            torch_cuda_graphs.forbid_storage_access(old, message)
         self.handed_out = []
 
     @staticmethod
@@ -444,7 +445,7 @@ def _collectives_possible() -> bool:
     """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
     in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
     one thread)."""
-    return bool(compat.process_groups())
+    return bool(torch_distributed.process_groups())
 
 
 def capture_order(combinations: list[list[int]]) -> list[list[int]]:

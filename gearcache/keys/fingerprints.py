@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import nn_modules as torch_nn_modules
 from .naming import importable_module
 
 try:
@@ -159,8 +159,8 @@ def own_digest(cls: type) -> str:
         return cached[2]
     members = []
     for name, value in cls.__dict__.items():
-        value = compat.unpatched_class_attribute(cls, name, value)
-        if name not in _NOISE and value is not compat.NOT_TORCHS:
+        value = torch_nn_modules.unpatched_class_attribute(cls, name, value)
+        if name not in _NOISE and value is not torch_nn_modules.NOT_TORCHS:
             members.append((name, member_fp(value, _DEPTH)))
     members.sort()
     digest = _digest([list(m) for m in members])

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed
 from ..errors import Unpersistable
 from .fingerprints import class_fp, code_digest, function_digest, type_name
 from .guard_paths import MISSING_OBJECT, Scope, evaluate
@@ -145,7 +145,7 @@ def identity_fp(v: Any) -> Any:
         return ["partial", identity_fp(v.func), value_fp(v.args), value_fp(v.keywords)]
     if isinstance(v, torch.nn.Module):
         return ["nn.Module", class_fp(type(v))]
-    group = compat.process_group_identity(v)
+    group = torch_distributed.process_group_identity(v)
     if group is not None:
         return group
     if isinstance(v, (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,

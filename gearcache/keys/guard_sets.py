@@ -5,7 +5,7 @@ Dynamo specialises a capture on every Python value the method reads — module a
 cells, config objects, the identity of the functions and classes it calls, empty hook dicts — and records each as a
 *guard*. ``torch.compile`` checks its guards at every call; a gearcache entry keeps them as value guards:
 
-* at capture, ``guards_from_dynamo.from_dynamo`` turns Dynamo's guards (``_torch_compat.DynamoGuard``) into
+* at capture, ``guards_from_dynamo.from_dynamo`` turns Dynamo's guards (``_torch.guards.DynamoGuard``) into
   ``ValueGuard`` records (gearcache/keys/value_guard.py): a path from a root (the module, a Python module's globals,
   builtins) to the guarded object (gearcache/keys/guard_paths.py), what is checked about it (``kind``) and the
   expected *fingerprint*, a JSON value that means the same in every process (gearcache/keys/guard_fingerprints.py);

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from .. import _torch_compat as compat
+from .._torch import tensor_checks as torch_tensor_checks
 from . import fingerprints
 from .guard_fingerprints import hashable
 from .guard_paths import MISSING_OBJECT, Scope, evaluate
@@ -353,7 +353,7 @@ def make_watch(hops: Hops) -> Watch | None:
     """A ``GuardWatch`` over ``hops`` as they are now; None when they are empty."""
     if not (hops.dicts or hops.types or hops.checked or hops.tensors):
         return None
-    meta, meta_holds = compat.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
+    meta, meta_holds = torch_tensor_checks.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
     order = {id(d): n for n, (d, _, _) in reversed(list(enumerate(hops.dicts)))}    # a dict's first row
     dicts = sorted(hops.dicts, key=lambda row: order[id(row[0])])                  # its rows together (stable)
     return GuardWatch(dicts, list(hops.types), list(hops.checked), ABSENT, meta, meta_holds)

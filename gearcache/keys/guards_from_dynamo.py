@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed, guards as torch_guards
 from ..errors import UnguardableError, Unpersistable
 from .dynamo_sources import parse_source
 from .fingerprints import type_name
@@ -92,9 +92,9 @@ GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_glo
 _HOOKS_MODULE = "torch.nn.modules.module"
 
 
-def from_dynamo(recording: compat.GuardRecording, method: types.MethodType,
+def from_dynamo(recording: torch_guards.GuardRecording, method: types.MethodType,
                 passed: Iterable[str] | None = None) -> GuardSet:
-    """The value guards of a capture of the bound ``method``, from Dynamo's guards (``_torch_compat.GuardRecording``).
+    """The value guards of a capture of the bound ``method``, from Dynamo's guards (``_torch.guards.GuardRecording``).
     ``passed``: the names of the parameters the captured call passed (a guard on one of them is the signature key's;
     on one it did not pass, a guard on the function's default); None: all of them. Raises ``UnguardableError`` for a
     guard no entry can be served under."""
@@ -117,7 +117,7 @@ def from_dynamo(recording: compat.GuardRecording, method: types.MethodType,
 class _Reader:
     """Turns Dynamo's guards of one capture into value guards (:func:`from_dynamo`)."""
 
-    def __init__(self, method: types.MethodType, recording: compat.GuardRecording, passed: Iterable[str] | None):
+    def __init__(self, method: types.MethodType, recording: torch_guards.GuardRecording, passed: Iterable[str] | None):
         func = cast(types.FunctionType, method.__func__)       # a function of the module's class
         self.name = func.__qualname__
         self.self_name = func.__code__.co_varnames[0]
@@ -130,7 +130,7 @@ class _Reader:
         self.values: dict[tuple, Any] = {}
         self.local: list[str] = []
 
-    def guard(self, dg: compat.DynamoGuard) -> ValueGuard | None:
+    def guard(self, dg: torch_guards.DynamoGuard) -> ValueGuard | None:
         """The value guard of Dynamo's guard ``dg``; None where the key or the state snapshot enforces it."""
         if dg.kind in _ELSEWHERE or (not dg.source and dg.kind not in _REFUSED):
             return None
@@ -150,7 +150,7 @@ class _Reader:
         except Unpersistable as exc:
             return self._local(dg, str(exc), path)
 
-    def _path(self, dg: compat.DynamoGuard) -> tuple | None:
+    def _path(self, dg: torch_guards.DynamoGuard) -> tuple | None:
         """``resolve`` of Dynamo's guard ``dg``; a source gearcache cannot follow refuses the entry."""
         try:
             return self.resolve(dg.source, dg.kind)
@@ -174,7 +174,7 @@ class _Reader:
             raise Unpersistable(f"{name} is a local of the cached method that is neither an argument nor a closure")
         return _resolve(path, self.self_name, self.scope)
 
-    def _value_guard(self, dg: compat.DynamoGuard, kind: str, path: tuple) -> ValueGuard | None:
+    def _value_guard(self, dg: torch_guards.DynamoGuard, kind: str, path: tuple) -> ValueGuard | None:
         obj = evaluate(path, self.scope, self.values)
         if dg.has_value and not _same_object(obj, dg.value):
             raise Unpersistable(f"gearcache's reading of {dg.source} is not the object Dynamo guarded")
@@ -187,7 +187,7 @@ class _Reader:
         guard = ValueGuard(kind, path, arg, None)
         return dataclasses.replace(guard, expected=fingerprint(guard, obj, self.scope, self.values))
 
-    def _local(self, dg: compat.DynamoGuard, why: str, path: tuple | None = None) -> ValueGuard:
+    def _local(self, dg: torch_guards.DynamoGuard, why: str, path: tuple | None = None) -> ValueGuard:
         """An identity guard on the object Dynamo guarded, for an entry served in this process only."""
         self.local.append(f"{dg.kind} on {dg.source}: {why}")
         if path is None:
@@ -250,11 +250,11 @@ def _resolve(path: tuple, self_name: str, scope: Scope) -> tuple | None:
     return (("global", name),) + path[1:]
 
 
-def _process_group(dg: compat.DynamoGuard) -> bool:
+def _process_group(dg: torch_guards.DynamoGuard) -> bool:
     """An ``OPAQUE_OBJ_GUARD_FN_MATCH`` on a ``ProcessGroup`` (torch 2.13 guards ``dist.group.WORLD`` so): checked as
-    the group's identity, its c10d name and ranks (``compat.process_group_identity``)."""
+    the group's identity, its c10d name and ranks (``torch_distributed.process_group_identity``)."""
     return (dg.kind == "OPAQUE_OBJ_GUARD_FN_MATCH" and dg.has_value
-            and compat.process_group_identity(dg.value) is not None)
+            and torch_distributed.process_group_identity(dg.value) is not None)
 
 
 def _same_object(obj: Any, value: Any) -> bool:

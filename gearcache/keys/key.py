@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 if TYPE_CHECKING:
     import torch       # for annotations only: tensor_digest imports it where it reads a tensor
 
-from .. import _torch_compat as compat
+from .._torch import state as torch_state, versions as torch_versions
 from ..ranks.topology import process_groups_factor
 
 log = logging.getLogger("gearcache.keys.key")
@@ -157,9 +157,9 @@ def environment_factors(devices: list[str], decompositions: dict[Any, Callable] 
     capabilities, the process groups)."""
     return {
         "decompositions": decompositions_factor(decompositions),
-        "global_state": compat.global_state(devices),
-        "software": compat.software_versions(),
-        "devices": [compat.device_capability(d) for d in devices],
+        "global_state": torch_state.global_state(devices),
+        "software": torch_versions.software_versions(),
+        "devices": [torch_versions.device_capability(d) for d in devices],
         "process_groups": process_groups_factor(),
     }
 
@@ -213,7 +213,7 @@ def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_
     """The key of a cached method's gear plan: everything its symbolic trace depends on. ``structure``: the repr of
     the call's structure (the signature key's first part); ``plan_format``: ``gears.plan.PLAN_FORMAT``; ``marks``:
     ``[[leaf, dim, gear sizes, pad value], ...]``; ``merge_policy``: ``dynamic_gears_merge_policy``;
-    ``global_state`` and ``software``: ``_torch_compat.global_state()`` and ``software_versions()``."""
+    ``global_state`` and ``software``: ``_torch.state.global_state()`` and ``software_versions()``."""
     key, _ = build_key("gear plan", [
         ("format", FORMAT_VERSION),
         ("method", {"name": method_name, "source_sha256": method_digest}),

@@ -16,7 +16,7 @@ Every wait here is bounded: a fence gives up after ``config.rank_timeout_s`` wit
 ranks that never arrived and what each last reported (:func:`note`: "compiling artifact ...", "waiting for the lock
 of artifact ... held by rank 2 pid 123", ...); ranks about to run different things raise :class:`RankDivergenceError`
 instead of pairing their collectives wrongly. The job's own key-value store carries the reports and the fences
-(``_torch_compat.default_store``); without ``torch.distributed`` everything here does nothing.
+(``_torch.distributed.default_store``); without ``torch.distributed`` everything here does nothing.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed
 from ..counters import counters
 from ..errors import RankDivergenceError, RankWaitError
 
@@ -53,7 +53,7 @@ _board: list[_Board] = []
 
 def _current() -> _Board | None:
     """The board of the job this process is in now (a new one after the default group was made again), or None."""
-    store = compat.default_store()
+    store = torch_distributed.default_store()
     if store is None:
         return None
     if not _board or _board[0].store is not store:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed
 from ..errors import ConfigError
 
 
@@ -65,4 +65,4 @@ def process_groups_factor() -> list[list]:
     (``[]`` without ``torch.distributed``). Graphs name groups by registry name (``'0'`` is the default group in
     every job), so without this factor a job of another size or layout would load an artifact whose collectives
     then run on a different group. It is the same on every rank of a group (ranks are global, not this rank's)."""
-    return [[name, g["ranks"], g["backend"]] for name, g in sorted(compat.process_groups().items())]
+    return [[name, g["ranks"], g["backend"]] for name, g in sorted(torch_distributed.process_groups().items())]

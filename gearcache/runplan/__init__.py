@@ -33,7 +33,7 @@ Modules:
     format.py          constants the writer and the loader share
 
 Its exceptions (``RunPlanUnavailable``, ``NoPlan``, ``WrongDevice``) live in gearcache/errors.py, the private torch
-symbols it uses in gearcache/_torch_compat.py (sections "run plans").
+symbols it uses in gearcache/_torch/runplan.py.
 
 On-disk format (``runplan/`` of an artifact folder; covered by the artifact's digests and signature)::
 

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import distributed as torch_distributed, runplan as torch_runplan
 from ..errors import ProcessGroupMismatchError
 
 __all__ = ["NAMESPACE", "STAND_INS", "ProcessGroupMismatchError", "check_groups", "communicates",
@@ -51,7 +51,7 @@ def graph_groups(gm: torch.fx.GraphModule) -> dict[str, dict[str, Any]] | None:
     for node in gm.graph.nodes:
         if node.op != "call_function" or _namespace(node.target) not in OTHER_NAMESPACES | {NAMESPACE}:
             continue
-        ref = compat.operator_ref(node.target)
+        ref = torch_runplan.operator_ref(node.target)
         op = ref[0].partition("::")[2] if ref is not None else ""
         if _namespace(node.target) != NAMESPACE or op not in STAND_INS:
             return None
@@ -71,7 +71,7 @@ def graph_groups(gm: torch.fx.GraphModule) -> dict[str, dict[str, Any]] | None:
 def _namespace(target: Any) -> str | None:
     """The operator namespace of an FX call target: ``OpOverload`` (after AOT) or ``OpOverloadPacket`` (what Dynamo
     records for ``dist.all_reduce``); a Python function of ``torch.distributed`` counts as ``c10d``."""
-    ref = compat.operator_ref(target)
+    ref = torch_runplan.operator_ref(target)
     if ref is not None:
         return ref[0].partition("::")[0]
     module = getattr(target, "__module__", None) or ""
@@ -133,14 +133,14 @@ def stand_in_collectives() -> Iterator[set[str]]:
             names.add(str(args[group_arg] if len(args) > group_arg else kwargs["group_name"]))
         return fn(args, kwargs)
 
-    with compat.intercepting_ops(OTHER_NAMESPACES | {NAMESPACE}, handle):
+    with torch_distributed.intercepting_ops(OTHER_NAMESPACES | {NAMESPACE}, handle):
         yield names
 
 
 def describe_groups(names: set[str]) -> dict[str, dict[str, Any]]:
     """``{name: {"ranks": [...], "backend": str}}`` of the named groups in this process (compile time); a name that
     is not a group of this process is a ``ProcessGroupMismatchError``."""
-    live = compat.process_groups()
+    live = torch_distributed.process_groups()
     missing = sorted(names - set(live))
     if missing:
         raise ProcessGroupMismatchError(f"the graph names process groups {missing}, which this process does not have "
@@ -153,7 +153,7 @@ def check_groups(recorded: dict[str, dict[str, Any]], where: str) -> None:
     global ranks and backend."""
     if not recorded:
         return
-    live = compat.process_groups()
+    live = torch_distributed.process_groups()
     for name, want in recorded.items():
         have = live.get(name)
         if have != want:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 from ..errors import NoPlan
 from .format import require
 
@@ -63,7 +63,7 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
 
 
 def _grid(result: Any) -> dict[str, Any]:
-    prefix, grid = compat.kernel_grid(result.inductor_meta, result.config)
+    prefix, grid = torch_runplan.kernel_grid(result.inductor_meta, result.config)
     return {"grid_prefix": prefix, "grid": grid}
 
 
@@ -81,7 +81,7 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
     cubin = _cubin_from_bundle(cubins, launcher.cache_hash, binary.name)
     if cubin is None:
         raise NoPlan(f"{name}: its cubin is not in the artifact")
-    _, def_args, none_args = compat.kernel_arg_lists(result, binary.arg_names, binary.declared_constexprs)
+    _, def_args, none_args = torch_runplan.kernel_arg_lists(result, binary.arg_names, binary.declared_constexprs)
     scratch = int(bool(binary.has_global_scratch)) + int(bool(binary.has_profile_scratch))
     extra = {"num_ctas": 1, "cluster_dims": [1, 1, 1], "launch_pdl": False, "launch_cooperative_grid": False,
              "global_scratch_size": 0, "global_scratch_align": 1, "profile_scratch_size": 0,
@@ -108,7 +108,7 @@ def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict)
         raise NoPlan(f"{name}: its cubin is not in the artifact")
     arg_names = list(src.fn.arg_names)
     arg_types, constexprs = _arg_types(name, src, arg_names)
-    _, def_args, none_args = compat.kernel_arg_lists(result, arg_names, compat.triton_constexprs(src.fn))
+    _, def_args, none_args = torch_runplan.kernel_arg_lists(result, arg_names, torch_runplan.triton_constexprs(src.fn))
     has_global = hasattr(md, "global_scratch_size")
     has_profile = hasattr(md, "profile_scratch_size")
     extra = {

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from typing import Any, Callable
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 from ..errors import RunPlanUnavailable
 
 
@@ -22,7 +22,7 @@ def import_cpp_kernel(path: pathlib.Path, digest: str) -> Callable[..., Any]:
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
             raise RunPlanUnavailable(f"cannot import {path}")
-        with _environ(compat.CPP_KERNEL_ENV, compat.cpp_kernel_env_value()):
+        with _environ(torch_runplan.CPP_KERNEL_ENV, torch_runplan.cpp_kernel_env_value()):
             module = importlib.util.module_from_spec(spec)      # runs the library's init
             spec.loader.exec_module(module)
         sys.modules[name] = module

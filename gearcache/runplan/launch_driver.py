@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 from ..errors import RunPlanUnavailable
 from .launch_static import compile_launcher, launcher_source
 
@@ -114,7 +114,7 @@ class DriverLaunch:
         unknown = sorted(set(types) - set(_PACK))
         if unknown:
             raise RunPlanUnavailable(f"{name}: argument types {unknown} the driver launcher does not pack")
-        self._function = compat.load_cubin(str(folder / spec["cubin"]), spec["function"], spec["shared"],
+        self._function = torch_runplan.load_cubin(str(folder / spec["cubin"]), spec["function"], spec["shared"],
                                            device_index)
         cluster = [int(c) for c in spec.get("cluster_dims") or (1, 1, 1)]
         num_ctas = int(spec.get("num_ctas", 1))

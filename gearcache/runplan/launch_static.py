@@ -6,7 +6,7 @@ import builtins
 import pathlib
 from typing import Any, Callable
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 
 
 def launcher_source(spec: dict[str, Any], launch_line: str) -> str:
@@ -30,10 +30,10 @@ class StaticLaunch:
     __slots__ = ("run", "_function")
 
     def __init__(self, name: str, spec: dict[str, Any], folder: pathlib.Path, device_index: int):
-        self._function = compat.load_cubin(str(folder / spec["cubin"]), spec["function"], spec["shared"],
+        self._function = torch_runplan.load_cubin(str(folder / spec["cubin"]), spec["function"], spec["shared"],
                                            device_index)
         args = [*spec["call_args"], *(["None"] * spec["scratch_args"])]
         line = (f"launch(function, grid_0, grid_1, grid_2, {int(spec['num_warps'])}, {int(spec['shared'])}, "
                 f"{spec['arg_types']!r}, ({', '.join(args)},), stream)")
         self.run = compile_launcher(name, launcher_source(spec, line),
-                                    {"launch": compat.cubin_launcher(), "function": self._function})
+                                    {"launch": torch_runplan.cubin_launcher(), "function": self._function})

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import inductor as torch_inductor
 from ..counters import counters
 from ..errors import RunPlanUnavailable, WrongDevice
 from .collectives import check_groups
@@ -72,7 +72,7 @@ def load_artifact(folder: pathlib.Path, device_index: int | None = None,
                           f"it on cuda:{compiled_on}")
     if before_torch_loader is not None:
         before_torch_loader()
-    return TorchLoaded(compat.load_folder(folder / "inductor"), plan)
+    return TorchLoaded(torch_inductor.load_folder(folder / "inductor"), plan)
 
 
 class TorchLoaded:

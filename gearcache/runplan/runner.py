@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan, state as torch_state
 from .format import ALIGNMENT
 
 
@@ -64,8 +64,8 @@ class PlanRunner:
         check = bool(plan.get("inputs_to_check"))
         bumped = tuple(plan.get("version_bumped_inputs", ()))
         n_in = plan["num_inputs"]
-        grad_enabled, set_grad = torch.is_grad_enabled, compat.grad_mode_setter()
-        any_autocast, disable_autocast = compat.any_autocast_enabled, compat.disable_autocast
+        grad_enabled, set_grad = torch.is_grad_enabled, torch_runplan.grad_mode_setter()
+        any_autocast, disable_autocast = torch_state.any_autocast_enabled, torch_state.disable_autocast
         bump = torch.autograd.graph.increment_version
 
         def call_grad_off(args: list) -> Any:

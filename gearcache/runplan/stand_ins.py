@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 from .format import ALIGN_BYTES
 
 
@@ -49,7 +49,7 @@ def _assert_tensor_metadata(tensor: torch.Tensor | None, expected_size: tuple, e
     if tensor.dtype != expected_dtype:
         raise RuntimeError(f"expected dtype {expected_dtype} but got {tensor.dtype}"
                            + (f"\nError in op: {op_name}" if op_name else ""))
-    compat.assert_size_stride(tensor, expected_size, expected_stride, op_name)
+    torch_runplan.assert_size_stride(tensor, expected_size, expected_stride, op_name)
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:

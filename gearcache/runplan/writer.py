@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import runplan as torch_runplan
 from ..errors import NoPlan
 from . import collectives as collectives_mod
 from .device_binding import unbind_device_index
@@ -94,7 +94,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
     except collectives_mod.ProcessGroupMismatchError as exc:
         raise NoPlan(str(exc)) from None
     module = _wrapper_module(fx.cache_key, folder)
-    autotuners = compat.triton_autotuners(vars(module))
+    autotuners = torch_runplan.triton_autotuners(vars(module))
     plan: dict[str, Any] = {
         "format": FORMAT, "supported": True,
         "device_type": "cuda" if "cuda" in devices else "cpu",
@@ -104,7 +104,7 @@ def _build_run_plan(artifact: pathlib.Path, plan_dir: pathlib.Path, loaded: Call
         "version_bumped_inputs": list(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", [])),
         "extern_kernels": {n: _extern_ref(n, getattr(module.extern_kernels, n)) for n in sorted(uses["extern"])},
         "ops": sorted(uses["ops"]), "groups": groups,
-        "triton": triton_records(autotuners, compat.triton_bundle(fx), plan_dir),
+        "triton": triton_records(autotuners, torch_runplan.triton_bundle(fx), plan_dir),
         "cpp": _cpp_specs(module, uses["cpp"], folder, artifact),
     }
     plan.update(_unbind(source, plan))
@@ -173,7 +173,7 @@ def device_bound_reason(gm: torch.fx.GraphModule) -> str | None:
     shows: keep it in step with them."""
     spaces = set()
     for node in gm.graph.nodes:
-        ref = compat.operator_ref(node.target) if node.op == "call_function" else None
+        ref = torch_runplan.operator_ref(node.target) if node.op == "call_function" else None
         if ref is not None:
             spaces.add(ref[0].split("::")[0])
     found = sorted(spaces & collectives_mod.OTHER_NAMESPACES)     # functional collectives get device-free plans
@@ -184,7 +184,7 @@ def _cache_entry(folder: pathlib.Path, pattern: str) -> Any:
     """Unpickle the one torch cache entry matching ``pattern`` in an artifact's Inductor folder."""
     found = [p for p in folder.glob(pattern) if p.is_file()]
     require(len(found) == 1, f"{len(found)} cache entries match {pattern}")
-    return compat.load_cache_entry(found[0])
+    return torch_runplan.load_cache_entry(found[0])
 
 
 def _run_on_copies(fn: Callable[..., Any], inputs: list[Any], mutated: list[int]) -> tuple[list[Any], list[Any]]:
@@ -269,7 +269,7 @@ def _dotted(node: Any) -> list[str] | None:
 def _extern_ref(name: str, fn: Any) -> list:
     """How gearcache's loader finds extern kernel ``name`` without torch's compiler: a public torch function or a
     registered operator."""
-    ref = compat.operator_ref(fn)
+    ref = torch_runplan.operator_ref(fn)
     if ref is not None:
         return ["op", *ref]
     attr = getattr(fn, "__name__", None)

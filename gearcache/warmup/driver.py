@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import _torch_compat as compat
+from .._torch import state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
 from ..call import signature
@@ -205,7 +205,7 @@ class _RemoteBuild:
         self.timeline, self.who = timeline, who
         # grad and inference mode, autocast, ... are per thread: this runs in a pool thread, under the caller's state
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-        self.state = compat.global_state()
+        self.state = torch_state.global_state()
 
     def __call__(self, folder) -> None:
         if self.job is not None:
@@ -221,7 +221,7 @@ class _RemoteBuild:
                     self.life.finish_compiled_elsewhere(self.p.captured, folder, reply["seconds"])
                 return
         with self.capture_lock, self.finish_lock, self.timeline.span(self.who, "compile in caller"), \
-                compat.global_state_applied(self.state), torch.inference_mode(self.inference), \
+                torch_state.global_state_applied(self.state), torch.inference_mode(self.inference), \
                 torch.set_grad_enabled(self.grad):
             self.life.compile(self.p.captured, folder)
 

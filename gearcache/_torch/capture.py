@@ -1,0 +1,103 @@
+"""Dynamo, as gearcache's capture uses it (gearcache/compiling/capture.py, gearcache/gears/plan.py): the settings a
+capture runs under, dynamic-dim marks, the code a trace covered, dropping Dynamo's cache for a function, and telling a
+graph break from other errors. What Dynamo's guards say is in :mod:`gearcache._torch.guards`; the symbolic sizes of
+a trace in :mod:`gearcache._torch.shapes`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from typing import Callable, cast
+
+import torch
+
+
+def dynamo_capture_config() -> contextlib.AbstractContextManager:
+    """Dynamo settings for a capture: no automatic dynamic shapes (every entry is static). Parameters and buffers are
+    graph inputs (``inline_inbuilt_nn_modules``, always on in 2.11 and 2.13), so a loaded entry reads live weights."""
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+
+
+def symbolic_capture_config() -> contextlib.AbstractContextManager:
+    """Settings for the symbolic trace that finds which marked dims meet: no duck sizing (two unrelated dims that
+    happen to have the same example size must get different symbols)."""
+    import torch.fx.experimental._config as fx_config
+    from torch.utils._config_module import ConfigModule
+
+    return cast(ConfigModule, fx_config).patch({"use_duck_shape": False})   # a config module, made one at its import
+
+
+@contextlib.contextmanager
+def without_dynamic_marks(leaves: tuple):
+    """Hide ``torch._dynamo.mark_dynamic`` marks (set by ``set_dim_gears`` for the torch.compile route) from a
+    static capture, restoring them afterwards."""
+    saved = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            for attr in [a for a in leaf.__dict__ if a.startswith(("_dynamo_", "_has_dynamo_"))]:
+                saved.append((leaf, attr, leaf.__dict__.pop(attr)))
+    try:
+        yield
+    finally:
+        for leaf, attr, value in saved:
+            setattr(leaf, attr, value)
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Let Dynamo treat ``dim`` as dynamic (the torch.compile route of gears): one graph for every gear."""
+    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def require_dynamic(tensor: torch.Tensor, dim: int) -> None:
+    """Make ``dim`` of ``tensor`` dynamic in the next Dynamo trace, strictly (``torch._dynamo.mark_dynamic``): a trace
+    that specialises on its size raises (a constraint violation) instead of quietly making it static."""
+    torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def traced_code() -> list[types.CodeType]:
+    """Code objects Dynamo traced for the graph being compiled (call inside a backend)."""
+    return list(torch._guards.TracingContext.get_traced_code() or [])
+
+
+def forget_dynamo_cache(code: types.CodeType) -> None:
+    """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
+    nothing of the capture stays installed on the user's function."""
+    torch._dynamo.eval_frame.reset_code(code)
+
+
+def is_graph_break(exc: BaseException) -> bool:
+    """Dynamo could not capture the method as one graph (``Unsupported``, or a ``UserError`` such as a Python branch
+    on a data-dependent value)."""
+    exc_mod = torch._dynamo.exc
+    return isinstance(exc, (exc_mod.Unsupported, exc_mod.UserError, exc_mod.UncapturedHigherOrderOpError))
+
+
+def op_type_error(exc: BaseException) -> TypeError | None:
+    """The ``TypeError`` an op of the traced code raised on the call's arguments (``linear()`` given None where a
+    tensor goes), which Dynamo reports as a graph break ("TypeError when making fake tensor call", with it as the direct
+    cause: checked on 2.13 and 2.14); None for any other break (a torch that chains it otherwise reports a graph
+    break, as before)."""
+    cause = exc.__cause__
+    if isinstance(exc, torch._dynamo.exc.Unsupported) and type(cause) is TypeError:
+        return cause
+    return None
+
+
+def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
+    """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
+    out = torch._dynamo.explain(fn)(*args, **kwargs)
+    breaks = []
+    for br in out.break_reasons:
+        frames = [f for f in (br.user_stack or []) if "/torch/" not in f.filename.replace(os.sep, "/")]
+        f = frames[-1] if frames else (br.user_stack[-1] if br.user_stack else None)
+        where = f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f else "(source unknown)"
+        breaks.append((str(br.reason).strip().splitlines()[0] if str(br.reason).strip() else "unknown", where))
+    return breaks
+
+
+def as_subclass_sharing_storage(cls: type, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` viewed as an instance of the Tensor subclass ``cls``, sharing its storage
+    (``torch.Tensor._make_subclass``)."""
+    return torch.Tensor._make_subclass(cls, tensor)
+

@@ -1,0 +1,152 @@
+"""Compiling a graph with Inductor into an artifact folder, and loading one (gearcache/compiling/compiler.py,
+entry_life.py, workers.py, background.py; gearcache/runplan/loader.py; gearcache/config.py for mode settings).
+
+On-disk format: a Dynamo graph is compiled with ``torch._inductor.standalone_compile`` and saved in its "unpacked"
+format at ``<artifact>/inductor``: a folder laid out like an Inductor cache (AOTAutograd entry ``aotautograd/*/*``,
+FX graph entry ``fxgraph/*/*/*`` with the generated Python wrapper, Triton kernels bundled with their cubins and
+autotuning choices). On CPU the compiled C++ kernels (``<xx>/<key>.so`` with their sources) are copied into that
+folder at the paths the cache had them, so loading it in a fresh process runs no compiler. Compiling and loading point
+Inductor's cache at a folder for the duration only (``temporary_cache_dir``, torch's own context manager), never
+changing the process environment otherwise, and are serialised within the process (one lock).
+"""
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import shutil
+import tempfile
+import threading
+from typing import Any, Callable
+
+import torch
+
+# Loading and compiling point TORCHINDUCTOR_CACHE_DIR at a folder for a moment: serialise them within the process.
+_INDUCTOR_LOCK = threading.RLock()
+
+
+def compiled_mode(mode: str) -> str:
+    """The mode whose Inductor settings a compile in ``mode`` uses: its own, minus CUDA graphs (gearcache captures
+    those itself, per gear). In ``torch._inductor.list_mode_options`` (2.11 and 2.13) "reduce-overhead" is "default"
+    plus ``triton.cudagraphs`` and "max-autotune" is "max-autotune-no-cudagraphs" plus ``triton.cudagraphs``."""
+    return {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
+
+
+def mode_options(mode: str) -> dict[str, Any]:
+    """Inductor settings of a torch.compile mode, minus CUDA graphs (gearcache captures those itself, per gear)."""
+    opts = dict(torch._inductor.list_mode_options(mode))
+    opts.pop("triton.cudagraphs", None)
+    return opts
+
+
+def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
+                         decompositions: dict[Any, Callable]) -> torch.fx.GraphModule:
+    """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).
+
+    Passing them to Inductor instead (``compile_fx(decompositions=...)``) makes torch's AOTAutograd cache bypass the
+    graph, and then it cannot be saved; a pre-decomposed graph saves like any other."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
+
+
+def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
+                      config_patches: dict[str, Any]) -> Callable[..., Any]:
+    """Compile ``gm`` with Inductor and write a self-contained, loadable artifact folder at ``folder``
+    (``<artifact>/inductor``); returns the artifact as torch's loader loads it (the run plan's writer reads it).
+    A first load writes whatever torch writes on load, before the digests are taken."""
+    compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
+    return load_folder(folder)
+
+
+def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
+                     config_patches: dict[str, Any]) -> None:
+    """The compile of :func:`compile_to_folder` without its first load (a warm-up worker process runs it; the caller
+    loads the folder): ``standalone_compile`` against a private, empty Inductor cache, saved unpacked at ``folder``,
+    with the C++ kernel libraries copied in.
+
+    The private cache keeps anything from the user's Inductor or Triton caches (which know nothing of gearcache's
+    key factors, e.g. custom decompositions) out of the artifact."""
+    from torch._inductor import standalone_compile
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    options: dict[str, Any] = {"config_patches": dict(config_patches)}
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in example_inputs):
+        _probe_cpu_isa()
+    with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
+        with temporary_cache_dir(scratch), _load_patches():
+            artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
+        artifact.save(path=str(folder), format="unpacked")
+        _copy_compiled_libraries(pathlib.Path(scratch), folder)
+
+
+_ISA_PROBED: list[bool] = []        # non-empty once _probe_cpu_isa ran in this process
+
+
+def _probe_cpu_isa() -> None:
+    """Run Inductor's CPU instruction-set probes (small C++ builds, once per process: ``valid_vec_isa_list`` is
+    cached) in a throw-away cache, before a CPU compile or the load of an artifact with C++ kernels. Otherwise the
+    process's first compile builds them into its private cache (and :func:`_copy_compiled_libraries` copies them
+    into that artifact), or its first load into the artifact's folder: a gear's artifact would hold other files
+    when compiled or loaded first in a process (warm-up workers, the caller of a parallel warm-up) than later."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    with _INDUCTOR_LOCK:
+        if _ISA_PROBED:
+            return                      # (a throw-away cache costs a folder and two clears of Inductor's caches)
+        with tempfile.TemporaryDirectory(prefix="gearcache-isa-") as scratch:
+            with temporary_cache_dir(scratch), _load_patches():
+                cpu_vec_isa.valid_vec_isa_list()
+        _ISA_PROBED.append(True)
+
+
+def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> None:
+    """Copy the C++ kernel libraries (``<cache>/xx/<key>.so``, with their sources) built during the compile into the
+    artifact folder, at the same relative paths, so loading it finds them instead of running g++ again."""
+    for lib in scratch.glob("*/*.so"):
+        key = lib.name.split(".")[0]
+        for sibling in lib.parent.glob(f"{key}.*"):
+            dest = folder / sibling.relative_to(scratch)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(sibling, dest)
+
+
+def _load_patches() -> contextlib.AbstractContextManager:
+    """Inductor settings under which an artifact loads without a compiler: no precompiled header (whose freshness
+    check runs the C preprocessor on every load) and no ISA probe build (the ISA is a key factor instead).
+
+    Compiles use them too: the precompiled-header setting changes the C++ kernels' cache keys, and a load must find
+    the very libraries the compile built."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"cpp_cache_precompile_headers": False, "cpp.vec_isa_ok": True})
+
+
+def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
+    """Load an artifact's Inductor folder (``<artifact>/inductor``) written by :func:`compile_to_folder`; returns
+    ``fn(*flat_inputs) -> list[Tensor]``."""
+    from torch._inductor.standalone_compile import CompiledArtifact
+
+    if any(pathlib.Path(folder).glob("*/*.cpp")):      # C++ kernels: a first load in this process would probe here
+        _probe_cpu_isa()
+    with _INDUCTOR_LOCK, _load_patches():
+        artifact = CompiledArtifact.load(path=str(folder), format="unpacked")
+    return artifact
+
+
+def inductor_setting_names() -> set[str]:
+    """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
+    compiler)."""
+    import torch._inductor.config as inductor_config
+
+    return set(inductor_config.get_config_copy())
+
+
+def import_torch_loader() -> None:
+    """Import torch's artifact loader (``standalone_compile`` and Inductor's ``compile_fx``) now. Background
+    compiles settle at interpreter exit (gearcache/compiling/background.py), when importing Inductor fails: it registers
+    thread exit hooks, refused once the interpreter shuts down."""
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.standalone_compile  # noqa: F401
+

@@ -1,0 +1,59 @@
+"""``torch.nn.Module`` internals gearcache reads: where a parameter or buffer lives (gearcache/call/entry.py holds
+slots, never tensors), and a class attribute as torch defines it, whatever Dynamo or transformers patched into
+``nn.Module`` (gearcache/keys/fingerprints.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def state_slot(module: torch.nn.Module, name: str) -> tuple[dict, str]:
+    """Where the parameter or buffer ``name`` (dotted, from ``module``) lives: its owner's ``_parameters`` or
+    ``_buffers`` dict and its key there. A read through the slot sees the tensor there now (replaced or updated in
+    place); gearcache's entries and CUDA graphs hold slots, never the tensors."""
+    owner_path, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_path) if owner_path else module
+    if attr in owner._parameters:
+        return owner._parameters, attr
+    if attr in owner._buffers:
+        return owner._buffers, attr
+    raise KeyError(f"module has no parameter or buffer {name!r}")
+
+
+def unpatched_class_attribute(cls: type, name: str, value: Any) -> Any:
+    """``value`` (``cls.__dict__[name]``) as torch itself defines it: Dynamo's first capture in a process replaces
+    ``nn.Module.__init__`` and ``__setstate__`` by wrappers that call them and tag the module
+    (``torch._dynamo.mutation_guard.install_generation_tagging_init``), and marks the class with
+    ``___needs_generation_tag_patch``; a class's fingerprint must not depend on whether this process ran Dynamo.
+    transformers adds ``nn.Module.smart_apply`` the first time a ``PreTrainedModel`` initialises its weights (no
+    forward reads it): every other class's fingerprint must not depend on whether this process built such a model
+    (a process that had was served none of the entries a fresh one compiled). Returns the wrapped original for the
+    Dynamo patches, ``NOT_TORCHS`` for the mark and transformers' method, ``value`` otherwise."""
+    if cls is not torch.nn.Module:
+        return value
+    library = _LIBRARY_MODULE_METHODS.get(name)
+    if name == "___needs_generation_tag_patch" or (
+            library is not None and (getattr(value, "__module__", None) or "").startswith(library)):
+        return NOT_TORCHS
+    patch = _DYNAMO_MODULE_PATCHES.get(name)
+    if (patch is not None and getattr(value, "__qualname__", None) == patch[0]
+            and getattr(value, "__module__", None) == "torch._dynamo.mutation_guard"
+            and patch[1] in value.__code__.co_freevars):
+        return value.__closure__[value.__code__.co_freevars.index(patch[1])].cell_contents
+    return value
+
+
+NOT_TORCHS = object()      # unpatched_class_attribute: an attribute Dynamo added, not torch's own
+
+
+# nn.Module attribute -> (the qualified name of Dynamo's wrapper, the wrapped original's name in its closure)
+_DYNAMO_MODULE_PATCHES = {
+    "__init__": ("install_generation_tagging_init.<locals>.patched_init", "init"),
+    "__setstate__": ("install_generation_tagging_init.<locals>.patched_setstate", "setstate"),
+}
+
+
+_LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attribute -> the library that adds it
+
