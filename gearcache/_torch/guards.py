@@ -1,6 +1,7 @@
 """Dynamo's guards for a capture, recorded in plain terms (:class:`DynamoGuard`), for
 gearcache/keys/guards_from_dynamo.py to turn into value guards. Mechanism: torch.compile's ``guard_filter_fn`` option
-(gearcache/compiling/capture.py passes :func:`guard_recording_options`), which receives every guard while Dynamo's installed globals still exist.
+(gearcache/compiling/capture.py passes :func:`guard_recording_options`), which receives every guard while Dynamo's
+installed globals still exist.
 """
 from __future__ import annotations
 
