@@ -107,7 +107,7 @@ def main() -> None:
     print(f"parallel speed-up over serial: {serial['seconds'] / parallel['seconds']:.2f}x "
           f"(target on the H200: parallel <= 1.5x one gear)")
     for label, r in [("one gear", one), ("parallel", parallel)]:
-        print(f"\ntimeline, {label} (seconds from warmup() start; gearcache/warmup/timeline.py):\n{r['timeline']}")
+        print(f"\ntimeline, {label} (seconds from warmup() start; gearcache/timeline.py):\n{r['timeline']}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 from .log import configure_from_env as _configure_logging
 from .api import cache_compile
 from .compiling.torch_compile_backend import get_backend
-from .call.cached_function import CachedFunction
+from .cached_function import CachedFunction
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
 from .graphs.cuda_graphs import release_graphs

@@ -7,7 +7,7 @@ from typing import Any, Callable, cast
 
 import torch
 
-from .call.cached_function import CachedFunction
+from .cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
 from .store import Store

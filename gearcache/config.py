@@ -91,10 +91,6 @@ class InferenceConfig(BaseModel):
     ``warmup()``): an opt-in test of the analysis itself, which raises if padding changed a result the analysis
     proved exact (a gearcache bug). ``"off"``: nothing is refused or tested (you assert that padding is exact)."""
 
-    verify_padding: bool = False
-    """Run the float64 test of ``"verify"`` at ``warmup()`` whatever ``padding_check`` says (a check of the
-    analysis, e.g. once when adding gears to a model)."""
-
     warmup_workers: int | None = Field(default=None, ge=1)
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured
     in the calling process). ``None``: as many as there are missing gears, half the cores per local rank and memory

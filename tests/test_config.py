@@ -18,7 +18,7 @@ def test_defaults():
     inf = cfg.inference_config
     assert isinstance(inf, InferenceConfig)
     assert (inf.dynamic_gears_merge_policy, inf.dim_gears, inf.pad_values) == ("zip", {}, {})
-    assert (inf.past_largest_gear, inf.verify_padding) == ("error", False)
+    assert (inf.past_largest_gear, inf.padding_check) == ("error", "refuse")
 
 
 def test_defaults_are_not_shared():

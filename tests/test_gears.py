@@ -181,11 +181,11 @@ def test_product_moves_dims_that_meet_in_lockstep(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_padding_tests_the_gears_the_analysis_proved(tmp_path, pair_cache):
+def test_padding_check_verify_tests_the_gears_the_analysis_proved(tmp_path, pair_cache):
     cfg = CompilerConfig()
     cfg.inference_config.dim_gears = {"x": {0: [2, 4]}}
-    cfg.inference_config.verify_padding = True
-    # PairMLP's gears 2 and 4, compiled above (verify_padding is no key factor): the warm-up below loads them instead
+    cfg.inference_config.padding_check = "verify"
+    # PairMLP's gears 2 and 4, compiled above (padding_check is no key factor): the warm-up below loads them instead
     # of compiling them again; it tests every gear against eager whether it compiled or loaded it
     shutil.copytree(pair_cache, tmp_path / "b", ignore=shutil.ignore_patterns("locks", "index", "leases"))
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """Version probes: which torch this is, and what compiled code depends on about the software and the device.
 
-Consumers: the cache key (gearcache/call/cached_function.py, gearcache/compiling/entry_life.py and
+Consumers: the cache key (gearcache/cached_function.py, gearcache/compiling/entry_life.py and
 torch_compile_backend.py: the ``software`` and ``devices`` key factors) and ``gearcache check``
 (gearcache/cli/checks.py).
 Public torch APIs, except ``torch.cpu._is_<extension>_supported`` (:func:`device_capability`'s CPU extensions).

@@ -82,7 +82,7 @@ def _warm_one(name: str, cf: Any, args: tuple | list, kwargs: dict) -> dict[str,
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    from ..call.cached_function import CachedFunction
+    from ..cached_function import CachedFunction
 
     if args.cache_dir:
         os.environ["GEARCACHE_HOME"] = str(args.cache_dir)   # for cache_compile(..., cache_dir=None) in the factory

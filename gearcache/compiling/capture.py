@@ -28,6 +28,7 @@ from .._torch import capture as torch_capture, guards as torch_guards, shapes as
 from .snapshot import kept
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import GearcacheError, GraphBreakError, UnsupportedInputError
+from ..gears.plan import SymbolicTrace
 from ..keys.key import sha256_text
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -285,20 +286,6 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
         if sha256_text("".join(lines)) != d["sha256"]:
             return f"{path}:{d['first_line']} {d['name']}"
     return None
-
-
-@dataclasses.dataclass
-class SymbolicTrace:
-    """What the gear plan's symbolic trace found (:func:`symbolic_shapes`)."""
-    symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
-    output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol
-    dependencies: list[dict[str, Any]]          # the traced user functions
-    plan_guards: guard_sets.GuardSet          # the trace's value guards (guards.py)
-    graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/gears/padding.py)
-    inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
-    outputs: dict[int, int]                     # graph output index -> method output leaf
-    size_guards: list[tuple[Any, str]]          # the trace's size guards: (sympy expression, user source line)
-    same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)
 
 
 def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple,

@@ -43,7 +43,8 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbo
     under padding is refused unless the check is ``"off"``. This route has no method to run eagerly, so
     ``"verify"``'s test against eager does not run here (its proof does)."""
     from ..gears import padding, padding_check
-    from .capture import SymbolicTrace, size_classes
+    from ..gears.plan import SymbolicTrace
+    from .capture import size_classes
     from ..keys.guard_sets import GuardSet
 
     ic = config.inference_config

@@ -76,7 +76,7 @@ from .padding_report import Finding, PaddingReport
 from .padding_walk import GraphWalk
 
 if TYPE_CHECKING:
-    from ..compiling.capture import SymbolicTrace
+    from .plan import SymbolicTrace
 
 log = logging.getLogger("gearcache")
 MAX_WALKS = 48

@@ -11,8 +11,6 @@ the opt-in test of the analysis against eager.
   (every gear at ``warmup()``): a test of the analysis, never the gate.
 * ``"off"``: nothing is refused or tested (the user asserts that padding is exact).
 
-``inference_config.verify_padding=True`` runs the test at ``warmup()`` whatever the policy.
-
 **The test** runs the eager method twice on the same real-size inputs, on a float64 copy of the module with float64
 inputs: padded up to the gear as a call through the gear is (the plan's own pad values; outputs cut back, written
 padded inputs copied back), and unpadded; each on copies of the inputs the method writes, with the parameters and

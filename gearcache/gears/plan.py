@@ -37,6 +37,7 @@ from .._torch import capture as torch_capture
 from ..config import normalise_dim_gears
 from ..counters import counters
 from ..errors import ConfigError
+from ..keys.guard_sets import GuardSet
 from .pad_values import PadValue, exact
 from .padding_report import PaddingReport
 
@@ -400,3 +401,18 @@ def joined_classes(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         if low != high:
             parent[high] = low
     return {x: find(x) for x in parent}
+
+
+@dataclasses.dataclass
+class SymbolicTrace:
+    """What the gear plan's symbolic trace found (``compiling.capture.symbolic_shapes``): the padding analysis's
+    input."""
+    symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
+    output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol
+    dependencies: list[dict[str, Any]]          # the traced user functions
+    plan_guards: GuardSet          # the trace's value guards (keys/guard_sets.py)
+    graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/gears/padding.py)
+    inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
+    outputs: dict[int, int]                     # graph output index -> method output leaf
+    size_guards: list[tuple[Any, str]]          # the trace's size guards: (sympy expression, user source line)
+    same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)

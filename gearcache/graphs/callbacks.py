@@ -1,5 +1,5 @@
 """What a method's CUDA graphs (gearcache/graphs/cuda_graphs.py) call back into, and nothing more: the cached method's
-call path without graphs (:class:`UncapturedPath`, a ``call.cached_function.CachedFunction``) and its entries' stages
+call path without graphs (:class:`UncapturedPath`, a ``cached_function.CachedFunction``) and its entries' stages
 (:class:`EntryStages`, a ``compiling.entry_life.EntryLife``). Typed here as Protocols, so graphs/ names what it needs
 of the call path instead of holding it as ``Any``.
 """
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
     from ..config import CompilerConfig
-    from ..gears.life import GearPlanLife
+    from ..compiling.gear_plan_life import GearPlanLife
     from ..gears.plan import GearPlan
 
 

@@ -49,7 +49,7 @@ from .graphed_entry import (GraphedEntry, fill_buffers, is_static_address, mutat
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
     from ..gears.plan import GearPlan
-    from ..warmup.timeline import Timeline
+    from ..timeline import Timeline
 
 
 log = logging.getLogger("gearcache")

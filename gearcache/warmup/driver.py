@@ -21,7 +21,7 @@ their
 4. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``); the
    workers are told to exit and reaped in the background.
 
-Every phase is recorded in a :class:`~gearcache.warmup.timeline.Timeline` (``CachedFunction.warmup_timeline``).
+Every phase is recorded in a :class:`~gearcache.timeline.Timeline` (``CachedFunction.warmup_timeline``).
 
 A graph a worker cannot take (torch cannot pickle one of its calls; it calls collectives, and Inductor resolves
 their process groups while compiling) or fails on is compiled in the calling
@@ -45,7 +45,7 @@ from ..ranks import phases as ranks
 from ..call import signature
 from ..gears.plan import GearPlan, narrowed
 from .progress import Progress
-from .timeline import Timeline
+from ..timeline import Timeline
 from ..errors import WorkerError
 from ..runplan.collectives import communicates
 from ..compiling.workers import WorkerPool, default_workers, job_for

@@ -1,20 +1,20 @@
 """Warm-up of one cached method (``CachedFunction.warmup``): every gear's entry compiled or loaded, then run once.
 
 The stages, each a public stage of the method's parts (``CachedMethod``: its ``gear_life``, a
-:class:`~gearcache.gears.life.GearPlanLife`; its ``life``, an :class:`~gearcache.compiling.entry_life.EntryLife`; its
-``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
+:class:`~gearcache.compiling.gear_plan_life.GearPlanLife`; its ``life``, an
+:class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
 1. the example call's signature key and gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
    yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace;
    a method without marks is called once and done;
-2. every gear tested against eager where ``padding_check="verify"`` or ``verify_padding`` asks (eager runs only,
+2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
 3. the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
 4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
    largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
 
-Every phase is recorded in the :class:`~gearcache.warmup.timeline.Timeline` the caller passes.
+Every phase is recorded in the :class:`~gearcache.timeline.Timeline` the caller passes.
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ from ..gears.plan import GearPlan, has_marks, most_combinations, narrowed
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
-from .timeline import Timeline
+from ..timeline import Timeline
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import EntryLife
     from ..compiling.workers import WorkerPool
-    from ..gears.life import GearPlanLife
+    from ..compiling.gear_plan_life import GearPlanLife
 
 log = logging.getLogger("gearcache.warmup.method")
 

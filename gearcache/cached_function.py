@@ -16,9 +16,9 @@ shortcut), and the next call re-checks the guards (``_revalidate``): entries who
 so that call misses and loads or compiles the entry for the new values.
 
 Gears (``call_geared``): a call padded up to its gear, run, and cut back; the gear plan's own stages (marks, key,
-load or build, verification, the past-largest policy) are ``self.gear_life``'s (gearcache/gears/life.py), beside
-``self.life``'s entry stages. ``warmup`` hands the example call to gearcache/warmup/method.py, which drives these
-public stages.
+load or build, verification, the past-largest policy) are ``self.gear_life``'s
+(gearcache/compiling/gear_plan_life.py), beside ``self.life``'s entry stages. ``warmup`` hands the example call to
+gearcache/warmup/method.py, which drives these public stages.
 """
 from __future__ import annotations
 
@@ -30,25 +30,25 @@ from typing import Any, Callable, cast
 
 import torch
 
-from . import signature
-from .dispatch import Dispatcher
-from .entry import Entry, writes_a_leaf
+from .call import signature
+from .call.dispatch import Dispatcher
+from .call.entry import Entry, writes_a_leaf
 from .recompiles import RecompileWatch
-from ..compiling.background import Compiling
-from ..compiling.entry_life import EntryLife, Loaded
-from ..config import CompilerConfig
-from ..counters import counters
-from ..errors import GradModeError, UnsupportedInputError
-from ..gears.life import GearPlanLife
-from ..gears.plan import GearPlan, has_marks
-from ..graphs.cuda_graphs import CudaGraphs
-from ..keys import guard_watch
-from ..keys import guard_paths, guard_sets
-from ..keys.naming import importable_module
-from ..ranks.topology import Topology
-from ..store import Store
-from ..warmup.method import warm_up
-from ..warmup.timeline import Timeline
+from .compiling.background import Compiling
+from .compiling.entry_life import EntryLife, Loaded
+from .config import CompilerConfig
+from .counters import counters
+from .errors import GradModeError, UnsupportedInputError
+from .compiling.gear_plan_life import GearPlanLife
+from .gears.plan import GearPlan, has_marks
+from .graphs.cuda_graphs import CudaGraphs
+from .keys import guard_watch
+from .keys import guard_paths, guard_sets
+from .keys.naming import importable_module
+from .ranks.topology import Topology
+from .store import Store
+from .warmup.method import warm_up
+from .timeline import Timeline
 
 log = logging.getLogger("gearcache")
 
@@ -76,13 +76,13 @@ class CachedFunction(Dispatcher):
         self._first: Loaded | None = None
         self._matchers: dict[tuple, signature.Matcher | None] = {}     # per key, for the shortcut (dispatch.py)
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
-                                      scope=self._scope, entries=self.life)     # its gear plan (gears/life.py)
+                                      scope=self._scope, entries=self.life)     # its gear plan
         self.graphs = CudaGraphs(self, self.life) if config.mode == "reduce-overhead" else None
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
         self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
         #                                                                       value or size (None: the caller pads)
-        self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/warmup/timeline.py)
+        self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
@@ -235,7 +235,7 @@ class CachedFunction(Dispatcher):
         the config's gears by name apply); returns the number of gears. Missing gears are compiled in worker
         processes, several at once (``config.inference_config.warmup_workers``; see gearcache/warmup/driver.py). A gear
         plan whose padding the analysis cannot prove exact was refused before this (``PaddingUnsafeError``); with
-        ``inference_config.padding_check="verify"`` or ``verify_padding``, each gear is first tested against eager
+        ``inference_config.padding_check="verify"``, each gear is first tested against eager
         in float64 on the example narrowed to the smallest real sizes that pad up to it, before anything is
         compiled (gearcache/gears/padding_check.py). The runs on the examples leave no trace:
         what they write in place (the module's buffers, the example tensors) is restored after them. The stages:

@@ -35,19 +35,19 @@ import torch
 
 from .._torch import state as torch_state, versions as torch_versions
 from ..call import signature
-from ..compiling.capture import dependencies_changed, symbolic_shapes
-from ..compiling.entry_life import module_state
+from .capture import dependencies_changed, symbolic_shapes
+from .entry_life import module_state
 from ..config import CompilerConfig
 from ..counters import counters
 from ..errors import PastLargestGearError
 from ..keys import guard_paths, guard_sets
 from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..runplan.collectives import communicates
-from . import padding_check
-from .plan import PLAN_FORMAT, GearPlan, MarkedDim, build_plan, check_marks, find_marks, narrowed
+from ..gears import padding_check
+from ..gears.plan import PLAN_FORMAT, GearPlan, MarkedDim, build_plan, check_marks, find_marks, narrowed
 
 if TYPE_CHECKING:
-    from ..compiling.entry_life import EntryLife
+    from .entry_life import EntryLife
     from ..ranks.topology import Topology
     from ..store import Store
 
@@ -134,7 +134,7 @@ class GearPlanLife:
         trace = symbolic_shapes(self.method, self.module, key[0], sample, traced)
         self.entries.communicates = communicates(trace.graph)      # warm-up compiles such graphs in this thread
         names = leaf_names(self.method, *signature.unflatten(key[0], leaves), leaves)
-        from . import padding  # the analysis (and sympy) only where a gear plan is built, never on a warm load
+        from ..gears import padding  # the analysis (and sympy) only where a gear plan is built, never on a warm load
 
         bounds: dict[str, int] = {}
         for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
@@ -170,9 +170,9 @@ class GearPlanLife:
 
     def verify_all(self, gear_plan: GearPlan, leaves: tuple, key: tuple,
                    span: Callable[[str, str], ContextManager[None]]) -> None:
-        """A warm-up's test of every gear against eager (``verify_gear``), where ``padding_check="verify"`` or
-        ``verify_padding`` asks for it; each gear's test is timed in ``span(who, phase)`` (``Timeline.span``)."""
-        if gear_plan.verify_first or self.config.inference_config.verify_padding:
+        """A warm-up's test of every gear against eager (``verify_gear``), where ``padding_check="verify"`` asks for
+        it; each gear's test is timed in ``span(who, phase)`` (``Timeline.span``)."""
+        if gear_plan.verify_first:
             for sizes in gear_plan.combinations():
                 with span(f"gear {sizes}", "verify padding"):
                     self.verify_gear(gear_plan, leaves, key, sizes)
