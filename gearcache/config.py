@@ -13,7 +13,7 @@ import pathlib
 import tomllib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -95,6 +95,15 @@ class InferenceConfig(BaseModel):
     """Worker processes that compile the gears ``warmup()`` finds missing, side by side (each gear is still captured
     in the calling process). ``None``: as many as there are missing gears, half the cores per local rank and memory
     for (gearcache/warmup/driver.py ``default_workers``); ``1``: one gear after another in the calling process."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merged_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "verify_padding" in data:
+            raise ValueError(f"verify_padding={data['verify_padding']!r}: merged into padding_check (issue #37). Fix: "
+                             f"padding_check='verify' tests every gear against eager at warmup() and before its first "
+                             f"padded call; drop verify_padding")
+        return data
 
     @field_validator("dim_gears", mode="before")
     @classmethod

@@ -1,6 +1,5 @@
 """gearcache/compiling/background.py: ``on_new_signature="background"`` serves a new signature eagerly while a worker
-process
-compiles it, then compiled; an exiting process publishes its compiles, and the next one loads them compiling
+process compiles it, then compiled; an exiting process publishes its compiles, and the next one loads them compiling
 nothing. Every call is compared with an eager twin: outputs and the buffer the method updates in place."""
 from __future__ import annotations
 

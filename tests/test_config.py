@@ -180,3 +180,12 @@ def test_from_file_missing(tmp_path):
     assert str(path) in str(info.value)
     with pytest.raises(gearcache.ConfigError, match="is not a file"):
         CompilerConfig.from_file(tmp_path)      # a folder is not a file either
+
+
+def test_a_setting_merged_away_names_its_replacement():
+    """``inference_config.verify_padding`` was a second way to say ``padding_check="verify"`` (issue #37): a saved
+    config that still sets it is refused with the setting to use, not with pydantic's bare "extra inputs"."""
+    with pytest.raises(ValueError, match=r"verify_padding=True: merged into padding_check.*padding_check='verify'"):
+        CompilerConfig.model_validate({"inference_config": {"verify_padding": True}})
+    with pytest.raises(ValueError, match="padding_check='verify'"):
+        CompilerConfig().inference_config.verify_padding = False

@@ -1,5 +1,5 @@
-"""The dispatcher every call enters first (gearcache/call/dispatch.py): the C one (gearcache/call/_callpath.c) and
-the Python one serve a call like the last one through the shortcut and hand every other call to ``_call``."""
+"""The dispatcher every call enters first (gearcache/call/dispatch.py): the C one (gearcache/call/_callpath.c) and the
+Python one serve a call like the last one through the shortcut and hand every other call to ``_call``."""
 import gc
 import types
 import weakref

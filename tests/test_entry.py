@@ -1,6 +1,5 @@
 """A loaded entry's per-call path (gearcache/call/entry.py): the C runner (gearcache/call/_callpath.c) and the Python
-one do
-the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
+one do the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
 hand anything unusual to the run plan's Python ``run_list``."""
 import gc
 import sys

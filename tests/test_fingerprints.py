@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from gearcache.keys import fingerprints
@@ -149,6 +150,7 @@ def test_a_class_digest_follows_its_methods_closures_rebound_in_place():
     assert fingerprints.class_digest(cls) == fingerprints.class_digest(factory(5.0)[0])
 
 
+@pytest.mark.slow
 def test_a_class_fingerprint_does_not_depend_on_whether_transformers_built_a_model_in_the_process():
     """transformers adds ``nn.Module.smart_apply`` the first time a model initialises its weights: a process that had
     built one fingerprinted every module class otherwise and loaded none of the entries a fresh process compiled

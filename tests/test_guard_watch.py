@@ -1,6 +1,5 @@
 """gearcache/keys/guard_watch.py and the C GuardWatch (gearcache/call/_callpath.c): a change of an object on a guard's
-path is
-noticed at the next valid(); other changes are not (they would cost a re-check per call)."""
+path is noticed at the next valid(); other changes are not (they would cost a re-check per call)."""
 from __future__ import annotations
 
 import sys

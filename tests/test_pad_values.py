@@ -1,6 +1,6 @@
 """Pad values (gearcache/gears/pad_values.py): neutral values per reduction and dtype, exact conversion of a user's
-value,
-and the exact evaluation of pointwise ops on pad values (a result is kept only when no precision could change it)."""
+value, and the exact evaluation of pointwise ops on pad values (a result is kept only when no precision could change
+it)."""
 import math
 
 import pytest

@@ -1,7 +1,6 @@
 """Padding that never changes state or results (gearcache/gears/padding_check.py, on the analysis of padding.py): what
-the
-analysis cannot prove exact is refused before anything compiles or runs, what it proves is served with the pad values
-it chose, padded inputs written in place are copied back; outputs and every mutated tensor equal eager in the
+the analysis cannot prove exact is refused before anything compiles or runs, what it proves is served with the pad
+values it chose, padded inputs written in place are copied back; outputs and every mutated tensor equal eager in the
 compiling process and in a warm one. ``padding_check="verify"`` tests the analysis against eager in float64. The GPU
 tests need CUDA (GEARCACHE_TEST_DEVICE=cuda on the device machine); on CPU they are skipped."""
 import math

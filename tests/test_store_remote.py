@@ -105,6 +105,7 @@ def test_tampered_remote_entry_is_refused_and_rebuilt(redis, seed, tmp_path):
     assert rebuilt["outputs"] == json.loads((next((seed / "entries").glob("*/*/*.json"))).read_text())["outputs"]
 
 
+@pytest.mark.slow
 def test_tampered_remote_artifact_is_never_executed(redis, seed, tmp_path):
     """A file rewritten with its digest and the bundle's sha256 updated to match (only the signature can tell):
     refused, compiled here, and the rebuilt artifact replaces it remotely."""

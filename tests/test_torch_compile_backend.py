@@ -16,6 +16,7 @@ class Pair(torch.nn.Module):
         return self.lin(a + b), a.sum(1)
 
 
+@pytest.mark.slow
 def test_backend_serves_every_size_from_one_graph(tmp_path):
     torch.manual_seed(0)
     model = Pair().eval()

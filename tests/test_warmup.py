@@ -1,6 +1,6 @@
 """Parallel warm-up (gearcache/warmup/driver.py, gearcache/compiling/workers.py): rank order, worker-compiled gears
-equal the serial
-path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the gears."""
+equal the serial path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the
+gears."""
 import json
 import os
 import subprocess
@@ -209,9 +209,11 @@ class _Advancing(torch.nn.Module):
         return self.lin(x) + self.pos
 
 
-@pytest.mark.parametrize("warm", [True, False], ids=["warmup", "first call"])
-@pytest.mark.parametrize("gears", [pytest.param({}, marks=pytest.mark.slow), {"x": {0: [1, 2]}}],
-                         ids=["no gears", "gears"])
+@pytest.mark.parametrize("gears,warm", [          # the fast tier keeps one: gears, state written on the first call
+    pytest.param({}, True, marks=pytest.mark.slow, id="no gears-warmup"),
+    pytest.param({}, False, marks=pytest.mark.slow, id="no gears-first call"),
+    pytest.param({"x": {0: [1, 2]}}, True, marks=pytest.mark.slow, id="gears-warmup"),
+    pytest.param({"x": {0: [1, 2]}}, False, id="gears-first call")])
 def test_warmup_leaves_the_state_its_runs_write_as_it_was(tmp_path, gears, warm):
     """warmup() runs the method on its example (once per gear): the counter and cache those runs advance are restored,
     so the calls after it equal eager's from the same state. Without warmup(), the first call traces the gear plan

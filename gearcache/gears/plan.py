@@ -29,7 +29,7 @@ import dataclasses
 import itertools
 import math
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -96,6 +96,15 @@ def mark_static(tensor: torch.Tensor) -> torch.Tensor:
         raise ConfigError("mark_static: the tensor already has gears from set_dim_gears")
     setattr(tensor, STATIC_ATTR, True)
     return tensor
+
+
+class PaddedEntry(Protocol):
+    """What a gear plan reads and counts on the entry that served a padded call (a loaded entry): its manifest (which
+    graph output is which method output) and its padding counts (flushed to the index: ``gearcache stats``)."""
+
+    manifest: dict[str, Any]
+    real_elements: int
+    padded_elements: int
 
 
 @dataclasses.dataclass
@@ -197,7 +206,7 @@ class GearPlan:
             if padded[i] is not leaves[i]:
                 leaves[i].copy_(padded[i][tuple(slice(0, s) for s in leaves[i].shape)])
 
-    def record_padding(self, entry: Any, leaves: tuple, targets: list[int]) -> None:
+    def record_padding(self, entry: PaddedEntry, leaves: tuple, targets: list[int]) -> None:
         """Count a served call's elements of its marked inputs, as passed and as run (padded to ``targets``): on
         ``entry`` (flushed to the index at exit: ``gearcache stats``' padding waste) and in ``counters``."""
         real = padded = 0
@@ -212,7 +221,7 @@ class GearPlan:
         counters.real_elements += real
         counters.padded_elements += padded
 
-    def cut(self, entry: Any, outs: list, leaves: tuple) -> list:
+    def cut(self, entry: PaddedEntry, outs: list, leaves: tuple) -> list:
         """Cut the compiled graph's outputs back to the call's real sizes along every dim that follows a marked dim."""
         cuts = self._graph_cuts.get(id(entry))
         if cuts is None:
@@ -227,7 +236,7 @@ class GearPlan:
                 outs[i] = outs[i].narrow(dim, 0, real)
         return outs
 
-    def _graph_cuts_for(self, entry: Any) -> list[tuple[int, int, int]]:
+    def _graph_cuts_for(self, entry: PaddedEntry) -> list[tuple[int, int, int]]:
         """Translate cuts per method output leaf into cuts per graph output of this entry."""
         out: list[tuple[int, int, int]] = []
         for j, (kind, ref) in enumerate(entry.manifest["outputs"]["leaves"]):
