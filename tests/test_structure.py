@@ -118,6 +118,15 @@ def find_no_function_is_longer_than_60_lines() -> list:
 def test_no_function_is_longer_than_60_lines():
     assert find_no_function_is_longer_than_60_lines() == []
 
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_longer_than_500_lines():
+    """Issue #37: a file a newcomer reads in one sitting (the C per-call path, gearcache/call/_callpath.c, aside)."""
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
 def find_no_module_imports_a_private_name_from_another_package() -> list:
     found = [f"{m} imports {t}.{name}" for m in MODULES for t, name in _imports(m)
              if name and name.startswith("_") and not name.startswith("__") and t in MODULES
