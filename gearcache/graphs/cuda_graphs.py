@@ -350,24 +350,21 @@ class CudaGraphs:
         leaves)`` per gear, and the saved copies of what the warm-up runs write (restored before the records)."""
         prepared: list[tuple[tuple, tuple, GraphedEntry, tuple]] = []
         saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+        written: list[torch.Tensor] = []        # the tensors themselves (``saved`` holds byte views of copies)
         try:
             for gkey, leaves, key, targets in todo:
                 with self.phase(leaves, "look up", synchronize=False):
                     graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait=True)
                 prepared.append((gkey, leaves, graphed, static_leaves))
-                saved += self._snapshot_new(graphed, static_leaves, [v for v, _ in saved])
+                # what the gears started before write is in ``written``: saved once, before any of them ran
+                fresh = [t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in written)]
+                saved += snapshot(fresh)
+                written += fresh
                 gear_threads.start(graphed, static_leaves)
         except BaseException:
             gear_threads.stop()
             raise
         return prepared, saved
-
-    @staticmethod
-    def _snapshot_new(graphed: GraphedEntry, static_leaves: tuple,
-                      taken: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Saved copies of what the gear's warm-up run writes, but not of tensors in ``taken`` (saved for a gear
-        started before, which may have written them already)."""
-        return snapshot([t for t in written_tensors(graphed.entry, static_leaves) if all(t is not w for w in taken)])
 
     def _warm_up_undone(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> None:
         """Run the gear's warm-up run, then undo what it wrote to static-address inputs and to state (a KV cache, a
