@@ -292,6 +292,7 @@ def cache_copy(populated, tmp_path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_verify_finds_a_flipped_byte_and_prune_removes_it(cache_copy, listing):
     victim, other = listing
     code = sorted((cache_copy / "artifacts" / victim["akey"] / "inductor").rglob("*.py"))[0]

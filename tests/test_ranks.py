@@ -118,10 +118,11 @@ def test_eight_processes_racing_on_one_empty_folder(tmp_path):
 GEARS = [1, 2, 4]
 
 
-@pytest.fixture(scope="session", params=[4, pytest.param(8, marks=pytest.mark.slow)], ids=["4", "8"])
+@pytest.fixture(scope="session", params=[2, pytest.param(4, marks=pytest.mark.slow),
+                                         pytest.param(8, marks=pytest.mark.slow)], ids=["2", "4", "8"])
 def tp_gears(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
-    """A cold job of tests/scripts/run_tp_gears.py (a TP MLP with an all-reduce inside, gears 1, 2, 4) on 4 and on 8
-    ranks: ``(nproc, its cache folder, the ranks' reports)``."""
+    """A cold job of tests/scripts/run_tp_gears.py (a TP MLP with an all-reduce inside, gears 1, 2, 4) on 2, 4 and 8
+    ranks (2 in the fast tier, on the 2-core machine): ``(nproc, its cache folder, the ranks' reports)``."""
     nproc = request.param
     root = tmp_path_factory.mktemp(f"tp_gears_{nproc}")
     return nproc, root / "cache", _torchrun(nproc, root / "cache", root / "cold", script="run_tp_gears.py")
