@@ -323,6 +323,42 @@ def test_state_the_graph_advances_in_place_is_advanced_once_per_call(tmp_path, c
         assert int(served.pos) == 6
 
 
+class GearedCounted(torch.nn.Module):
+    """Counted's state under gears: every gear's warm-up run writes the same cache and counter (shared state)."""
+
+    def __init__(self, cache_dir, config):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("cache", torch.zeros(16, 8))
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):                                # x [B, 8], B geared
+        self.cache.index_copy_(0, self.pos, self.lin(x[:1]))
+        self.pos.add_(1)
+        return self.lin(x) + self.cache.sum(0)
+
+
+@needs_cuda
+def test_warmup_of_every_gear_leaves_state_shared_by_the_gears_as_it_was(tmp_path):
+    """Each gear's warm-up run before its capture writes the same cache and counter: what the first run wrote must
+    not be saved as the 'before' of the next gear, so after warmup() the state is the one the user had."""
+    torch.manual_seed(0)
+    served = GearedCounted(tmp_path, _config(x={0: [1, 2, 4]})).cuda()
+    twin = GearedCounted(tmp_path / "twin", CompilerConfig()).cuda()
+    twin.load_state_dict(served.state_dict())
+    before = counters.graph_captures
+    with torch.inference_mode():
+        served.cached.warmup(torch.zeros(4, 8, device="cuda"))
+        assert counters.graph_captures - before == 3
+        _assert_state_equal(served, twin)
+        for n in (1, 3, 4, 2, 1):
+            x = torch.randn(n, 8, device="cuda")
+            torch.testing.assert_close(served.cached(x), twin.fwd(x))
+            _assert_state_equal(served, twin)
+        assert int(served.pos) == 5
+
+
 @needs_cuda
 def test_state_replaced_after_capture_is_captured_again(tmp_path):
     """A graph holds the addresses of the state it read at capture; a buffer replaced by another tensor (a new KV
