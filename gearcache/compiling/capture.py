@@ -20,7 +20,7 @@ import dataclasses
 import inspect
 import os
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -44,22 +44,28 @@ class Captured:
     guards: guard_sets.GuardSet
 
 
-def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
-    state: dict[str, Any] = {}
-
-    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
+                       ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., list[Any]]]:
+    """A Dynamo backend that records the graph into ``state`` (``"gm"``, ``"inputs"``, ``"code"``) and does not run
+    it: the call's real run is the compiled entry's, once (an in-place update of an input must not happen twice).
+    The outputs it gives Dynamo to build the result are ``empty_like(node)`` per output node, kept as
+    ``state["flat_out"]``."""
+    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., list[Any]]:
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
 
-        def run(*flat):
-            # Do not run the graph: the call's real run is the compiled entry's, once (an in-place update of an
-            # input must not happen twice). Empty outputs of the right metadata let Dynamo build the result.
+        def run(*flat: Any) -> list[Any]:
             nodes = _output_nodes(gm)
-            out = _mark_numbers([_empty_like_example(n) for n in nodes], nodes)
+            out = _mark_numbers([empty_like(n) for n in nodes], nodes)
             state["flat_out"] = out
             return out
 
         return run
+    return record
 
+
+def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+    state: dict[str, Any] = {}
+    record = _recording_backend(state, _empty_like_example)
     code = method.__func__.__code__
     recording = torch_guards.GuardRecording()
     compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
@@ -335,18 +341,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
     (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
     from them, ``recording`` the guards Dynamo recorded."""
     state: dict[str, Any] = {}
-
-    def record(gm: torch.fx.GraphModule, example_inputs: list[Any]):
-        state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
-
-        def run(*flat):
-            nodes = _output_nodes(gm)
-            out = _mark_numbers([_empty_like_hint(n) for n in nodes], nodes)
-            state["flat_out"] = out
-            return out
-
-        return run
-
+    record = _recording_backend(state, _empty_like_hint)
     code = method.__func__.__code__
     torch_capture.forget_dynamo_cache(code)
     recording = torch_guards.GuardRecording()
