@@ -40,7 +40,7 @@ from .config import CompilerConfig
 from .counters import counters
 from .errors import GradModeError, UnsupportedInputError
 from .compiling.gear_plan_life import GearPlanLife
-from .gears.plan import GearPlan, has_marks
+from .gears.plan import GearPlan, MarkedCall, has_marks
 from .graphs.cuda_graphs import CudaGraphs
 from .keys import guard_watch
 from .keys import guard_paths, guard_sets
@@ -97,7 +97,7 @@ class CachedFunction(Dispatcher):
             self._check_no_grad(leaves)
         gear_plan = gear_life.plan
         if gear_plan is None and not gear_life.checked:
-            gear_plan = self.gear_plan(args, kwargs, leaves, key)
+            gear_plan = self.gear_plan(gear_life.marked_call(args, kwargs))
         if self.graphs is not None:
             return self.graphs.call(gear_plan, leaves, key, served=True)
         if gear_plan is not None:
@@ -105,7 +105,7 @@ class CachedFunction(Dispatcher):
         entry = self._table.get(key)
         if entry is None:
             if has_marks(leaves):                   # marked after an unmarked first call: gears from now on
-                gear_plan = self.gear_plan(args, kwargs, leaves, key, again=True)
+                gear_plan = self.gear_plan(self.gear_life.marked_call(args, kwargs), again=True)
                 if gear_plan is not None:
                     return self.call_geared(gear_plan, leaves, key, served=True)
             self._note_miss(args, kwargs, leaves, geared=False)
@@ -217,15 +217,14 @@ class CachedFunction(Dispatcher):
         self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared,
                                 gear_plans_stored=self.gear_life.any_stored)
 
-    def gear_plan(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
-                  again: bool = False) -> GearPlan | None:
+    def gear_plan(self, call: MarkedCall, again: bool = False) -> GearPlan | None:
         """The gear plan of this call's marks (``GearPlanLife.plan_for``: built or loaded on the first marked call;
         None when nothing is marked); the value guards of its trace are watched with the entries'. ``again``: look
         for marks on this call too when an earlier call had none."""
         with self._lock:
             guards = self.gear_life.guards
             try:
-                return self.gear_life.plan_for(args, kwargs, leaves, key, again)
+                return self.gear_life.plan_for(call, again)
             finally:
                 if self.gear_life.guards is not guards:
                     self._rewatch()

@@ -26,7 +26,7 @@ import torch
 
 import gearcache.compiling.entry_life as entry_life_module
 from gearcache import CompilerConfig, cache_compile, counters, runplan
-from gearcache.compiling import compiler
+from gearcache.compiling import pipeline
 from gearcache.store import files as store_module
 from gearcache.store import Store
 from gearcache.store.artifacts import Artifacts
@@ -111,7 +111,7 @@ def copy_store(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
 
 
 def fake_compile(prebuilt: pathlib.Path, before_copy=None, halfway=None, fallback: str | None = None):
-    """A ``compiler.compile_artifact`` that copies the prebuilt artifact of the same key instead of compiling (the key
+    """A ``pipeline.compile_artifact`` that copies the prebuilt artifact of the same key instead of compiling (the key
     comes from the work folder's name: ``tmp/<akey>.<pid>.<tag>`` or a private ``gearcache-<akey[:12]>-*``);
     ``fallback``: the prebuilt artifact to copy for a key it does not have (the same graph under other key factors)."""
     def compile_artifact(gm, example_inputs, folder, *, config_patches):
@@ -134,7 +134,7 @@ def fake_compile(prebuilt: pathlib.Path, before_copy=None, halfway=None, fallbac
 
 
 def install_fake_compile(prebuilt: pathlib.Path, **kw) -> None:
-    compiler.compile_artifact = fake_compile(prebuilt, **kw)
+    pipeline.compile_artifact = fake_compile(prebuilt, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- kill rounds
@@ -171,7 +171,7 @@ def _arm(step: str, delay: float) -> None:
     if step == "capture":
         wrap(entry_life_module, "capture")
     elif step == "build":
-        wrap(compiler, "compile_artifact")
+        wrap(pipeline, "compile_artifact")
     elif step == "manifest":
         wrap(Artifacts, "_write_manifest")
     elif step == "replace-manifest":
@@ -204,12 +204,12 @@ def kill_round(root: str, prebuilt: str, step: str, delay: float, rows: int, con
     """Child: call Tiny on ``rows`` on the store at ``root`` (which must publish it), armed to die at ``step``."""
     root_p, prebuilt_p = pathlib.Path(root), pathlib.Path(prebuilt)
     if step == "compile-real":
-        original = compiler.compile_artifact
+        original = pipeline.compile_artifact
 
         def compile_then_die(*args, **kwargs):
             threading.Timer(delay, _die).start()
             return original(*args, **kwargs)
-        compiler.compile_artifact = compile_then_die
+        pipeline.compile_artifact = compile_then_die
     else:
         install_fake_compile(prebuilt_p, halfway=(lambda: _arm("timer", delay)) if step == "build-mid" else None)
         if step != "build-mid":

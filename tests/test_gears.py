@@ -11,7 +11,8 @@ import gearcache
 from conftest import run_script
 from gear_models import BatchSoftmax, Mixed, PairMLP
 from gearcache import CompilerConfig, ConfigError, counters, mark_static, set_dim_gears
-from gearcache.gears.plan import GearPlan, MarkedDim
+from gearcache.call import signature
+from gearcache.gears.plan import GearPlan, MarkedCall, MarkedDim
 
 
 # ------------------------------------------------------------------------------------------------------- marking
@@ -71,6 +72,22 @@ def test_zip_resolver_picks_the_first_covering_gear(sizes_per_dim, data):
 @pytest.fixture(scope="module")
 def pair_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("gears")
+
+
+def test_gear_calls_are_the_example_narrowed_or_padded_to_every_gear():
+    x, ids = torch.randn(3, 5), torch.arange(3)
+    leaves, key = signature.call_key((x,), {"ids": ids})
+    marks = [MarkedDim(0, 0, [2, 4], "x"), MarkedDim(1, 0, [2, 4], "ids", -1)]
+    call = MarkedCall((x,), {"ids": ids}, leaves, key, {0: "x", 1: "ids"}, marks)
+    small, large = GearPlan(marks, [[0, 1]], "product", {}, "error").gear_calls(call)
+    assert (small.sizes, large.sizes) == ([2, 2], [4, 4])
+    assert small.leaves[0].is_contiguous() and torch.equal(small.leaves[0], x[:2])
+    assert torch.equal(small.leaves[1], ids[:2])
+    assert torch.equal(large.leaves[0][:3], x) and not large.leaves[0][3].any()       # no pad value given: 0
+    assert large.leaves[1].tolist() == [0, 1, 2, -1]
+    for gear in (small, large):             # the key and the arguments of the gear's own call
+        assert gear.key == signature.call_key(gear.args, gear.kwargs)[1]
+        assert gear.args[0] is gear.leaves[0] and gear.kwargs["ids"] is gear.leaves[1]
 
 
 def test_zip_pads_every_size_and_matches_eager(pair_cache):

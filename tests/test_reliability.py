@@ -30,7 +30,7 @@ import reliability_child as rc
 from gearcache import (CacheCorruptionError, CompilerConfig, LockTimeoutError, SignatureMismatchError,
                        UntrustedCacheError, cache_compile, counters)
 from gearcache._torch import versions as torch_versions
-from gearcache.compiling import compiler
+from gearcache.compiling import pipeline
 from gearcache import runplan
 from gearcache.compiling import faults
 from gearcache.runplan import loader as runplan_loader
@@ -61,7 +61,7 @@ def cache(prebuilt, tmp_path) -> pathlib.Path:
 
 @pytest.fixture
 def fake_compile(prebuilt, monkeypatch):
-    monkeypatch.setattr(compiler, "compile_artifact", rc.fake_compile(prebuilt))
+    monkeypatch.setattr(pipeline, "compile_artifact", rc.fake_compile(prebuilt))
 
 
 @pytest.fixture(autouse=True)
@@ -199,7 +199,7 @@ def test_entry_of_another_torch_version_or_isa_is_never_loaded(cache, prebuilt, 
         monkeypatch.setattr(torch_versions, "software_versions", lambda: dict(real, torch="2.99.0+other"))
     else:
         monkeypatch.setattr(torch_versions, "device_capability", lambda device: "cpu:x86_64:AVX1024")
-    monkeypatch.setattr(compiler, "compile_artifact", rc.fake_compile(prebuilt, fallback=akeys["2"]))
+    monkeypatch.setattr(pipeline, "compile_artifact", rc.fake_compile(prebuilt, fallback=akeys["2"]))
     with counters.expect(loads=0, compiles=1):
         assert rc.check_call(rc.make(cache), 2)
     after = {p: p.read_bytes() for p in (cache / "entries").rglob("*.json")}

@@ -184,7 +184,7 @@ def test_eviction_spares_an_artifact_a_live_process_loaded(prebuilt, fork, tmp_p
         # its reader is dead: the lease no longer counts
         Store(root, StoreConfig(max_size=int(size * 1.5))).maintenance.evict()
     assert not (root / "artifacts" / a).exists() and (root / "artifacts" / c).is_dir()
-    monkeypatch.setattr(rc.compiler, "compile_artifact", rc.fake_compile(prebuilt))
+    monkeypatch.setattr(rc.pipeline, "compile_artifact", rc.fake_compile(prebuilt))
     with counters.expect(compiles=1, loads=0):
         assert rc.check_call(rc.make(root), rc.ROWS[0])     # evicted means a miss, compiled again, right
 

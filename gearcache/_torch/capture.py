@@ -84,7 +84,21 @@ def op_type_error(exc: BaseException) -> TypeError | None:
     return None
 
 
-def explain_graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
+def explain_graph_breaks(method: types.MethodType, args: tuple, kwargs: dict,
+                         exc: BaseException) -> list[tuple[str, str]]:
+    """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the
+    method's Dynamo cache entries dropped after it); where explain itself fails, or finds none, the one break the
+    capture's error ``exc`` tells of."""
+    try:
+        breaks = _graph_breaks(method, args, kwargs)
+    except Exception:           # explain itself failed: report the one break we know of
+        breaks = []
+    finally:
+        forget_dynamo_cache(method.__func__.__code__)
+    return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
+
+
+def _graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
     """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
     out = torch._dynamo.explain(fn)(*args, **kwargs)
     breaks = []

@@ -1,4 +1,4 @@
-"""Compiling a graph with Inductor into an artifact folder, and loading one (gearcache/compiling/compiler.py,
+"""Compiling a graph with Inductor into an artifact folder, and loading one (gearcache/compiling/pipeline.py,
 entry_life.py, workers.py, background.py; gearcache/runplan/loader.py; gearcache/config.py for mode settings).
 
 On-disk format: a Dynamo graph is compiled with ``torch._inductor.standalone_compile`` and saved in its "unpacked"

@@ -4,7 +4,7 @@ The caller captures; the worker compiles. The Dynamo graph travels as bytes (:fu
 ``GraphPickler``, which its subprocess compile uses too), the example inputs as metadata, Inductor's and AOTAutograd's
 settings as torch's portable config snapshot (:func:`compiler_settings`). The worker runs the first half of
 :func:`gearcache._torch.inductor.compile_to_folder` (``compile_unloaded``); the caller runs the second
-(``compiler.finish_artifact``), the run plan's check needing the real example inputs.
+(``pipeline.finish_artifact``), the run plan's check needing the real example inputs.
 """
 from __future__ import annotations
 

@@ -12,7 +12,9 @@ runner); ``PyDispatcher`` below is the same in Python, used where the extension 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .signature import Matcher
 
 try:
     from ._callpath import Dispatcher as _NativeDispatcher
@@ -20,16 +22,41 @@ except ImportError:                 # pragma: no cover - depends on how gearcach
     _NativeDispatcher = None
 
 
+class Served(Protocol):
+    """What the shortcut serves a call with: ``entry.build(entry.run(args), args)``, counting ``entry.hits`` (a loaded
+    ``call.entry.Entry``, or an eager stand-in of the same interface)."""
+    hits: int
+
+    def run(self, leaves: tuple) -> list: ...
+
+    def build(self, outs: list, leaves: tuple) -> Any: ...
+
+
+class Counts(Protocol):
+    """What the shortcut counts its hits in (``gearcache.counters.counters``)."""
+    hits: int
+
+
+class Watch(Protocol):
+    """What the shortcut asks first: whether the method's value guards still hold (``keys.guard_watch.GuardWatch``)."""
+
+    def valid(self) -> bool: ...
+
+
 class PyDispatcher:
     """``Dispatcher`` in Python (see the module docstring)."""
 
-    _shortcut: tuple | None = None
+    _shortcut: tuple[Matcher, Served, Counts, Watch | None] | None = None
     shortcut_calls = 0
 
-    def _set_shortcut(self, matcher: Any, entry: Any = None, counters: Any = None, watch: Any = None) -> None:
-        if matcher is not None and (entry is None or counters is None):
+    def _set_shortcut(self, matcher: Matcher | None, entry: Served | None = None, counters: Counts | None = None,
+                      watch: Watch | None = None) -> None:
+        if matcher is None:
+            self._shortcut = None
+        elif entry is None or counters is None:
             raise TypeError("_set_shortcut: a matcher needs its entry and the counters")
-        self._shortcut = None if matcher is None else (matcher, entry, counters, watch)
+        else:
+            self._shortcut = (matcher, entry, counters, watch)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         shortcut = self._shortcut

@@ -11,6 +11,7 @@ tensors have that key, without building it: the hot path's shortcut for a call l
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import threading
@@ -135,6 +136,12 @@ def shared_storages(leaves: Any) -> dict[int, int]:
             objects.add(id(leaf))
             on.setdefault(_storage_address(leaf), []).append(i)
     return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
+
+
+def on_cuda(leaves: tuple) -> bool:
+    """Whether a call has a CUDA tensor among its inputs (CUDA graphs serve such calls; calls with none run without
+    graphs, on the same entries)."""
+    return any(isinstance(x, _Tensor) and x.is_cuda for x in leaves)
 
 
 def shares_storage(key: tuple) -> list[int]:
@@ -300,3 +307,21 @@ def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
         return tuple(leaves), {}
     it = iter(leaves)
     return rebuild(structure[0], it), rebuild(structure[1], it)
+
+
+def leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
+    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
+    try:
+        bound = inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return {}
+    names: dict[int, str] = {}
+    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+    for name, value in bound.arguments.items():
+        if isinstance(value, _Tensor) and id(value) in ids:
+            names[ids[id(value)]] = name
+        elif isinstance(value, (list, tuple)):
+            for k, item in enumerate(value):
+                if isinstance(item, _Tensor) and id(item) in ids:
+                    names[ids[id(item)]] = f"{name}[{k}]"
+    return names

@@ -10,7 +10,7 @@ A background compile is a handle, :class:`Compiling`, that its owner (an ``entry
 (``done``, ``wait``) and installs: the first call of the signature after the worker is done (or :func:`wait`)
 settles it in the calling thread (``EntryLife.settle``): the artifact is published as any miss publishes it
 (``EntryLife.publish``: the artifact lock, a private build folder which :meth:`Compiling.fill` fills with the worker's
-folder and the run plan written from the captured example inputs, ``compiler.finish_artifact``, digests, an atomic
+folder and the run plan written from the captured example inputs, ``pipeline.finish_artifact``, digests, an atomic
 rename), the entry manifest written, the entry loaded and put in the table (``EntryLife.finish`` and ``remember``),
 and the handle closed (:meth:`Compiling.close`). This module never reaches into its owner: it only asks it to
 settle what it holds (:class:`BackgroundOwner`). From then on the signature is served compiled, CUDA graphs

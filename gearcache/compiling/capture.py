@@ -78,7 +78,8 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
         if torch_capture.is_graph_break(exc):
             torch_capture.forget_dynamo_cache(code)
             _raise_op_type_error(method, exc)
-            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+            breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+            raise GraphBreakError(_qualname(method), breaks) from None
         raise
     finally:
         torch_capture.forget_dynamo_cache(code)
@@ -87,13 +88,14 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
     state_names = _state_names(module)
     outputs = _output_recipe(result, state.get("flat_out", []), leaves, state_names)
     _ensure_an_output(state["gm"], state["inputs"])
+    passed = passed_names(method, args, kwargs)
     return Captured(
         graph=state["gm"],
         example_inputs=state["inputs"],
         inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
         outputs=outputs,
         dependencies=_dependencies(state["code"]),
-        guards=guards_from_dynamo.from_dynamo(recording, method, passed_names(method, args, kwargs)),
+        guards=guards_from_dynamo.from_dynamo(recording, method, passed),
     )
 
 
@@ -184,17 +186,6 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
-
-
-def _explain(method: types.MethodType, args: tuple, kwargs: dict, exc: BaseException) -> list[tuple[str, str]]:
-    code = method.__func__.__code__
-    try:
-        breaks = torch_capture.explain_graph_breaks(method, args, kwargs)
-    except Exception:           # explain itself failed: report the one break we know of
-        breaks = []
-    finally:
-        torch_capture.forget_dynamo_cache(code)
-    return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
 
 
 def _state_names(module: torch.nn.Module) -> dict[int, str]:
@@ -356,7 +347,8 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
     except Exception as exc:
         if torch_capture.is_graph_break(exc):
             _raise_op_type_error(method, exc)
-            raise GraphBreakError(_qualname(method), _explain(method, args, kwargs, exc)) from None
+            breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+            raise GraphBreakError(_qualname(method), breaks) from None
         if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
             raise GearcacheError(
                 f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "

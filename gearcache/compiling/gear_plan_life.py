@@ -1,10 +1,11 @@
-"""A gear plan's life as public stages: ``marks``, ``plan_key``, ``stored``, ``load_or_build``, ``build``,
-``verify_first_use`` / ``verify_gear``, ``past_largest``, ``revalidate``.
+"""A gear plan's life as public stages: ``marked_call``, ``plan_key``, ``stored``, ``load_or_build``, ``build``,
+``verify_first_use`` / ``verify_all``, ``past_largest``, ``revalidate``.
 
 :class:`GearPlanLife` holds the gear plan (plan.py) of one cached method, beside its :class:`EntryLife` (the entries'
 stages, gearcache/compiling/entry_life.py), and takes it from the first marked call to its last:
 
-- ``marks``: the call's gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name);
+- ``marked_call``: a call as the gears read it, a :class:`~gearcache.gears.plan.MarkedCall`: its leaves, key
+  and gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name), derived once;
 - ``plan_key``: the gear plan's key, every factor its trace depends on (:data:`~gearcache.gears.plan.PLAN_FORMAT`,
   the marks, the method's source, the module's state, torch's versions);
 - ``stored``: the store's plan record for these marks whose value guards hold here (``guard_sets.choose``);
@@ -26,7 +27,6 @@ A plan whose value guards read a value local to this process is never stored (no
 """
 from __future__ import annotations
 
-import inspect
 import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
@@ -44,7 +44,7 @@ from ..keys import guard_paths, guard_sets
 from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..runplan.collectives import communicates
 from ..gears import padding_check
-from ..gears.plan import PLAN_FORMAT, GearPlan, MarkedDim, build_plan, check_marks, find_marks, narrowed
+from ..gears.plan import PLAN_FORMAT, GearPlan, MarkedCall, MarkedDim, build_plan, check_marks, find_marks, narrowed
 
 if TYPE_CHECKING:
     from .entry_life import EntryLife
@@ -72,23 +72,25 @@ class GearPlanLife:
         self.guards: guard_sets.GuardSet | None = None    # the plan's trace's value guards
 
     # --------------------------------------------------------------------------------------------- the plan
-    def plan_for(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
-                 again: bool = False) -> GearPlan | None:
+    def plan_for(self, call: MarkedCall, again: bool = False) -> GearPlan | None:
         """The gear plan, built (or loaded) from the first call's marks; None when nothing is marked. ``again``: look
         for marks on this call too when an earlier call had none."""
         with self.lock:
             if self.checked and not (again and self.plan is None):
                 return self.plan
-            marks = self.marks(args, kwargs, leaves)
-            if marks:
-                self.plan = self.load_or_build(marks, leaves, key)
+            if call.marks:
+                self.plan = self.load_or_build(call)
             self.checked = True
             return self.plan
 
-    def marks(self, args: tuple, kwargs: dict, leaves: tuple) -> list[MarkedDim]:
-        """The call's gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name)."""
+    def marked_call(self, args: tuple, kwargs: dict) -> MarkedCall:
+        """The call ``args``, ``kwargs`` as the gears read it: its leaves and key (``signature.call_key``), the names
+        of its tensor arguments, and its gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears``
+        by name)."""
         ic = self.config.inference_config
-        return find_marks(leaves, leaf_names(self.method, args, kwargs, leaves), ic.dim_gears, ic.pad_values)
+        leaves, key = signature.call_key(args, kwargs)
+        names = signature.leaf_names(self.method, args, kwargs, leaves)
+        return MarkedCall(args, kwargs, leaves, key, names, find_marks(leaves, names, ic.dim_gears, ic.pad_values))
 
     def plan_key(self, marks: list[MarkedDim], key: tuple) -> str:
         """The gear plan's key: everything its trace depends on."""
@@ -98,34 +100,35 @@ class GearPlanLife:
                              merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self.module),
                              global_state=torch_state.global_state(), software=torch_versions.software_versions())
 
-    def stored(self, marks: list[MarkedDim], key: tuple) -> guard_sets.Choice:
-        """The store's plan record for these marks whose value guards hold here (``record`` None: none stored)."""
-        pkey = self.plan_key(marks, key)
+    def stored(self, call: MarkedCall) -> guard_sets.Choice:
+        """The store's plan record for the call's marks whose value guards hold here (``record`` None: none stored)."""
+        pkey = self.plan_key(call.marks, call.key)
         return guard_sets.choose(self._read, pkey, self.scope)
 
     def any_stored(self) -> bool:
         """Whether the store holds any gear plan of this method (``Entries.gear_plans_in_method``)."""
         return bool(self.store.entries.gear_plans_in_method(self.topology.folder, self.name))
 
-    def load_or_build(self, marks: list[MarkedDim], leaves: tuple, key: tuple) -> GearPlan:
-        """The stored gear plan for these marks, else one built (``build``) and stored; either way checked against
-        ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
+    def load_or_build(self, call: MarkedCall) -> GearPlan:
+        """The stored gear plan for the call's marks, else one built (``build``) and stored; either way checked
+        against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
         ic = self.config.inference_config
-        check_marks(marks, ic.dynamic_gears_merge_policy)
-        found = self.stored(marks, key)
+        check_marks(call.marks, ic.dynamic_gears_merge_policy)
+        found = self.stored(call)
         saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             self.guards = found.guards
             gear_plan = GearPlan.from_json(saved["plan"], ic.past_largest_gear)
         else:
-            gear_plan = self.build(marks, leaves, key, pkey)
+            gear_plan = self.build(call, pkey)
         padding_check.apply(self.name, gear_plan, ic.padding_check)
         return gear_plan
 
-    def build(self, marks: list[MarkedDim], leaves: tuple, key: tuple, pkey: str) -> GearPlan:
+    def build(self, call: MarkedCall, pkey: str) -> GearPlan:
         """Trace the method with the marked dims symbolic (at the largest gear), analyse its padding, and store the
         plan under ``pkey`` (unless its value guards read a local value, which no other process can check)."""
         ic = self.config.inference_config
+        marks, leaves, key = call.marks, call.leaves, call.key
         counters.traces += 1
         largest = tuple(max(m.sizes) if m.sizes[-1] >= 2 else leaves[m.leaf].shape[m.dim] for m in marks)
         traced = [(m.leaf, m.dim) for m in marks if m.sizes[-1] >= 2]
@@ -133,13 +136,12 @@ class GearPlanLife:
             narrowed(leaves, marks, largest), list(largest))
         trace = symbolic_shapes(self.method, self.module, key[0], sample, traced)
         self.entries.communicates = communicates(trace.graph)      # warm-up compiles such graphs in this thread
-        names = leaf_names(self.method, *signature.unflatten(key[0], leaves), leaves)
         from ..gears import padding  # the analysis (and sympy) only where a gear plan is built, never on a warm load
 
         bounds: dict[str, int] = {}
         for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
             bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
-        report = padding.analyse(trace, names, {m.leaf for m in marks},
+        report = padding.analyse(trace, call.names, {m.leaf for m in marks},
                                  {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
@@ -168,24 +170,16 @@ class GearPlanLife:
             if tuple(targets) not in gear_plan.verified:
                 padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, targets)
 
-    def verify_all(self, gear_plan: GearPlan, leaves: tuple, key: tuple,
+    def verify_all(self, gear_plan: GearPlan, call: MarkedCall,
                    span: Callable[[str, str], ContextManager[None]]) -> None:
-        """A warm-up's test of every gear against eager (``verify_gear``), where ``padding_check="verify"`` asks for
-        it; each gear's test is timed in ``span(who, phase)`` (``Timeline.span``)."""
+        """A warm-up's test of every gear against eager, on its example ``call`` narrowed to the smallest real sizes
+        that pad up to the gear (``padding_check.cases``, then ``padding_check.verify``), where
+        ``padding_check="verify"`` asks for it; each test is timed in ``span(who, phase)`` (``Timeline.span``)."""
         if gear_plan.verify_first:
-            for sizes in gear_plan.combinations():
-                with span(f"gear {sizes}", "verify padding"):
-                    self.verify_gear(gear_plan, leaves, key, sizes)
-
-    def verify_gear(self, gear_plan: GearPlan, leaves: tuple, key: tuple, sizes: list[int]) -> None:
-        """Test gear ``sizes`` against eager on an example call (``leaves``, ``key``) narrowed to the smallest real
-        sizes that pad up to it (padding_check.verify), unless no size pads up to it or it passed already."""
-        real = padding_check.real_sizes(gear_plan, sizes)
-        if real == sizes or tuple(sizes) in gear_plan.verified:
-            return
-        real_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, real), real)
-        with self.lock:
-            padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], real_leaves, sizes)
+            for sizes, real_leaves in padding_check.cases(gear_plan, call.leaves):
+                with span(f"gear {sizes}", "verify padding"), self.lock:
+                    padding_check.verify(self.name, self.method, self.module, gear_plan, call.key[0], real_leaves,
+                                         sizes)
 
     def past_largest(self, gear_plan: GearPlan, leaves: tuple, key: tuple) -> Any:
         """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,
@@ -210,20 +204,3 @@ class GearPlanLife:
     def _write(self, pkey: str, record: dict[str, Any]) -> None:
         self.store.entries.write_gear_plan(self.topology.folder, self.name, pkey, record)
 
-
-def leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
-    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
-    try:
-        bound = inspect.signature(method).bind(*args, **kwargs)
-    except TypeError:
-        return {}
-    names: dict[int, str] = {}
-    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
-    for name, value in bound.arguments.items():
-        if isinstance(value, torch.Tensor) and id(value) in ids:
-            names[ids[id(value)]] = name
-        elif isinstance(value, (list, tuple)):
-            for k, item in enumerate(value):
-                if isinstance(item, torch.Tensor) and id(item) in ids:
-                    names[ids[id(item)]] = f"{name}[{k}]"
-    return names

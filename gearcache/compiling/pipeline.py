@@ -8,16 +8,20 @@ The artifact key itself is computed by gearcache/keys/key.py's ``artifact_key``.
 
 - :meth:`~ArtifactPipeline.load_stored`: the store's artifact ``akey``, verified (what its run plan reads), loaded for
   a GPU and leased; None (a miss) when it is absent, corrupt (quarantined), bound to another GPU or vanished.
-- :meth:`~ArtifactPipeline.compile`: a graph into a build folder (``compiler.compile_artifact``: Inductor's
+- :meth:`~ArtifactPipeline.compile`: a graph into a build folder (:func:`compile_artifact`: Inductor's
   ``<artifact>/inductor``, then ``<artifact>/runplan``) under the config's Inductor patches
   (:meth:`~ArtifactPipeline.patches`); :meth:`~ArtifactPipeline.finish_compiled_elsewhere` for a folder a worker
-  process compiled.
+  process compiled (:func:`finish_artifact`).
 - :meth:`~ArtifactPipeline.publish`: a build under the artifact lock, once across the processes sharing the store,
   with ``config.on_cache_error`` applied when the store fails (``faults.publish_or_fallback``): ``(folder, built)``,
   folder None under ``"eager"`` after a fault.
 - :meth:`~ArtifactPipeline.load_published`: the published folder loaded for a GPU (``runplan.load_artifact``; raises
   ``runplan.WrongDevice``), counted as a load when this process did not build it.
 - :meth:`~ArtifactPipeline.compile_or_load`: publish (compiling the graph) then load_published: a :class:`Published`.
+
+:func:`compile_artifact` is the one function every compile goes through (a cached method's entries, the torch.compile
+route's backend; warm-up workers run its first half in another process and the caller :func:`finish_artifact`), so
+tests can replace it as a whole.
 
 Counters: ``compiles`` and ``compile_seconds`` for each compile here (a worker's seconds added for one compiled
 elsewhere); ``loads`` and ``load_seconds`` for each artifact loaded that this process did not compile.
@@ -34,11 +38,12 @@ import torch
 
 from .._torch import inductor as torch_inductor
 from .. import runplan
+from ..runplan import write_run_plan
 from ..config import CompilerConfig
 from ..counters import counters
 from ..errors import CacheCorruptionError
 from ..store import Store
-from . import artifact_io, compiler, faults
+from . import artifact_io, faults
 
 log = logging.getLogger("gearcache")
 
@@ -70,16 +75,16 @@ class ArtifactPipeline:
     def compile(self, graph: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path) -> None:
         """Compile ``graph`` into the build folder ``folder`` (Inductor, in this process, then its run plan)."""
         t0 = time.perf_counter()
-        compiler.compile_artifact(graph, example_inputs, folder, config_patches=self.patches())
+        compile_artifact(graph, example_inputs, folder, config_patches=self.patches())
         counters.compiles += 1
         counters.compile_seconds += time.perf_counter() - t0
 
     def finish_compiled_elsewhere(self, example_inputs: list[Any], folder: pathlib.Path,
                                   worker_seconds: float) -> None:
         """The rest of :meth:`compile` for a folder a worker process compiled (a first load and the run plan from
-        ``example_inputs``: ``compiler.finish_artifact``); counted as a compile of ``worker_seconds`` plus this."""
+        ``example_inputs``: :func:`finish_artifact`); counted as a compile of ``worker_seconds`` plus this."""
         t0 = time.perf_counter()
-        compiler.finish_artifact(folder, example_inputs)
+        finish_artifact(folder, example_inputs)
         counters.compiles += 1
         counters.compile_seconds += worker_seconds + time.perf_counter() - t0
 
@@ -135,3 +140,18 @@ class ArtifactPipeline:
         counters.loads += 1
         counters.load_seconds += seconds
         return compiled, seconds
+
+
+def compile_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
+                     config_patches: dict[str, Any]) -> None:
+    """Write the artifact whose Inductor folder is ``folder`` (``<artifact>/inductor``) and its run plan
+    (``<artifact>/runplan``; this runs the graph on ``example_inputs``, in-place updates going to copies)."""
+    torch_inductor.compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
+    finish_artifact(folder, example_inputs)
+
+
+def finish_artifact(folder: pathlib.Path, example_inputs: list[Any]) -> None:
+    """The second half of :func:`compile_artifact`, for an Inductor folder compiled elsewhere (a warm-up worker
+    process, ``_torch.inductor.compile_unloaded``): a first load, then the run plan from the real ``example_inputs``."""
+    loaded = torch_inductor.load_folder(folder)
+    write_run_plan(pathlib.Path(folder).parent, loaded, example_inputs)

@@ -15,7 +15,7 @@ over its stdin and stdout; each message is an 8-byte big-endian length then a pi
 
 The worker rebuilds the example inputs as zero-filled tensors of the same metadata (the compile depends on shapes,
 strides, offsets, dtypes and devices, never on values) and runs ``_torch.inductor.compile_unloaded`` into ``folder``;
-the caller then loads the folder and writes its run plan from the real inputs (``compiler.finish_artifact``).
+the caller then loads the folder and writes its run plan from the real inputs (``pipeline.finish_artifact``).
 Workers start when warm-up starts and import torch, Inductor and its compile pool before their first job
 (``_torch.worker_compile.warm_up_compiler``), so that cost overlaps the caller's first captures. A worker's own Inductor
 uses :func:`compile_threads` threads. Pickles come only from the process that started

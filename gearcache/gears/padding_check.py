@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -35,6 +35,7 @@ from ..call import signature
 from ..counters import counters
 from ..errors import PaddingUnsafeError
 from .pad_values import describe as describe_pad
+from .plan import narrowed
 
 if TYPE_CHECKING:
     from .plan import GearPlan
@@ -86,6 +87,15 @@ def pads_text(gear_plan: GearPlan) -> str:
 def real_sizes(gear_plan: GearPlan, sizes: list[int]) -> list[int]:
     """Per marked dim, the smallest real size that pads up to gear ``sizes`` (1 below the smallest gear)."""
     return [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(gear_plan.dims, sizes)]
+
+
+def cases(gear_plan: GearPlan, leaves: tuple) -> Iterator[tuple[list[int], tuple]]:
+    """A warm-up's tests: for every gear that a smaller real size pads up to and that has not passed yet, its sizes
+    and the example call ``leaves`` narrowed to the smallest real sizes that pad up to it (:func:`real_sizes`)."""
+    for sizes in gear_plan.combinations():
+        real = real_sizes(gear_plan, sizes)
+        if real != sizes and tuple(sizes) not in gear_plan.verified:
+            yield sizes, gear_plan.pad(narrowed(leaves, gear_plan.dims, real), real)
 
 
 def verify(name: str, method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
@@ -141,9 +151,7 @@ def _compare(method: Callable, module: torch.nn.Module, gear_plan: GearPlan, str
         padded_state = [t.clone() for _, t in state]
         _restore(state, saved)
         copies = _copies(leaves, report.written_leaves)
-        args, kwargs = signature.unflatten(structure, copies)
-        outs = _cloned_outputs(method(*args, **kwargs), {})
-        eager_run = (outs, copies)
+        eager_run = (_cloned(_run(method, structure, copies), {}), copies)
         eager_state = [t.clone() for _, t in state]
     finally:
         _restore(state, saved)
@@ -168,11 +176,9 @@ def _run_padded(method: Callable, gear_plan: GearPlan, structure: Any, leaves: t
     written padded inputs copied back into copies of the caller's; returns ``(outputs, leaf copies)``."""
     copies = _copies(leaves, written)
     padded = gear_plan.pad(copies, sizes)
-    args, kwargs = signature.unflatten(structure, padded)
-    result = method(*args, **kwargs)
+    flat = _run(method, structure, padded)
     gear_plan.copy_back(padded, copies)
-    back = {id(p): c for p, c in zip(padded, copies) if isinstance(p, torch.Tensor)}
-    outs = _cloned_outputs(result, back)
+    outs = _cloned(flat, {id(p): c for p, c in zip(padded, copies) if isinstance(p, torch.Tensor)})
     for j, cuts in gear_plan.cuts.items():
         for dim, m in cuts:
             d = gear_plan.dims[m]
@@ -181,11 +187,18 @@ def _run_padded(method: Callable, gear_plan: GearPlan, structure: Any, leaves: t
     return outs, copies
 
 
-def _cloned_outputs(result: Any, back: dict[int, torch.Tensor]) -> list:
-    """The method's flattened outputs, cloned; an output that is a (padded) input is the caller's tensor instead, as
-    the gear's result builds it."""
+def _run(method: Callable, structure: Any, leaves: tuple) -> list:
+    """The eager method called on the flat ``leaves`` (rebuilt into its arguments by the key's ``structure``): its
+    flattened outputs."""
+    args, kwargs = signature.unflatten(structure, leaves)
     flat: list = []
-    signature.flatten(result, flat)
+    signature.flatten(method(*args, **kwargs), flat)
+    return flat
+
+
+def _cloned(flat: list, back: dict[int, torch.Tensor]) -> list:
+    """Flattened outputs, cloned; an output that is a (padded) input is the caller's tensor instead, as the gear's
+    result builds it."""
     return [back.get(id(o), o).clone() if isinstance(o, torch.Tensor) else o for o in flat]
 
 

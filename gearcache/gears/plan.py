@@ -29,11 +29,12 @@ import dataclasses
 import itertools
 import math
 import warnings
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from .._torch import capture as torch_capture
+from ..call import signature
 from ..config import normalise_dim_gears
 from ..counters import counters
 from ..errors import ConfigError
@@ -114,6 +115,28 @@ class MarkedDim:
     sizes: list[int]
     name: str               # for messages: "x", "kv[0]" or "input 3"
     pad_value: PadValue | None = None   # the user's (None: chosen by the padding analysis); a plan's: the one used
+
+
+@dataclasses.dataclass
+class MarkedCall:
+    """A call as the gears read it, derived once from its arguments: its flattened ``leaves`` and signature ``key``,
+    the argument ``names`` of its tensor leaves (gearcache/call/signature.py) and its ``marks`` (:func:`find_marks`)."""
+    args: tuple
+    kwargs: dict
+    leaves: tuple
+    key: tuple
+    names: dict[int, str]
+    marks: list[MarkedDim]
+
+
+class GearCall(NamedTuple):
+    """The call at one gear (:meth:`GearPlan.gear_calls`): the gear's ``sizes`` (one per marked dim), the call's
+    ``leaves`` narrowed and padded to them, their signature ``key``, and the ``args`` and ``kwargs`` they rebuild."""
+    sizes: list[int]
+    leaves: tuple
+    key: tuple
+    args: tuple
+    kwargs: dict
 
 
 def _exact_pad(value: PadValue, dtype: torch.dtype, where: str) -> PadValue:
@@ -271,6 +294,16 @@ class GearPlan:
                     sizes[m] = s
             combos.append(sizes)
         return combos
+
+    def gear_calls(self, call: MarkedCall) -> list[GearCall]:
+        """``call`` at every gear (:meth:`combinations`' order): each marked dim narrowed to the gear's size where it
+        is larger, padded up where it is smaller."""
+        gears = []
+        for sizes in self.combinations():
+            leaves = self.pad(narrowed(call.leaves, self.dims, sizes), sizes)
+            key = signature.rekey(call.key, leaves)
+            gears.append(GearCall(sizes, leaves, key, *signature.unflatten(key[0], leaves)))
+        return gears
 
     def to_json(self) -> dict[str, Any]:
         return {"dims": [dataclasses.asdict(d) for d in self.dims], "groups": self.groups, "policy": self.policy,

@@ -48,17 +48,12 @@ from .graphed_entry import (GraphedEntry, fill_buffers, is_static_address, mutat
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
-    from ..gears.plan import GearPlan
+    from ..gears.plan import GearCall, GearPlan
     from ..timeline import Timeline
 
 
 log = logging.getLogger("gearcache")
 CAPTURE_THREADS = 8     # warm-up runs at once in CudaGraphs.capture_all (benchmarks/decode_step.py compares with 1)
-
-
-def on_cuda(leaves: tuple) -> bool:
-    """Whether a call has a CUDA tensor among its inputs (calls with none run without graphs, same entries)."""
-    return any(isinstance(x, torch.Tensor) and x.is_cuda for x in leaves)
 
 
 _LIVE: "weakref.WeakSet[CudaGraphs]" = weakref.WeakSet()     # every method's graphs, for release_graphs()
@@ -126,7 +121,7 @@ class CudaGraphs:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
         (its padding is counted: ``GearPlan.record_padding``)."""
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
-                on_cuda(leaves):
+                signature.on_cuda(leaves):
             raise UnsupportedInputError(signature.shared_memory_message(
                 self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
@@ -137,7 +132,7 @@ class CudaGraphs:
         gkey = self._graph_key(gear_plan, leaves, key, targets)
         graphed = self.graphs.get(gkey)
         if graphed is None:
-            if not on_cuda(leaves):
+            if not signature.on_cuda(leaves):
                 return self.cached.call_uncaptured(gear_plan, leaves, key, served)  # CPU inputs: no graphs
             captured = self._capture(gear_plan, leaves, key, targets)
             if captured is None:    # its entry compiles in the background (background.py): eager until loaded
@@ -210,7 +205,7 @@ class CudaGraphs:
     def prepare(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple) -> Loaded:
         """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
-                on_cuda(leaves):
+                signature.on_cuda(leaves):
             raise UnsupportedInputError(signature.shared_memory_message(
                 self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
@@ -445,7 +440,7 @@ def _collectives_possible() -> bool:
     return bool(torch_distributed.process_groups())
 
 
-def capture_order(combinations: list[list[int]]) -> list[list[int]]:
+def capture_order(gears: list[GearCall]) -> list[GearCall]:
     """The order ``warmup`` captures gears in: largest first (by padded elements, then sizes), so the graphs of the
     smaller gears reuse blocks the larger ones freed into the shared pool instead of growing it."""
-    return sorted(combinations, key=lambda sizes: (math.prod(sizes), sizes), reverse=True)
+    return sorted(gears, key=lambda gear: (math.prod(gear.sizes), gear.sizes), reverse=True)

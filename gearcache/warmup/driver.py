@@ -16,7 +16,7 @@ their
    artifact, then hand it to a thread that publishes the artifact exactly as a miss does
    (``faults.publish_or_fallback``: artifact lock, private build folder, digests, atomic rename), its build step
    sending the graph to an idle worker. The worker compiles; the thread then loads the folder and writes the run
-   plan from the real example inputs (``compiler.finish_artifact``: one at a time, on their own lock, beside the
+   plan from the real example inputs (``pipeline.finish_artifact``: one at a time, on their own lock, beside the
    captures; a fallback compile in this process takes both locks);
 4. in the calling thread, in gear order: write each entry manifest and load the entry (``_complete_entry``); the
    workers are told to exit and reaped in the background.
@@ -42,8 +42,7 @@ import torch
 from .._torch import state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
-from ..call import signature
-from ..gears.plan import GearPlan, narrowed
+from ..gears.plan import GearCall, MarkedCall, most_combinations
 from .progress import Progress
 from ..timeline import Timeline
 from ..errors import WorkerError
@@ -51,7 +50,7 @@ from ..runplan.collectives import communicates
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
-    from ..compiling.entry_life import EntryLife, Pending
+    from ..compiling.entry_life import EntryLife, Found, Pending
 
 log = logging.getLogger("gearcache.warmup.driver")
 
@@ -61,11 +60,14 @@ def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     return own + [i for i in range(n) if i % world_size != rank % world_size]
 
 
-def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | None,
+def start_workers(life: "EntryLife", call: MarkedCall, policy: str, workers: int | None,
                   timeline: Timeline) -> WorkerPool | None:
-    """Start the worker processes of a warm-up that will compile up to ``gears`` gears before it knows which are
-    missing (``warmup.method._early_workers``); None when that would be one worker (the serial path)."""
-    n = min(workers or default_workers(gears, _call_inputs(life, leaves)), gears)
+    """Start the worker processes of a warm-up of the example ``call`` before it knows which gears are missing
+    (``warmup.method._early_workers``): as many as the gears its marks can form under the merge ``policy``, at most
+    (``most_combinations``); None when that would be one worker (the serial path)."""
+    inputs = _call_inputs(life, call.leaves)
+    gears = most_combinations(call.marks, policy)
+    n = min(workers or default_workers(gears, inputs), gears)
     if n <= 1:
         return None
     log.info("warmup %s: starting %d worker processes while the gear plan is traced", life.name, n)
@@ -73,52 +75,49 @@ def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | N
         return WorkerPool(n)
 
 
-def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: tuple, workers: int | None,
-                    timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
-    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
-    example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker
-    processes when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
-    :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``: workers already started
-    (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
-    entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
-    gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | None, timeline: Timeline,
+                    pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
+    """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear call of ``gears`` (the
+    example call at each gear: ``GearPlan.gear_calls``): stored entries are loaded, missing ones compiled in rank
+    order, in worker processes when there are several (see the module docstring). ``workers``: the config's
+    ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``:
+    workers already started (:func:`start_workers`), used if several gears are missing and closed in any case.
+    ``defer_loads``: a gear whose entry manifest is stored is only checked for, not loaded (the caller loads it next:
+    CUDA-graph capture starts each gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
     background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
-    combos = gear_plan.combinations()
-    ranks.note(f"{life.name}: warm-up's compile phase ({len(combos)} gears: look-ups, captures, compiles)")
-    progress = Progress(life.name, len(combos), "ready")
-    missing: list[tuple] = []
+    ranks.note(f"{life.name}: warm-up's compile phase ({len(gears)} gears: look-ups, captures, compiles)")
+    progress = Progress(life.name, len(gears), "ready")
+    missing: list[tuple[GearCall, "Found"]] = []
     try:
         with life.lock:
-            for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
-                gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
-                gkey = signature.rekey(key, gear_leaves)
-                if gkey in life.table:
-                    progress.step(combos[i], "already loaded", 0.0)
+            for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
+                gear = gears[i]
+                if gear.key in life.table:
+                    progress.step(gear.sizes, "already loaded", 0.0)
                     continue
                 t0 = time.perf_counter()
                 if defer_loads:
-                    with timeline.span(f"gear {combos[i]}", "find stored entry"):
-                        stored = life.stored(gear_leaves, gkey)
+                    with timeline.span(f"gear {gear.sizes}", "find stored entry"):
+                        stored = life.stored(gear.leaves, gear.key)
                     if stored:
-                        progress.step(combos[i], "stored", time.perf_counter() - t0)
+                        progress.step(gear.sizes, "stored", time.perf_counter() - t0)
                         continue
-                with timeline.span(f"gear {combos[i]}", "look up"):
-                    found = life.find(gear_leaves, gkey)
+                with timeline.span(f"gear {gear.sizes}", "look up"):
+                    found = life.find(gear.leaves, gear.key)
                 if found.entry is not None:
-                    life.remember(gkey, found.entry)
-                    progress.step(combos[i], "loaded", time.perf_counter() - t0)
+                    life.remember(gear.key, found.entry)
+                    progress.step(gear.sizes, "loaded", time.perf_counter() - t0)
                 else:
-                    missing.append((combos[i], gear_leaves, gkey, found))
+                    missing.append((gear, found))
             if len(missing) > 1 and workers != 1 and not life.communicates:
                 pool, used = None, pool
                 _compile_in_workers(life, missing, workers, progress, timeline, used)
             else:
-                for sizes, gear_leaves, gkey, found in missing:
+                for gear, found in missing:
                     t0 = time.perf_counter()
-                    args, kwargs = signature.unflatten(gkey[0], gear_leaves)
-                    with timeline.span(f"gear {sizes}", "compile serially"):
-                        life.remember(gkey, life.new_entry(args, kwargs, gear_leaves, found))
-                    progress.step(sizes, "compiled or published", time.perf_counter() - t0)
+                    with timeline.span(f"gear {gear.sizes}", "compile serially"):
+                        life.remember(gear.key, life.new_entry(gear.args, gear.kwargs, gear.leaves, found))
+                    progress.step(gear.sizes, "compiled or published", time.perf_counter() - t0)
     finally:
         progress.close()
         if pool is not None:
@@ -126,13 +125,14 @@ def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: 
             pool.close(wait=False)
 
 
-def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | None, progress: Progress,
+def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"]], workers: int | None,
+                        progress: Progress,
                         timeline: Timeline, pool: WorkerPool | None) -> None:
     finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
     capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
     pending: list[tuple[tuple, concurrent.futures.Future, "Pending", str]] = []
     if pool is None:
-        n = min(workers or default_workers(len(missing), _call_inputs(life, missing[0][1])), len(missing))
+        n = min(workers or default_workers(len(missing), _call_inputs(life, missing[0][0].leaves)), len(missing))
         with timeline.span("all", "spawn workers"):
             pool = WorkerPool(n)        # before the first capture: the workers' imports overlap the captures
     n = min(pool.size, len(missing))
@@ -146,16 +146,15 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | 
             progress.step(sizes, how, time.perf_counter() - t0)
 
     try:
-        for sizes, gear_leaves, gkey, found in missing:
-            who = f"gear {sizes}"
-            args, kwargs = signature.unflatten(gkey[0], gear_leaves)
+        for gear, found in missing:
+            who = f"gear {gear.sizes}"
             with capture_lock, timeline.span(who, "capture"):
-                p = life.capture(args, kwargs, gear_leaves, found)
+                p = life.capture(gear.args, gear.kwargs, gear.leaves, found)
                 job = _job(life, p)
             build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
             future = threads.submit(life.publish, p, build)
-            future.add_done_callback(functools.partial(done, sizes=sizes, t0=p.t0))
-            pending.append((gkey, future, p, who))
+            future.add_done_callback(functools.partial(done, sizes=gear.sizes, t0=p.t0))
+            pending.append((gear.key, future, p, who))
         for gkey, future, p, who in pending:
             folder, built = future.result()
             with timeline.span(who, "complete entry"):

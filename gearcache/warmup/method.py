@@ -4,12 +4,14 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 :class:`~gearcache.compiling.gear_plan_life.GearPlanLife`; its ``life``, an
 :class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
-1. the example call's signature key and gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
-   yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace;
-   a method without marks is called once and done;
+1. the example call as the gears read it, derived once (``GearPlanLife.marked_call``: a ``MarkedCall``, its leaves,
+   signature key and marks), and its gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
+   yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace; a
+   method without marks is called once and done;
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
-3. the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
+3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
+   below; the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
 4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
    largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
@@ -28,7 +30,7 @@ from ..call import signature
 from ..compiling.entry_life import Loaded, entry_groups
 from ..compiling.snapshot import kept
 from ..config import CompilerConfig
-from ..gears.plan import GearPlan, has_marks, most_combinations, narrowed
+from ..gears.plan import GearCall, GearPlan, MarkedCall, has_marks
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
@@ -55,8 +57,7 @@ class CachedMethod(Protocol):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    def gear_plan(self, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
-                  again: bool = False) -> GearPlan | None: ...
+    def gear_plan(self, call: MarkedCall, again: bool = False) -> GearPlan | None: ...
 
     def call_geared(self, gear_plan: GearPlan, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
 
@@ -69,78 +70,72 @@ def warm_up(cached: CachedMethod, args: tuple, kwargs: dict, timeline: Timeline)
     lazy = ic.capture_graphs == "first_call"    # CUDA graphs captured at each gear's first call, not here
     try:
         with timeline.span("all", "signature and gears"):
-            leaves, key = signature.call_key(args, kwargs)
+            call = cached.gear_life.marked_call(args, kwargs)
             if not cached.gear_life.checked:
-                early = _early_workers(cached, args, kwargs, leaves, key, timeline)
-            gear_plan = cached.gear_plan(args, kwargs, leaves, key)
-            if gear_plan is None and has_marks(leaves):     # an earlier call had no marks, these do
-                gear_plan = cached.gear_plan(args, kwargs, leaves, key, again=True)
+                early = _early_workers(cached, call, timeline)
+            gear_plan: GearPlan | None = cached.gear_plan(call)
+            if gear_plan is None and has_marks(call.leaves):    # an earlier call had no marks, these do
+                gear_plan = cached.gear_plan(call, again=True)
         if gear_plan is not None:
             # eager runs only, before anything is compiled
-            cached.gear_life.verify_all(gear_plan, leaves, key, timeline.span)
-            capture_now = cached.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
+            cached.gear_life.verify_all(gear_plan, call, timeline.span)
+            gears = gear_plan.gear_calls(call)
+            capture_now = cached.graphs is not None and not lazy and signature.on_cuda(call.leaves)
             pool, early = early, None       # compile_missing owns (and closes) it from here
-            driver.compile_missing(cached.life, gear_plan, leaves, key, ic.warmup_workers, timeline, pool,
+            driver.compile_missing(cached.life, gears, ic.warmup_workers, timeline, pool,
                                    defer_loads=capture_now)      # capture_all loads stored gears
     finally:
         if early is not None:
             early.close(wait=False)
     if gear_plan is not None:
-        return _run_gears(cached, gear_plan, leaves, key, timeline, lazy, capture_now)
-    with kept([*leaves, *cached.module.buffers()]):     # no marks: one call
+        return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
+    with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
         cached(*args, **kwargs)
     return 1
 
 
-def _run_gears(cached: CachedMethod, gear_plan: GearPlan, leaves: tuple, key: tuple, timeline: Timeline,
+def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple, timeline: Timeline,
                lazy: bool, capture_now: bool) -> int:
-    """Run every gear once on the example padded to it (under CUDA graphs: capture it now, largest first, or only
-    load it: lazy capture), after the fence; returns the number of gears."""
-    combos = gear_plan.combinations()
+    """Run every gear once on the example padded to it (``gears``; under CUDA graphs: capture it now, largest first,
+    or only load it: lazy capture), after the fence; returns the number of gears."""
     graphs = cached.graphs
     call: Callable[..., Any] = cached.call_geared
     if graphs is not None:
-        combos = cuda_graphs.capture_order(combos)
+        gears = cuda_graphs.capture_order(gears)
         call = graphs.prepare if lazy else graphs.call
         graphs.timeline = timeline
     try:
-        gear_calls = []
-        for sizes in combos:
-            gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, sizes), sizes)
-            gear_calls.append((gear_leaves, signature.rekey(key, gear_leaves)))
+        combos = [gear.sizes for gear in gears]
         fence = functools.partial(_fence, cached, combos, timeline=timeline)
         table = cached.life.table
         if capture_now:
             assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
             with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
-                graphs.capture_all(gear_plan, gear_calls, before_runs=fence)
+                graphs.capture_all(gear_plan, [(gear.leaves, gear.key) for gear in gears], before_runs=fence)
         elif not lazy:
-            fence([table.get(gear_key) for _, gear_key in gear_calls])
-        written = _written_by(table, gear_calls, [*leaves, *cached.module.buffers()])
+            fence([table.get(gear.key) for gear in gears])
+        written = _written_by(table, gears, [*leaves, *cached.module.buffers()])
         with kept(written):
-            for sizes, (gear_leaves, gear_key) in zip(combos, gear_calls):
-                with timeline.span(f"gear {sizes}", "first run"):
-                    call(gear_plan, gear_leaves, gear_key)
+            for gear in gears:
+                with timeline.span(f"gear {gear.sizes}", "first run"):
+                    call(gear_plan, gear.leaves, gear.key)
     finally:
         if graphs is not None:
             graphs.timeline = None
-    return len(combos)
+    return len(gears)
 
 
-def _early_workers(cached: CachedMethod, args: tuple, kwargs: dict, leaves: tuple, key: tuple,
-                   timeline: Timeline) -> WorkerPool | None:
+def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -> WorkerPool | None:
     """Worker processes started before the gear plan is traced, when no plan is stored for these marks yet: such
     a warm-up has gears to compile, and the workers' start (importing torch and Inductor: ~10 s each on the H200
     host) then overlaps the trace (~7 s there) instead of following it. None when the plan is stored, nothing is
     marked, or warm-up is serial."""
     ic = cached.config.inference_config
-    marks = cached.gear_life.marks(args, kwargs, leaves)
-    if not marks or ic.warmup_workers == 1:
+    if not call.marks or ic.warmup_workers == 1:
         return None
-    if cached.gear_life.stored(marks, key).record is not None:
+    if cached.gear_life.stored(call).record is not None:
         return None
-    most = most_combinations(marks, ic.dynamic_gears_merge_policy)
-    return driver.start_workers(cached.life, most, leaves, ic.warmup_workers, timeline)
+    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
@@ -161,11 +156,11 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
                         f"gears {combos}", cached.config.rank_timeout_s)
 
 
-def _written_by(table: dict[tuple, Loaded], gear_calls: list[tuple[tuple, tuple]], unknown: list) -> list:
+def _written_by(table: dict[tuple, Loaded], gears: list[GearCall], unknown: list) -> list:
     """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
     gear's entry is not in ``table`` yet (it is found by its first run)."""
     written: list = []
-    for gear_leaves, gear_key in gear_calls:
-        entry = table.get(gear_key)
-        written += unknown if entry is None else graphed_entry.written_tensors(entry, gear_leaves)
+    for gear in gears:
+        entry = table.get(gear.key)
+        written += unknown if entry is None else graphed_entry.written_tensors(entry, gear.leaves)
     return written
