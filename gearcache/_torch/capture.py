@@ -8,18 +8,20 @@ from __future__ import annotations
 import contextlib
 import os
 import types
-from typing import Callable, cast
+from typing import Callable, Iterator, cast
 
 import torch
 
 
-def dynamo_capture_config() -> contextlib.AbstractContextManager:
+def dynamo_capture_config() -> contextlib.AbstractContextManager[None]:
     """Dynamo settings for a capture: no automatic dynamic shapes (every entry is static). Parameters and buffers are
     graph inputs (``inline_inbuilt_nn_modules``, always on in 2.11 and 2.13), so a loaded entry reads live weights."""
-    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+    from torch.utils._config_module import ConfigModule
+
+    return cast(ConfigModule, torch._dynamo.config).patch({"automatic_dynamic_shapes": False})   # a config module
 
 
-def symbolic_capture_config() -> contextlib.AbstractContextManager:
+def symbolic_capture_config() -> contextlib.AbstractContextManager[None]:
     """Settings for the symbolic trace that finds which marked dims meet: no duck sizing (two unrelated dims that
     happen to have the same example size must get different symbols)."""
     import torch.fx.experimental._config as fx_config
@@ -29,7 +31,7 @@ def symbolic_capture_config() -> contextlib.AbstractContextManager:
 
 
 @contextlib.contextmanager
-def without_dynamic_marks(leaves: tuple):
+def without_dynamic_marks(leaves: tuple[object, ...]) -> Iterator[None]:
     """Hide ``torch._dynamo.mark_dynamic`` marks (set by ``set_dim_gears`` for the torch.compile route) from a
     static capture, restoring them afterwards."""
     saved = []
@@ -63,7 +65,7 @@ def traced_code() -> list[types.CodeType]:
 def forget_dynamo_cache(code: types.CodeType) -> None:
     """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
     nothing of the capture stays installed on the user's function."""
-    torch._dynamo.eval_frame.reset_code(code)
+    torch._C._dynamo.eval_frame.reset_code(code)
 
 
 def is_graph_break(exc: BaseException) -> bool:

@@ -6,7 +6,10 @@ Importing ``torch.distributed`` imports neither Dynamo nor Inductor.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
@@ -43,7 +46,7 @@ def default_store() -> Any:
     return c10d._get_default_store()
 
 
-def process_group_identity(obj: Any) -> list | None:
+def process_group_identity(obj: Any) -> list[object] | None:
     """``["process_group", name, ranks]`` for a ``ProcessGroup`` this process belongs to (its c10d registry name and
     global ranks: what :func:`process_groups` keys, and what a graph's collectives name), else None. Dynamo guards a
     group a method reads (``dist.group.WORLD``) by identity; that name and those ranks identify it in any process."""
@@ -60,14 +63,15 @@ def process_group_identity(obj: Any) -> list | None:
 
 
 def intercepting_ops(namespaces: frozenset[str],
-                     handler: Callable[[str, str, tuple, dict], Any]) -> contextlib.AbstractContextManager:
+                     handler: Callable[[str, str, tuple[Any, ...], dict[str, Any]], object]
+                     ) -> contextlib.AbstractContextManager[object]:
     """A context in which every call of an operator of one of ``namespaces`` (e.g. ``"_c10d_functional"``) from this
     thread returns ``handler(namespace, op name without overload, args, kwargs)`` instead of running the operator;
     every other operator runs unchanged. A ``TorchDispatchMode`` (``torch.utils._python_dispatch``, 2.11 and 2.13):
     it sees the operators Inductor's wrapper calls through ``torch.ops``, not its Triton or C++ kernels."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class _Intercept(TorchDispatchMode):
+    class _Intercept(TorchDispatchMode):    # type: ignore[no-untyped-call]  # torch leaves __init_subclass__ untyped
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
             # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo unless a subclass opts out, and
@@ -75,12 +79,13 @@ def intercepting_ops(namespaces: frozenset[str],
             # runs stand-ins (CudaGraphs' warm-up runs under a process group) and never runs under Dynamo.
             return False
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def __torch_dispatch__(self, func: OpOverload, types: Sequence[type],
+                               args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> object:
             kwargs = kwargs or {}
             ns, _, op = func._schema.name.partition("::")
             if ns in namespaces:
                 return handler(ns, op, args, kwargs)
             return func(*args, **kwargs)
 
-    return _Intercept()
+    return _Intercept()     # type: ignore[no-untyped-call]  # torch leaves TorchDispatchMode.__init__ untyped
 

@@ -24,8 +24,8 @@ class DynamoGuard:
     kind: str
     source: str
     has_value: bool
-    value: Any
-    detail: dict
+    value: Any      # the guarded object: any value of the user's program
+    detail: dict[str, Any]
 
 
 # Names of the globals Dynamo installs (install_global / install_global_by_id); an earlier capture in the process may
@@ -39,8 +39,8 @@ class GuardRecording:
     ``installed``, the globals Dynamo added to the method's module for the trace (``__import_torch_dot_nn``-style
     modules, ``__builtins_dict___0``, ``_<id>_c<n>`` objects), which guard sources start from; Dynamo removes them
     when the method's cache entries are reset."""
-    guards: list = dataclasses.field(default_factory=list)
-    installed: dict = dataclasses.field(default_factory=dict)
+    guards: list[DynamoGuard] = dataclasses.field(default_factory=list)
+    installed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def guard_recording_options(recording: GuardRecording, globals_: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +61,8 @@ def guard_recording_options(recording: GuardRecording, globals_: dict[str, Any])
 
 def _source_name(source: Any) -> str:
     name = source.name
-    return name() if callable(name) else name
+    text: str = name() if callable(name) else name      # a Dynamo Source: untyped here
+    return text
 
 
 def _dynamo_guard(entry: Any) -> DynamoGuard:

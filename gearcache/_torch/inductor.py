@@ -16,7 +16,7 @@ import pathlib
 import shutil
 import tempfile
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -39,7 +39,7 @@ def mode_options(mode: str) -> dict[str, Any]:
 
 
 def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                         decompositions: dict[Any, Callable]) -> torch.fx.GraphModule:
+                         decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
     """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).
 
     Passing them to Inductor instead (``compile_fx(decompositions=...)``) makes torch's AOTAutograd cache bypass the
@@ -112,7 +112,7 @@ def _copy_compiled_libraries(scratch: pathlib.Path, folder: pathlib.Path) -> Non
             shutil.copy2(sibling, dest)
 
 
-def _load_patches() -> contextlib.AbstractContextManager:
+def _load_patches() -> contextlib.AbstractContextManager[None]:
     """Inductor settings under which an artifact loads without a compiler: no precompiled header (whose freshness
     check runs the C preprocessor on every load) and no ISA probe build (the ISA is a key factor instead).
 
@@ -120,7 +120,10 @@ def _load_patches() -> contextlib.AbstractContextManager:
     the very libraries the compile built."""
     import torch._inductor.config as inductor_config
 
-    return inductor_config.patch({"cpp_cache_precompile_headers": False, "cpp.vec_isa_ok": True})
+    from torch.utils._config_module import ConfigModule
+
+    return cast(ConfigModule, inductor_config).patch({"cpp_cache_precompile_headers": False,  # a config module
+                                                      "cpp.vec_isa_ok": True})
 
 
 def load_folder(folder: pathlib.Path) -> Callable[..., Any]:

@@ -4,12 +4,12 @@ slots, never tensors), and a class attribute as torch defines it, whatever Dynam
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
 
-def state_slot(module: torch.nn.Module, name: str) -> tuple[dict, str]:
+def state_slot(module: torch.nn.Module, name: str) -> tuple[Mapping[str, torch.Tensor | None], str]:
     """Where the parameter or buffer ``name`` (dotted, from ``module``) lives: its owner's ``_parameters`` or
     ``_buffers`` dict and its key there. A read through the slot sees the tensor there now (replaced or updated in
     place); gearcache's entries and CUDA graphs hold slots, never the tensors."""

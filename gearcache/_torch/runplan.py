@@ -18,7 +18,8 @@ import torch
 CPP_KERNEL_ENV = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
 
 
-def assert_size_stride(tensor: torch.Tensor, size: tuple, stride: tuple, op_name: str | None = None) -> None:
+def assert_size_stride(tensor: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...],
+                       op_name: str | None = None) -> None:
     """The C check Inductor's wrappers run on a kernel's output (``torch._C._dynamo.guards.assert_size_stride``,
     which ``torch._inductor.runtime.runtime_utils.assert_tensor_metadata`` calls in 2.15): AssertionError naming the
     differing size or stride."""
@@ -97,7 +98,8 @@ def kernel_grid(inductor_meta: dict[str, Any], config: Any) -> tuple[list[str], 
 def kernel_arg_lists(compile_result: Any, arg_names: list[str], constexprs: Any) -> tuple[list[str], list[str], Any]:
     """Inductor's argument lists for launching a compiled Triton kernel (``TritonCompileResult._get_arg_lists``):
     the call arguments, the definition's arguments and (an ordered set) the names passed as None."""
-    return compile_result._get_arg_lists(arg_names, constexprs)
+    lists: tuple[list[str], list[str], Any] = compile_result._get_arg_lists(arg_names, constexprs)
+    return lists
 
 
 def triton_constexprs(jit_function: Any) -> list[int]:

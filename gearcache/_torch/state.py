@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -82,7 +82,7 @@ def _torch_function_modes() -> list[str]:
     return [f"{type(m).__module__}.{type(m).__qualname__}" for m in modes]
 
 
-def _functorch_layers() -> list:
+def _functorch_layers() -> list[object]:
     """The active functorch transforms (each interpreter's state: transform, level, options), outermost first."""
     if torch._C._functorch.peek_interpreter_stack() is None:
         return []
@@ -117,13 +117,15 @@ def state_guard() -> Callable[[], bool] | None:
     else Dynamo's ``torch._C._dynamo.guards.GlobalStateGuard`` (guards.cpp); a snapshot taken at construction."""
     native = gearcache_native.guards()
     if native is not None:
-        return native.StateSnapshot()
+        snapshot: Callable[[], bool] = native.StateSnapshot()     # native module: no stubs
+        return snapshot
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
     guard_type = getattr(guards, "GlobalStateGuard", None)
     if guard_type is None:
         return None
     try:
-        return guard_type().check
+        check: Callable[[], bool] = guard_type().check
+        return check
     except (TypeError, RuntimeError):
         return None
 
@@ -136,7 +138,7 @@ def state_guard_covers_inference_mode(same: Callable[[], bool]) -> bool:
 
 
 @contextlib.contextmanager
-def global_state_applied(state: dict[str, Any]):
+def global_state_applied(state: dict[str, Any]) -> Iterator[None]:
     """Within the block, this thread's global torch state is ``state`` (a :func:`global_state` of another thread or
     process: a compile worker compiles under the caller's autocast, TF32 flags, ...); the previous state is restored
     after. ValueError (nothing changed) when the state cannot be reproduced here, e.g. another torch-function state:
@@ -194,7 +196,7 @@ any_autocast_enabled: Callable[[], bool] = torch._C._is_any_autocast_enabled
 """True when autocast is on for any device type in this thread (C++; what AOTAutograd reads at load)."""
 
 
-disable_autocast: Callable[[], contextlib.AbstractContextManager] = torch._C._DisableAutocast
+disable_autocast: Callable[[], contextlib.AbstractContextManager[None]] = torch._C._DisableAutocast
 """Autocast off for every device type within the block: compiled code runs so, as its casts are already in the graph
 (AOTAutograd's runtime wrapper does the same: ``disable_amp``)."""
 

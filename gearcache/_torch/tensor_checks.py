@@ -14,7 +14,7 @@ import torch
 from .. import native as gearcache_native
 
 
-def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
+def tensor_match(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | None:
     """A predicate in C++, ``match(*others) -> bool`` for exactly ``len(tensors)`` arguments (another count raises
     TypeError): True when each has the same Python type, dispatch keys under the thread's dispatch state (device type,
     layout, inference mode), dtype, device index, ``requires_grad``, sizes and strides as the tensor at its place, and
@@ -27,7 +27,8 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
     native = gearcache_native.guards()
     if native is not None:
         try:
-            return native.TensorMatch(tuple(tensors))
+            match: Callable[..., bool] = native.TensorMatch(tuple(tensors))    # native module: no stubs
+            return match
         except (TypeError, RuntimeError):     # not all plain strided tensors (sparse, nested, symbolic): Dynamo's
             pass
     guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
@@ -35,13 +36,14 @@ def tensor_match(tensors: tuple) -> Callable[..., bool] | None:
     if tensor_guards is None:
         return None
     try:
-        return tensor_guards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                             dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+        check: Callable[..., bool] = tensor_guards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                                   dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+        return check
     except (TypeError, RuntimeError, SystemError):
         return None
 
 
-def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], object | None]:
+def tensor_meta_match(tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[[], bool], object | None]:
     """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
     layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is
     the same check in C for gearcache.call._callpath's GuardWatch (``META_HOLDS``, called with ``holds``).
@@ -61,7 +63,7 @@ def tensor_meta_match(tensors: tuple) -> tuple[Callable[[], bool], object | None
 class _PyMetaMatch:
     """:func:`tensor_meta_match` in Python."""
 
-    def __init__(self, tensors: tuple):
+    def __init__(self, tensors: tuple[torch.Tensor, ...]):
         self.tensors = tensors
         self.metas = [_meta(t) for t in tensors]
 
@@ -69,7 +71,7 @@ class _PyMetaMatch:
         return all(_meta(t) == m for t, m in zip(self.tensors, self.metas))
 
 
-def _meta(t: torch.Tensor) -> tuple:
+def _meta(t: torch.Tensor) -> tuple[object, ...]:
     if t.layout != torch.strided:
         return (t.layout, t.dtype, t.device, t.data_ptr())
     return (t.dtype, t.device, t.shape, t.stride(), t.data_ptr())
@@ -78,13 +80,13 @@ def _meta(t: torch.Tensor) -> tuple:
 _COMPLEX = frozenset({torch.complex32, torch.complex64, torch.complex128})
 
 
-def _plain_tensors(args: tuple) -> bool:
+def _plain_tensors(args: tuple[torch.Tensor, ...]) -> bool:
     """:func:`plain_tensors_check`'s answer in Python."""
     return (len({*map(id, args)}) == len(args) and all(type(a) is torch.Tensor for a in args)
             and not any(a.dtype in _COMPLEX and (a.is_conj() or a.is_neg()) for a in args))
 
 
-def plain_tensors_check() -> Callable[[tuple], bool]:
+def plain_tensors_check() -> Callable[[tuple[torch.Tensor, ...]], bool]:
     """``plain(args) -> bool`` for a tuple of tensors: each an exact ``torch.Tensor`` (no subclass), none passed twice,
     none with its conjugate or negative bit: a call whose key is each tensor's shape, stride, dtype and device alone.
     gearcache's native check (one C++ loop) where it is built, else the same in Python (~0.5 us more per call)."""
