@@ -9,9 +9,10 @@ import ast
 from typing import Any
 
 from ..errors import Unpersistable
+from .guard_paths import GuardPath
 
 
-def parse_source(text: str) -> tuple:
+def parse_source(text: str) -> GuardPath:
     """Dynamo's source expression (``L['self']._modules['ln'].eps``, ``G['SCALE']``,
     ``dict(type(G['c']).__mro__[1].__dict__)['f']``, ``dict.__getitem__(X, list(dict.keys(X))[1])``) as a path whose
     root is ``("L", name)`` or ``("G", name)``. Unpersistable for any other form."""
@@ -22,7 +23,7 @@ def parse_source(text: str) -> tuple:
     return _parse(node, text)
 
 
-def _parse(node: ast.AST, text: str) -> tuple:
+def _parse(node: ast.AST, text: str) -> GuardPath:
     key_at = _key_at(node)
     if key_at is not None:
         return _parse(key_at[0], text) + (("key_at", key_at[1]),)

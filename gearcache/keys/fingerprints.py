@@ -88,7 +88,8 @@ def is_builtin_class(cls: type) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- functions
-_FUNCTION_DIGESTS: dict[tuple[int, int], tuple[Any, tuple, str]] = {}     # (id, depth) -> (function, snapshot, digest)
+_FUNCTION_DIGESTS: dict[tuple[int, int], tuple[types.FunctionType, tuple[int, ...], str]] = {}
+"""(id, depth) -> (function, snapshot, digest)"""
 
 
 def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
@@ -106,7 +107,7 @@ def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
     return digest
 
 
-def _function_snapshot(fn: types.FunctionType) -> tuple:
+def _function_snapshot(fn: types.FunctionType) -> tuple[int, ...]:
     cells = fn.__closure__ or ()
     return (id(fn.__code__), id(fn.__defaults__), id(fn.__kwdefaults__),
             *(id(_cell_contents(c)) for c in cells))
@@ -128,8 +129,9 @@ _EMPTY_CELL = _EmptyCell()
 
 
 # --------------------------------------------------------------------------------------------------- classes
-_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, tuple, str]]" = weakref.WeakKeyDictionary()
-_CLASS_DIGESTS: dict[tuple, str] = {}          # the own digests of an MRO -> its class digest
+_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, tuple[tuple[Any, Any], ...], str]]" = (
+    weakref.WeakKeyDictionary())   # class -> (version tag or ids snapshot, (closure cell, contents) pairs, digest)
+_CLASS_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}    # the own digests of an MRO -> its class digest
 
 
 def class_digest(cls: type) -> str:
@@ -168,7 +170,7 @@ def own_digest(cls: type) -> str:
     return digest
 
 
-def _closure_cells(cls: type) -> tuple:
+def _closure_cells(cls: type) -> tuple[tuple[Any, Any], ...]:
     """``(cell, contents)`` of every closure cell of the functions ``cls`` defines (a class's ``__class__`` cell,
     which ``super()`` reads, excepted: it holds the class)."""
     cells = []
@@ -181,7 +183,7 @@ def _closure_cells(cls: type) -> tuple:
     return tuple(cells)
 
 
-def class_fp(cls: type) -> list:
+def class_fp(cls: type) -> list[str]:
     """A class's fingerprint: its importable name and, unless built in, the digest of its contents."""
     digest = class_digest(cls)
     return ["class", type_name(cls), digest] if digest else ["class", type_name(cls)]

@@ -13,21 +13,21 @@ import enum
 import functools
 import json
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .._torch import distributed as torch_distributed
 from ..errors import Unpersistable
 from .fingerprints import class_fp, code_digest, function_digest, type_name
-from .guard_paths import MISSING_OBJECT, Scope, evaluate
+from .guard_paths import MISSING_OBJECT, PathValues, Scope, evaluate
 from .value_guard import LiveObject, ValueGuard
 
 
 MISSING = ["missing"]                   # the fingerprint of a path that no longer leads anywhere
 
 
-def live_fingerprint(guard: ValueGuard, scope: Scope, values: dict | None = None) -> Any:
+def live_fingerprint(guard: ValueGuard, scope: Scope, values: PathValues | None = None) -> Any:
     """``guard``'s fingerprint of the live object at its path: never raises (a value that has none, or that the check
     cannot read, such as the length of a ``__defaults__`` that became None, gets one that equals no recorded one)."""
     obj = evaluate(guard.path, scope, values)
@@ -41,14 +41,14 @@ def live_fingerprint(guard: ValueGuard, scope: Scope, values: dict | None = None
         return ["unreadable", f"{type(exc).__name__} reading {type_name(type(obj))}"]
 
 
-def fingerprint(guard: ValueGuard, obj: Any, scope: Scope, values: dict | None = None) -> Any:
+def fingerprint(guard: ValueGuard, obj: Any, scope: Scope, values: PathValues | None = None) -> Any:
     """What ``guard`` checks about ``obj``, as JSON (Unpersistable where that has no meaning across processes)."""
     if obj is MISSING_OBJECT:
         return MISSING
     return _FINGERPRINT[guard.kind](obj, guard, scope, values)
 
 
-def _contains(obj: Any, g: ValueGuard, scope: Scope, values: dict | None) -> Any:
+def _contains(obj: Any, g: ValueGuard, scope: Scope, values: PathValues | None) -> Any:
     try:
         return [key_fp(g.arg), g.arg in obj]
     except TypeError:
@@ -64,7 +64,7 @@ def tensor_fp(t: Any) -> Any:
     return ["tensor", str(t.dtype), str(t.device), list(t.shape), list(t.stride())]
 
 
-def _class_fp(cls: type, values: dict | None) -> list:
+def _class_fp(cls: type, values: PathValues | None) -> list[str]:
     """``class_fp(cls)``, once per class in a pass over the guards (``values``: the pass's objects read)."""
     if values is None:
         return class_fp(cls)
@@ -75,7 +75,7 @@ def _class_fp(cls: type, values: dict | None) -> list:
     return fp
 
 
-_FINGERPRINT = {
+_FINGERPRINT: dict[str, Callable[[Any, ValueGuard, Scope, PathValues | None], Any]] = {
     "value": lambda obj, g, scope, values: value_fp(obj),
     "type": lambda obj, g, scope, values: _class_fp(type(obj), values),
     "identity": lambda obj, g, scope, values: identity_fp(obj),

@@ -21,6 +21,14 @@ from typing import Any
 import torch
 
 
+PathStep = tuple[Any, ...]
+"""A step of a path in memory: ``("attr", name)``, ``("item", key)`` (a JSON scalar key), ``("type",)``, ..."""
+GuardPath = tuple[Any, ...]
+"""``(root, *steps)``: root a str or a ``(kind, name)`` pair of str, each step a :data:`PathStep`."""
+PathValues = dict[tuple[Any, ...], Any]
+"""The objects of the user's program read at paths in one pass (by path; other marks beside them)."""
+
+
 class Scope:
     """Where guard paths start in a process: the cached method's module, its function's globals and the function itself
     (its closure cells and defaults)."""
@@ -74,7 +82,7 @@ class Scope:
         raise KeyError(name)
 
 
-def evaluate(path: tuple, scope: Scope, values: dict | None = None) -> Any:
+def evaluate(path: GuardPath, scope: Scope, values: PathValues | None = None) -> Any:
     """The object at ``path`` (``MISSING_OBJECT`` where a step fails). ``values`` caches prefixes across calls."""
     if values is not None and path in values:
         return values[path]
@@ -98,7 +106,7 @@ class _Missing:
 MISSING_OBJECT = _Missing()
 
 
-def step(obj: Any, s: tuple) -> Any:
+def step(obj: Any, s: PathStep) -> Any:
     """One step of a path from ``obj`` (``MISSING_OBJECT`` where it fails)."""
     if obj is MISSING_OBJECT:
         return obj
@@ -120,17 +128,17 @@ def step(obj: Any, s: tuple) -> Any:
     raise ValueError(f"unknown path step {s!r}")
 
 
-def path_json(path: tuple) -> list:
+def path_json(path: GuardPath) -> list[Any]:
     root = path[0]
     return [root if isinstance(root, str) else list(root)] + [list(s) for s in path[1:]]
 
 
-def path_tuple(data: list) -> tuple:
+def path_tuple(data: list[Any]) -> GuardPath:
     root = data[0]
     return (root if isinstance(root, str) else tuple(root), *map(tuple, data[1:]))
 
 
-def path_text(path: tuple) -> str:
+def path_text(path: GuardPath) -> str:
     root = path[0]
     text = root if isinstance(root, str) else (root[1] if root[0] == "global" else root[1])
     for s in path[1:]:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ..errors import Unpersistable
 from .guard_fingerprints import hashable, live_fingerprint
-from .guard_paths import Scope
+from .guard_paths import GuardPath, PathValues, Scope
 from .value_guard import LiveObject, ValueGuard
 
 
@@ -57,13 +57,13 @@ class GuardSet:
     def __len__(self) -> int:
         return len(self.guards)
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[Any]:
         if self.local is not None:
             raise Unpersistable(self.local)
         return [g.to_json() for g in self.guards]
 
     @classmethod
-    def from_json(cls, data: list | None) -> "GuardSet":
+    def from_json(cls, data: list[Any] | None) -> "GuardSet":
         return cls([ValueGuard.from_json(g) for g in data or []])
 
     def mismatch(self, scope: Scope, reading: "Reading | None" = None) -> Mismatch | None:
@@ -78,7 +78,7 @@ class GuardSet:
                 return Mismatch(g, live)
         return None
 
-    def live_fingerprints(self, scope: Scope) -> list:
+    def live_fingerprints(self, scope: Scope) -> list[Any]:
         reading = Reading()
         return [g.expected if unloaded_torch_module(g) else reading.fingerprint(g, scope) for g in self.guards]
 
@@ -88,8 +88,8 @@ class Reading:
     change them during the pass: use one per check, under the method's lock)."""
 
     def __init__(self) -> None:
-        self.values: dict[tuple, Any] = {}
-        self._fps: dict[tuple, Any] = {}
+        self.values: PathValues = {}
+        self._fps: dict[tuple[str, GuardPath, object], Any] = {}   # (kind, path, arg) -> fingerprint (JSON)
 
     def fingerprint(self, guard: ValueGuard, scope: Scope) -> Any:
         mark = (guard.kind, guard.path, hashable(guard.arg))
@@ -126,13 +126,13 @@ def variant_key(ekey: str, first: GuardSet, scope: Scope) -> str:
 class Choice:
     """What :func:`choose` found: ``record`` (None: a miss) with its ``guards``, the ``key`` it is (or, on a miss, is
     to be) stored under, and on a miss caused by guards the ``mismatch`` with the signature's first record."""
-    record: dict | None
+    record: dict[str, Any] | None
     guards: GuardSet | None
     key: str
     mismatch: Mismatch | None = None
 
 
-def choose(read: Callable[[str], dict | None], key: str, scope: Scope) -> Choice:
+def choose(read: Callable[[str], dict[str, Any] | None], key: str, scope: Scope) -> Choice:
     """The stored record (an entry manifest or a gear plan) of ``key`` whose guards hold on ``scope``: the one stored
     under ``key`` or its variant (:func:`variant_key`). ``read(key) -> record or None``."""
     first = read(key)
@@ -160,7 +160,8 @@ def _show(fp: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def warn_local(method_name: str, guards: GuardSet, _warned: set = set()) -> None:   # noqa: B006 - once per method
+def warn_local(method_name: str, guards: GuardSet,
+               _warned: set[str] = set()) -> None:   # noqa: B006 - once per method
     """Warn, once per method, that its entries are served in this process only (``guards.local`` says why)."""
     if guards.local is None or method_name in _warned:
         return

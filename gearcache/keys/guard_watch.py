@@ -40,7 +40,7 @@ from torch.utils.hooks import RemovableHandle
 from .._torch import tensor_checks as torch_tensor_checks
 from . import fingerprints
 from .guard_fingerprints import hashable
-from .guard_paths import MISSING_OBJECT, Scope, evaluate
+from .guard_paths import MISSING_OBJECT, GuardPath, PathStep, PathValues, Scope, evaluate
 from .guard_sets import GuardSet, unloaded_torch_module
 from .guards_from_dynamo import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
 from .value_guard import ValueGuard
@@ -51,8 +51,8 @@ except ImportError:                 # pragma: no cover - depends on how gearcach
     _NativeGuardWatch = None
 
 ABSENT = MISSING_OBJECT      # a key or attribute that is not there (expected so)
-_OBJECT_GETATTRIBUTE = object.__getattribute__
-_MODULE_GETATTRIBUTE = torch.nn.Module.__getattribute__
+_OBJECT_GETATTRIBUTE: Callable[..., Any] = object.__getattribute__
+_MODULE_GETATTRIBUTE: Callable[..., Any] = torch.nn.Module.__getattribute__
 
 
 class Hops:
@@ -64,14 +64,14 @@ class Hops:
     whose ``.data`` is swapped keeps its Python object)."""
 
     def __init__(self) -> None:
-        self.dicts: list[tuple[dict, Any, Any]] = []
+        self.dicts: list[tuple[dict[Any, Any], Any, Any]] = []     # the user's dicts, keys and values
         self.types: list[type] = []
         self.checked: list[tuple[str, Any, Any, Any]] = []
         self.tensors: list[torch.Tensor] = []
-        self._seen: set = set()
+        self._seen: set[tuple[object, ...]] = set()
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
 
-    def dict_item(self, d: dict, key: Any, expected: Any) -> None:
+    def dict_item(self, d: dict[Any, Any], key: Any, expected: Any) -> None:
         self._once(("d", id(d), hashable(key)), lambda: self.dicts.append((d, key, expected)))
 
     def type_(self, t: type) -> None:
@@ -94,7 +94,7 @@ class Hops:
                 obj, (tuple, str, bytes, frozenset, types.MappingProxyType, range, torch.Tensor))):
             self.check("len", obj, None, len(obj))
 
-    def _once(self, mark: tuple, add: Any) -> None:
+    def _once(self, mark: tuple[object, ...], add: Callable[[], None]) -> None:
         if mark not in self._seen:
             self._seen.add(mark)
             add()
@@ -103,14 +103,14 @@ class Hops:
 def hops_for(guard_sets: Iterable[GuardSet], scope: Scope) -> Hops:
     """The hops of every path of every guard in ``guard_sets``, read on the live objects of ``scope``."""
     hops = Hops()
-    values: dict[tuple, Any] = {}
-    done: set[tuple] = set()
+    values: PathValues = {}
+    done: set[GuardPath] = set()
     for gs in guard_sets:
         _add_guards(hops, gs, scope, values, done)
     return hops
 
 
-def _add_guards(hops: Hops, gs: GuardSet, scope: Scope, values: dict, done: set) -> None:
+def _add_guards(hops: Hops, gs: GuardSet, scope: Scope, values: PathValues, done: set[GuardPath]) -> None:
     for g in gs.guards:
         if unloaded_torch_module(g):
             continue
@@ -165,7 +165,7 @@ def _watch_class(hops: Hops, cls: type) -> None:
         hops.type_(cls)
 
 
-def _add_path(hops: Hops, path: tuple, scope: Scope, values: dict, done: set) -> None:
+def _add_path(hops: Hops, path: GuardPath, scope: Scope, values: PathValues, done: set[GuardPath]) -> None:
     if path in done:                    # its prefixes were added with it (entries of one model share most paths)
         return
     for n in range(1, len(path) + 1):
@@ -202,7 +202,7 @@ def _add_root(hops: Hops, root: Any, scope: Scope, child: Any) -> None:
             hops.check("attr", func, "__defaults__", holder)
 
 
-def _add_step(hops: Hops, parent: Any, step: tuple, child: Any) -> None:
+def _add_step(hops: Hops, parent: Any, step: PathStep, child: Any) -> None:
     op = step[0]
     if id(parent) in hops._frozen or op == "type":
         if op in ("attr", "generic_attr") and isinstance(child, (dict, types.MappingProxyType, tuple)):
@@ -271,7 +271,8 @@ class Watch(Protocol):
 class PyGuardWatch:
     """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
 
-    def __init__(self, dicts: list, types_: list, checked: list, absent: Any,
+    def __init__(self, dicts: list[tuple[dict[Any, Any], Any, Any]], types_: list[type],
+                 checked: list[tuple[str, Any, Any, Any]], absent: Any,
                  meta: Callable[[], bool] | None = None, meta_holds: object = None):
         self._reads = [("item", d, k, e) for d, k, e in dicts if k is not None] + list(checked)
         self._whole = [(d, dict(d)) for d, k, _ in dicts if k is None]
@@ -299,7 +300,8 @@ def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
         if op == "item":
             return parent[key] is expected
         if op == "len":
-            return len(parent) == expected
+            same_length: bool = len(parent) == expected
+            return same_length
         if op == "contains":
             return (key in parent) is expected
         return len(parent) == len(expected) and all(a is b for a, b in zip(parent, expected))     # "seq"
@@ -324,8 +326,8 @@ class Watcher:
         self._scope = scope
         self._sets: list[GuardSet] = []
         self._hops = Hops()
-        self._values: dict[tuple, Any] = {}
-        self._done: set[tuple] = set()
+        self._values: PathValues = {}
+        self._done: set[GuardPath] = set()
         self._watch: Watch | None = None
 
     def watch(self, guard_sets: Iterable[GuardSet | None]) -> Watch | None:

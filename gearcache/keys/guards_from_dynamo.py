@@ -31,7 +31,7 @@ from ..errors import UnguardableError, Unpersistable
 from .dynamo_sources import parse_source
 from .fingerprints import type_name
 from .guard_fingerprints import fingerprint, hashable, value_fp
-from .guard_paths import Scope, evaluate
+from .guard_paths import GuardPath, PathValues, Scope, evaluate
 from .guard_sets import GuardSet
 from .value_guard import LiveObject, ValueGuard
 
@@ -100,7 +100,7 @@ def from_dynamo(recording: torch_guards.GuardRecording, method: types.MethodType
     guard no entry can be served under."""
     func = method.__func__
     reader = _Reader(method, recording, passed)
-    guards: dict[tuple, ValueGuard] = {}
+    guards: dict[tuple[str, GuardPath, object], ValueGuard] = {}
     for dg in recording.guards:
         guard = reader.guard(dg)
         if guard is not None:
@@ -127,7 +127,7 @@ class _Reader:
         n_params = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 4) + bool(code.co_flags & 8)
         self.params = set(code.co_varnames[:n_params])
         self.passed = self.params if passed is None else set(passed)
-        self.values: dict[tuple, Any] = {}
+        self.values: PathValues = {}
         self.local: list[str] = []
 
     def guard(self, dg: torch_guards.DynamoGuard) -> ValueGuard | None:
@@ -150,7 +150,7 @@ class _Reader:
         except Unpersistable as exc:
             return self._local(dg, str(exc), path)
 
-    def _path(self, dg: torch_guards.DynamoGuard) -> tuple | None:
+    def _path(self, dg: torch_guards.DynamoGuard) -> GuardPath | None:
         """``resolve`` of Dynamo's guard ``dg``; a source gearcache cannot follow refuses the entry."""
         try:
             return self.resolve(dg.source, dg.kind)
@@ -158,7 +158,7 @@ class _Reader:
             raise UnguardableError(self.name, dg.kind, dg.source, f"read the value through attributes, items and "
                                    f"globals gearcache can follow ({exc})") from None
 
-    def resolve(self, source: str, kind: str) -> tuple | None:
+    def resolve(self, source: str, kind: str) -> GuardPath | None:
         """The path of ``source`` from a gearcache root; None for an argument the call passed (the signature key
         covers it: see :func:`_argument_covered`)."""
         path = parse_source(source)
@@ -174,7 +174,7 @@ class _Reader:
             raise Unpersistable(f"{name} is a local of the cached method that is neither an argument nor a closure")
         return _resolve(path, self.self_name, self.scope)
 
-    def _value_guard(self, dg: torch_guards.DynamoGuard, kind: str, path: tuple) -> ValueGuard | None:
+    def _value_guard(self, dg: torch_guards.DynamoGuard, kind: str, path: GuardPath) -> ValueGuard | None:
         obj = evaluate(path, self.scope, self.values)
         if dg.has_value and not _same_object(obj, dg.value):
             raise Unpersistable(f"gearcache's reading of {dg.source} is not the object Dynamo guarded")
@@ -187,7 +187,7 @@ class _Reader:
         guard = ValueGuard(kind, path, arg, None)
         return dataclasses.replace(guard, expected=fingerprint(guard, obj, self.scope, self.values))
 
-    def _local(self, dg: torch_guards.DynamoGuard, why: str, path: tuple | None = None) -> ValueGuard:
+    def _local(self, dg: torch_guards.DynamoGuard, why: str, path: GuardPath | None = None) -> ValueGuard:
         """An identity guard on the object Dynamo guarded, for an entry served in this process only."""
         self.local.append(f"{dg.kind} on {dg.source}: {why}")
         if path is None:
@@ -204,7 +204,7 @@ class _Reader:
 _KEYED_KINDS = frozenset({"value", "type", "identity", "length", "keys", "contains", "not_none", "tensor", "same_as"})
 
 
-def _argument_covered(method: str, kind: str, source: str, path: tuple) -> None:
+def _argument_covered(method: str, kind: str, source: str, path: GuardPath) -> None:
     """Raise ``UnguardableError`` unless the signature key covers Dynamo's guard on an argument."""
     if _KINDS.get(kind) in _KEYED_KINDS and all(s[0] in ("item", "type") for s in path[1:]):
         return
@@ -212,7 +212,7 @@ def _argument_covered(method: str, kind: str, source: str, path: tuple) -> None:
                            "them (an attribute of an argument is part of no key), or make it a module attribute")
 
 
-def _hook_guards(guards: list[ValueGuard], scope: Scope, values: dict) -> list[ValueGuard]:
+def _hook_guards(guards: list[ValueGuard], scope: Scope, values: PathValues) -> list[ValueGuard]:
     """Guards on the hook dicts of every module whose ``__call__`` the graph went through (Dynamo guards each such
     module's ``forward`` against an instance patch, ``in_dict forward``, and some of its hook dicts) and, if there is
     one, on torch's global module hooks: the length each had at capture (their hooks themselves, where there were
@@ -232,7 +232,7 @@ def _hook_guards(guards: list[ValueGuard], scope: Scope, values: dict) -> list[V
     return made
 
 
-def _resolve(path: tuple, self_name: str, scope: Scope) -> tuple | None:
+def _resolve(path: GuardPath, self_name: str, scope: Scope) -> GuardPath | None:
     """Replace Dynamo's root (``L[name]``, ``G[name]``) by a gearcache root; None for an argument other than self.
     ``scope.installed`` holds the globals Dynamo added for the trace (gone from the module once its cache entries are
     reset): modules become module roots, builtins the builtins root."""
@@ -265,6 +265,7 @@ def _same_object(obj: Any, value: Any) -> bool:
     if isinstance(obj, Mapping) and isinstance(value, Mapping):
         return obj.keys() == value.keys() and all(obj[k] is value[k] for k in obj)
     try:
-        return value_fp(obj) == value_fp(value)
+        same: bool = value_fp(obj) == value_fp(value)
+        return same
     except Unpersistable:
         return False

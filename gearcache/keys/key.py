@@ -121,7 +121,7 @@ def source_digest(obj: Any) -> str:
         return sha256_text(f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}")
 
 
-def decompositions_factor(decompositions: dict[Any, Callable] | None) -> list[list[str]]:
+def decompositions_factor(decompositions: dict[Any, Callable[..., Any]] | None) -> list[list[str]]:
     """Custom decompositions as ``[[op name, source digest of the function], ...]`` sorted by op."""
     if not decompositions:
         return []
@@ -141,7 +141,7 @@ def without_device_index(text: str, index: int) -> str | None:
     gearcache/runplan/device_binding.py): the same graph on cuda:0 .. cuda:N-1 is one artifact."""
     other = False
 
-    def replace(m: re.Match) -> str:
+    def replace(m: re.Match[str]) -> str:
         nonlocal other
         if int(m.group(1) or m.group(2)) != index:
             other = True
@@ -151,7 +151,8 @@ def without_device_index(text: str, index: int) -> str | None:
     return None if other or _INT_DEVICE.search(text) else out
 
 
-def environment_factors(devices: list[str], decompositions: dict[Any, Callable] | None) -> dict[str, Any]:
+def environment_factors(devices: list[str], decompositions: dict[Any, Callable[..., Any]] | None
+                        ) -> dict[str, Any]:
     """The values of :data:`ENVIRONMENT_FACTORS` for a graph on ``devices`` (``["cpu"]``, ``["cuda:0"]``) compiled
     with the custom ``decompositions``: read from this process (torch's global state and versions, the devices'
     capabilities, the process groups)."""
@@ -164,8 +165,8 @@ def environment_factors(devices: list[str], decompositions: dict[Any, Callable] 
     }
 
 
-def entry_key(*, method_name: str, method_digest: str, signature: dict, module_state: list, config: dict[str, Any],
-              environment: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def entry_key(*, method_name: str, method_digest: str, signature: dict[str, Any], module_state: list[Any],
+              config: dict[str, Any], environment: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The entry key of one signature of a cached method, and its factors as the entry manifest stores them:
     ``(key, {"values": {name: value}, "hashes": {name: factor hash}})`` in :data:`ENTRY_FACTORS` order.
     ``method_digest``: :func:`source_digest` of the method; ``signature``: ``call.signature.describe``'s;
@@ -183,7 +184,7 @@ def entry_key(*, method_name: str, method_digest: str, signature: dict, module_s
     return key, {"values": dict(factors), "hashes": hashes}
 
 
-def artifact_key(*, graph_code: str, graph_constants: list[list[str]], inputs: list, config: dict[str, Any],
+def artifact_key(*, graph_code: str, graph_constants: list[list[str]], inputs: list[Any], config: dict[str, Any],
                  environment: dict[str, Any], device_index: int | None = None) -> tuple[str, dict[str, str]]:
     """The content address of a compiled graph: ``(key, {factor name: factor hash})`` over :data:`ARTIFACT_FACTORS`.
     ``graph_code``: the graph module's ``code``; ``graph_constants``: :func:`graph_constants_factor`'s; ``inputs``:
@@ -208,8 +209,9 @@ def device_bound_artifact_key(shared_key: str, device_index: int | None) -> tupl
     return build_key("artifact", [("shared", shared_key), ("device_index", device_index)])
 
 
-def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_format: int, marks: list,
-                  merge_policy: str, module_state: list, global_state: dict[str, Any], software: dict[str, str]) -> str:
+def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_format: int, marks: list[Any],
+                  merge_policy: str, module_state: list[Any], global_state: dict[str, Any],
+                  software: dict[str, str]) -> str:
     """The key of a cached method's gear plan: everything its symbolic trace depends on. ``structure``: the repr of
     the call's structure (the signature key's first part); ``plan_format``: ``gears.plan.PLAN_FORMAT``; ``marks``:
     ``[[leaf, dim, gear sizes, pad value], ...]``; ``merge_policy``: ``dynamic_gears_merge_policy``;

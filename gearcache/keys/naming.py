@@ -16,7 +16,8 @@ def importable_module(name: str) -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name:
-        return spec.name
+        spec_name: str = spec.name
+        return spec_name
     path = getattr(main, "__file__", None)
     if not path:
         return name

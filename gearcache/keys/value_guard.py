@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .guard_paths import path_json, path_text, path_tuple
+from .guard_paths import GuardPath, path_json, path_text, path_tuple
 
 
 @dataclasses.dataclass(frozen=True)
 class ValueGuard:
     """One Python value a capture depends on: ``kind`` of check on the object at ``path`` must give ``expected``."""
     kind: str
-    path: tuple                 # (root, *steps), steps as tuples
+    path: GuardPath             # (root, *steps), steps as tuples
     arg: Any                    # see the module docstring
     expected: Any               # the fingerprint (JSON); for a local guard, the live object itself
 
@@ -28,12 +28,12 @@ class ValueGuard:
         """``self.ln.eps``-style, for messages."""
         return path_text(self.path)
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[Any]:
         arg = path_json(self.arg) if self.kind == "same_as" else self.arg
         return [self.kind, path_json(self.path), arg, self.expected]
 
     @classmethod
-    def from_json(cls, data: list) -> "ValueGuard":
+    def from_json(cls, data: list[Any]) -> "ValueGuard":
         kind, path, arg, expected = data
         if kind == "same_as":
             arg = path_tuple(arg)
