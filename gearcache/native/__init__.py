@@ -33,6 +33,7 @@ import stat
 import subprocess
 import sys
 import threading
+from typing import Any
 from types import ModuleType
 
 MODULE_NAME = "gearcache_native_guards"
@@ -172,7 +173,7 @@ def _start_background_build() -> None:
         log.info("could not start the background build of gearcache's native checks: %s", e)
 
 
-def status() -> dict:
+def status() -> dict[str, Any]:
     """For ``gearcache native status`` and diagnostics: the switch, the key, its folder and what is in it."""
     parts = build_key_parts()
     key = build_key(parts)

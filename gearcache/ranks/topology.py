@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from .._torch import distributed as torch_distributed
 from ..errors import ConfigError
@@ -60,7 +61,7 @@ def resolve_topology(global_rank: int | None, tp_rank: int | None, pp_rank: int 
     return Topology(world_size=world, global_rank=rank, tp_rank=tp, pp_rank=pp)
 
 
-def process_groups_factor() -> list[list]:
+def process_groups_factor() -> list[list[Any]]:
     """The process groups of this process as a key factor: ``[[name, [global ranks], backend], ...]`` sorted by name
     (``[]`` without ``torch.distributed``). Graphs name groups by registry name (``'0'`` is the default group in
     every job), so without this factor a job of another size or layout would load an artifact whose collectives

@@ -86,7 +86,7 @@ def _scatter(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.narrow(0, 0, x.size(0) // int(group_size)).clone()
 
 
-def _all_to_all(x: torch.Tensor, output_split_sizes: list, input_split_sizes: list) -> torch.Tensor:
+def _all_to_all(x: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int]) -> torch.Tensor:
     rows = int(sum(output_split_sizes)) if output_split_sizes else x.size(0)
     out = x.new_zeros((rows, *x.shape[1:]))
     n = min(rows, x.size(0))
@@ -125,7 +125,7 @@ def stand_in_collectives() -> Iterator[set[str]]:
     (``OTHER_NAMESPACES``) raises ``NotImplementedError``: the artifact gets no plan and nothing waits on peers."""
     names: set[str] = set()
 
-    def handle(ns: str, op: str, args: tuple, kwargs: dict) -> Any:
+    def handle(ns: str, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if ns != NAMESPACE or op not in STAND_INS:
             raise NotImplementedError(f"{ns}::{op} has no stand-in for the run plan's check (never run there)")
         fn, group_arg = STAND_INS[op]

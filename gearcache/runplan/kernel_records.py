@@ -38,7 +38,7 @@ def triton_records(autotuners: dict[str, Any], bundle: Any, plan_dir: pathlib.Pa
     the FX graph entry's Triton bundle (the cubins of every config that was compiled)."""
     if not autotuners:
         return {}
-    cubins = {}
+    cubins: dict[tuple[str, str], bytes] = {}
     if bundle is not None:
         cubins = {(group.kernel_hash, item.filename): item.payload
                   for group in bundle.kernel_artifacts for item in group.artifacts}
@@ -67,7 +67,7 @@ def _grid(result: Any) -> dict[str, Any]:
     return {"grid_prefix": prefix, "grid": grid}
 
 
-def _cubin_from_bundle(cubins: dict, cache_hash: str, kernel_name: str) -> bytes | None:
+def _cubin_from_bundle(cubins: dict[tuple[str, str], bytes], cache_hash: str, kernel_name: str) -> bytes | None:
     for file_name in (kernel_name, kernel_name[:TRITON_NAME_LIMIT]):
         payload = cubins.get((cache_hash, f"{file_name}.cubin"))
         if payload is not None:
@@ -75,7 +75,8 @@ def _cubin_from_bundle(cubins: dict, cache_hash: str, kernel_name: str) -> bytes
     return None
 
 
-def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple[dict[str, Any], bytes]:
+def _static_record(name: str, result: Any, launcher: Any,
+                   cubins: dict[tuple[str, str], bytes]) -> tuple[dict[str, Any], bytes]:
     """A kernel Inductor launched through torch's static launcher: its record is what that launcher was given."""
     binary = result.kernel
     cubin = _cubin_from_bundle(cubins, launcher.cache_hash, binary.name)
@@ -97,7 +98,8 @@ def _static_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple
     }, cubin
 
 
-def _triton_launcher_record(name: str, result: Any, launcher: Any, cubins: dict) -> tuple[dict[str, Any], bytes]:
+def _triton_launcher_record(name: str, result: Any, launcher: Any,
+                            cubins: dict[tuple[str, str], bytes]) -> tuple[dict[str, Any], bytes]:
     """A kernel Inductor left to Triton's own launcher: the record is built from Triton's ``CompiledKernel``."""
     kernel = result.kernel
     require(hasattr(kernel, "metadata") and hasattr(kernel, "src"), f"{name}: {type(kernel).__name__}")

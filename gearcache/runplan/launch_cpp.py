@@ -7,7 +7,7 @@ import importlib.util
 import os
 import pathlib
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .._torch import runplan as torch_runplan
 from ..errors import RunPlanUnavailable
@@ -26,11 +26,12 @@ def import_cpp_kernel(path: pathlib.Path, digest: str) -> Callable[..., Any]:
             module = importlib.util.module_from_spec(spec)      # runs the library's init
             spec.loader.exec_module(module)
         sys.modules[name] = module
-    return module.kernel
+    kernel: Callable[..., Any] = module.kernel
+    return kernel
 
 
 @contextlib.contextmanager
-def _environ(name: str, value: str):
+def _environ(name: str, value: str) -> Iterator[None]:
     old = os.environ.get(name)
     os.environ[name] = value
     try:

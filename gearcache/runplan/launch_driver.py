@@ -76,11 +76,13 @@ def _pointer(value: Any) -> int:
         return 0
     if isinstance(value, int):
         return value
-    return value.data_ptr()
+    pointer: int = value.data_ptr()
+    return pointer
 
 
 def _fp16_bits(value: float) -> int:
-    return struct.unpack("<H", struct.pack("<e", value))[0]
+    bits: int = struct.unpack("<H", struct.pack("<e", value))[0]
+    return bits
 
 
 def _bf16_bits(value: float) -> int:

@@ -21,7 +21,8 @@ def launcher_source(spec: dict[str, Any], launch_line: str) -> str:
 def compile_launcher(name: str, source: str, scope: dict[str, Any]) -> Callable[..., None]:
     scope = {**scope, "__builtins__": builtins}
     exec(compile(source, f"<gearcache launcher {name}>", "exec"), scope)
-    return scope["launcher"]
+    launcher: Callable[..., None] = scope["launcher"]
+    return launcher
 
 
 class StaticLaunch:

@@ -32,7 +32,7 @@ from .format import FORMAT, PLAN_DIR, WRAPPER_FILENAME
 from .launch_cpp import import_cpp_kernel
 from .launch_driver import DriverLaunch
 from .launch_static import StaticLaunch
-from .runner import PlanRunner
+from .runner import GraphInputs, PlanRunner
 from .stand_ins import builtins_with, stand_ins
 
 log = logging.getLogger("gearcache.runplan")
@@ -142,7 +142,7 @@ def load_plan(folder: pathlib.Path, plan: dict[str, Any] | None = None,
         return None
 
 
-def _wrapper_call(folder: pathlib.Path, plan: dict[str, Any], device_index: int) -> Callable[[list], Any]:
+def _wrapper_call(folder: pathlib.Path, plan: dict[str, Any], device_index: int) -> Callable[[GraphInputs], Any]:
     """Execute the plan's wrapper with its kernels (loaded on CUDA device ``device_index``) and extern kernels;
     returns the ``call(list)`` it defines. Raises :class:`RunPlanUnavailable` for anything this process lacks."""
     _check_ops(plan.get("ops", []))
@@ -159,7 +159,7 @@ def _wrapper_call(folder: pathlib.Path, plan: dict[str, Any], device_index: int)
         raise
     except Exception as exc:                    # noqa: BLE001 - torch's loader gets its chance (and says what fails)
         raise RunPlanUnavailable(f"{type(exc).__name__}: {exc}") from None
-    call = scope.get("call")
+    call: Callable[[GraphInputs], Any] | None = scope.get("call")
     if not callable(call):
         raise RunPlanUnavailable("the wrapper defines no call()")
     return call
@@ -173,7 +173,8 @@ def _wrapper_code(path: pathlib.Path, compiled: str | None) -> types.CodeType:
         data = (path.parent / compiled).read_bytes()
         magic = importlib.util.MAGIC_NUMBER
         if data[:len(magic)] == magic:
-            return marshal.loads(data[len(magic):])
+            code: types.CodeType = marshal.loads(data[len(magic):])
+            return code
     return compile(path.read_text(), WRAPPER_FILENAME, "exec")
 
 
@@ -208,7 +209,7 @@ class _Kernels:
         raise RunPlanUnavailable(f"the wrapper uses async_compile.{name}, which gearcache's loader does not provide")
 
 
-def _resolve_extern_kernels(spec: dict[str, list]) -> types.SimpleNamespace:
+def _resolve_extern_kernels(spec: dict[str, list[str]]) -> types.SimpleNamespace:
     """``extern_kernels.<name>`` as the plan records them: public torch functions or registered operators."""
     out = types.SimpleNamespace()
     for name, ref in spec.items():

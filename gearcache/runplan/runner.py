@@ -15,6 +15,9 @@ import torch
 from .._torch import runplan as torch_runplan, state as torch_state
 from .format import ALIGNMENT
 
+GraphInputs = list[Any]
+"""A compiled graph's inputs, as its wrapper's ``call(list)`` takes them (and clears): tensors and Python scalars."""
+
 
 class PlanRunner:
     """A loaded run plan: ``runner(*graph_inputs) -> outputs``, from Inductor's ``call(list)`` and the plan's dict.
@@ -38,7 +41,7 @@ class PlanRunner:
 
     __slots__ = ("wrapper_call", "plan", "num_outputs", "stable_inputs", "run_list", "_set_stable")
 
-    def __init__(self, call: Callable[[list], Any], plan: dict[str, Any]):
+    def __init__(self, call: Callable[[GraphInputs], Any], plan: dict[str, Any]):
         self.wrapper_call = call
         self.plan = plan
         self.num_outputs: int = plan["num_outputs"]
@@ -57,8 +60,9 @@ class PlanRunner:
         self._set_stable(chosen)
         self.stable_inputs = tuple(sorted(chosen))
 
-    def _per_call(self, call: Callable[[list], Any],
-                  realign: Callable[[list], list[tuple[torch.Tensor, torch.Tensor]]]) -> Callable[[list], Any]:
+    def _per_call(self, call: Callable[[GraphInputs], Any],
+                  realign: Callable[[GraphInputs], list[tuple[torch.Tensor, torch.Tensor]]]
+                  ) -> Callable[[GraphInputs], Any]:
         """``run_list``: the per-call work (the class docstring says why a closure)."""
         plan = self.plan
         check = bool(plan.get("inputs_to_check"))
@@ -68,7 +72,7 @@ class PlanRunner:
         any_autocast, disable_autocast = torch_state.any_autocast_enabled, torch_state.disable_autocast
         bump = torch.autograd.graph.increment_version
 
-        def call_grad_off(args: list) -> Any:
+        def call_grad_off(args: GraphInputs) -> Any:
             if grad_enabled():
                 set_grad(False)
                 try:
@@ -77,7 +81,7 @@ class PlanRunner:
                     set_grad(True)
             return call(args)
 
-        def run_list(args: list) -> Any:
+        def run_list(args: GraphInputs) -> Any:
             """The per-call work on a list the caller hands over (it is changed: realigned, then cleared by call())."""
             if len(args) != n_in:
                 raise TypeError(f"compiled graph takes {n_in} inputs, got {len(args)}")
@@ -97,7 +101,9 @@ class PlanRunner:
 
 
 def _alignment(check: tuple[int, ...],
-               mutated: frozenset[int]) -> tuple[Callable[[list], list], Callable[[frozenset], None]]:
+               mutated: frozenset[int]
+               ) -> tuple[Callable[[GraphInputs], list[tuple[torch.Tensor, torch.Tensor]]],
+                          Callable[[frozenset[int]], None]]:
     """``(realign, set_stable)``: ``realign(args)`` clones the misaligned inputs among ``check`` in place in ``args``
     and returns ``[(original, copy)]`` for those the graph mutates (copied back after the call); ``set_stable(indices)``
     names the inputs among them checked only when a different tensor object arrives (closures sharing their state:
@@ -105,10 +111,10 @@ def _alignment(check: tuple[int, ...],
     same = operator.is_
     each_call: tuple[int, ...] = check
     stable: tuple[int, ...] = ()
-    get_stable: Callable[[list], tuple] | None = None
-    last: tuple | None = None
+    get_stable: Callable[[GraphInputs], tuple[Any, ...]] | None = None
+    last: tuple[Any, ...] | None = None
 
-    def set_stable(chosen: frozenset) -> None:
+    def set_stable(chosen: frozenset[int]) -> None:
         nonlocal each_call, stable, get_stable, last
         each_call = tuple(i for i in check if i not in chosen)
         stable = tuple(i for i in check if i in chosen)
@@ -116,7 +122,7 @@ def _alignment(check: tuple[int, ...],
                       (lambda a: (a[stable[0]],)) if stable else None)
         last = None
 
-    def realign_one(args: list, i: int, copies: list) -> bool:
+    def realign_one(args: GraphInputs, i: int, copies: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         x = args[i]
         if x.data_ptr() % ALIGNMENT == 0:
             return False
@@ -125,9 +131,9 @@ def _alignment(check: tuple[int, ...],
             copies.append((x, args[i]))
         return True
 
-    def realign(args: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def realign(args: GraphInputs) -> list[tuple[torch.Tensor, torch.Tensor]]:
         nonlocal last
-        copies: list = []
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i in each_call:
             realign_one(args, i, copies)
         if get_stable is not None:

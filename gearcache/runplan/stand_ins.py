@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -23,12 +23,12 @@ def _run_intermediate_hooks(name: str, value: Any) -> None:
 
 
 @contextlib.contextmanager
-def _maybe_profile(should_profile: bool, *args: Any, **kwargs: Any):
+def _maybe_profile(should_profile: bool, *args: Any, **kwargs: Any) -> Iterator[torch.profiler.profile | None]:
     if should_profile:
         with torch.profiler.profile(*args, **kwargs) as prof:
             yield prof
     else:
-        yield
+        yield None
 
 
 def _align(nbytes: int) -> int:
@@ -39,7 +39,8 @@ def _no_op(*_: Any) -> None:
     """Bandwidth-profiling bookkeeping (``start_graph``/``end_graph``) is not done for entries loaded by gearcache."""
 
 
-def _assert_tensor_metadata(tensor: torch.Tensor | None, expected_size: tuple, expected_stride: tuple,
+def _assert_tensor_metadata(tensor: torch.Tensor | None, expected_size: tuple[int, ...],
+                            expected_stride: tuple[int, ...],
                             expected_dtype: torch.dtype, op_name: str | None = None) -> None:
     """``torch._inductor.runtime.runtime_utils.assert_tensor_metadata`` (wrappers of torch 2.15 check an extern
     kernel's output with it): the dtype here, sizes and strides by the C check the wrapper's ``assert_size_stride``

@@ -21,7 +21,7 @@ import os
 import pathlib
 import shutil
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -142,7 +142,8 @@ def _refuse_unsupported(fx: Any, aot: Any) -> set[str]:
     return devices
 
 
-def _collectives_during_check(uses: dict[str, set], source: str) -> Callable[[], Any]:
+def _collectives_during_check(uses: dict[str, set[Any]], source: str
+                              ) -> Callable[[], contextlib.AbstractContextManager[set[str]]]:
     """Refuse kernels of other kinds than the loader's and collectives other than torch's functional ones with a
     stand-in; returns the context manager the graph runs under during the check: the graph runs in this process
     alone, its collectives answered by stand-ins (collectives.py). The test is on the text, not only on the calls
@@ -159,7 +160,7 @@ def _collectives_during_check(uses: dict[str, set], source: str) -> Callable[[],
 
 
 @contextlib.contextmanager
-def _no_collectives():
+def _no_collectives() -> Iterator[set[str]]:
     yield set()
 
 
@@ -202,7 +203,8 @@ def _run_on_copies(fn: Callable[..., Any], inputs: list[Any], mutated: list[int]
 
 def _same(got: Any, want: Any, loose: bool) -> bool:
     if not isinstance(want, torch.Tensor):
-        return got == want
+        same: bool = got == want
+        return same
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype or \
             got.device != want.device or (got.numel() > 1 and got.stride() != want.stride()):
         return False
@@ -223,12 +225,13 @@ def _wrapper_module(key: str, folder: pathlib.Path) -> Any:
     return (inside or found)[-1]
 
 
-def _wrapper_uses(source: str) -> dict[str, set]:
+def _wrapper_uses(source: str) -> dict[str, set[Any]]:
     """What the wrapper's code (not its kernel sources) uses: ``async_compile`` methods, ``extern_kernels`` names,
     operators looked up in ``torch.ops``, and the sources of its C++ kernels by the name they are bound to."""
     import ast
 
-    uses: dict[str, set] = {"async_compile": set(), "extern": set(), "ops": set(), "cpp": set()}
+    uses: dict[str, set[Any]] = {"async_compile": set(), "extern": set(), "ops": set(),   # names; ops: (ns, op)
+                                 "cpp": set()}
     roots = {"aten": "aten", "inductor_ops": "inductor", "_quantized": "_quantized"}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute):
@@ -266,7 +269,7 @@ def _dotted(node: Any) -> list[str] | None:
     return [node.id, *reversed(parts)]
 
 
-def _extern_ref(name: str, fn: Any) -> list:
+def _extern_ref(name: str, fn: Any) -> list[str | None]:
     """How gearcache's loader finds extern kernel ``name`` without torch's compiler: a public torch function or a
     registered operator."""
     ref = torch_runplan.operator_ref(fn)

@@ -22,7 +22,7 @@ import pathlib
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from ..errors import UntrustedCacheError
 from ..keys.key import FORMAT_VERSION
@@ -139,16 +139,25 @@ def record_load(store: Store, ekey: str, seconds: float) -> None:
 # with a weakref finalizer holding its cache folder's path and its entry table (never the CachedFunction, so it can
 # still be collected); a collected one moves its counts to ``_pending`` (dict work only: safe inside the garbage
 # collector), and ``flush_hits`` (atexit) writes live and pending counts to the index rows' ``hits``.
+class CountedEntry(Protocol):
+    """An entry as the hit bookkeeping reads it: its manifest (beside the counts named in ``COUNTED``)."""
+
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+
+
 class HitCounted(Protocol):
     """What the hit bookkeeping reads of a method's entries (an ``EntryLife``): its store, and its entry table
     (signature -> an entry with ``manifest`` and the counts named in ``COUNTED``)."""
 
     store: Store
-    table: dict
+
+    @property
+    def table(self) -> Mapping[Any, CountedEntry]: ...     # signature key -> entry
 
 
 _lock = threading.Lock()
-_tracked: "weakref.WeakKeyDictionary[HitCounted, weakref.finalize]" = weakref.WeakKeyDictionary()
+_tracked: "weakref.WeakKeyDictionary[HitCounted, weakref.finalize[..., HitCounted]]" = weakref.WeakKeyDictionary()
 COUNTED = ("hits", "real_elements", "padded_elements")     # what entries count per call, flushed to their rows
 # (root, topology, method, ekey) -> {name in COUNTED: count not yet written}
 _pending: dict[tuple[str, str, str, str], dict[str, int]] = {}
@@ -171,7 +180,7 @@ def track_hits(entries: HitCounted) -> None:
             _atexit_registered = True
 
 
-def _stash(root: str, table: dict) -> None:
+def _stash(root: str, table: Mapping[Any, CountedEntry]) -> None:
     seen: set[int] = set()
     for entry in list(table.values()):
         if id(entry) in seen:

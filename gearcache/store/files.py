@@ -34,11 +34,11 @@ def default_root() -> pathlib.Path:
 
 
 # Every rename of the store goes through these two (tests simulate a full or read-only disk by replacing them).
-def _rename(src: os.PathLike, dst: os.PathLike) -> None:
+def _rename(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
     os.rename(src, dst)
 
 
-def _replace(src: os.PathLike, dst: os.PathLike) -> None:
+def _replace(src: os.PathLike[str], dst: os.PathLike[str]) -> None:
     os.replace(src, dst)
 
 

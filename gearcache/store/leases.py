@@ -50,7 +50,7 @@ class Leases:
         self.layout, self.locks, self.index = layout, locks, index
         self._owner = None if owner is None else weakref.ref(owner)
         self._held: set[str] = set()
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[..., object] | None = None
 
     def take(self, akey: str) -> None:
         """Mark artifact ``akey`` as in use by this process (``leases/<akey>/<pid>@<host>``) for as long as this

@@ -85,7 +85,7 @@ class Store:
     """One cache folder (``root``; None: the default folder) with the options of ``config``. Cheap to create; nothing
     is touched on disk until the first read or write. Raises ``ConfigError`` for a bad option."""
 
-    def __init__(self, root: str | os.PathLike | None, config: StoreConfig = DEFAULTS):
+    def __init__(self, root: str | os.PathLike[str] | None, config: StoreConfig = DEFAULTS):
         path = pathlib.Path(root) if root is not None else default_root()
         _checked_options(path, config)
         self.root, self.config = path.resolve(), config
@@ -127,7 +127,7 @@ class Store:
                            chunk_bytes=config.remote_chunk_bytes, claim_ttl_s=config.remote_claim_ttl_s)
 
     @classmethod
-    def from_config(cls, root: str | os.PathLike | None, config: CompilerConfig) -> Store:
+    def from_config(cls, root: str | os.PathLike[str] | None, config: CompilerConfig) -> Store:
         """The store a ``CompilerConfig`` asks for (``StoreConfig.of``)."""
         return cls(root, StoreConfig.of(config))
 

@@ -10,11 +10,13 @@ script. Both clients' connection pools reopen their connections in a forked chil
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from . import resp
 from ..errors import RemoteError
 from .remote_backend import RemoteBackend
+
+T = TypeVar("T")
 
 _REFRESH = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -67,7 +69,7 @@ class RedisRemoteBackend(RemoteBackend):
         self._errors = (redis.RedisError, OSError)
         return client, scripts
 
-    def _run(self, what: str, fn, *args, **kwargs):
+    def _run(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
         except self._errors as exc:
@@ -77,7 +79,8 @@ class RedisRemoteBackend(RemoteBackend):
         if not keys:
             return []
         if self._reader is None:
-            return self._run("MGET", lambda: self._client.mget(keys))
+            values: list[bytes | None] = self._run("MGET", lambda: self._client.mget(keys))    # redis-py: untyped
+            return values
         return self._run("MGET", self._reader.mget, keys)
 
     def put_temporary(self, items: dict[str, bytes], ttl_s: float) -> None:
@@ -109,7 +112,8 @@ class RedisRemoteBackend(RemoteBackend):
         holder = self._run("GET", self._client.get, key)
         if holder is None:                              # expired between the two commands: try once more
             return None if self._run("SET NX", self._client.set, key, owner, nx=True, px=px) else "another process"
-        return holder.decode(errors="replace")
+        text: str = holder.decode(errors="replace")
+        return text
 
     def refresh_claim(self, key: str, owner: str, ttl_s: float) -> bool:
         px = max(1, int(ttl_s * 1000))
@@ -118,7 +122,7 @@ class RedisRemoteBackend(RemoteBackend):
     def release_claim(self, key: str, owner: str) -> None:
         self._run("DEL", self._script("release"), keys=[key], args=[owner])
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         info = self._run("INFO", self._client.info, "memory")
         return {"used_memory": info.get("used_memory"), "maxmemory": info.get("maxmemory"),
                 "maxmemory_policy": info.get("maxmemory_policy"), "keys": self._run("DBSIZE", self._client.dbsize)}

@@ -14,7 +14,7 @@ digests or signatures (``remote.py`` does). A backend is one short module (``red
 from __future__ import annotations
 
 import abc
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..errors import RemoteError
 
@@ -61,7 +61,7 @@ class RemoteBackend(abc.ABC):
     def release_claim(self, key: str, owner: str) -> None:
         """Drop the claim if ``owner`` still holds it."""
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Server facts for ``gearcache stats --remote`` (memory used, limit); may be empty."""
         return {}
 

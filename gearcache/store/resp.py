@@ -180,7 +180,8 @@ class Reader:
     def mget(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values of ``keys`` (None where missing) in one round trip; a reply of another shape is a
         ``ReplyError``."""
-        return self._call(["MGET", *keys], lambda reply: _values(reply, len(keys)))
+        values: list[bytes | None] = self._call(["MGET", *keys], lambda reply: _values(reply, len(keys)))
+        return values
 
     def _call(self, args: Sequence[bytes | str], check: Callable[[Any], Any]) -> Any:
         conn = self._take()

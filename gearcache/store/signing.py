@@ -21,7 +21,7 @@ def _hmac(key: bytes, data: bytes) -> str:
 
 def sign_json(key: bytes, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` as it will read back from JSON, with ``"sig"``: HMAC-SHA256 over the canonical JSON of the rest."""
-    plain = json.loads(json.dumps(data, default=repr))
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=repr))
     plain.pop("sig", None)
     plain["sig"] = _hmac(key, canonical_bytes(plain))
     return plain

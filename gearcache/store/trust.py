@@ -13,7 +13,7 @@ log = logging.getLogger("gearcache.store")
 _warned_untrusted: set[str] = set()     # store roots this process has warned about as untrusted
 
 
-def first_untrusted_warning(root: str | os.PathLike) -> bool:
+def first_untrusted_warning(root: str | os.PathLike[str]) -> bool:
     """True the first time this process is about to warn that the store at ``root`` is not trusted, False after:
     whichever part of gearcache meets the refusal first warns (with the fix), the others stay quiet."""
     key = str(root)
