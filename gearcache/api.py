@@ -14,9 +14,9 @@ from .store import Store
 from .ranks.topology import resolve_topology
 
 
-def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynamic: bool = True,
+def cache_compile(func: Callable[..., Any], *, config: CompilerConfig | None = None, dynamic: bool = True,
                   cache_dir: str | None = None, global_rank: int | None = None, tp_rank: int | None = None,
-                  pp_rank: int | None = None, custom_decompositions: dict | None = None,
+                  pp_rank: int | None = None, custom_decompositions: dict[Any, Callable[..., Any]] | None = None,
                   **kwargs: Any) -> CachedFunction:
     """Serve ``func`` (a bound method of an ``nn.Module``) from compiled entries persisted under ``cache_dir``.
 

@@ -26,7 +26,7 @@ import copy
 import logging
 import re
 import types
-from typing import Any, Callable, cast
+from typing import Any, Callable, Hashable, cast
 
 import torch
 
@@ -58,7 +58,7 @@ class CachedFunction(Dispatcher):
     ``Dispatcher.__call__`` (the shortcut for a call like the last one), then ``_call``."""
 
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
-                 decompositions: dict[Any, Callable] | None):
+                 decompositions: dict[Any, Callable[..., Any]] | None):
         self._method = method
         self._module = cast(torch.nn.Module, method.__self__)     # api._check_method checked it
         self.config = config
@@ -74,7 +74,7 @@ class CachedFunction(Dispatcher):
         self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
         self._lock = self.life.lock
         self._first: Loaded | None = None
-        self._matchers: dict[tuple, signature.Matcher | None] = {}     # per key, for the shortcut (dispatch.py)
+        self._matchers: dict[tuple[Hashable, ...], signature.Matcher | None] = {}   # per key, for the shortcut
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
                                       scope=self._scope, entries=self.life)     # its gear plan
         self.graphs = CudaGraphs(self, self.life) if config.mode == "reduce-overhead" else None
@@ -116,7 +116,7 @@ class CachedFunction(Dispatcher):
         self._shortcut_to(key, leaves, entry)
         return entry(leaves)
 
-    def _shortcut_to(self, key: tuple, leaves: tuple, entry: Loaded) -> None:
+    def _shortcut_to(self, key: tuple[Hashable, ...], leaves: tuple[Any, ...], entry: Loaded) -> None:
         """Serve the next calls with ``key`` through the base class's shortcut (none where ``key`` has no matcher)."""
         try:
             matcher = self._matchers[key]
@@ -168,14 +168,15 @@ class CachedFunction(Dispatcher):
         self._watch = self._watcher.watch([getattr(e, "guards", None) for e in self._table.values()] +
                                           [self.gear_life.guards])
 
-    def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple,
+    def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                         served: bool = False) -> Any:
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if gear_plan is not None:
             return self.call_geared(gear_plan, leaves, key, served=served)
         return self.life.get_or_miss(leaves, key)(leaves)
 
-    def call_geared(self, gear_plan: GearPlan, leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def call_geared(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+                    served: bool = False) -> Any:
         """A call through the gear plan: padded, run, cut back. ``served``: a caller's call (not a warm-up's)."""
         targets = gear_plan.targets(leaves)
         if targets is None:
@@ -210,7 +211,8 @@ class CachedFunction(Dispatcher):
         its own, such as ``integrations.transformers``): an entry per size is its design, not worth a warning."""
         self._recompiles = None
 
-    def _note_miss(self, args: tuple, kwargs: dict, leaves: tuple, geared: bool) -> None:
+    def _note_miss(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: tuple[Any, ...],
+                   geared: bool) -> None:
         """Warn (once per argument) when a scalar argument or an ungeared dim compiles an entry per value or size."""
         if self._recompiles is None:
             return
@@ -242,7 +244,7 @@ class CachedFunction(Dispatcher):
         self.warmup_timeline = Timeline()
         return warm_up(self, args, kwargs, self.warmup_timeline)
 
-    def _check_no_grad(self, leaves: tuple) -> None:
+    def _check_no_grad(self, leaves: tuple[Any, ...]) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
         needs += [f"parameter {n}" for n, p in self._module.named_parameters() if p.requires_grad][:3]
         if needs:
@@ -265,14 +267,14 @@ class CachedFunction(Dispatcher):
     def __repr__(self) -> str:
         return f"<gearcache.CachedFunction {self.name} entries={len(self._table)} store={self.store.root}>"
 
-    def __deepcopy__(self, memo: dict) -> "CachedFunction":
+    def __deepcopy__(self, memo: dict[int, object]) -> "CachedFunction":
         """``copy.deepcopy(model)``: the copy's cached method is rebuilt (its entries load again, nothing is copied),
         bound to the copy of the module, sharing this one's store and config."""
         module = copy.deepcopy(self._module, memo)
         return CachedFunction(types.MethodType(self._method.__func__, module), config=self.config, store=self.store,
                               topology=self.topology, decompositions=self._decompositions)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Callable[..., CachedFunction], tuple[object, ...]]:
         """``pickle`` / ``torch.save(model)``: stored as what rebuilds it (the module, the method's name, the config,
         the store's folder, the topology, the decompositions); unpickled, it loads its entries from that folder."""
         return _unpickle, (self._module, self._method.__name__, self.config, str(self.store.root), self.topology,
@@ -280,7 +282,7 @@ class CachedFunction(Dispatcher):
 
 
 def _unpickle(module: torch.nn.Module, name: str, config: CompilerConfig, root: str, topology: Topology,
-              decompositions: dict[Any, Callable] | None) -> CachedFunction:
+              decompositions: dict[Any, Callable[..., Any]] | None) -> CachedFunction:
     """Rebuild a pickled ``CachedFunction`` (``CachedFunction.__reduce__``). The module may not have its state yet
     (pickle sets it after its attributes are rebuilt): only its class is read here."""
     method = types.MethodType(getattr(type(module), name), module)

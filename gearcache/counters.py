@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+from typing import Iterator
 
 
 @dataclasses.dataclass
@@ -51,7 +52,7 @@ class Counters:
         return {f.name: getattr(self, f.name) - getattr(since, f.name) for f in dataclasses.fields(self)}
 
     @contextlib.contextmanager
-    def expect(self, **expected: int):
+    def expect(self, **expected: int) -> Iterator[None]:
         """Assert that each named counter grew by exactly the given amount inside the block."""
         unknown = set(expected) - {f.name for f in dataclasses.fields(self)}
         if unknown:

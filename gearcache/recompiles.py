@@ -24,10 +24,12 @@ class RecompileWatch:
 
     def __init__(self, method_name: str):
         self.name = method_name
-        self._seen: dict[tuple, list] = {}         # (argument, dim or None) -> distinct values or sizes, in order
+        self._seen: dict[tuple[str, int | None], list[object]] = {}   # (argument, dim or None) -> distinct values
+        #                                                              or sizes, in order
         self._warned: set[str] = set()
 
-    def miss(self, method: Callable, args: tuple, kwargs: dict, leaves: tuple, *, geared: bool,
+    def miss(self, method: Callable[..., object], args: tuple[Any, ...], kwargs: dict[str, Any],
+             leaves: tuple[Any, ...], *, geared: bool,
              gear_plans_stored: Callable[[], bool]) -> None:
         """Record a miss (``leaves``: the call's flattened arguments); warn about an argument that crossed the
         threshold. ``geared``: the method has a gear plan (tensor sizes are then the plan's business);
@@ -72,7 +74,7 @@ class RecompileWatch:
         warnings.warn(message, stacklevel=5)
 
 
-def leaf_names(method: Callable, args: tuple, kwargs: dict) -> list[str]:
+def leaf_names(method: Callable[..., object], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
     """The name of each flattened leaf of a call, in ``signature.call_key``'s order: ``x``, ``kv[1]``,
     ``cfg['scale']``; an extra positional argument of ``*args`` is ``args[2]``. Empty when the call does not bind."""
     try:

@@ -4,17 +4,18 @@ slots, never tensors), and a class attribute as torch defines it, whatever Dynam
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 
-def state_slot(module: torch.nn.Module, name: str) -> tuple[Mapping[str, torch.Tensor | None], str]:
+def state_slot(module: torch.nn.Module, name: str) -> tuple[dict[str, Any], str]:
     """Where the parameter or buffer ``name`` (dotted, from ``module``) lives: its owner's ``_parameters`` or
     ``_buffers`` dict and its key there. A read through the slot sees the tensor there now (replaced or updated in
     place); gearcache's entries and CUDA graphs hold slots, never the tensors."""
     owner_path, _, attr = name.rpartition(".")
     owner = module.get_submodule(owner_path) if owner_path else module
+    # the dict is torch's dict[str, Parameter | None] or dict[str, Tensor | None]: a slot holds either
     if attr in owner._parameters:
         return owner._parameters, attr
     if attr in owner._buffers:

@@ -15,7 +15,7 @@ The glue is built once at load so a call does no interpretation:
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -27,6 +27,12 @@ except ImportError:                 # pragma: no cover - depends on how gearcach
     _NativeRunner = None
 
 NATIVE = _NativeRunner is not None
+
+Slot = tuple[dict[str, Any], str]
+"""Where a parameter or buffer lives: its owner's ``_parameters`` or ``_buffers`` dict (of tensors; torch types the
+two dicts differently) and its name there."""
+Recipe = tuple[int | Slot, ...]
+"""An entry's graph inputs, resolved once: a leaf index, or a :data:`Slot`."""
 """Whether loaded run plans take the C per-call path (``gearcache.call._callpath``); see ``Entry.native``."""
 
 
@@ -71,7 +77,7 @@ class Entry:
         except (KeyError, AttributeError):
             return True
 
-    def state_refs(self) -> list[tuple[dict, str]]:
+    def state_refs(self) -> list[Slot]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
         call (a CUDA graph holds their addresses at capture instead: ``cuda_graphs``)."""
         return [item for item in self._recipe if not isinstance(item, int)]
@@ -86,35 +92,34 @@ class Entry:
         self._compiled = fn
         self.run = _make_run(fn, self._recipe, self.gather, self.native)
 
-    def __call__(self, leaves: tuple) -> Any:
+    def __call__(self, leaves: tuple[Any, ...]) -> Any:
         return self.build(self.run(leaves), leaves)
 
 
-def _make_run(fn: Callable[..., Any], recipe: tuple, gather: Callable[[tuple], list],
-              native: bool) -> Callable[[tuple], Any]:
+def _make_run(fn: Callable[..., Any], recipe: Recipe, gather: Callable[[tuple[Any, ...]], list[Any]],
+              native: bool) -> Callable[[tuple[Any, ...]], Any]:
     """``run(leaves) -> outputs`` for the compiled callable ``fn`` (see the module docstring)."""
     run_list = getattr(fn, "run_list", None)       # a run plan's: takes the gathered list itself
     call = getattr(fn, "wrapper_call", None)
     plan = getattr(fn, "plan", None)
     if native and run_list is not None and call is not None and plan is not None:
-        return _NativeRunner(call=call, fallback=run_list, recipe=recipe,
-                                check=tuple(plan.get("inputs_to_check", ())),
-                                always_fallback=bool(plan.get("version_bumped_inputs")),
-                                is_grad_enabled=torch.is_grad_enabled,
-                                is_autocast_enabled=torch_state.any_autocast_enabled,
-                                data_ptr=torch_tensor_checks.native_data_ptr())
+        runner: Callable[[tuple[Any, ...]], Any] = _NativeRunner(   # the C extension: no stubs
+            call=call, fallback=run_list, recipe=recipe, check=tuple(plan.get("inputs_to_check", ())),
+            always_fallback=bool(plan.get("version_bumped_inputs")), is_grad_enabled=torch.is_grad_enabled,
+            is_autocast_enabled=torch_state.any_autocast_enabled, data_ptr=torch_tensor_checks.native_data_ptr())
+        return runner
     if run_list is not None:
         return lambda leaves: run_list(gather(leaves))
     return lambda leaves: fn(*gather(leaves))
 
 
-def _recipe(inputs: list[list], module: torch.nn.Module) -> tuple:
+def _recipe(inputs: list[list[Any]], module: torch.nn.Module) -> Recipe:
     """The graph inputs, resolved once (``_NativeRunner`` and ``gather``): a leaf index, or the
     (``_parameters``/``_buffers`` dict, name)."""
     return tuple(int(ref) if kind == "leaf" else torch_nn_modules.state_slot(module, ref) for kind, ref in inputs)
 
 
-def _addresses(recipe: tuple) -> list[int]:
+def _addresses(recipe: Recipe) -> list[int]:
     """The data address of each module tensor the recipe reads, as the dicts hold them now."""
     return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
 
@@ -126,9 +131,9 @@ def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]
     return [id(torch_nn_modules.state_slot(module, ref)[0]) for ref in refs]
 
 
-def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
+def _make_gather(recipe: Recipe) -> Callable[[tuple[Any, ...]], list[Any]]:
     """``gather(L)`` in generated Python from the recipe of :func:`_recipe` (the dicts already resolved)."""
-    dicts: list[dict] = []
+    dicts: list[dict[str, Any]] = []
     items = []
     for item in recipe:
         if isinstance(item, int):
@@ -145,7 +150,7 @@ def _make_gather(recipe: tuple) -> Callable[[tuple], list]:
     return _compile(src, "gather", {f"S{i}": d for i, d in enumerate(dicts)})
 
 
-def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[list, tuple], Any]:
+def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[list[Any], tuple[Any, ...]], Any]:
     env: dict[str, Any] = {}
     items = []
     for i, (kind, ref) in enumerate(outputs["leaves"]):
@@ -179,7 +184,7 @@ def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
     return None
 
 
-def _structure_expr(node: list, items, env: dict[str, Any]) -> str:
+def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) -> str:
     """A Python expression rebuilding the nested tuples, lists and dicts of the method's result."""
     kind = node[0]
     if kind == "leaf":
@@ -198,10 +203,11 @@ def _structure_expr(node: list, items, env: dict[str, Any]) -> str:
     raise ValueError(f"unknown output structure node {kind!r}")
 
 
-def _compile(src: str, name: str, env: dict[str, Any]) -> Callable:
+def _compile(src: str, name: str, env: dict[str, Any]) -> Callable[..., Any]:
     namespace = dict(env)
     exec(compile(src, f"<gearcache {name}>", "exec"), namespace)   # noqa: S102 - generated from a recipe above
-    return namespace[name]
+    fn: Callable[..., Any] = namespace[name]
+    return fn
 
 
 def writes_a_leaf(entry: Entry) -> bool:

@@ -57,7 +57,8 @@ def value_diffs(name: str, a: Any, b: Any) -> list[tuple[str, str, str]]:
     return [(name, compact(a), compact(b))]
 
 
-def diff_doc(hashes_a: dict, values_a: dict, hashes_b: dict, values_b: dict) -> list[dict[str, Any]]:
+def diff_doc(hashes_a: dict[str, str], values_a: dict[str, Any], hashes_b: dict[str, str],
+             values_b: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"factor": n, "hash_a": hashes_a.get(n), "hash_b": hashes_b.get(n),
              "value_a": values_a.get(n), "value_b": values_b.get(n)}
             for n in ordered_factors(differing_factors(hashes_a, hashes_b))]

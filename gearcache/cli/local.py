@@ -22,7 +22,7 @@ def ordered_factors(names: Iterable[str]) -> list[str]:
 def cmd_ls(args: argparse.Namespace) -> int:
     view = open_view(args)
     rows = []
-    gears_memo: dict[tuple[str, str], list] = {}
+    gears_memo: dict[tuple[str, str], list[Any]] = {}
     for ref in view.entries():
         if ref.manifest is None:
             warn(f"skipping {ref.path}: {ref.problem[1] if ref.problem else 'unreadable'}")
@@ -158,7 +158,7 @@ def _dependencies(m: dict[str, Any]) -> list[dict[str, Any]]:
     return deps
 
 
-def _describe_guard(record: list) -> str:
+def _describe_guard(record: list[Any]) -> str:
     """One value guard of a manifest, as ``path (kind): expected``."""
     from ..keys.value_guard import ValueGuard
 

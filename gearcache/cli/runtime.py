@@ -34,10 +34,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise CliError(f"{spec} is not callable")
-    return obj
+    factory: Callable[[], Any] = obj
+    return factory
 
 
-def _made(spec: str) -> tuple[Any, tuple | list, dict]:
+def _made(spec: str) -> tuple[Any, tuple[Any, ...] | list[Any], dict[str, Any]]:
     """``FACTORY()``'s ``(model, example_args, example_kwargs)``, checked."""
     import torch
 
@@ -59,7 +60,7 @@ def _made(spec: str) -> tuple[Any, tuple | list, dict]:
     return model, example_args, example_kwargs
 
 
-def _warm_one(name: str, cf: Any, args: tuple | list, kwargs: dict) -> dict[str, Any]:
+def _warm_one(name: str, cf: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Warm up one cached method (progress on stderr); its row, with ``"error"`` when it failed."""
     import torch
 

@@ -5,7 +5,7 @@ of the call path instead of holding it as ``Any``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
@@ -25,7 +25,8 @@ class UncapturedPath(Protocol):
     @property
     def config(self) -> CompilerConfig: ...
 
-    def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
+    def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+                        served: bool = False) -> Any: ...
 
     @property
     def gear_life(self) -> GearPlanLife: ...
@@ -36,6 +37,6 @@ class EntryStages(Protocol):
     capture: not counted as a hit). Also handed to ``compiling.background.wait_for`` (a capture that must wait for
     its gear's background compile)."""
 
-    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded: ...
+    def get_or_miss(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...], count: bool = True) -> Loaded: ...
 
     def settle_all(self, deadline: float | None = None) -> int: ...

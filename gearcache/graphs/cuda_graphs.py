@@ -30,7 +30,7 @@ import logging
 import math
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, cast
 
 import torch
 
@@ -45,6 +45,13 @@ from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
 from .graphed_entry import (GraphedEntry, fill_buffers, is_static_address, mutated_leaves, state_watch_of,
                             target_shape, write_refused_message, written_copies, written_tensors)
+
+Leaves = tuple[Any, ...]
+"""A call's flattened arguments (``signature.call_key``'s leaves): the caller's tensors and Python values."""
+CallKey = tuple[Hashable, ...]
+"""A call's signature key (``signature.call_key``)."""
+GraphKey = tuple[object, ...]
+"""A CUDA graph's key among a method's graphs (:meth:`CudaGraphs._graph_key`)."""
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
@@ -68,7 +75,7 @@ def release_graphs() -> int:
     for graphs in list(_LIVE):
         dropped += len(graphs.graphs)
         graphs.reset()
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():     # type: ignore[no-untyped-call]  # torch leaves it untyped
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return dropped
@@ -86,7 +93,7 @@ class CudaGraphs:
         self.life = life            # its entries' stages (entry_life.EntryLife): a gear's entry, found or compiled
         # torch.cuda.graph_pool_handle(), shared by every gear
         self.pool: torch_cuda_graphs.GraphPoolHandle | None = None
-        self.graphs: dict[tuple, GraphedEntry] = {}
+        self.graphs: dict[GraphKey, GraphedEntry] = {}
         self._side: torch.cuda.Stream | None = None
         self._capture_stream: torch.cuda.Stream | None = None
         self.timeline: Timeline | None = None      # set by warmup(): captures then record their phases in its Timeline
@@ -117,7 +124,7 @@ class CudaGraphs:
                 # refuses a capture into it: the next capture starts a pool of its own
                 self.pool = None
 
-    def call(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, served: bool = False) -> Any:
+    def call(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey, served: bool = False) -> Any:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
         (its padding is counted: ``GearPlan.record_padding``)."""
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
@@ -166,7 +173,7 @@ class CudaGraphs:
             outs = self._checked_views(outs)
         return graphed.entry.build(outs, leaves)
 
-    def _checked_views(self, outs: list) -> list:
+    def _checked_views(self, outs: list[Any]) -> list[Any]:
         """``"view-checked"``: views of ``outs`` through storages of their own, retired by the method's next call."""
         views = [torch_cuda_graphs.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
         self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
@@ -187,12 +194,12 @@ class CudaGraphs:
         self.handed_out = []
 
     @staticmethod
-    def _graph_key(gear_plan: GearPlan | None, leaves: tuple, key: tuple, targets: list[int] | None) -> tuple:
+    def _graph_key(gear_plan: GearPlan | None, leaves: Leaves, key: CallKey, targets: list[int] | None) -> GraphKey:
         shapes: dict[int, list[int]] = {}
         if targets is not None:         # a gear plan's call (targets is None exactly when gear_plan is)
             for d, t in zip(gear_plan.dims, targets):  # type: ignore[union-attr]
                 shapes.setdefault(d.leaf, list(leaves[d.leaf].shape))[d.dim] = t
-        parts: list[tuple] = []
+        parts: list[tuple[object, ...]] = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 shape = tuple(shapes[i]) if i in shapes else tuple(leaf.shape)
@@ -202,7 +209,7 @@ class CudaGraphs:
                 parts.append((type(leaf), leaf))
         return (key[0], key[1], *parts)
 
-    def prepare(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple) -> Loaded:
+    def prepare(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey) -> Loaded:
         """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
                 signature.on_cuda(leaves):
@@ -213,7 +220,7 @@ class CudaGraphs:
         skey = signature.rekey(key, static_leaves)
         return self.life.get_or_miss(static_leaves, skey, count=False)
 
-    def _capture(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, targets: list[int] | None,
+    def _capture(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey, targets: list[int] | None,
                  wait: bool = False) -> GraphedEntry | None:
         """Build the gear's static buffers, find (or compile/load) its entry, warm it up, capture it. None (nothing
         captured, nothing run) while the entry compiles in the background: a graph of the eager stand-in would
@@ -227,7 +234,7 @@ class CudaGraphs:
             return None
         return self._capture_prepared(graphed, leaves, static_leaves)
 
-    def _capture_prepared(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> GraphedEntry:
+    def _capture_prepared(self, graphed: GraphedEntry, leaves: Leaves, static_leaves: Leaves) -> GraphedEntry:
         """Warm up and record a gear ``_prepare`` made ready (its entry found): the run phase of a capture."""
         t0 = time.perf_counter()
         counters.graph_warmups += 1
@@ -238,8 +245,8 @@ class CudaGraphs:
         self._captured(graphed, time.perf_counter() - t0)
         return graphed
 
-    def _prepare(self, gear_plan: GearPlan | None, leaves: tuple, key: tuple, targets: list[int] | None,
-                 wait: bool = False) -> tuple[GraphedEntry, tuple]:
+    def _prepare(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey, targets: list[int] | None,
+                 wait: bool = False) -> tuple[GraphedEntry, Leaves]:
         """The gear's static buffers (filled with this call's inputs) and its entry (found, loaded or compiled), as a
         ``GraphedEntry`` not captured yet; and the static leaves a capture runs on."""
         pad_of = {d.leaf: d.pad_value for d in gear_plan.dims} if gear_plan is not None else {}
@@ -280,8 +287,8 @@ class CudaGraphs:
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
                  [tuple(b.shape) for _, b, _ in graphed.copies], seconds)
 
-    def capture_all(self, gear_plan: GearPlan | None, calls: list[tuple[tuple, tuple]], threads: int | None = None,
-                    before_runs: Callable[[list], None] | None = None) -> int:
+    def capture_all(self, gear_plan: GearPlan | None, calls: list[tuple[Leaves, CallKey]], threads: int | None = None,
+                    before_runs: Callable[[list[Loaded]], None] | None = None) -> int:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
         graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
 
@@ -338,12 +345,12 @@ class CudaGraphs:
         torch.cuda.empty_cache()
         return len(todo)
 
-    def _start_gears(self, gear_plan: GearPlan | None, todo: list[tuple[tuple, tuple, tuple, list[int] | None]],
-                     gear_threads: GearThreads) -> tuple[list[tuple[tuple, tuple, GraphedEntry, tuple]],
+    def _start_gears(self, gear_plan: GearPlan | None, todo: list[tuple[GraphKey, Leaves, CallKey, list[int] | None]],
+                     gear_threads: GearThreads) -> tuple[list[tuple[GraphKey, Leaves, GraphedEntry, Leaves]],
                                                          list[tuple[torch.Tensor, torch.Tensor]]]:
         """Find each gear's entry and start its thread's warm-up run: ``(graph key, leaves, graphed, static
         leaves)`` per gear, and the saved copies of what the warm-up runs write (restored before the records)."""
-        prepared: list[tuple[tuple, tuple, GraphedEntry, tuple]] = []
+        prepared: list[tuple[GraphKey, Leaves, GraphedEntry, Leaves]] = []
         saved: list[tuple[torch.Tensor, torch.Tensor]] = []
         written: list[torch.Tensor] = []        # the tensors themselves (``saved`` holds byte views of copies)
         try:
@@ -361,7 +368,7 @@ class CudaGraphs:
             raise
         return prepared, saved
 
-    def _warm_up_undone(self, graphed: GraphedEntry, leaves: tuple, static_leaves: tuple) -> None:
+    def _warm_up_undone(self, graphed: GraphedEntry, leaves: Leaves, static_leaves: Leaves) -> None:
         """Run the gear's warm-up run, then undo what it wrote to static-address inputs and to state (a KV cache, a
         position counter), so that the call being served updates them once, and fill its static buffers again."""
         with self.phase(static_leaves, "graph warm-up run"):
@@ -372,9 +379,9 @@ class CudaGraphs:
             fill_buffers(graphed, leaves)
 
     def _uncaptured(self, gear_plan: GearPlan | None,
-                    calls: list[tuple[tuple, tuple]]) -> list[tuple[tuple, tuple, tuple, list[int] | None]]:
+                    calls: list[tuple[Leaves, CallKey]]) -> list[tuple[GraphKey, Leaves, CallKey, list[int] | None]]:
         """``(graph key, leaves, key, targets)`` of each call in ``calls`` whose gear has no graph yet, once each."""
-        todo: list[tuple[tuple, tuple, tuple, list[int] | None]] = []
+        todo: list[tuple[GraphKey, Leaves, CallKey, list[int] | None]] = []
         for leaves, key in calls:
             targets = gear_plan.targets(leaves) if gear_plan is not None else None
             gkey = self._graph_key(gear_plan, leaves, key, targets)
@@ -382,7 +389,7 @@ class CudaGraphs:
                 todo.append((gkey, leaves, key, targets))
         return todo
 
-    def phase(self, leaves: tuple, phase: str, synchronize: bool = True) -> ContextManager[None]:
+    def phase(self, leaves: Leaves, phase: str, synchronize: bool = True) -> ContextManager[None]:
         """A span of the running warm-up's timeline (with ``synchronize``, the device synchronised at its end, so the
         span holds the GPU work it queued), or nothing outside a warm-up."""
         if self.timeline is None:
@@ -393,10 +400,11 @@ class CudaGraphs:
     def _streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The side stream of warm-up runs and the capture stream, made once per method (not once per gear)."""
         if self._side is None or self._capture_stream is None:     # (made together)
-            self._side, self._capture_stream = torch.cuda.Stream(), torch.cuda.Stream()
+            self._side, self._capture_stream = (torch.cuda.Stream(),    # type: ignore[no-untyped-call]  # untyped in torch
+                                                 torch.cuda.Stream())    # type: ignore[no-untyped-call]
         return self._side, self._capture_stream
 
-    def record(self, entry: Loaded, static_leaves: tuple) -> tuple[torch.cuda.CUDAGraph, list]:
+    def record(self, entry: Loaded, static_leaves: Leaves) -> tuple[torch.cuda.CUDAGraph, list[Any]]:
         """Capture one run of ``entry`` into the method's shared memory pool.
 
         ``torch.cuda.graph`` would also empty the allocator's cache before every capture (so the next gear's buffers
@@ -418,7 +426,8 @@ class CudaGraphs:
                 graph.capture_end()
         return graph, list(outs)
 
-    def warm_up(self, entry: Loaded, static_leaves: tuple, copies: list, side: torch.cuda.Stream) -> None:
+    def warm_up(self, entry: Loaded, static_leaves: Leaves, copies: list[tuple[int, torch.Tensor, float]],
+                side: torch.cuda.Stream) -> None:
         """Run the entry once on the stream ``side`` before its capture (as CUDA graph capture requires: lazy
         initialisation, cuBLAS workspaces and first kernel loads must not happen while capturing). An entry without a
         run plan does not say which inputs it writes: for it, this run also refuses writes to copied inputs."""

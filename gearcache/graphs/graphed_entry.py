@@ -41,7 +41,8 @@ def is_static_address(leaf: Any) -> bool:
 class GraphedEntry:
     """One entry (one gear) captured as a CUDA graph, with its static input buffers."""
 
-    def __init__(self, entry: Loaded, graph: torch.cuda.CUDAGraph, outs: list, copies: list, static_ptrs: list):
+    def __init__(self, entry: Loaded, graph: torch.cuda.CUDAGraph, outs: list[Any],
+                 copies: list[tuple[int, torch.Tensor, float]], static_ptrs: list[tuple[int, int]]):
         self.entry, self.graph, self.outs = entry, graph, outs
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
@@ -56,7 +57,7 @@ class GraphedEntry:
         one's memory, so the graph must be captured again."""
         return self.state_watch is not None and not self.state_watch.valid()
 
-    def fill(self, leaves: tuple) -> None:
+    def fill(self, leaves: tuple[Any, ...]) -> None:
         """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs."""
         fill_buffers(self, leaves)
         for i, ptr in self.static_ptrs:
@@ -66,19 +67,19 @@ class GraphedEntry:
                     f"{leaves[i].data_ptr():#x}, captured {ptr:#x}). Pass the same tensor on every call, or call "
                     f".graphs.reset() on the cached method after replacing it")
 
-    def replay(self) -> list:
+    def replay(self) -> list[Any]:
         """Run the graph on what ``fill`` left in the buffers; returns its static outputs."""
         self.graph.replay()
         return self.outs
 
-    def copy_back(self, leaves: tuple) -> None:
+    def copy_back(self, leaves: tuple[Any, ...]) -> None:
         """Copy what the replay wrote into copied inputs back into the caller's tensors (their real rows)."""
         for i, buf in self.written:
             dst = leaves[i]
             dst.copy_(buf if buf.shape == dst.shape else buf[tuple(slice(0, n) for n in dst.shape)])
 
 
-def fill_buffers(graphed: GraphedEntry, leaves: tuple) -> None:
+def fill_buffers(graphed: GraphedEntry, leaves: tuple[Any, ...]) -> None:
     """Copy (and pad) the call's inputs into the static buffers without replaying."""
     for i, buf, pad in graphed.copies:
         src = leaves[i]
@@ -89,7 +90,7 @@ def fill_buffers(graphed: GraphedEntry, leaves: tuple) -> None:
             buf[tuple(slice(0, s) for s in src.shape)].copy_(src)
 
 
-def target_shape(gear_plan: GearPlan, leaves: tuple, targets: list[int], i: int) -> list[int]:
+def target_shape(gear_plan: GearPlan, leaves: tuple[Any, ...], targets: list[int], i: int) -> list[int]:
     shape = list(leaves[i].shape)
     for d, t in zip(gear_plan.dims, targets):
         if d.leaf == i:
@@ -115,7 +116,7 @@ def _plan_mutated(entry: Loaded) -> list[int] | None:
     return [int(j) for j in mutated] if isinstance(mutated, list) else None
 
 
-def written_tensors(entry: Loaded, static_leaves: tuple) -> list[torch.Tensor]:
+def written_tensors(entry: Loaded, static_leaves: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a run of ``entry`` on ``static_leaves`` may write in place: its run plan's ``mutated_inputs``
     (call leaves and module state alike: a KV cache, a position counter); without a run plan, every static-address leaf
     and every buffer it reads (a run alone could tell; these are what a method may legitimately update). For an
@@ -140,7 +141,7 @@ def state_watch_of(entry: Loaded) -> guard_watch.Watch | None:
     return guard_watch.GuardWatch(items, [], [], guard_watch.ABSENT) if items else None
 
 
-def written_copies(entry: Loaded, copies: list) -> list[tuple[int, torch.Tensor]]:
+def written_copies(entry: Loaded, copies: list[tuple[int, torch.Tensor, float]]) -> list[tuple[int, torch.Tensor]]:
     """``(leaf index, static buffer)`` of each copied (not static-address) input the entry's run plan says it writes:
     copied back after each replay (``GraphedEntry.copy_back``). Without a run plan: none (a write found at the
     capture's warm-up run is refused there)."""
