@@ -38,7 +38,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 class Captured:
     graph: torch.fx.GraphModule
     example_inputs: list[Any]
-    inputs: list[list]
+    inputs: list[list[Any]]
     outputs: dict[str, Any]
     dependencies: list[dict[str, Any]]
     guards: guard_sets.GuardSet
@@ -99,7 +99,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwar
     )
 
 
-def passed_names(method: types.MethodType, args: tuple, kwargs: dict) -> set[str] | None:
+def passed_names(method: types.MethodType, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str] | None:
     """The names of the parameters a call of the bound ``method`` passes (the others take their defaults); None where
     the call does not bind (Dynamo then raised already)."""
     try:
@@ -108,7 +108,7 @@ def passed_names(method: types.MethodType, args: tuple, kwargs: dict) -> set[str
         return None
 
 
-def _output_nodes(gm: torch.fx.GraphModule) -> list:
+def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:     # FX output arguments (nodes): torch's Argument union
     out = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if out is None:
         return []
@@ -149,11 +149,11 @@ class _FloatProbe(torch.Tensor):
     """The 0-d tensor Dynamo turns a Python float result into (``torch.scalar_tensor``), then reads back with
     ``.item()``: here ``.item()`` gives a :class:`_GraphNumber`. Returned as a tensor, it is that graph output."""
 
-    def item(self):
+    def item(self) -> Any:    # a _GraphNumber where Tensor.item gives a number
         return _GraphNumber("float")
 
 
-def _mark_numbers(outs: list, nodes: list) -> list:
+def _mark_numbers(outs: list[Any], nodes: list[Any]) -> list[Any]:
     """``outs`` (one per graph output node) with every Python number the graph computes made recognisable:
     a ``_GraphNumber`` for a symbolic int or bool output, a ``_FloatProbe`` for a float made a 0-d tensor."""
     marked = []
@@ -196,7 +196,7 @@ def _state_names(module: torch.nn.Module) -> dict[int, str]:
     return names
 
 
-def _input_recipe(t: Any, leaves: tuple, state_names: dict[int, str], index: int) -> list:
+def _input_recipe(t: Any, leaves: tuple[Any, ...], state_names: dict[int, str], index: int) -> list[Any]:
     for i, leaf in enumerate(leaves):
         if leaf is t:
             return ["leaf", i]
@@ -208,12 +208,13 @@ def _input_recipe(t: Any, leaves: tuple, state_names: dict[int, str], index: int
         f"(self.register_buffer(name, tensor)) instead of plain attributes or globals.")
 
 
-def _output_recipe(result: Any, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> dict[str, Any]:
+def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
+                   state_names: dict[int, str]) -> dict[str, Any]:
     """``{"structure": nested ["tuple"|"list", [children]] / ["dict", [keys], [children]] / ["leaf"], "leaves": [...]}``
     with one recipe per leaf in order."""
-    recipe: list[list] = []
+    recipe: list[list[Any]] = []
 
-    def walk(obj: Any, path: str) -> list:
+    def walk(obj: Any, path: str) -> list[Any]:
         t = type(obj)
         if t is tuple or t is list:
             return [t.__name__, [walk(o, f"{path}[{i}]") for i, o in enumerate(obj)]]
@@ -238,7 +239,8 @@ def _output_recipe(result: Any, flat_out: list, leaves: tuple, state_names: dict
     return {"structure": structure, "leaves": recipe}
 
 
-def _tensor_output(t: torch.Tensor, flat_out: list, leaves: tuple, state_names: dict[int, str]) -> list:
+def _tensor_output(t: torch.Tensor, flat_out: list[Any], leaves: tuple[Any, ...],
+                   state_names: dict[int, str]) -> list[Any]:
     for i, o in enumerate(flat_out):
         if o is t:
             return ["out", i]
@@ -285,7 +287,7 @@ def dependencies_changed(deps: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple,
+def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple[Any, ...],
                     marked: list[tuple[int, int]]) -> SymbolicTrace:
     """Trace the method once with the ``marked`` (leaf, dim) pairs dynamic (no compile) and read the symbols.
 
@@ -313,7 +315,7 @@ def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure
                          inputs, outputs, guards, same)
 
 
-def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
+def _dynamic_clones(leaves: tuple[Any, ...], marked: list[tuple[int, int]]) -> list[Any]:
     """``leaves`` with each marked leaf replaced by a clone whose marked dims are dynamic (the caller's tensors keep
     no mark)."""
     clones = list(leaves)
@@ -325,8 +327,8 @@ def _dynamic_clones(leaves: tuple, marked: list[tuple[int, int]]) -> list:
     return clones
 
 
-def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple,
-                        kwargs: dict) -> tuple[dict[str, Any], Any, torch_guards.GuardRecording]:
+def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, torch_guards.GuardRecording]:
     """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
     recording)``, ``state`` holding the graph (``"gm"``), its example inputs (``"inputs"``), the traced code
     (``"code"``) and the empty outputs the graph gave (``"flat_out"``); ``result`` is the method's return value built
@@ -384,7 +386,7 @@ def _empty_like_hint(node: Any) -> Any:
     return value
 
 
-def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
+def _symbolic_input(t: Any, clones: list[Any], state_names: dict[int, str]) -> list[Any]:
     """A graph input of the symbolic trace: ``["leaf", i]``, ``["state", name]``, ``["size"]`` (a SymInt) or
     ``["other"]``."""
     if not isinstance(t, torch.Tensor):
@@ -395,7 +397,7 @@ def _symbolic_input(t: Any, clones: list, state_names: dict[int, str]) -> list:
     return ["state", state_names[id(t)]] if id(t) in state_names else ["other"]
 
 
-def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: list[list],
+def _marked_symbols(method: types.MethodType, gm: torch.fx.GraphModule, inputs: list[list[Any]],
                     marked: list[tuple[int, int]], same: dict[Any, Any]) -> list[str]:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_of = {recipe[1]: node.meta.get("example_value") for node, recipe in zip(placeholders, inputs)

@@ -114,7 +114,8 @@ class EagerEntry:
     __slots__ = ("method", "structure", "manifest", "hits", "real_elements", "padded_elements", "out_structure",
                  "__weakref__")
 
-    def __init__(self, method: Callable, args: tuple, kwargs: dict, manifest: dict[str, Any]):
+    def __init__(self, method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 manifest: dict[str, Any]):
         self.method = method
         self.structure = signature.call_key(args, kwargs)[1][0]
         # the compiled graph's output recipe does not apply: here the "graph outputs" are the method's output leaves
@@ -126,23 +127,23 @@ class EagerEntry:
                       f"signature: the cache folder failed (see the log) and config.on_cache_error='eager'",
                       stacklevel=4)
 
-    def gather(self, leaves: tuple) -> list:
+    def gather(self, leaves: tuple[Any, ...]) -> list[Any]:
         return list(leaves)
 
-    def compiled(self, *flat: Any) -> list:
+    def compiled(self, *flat: Any) -> list[Any]:
         counters.eager_calls += 1
         args, kwargs = signature.unflatten(self.structure, flat)
-        outs: list = []
+        outs: list[Any] = []
         self.out_structure = signature.flatten(self.method(*args, **kwargs), outs)
         if "outputs" not in self.manifest:
             self.manifest["outputs"] = {"leaves": [["out", i] for i in range(len(outs))]}
         return outs
 
-    def build(self, outs: list, leaves: tuple) -> Any:
+    def build(self, outs: list[Any], leaves: tuple[Any, ...]) -> Any:
         return signature.rebuild(self.out_structure, iter(outs))
 
-    def run(self, leaves: tuple) -> list:
+    def run(self, leaves: tuple[Any, ...]) -> list[Any]:
         return self.compiled(*self.gather(leaves))
 
-    def __call__(self, leaves: tuple) -> Any:
+    def __call__(self, leaves: tuple[Any, ...]) -> Any:
         return self.build(self.run(leaves), leaves)

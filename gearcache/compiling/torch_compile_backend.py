@@ -23,20 +23,20 @@ from ..store import Store
 from .pipeline import ArtifactPipeline
 
 
-def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable:
+def get_backend(compiler_config: CompilerConfig | None = None, *, cache_dir: str | None = None) -> Callable[..., Any]:
     """A Dynamo backend serving every gear of a graph from one trace. Pass it to ``torch.compile(backend=...)``."""
     config = compiler_config if compiler_config is not None else CompilerConfig()
     if not isinstance(config, CompilerConfig):
         raise ConfigError(f"compiler_config={config!r}: expected a gearcache.CompilerConfig")
     store = Store.from_config(cache_dir, config)
 
-    def gearcache_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def gearcache_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         return GearedGraph(gm, list(example_inputs), config, store)
 
     return gearcache_backend
 
 
-def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list, marks: list, symbols: list[str],
+def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list[Any], marks: list[Any], symbols: list[str],
                        output_dims: dict[int, list[tuple[int, str]]], config: CompilerConfig) -> gears.GearPlan:
     """The graph's gear plan, with the padding analysis of the graph (gearcache/gears/padding.py) applied as
     ``inference_config.padding_check`` says (gearcache/gears/padding_check.py): a graph the analysis cannot prove exact
@@ -96,7 +96,7 @@ class GearedGraph:
         # inside Dynamo's backend call (under Dynamo's fake mode)
         self._gear_plan_parts = (fakes, marks, symbols, output_dims) if marks else None
         self.gear_plan: gears.GearPlan | None = None
-        self._entries: dict[tuple, Callable] = {}
+        self._entries: dict[tuple[object, ...], Callable[..., Any]] = {}
 
     def __call__(self, *flat: Any) -> Any:
         if self._gear_plan_parts is not None:
@@ -128,7 +128,7 @@ class GearedGraph:
                     outs[i] = outs[i].narrow(dim, 0, flat[d.leaf].shape[d.dim])
         return outs
 
-    def _run(self, inputs: tuple, original: tuple) -> Any:
+    def _run(self, inputs: tuple[Any, ...], original: tuple[Any, ...]) -> Any:
         key = tuple((x.shape, x.stride(), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in inputs)
         fn = self._entries.get(key)
         if fn is None:
@@ -137,7 +137,7 @@ class GearedGraph:
             counters.hits += 1
         return fn(*inputs)
 
-    def _compile(self, inputs: list[Any]) -> Callable:
+    def _compile(self, inputs: list[Any]) -> Callable[..., Any]:
         """Specialise the dynamic graph to these inputs' shapes, key it (``keys.key.artifact_key``), compile or load it
         (``ArtifactPipeline.compile_or_load``, the same seam as a cached method's entries), return the callable."""
         from torch.fx.experimental.proxy_tensor import make_fx

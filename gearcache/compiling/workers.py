@@ -70,7 +70,7 @@ def _receive(stream: BinaryIO) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------- input specs
-def input_spec(x: Any) -> list:
+def input_spec(x: Any) -> list[Any]:
     """What a worker needs to rebuild example input ``x`` (see the module docstring)."""
     if isinstance(x, torch.Tensor):
         return ["tensor", list(x.shape), list(x.stride()), x.storage_offset(), str(x.dtype).split(".")[-1],
@@ -78,7 +78,7 @@ def input_spec(x: Any) -> list:
     return ["value", x]
 
 
-def build_input(spec: list) -> Any:
+def build_input(spec: list[Any]) -> Any:
     """A zero-filled tensor with the metadata of ``spec`` (or the plain value)."""
     if spec[0] == "value":
         return spec[1]
@@ -146,8 +146,8 @@ class WorkerPool:
         threads = str(compile_threads(n, os.cpu_count() or 1))
         env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_parent(), env.get("PYTHONPATH")] if p)
-        self._idle: "queue.Queue[subprocess.Popen]" = queue.Queue()
-        self._all: list[subprocess.Popen] = []
+        self._idle: "queue.Queue[subprocess.Popen[bytes]]" = queue.Queue()
+        self._all: list[subprocess.Popen[bytes]] = []
         for _ in range(n):
             proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
