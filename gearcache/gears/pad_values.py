@@ -120,7 +120,8 @@ def finite(value: object) -> bool:
     return known(value) and not (isinstance(value, float) and not math.isfinite(value))
 
 
-def evaluate(op: Callable, args: tuple, kwargs: dict, inputs: list[tuple[Any, PadValue, torch.dtype, int]],
+def evaluate(op: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             inputs: list[tuple[Any, PadValue, torch.dtype, int]],
              out_dtype: torch.dtype) -> PadValue | None:
     """The pad value of ``op(*args, **kwargs)``'s output when each input ``(placeholder, value, dtype, rank)`` holds
     ``value``: the op run on tensors of shape ``[1] * rank`` (so type promotion is the graph's); :data:`UNKNOWN` if
@@ -148,7 +149,8 @@ def _full(value: PadValue, dtype: torch.dtype, rank: int) -> torch.Tensor:
     return torch.full([1] * rank, value, dtype=dtype)
 
 
-def _run(op: Callable, args: tuple, kwargs: dict, values: dict) -> Any:
+def _run(op: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+         values: dict[torch.fx.Node, torch.Tensor]) -> Any:
     """``op`` with every placeholder in ``args``/``kwargs`` (an FX node) replaced by its tensor from ``values``, on the
     CPU (a ``device`` argument is the CPU)."""
     def sub(a: Any) -> Any:

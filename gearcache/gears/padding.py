@@ -123,11 +123,12 @@ class _WalkResult:
     """One walk of the graph with some pad values: its report, the padded leaves whose pad values could change a
     finding, and its cost (findings, then ops other pad values could make exact: fewer is better)."""
     report: PaddingReport
-    sensitive: frozenset
+    sensitive: frozenset[Any]
     cost: tuple[int, int]
 
 
-def _choose(walk: Callable[[dict], _WalkResult], free: dict[int, list], given: dict[int, PadValue]) -> PaddingReport:
+def _choose(walk: Callable[[dict[int, PadValue]], _WalkResult], free: dict[int, list[PadValue]],
+            given: dict[int, PadValue]) -> PaddingReport:
     """The report of the first pad values (``given`` kept, each ``free`` leaf from its candidates, the first of each
     to begin with) that leave no finding a pad value could change; else the report of the lowest cost. Only the
     leaves such findings depend on are varied, all their combinations, at most :data:`MAX_WALKS` walks."""
@@ -153,7 +154,8 @@ def _choose(walk: Callable[[dict], _WalkResult], free: dict[int, list], given: d
     return best.report
 
 
-def _leaf_dtypes(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves: set[int]) -> dict[int, torch.dtype]:
+def _leaf_dtypes(graph: torch.fx.GraphModule, inputs: list[list[Any]],
+                 padded_leaves: set[int]) -> dict[int, torch.dtype]:
     """The dtype of each padded leaf that is a graph input (a padded leaf the graph never reads is not one)."""
     out = {}
     for node, recipe in zip(graph.graph.find_nodes(op="placeholder"), inputs):
@@ -163,9 +165,10 @@ def _leaf_dtypes(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves:
     return out
 
 
-def _gear_symbols(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves: set[int], same: dict) -> frozenset:
+def _gear_symbols(graph: torch.fx.GraphModule, inputs: list[list[Any]], padded_leaves: set[int],
+                  same: dict[Any, Any]) -> frozenset[Any]:
     """The sympy symbols of the marked dims: every free symbol of a padded leaf's example sizes."""
-    symbols: set = set()
+    symbols: set[Any] = set()       # sympy symbols
     for node, recipe in zip(graph.graph.find_nodes(op="placeholder"), inputs):
         if recipe[0] == "leaf" and recipe[1] in padded_leaves:
             for size in getattr(node.meta.get("example_value"), "shape", ()):
@@ -173,7 +176,7 @@ def _gear_symbols(graph: torch.fx.GraphModule, inputs: list[list], padded_leaves
     return frozenset(symbols)
 
 
-def _guard_findings(guards: list[tuple[Any, str]], symbols: frozenset, same: dict) -> list[Finding]:
+def _guard_findings(guards: list[tuple[Any, str]], symbols: frozenset[Any], same: dict[Any, Any]) -> list[Finding]:
     """A size guard on a padded dim beyond ``s >= 2``, an upper bound or two marked dims being equal: the method took
     a Python branch on that size, which a smaller real size may take otherwise."""
     found = []
@@ -196,7 +199,7 @@ def _unique(guards: list[tuple[Any, str]]) -> list[tuple[Any, str]]:
     return out
 
 
-def _specialized_findings(graph: torch.fx.GraphModule, symbols: frozenset) -> list[Finding]:
+def _specialized_findings(graph: torch.fx.GraphModule, symbols: frozenset[Any]) -> list[Finding]:
     """A padded dim's symbol the shape environment replaced by a number (torch_shapes.specialized_sizes): the ATen graph
     holds that number where the size was, so the walk would read the padded dim as static and prove nothing."""
     return [Finding("(size specialized)", "", f"tracing the graph to ATen ops fixed the padded size {sym} to {value} "

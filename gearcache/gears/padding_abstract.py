@@ -18,7 +18,7 @@ import torch
 
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_factors import is_padded_dim
+from .padding_factors import Dim, is_padded_dim
 
 @dataclasses.dataclass(frozen=True)
 class Origin:
@@ -27,7 +27,7 @@ class Origin:
     where: str
     why: str
     positional: bool        # the op moves rows (a write through such a view lands elsewhere than eager's)
-    pads: frozenset | None = None   # the padded leaves whose pad values could make the op exact (None: none could)
+    pads: frozenset[int] | None = None   # the padded leaves whose pad values could make the op exact (None: none could)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ Held = Union[PadValue, Positions, Gathered, RealRowCopies, None]
 class Pad:
     """What a value's pad region holds: a constant (exact in the value's dtype), a symbolic value, or UNKNOWN."""
     value: Held = UNKNOWN
-    leaves: frozenset = frozenset()     # the padded leaves whose pad values it follows from (or that could make an
+    leaves: frozenset[int] = frozenset()     # the padded leaves whose pad values it follows from (or that could make an
     #                                     UNKNOWN one known: a result that was not exact)
     follows: bool = True                # its pad region lies inside its storage's (a write into it reaches it)
 
@@ -78,7 +78,7 @@ NO_PAD = Pad()
 class TensorValue:
     """A tensor node's abstract value: its dims (one Dim each), whether its real rows may differ from eager's
     (``dirty``), the storage it views, whether a view on its way moved rows, and its pad."""
-    dims: tuple             # one Dim per dim
+    dims: tuple[Dim, ...]             # one Dim per dim
     dirty: Origin | None
     base: str               # the storage it views: the name of the node that made it
     moved: Origin | None = None    # an op on the way here moved rows (a write through it lands elsewhere)
@@ -91,7 +91,7 @@ class TensorValue:
 @dataclasses.dataclass
 class Storage:
     """A storage the graph reads or makes: its dims, what its pad region holds, how often it was written."""
-    dims: tuple
+    dims: tuple[Dim, ...]
     pad: Pad
     writes: int = 0
     fresh: bool = False     # made by a factory op (empty, zeros, full...): no real rows of its own until written
@@ -105,7 +105,7 @@ class SizeValue:
     dirty: Origin | None
 
 
-AbstractValue = Union[TensorValue, SizeValue, list, None]
+AbstractValue = Union[TensorValue, SizeValue, list["AbstractValue"], None]
 """A node's abstract value: a tensor's, a size's, a list of them (an op with several outputs), or None (a value the
 walk does not follow)."""
 
@@ -137,7 +137,7 @@ def graph_constant(value: Any) -> Held:
         return UNKNOWN
 
 
-def tensors_in(values: list) -> list[TensorValue]:
+def tensors_in(values: list[AbstractValue]) -> list[TensorValue]:
     """The TensorValues among ``values``, nested lists included, in order."""
     out = []
     for v in values:
@@ -148,7 +148,7 @@ def tensors_in(values: list) -> list[TensorValue]:
     return out
 
 
-def covers(op: tuple, out: tuple) -> bool:
+def covers(op: tuple[Dim, ...], out: tuple[Dim, ...]) -> bool:
     """Whether an operand of dims ``op``, broadcast to ``out``, has every padded dim of ``out`` (so each element of
     the output's pad region reads the operand's pad region)."""
     lead = len(out) - len(op)

@@ -126,7 +126,7 @@ def verify(name: str, method: Callable, module: torch.nn.Module, gear_plan: Gear
     gear_plan.verified.add(tuple(sizes))
 
 
-def _float64(module: torch.nn.Module, method: Callable) -> tuple[torch.nn.Module, Callable]:
+def _float64(module: torch.nn.Module, method: Callable[..., Any]) -> tuple[torch.nn.Module, Callable[..., Any]]:
     """A float64 copy of ``module`` and ``method`` bound to it (the test never touches the served module)."""
     wide = copy.deepcopy(module).to(torch.float64)
     func = getattr(method, "__func__", None)
@@ -134,13 +134,14 @@ def _float64(module: torch.nn.Module, method: Callable) -> tuple[torch.nn.Module
     return wide, bound
 
 
-def _wide(leaves: tuple) -> tuple:
+def _wide(leaves: tuple[Any, ...]) -> tuple[Any, ...]:
     """``leaves`` with every floating-point tensor as a float64 copy."""
     return tuple(x.to(torch.float64, copy=True) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                  for x in leaves)
 
 
-def _compare(method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
+def _compare(method: Callable[..., Any], module: torch.nn.Module, gear_plan: GearPlan, structure: Any,
+             leaves: tuple[Any, ...],
              sizes: list[int]) -> tuple[str, str] | None:
     """Run eager padded and unpadded; the first ``(what, how)`` that differs, or None."""
     report = gear_plan.padding
@@ -170,8 +171,8 @@ def _compare(method: Callable, module: torch.nn.Module, gear_plan: GearPlan, str
     return None
 
 
-def _run_padded(method: Callable, gear_plan: GearPlan, structure: Any, leaves: tuple, sizes: list[int],
-                written: list[int]) -> tuple[list, tuple]:
+def _run_padded(method: Callable[..., Any], gear_plan: GearPlan, structure: Any, leaves: tuple[Any, ...],
+                sizes: list[int], written: list[int]) -> tuple[list[Any], tuple[Any, ...]]:
     """The eager method on ``leaves`` padded to ``sizes``, as a call through the gear sees it: outputs cut back,
     written padded inputs copied back into copies of the caller's; returns ``(outputs, leaf copies)``."""
     copies = _copies(leaves, written)
@@ -202,7 +203,7 @@ def _cloned(flat: list, back: dict[int, torch.Tensor]) -> list:
     return [back.get(id(o), o).clone() if isinstance(o, torch.Tensor) else o for o in flat]
 
 
-def _copies(leaves: tuple, written: list[int]) -> tuple:
+def _copies(leaves: tuple[Any, ...], written: list[int]) -> tuple[Any, ...]:
     return tuple(x.clone() if i in written and isinstance(x, torch.Tensor) else x for i, x in enumerate(leaves))
 
 
@@ -219,7 +220,7 @@ def _restore(state: list[tuple[str, torch.Tensor]], saved: list[torch.Tensor]) -
             t.copy_(old)
 
 
-def _random_rows(gear_plan: GearPlan, leaves: tuple) -> tuple | None:
+def _random_rows(gear_plan: GearPlan, leaves: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """``leaves`` with every floating-point padded input replaced by seeded random numbers; None if there is none."""
     floating = sorted({d.leaf for d in gear_plan.dims if leaves[d.leaf].is_floating_point()})
     if not floating:
@@ -253,10 +254,10 @@ def _difference(a: Any, b: Any) -> str | None:
     return f"max abs diff {float(diff.max()):.3g}"
 
 
-def describe(found: list) -> str:
+def describe(found: Sequence[object]) -> str:
     """The first findings, for a message."""
     return "; ".join(str(f) for f in found[:3]) + _more(found)
 
 
-def _more(found: list) -> str:
+def _more(found: Sequence[object]) -> str:
     return f" (and {len(found) - 3} more)" if len(found) > 3 else ""

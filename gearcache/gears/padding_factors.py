@@ -10,16 +10,19 @@ knows a tensor or an op.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Union
 
 import sympy
 
 from .._torch import shapes as torch_shapes
 
-Dim = tuple  # factors outer to inner: an int (a plain factor > 1) or a sympy expression (a padded one); () is size 1
+Factor = Union[int, sympy.Expr]
+"""A plain factor > 1, or a sympy expression in a marked dim's symbol (a padded factor); sympy is untyped."""
+Dim = tuple[Factor, ...]
+"""Factors outer to inner; ``()`` is size 1."""
 
 
-def size_expr(value: Any, same: dict) -> Any:
+def size_expr(value: Any, same: dict[Any, Any]) -> Any:
     """A size as an int, or a sympy expression when it involves a symbol (each symbol replaced by the one ``same``
     says it equals: see capture.size_classes)."""
     expr = torch_shapes.sym_expr(value)
@@ -38,9 +41,9 @@ def dim_size(dim: Dim) -> Any:
     return sympy.Mul(*dim) if any(not isinstance(f, int) for f in dim) else math.prod(dim)
 
 
-def canonical(dim: Dim) -> tuple:
+def canonical(dim: Dim) -> Dim:
     """Adjacent plain factors merged: two dims hold their padded rows in line iff these are equal."""
-    out: list = []
+    out: list[Factor] = []
     for f in dim:
         if isinstance(f, int) and out and isinstance(out[-1], int):
             out[-1] *= f
@@ -57,7 +60,7 @@ def is_whole(x: Any) -> bool:
     return bool(sympy.fraction(x)[1] == 1) and not (x.is_number and x < 1)
 
 
-def regroup(dims: tuple, sizes: list) -> tuple | None:
+def regroup(dims: tuple[Dim, ...], sizes: list[Any]) -> tuple[Dim, ...] | None:
     """The factors of ``dims`` (in row-major order) regrouped into dims of ``sizes``, as ``view``/``reshape`` does;
     None when that would split a padded factor (its rows would no longer line up)."""
     queue = [f for d in dims for f in d if f != 1]
@@ -106,6 +109,6 @@ def divide(a: Any, b: Any) -> Any:
     return int(q) if q.is_number else q
 
 
-def numel(dims: tuple) -> Any:
+def numel(dims: tuple[Dim, ...]) -> Any:
     """The number of elements of a tensor of ``dims``."""
     return dim_size(tuple(f for d in dims for f in d))

@@ -28,7 +28,7 @@ from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, AbstractValue, Gathered,
                                TensorValue, describe_held)
 from .padding_factors import Dim, is_padded_dim
 
-Out = tuple
+Out = tuple[Any, ...]
 """A rule's result: ``(dims, why[, pad])`` (see the module docstring)."""
 MOVES, MIXES = True, False
 """A ``why``'s ``positional``: the op moves rows (MOVES) or mixes them in place (MIXES)."""
@@ -55,7 +55,7 @@ class RuleContext(Protocol):
     def adopt(self, target: TensorValue, src: TensorValue) -> None:
         """A fresh, never written ``target`` about to be filled whole by ``src`` takes ``src``'s dims."""
 
-    def dims_of(self, shape: Any) -> tuple:
+    def dims_of(self, shape: Any) -> tuple[Dim, ...]:
         """The dims of a (fake) shape, every symbolic size taken as padded."""
 
     def size_of(self, value: Any) -> Any:
@@ -65,7 +65,7 @@ class RuleContext(Protocol):
         """The abstract value of a node already walked (None if none)."""
 
 
-Rule = Callable[[RuleContext, torch.fx.Node, dict], Any]
+Rule = Callable[[RuleContext, torch.fx.Node, dict[str, Any]], Any]
 """A padding rule: ``(context, node, args) -> Out`` or a list of ``Out`` (see the module docstring)."""
 
 
@@ -73,10 +73,11 @@ Rule = Callable[[RuleContext, torch.fx.Node, dict], Any]
 
 def op_name(node: torch.fx.Node) -> str:
     """The name of the ATen op ``node`` calls, without its overload (``"add"``, ``"index_put_"``)."""
-    return torch_aten.aten_op(node).overloadpacket.__name__
+    name: str = torch_aten.aten_op(node).overloadpacket.__name__
+    return name
 
 
-def meta_dims(a: RuleContext, node: torch.fx.Node, k: int | None = None) -> tuple:
+def meta_dims(a: RuleContext, node: torch.fx.Node, k: int | None = None) -> tuple[Dim, ...]:
     """The dims of the node's (fake) output, or of its ``k``-th output: every symbolic size taken as padded."""
     meta: Any = node.meta.get("val")
     if k is not None:
@@ -103,12 +104,12 @@ def dim_list(dim: Any, rank: int) -> list[int]:
     return [norm_dim(int(d), rank) for d in dims]
 
 
-def any_padded(dims: tuple, which: list[int]) -> bool:
+def any_padded(dims: tuple[Dim, ...], which: list[int]) -> bool:
     """Whether any of the dims at indices ``which`` is padded."""
     return any(is_padded_dim(dims[d]) for d in which if d < len(dims))
 
 
-def sizes_used_as_values(values: list) -> bool:
+def sizes_used_as_values(values: list[Any]) -> bool:
     """Whether any of ``values`` (nested lists included) is a size that involves a marked dim."""
     return any(isinstance(v, SizeValue) and v.padded for v in values) or any(
         sizes_used_as_values(v) for v in values if isinstance(v, list))

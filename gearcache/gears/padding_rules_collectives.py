@@ -7,6 +7,8 @@ each rank's block (a dim 0 of ``(ranks, s)``), or dim 0 is not padded. Rule cont
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .padding_abstract import SizeValue
@@ -14,14 +16,14 @@ from .padding_factors import Dim, dim_size, divide, is_padded_dim, regroup, same
 from .padding_rule_context import MOVES, Out, Rule, RuleContext, meta_dims
 
 
-def _collective(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _collective(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """all_reduce, broadcast (``_c10d_functional``): each element combines the same element on every rank, so rows
     stay in line (every rank pads alike: they run one program on calls of one size). What the other ranks' padded
     rows hold is not followed: the output's pad is unknown."""
     return args["input"].dims, None
 
 
-def _wait(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _wait(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """wait_tensor: its input as it is, pad included."""
     return args["tensor"].dims, None, a.pad(args["tensor"])
 
@@ -38,7 +40,7 @@ def _rank_blocks(dim: Dim, n: int) -> tuple[Dim, Dim] | None:
     return groups[0], groups[1]
 
 
-def _all_gather(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _all_gather(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """all_gather_into_tensor: the ranks' inputs one after another along dim 0: dim 0 becomes ``(ranks, dim 0)``,
     each rank's rows in line inside its block (a view splitting it back keeps them)."""
     src, n = args["input"].dims, int(args["group_size"])
@@ -47,7 +49,7 @@ def _all_gather(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return (((n,) if n > 1 else ()) + src[0],) + src[1:], None
 
 
-def _reduce_scatter(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _reduce_scatter(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """reduce_scatter_tensor: dim 0 cut into one block per rank, each rank keeping the sum of its block: exact when
     dim 0's padded factor lies inside each block (a dim 0 of ``(ranks, s)``), so real rows stay real rows."""
     src, n = args["input"].dims, int(args["group_size"])
@@ -58,7 +60,7 @@ def _reduce_scatter(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return (blocks[1],) + src[1:], None
 
 
-def _all_to_all(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _all_to_all(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """all_to_all_single: dim 0 cut into one block per rank (equal splits) and the blocks exchanged: exact when dim 0
     is not padded, or its padded factor lies inside each block."""
     src = args["input"].dims

@@ -7,13 +7,13 @@ resampling mix neighbouring rows of every dim past the leading ones. Rule contra
 """
 from __future__ import annotations
 
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import torch
 
 from . import pad_values as pv
 from .padding_abstract import TensorValue, describe_held, tensors_in
-from .padding_factors import is_padded_dim
+from .padding_factors import Dim, is_padded_dim
 from .padding_rule_context import MIXES, MOVES, Out, Rule, RuleContext, any_padded, broadcast_dims, op_name
 
 
@@ -33,7 +33,7 @@ def _contract(a: RuleContext, pairs: list[tuple[TensorValue, int, TensorValue, i
     return None
 
 
-def _mm(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _mm(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """mm, addmm (``self`` is addmm's bias)."""
     x, y = (args["mat1"], args["mat2"]) if "mat1" in args else (args["self"], args["mat2"])
     dims = (x.dims[0], y.dims[1])
@@ -44,13 +44,13 @@ def _mm(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, why
 
 
-def _bmm(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _bmm(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """bmm, baddbmm, addbmm (``self`` is the latter two's bias)."""
     x, y = (args["batch1"], args["batch2"]) if "batch1" in args else (args["self"], args["mat2"])
     why = _contract(a, [(x, 2, y, 1)])
     if why is None and not a.aligned(x.dims[0], y.dims[0]):
         why = ("multiplies batches whose padded rows do not line up", MOVES)
-    dims: tuple = (x.dims[0] or y.dims[0], x.dims[1], y.dims[2])
+    dims: tuple[Dim, ...] = (x.dims[0] or y.dims[0], x.dims[1], y.dims[2])
     bias = args["self"] if "batch1" in args else None
     if op_name(node) == "addbmm":
         dims, why = (x.dims[1], y.dims[2]), why or _contract(a, [(x, 0, y, 0)])
@@ -59,7 +59,7 @@ def _bmm(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, why
 
 
-def _mv(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _mv(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """mv, addmv (``self`` is addmv's bias)."""
     x, v = args["mat"] if "mat" in args else args["self"], args["vec"]
     why = _contract(a, [(x, 1, v, 0)])
@@ -68,13 +68,13 @@ def _mv(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return (x.dims[0],), why
 
 
-def _dot(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _dot(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """dot, vdot: a contraction of one dim (see :func:`_contract`)."""
     x, y = tensors_in(list(args.values()))[:2]
     return (), _contract(a, [(x, 0, y, 0)])
 
 
-def _attention(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
+def _attention(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
     """``scaled_dot_product_attention`` and its kernels: batch and head dims and the query dim pass through; the key
     dim is summed over (exact with ``is_causal`` when queries and keys are padded alike: a real query never sees a
     later, padded key); the feature dim is contracted."""
@@ -102,10 +102,10 @@ def _attention(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
     return [out] + extra
 
 
-def _spatial(leading: int) -> Callable:
+def _spatial(leading: int) -> Rule:
     """Convolution, pooling, upsampling: the first ``leading`` dims pass through (batch, and channels where the op
     keeps them apart); the others are mixed."""
-    def rule(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
+    def rule(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
         x = cast(TensorValue, args.get("input", args.get("self")))
         others = [t for t in tensors_in(list(args.values())) if t is not x]
         why = ("mixes neighbouring rows of a padded dim (convolution, pooling or resampling)", MIXES) if (

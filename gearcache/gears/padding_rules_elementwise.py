@@ -18,7 +18,7 @@ from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
 from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, Pad, Positions, TensorValue, constant_pad, covers,
                                tensors_in)
-from .padding_factors import is_padded_dim
+from .padding_factors import Dim, is_padded_dim
 from .padding_rule_context import (MIXES, MOVES, Out, Rule, RuleContext, broadcast_dims, meta_dims, meta_dtype,
                                    op_name, sizes_used_as_values)
 
@@ -27,7 +27,7 @@ RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like",
 """Ops that draw random numbers: over a padded dim they draw other numbers for the real rows than eager does."""
 
 
-def _copies_real_rows(a: RuleContext, operands: list, dims: tuple) -> bool:
+def _copies_real_rows(a: RuleContext, operands: list[Any], dims: tuple[Dim, ...]) -> bool:
     """Whether an elementwise op's output of ``dims`` repeats real rows in its pad region: every operand that covers
     its padded dims holds copies of real rows there (``REAL_ROW_COPIES``), the others are real data broadcast over
     them."""
@@ -36,7 +36,7 @@ def _copies_real_rows(a: RuleContext, operands: list, dims: tuple) -> bool:
         a.pad(t).value is REAL_ROW_COPIES for t in covering)
 
 
-def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple, only: list[torch.fx.Node] | None = None
+def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple[Dim, ...], only: list[torch.fx.Node] | None = None
               ) -> Pad:
     """The pad of an elementwise op's output of ``dims``: the op run on its inputs' pad values (pad_values.
     evaluate), when every tensor input (or each of ``only``) covers every padded dim of the output; NO_PAD
@@ -44,7 +44,7 @@ def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple, only: list[torch
     if not any(is_padded_dim(d) for d in dims):
         return NO_PAD
     inputs: list[tuple[torch.fx.Node, PadValue, torch.dtype, int]] = []
-    leaves: frozenset = frozenset()
+    leaves: frozenset[int] = frozenset()
     unknown = False
     args = only if only is not None else node.all_input_nodes
     operands = [a.value_of(arg) for arg in args]
@@ -69,7 +69,7 @@ def evaluated(a: RuleContext, node: torch.fx.Node, dims: tuple, only: list[torch
     return Pad(pv.evaluate(torch_aten.aten_op(node), tuple(node.args), dict(node.kwargs), inputs, meta.dtype), leaves)
 
 
-def pointwise(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def pointwise(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """Pointwise ops (``torch.Tag.pointwise``, and ``where``, ``masked_fill``...): operands broadcast with their padded
     rows in line (two marked dims meet); a padded size as a value mixes. Pad: followed symbolically (:func:`_symbolic`)
     or evaluated exactly (:func:`evaluated`); a random op's is unknown."""
@@ -82,7 +82,7 @@ def pointwise(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, why, _symbolic(a, node, args, dims) or evaluated(a, node, dims)
 
 
-def _symbolic(a: RuleContext, node: torch.fx.Node, args: dict, dims: tuple) -> Pad | None:
+def _symbolic(a: RuleContext, node: torch.fx.Node, args: dict[str, Any], dims: tuple[Dim, ...]) -> Pad | None:
     """The pad of ``where`` when its condition's pad is a known bool (the chosen operand's, positions or gathered
     values included, remembering that the condition's padded inputs chose it), or of positions plus or minus an int;
     None for the general case (``evaluated``)."""
@@ -110,7 +110,7 @@ def _symbolic(a: RuleContext, node: torch.fx.Node, args: dict, dims: tuple) -> P
     return None
 
 
-def no_rule(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
+def no_rule(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
     """An op without a rule: mixing if it reads anything padded (or a padded size)."""
     values = list(args.values())
     touches = any(any(is_padded_dim(d) for d in t.dims) for t in tensors_in(values)) or sizes_used_as_values(values)
@@ -121,7 +121,7 @@ def no_rule(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
     return (None if not isinstance(meta, torch.Tensor) else a.dims_of(meta.shape)), why
 
 
-def _same(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _same(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """Same dims as ``self`` (or the first tensor argument), nothing mixed: clone, copy to a dtype, tril, alias."""
     self_arg = args.get("self")
     first = self_arg if isinstance(self_arg, TensorValue) else tensors_in(list(args.values()))[0]
@@ -137,7 +137,7 @@ def _same(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
 _FILLS = {"zeros": 0, "new_zeros": 0, "zeros_like": 0, "zero": 0, "ones": 1, "new_ones": 1, "ones_like": 1}
 
 
-def fresh(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def fresh(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """A new tensor (zeros, full, arange, *_like): dims from its shape; mixing only if a value is a padded size."""
     name = op_name(node)
     values = [v for k, v in args.items() if k in ("fill_value", "value", "start", "step", "low", "high")]
@@ -157,13 +157,13 @@ def fresh(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, (("draws random numbers over a padded dim", MIXES) if random else why), pad
 
 
-def like(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def like(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """zeros_like, full_like, ...: a new tensor of ``self``'s dims holding the fill (see :func:`fresh`)."""
     _, why, pad = fresh(a, node, args)
     return args["self"].dims, why, pad
 
 
-def _fill(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _fill(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """fill_: ``self``'s dims holding the value (a tensor value broadcasts in line)."""
     value = args.get("value")
     if isinstance(value, TensorValue):
@@ -172,7 +172,7 @@ def _fill(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
                                if sizes_used_as_values([value]) else None), constant_pad(value, args["self"].dtype)
 
 
-def _copy(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _copy(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """copy_(self, src): ``src``'s values (and pad, converted to ``self``'s dtype) in ``self``'s place. A new tensor
     the graph made and never wrote (``torch.empty(n * B)`` filled by a collective) takes the layout of what fills it
     whole (its dim of ``n * B`` rows becomes ``src``'s ``(n, B)``)."""
@@ -183,7 +183,7 @@ def _copy(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, why, Pad(pv.convert(p.value, args["self"].dtype), p.leaves)
 
 
-def _sym_size(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _sym_size(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """sym_size, sym_numel, ...: a size (the walk makes it a SizeValue: padded when it involves a marked dim)."""
     return None, None
 

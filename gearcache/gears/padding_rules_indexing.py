@@ -21,7 +21,7 @@ from .padding_factors import Dim, canonical, dim_size, is_padded_dim
 from .padding_rule_context import MOVES, Out, Rule, RuleContext, invalid_index, norm_dim, op_name, view_pad
 
 
-def _embedding(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _embedding(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """embedding: rows of an unpadded table looked up at ``indices``, whose pad must be a valid row
     (:func:`~gearcache.gears.padding_rule_context.invalid_index`); a padded table moves rows. Pad: copies of real rows
     when the indices' pad is, else real data."""
@@ -32,7 +32,7 @@ def _embedding(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return indices.dims + weight.dims[1:], why, pad
 
 
-def _index_select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _index_select(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """index_select: along an unpadded dim at an index whose pad is a valid position; along a padded dim moves
     rows. Pad: the source's for an unpadded index; values gathered from the source (``Gathered``) for a padded one."""
     src, index = args["self"].dims, args["index"].dims
@@ -45,7 +45,7 @@ def _index_select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return src[:dim] + (index[0] if index else (),) + src[dim + 1:], why, pad
 
 
-def _gather(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _gather(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """gather: along an unpadded dim with an index whose padded rows line up with the source's and whose pad is a
     valid position; along a padded dim moves rows."""
     src, index = args["self"].dims, args["index"].dims
@@ -57,7 +57,7 @@ def _gather(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return index, why or invalid_index(a, args["index"], dim_size(src[dim]), negative=False)
 
 
-def _indexed(a: RuleContext, src: tuple, indices: list) -> tuple[tuple | None, Any]:
+def _indexed(a: RuleContext, src: tuple[Dim, ...], indices: list[Any]) -> tuple[tuple[Dim, ...] | None, Any]:
     """Dims of ``src[indices]`` (advanced indexing), and why it mixes (an indexed dim is padded, or an index's pad is
     not a valid position)."""
     used = [k for k, ix in enumerate(indices) if ix is not None]
@@ -95,7 +95,7 @@ def _identity(a: RuleContext, index: Any, dim: Dim) -> bool:
         a.aligned(padded[0], dim)
 
 
-def _index(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _index(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """index (``x[i]``, advanced indexing): see :func:`_indexed`. Pad: the source's when no index is padded."""
     indices = list(args["indices"]) + [None] * (len(args["self"].dims) - len(args["indices"]))
     dims, why = _indexed(a, args["self"].dims, indices)
@@ -103,7 +103,7 @@ def _index(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, why, view_pad(a, args["self"]) if plain else NO_PAD
 
 
-def _index_put(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _index_put(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """index_put (``x[i] = v``): positions from a padded index move rows; the values' padded rows must line up
     with where they go. Pad: kept where the written pad equals the target's (:func:`_kept_pad`)."""
     src = args["self"].dims
@@ -119,7 +119,7 @@ def _index_put(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return src, why, _kept_pad(a, args["self"], args["values"], region or src)
 
 
-def _kept_pad(a: RuleContext, target: TensorValue, values: Any, region: tuple) -> Pad:
+def _kept_pad(a: RuleContext, target: TensorValue, values: Any, region: tuple[Any, ...]) -> Pad:
     """The pad of ``target`` after ``values`` are written into its ``region``: kept when they hold the same pad
     (or a scalar equal to it), else unknown."""
     p = a.pad(target)
@@ -134,12 +134,12 @@ def _kept_pad(a: RuleContext, target: TensorValue, values: Any, region: tuple) -
     return Pad(UNKNOWN, frozenset())
 
 
-def _index_copy(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _index_copy(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """index_copy, index_add, index_fill, scatter*: rows of ``dim`` chosen by an index."""
     src = args["self"].dims
     dim = norm_dim(args["dim"], len(src))
     index = args.get("index")
-    why: tuple | None = None
+    why: tuple[Any, ...] | None = None
     source = args.get("source", args.get("src"))
     if is_padded_dim(src[dim]):
         why = ("writes into a padded dim at positions an index picks", MOVES)
@@ -159,7 +159,7 @@ def _index_copy(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return src, why, NO_PAD if adds else _kept_pad(a, args["self"], written, src)
 
 
-def _writes_back(a: RuleContext, node: torch.fx.Node, args: dict) -> bool:
+def _writes_back(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> bool:
     """``self.index_copy(dim, index, source)`` whose padded rows write back what their slots hold: ``index``'s pad
     is positions past the real ones (``arange`` over the padded size: no padded row shares a slot with a real one;
     valid below the largest gear), and ``source``'s pad is ``self.index_select(dim, index)`` of ``self`` as it is

@@ -18,8 +18,8 @@ import torch
 from . import pad_values as pv
 from .pad_values import UNKNOWN
 from .padding_abstract import NO_PAD, Pad, TensorValue
-from .padding_factors import canonical, is_padded_dim
-from .padding_rule_context import (MIXES, MOVES, Rule, RuleContext, any_padded, dim_list, needs_neutral, norm_dim,
+from .padding_factors import Dim, canonical, is_padded_dim
+from .padding_rule_context import (MIXES, MOVES, Out, Rule, RuleContext, any_padded, dim_list, needs_neutral, norm_dim,
                                    op_name)
 
 
@@ -30,7 +30,7 @@ NEVER_NEUTRAL = {"mean": "a mean divides by the padded count", "var": "a varianc
                  "kthvalue": "a k-th value ranks the padded rows", "aminmax": "no one pad is neutral for min and max"}
 
 
-def _reduce(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
+def _reduce(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
     """Reductions (sum, mean, amax, var, argmax, norm, ...): exact over a padded dim when the pad is neutral for the
     op (pad_values.REDUCTIONS); a mean or variance never is. Positions (argmax, ``max(dim)``'s indices) are exact
     when the padded factor is the outermost of the dims reduced."""
@@ -81,7 +81,7 @@ def _reduced_pad(p: Pad, name: str, dtype: torch.dtype) -> Pad:
 CUMULATIVE = {"cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"}
 
 
-def _along(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
+def _along(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
     """Ops along one dim with the same shape out: a softmax along a padded dim is exact with ``-inf`` in its pad; a
     cumulative op along one is exact (the padding comes after every real row) unless its padded factor is not the
     outermost; sort and top-k along one mix."""
@@ -108,13 +108,13 @@ def _along(a: RuleContext, node: torch.fx.Node, args: dict) -> Any:
     return outs if isinstance(meta, (list, tuple)) else outs[0]
 
 
-def _normalise(src: tuple, reduced: list[int]) -> Any:
+def _normalise(src: tuple[Dim, ...], reduced: list[int]) -> Any:
     """Why normalising over the ``reduced`` dims of ``src`` mixes (None when none of them is padded)."""
     return ("normalises over a padded dim (its mean and variance count the padded rows)", MIXES) \
         if any_padded(src, reduced) else None
 
 
-def _layer_norm(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
+def _layer_norm(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> list[Out]:
     """native_layer_norm (and the fused RMS norm): over the last dims; its statistics keep the others."""
     src = args["input"].dims
     reduced = list(range(len(src) - len(args["normalized_shape"]), len(src)))
@@ -123,14 +123,14 @@ def _layer_norm(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
     return [(src, why)] + [(stats, why)] * (len(node.meta["val"]) - 1)
 
 
-def _group_norm(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
+def _group_norm(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> list[Out]:
     """native_group_norm: over every dim but the batch; its statistics are [batch, groups]."""
     src = args["input"].dims
     why = _normalise(src, list(range(1, len(src))))
     return [(src, why)] + [((src[0],) + a.dims_of(m.shape)[1:], why) for m in list(node.meta["val"])[1:]]
 
 
-def _batch_norm(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
+def _batch_norm(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> list[Out]:
     """Batch norm: per channel from running statistics (nothing mixed), or from the batch's (training)."""
     src = args["input"].dims
     name = op_name(node)

@@ -9,19 +9,19 @@ source's (values gathered along a dim are not followed through it). Rule contrac
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
 import torch
 
 from . import pad_values as pv
 from .pad_values import UNKNOWN
 from .padding_abstract import NO_PAD, REAL_ROW_COPIES, Pad, TensorValue, constant_pad, covers
-from .padding_factors import canonical, dim_size, is_padded_dim, regroup
+from .padding_factors import Dim, canonical, dim_size, is_padded_dim, regroup
 from .padding_rule_context import (MOVES, Out, Rule, RuleContext, any_padded, dim_list, meta_dims, norm_dim,
                                    op_name, sizes_used_as_values, view_pad)
 
 
-def _view(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _view(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """view, reshape: the factors regrouped into the new sizes (padding_factors.regroup): rows in line; a padded
     factor that would be split moves rows. Pad: the source's."""
     sizes = [a.size_of(s) for s in node.meta["val"].shape]
@@ -31,7 +31,7 @@ def _view(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return dims, None, view_pad(a, args["self"])
 
 
-def _expand(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _expand(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """expand: the source's dims where it has them; new or size-1 dims spread over a padded size repeat real rows
     (pad: copies of real rows) or, for a source with a padded dim of its own, an unknown pad."""
     src, out = args["self"].dims, list(meta_dims(a, node))
@@ -46,13 +46,13 @@ def _expand(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(out), None, Pad(UNKNOWN, frozenset(), False) if spread else view_pad(a, args["self"])
 
 
-def _permute(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _permute(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """permute: the dims reordered, rows in line. Pad: the source's."""
     src = args["self"].dims
     return tuple(src[norm_dim(d, len(src))] for d in args["dims"]), None, view_pad(a, args["self"])
 
 
-def _transpose(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _transpose(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """transpose, t: two dims swapped, rows in line. Pad: the source's."""
     src = list(args["self"].dims)
     if len(src) < 2:
@@ -62,14 +62,14 @@ def _transpose(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(src), None, view_pad(a, args["self"])
 
 
-def _unsqueeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _unsqueeze(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """unsqueeze: a size-1 dim inserted, rows in line. Pad: the source's."""
     src = list(args["self"].dims)
     src.insert(norm_dim(args["dim"], len(src) + 1), ())
     return tuple(src), None, view_pad(a, args["self"])
 
 
-def _squeeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _squeeze(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """squeeze: size-1 dims removed; naming a padded dim moves rows (a real size of 1 would remove it)."""
     src = args["self"].dims
     named = dim_list(args.get("dim"), len(src))
@@ -78,7 +78,7 @@ def _squeeze(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(d for k, d in enumerate(src) if not (k in named and d == ())), None, view_pad(a, args["self"])
 
 
-def _slice(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _slice(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """slice: along an unpadded dim, or along a padded one to a size that is still padded, the sliced dim takes the
     output's size; ``x[:1]`` keeps the first (always real) row; a fixed-size slice of a padded dim, a slice of a dim
     that merges a padded factor with others, or a start or step that moves with a padded size moves rows. Pad: the
@@ -97,7 +97,7 @@ def _slice(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(src[:dim] + [out[dim]] + src[dim + 1:]), None, view_pad(a, args["self"])
 
 
-def _select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _select(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """select: a row of an unpadded dim, or row 0 of a padded one (always real); any other row of a padded dim
     moves with the padding. Pad: the source's."""
     src = list(args["self"].dims)
@@ -109,7 +109,7 @@ def _select(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(src[:dim] + src[dim + 1:]), None, view_pad(a, args["self"])
 
 
-def _split(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
+def _split(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> list[Out]:
     """split, chunk, unbind, ...: pieces of an unpadded dim keep rows in line; splitting a padded dim moves rows.
     One output per piece, each with the source's pad."""
     src = list(args["self"].dims)
@@ -123,7 +123,7 @@ def _split(a: RuleContext, node: torch.fx.Node, args: dict) -> list:
             for m in metas]
 
 
-def _cat(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+def _cat(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
     """cat, stack: tensors whose padded rows line up; equal padded blocks along the concatenated dim become one dim
     ``(blocks, s)`` (rows in line inside each block), unequal ones move rows. Pad: their common pad
     (:func:`_common_pad`)."""
@@ -153,7 +153,7 @@ def _cat(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
     return tuple(out), why, _common_pad(a, tensors, tuple(t for k, t in enumerate(out) if not (stack and k == dim)))
 
 
-def _common_pad(a: RuleContext, tensors: list[TensorValue], dims: tuple) -> Pad:
+def _common_pad(a: RuleContext, tensors: list[TensorValue], dims: tuple[Dim, ...]) -> Pad:
     """The pad of tensors put side by side (cat, stack): theirs when each covers the padded ``dims`` and all hold
     one value."""
     pads = [a.pad(t) for t in tensors]
@@ -164,9 +164,9 @@ def _common_pad(a: RuleContext, tensors: list[TensorValue], dims: tuple) -> Pad:
     return Pad(pads[0].value, frozenset().union(*(p.leaves for p in pads)))
 
 
-def _along_dims(kind: str) -> Callable:
+def _along_dims(kind: str) -> Rule:
     """flip, roll, repeat, constant_pad_nd: mixing if they act on a padded dim."""
-    def rule(a: RuleContext, node: torch.fx.Node, args: dict) -> Out:
+    def rule(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
         src = args["self"].dims
         rank = len(src)
         if kind == "dims":

@@ -30,7 +30,7 @@ from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeVal
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
 from .padding_report import Finding, PaddingReport
-from .padding_rule_context import MOVES, op_name
+from .padding_rule_context import MOVES, Out, op_name
 from .padding_rules import UNDECLARED_WRITES, rule_for
 from .padding_rules_elementwise import FACTORIES
 
@@ -38,15 +38,15 @@ from .padding_rules_elementwise import FACTORIES
 class GraphWalk:
     """One pass over the ATen graph in program order (see the module docstring), with a pad value per padded leaf."""
 
-    def __init__(self, graph: torch.fx.GraphModule, inputs: list[list], outputs: dict[int, int],
-                 names: dict[int, str], padded_leaves: set[int], symbols: frozenset, same: dict,
+    def __init__(self, graph: torch.fx.GraphModule, inputs: list[list[Any]], outputs: dict[int, int],
+                 names: dict[int, str], padded_leaves: set[int], symbols: frozenset[Any], same: dict[Any, Any],
                  pads: dict[int, PadValue], bounds: dict[str, int] | None = None):
         self.graph, self.inputs, self.outputs, self.names = graph, inputs, outputs, names
         self.padded_leaves, self.symbols, self.same, self.pads = padded_leaves, symbols, same, pads
         self.bounds = bounds or {}                      # symbol -> its largest gear
-        self.met: dict = {}                             # symbol -> the symbol it met (see ``aligned``)
+        self.met: dict[Any, Any] = {}                   # symbol -> the symbol it met (see ``aligned``): sympy's
         self.env: dict[torch.fx.Node, AbstractValue] = {}
-        self.input_of: dict[str, list] = {}             # base name -> input recipe, for the graph's inputs
+        self.input_of: dict[str, list[Any]] = {}             # base name -> input recipe, for the graph's inputs
         self.storage_dirty: dict[str, Origin] = {}     # base name -> why data written into it is dirty
         self.storage: dict[str, Storage] = {}          # base name -> its dims, pad and writes
         self.sensitive: set[int] = set()                # padded leaves whose pad values a finding depends on
@@ -73,7 +73,7 @@ class GraphWalk:
         r.mixing, r.unsafe_writes = list(dict.fromkeys(r.mixing)), list(dict.fromkeys(r.unsafe_writes))
         return r
 
-    def _placeholder(self, node: torch.fx.Node, recipe: list) -> TensorValue | SizeValue:
+    def _placeholder(self, node: torch.fx.Node, recipe: list[Any]) -> TensorValue | SizeValue:
         """A graph input: a size, or a tensor with its own storage whose pad is the leaf's pad value (if padded)."""
         value = node.meta.get("val", node.meta.get("example_value"))
         if not isinstance(value, torch.Tensor):
@@ -84,7 +84,7 @@ class GraphWalk:
             pad = Pad(self.pads[recipe[1]], frozenset([recipe[1]]))
         return self._new(node.name, self.dims_of(value.shape), value.dtype, pad)
 
-    def _new(self, base: str, dims: tuple, dtype: torch.dtype, pad: Pad) -> TensorValue:
+    def _new(self, base: str, dims: tuple[Dim, ...], dtype: torch.dtype, pad: Pad) -> TensorValue:
         """A tensor with a storage of its own (a graph input, or an op's new output)."""
         self.storage[base] = Storage(dims, pad)
         return TensorValue(dims, None, base, pad=pad, dtype=dtype, name=base)
@@ -128,7 +128,7 @@ class GraphWalk:
     def _is_padded(self, value: Any) -> bool:
         return bool(getattr(self.size_of(value), "free_symbols", set()) & self.symbols)
 
-    def dims_of(self, shape: Any) -> tuple:
+    def dims_of(self, shape: Any) -> tuple[Dim, ...]:
         """Dims of a shape. Every symbolic size is taken as padded (the trace's only symbols are the marked dims';
         any other, e.g. a data-dependent size, is treated as padded too: the safe side)."""
         return tuple(() if s == 1 else (s,) for s in map(self.size_of, shape))
@@ -176,7 +176,8 @@ class GraphWalk:
         """One ATen op: its arguments bound by schema name, its rule (padding_rules.rule_for) applied, its output's
         value made (:meth:`_values`), then its in-place writes followed (:meth:`_write`)."""
         if node.target is operator.getitem:
-            return cast(list, self.env[cast(torch.fx.Node, node.args[0])])[cast(int, node.args[1])]
+            outputs = cast(list[AbstractValue], self.env[cast(torch.fx.Node, node.args[0])])
+            return outputs[cast(int, node.args[1])]
         schema = torch_aten.op_schema(node.target)
         if schema is None:
             return self._python_op(node)
@@ -240,7 +241,7 @@ class GraphWalk:
             return next((d for d in map(self._dirt, value) if d is not None), None)
         return None
 
-    def _origin(self, node: torch.fx.Node, why: tuple) -> Origin:
+    def _origin(self, node: torch.fx.Node, why: tuple[Any, ...]) -> Origin:
         """``why``: ``(reason, positional)`` or ``(reason, positional, pads)`` (see :class:`Origin`). An origin other
         pad values could remove is counted (``pad_origins``) and its leaves noted (``sensitive``), also where the
         value it makes dirty was dirty already: the pad search then sees every op it has to satisfy at once."""
@@ -262,7 +263,7 @@ class GraphWalk:
                     for k, (p, m) in enumerate(zip(produced, metas))]
         return self._one(node, produced, meta, (inherited, moved), base or node.name, node.name)
 
-    def _one(self, node: torch.fx.Node, produced: tuple, meta: Any, given: tuple, base: str,
+    def _one(self, node: torch.fx.Node, produced: Out, meta: Any, given: tuple[Origin | None, Origin | None], base: str,
              name: str) -> TensorValue | SizeValue | None:
         """One output: its dims checked against the node's shape; dirty from its inputs (``given``: their dirt and
         whether a view on their way moved rows) or from the op itself; its pad (a view's follows its storage)."""
@@ -377,7 +378,7 @@ class GraphWalk:
                 return "writes with a padded tensor (its padding rows are written too, or pick where to write)"
         return None
 
-    def _input_name(self, recipe: list) -> str:
+    def _input_name(self, recipe: list[Any]) -> str:
         """How a finding names a graph input: ``parameter or buffer NAME``, ``argument NAME``."""
         if recipe[0] == "state":
             return f"parameter or buffer {recipe[1]}"
