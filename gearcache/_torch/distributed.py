@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
+    from torch._C._distributed_c10d import Store as Store     # re-exported for ranks/phases.py
 
 
 def process_groups() -> dict[str, dict[str, Any]]:
@@ -32,7 +33,7 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
-def default_store() -> Any:
+def default_store() -> Store | None:
     """The key-value store of the default process group (c10d's ``_get_default_store()``: a ``PrefixStore`` over the
     job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences
     (gearcache/ranks/phases.py) use

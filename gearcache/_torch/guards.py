@@ -50,7 +50,7 @@ def guard_recording_options(recording: GuardRecording, globals_: dict[str, Any])
     globals are still there; a fresh dict per call (torch pops the option from it)."""
     before = set(globals_)
 
-    def record(entries: Any) -> list[bool]:
+    def record(entries: Any) -> list[bool]:     # torch's GuardFilterEntry list: no public type across versions
         recording.guards.extend(_dynamo_guard(e) for e in entries)
         recording.installed.update({k: globals_[k] for k in list(globals_)
                                     if k not in before or _DYNAMO_GLOBAL.fullmatch(k)})
@@ -65,7 +65,7 @@ def _source_name(source: Any) -> str:
     return text
 
 
-def _dynamo_guard(entry: Any) -> DynamoGuard:
+def _dynamo_guard(entry: Any) -> DynamoGuard:     # a GuardFilterEntry: no public type across versions
     guard = entry.orig_guard
     source = guard.originating_source
     keywords = dict(getattr(guard.create_fn, "keywords", None) or {})

@@ -43,7 +43,9 @@ class Entry:
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
         self.manifest = manifest
-        self.guards: Any = None     # its value guards (keys/guard_sets.py), set by whoever loaded or compiled it
+        # its value guards (keys/guard_sets.py's GuardSet: keys/ imports call/, so not named here), set by whoever
+        # loaded or compiled it
+        self.guards: Any = None
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)

@@ -7,10 +7,13 @@ import importlib
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import CliError
 from .output import FAILED, OK, emit, format_table
+
+if TYPE_CHECKING:
+    from ..cached_function import CachedFunction
 
 
 # ======================================================================================================== warmup
@@ -60,7 +63,8 @@ def _made(spec: str) -> tuple[Any, tuple[Any, ...] | list[Any], dict[str, Any]]:
     return model, example_args, example_kwargs
 
 
-def _warm_one(name: str, cf: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _warm_one(name: str, cf: CachedFunction, args: tuple[Any, ...] | list[Any],
+              kwargs: dict[str, Any]) -> dict[str, Any]:
     """Warm up one cached method (progress on stderr); its row, with ``"error"`` when it failed."""
     import torch
 

@@ -27,11 +27,14 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .._torch import distributed as torch_distributed
 from ..counters import counters
 from ..errors import RankDivergenceError, RankWaitError
+
+if TYPE_CHECKING:
+    from .._torch.distributed import Store
 
 log = logging.getLogger("gearcache.ranks.phases")
 
@@ -42,7 +45,7 @@ _HOST = socket.gethostname()
 class _Board:
     """This process's view of its job: the store, its global rank, and how many fences it passed per group."""
 
-    def __init__(self, store: Any, rank: int):
+    def __init__(self, store: Store, rank: int):
         self.store, self.rank = store, rank
         self.fences: dict[str, int] = {}
         self.lock = threading.Lock()
