@@ -86,9 +86,10 @@ def triton_autotuners(namespace: dict[str, Any]) -> dict[str, Any]:
     return {n: k for n, k in namespace.items() if isinstance(k, CachingAutotuner)}
 
 
-def kernel_grid(inductor_meta: dict[str, Any], config: Any) -> tuple[list[str], list[str]]:
+def kernel_grid(inductor_meta: Any, config: Any) -> tuple[list[str], list[str]]:
     """A Triton kernel's launch grid as Inductor computes it at run time (``GridExpr.from_meta``): the lines that
-    precede it (``prefix``) and its x, y, z expressions."""
+    precede it (``prefix``) and its x, y, z expressions. ``inductor_meta``: torch's kernel metadata, a dict in 2.13
+    and the ``InductorMeta`` TypedDict in 2.14 (so typed ``Any`` here)."""
     from torch._inductor.runtime.triton_heuristics import GridExpr
 
     grid = GridExpr.from_meta(inductor_meta, config)
