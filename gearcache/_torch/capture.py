@@ -86,7 +86,7 @@ def op_type_error(exc: BaseException) -> TypeError | None:
     return None
 
 
-def explain_graph_breaks(method: types.MethodType, args: tuple, kwargs: dict,
+def explain_graph_breaks(method: types.MethodType, args: tuple[object, ...], kwargs: dict[str, object],
                          exc: BaseException) -> list[tuple[str, str]]:
     """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the
     method's Dynamo cache entries dropped after it); where explain itself fails, or finds none, the one break the
@@ -100,7 +100,8 @@ def explain_graph_breaks(method: types.MethodType, args: tuple, kwargs: dict,
     return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
 
 
-def _graph_breaks(fn: Callable, args: tuple, kwargs: dict) -> list[tuple[str, str]]:
+def _graph_breaks(fn: Callable[..., object], args: tuple[object, ...],
+                  kwargs: dict[str, object]) -> list[tuple[str, str]]:
     """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
     out = torch._dynamo.explain(fn)(*args, **kwargs)
     breaks = []

@@ -63,7 +63,8 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
     return record
 
 
-def capture(method: types.MethodType, module: torch.nn.Module, args: tuple, kwargs: dict, leaves: tuple) -> Captured:
+def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            leaves: tuple[Any, ...]) -> Captured:
     state: dict[str, Any] = {}
     record = _recording_backend(state, _empty_like_example)
     code = method.__func__.__code__

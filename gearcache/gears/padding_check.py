@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -89,7 +89,7 @@ def real_sizes(gear_plan: GearPlan, sizes: list[int]) -> list[int]:
     return [max([s for s in d.sizes if s < g], default=0) + 1 for d, g in zip(gear_plan.dims, sizes)]
 
 
-def cases(gear_plan: GearPlan, leaves: tuple) -> Iterator[tuple[list[int], tuple]]:
+def cases(gear_plan: GearPlan, leaves: tuple[Any, ...]) -> Iterator[tuple[list[int], tuple[Any, ...]]]:
     """A warm-up's tests: for every gear that a smaller real size pads up to and that has not passed yet, its sizes
     and the example call ``leaves`` narrowed to the smallest real sizes that pad up to it (:func:`real_sizes`)."""
     for sizes in gear_plan.combinations():
@@ -98,8 +98,8 @@ def cases(gear_plan: GearPlan, leaves: tuple) -> Iterator[tuple[list[int], tuple
             yield sizes, gear_plan.pad(narrowed(leaves, gear_plan.dims, real), real)
 
 
-def verify(name: str, method: Callable, module: torch.nn.Module, gear_plan: GearPlan, structure: Any, leaves: tuple,
-           sizes: list[int]) -> None:
+def verify(name: str, method: Callable[..., Any], module: torch.nn.Module, gear_plan: GearPlan, structure: Any,
+           leaves: tuple[Any, ...], sizes: list[int]) -> None:
     """Test gear ``sizes`` against eager on the real-size call ``leaves`` in float64 (see the module docstring);
     raise ``PaddingUnsafeError`` if padding changes an output or a written tensor."""
     counters.padding_verifications += 1
@@ -188,16 +188,16 @@ def _run_padded(method: Callable[..., Any], gear_plan: GearPlan, structure: Any,
     return outs, copies
 
 
-def _run(method: Callable, structure: Any, leaves: tuple) -> list:
+def _run(method: Callable[..., Any], structure: Any, leaves: tuple[Any, ...]) -> list[Any]:
     """The eager method called on the flat ``leaves`` (rebuilt into its arguments by the key's ``structure``): its
     flattened outputs."""
     args, kwargs = signature.unflatten(structure, leaves)
-    flat: list = []
+    flat: list[Any] = []
     signature.flatten(method(*args, **kwargs), flat)
     return flat
 
 
-def _cloned(flat: list, back: dict[int, torch.Tensor]) -> list:
+def _cloned(flat: list[Any], back: dict[int, torch.Tensor]) -> list[Any]:
     """Flattened outputs, cloned; an output that is a (padded) input is the caller's tensor instead, as the gear's
     result builds it."""
     return [back.get(id(o), o).clone() if isinstance(o, torch.Tensor) else o for o in flat]
