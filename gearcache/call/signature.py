@@ -26,7 +26,7 @@ _Tensor = torch.Tensor
 _SCALARS = (int, float, bool, str, type(None))
 
 
-def _leaf_key(leaf: Any) -> tuple:
+def _leaf_key(leaf: Any) -> tuple[Any, ...]:
     if isinstance(leaf, _Tensor):
         if type(leaf) is _Tensor and not (leaf.dtype.is_complex and (leaf.is_conj() or leaf.is_neg())):
             return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
@@ -41,7 +41,7 @@ def _leaf_key(leaf: Any) -> tuple:
         f"module.")
 
 
-def flatten(obj: Any, leaves: list) -> Any:
+def flatten(obj: Any, leaves: list[Any]) -> Any:
     """Append ``obj``'s leaves to ``leaves`` in order; return its structure (tuples, lists and dicts; others are
     leaves). gearcache's own flattening: cheaper than pytree, and the structure is a hashable tuple."""
     t = type(obj)
@@ -56,7 +56,8 @@ def flatten(obj: Any, leaves: list) -> Any:
 class _StateSnapshot(threading.local):
     same: Callable[[], bool] | None = None
     tag: str = ""
-    plain: Callable[[tuple], bool] | None = None    # torch_tensor_checks.plain_tensors_check(), found at the first call
+    # torch_tensor_checks.plain_tensors_check(), found at the first call
+    plain: Callable[[tuple[torch.Tensor, ...]], bool] | None = None
 
 
 _snapshot = _StateSnapshot()
@@ -81,7 +82,7 @@ def state_tag() -> str:
     return tag
 
 
-def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
+def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """``(leaves, key)`` of a call (see the module docstring). A tensor passed twice (the same object) is keyed
     ``("same", i)`` at its second place, ``i`` its first (a graph captured with it reads one input for both); a tensor
     subclass, or a complex tensor with its conjugate or negative bit set, adds its type and bits to its key."""
@@ -98,17 +99,17 @@ def call_key(args: tuple, kwargs: dict) -> tuple[tuple, tuple]:
             if plain(args) and not shared_storages(args):
                 return args, key
             return args, (len(args), mode, *_leaf_keys(args))
-    leaves: list = []
+    leaves: list[Any] = []
     structure = (flatten(args, leaves), flatten(kwargs, leaves))
     return tuple(leaves), (structure, mode, *_leaf_keys(leaves))
 
 
-def _leaf_keys(leaves: Any) -> list[tuple]:
+def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
     """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares its storage with
     another leaf (a view of the same memory, not the same object) adds ``("storage", j, storage_offset)``, ``j`` the
     first leaf on that storage: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and
     the other way round)."""
-    keys: list[tuple] = []
+    keys: list[tuple[Any, ...]] = []
     first: dict[int, int] = {}
     shared = shared_storages(leaves)
     for i, leaf in enumerate(leaves):
@@ -138,39 +139,39 @@ def shared_storages(leaves: Any) -> dict[int, int]:
     return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
 
 
-def on_cuda(leaves: tuple) -> bool:
+def on_cuda(leaves: tuple[Any, ...]) -> bool:
     """Whether a call has a CUDA tensor among its inputs (CUDA graphs serve such calls; calls with none run without
     graphs, on the same entries)."""
     return any(isinstance(x, _Tensor) and x.is_cuda for x in leaves)
 
 
-def shares_storage(key: tuple) -> list[int]:
+def shares_storage(key: tuple[Any, ...]) -> list[int]:
     """The leaves of the call keyed ``key`` that share a storage with another leaf (distinct tensor objects: see
     :func:`_leaf_keys`); ``[]`` for most calls."""
     return [i for i, k in enumerate(key[2:]) if type(k) is tuple and len(k) in (5, 8) and type(k[-1]) is tuple
             and k[-1][:1] == ("storage",)]
 
 
-def shares_memory(key: tuple) -> list[int]:
+def shares_memory(key: tuple[Any, ...]) -> list[int]:
     """:func:`shares_storage`'s leaves and those passed as the same tensor object twice (``("same", i)``: both)."""
     same = {i for i, k in enumerate(key[2:]) if type(k) is tuple and k[:1] == ("same",)}
     same |= {key[2 + i][1] for i in same}
     return sorted(same | set(shares_storage(key)))
 
 
-def shared_memory_message(name: str, key: tuple, why: str) -> str:
+def shared_memory_message(name: str, key: tuple[Any, ...], why: str) -> str:
     """The refusal of a call whose inputs share memory where gearcache would copy them apart (``why``)."""
     return (f"{name}: arguments {shares_memory(key)} (flattened positions) are one tensor or views of one storage; "
             f"{why}, so a write through one would not show through the others. Fix: pass tensors that do not share "
             f"memory (a .clone() of each)")
 
 
-def inputs_meta(inputs: Any) -> list:
+def inputs_meta(inputs: Any) -> list[Any]:
     """A graph's example inputs as an artifact key factor: each tensor's shape, stride, dtype and device (plus
     ``["storage", j, storage_offset]`` where it shares a storage with input ``j``: AOTAutograd compiles aliased inputs
     as views of one base), ``repr`` of anything else."""
     shared = shared_storages(inputs)
-    meta: list = []
+    meta: list[Any] = []
     for i, t in enumerate(inputs):
         if not isinstance(t, _Tensor):
             meta.append(repr(t))
@@ -200,13 +201,13 @@ class Matcher(NamedTuple):
     is_inference_mode_enabled: Callable[[], bool] | None    # None: same_state covers inference mode
     plain: bool                                 # autocast off in that state (the C runner then skips its checks)
 
-    def __call__(self, args: tuple) -> bool:
+    def __call__(self, args: tuple[Any, ...]) -> bool:
         return (len(args) == self.n and self.same_state()
                 and (self.is_inference_mode_enabled is None or self.is_inference_mode_enabled() == self.inference)
                 and self.check(*args))
 
 
-def matcher(leaves: tuple, key: tuple, distinct_storages: bool = False) -> Matcher | None:
+def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bool = False) -> Matcher | None:
     """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
     grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
@@ -247,7 +248,7 @@ def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
     return matches
 
 
-def describe(leaves: tuple, key: tuple) -> dict[str, Any]:
+def describe(leaves: tuple[Any, ...], key: tuple[Any, ...]) -> dict[str, Any]:
     """A JSON-able description of a call signature (a key factor, and what error messages show)."""
     grad, inference = key[1][0], key[1][1]
     desc: list[dict[str, Any]] = []
@@ -285,7 +286,7 @@ def short(desc: dict[str, Any]) -> str:
     return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}{autocast}"
 
 
-def rekey(key: tuple, leaves: tuple) -> tuple:
+def rekey(key: tuple[Any, ...], leaves: tuple[Any, ...]) -> tuple[Any, ...]:
     """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones); a leaf
     keyed as a repeat of an earlier one (``("same", i)``) stays so (its graph reads leaf ``i`` for both)."""
     return (key[0], key[1], *[old if old[0] == "same" else _leaf_key(leaf) for old, leaf in zip(key[2:], leaves)])
@@ -301,7 +302,7 @@ def rebuild(node: Any, leaves: Any) -> Any:
     return kind(rebuild(child, leaves) for child in node[1:])
 
 
-def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
+def unflatten(structure: Any, leaves: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Rebuild ``(args, kwargs)`` from a key's structure (``key[0]``) and leaves: the inverse of ``call_key``."""
     if isinstance(structure, int):
         return tuple(leaves), {}
@@ -309,7 +310,8 @@ def unflatten(structure: Any, leaves: tuple) -> tuple[tuple, dict]:
     return rebuild(structure[0], it), rebuild(structure[1], it)
 
 
-def leaf_names(method: Callable, args: tuple, kwargs: dict, leaves: tuple) -> dict[int, str]:
+def leaf_names(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               leaves: tuple[Any, ...]) -> dict[int, str]:
     """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
     try:
         bound = inspect.signature(method).bind(*args, **kwargs)

@@ -64,8 +64,8 @@ MAX_WORKERS = 8         # compiles at once, at most (fewer where cores or memory
 class PendingCall(Protocol):
     """A captured call whose artifact is not published yet (``entry_life.Pending``): what a background compile needs
     of it."""
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     ekey: str
     captured: Captured
 
@@ -90,8 +90,8 @@ class Compiling(EagerEntry, Generic[PendingT]):
 
     __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state")
 
-    def __init__(self, method: Callable, name: str, pending: PendingT, graph: torch.fx.GraphModule,
-                 future: concurrent.futures.Future, scratch: pathlib.Path, owner: BackgroundOwner):
+    def __init__(self, method: Callable[..., Any], name: str, pending: PendingT, graph: torch.fx.GraphModule,
+                 future: concurrent.futures.Future[dict[str, Any]], scratch: pathlib.Path, owner: BackgroundOwner):
         # not EagerEntry.__init__: nothing failed, so nothing is warned; the stand-in is the design until compiled
         self.method = method
         self.structure = signature.call_key(pending.args, pending.kwargs)[1][0]
@@ -152,7 +152,7 @@ class Launcher:
     def __init__(self, pool: WorkerPool, threads: concurrent.futures.ThreadPoolExecutor):
         self.pool, self.threads = pool, threads
 
-    def launch(self, owner: BackgroundOwner, method: Callable, name: str, pending: PendingT,
+    def launch(self, owner: BackgroundOwner, method: Callable[..., Any], name: str, pending: PendingT,
                graph: torch.fx.GraphModule, patches: dict[str, Any]) -> Compiling[PendingT] | None:
         """Compile ``graph`` (the capture ``pending``'s, decompositions applied) under Inductor's ``patches`` in a
         worker: the :class:`Compiling` handle, for ``owner`` to keep; None when the graph cannot travel to a worker

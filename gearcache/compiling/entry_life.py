@@ -26,7 +26,7 @@ import threading
 import time
 import types
 import weakref
-from typing import Any, Callable, Union, cast
+from typing import Any, Callable, Hashable, Union, cast
 
 import torch
 
@@ -59,7 +59,7 @@ Loaded = Union[Entry, faults.EagerEntry]
 class Found:
     """What ``find`` found for a signature: its description, the key its entry is (or is to be) stored under, the
     key's factors, and its entry (None: a miss, to be captured and compiled)."""
-    desc: dict
+    desc: dict[str, Any]
     ekey: str
     factors: dict[str, Any]
     entry: Entry | None = None
@@ -68,9 +68,9 @@ class Found:
 @dataclasses.dataclass
 class Pending:
     """A captured signature whose artifact is not published yet (between ``capture`` and ``finish``)."""
-    args: tuple
-    kwargs: dict
-    desc: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    desc: dict[str, Any]
     ekey: str
     factors: dict[str, Any]
     captured: Captured
@@ -84,7 +84,7 @@ class EntryLife:
     """The stages of the entries of one bound method of an ``nn.Module`` (see the module docstring)."""
 
     def __init__(self, method: types.MethodType, *, config: CompilerConfig, store: Store, topology: Topology,
-                 decompositions: dict[Any, Callable] | None, name: str, scope: guard_paths.Scope,
+                 decompositions: dict[Any, Callable[..., Any]] | None, name: str, scope: guard_paths.Scope,
                  remembered: Callable[[Loaded], None] | None = None):
         self.method = method
         self.module = cast(torch.nn.Module, method.__self__)
@@ -96,9 +96,9 @@ class EntryLife:
         self.name = name
         self.scope = scope
         self.method_digest = source_digest(method.__func__)
-        self.table: dict[tuple, Loaded] = {}
+        self.table: dict[tuple[Hashable, ...], Loaded] = {}
         # on_new_signature="background": the handles of compiles in flight (eager stand-ins until settled)
-        self.compiling: dict[tuple, background.Compiling[Pending]] = {}
+        self.compiling: dict[tuple[Hashable, ...], background.Compiling[Pending]] = {}
         self.communicates: bool | None = None   # whether its graphs call collectives (None: not known yet)
         self.lock = threading.RLock()
         # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
@@ -107,7 +107,7 @@ class EntryLife:
         self._remembered = _weak(remembered)
 
     # ---------------------------------------------------------------------------------------------- get or miss
-    def get_or_miss(self, leaves: tuple, key: tuple, count: bool = True) -> Loaded:
+    def get_or_miss(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...], count: bool = True) -> Loaded:
         """The entry of signature ``key``: the table's (a hit: counted in ``counters.hits`` and the entry's ``hits``
         unless ``count`` is False, for a look-up that serves no call: a CUDA graph's capture), else a miss
         (``miss``). The call path's hot look-ups (``CachedFunction._call`` and ``call_geared``) do the same inline,
@@ -120,7 +120,8 @@ class EntryLife:
             entry.hits += 1
         return entry
 
-    def miss(self, leaves: tuple, key: tuple, call: tuple[tuple, dict] | None = None) -> Loaded:
+    def miss(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+             call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Loaded:
         """Find (load) the entry of signature ``key``, or capture, compile and publish it; remember it. Under
         ``on_new_signature="background"`` a signature the store lacks is compiled in a worker and served by an eager
         stand-in until it is done (gearcache/compiling/background.py): the stand-in is returned, not remembered."""
@@ -144,7 +145,8 @@ class EntryLife:
             return entry
 
     # ------------------------------------------------------------------------------------------------ background
-    def start_background(self, key: tuple, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Loaded:
+    def start_background(self, key: tuple[Hashable, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
+                         leaves: tuple[Any, ...], found: Found) -> Loaded:
         """A miss the store cannot serve, under ``on_new_signature="background"`` (under the lock): captured here,
         compiled in a worker (gearcache/compiling/background.py); returns the :class:`background.Compiling` handle
         (kept in ``compiling``, not in the table), or the entry itself when the graph must compile in this process."""
@@ -162,7 +164,7 @@ class EntryLife:
                  pending.ekey)
         return handle
 
-    def settle(self, key: tuple, handle: background.Compiling[Pending], wait: bool = False) -> Loaded:
+    def settle(self, key: tuple[Hashable, ...], handle: background.Compiling[Pending], wait: bool = False) -> Loaded:
         """The entry of ``key`` if its background compile is done (or, with ``wait``, once it is): published,
         loaded and remembered here (gearcache/compiling/background.py's docstring); else the eager ``handle``.
         Called under the lock."""
@@ -191,7 +193,7 @@ class EntryLife:
         return settled
 
     # ---------------------------------------------------------------------------------------------------- find
-    def find(self, leaves: tuple, key: tuple) -> Found:
+    def find(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Found:
         """A miss: the signature's entry key and factors, and its entry if the store has one whose value guards hold
         here (loaded: ``load``)."""
         counters.misses += 1
@@ -210,19 +212,20 @@ class EntryLife:
         folder, name = self.topology.folder, self.name
         return guard_sets.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope)
 
-    def stored(self, leaves: tuple, key: tuple) -> bool:
+    def stored(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> bool:
         """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
         its artifact checked: a load may still miss)."""
         _, ekey, _ = self.describe(leaves, key)
         return self.choose(ekey).record is not None
 
-    def describe(self, leaves: tuple, key: tuple) -> tuple[dict, str, dict[str, Any]]:
+    def describe(self, leaves: tuple[Any, ...],
+                 key: tuple[Hashable, ...]) -> tuple[dict[str, Any], str, dict[str, Any]]:
         """The signature's description, its entry key and the key's factors."""
         desc = signature.describe(leaves, key)
         ekey, factors = self.entry_key(desc, leaves)
         return desc, ekey, factors
 
-    def entry_key(self, desc: dict, leaves: tuple) -> tuple[str, dict[str, Any]]:
+    def entry_key(self, desc: dict[str, Any], leaves: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
         """The entry key of the signature ``desc`` (everything its entry depends on) and its factors."""
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
                          {str(p.device) for p in self.module.parameters()}) or ["cpu"]
@@ -250,13 +253,13 @@ class EntryLife:
         return entry
 
     # ------------------------------------------------------------------------------ capture, compile, publish
-    def new_entry(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Loaded:
+    def new_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: tuple[Any, ...], found: Found) -> Loaded:
         """The entry of a signature the store lacks: ``capture``, ``publish`` (``compile``), ``finish``."""
         pending = self.capture(args, kwargs, leaves, found)
         folder, built = self.publish(pending)
         return self.finish(pending, folder, built)
 
-    def capture(self, args: tuple, kwargs: dict, leaves: tuple, found: Found) -> Pending:
+    def capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: tuple[Any, ...], found: Found) -> Pending:
         """Capture the call's graph and key its artifact (in the calling thread: Dynamo)."""
         if self.config.on_new_signature == "error":
             known = self.store.entries.in_method(self.topology.folder, self.name)
@@ -367,7 +370,7 @@ class EntryLife:
         return folder, built, None if folder is None else self.pipeline.load_published(folder, built, p.index)
 
     # ------------------------------------------------------------------------------------------------ remember
-    def remember(self, key: tuple, entry: Loaded) -> None:
+    def remember(self, key: tuple[Hashable, ...], entry: Loaded) -> None:
         """Put ``entry`` in the table under signature key ``key`` (and tell the owner: ``remembered``)."""
         self.table[key] = entry
         hook = self._remembered()
@@ -383,7 +386,7 @@ def _weak(hook: Callable[[Loaded], None] | None) -> Callable[[], Callable[[Loade
     return lambda: hook
 
 
-def cuda_index(leaves: tuple, module: torch.nn.Module) -> int | None:
+def cuda_index(leaves: tuple[Any, ...], module: torch.nn.Module) -> int | None:
     """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
     on a GPU, or they are on several (their artifact keeps every index)."""
     tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
@@ -401,12 +404,13 @@ def entry_groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
         return None
     plan = getattr(entry.compiled, "plan", None)
     if isinstance(plan, dict) and "groups" in plan:
-        return plan["groups"]
+        plan_groups: dict[str, dict[str, Any]] = plan["groups"]
+        return plan_groups
     groups = entry.manifest.get("groups")
     return groups if isinstance(groups, dict) else None
 
 
-def module_state(module: torch.nn.Module) -> list[list]:
+def module_state(module: torch.nn.Module) -> list[list[Any]]:
     """The module's parameters and buffers as key rows (name, shape, dtype, device, strides: a graph reads them as
     inputs of these exact strides, ``model.to(memory_format=torch.channels_last)`` compiles anew)."""
     rows = [["param", n, list(p.shape), str(p.dtype), str(p.device), _strides(p)] for n, p in

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, cast
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, cast
 
 import torch
 
@@ -83,7 +83,7 @@ class GearPlanLife:
             self.checked = True
             return self.plan
 
-    def marked_call(self, args: tuple, kwargs: dict) -> MarkedCall:
+    def marked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkedCall:
         """The call ``args``, ``kwargs`` as the gears read it: its leaves and key (``signature.call_key``), the names
         of its tensor arguments, and its gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears``
         by name)."""
@@ -92,7 +92,7 @@ class GearPlanLife:
         names = signature.leaf_names(self.method, args, kwargs, leaves)
         return MarkedCall(args, kwargs, leaves, key, names, find_marks(leaves, names, ic.dim_gears, ic.pad_values))
 
-    def plan_key(self, marks: list[MarkedDim], key: tuple) -> str:
+    def plan_key(self, marks: list[MarkedDim], key: tuple[Hashable, ...]) -> str:
         """The gear plan's key: everything its trace depends on."""
         ic = self.config.inference_config
         return gear_plan_key(method_name=self.name, method_digest=self.entries.method_digest, structure=repr(key[0]),
@@ -159,7 +159,8 @@ class GearPlanLife:
             self.plan, self.checked, self.guards = None, False, None
 
     # ------------------------------------------------------------------------------------------ on a call
-    def verify_first_use(self, gear_plan: GearPlan, leaves: tuple, key: tuple, targets: list[int]) -> None:
+    def verify_first_use(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+                         targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, test it against eager on this call
         (padding_check.verify; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing
         for a call at the gear's own sizes, or a gear already verified."""
@@ -181,7 +182,7 @@ class GearPlanLife:
                     padding_check.verify(self.name, self.method, self.module, gear_plan, call.key[0], real_leaves,
                                          sizes)
 
-    def past_largest(self, gear_plan: GearPlan, leaves: tuple, key: tuple) -> Any:
+    def past_largest(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Any:
         """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,
         warned once), or serve it from an entry of its own signature (``"compile"``)."""
         policy = self.config.inference_config.past_largest_gear

@@ -29,7 +29,7 @@ import dataclasses
 import itertools
 import math
 import warnings
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Hashable, NamedTuple, Protocol
 
 import torch
 
@@ -121,10 +121,10 @@ class MarkedDim:
 class MarkedCall:
     """A call as the gears read it, derived once from its arguments: its flattened ``leaves`` and signature ``key``,
     the argument ``names`` of its tensor leaves (gearcache/call/signature.py) and its ``marks`` (:func:`find_marks`)."""
-    args: tuple
-    kwargs: dict
-    leaves: tuple
-    key: tuple
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    leaves: tuple[Any, ...]
+    key: tuple[Hashable, ...]
     names: dict[int, str]
     marks: list[MarkedDim]
 
@@ -133,10 +133,10 @@ class GearCall(NamedTuple):
     """The call at one gear (:meth:`GearPlan.gear_calls`): the gear's ``sizes`` (one per marked dim), the call's
     ``leaves`` narrowed and padded to them, their signature ``key``, and the ``args`` and ``kwargs`` they rebuild."""
     sizes: list[int]
-    leaves: tuple
-    key: tuple
-    args: tuple
-    kwargs: dict
+    leaves: tuple[Any, ...]
+    key: tuple[Hashable, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
 
 
 def _exact_pad(value: PadValue, dtype: torch.dtype, where: str) -> PadValue:
@@ -183,7 +183,7 @@ class GearPlan:
             self._leaf_dims.setdefault(d.leaf, []).append((d.dim, m))
 
     # ---------------------------------------------------------------------------------------------- hot path
-    def targets(self, leaves: tuple) -> list[int] | None:
+    def targets(self, leaves: tuple[Any, ...]) -> list[int] | None:
         """Per marked dim, the gear size this call is padded to; None when a size is past the largest gear."""
         dims = self.dims
         try:
@@ -205,7 +205,7 @@ class GearPlan:
         except IndexError:
             return None
 
-    def pad(self, leaves: tuple, targets: list[int]) -> tuple:
+    def pad(self, leaves: tuple[Any, ...], targets: list[int]) -> tuple[Any, ...]:
         """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects)."""
         by_leaf: dict[int, dict[int, int]] = {}
         for d, t in zip(self.dims, targets):
@@ -223,13 +223,13 @@ class GearPlan:
             new[leaf] = out
         return tuple(new)
 
-    def copy_back(self, padded: tuple, leaves: tuple) -> None:
+    def copy_back(self, padded: tuple[Any, ...], leaves: tuple[Any, ...]) -> None:
         """Copy the real rows of each padded input the method wrote in place back into the caller's tensor."""
         for i in self.written_padded:
             if padded[i] is not leaves[i]:
                 leaves[i].copy_(padded[i][tuple(slice(0, s) for s in leaves[i].shape)])
 
-    def record_padding(self, entry: PaddedEntry, leaves: tuple, targets: list[int]) -> None:
+    def record_padding(self, entry: PaddedEntry, leaves: tuple[Any, ...], targets: list[int]) -> None:
         """Count a served call's elements of its marked inputs, as passed and as run (padded to ``targets``): on
         ``entry`` (flushed to the index at exit: ``gearcache stats``' padding waste) and in ``counters``."""
         real = padded = 0
@@ -244,7 +244,7 @@ class GearPlan:
         counters.real_elements += real
         counters.padded_elements += padded
 
-    def cut(self, entry: PaddedEntry, outs: list, leaves: tuple) -> list:
+    def cut(self, entry: PaddedEntry, outs: list[Any], leaves: tuple[Any, ...]) -> list[Any]:
         """Cut the compiled graph's outputs back to the call's real sizes along every dim that follows a marked dim."""
         cuts = self._graph_cuts.get(id(entry))
         if cuts is None:
@@ -268,7 +268,7 @@ class GearPlan:
         return out
 
     # -------------------------------------------------------------------------------------------- the rest
-    def past_largest_message(self, leaves: tuple) -> str:
+    def past_largest_message(self, leaves: tuple[Any, ...]) -> str:
         for d in self.dims:
             size = leaves[d.leaf].shape[d.dim]
             if size > d.sizes[-1]:
@@ -277,7 +277,7 @@ class GearPlan:
                         f"config.inference_config.past_largest_gear to 'eager' or 'compile'")
         return "a marked dim is larger than its largest gear"
 
-    def _lockstep_message(self, group: list[int], leaves: tuple) -> str:
+    def _lockstep_message(self, group: list[int], leaves: tuple[Any, ...]) -> str:
         parts = [f"{self.dims[m].name} dim {self.dims[m].dim} = {leaves[self.dims[m].leaf].shape[self.dims[m].dim]}"
                  for m in group]
         return f"these dims must be equal (they meet in the graph) but the call has {', '.join(parts)}"
@@ -317,7 +317,7 @@ class GearPlan:
 
 
 # ------------------------------------------------------------------------------------------------ plan building
-def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int, list[int]]],
+def find_marks(leaves: tuple[Any, ...], names: dict[int, str], by_name: dict[str, dict[int, list[int]]],
                pad_values: dict[str, PadValue]) -> list[MarkedDim]:
     """The marked dims of a call: ``set_dim_gears`` marks on its tensors, then config gears by argument name; each
     with the pad value the user gave (``set_dim_gears``'s, else ``pad_values[name]``), None where none was given."""
@@ -347,7 +347,7 @@ def find_marks(leaves: tuple, names: dict[int, str], by_name: dict[str, dict[int
     return marks
 
 
-def narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
+def narrowed(leaves: tuple[Any, ...], dims: list[MarkedDim], sizes: Any) -> tuple[Any, ...]:
     """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (contiguous copies, as a real call's
     inputs usually are: a strided view would key another entry; padding is separate)."""
     new = list(leaves)
@@ -361,7 +361,7 @@ def narrowed(leaves: tuple, dims: list, sizes: Any) -> tuple:
     return tuple(new)
 
 
-def has_marks(leaves: tuple) -> bool:
+def has_marks(leaves: tuple[Any, ...]) -> bool:
     """Whether a call's tensors carry ``set_dim_gears`` marks (checked on a miss, not on every call)."""
     return any(isinstance(leaf, torch.Tensor) and getattr(leaf, GEARS_ATTR, None) for leaf in leaves)
 
@@ -375,7 +375,7 @@ def check_marks(marks: list[MarkedDim], policy: str) -> None:
                           f"'product'")
 
 
-def most_combinations(marks: list, policy: str) -> int:
+def most_combinations(marks: list[MarkedDim], policy: str) -> int:
     """How many gears ``marks`` can form at most, before the trace finds which dims move together: the longest
     gear list under ``"zip"``, the product of all of them under ``"product"``."""
     counts = [len(m.sizes) for m in marks]
@@ -454,7 +454,7 @@ class SymbolicTrace:
     dependencies: list[dict[str, Any]]          # the traced user functions
     plan_guards: GuardSet          # the trace's value guards (keys/guard_sets.py)
     graph: torch.fx.GraphModule                 # the Dynamo graph, its marked dims SymInts (gearcache/gears/padding.py)
-    inputs: list[list]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
+    inputs: list[list[Any]]                          # per graph input: ["leaf", i], ["state", name] or ["size"]
     outputs: dict[int, int]                     # graph output index -> method output leaf
     size_guards: list[tuple[Any, str]]          # the trace's size guards: (sympy expression, user source line)
     same: dict[Any, Any]                        # symbol -> the symbol a guard says it equals (size_classes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, ContextManager, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 import torch
 
@@ -22,11 +22,12 @@ class GearRecorder(Protocol):
     """What the threads use of a method's ``CudaGraphs``: the timeline span of a phase, a gear's warm-up run, its
     record into the method's pool."""
 
-    def phase(self, leaves: tuple, phase: str, synchronize: bool = True) -> ContextManager[None]: ...
+    def phase(self, leaves: tuple[Any, ...], phase: str, synchronize: bool = True) -> ContextManager[None]: ...
 
-    def warm_up(self, entry: Loaded, static_leaves: tuple, copies: list, side: torch.cuda.Stream) -> None: ...
+    def warm_up(self, entry: Loaded, static_leaves: tuple[Any, ...], copies: list[tuple[int, torch.Tensor, float]],
+                side: torch.cuda.Stream) -> None: ...
 
-    def record(self, entry: Loaded, static_leaves: tuple) -> tuple[torch.cuda.CUDAGraph, list]: ...
+    def record(self, entry: Loaded, static_leaves: tuple[Any, ...]) -> tuple[torch.cuda.CUDAGraph, list[Any]]: ...
 
 
 class GearThreads:
@@ -44,16 +45,16 @@ class GearThreads:
         self.in_turn: Callable[[int], None] | None = None
         self.slots = threading.Semaphore(max(1, limit))
         self.warmed = threading.Barrier(n + 1)                      # every gear's thread, and the caller
-        self.gears: list[tuple[GraphedEntry, tuple]] = []
+        self.gears: list[tuple[GraphedEntry, tuple[Any, ...]]] = []
         self.threads: list[threading.Thread] = []
         self.turns = [threading.Event() for _ in range(n)]
         self.errors: list[BaseException | None] = [None] * n
-        self.results: list[tuple[torch.cuda.CUDAGraph, list] | None] = [None] * n
+        self.results: list[tuple[torch.cuda.CUDAGraph, list[Any]] | None] = [None] * n
         self.abort = False
         # thread-local state a new thread does not inherit: the device, grad and inference mode
         self.modes = (torch.cuda.current_device(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
 
-    def start(self, graphed: GraphedEntry, static_leaves: tuple) -> None:
+    def start(self, graphed: GraphedEntry, static_leaves: tuple[Any, ...]) -> None:
         k = len(self.threads)
         self.gears.append((graphed, static_leaves))
         thread = threading.Thread(target=self._gear, args=(k,), name=f"gearcache-capture-{k}", daemon=True)
@@ -69,7 +70,7 @@ class GearThreads:
             thread.join()
 
     def finish(self, between: Callable[[], None],
-               in_turn: Callable[[int], None] | None = None) -> list[tuple[torch.cuda.CUDAGraph, list]]:
+               in_turn: Callable[[int], None] | None = None) -> list[tuple[torch.cuda.CUDAGraph, list[Any]]]:
         """Wait for every warm-up run, call ``between`` (unless one failed), then let each thread record in turn
         (after ``in_turn(k)``, in thread ``k``, where given). Returns each gear's (graph, static outputs)."""
         self.in_turn = in_turn
@@ -89,17 +90,19 @@ class GearThreads:
                 raise exc
         return self.results         # type: ignore[return-value]  # no None left: each gear recorded, or raised above
 
-    def _warm_up(self, graphed: GraphedEntry, static_leaves: tuple) -> None:
+    def _warm_up(self, graphed: GraphedEntry, static_leaves: tuple[Any, ...]) -> None:
         """The gear's warm-up run. ``shadow``: with collectives stood in, and a failure only logged (an operator
         without a stand-in, say): the real warm-up run in the thread's turn runs the same graph on the group and
         raises what is real."""
         if not self.shadow:
             with self.graphs.phase(static_leaves, "graph warm-up run"):
-                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies,
+                                    torch.cuda.Stream())   # type: ignore[no-untyped-call]  # untyped in torch
             return
         try:
             with self.graphs.phase(static_leaves, "graph warm-up run, collectives stood in"), stand_in_collectives():
-                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies, torch.cuda.Stream())
+                self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies,
+                                    torch.cuda.Stream())   # type: ignore[no-untyped-call]  # untyped in torch
         except Exception as exc:                    # the real run in turn raises what is real
             log.debug("gearcache: a warm-up run with collectives stood in failed (%s); the real one follows", exc)
 

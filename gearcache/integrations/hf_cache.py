@@ -38,7 +38,7 @@ def served_layer_class() -> type[Any]:
     is imported then."""
     static_layer: Any = hf_compat.static_layer_classes()[0]
 
-    class ServedLayer(static_layer):
+    class ServedLayer(static_layer):     # type: ignore[misc]  # transformers' class, imported at run time
         """A user cache's layer bound to a gearcache backing (or detached from it: then it owns copies).
 
         ``served_length`` mirrors ``cumulative_length`` on the host (no device sync per call). ``is_compileable``
@@ -53,9 +53,11 @@ def served_layer_class() -> type[Any]:
             self.served_length = served_length
             self.grows = grows          # all layers sliding-window: no length of its own, the backing grows
 
-        def update(self, key_states, value_states, *args, **kwargs):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             self.served_length += key_states.shape[-2]
-            return super().update(key_states, value_states, *args, **kwargs)
+            kv: tuple[torch.Tensor, torch.Tensor] = super().update(key_states, value_states, *args, **kwargs)
+            return kv
 
         def reset(self) -> None:
             super().reset()
@@ -124,7 +126,8 @@ def user_batch(cache: Any) -> int | None:
     """The batch size the cache was allocated for, or None if it is not allocated yet."""
     for layer in cache.layers:
         if getattr(layer, "is_initialized", False) and layer.keys is not None:
-            return layer.keys.shape[0]
+            batch: int = layer.keys.shape[0]
+            return batch
     return None
 
 
@@ -135,7 +138,8 @@ def bound_backing(cache: Any) -> Backing | None:
     first = cache.layers[0]
     if type(first) is not served_layer_class() or first.backing is None or first.backing.owner() is not cache:
         return None
-    return first.backing
+    backing: Backing = first.backing
+    return backing
 
 
 def detach(cache: Any) -> None:

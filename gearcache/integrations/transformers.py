@@ -63,8 +63,9 @@ class ServeGears:
     cache_len: tuple[int, ...] = DEFAULT_CACHE_LEN_GEARS
 
     @classmethod
-    def of(cls, batch: Sequence[int] | None, prompt: Sequence[int] | None, cache_len: Sequence[int] | None):
-        def sizes(value, default, name):
+    def of(cls, batch: Sequence[int] | None, prompt: Sequence[int] | None,
+           cache_len: Sequence[int] | None) -> ServeGears:
+        def sizes(value: Sequence[int] | int | None, default: tuple[int, ...], name: str) -> tuple[int, ...]:
             if value is None:
                 return default
             try:
@@ -146,7 +147,7 @@ class ServedLM(torch.nn.Module):
                 kwargs["logits_to_keep"] = keep
         out = type(self.model).forward(self.model, input_ids=input_ids, attention_mask=attention_mask,
                                        position_ids=position_ids, use_cache=True, **kwargs)
-        logits = out.logits
+        logits: torch.Tensor = out.logits     # transformers' model output: untyped here
         if keep is not None and not self._keeps_logits:
             logits = logits.index_select(1, keep)
         if width > 1:
@@ -177,7 +178,8 @@ class ServedLM(torch.nn.Module):
         logits = self.cached_step(ids, mask, positions, self._pad(width - tokens, input_ids.device), keep_last)
         for layer in cache.layers:
             layer.served_length += tokens
-        return logits[:batch] if keep_last else logits[:batch, :tokens]
+        served: torch.Tensor = logits[:batch] if keep_last else logits[:batch, :tokens]
+        return served
 
     def bind(self, cache: Any, batch: int, need: int) -> hf_cache.Backing:
         """Bind ``cache`` to the backing of its gears (length >= ``need``) and make that backing's tensors this
@@ -274,7 +276,7 @@ _NEUTRAL = {"output_attentions": (False,), "output_hidden_states": (False,), "us
 class _Forward:
     """``model.forward`` after ``enable``: reads transformers' arguments, serves them through :class:`ServedLM`."""
 
-    def __init__(self, served: ServedLM, original: Callable):
+    def __init__(self, served: ServedLM, original: Callable[..., Any]):
         self.served = served
         self.__signature__ = inspect.signature(original)
         self._names = list(self.__signature__.parameters)
@@ -300,7 +302,7 @@ class _Forward:
         return hf_compat.causal_lm_output(logits, cache, served._cache_kw)
 
 
-def _refuse_arguments(kwargs: dict, cache: Any, input_ids: Any, keep_last: Any) -> None:
+def _refuse_arguments(kwargs: dict[str, Any], cache: Any, input_ids: Any, keep_last: Any) -> None:
     if cache is None:
         raise ConfigError("model(...) without a cache: gearcache serves forwards with transformers' StaticCache. "
                           "Fix: generate(...), or pass cache=StaticCache(config=model.config, max_cache_len=N); "
@@ -318,13 +320,13 @@ def _refuse_arguments(kwargs: dict, cache: Any, input_ids: Any, keep_last: Any) 
                           f"updates the cache only). Fix: leave {name} unset, or disable(model)")
 
 
-def _binding_prepare(served: ServedLM, original: Callable) -> Callable:
+def _binding_prepare(served: ServedLM, original: Callable[..., Any]) -> Callable[..., Any]:
     """``prepare_inputs_for_generation`` that binds the cache first: its layers become ServedLayers (not
     compileable), so ``generate()`` keeps the 2D attention mask instead of building 4D masks for its own cache."""
     import functools
 
     @functools.wraps(original)
-    def prepare(input_ids, *args, **kwargs):
+    def prepare(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         cache = kwargs.get(served._cache_kw)
         if cache is not None:
             served.bind(cache, input_ids.shape[0], need=0)

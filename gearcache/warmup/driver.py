@@ -32,10 +32,11 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import pathlib
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Hashable
 
 import torch
 
@@ -130,7 +131,8 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"
                         timeline: Timeline, pool: WorkerPool | None) -> None:
     finish_lock = threading.Lock()      # first loads and run-plan checks: one at a time, beside the captures
     capture_lock = threading.Lock()     # captures, and compiles in this process (a worker's fallback)
-    pending: list[tuple[tuple, concurrent.futures.Future, "Pending", str]] = []
+    pending: list[tuple[tuple[Hashable, ...], concurrent.futures.Future[tuple[pathlib.Path | None, bool]], "Pending",
+                        str]] = []
     if pool is None:
         n = min(workers or default_workers(len(missing), _call_inputs(life, missing[0][0].leaves)), len(missing))
         with timeline.span("all", "spawn workers"):
@@ -140,7 +142,7 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"
     threads = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="gearcache-warmup",
                                                     initializer=_adopt_device, initargs=(_caller_device(),))
 
-    def done(future: concurrent.futures.Future, sizes: list[int], t0: float) -> None:
+    def done(future: concurrent.futures.Future[tuple[pathlib.Path | None, bool]], sizes: list[int], t0: float) -> None:
         if future.exception() is None:
             how = "compiled" if future.result()[1] else "published by another process"
             progress.step(sizes, how, time.perf_counter() - t0)
@@ -167,7 +169,8 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"
 
 def _caller_device() -> int | None:
     """The calling thread's current CUDA device, if this process uses CUDA (None otherwise: CUDA is not started)."""
-    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+    initialized = torch.cuda.is_initialized()     # type: ignore[no-untyped-call]  # untyped in torch
+    return torch.cuda.current_device() if initialized else None
 
 
 def _adopt_device(device: int | None) -> None:
@@ -178,7 +181,7 @@ def _adopt_device(device: int | None) -> None:
         torch.cuda.set_device(device)
 
 
-def _call_inputs(life: "EntryLife", leaves: tuple) -> list[Any]:
+def _call_inputs(life: "EntryLife", leaves: tuple[Any, ...]) -> list[Any]:
     """What a worker will hold copies of, known before any capture: the call's tensors and the module's weights."""
     module = life.module
     weights = list(module.parameters()) + list(module.buffers()) if isinstance(module, torch.nn.Module) else []
@@ -206,7 +209,7 @@ class _RemoteBuild:
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self.state = torch_state.global_state()
 
-    def __call__(self, folder) -> None:
+    def __call__(self, folder: pathlib.Path) -> None:
         if self.job is not None:
             try:
                 reply = self._compile_remotely(self.job, folder)
@@ -224,7 +227,7 @@ class _RemoteBuild:
                 torch.set_grad_enabled(self.grad):
             self.life.compile(self.p.captured, folder)
 
-    def _compile_remotely(self, job: dict[str, Any], folder) -> dict[str, Any]:
+    def _compile_remotely(self, job: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
         """Compile in a worker; record the wait for it, its start (first job only) and its compile."""
         t0 = time.time()
         reply = self.pool.compile({**job, "folder": str(folder)})

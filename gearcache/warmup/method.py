@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
 
 import torch
 
@@ -59,10 +59,11 @@ class CachedMethod(Protocol):
 
     def gear_plan(self, call: MarkedCall, again: bool = False) -> GearPlan | None: ...
 
-    def call_geared(self, gear_plan: GearPlan, leaves: tuple, key: tuple, served: bool = False) -> Any: ...
+    def call_geared(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+                    served: bool = False) -> Any: ...
 
 
-def warm_up(cached: CachedMethod, args: tuple, kwargs: dict, timeline: Timeline) -> int:
+def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any], timeline: Timeline) -> int:
     """Compile or load the entry of every gear of ``cached`` from the example call ``args``, ``kwargs``, then run each
     once (see the module docstring); returns the number of gears (1 for a method without marks)."""
     early = None                            # worker processes started before the gear plan's trace
@@ -94,8 +95,8 @@ def warm_up(cached: CachedMethod, args: tuple, kwargs: dict, timeline: Timeline)
     return 1
 
 
-def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple, timeline: Timeline,
-               lazy: bool, capture_now: bool) -> int:
+def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple[Any, ...],
+               timeline: Timeline, lazy: bool, capture_now: bool) -> int:
     """Run every gear once on the example padded to it (``gears``; under CUDA graphs: capture it now, largest first,
     or only load it: lazy capture), after the fence; returns the number of gears."""
     graphs = cached.graphs
@@ -142,7 +143,7 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
     """Between the compile phase and the runs: wait until every rank of the process groups the gears' graphs name is
     here with the same gears in the same order (ranks.fence; nothing without collectives, or when an entry does not
     say which groups it uses)."""
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, Any]] = {}
     for entry in entries:
         named = entry_groups(entry) if entry is not None else None
         if named is None:
@@ -156,10 +157,11 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
                         f"gears {combos}", cached.config.rank_timeout_s)
 
 
-def _written_by(table: dict[tuple, Loaded], gears: list[GearCall], unknown: list) -> list:
+def _written_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
+                unknown: list[torch.Tensor]) -> list[torch.Tensor]:
     """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
     gear's entry is not in ``table`` yet (it is found by its first run)."""
-    written: list = []
+    written: list[torch.Tensor] = []
     for gear in gears:
         entry = table.get(gear.key)
         written += unknown if entry is None else graphed_entry.written_tensors(entry, gear.leaves)
