@@ -194,7 +194,7 @@ class EntryLife:
     def find(self, leaves: tuple, key: tuple) -> Found:
         """A miss: the signature's entry key and factors, and its entry if the store has one whose value guards hold
         here (loaded: ``load``)."""
-        counters.misses += 1
+        counters.add(misses=1)
         diagnostics.track_hits(self)
         desc, ekey, factors = self.describe(leaves, key)
         found = self.choose(ekey)
