@@ -6,10 +6,11 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
-1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
+1. look every gear's entry up (a stored entry is loaded, as on a miss): the first in rank order alone in the calling
+   thread, the others side by side in up to :data:`LOAD_THREADS` threads (:func:`find_all`; this step alone for
+   any ``n``: a warm start's loads);
 2. if several are missing, start ``n`` worker processes (``gearcache/compiling/workers.py``) before the first capture:
-their
-   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
+   their start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
    stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
    ``warmup.method._early_workers``), and closed unused if at most one gear turns out missing;
 3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
@@ -30,6 +31,7 @@ process instead, so the result is that of the serial path: the same keys, artifa
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import shutil
@@ -46,14 +48,15 @@ from ..call import signature
 from ..gears.plan import GearPlan, narrowed
 from .progress import Progress
 from ..timeline import Timeline
-from ..errors import WorkerError
+from ..errors import GearLoadError, WorkerError
 from ..runplan.collectives import communicates
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
-    from ..compiling.entry_life import EntryLife, Pending
+    from ..compiling.entry_life import EntryLife, Found, Pending
 
 log = logging.getLogger("gearcache.warmup.driver")
+LOAD_THREADS = 8        # a warm-up's look-ups and loads at once (find_all), beside the one in the calling thread
 
 def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
@@ -74,14 +77,13 @@ def start_workers(life: "EntryLife", gears: int, leaves: tuple, workers: int | N
 
 
 def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: tuple, workers: int | None,
-                    timeline: Timeline, pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
+                    timeline: Timeline, pool: WorkerPool | None = None) -> None:
     """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear of ``gear_plan`` (the
-    example call's ``leaves`` and ``key``): stored entries are loaded, missing ones compiled in rank order, in worker
-    processes when there are several (see the module docstring). ``workers``: the config's ``warmup_workers`` (None:
-    :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``: workers already started
-    (:func:`start_workers`), used if several gears are missing and closed in any case. ``defer_loads``: a gear whose
-    entry manifest is stored is only checked for, not loaded (the caller loads it next: CUDA-graph capture starts each
-    gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+    example call's ``leaves`` and ``key``): stored entries are looked up and loaded side by side (:func:`find_all`),
+    missing ones compiled in rank order, in worker processes when there are several (see the module docstring).
+    ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where each phase's
+    span is recorded; ``pool``: workers already started (:func:`start_workers`), used if several gears are missing
+    and closed in any case."""
     background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
     combos = gear_plan.combinations()
     ranks.note(f"{life.name}: warm-up's compile phase ({len(combos)} gears: look-ups, captures, compiles)")
@@ -89,26 +91,20 @@ def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: 
     missing: list[tuple] = []
     try:
         with life.lock:
+            gears = []
             for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
                 gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
                 gkey = signature.rekey(key, gear_leaves)
                 if gkey in life.table:
                     progress.step(combos[i], "already loaded", 0.0)
-                    continue
-                t0 = time.perf_counter()
-                if defer_loads:
-                    with timeline.span(f"gear {combos[i]}", "find stored entry"):
-                        stored = life.stored(gear_leaves, gkey)
-                    if stored:
-                        progress.step(combos[i], "stored", time.perf_counter() - t0)
-                        continue
-                with timeline.span(f"gear {combos[i]}", "look up"):
-                    found = life.find(gear_leaves, gkey)
+                else:
+                    gears.append((combos[i], gear_leaves, gkey))
+            for (sizes, gear_leaves, gkey), (found, seconds) in zip(gears, find_all(life, gears, timeline)):
                 if found.entry is not None:
                     life.remember(gkey, found.entry)
-                    progress.step(combos[i], "loaded", time.perf_counter() - t0)
+                    progress.step(sizes, "loaded", seconds)
                 else:
-                    missing.append((combos[i], gear_leaves, gkey, found))
+                    missing.append((sizes, gear_leaves, gkey, found))
             if len(missing) > 1 and workers != 1 and not life.communicates:
                 pool, used = None, pool
                 _compile_in_workers(life, missing, workers, progress, timeline, used)
@@ -124,6 +120,52 @@ def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: 
         if pool is not None:
             log.info("warmup %s: %d gears missing; the workers started early are not needed", life.name, len(missing))
             pool.close(wait=False)
+
+
+def find_all(life: "EntryLife", gears: list[tuple[list[int], tuple, tuple]],
+             timeline: Timeline) -> list[tuple["Found", float]]:
+    """``life.find`` of each gear ``(sizes, leaves, key)`` (its stored entry looked up, its guards checked, its
+    artifact verified and loaded; a miss: ``entry`` None) with the seconds it took, in ``gears``' order. The first
+    runs alone in the calling thread (the store's first use and any lazy set-up happen once), the others side by side
+    in at most :data:`LOAD_THREADS` threads (their file reads, digests and kernel loads release the GIL), under the
+    caller's CUDA device, grad and inference mode. Nothing in a look-up talks to other ranks (the run plan's group
+    check reads this process's groups). A failure raises ``GearLoadError`` naming the first failing gear in order,
+    once every look-up already running has ended (those not started are cancelled)."""
+    if not gears:
+        return []
+    results = [_find(life, gears[0], timeline)]
+    if len(gears) > 1:
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        with timeline.span("all", "look up the other gears side by side"), \
+                concurrent.futures.ThreadPoolExecutor(min(LOAD_THREADS, len(gears) - 1), "gearcache-load",
+                                                      initializer=_adopt_device,
+                                                      initargs=(_caller_device(),)) as threads:
+            futures = [threads.submit(_find, life, gear, timeline, modes) for gear in gears[1:]]
+            try:
+                results += [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    return results
+
+
+def _find(life: "EntryLife", gear: tuple[list[int], tuple, tuple], timeline: Timeline,
+          modes: tuple[bool, bool] | None = None) -> tuple["Found", float]:
+    """One gear's ``life.find`` for :func:`find_all` (``modes``: the caller's grad and inference mode, in a thread of
+    its own); its errors raised as ``GearLoadError`` naming the gear."""
+    sizes, gear_leaves, gkey = gear
+    t0 = time.perf_counter()
+    try:
+        with contextlib.ExitStack() as stack:
+            if modes is not None:
+                stack.enter_context(torch.set_grad_enabled(modes[0]))
+                stack.enter_context(torch.inference_mode(modes[1]))
+            stack.enter_context(timeline.span(f"gear {sizes}", "look up"))
+            found = life.find(gear_leaves, gkey)
+    except Exception as exc:
+        raise GearLoadError(life.name, sizes, exc) from exc
+    return found, time.perf_counter() - t0
 
 
 def _compile_in_workers(life: "EntryLife", missing: list[tuple], workers: int | None, progress: Progress,

@@ -9,7 +9,8 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
    a method without marks is called once and done;
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
-3. the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
+3. every gear's stored entry looked up and loaded side by side, the gears the store lacks compiled, side by side
+   (driver.py ``compile_missing``);
 4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
    largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
@@ -80,8 +81,7 @@ def warm_up(cached: CachedMethod, args: tuple, kwargs: dict, timeline: Timeline)
             cached.gear_life.verify_all(gear_plan, leaves, key, timeline.span)
             capture_now = cached.graphs is not None and not lazy and cuda_graphs.on_cuda(leaves)
             pool, early = early, None       # compile_missing owns (and closes) it from here
-            driver.compile_missing(cached.life, gear_plan, leaves, key, ic.warmup_workers, timeline, pool,
-                                   defer_loads=capture_now)      # capture_all loads stored gears
+            driver.compile_missing(cached.life, gear_plan, leaves, key, ic.warmup_workers, timeline, pool)
     finally:
         if early is not None:
             early.close(wait=False)
