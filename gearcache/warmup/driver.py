@@ -37,7 +37,7 @@ import logging
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
@@ -89,17 +89,19 @@ def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: 
     ranks.note(f"{life.name}: warm-up's compile phase ({len(combos)} gears: look-ups, captures, compiles)")
     progress = Progress(life.name, len(combos), "ready")
     missing: list[tuple] = []
+
+    def gears() -> Iterator[tuple[list[int], tuple, tuple]]:      # built one by one, beside the look-ups
+        for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
+            gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
+            gkey = signature.rekey(key, gear_leaves)
+            if gkey in life.table:
+                progress.step(combos[i], "already loaded", 0.0)
+            else:
+                yield combos[i], gear_leaves, gkey
+
     try:
         with life.lock:
-            gears = []
-            for i in rank_order(len(combos), life.topology.world_size, life.topology.global_rank):
-                gear_leaves = gear_plan.pad(narrowed(leaves, gear_plan.dims, combos[i]), combos[i])
-                gkey = signature.rekey(key, gear_leaves)
-                if gkey in life.table:
-                    progress.step(combos[i], "already loaded", 0.0)
-                else:
-                    gears.append((combos[i], gear_leaves, gkey))
-            for (sizes, gear_leaves, gkey), (found, seconds) in zip(gears, find_all(life, gears, timeline)):
+            for (sizes, gear_leaves, gkey), found, seconds in find_all(life, gears(), timeline):
                 if found.entry is not None:
                     life.remember(gkey, found.entry)
                     progress.step(sizes, "loaded", seconds)
@@ -122,31 +124,40 @@ def compile_missing(life: "EntryLife", gear_plan: GearPlan, leaves: tuple, key: 
             pool.close(wait=False)
 
 
-def find_all(life: "EntryLife", gears: list[tuple[list[int], tuple, tuple]],
-             timeline: Timeline) -> list[tuple["Found", float]]:
-    """``life.find`` of each gear ``(sizes, leaves, key)`` (its stored entry looked up, its guards checked, its
-    artifact verified and loaded; a miss: ``entry`` None) with the seconds it took, in ``gears``' order. The first
-    runs alone in the calling thread (the store's first use and any lazy set-up happen once), the others side by side
-    in at most :data:`LOAD_THREADS` threads (their file reads, digests and kernel loads release the GIL), under the
-    caller's CUDA device, grad and inference mode. Nothing in a look-up talks to other ranks (the run plan's group
-    check reads this process's groups). A failure raises ``GearLoadError`` naming the first failing gear in order,
-    once every look-up already running has ended (those not started are cancelled)."""
-    if not gears:
-        return []
-    results = [_find(life, gears[0], timeline)]
-    if len(gears) > 1:
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        with timeline.span("all", "look up the other gears side by side"), \
-                concurrent.futures.ThreadPoolExecutor(min(LOAD_THREADS, len(gears) - 1), "gearcache-load",
-                                                      initializer=_adopt_device,
-                                                      initargs=(_caller_device(),)) as threads:
-            futures = [threads.submit(_find, life, gear, timeline, modes) for gear in gears[1:]]
-            try:
-                results += [future.result() for future in futures]
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+def find_all(life: "EntryLife", gears: Iterable[tuple[list[int], tuple, tuple]],
+             timeline: Timeline) -> list[tuple[tuple[list[int], tuple, tuple], "Found", float]]:
+    """``life.find`` of each gear ``(sizes, leaves, key)`` of ``gears`` (its stored entry looked up, its guards
+    checked, its artifact verified and loaded; a miss: ``entry`` None): ``(gear, found, seconds)`` in ``gears``'
+    order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once), the
+    others side by side in at most :data:`LOAD_THREADS` threads as ``gears`` yields them (their file reads, digests
+    and kernel loads release the GIL), under the caller's CUDA device, grad and inference mode. Nothing in a look-up
+    talks to other ranks (the run plan's group check reads this process's own groups). A failure raises
+    ``GearLoadError`` naming the first failing gear in order, once every look-up already running has ended (those not
+    started are cancelled)."""
+    results: list[tuple[tuple[list[int], tuple, tuple], "Found", float]] = []
+    futures: list[tuple[tuple[list[int], tuple, tuple], concurrent.futures.Future]] = []
+    threads: concurrent.futures.ThreadPoolExecutor | None = None
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    t0 = time.time()
+    try:
+        for gear in gears:
+            if not results:
+                results.append((gear, *_find(life, gear, timeline)))
+                continue
+            if threads is None:
+                t0 = time.time()
+                threads = concurrent.futures.ThreadPoolExecutor(LOAD_THREADS, "gearcache-load", _adopt_device,
+                                                                (_caller_device(),))
+            futures.append((gear, threads.submit(_find, life, gear, timeline, modes)))
+        results += [(gear, *future.result()) for gear, future in futures]
+    except BaseException:
+        for _, future in futures:
+            future.cancel()
+        raise
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=True)
+            timeline.add("all", "look up the other gears side by side", t0, time.time())
     return results
 
 
