@@ -212,6 +212,7 @@ def warm_start(stage: Stage, layout: Layout, sizes: dict, args, device: str, dty
     sync(device)
     if profile is not None:
         profile.disable()
+        os.makedirs(os.environ["GEARCACHE_BENCH_PROFILE"], exist_ok=True)
         profile.dump_stats(os.path.join(os.environ["GEARCACHE_BENCH_PROFILE"], f"rank{dist.get_rank()}.prof"))
     return {"first_call_s": first, "decode_all_gears_s": decode, "all_gears_s": time.perf_counter() - t0,
             "timelines": {"decode": stage.cached_decode.warmup_timeline.summary(),
