@@ -16,7 +16,8 @@ cut into 2 stages of 4 layers, each sharded over a TP group of 2, activations se
 Targets (issue #38): warm start (every gear loaded and captured) <= 0.3 s on every rank, the tokens equal to the
 unsplit eager model's (also reported: equal to the split eager model's, which differs from the unsplit one only by
 the order of bf16 sums), 0 compiles in the warm job. ``--out-dir`` keeps the summary and, for a rank still running
-after ``--stack-dump-s`` seconds (a hang), its threads' stacks.
+after ``--stack-dump-s`` seconds (a hang), its threads' stacks, and ``warm-timelines.txt`` each warm rank's warm-up
+timelines (gearcache/timeline.py).
 """
 from __future__ import annotations
 
@@ -127,6 +128,11 @@ def main() -> None:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f)
+    with open(os.path.join(out, "warm-timelines.txt"), "w") as f:     # each rank's warm-ups, phase by phase
+        for x in warm["ranks"]:
+            for name, text in x["timelines"].items():
+                f.write(f"== rank {x['rank']} (pp {x['pp']}, tp {x['tp']}): {name} (first call {x['first_call_s']:.3f}"
+                        f" s, decode's gears by {x['decode_all_gears_s']:.3f} s)\n{text}\n")
     print(json.dumps(s))
 
 

@@ -176,6 +176,18 @@ def eager_tokens(full: Decoder, sizes: dict, prompt, n_new: int, dtype) -> list[
     return tokens
 
 
+def _profiler():
+    """cProfile running, when ``GEARCACHE_BENCH_PROFILE`` names a folder for each rank's stats of its start (else
+    None)."""
+    if not os.environ.get("GEARCACHE_BENCH_PROFILE"):
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
 def warm_start(stage: Stage, layout: Layout, sizes: dict, args, device: str, dtype) -> dict:
     """From a barrier: this stage's first decode call at B=1 (no pipeline traffic: the stage alone), then every gear
     of decode and prefill (loaded or compiled, and captured). Seconds of each, from the barrier."""
@@ -188,14 +200,23 @@ def warm_start(stage: Stage, layout: Layout, sizes: dict, args, device: str, dty
     pos1, prompt_pos = torch.tensor([args.prompt_len], device=device), torch.arange(args.prompt_len, device=device)
     dist.barrier()
     sync(device)
+    profile = _profiler()
     t0 = time.perf_counter()
     stage.cached_decode(x_one, stage_kv(sizes, layout, 1, device, dtype), pos1)
     sync(device)
     first = time.perf_counter() - t0
     stage.cached_decode.warmup(x_big, stage_kv(sizes, layout, big, device, dtype), pos1)
+    sync(device)
+    decode = time.perf_counter() - t0
     stage.cached_prefill.warmup(x_prompt, stage_kv(sizes, layout, big, device, dtype), prompt_pos)
     sync(device)
-    return {"first_call_s": first, "all_gears_s": time.perf_counter() - t0}
+    if profile is not None:
+        profile.disable()
+        os.makedirs(os.environ["GEARCACHE_BENCH_PROFILE"], exist_ok=True)
+        profile.dump_stats(os.path.join(os.environ["GEARCACHE_BENCH_PROFILE"], f"rank{dist.get_rank()}.prof"))
+    return {"first_call_s": first, "decode_all_gears_s": decode, "all_gears_s": time.perf_counter() - t0,
+            "timelines": {"decode": stage.cached_decode.warmup_timeline.summary(),
+                          "prefill": stage.cached_prefill.warmup_timeline.summary()}}
 
 
 def one_start(args) -> dict:

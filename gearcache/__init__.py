@@ -13,10 +13,10 @@ from .graphs.cuda_graphs import release_graphs
 from .graphs.graphed_entry import mark_static_address
 from .compiling.background import wait as wait_for_background_compiles
 from .gears.plan import mark_static, set_dim_gears
-from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradModeError, GraphBreakError,
-                     LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError, UnsupportedInputError,
-                     UntrustedCacheError, PaddingUnsafeError, PastLargestGearError, RankDivergenceError,
-                     RankWaitError)
+from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GearLoadError, GradModeError,
+                     GraphBreakError, LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError,
+                     UnsupportedInputError, UntrustedCacheError, PaddingUnsafeError, PastLargestGearError,
+                     RankDivergenceError, RankWaitError)
 
 _configure_logging()
 __version__ = "0.1.0"
@@ -27,4 +27,4 @@ __all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark
            "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",
            "counters", "GearcacheError", "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError",
            "UnsupportedInputError", "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError",
-           "ProcessGroupMismatchError", "RankWaitError", "RankDivergenceError"]
+           "ProcessGroupMismatchError", "RankWaitError", "RankDivergenceError", "GearLoadError"]

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import threading
 from typing import Iterator
+
+_ADD_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -44,6 +47,14 @@ class Counters:
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0
+
+    def add(self, **amounts: float) -> None:
+        """Add to the named counters under a lock: for the counters that threads of one process may bump at once (a
+        warm-up's gears are looked up and loaded side by side: ``misses``, ``loads``, ``load_seconds``, ...); a plain
+        ``+=`` there may lose an update."""
+        with _ADD_LOCK:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
 
     def snapshot(self) -> "Counters":
         return copy.copy(self)

@@ -127,6 +127,19 @@ class ProcessGroupMismatchError(GearcacheError):
     collectives would run on another group (gearcache/runplan/collectives.py)."""
 
 
+class GearLoadError(GearcacheError):
+    """A gear's stored entry could not be looked up or loaded during a warm-up (``warmup.driver.find_all``: the
+    gears' look-ups run side by side). ``method``, ``gear`` (its sizes) and the original error as ``__cause__``."""
+
+    def __init__(self, method: str, gear: list[int], error: BaseException):
+        super().__init__(method, gear, error)
+        self.method, self.gear, self.error = method, gear, error
+
+    def __str__(self) -> str:
+        return (f"{self.method}: warm-up of gear {self.gear}: looking up or loading its stored entry failed: "
+                f"{type(self.error).__name__}: {self.error}")
+
+
 # ------------------------------------------------------------------- gears, guards, workers, native checks (#29)
 class PastLargestGearError(GearcacheError, ValueError):
     """A call is larger than the largest gear and ``past_largest_gear == "error"``; the message names the argument,

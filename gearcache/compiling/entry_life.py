@@ -193,13 +193,15 @@ class EntryLife:
         return settled
 
     # ---------------------------------------------------------------------------------------------------- find
-    def find(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Found:
+    def find(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+             reading: guard_sets.Reading | None = None) -> Found:
         """A miss: the signature's entry key and factors, and its entry if the store has one whose value guards hold
-        here (loaded: ``load``)."""
-        counters.misses += 1
+        here (loaded: ``load``). ``reading``: the live values a pass of look-ups under the lock read already (a
+        warm-up's gears: ``warmup.driver.find_all``)."""
+        counters.add(misses=1)
         diagnostics.track_hits(self)
         desc, ekey, factors = self.describe(leaves, key)
-        found = self.choose(ekey)
+        found = self.choose(ekey, reading)
         if found.mismatch is not None:
             factors = {**factors, "guard_miss": str(found.mismatch)}
         entry = None
@@ -207,16 +209,11 @@ class EntryLife:
             entry = self.load(found.record, found.key, found.guards, cuda_index(leaves, self.module))
         return Found(desc, found.key, factors, entry)
 
-    def choose(self, ekey: str) -> guard_sets.Choice:
+    def choose(self, ekey: str, reading: guard_sets.Reading | None = None) -> guard_sets.Choice:
         """The stored entry of signature key ``ekey`` whose value guards hold here (``guard_sets.choose``)."""
         folder, name = self.topology.folder, self.name
-        return guard_sets.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope)
-
-    def stored(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> bool:
-        """Whether the store has an entry manifest for this signature whose value guards hold here (not loaded, nor
-        its artifact checked: a load may still miss)."""
-        _, ekey, _ = self.describe(leaves, key)
-        return self.choose(ekey).record is not None
+        return guard_sets.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope,
+                                 reading)
 
     def describe(self, leaves: tuple[Any, ...],
                  key: tuple[Hashable, ...]) -> tuple[dict[str, Any], str, dict[str, Any]]:

@@ -76,8 +76,7 @@ class ArtifactPipeline:
         """Compile ``graph`` into the build folder ``folder`` (Inductor, in this process, then its run plan)."""
         t0 = time.perf_counter()
         compile_artifact(graph, example_inputs, folder, config_patches=self.patches())
-        counters.compiles += 1
-        counters.compile_seconds += time.perf_counter() - t0
+        counters.add(compiles=1, compile_seconds=time.perf_counter() - t0)
 
     def finish_compiled_elsewhere(self, example_inputs: list[Any], folder: pathlib.Path,
                                   worker_seconds: float) -> None:
@@ -85,8 +84,7 @@ class ArtifactPipeline:
         ``example_inputs``: :func:`finish_artifact`); counted as a compile of ``worker_seconds`` plus this."""
         t0 = time.perf_counter()
         finish_artifact(folder, example_inputs)
-        counters.compiles += 1
-        counters.compile_seconds += worker_seconds + time.perf_counter() - t0
+        counters.add(compiles=1, compile_seconds=worker_seconds + time.perf_counter() - t0)
 
     def publish(self, akey: str, build: Build) -> tuple[pathlib.Path | None, bool]:
         """Publish artifact ``akey`` built by ``build`` (``faults.publish_or_fallback`` under
@@ -99,8 +97,7 @@ class ArtifactPipeline:
         t0 = time.perf_counter()
         compiled = runplan.load_artifact(folder, index)
         if not built:
-            counters.loads += 1
-            counters.load_seconds += time.perf_counter() - t0
+            counters.add(loads=1, load_seconds=time.perf_counter() - t0)
         return compiled
 
     def compile_or_load(self, akey: str, graph: torch.fx.GraphModule, example_inputs: list[Any],
@@ -137,8 +134,7 @@ class ArtifactPipeline:
             return None                                       # vanished since it was verified: a miss
         self.store.leases.take(akey)                                # in use: not evicted under max_size
         seconds = time.perf_counter() - t0
-        counters.loads += 1
-        counters.load_seconds += seconds
+        counters.add(loads=1, load_seconds=seconds)
         return compiled, seconds
 
 

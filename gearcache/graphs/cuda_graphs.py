@@ -292,9 +292,10 @@ class CudaGraphs:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
         graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
 
-        Their entries are found (loaded, or compiled) here, one after another (``warmup()`` leaves stored gears to be
-        loaded here: ``compile_missing(defer_loads=True)``); as soon as a gear's entry is here, a
-        thread of its own runs the gear's warm-up run (at most ``threads`` at once), beside the next look-ups. cuDNN
+        Their entries are found here, one after another (under ``warmup()`` they are in the method's table already:
+        ``compile_missing`` looked up and loaded every gear side by side; else each is loaded, or compiled, here); as
+        soon as a gear's entry is here, a thread of its own runs the gear's warm-up run (at most ``threads`` at once),
+        beside the next look-ups. cuDNN
         keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
         recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
         every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address

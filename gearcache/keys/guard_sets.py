@@ -85,7 +85,9 @@ class GuardSet:
 
 class Reading:
     """One pass over live objects: the object at each path and each guard's live fingerprint, read once (nothing may
-    change them during the pass: use one per check, under the method's lock)."""
+    change them during the pass: use one per check, or per pass of checks under the method's lock: ``_revalidate``,
+    a warm-up's look-ups in ``warmup.driver.find_all``, whose threads share it; two threads reading one value at once
+    both read it, one result is kept)."""
 
     def __init__(self) -> None:
         self.values: PathValues = {}
@@ -132,21 +134,23 @@ class Choice:
     mismatch: Mismatch | None = None
 
 
-def choose(read: Callable[[str], dict[str, Any] | None], key: str, scope: Scope) -> Choice:
+def choose(read: Callable[[str], dict[str, Any] | None], key: str, scope: Scope,
+           reading: Reading | None = None) -> Choice:
     """The stored record (an entry manifest or a gear plan) of ``key`` whose guards hold on ``scope``: the one stored
-    under ``key`` or its variant (:func:`variant_key`). ``read(key) -> record or None``."""
+    under ``key`` or its variant (:func:`variant_key`). ``read(key) -> record or None``. ``reading``: the live
+    values read in this pass already (a warm-up's look-ups of all its gears, under the method's lock, share one)."""
     first = read(key)
     if first is None:
         return Choice(None, None, key)
     first_guards = GuardSet.from_json(first.get("guards"))
-    mismatch = first_guards.mismatch(scope)
+    mismatch = first_guards.mismatch(scope, reading)
     if mismatch is None:
         return Choice(first, first_guards, key)
     vkey = variant_key(key, first_guards, scope)
     variant = read(vkey)
     if variant is not None:
         variant_guards = GuardSet.from_json(variant.get("guards"))
-        if variant_guards.mismatch(scope) is None:
+        if variant_guards.mismatch(scope, reading) is None:
             return Choice(variant, variant_guards, vkey)
     return Choice(None, None, vkey, mismatch)
 

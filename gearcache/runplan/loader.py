@@ -18,6 +18,7 @@ import json
 import logging
 import marshal
 import pathlib
+import threading
 import types
 from typing import Any, Callable
 
@@ -36,6 +37,10 @@ from .runner import GraphInputs, PlanRunner
 from .stand_ins import builtins_with, stand_ins
 
 log = logging.getLogger("gearcache.runplan")
+
+_TORCH_LOADER_LOCK = threading.Lock()
+"""torch's loader, one artifact at a time (a warm-up loads its gears side by side; torch's loader imports its compiler
+on first use and writes into the folder it loads from)."""
 
 LAUNCHERS = {"static": StaticLaunch, "driver": DriverLaunch}
 """Launch paths by the name a kernel's launch record gives (``"launcher"``; absent means static)."""
@@ -65,14 +70,15 @@ def load_artifact(folder: pathlib.Path, device_index: int | None = None,
                           f"({plan.get('device_reason') or plan.get('reason')})")
     runner = load_plan(folder, plan, device_index)
     if runner is not None:
-        counters.direct_loads += 1
+        counters.add(direct_loads=1)
         return runner
     if other:
         raise WrongDevice(f"{folder.name}: its run plan cannot load in this process, and torch's loader would run "
                           f"it on cuda:{compiled_on}")
-    if before_torch_loader is not None:
-        before_torch_loader()
-    return TorchLoaded(torch_inductor.load_folder(folder / "inductor"), plan)
+    with _TORCH_LOADER_LOCK:
+        if before_torch_loader is not None:
+            before_torch_loader()
+        return TorchLoaded(torch_inductor.load_folder(folder / "inductor"), plan)
 
 
 class TorchLoaded:

@@ -217,7 +217,7 @@ class Artifacts:
             fs._rename(folder, dest)
         except FileNotFoundError:
             return
-        counters.quarantined += 1
+        counters.add(quarantined=1)
         log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
         self.index.pop([f"artifact:{akey}"])
 

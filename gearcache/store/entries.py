@@ -112,7 +112,7 @@ class Entries:
         try:
             self.layout.makedirs(dest.parent)
             fs._rename(path, dest)
-            counters.quarantined += 1
+            counters.add(quarantined=1)
             log.warning("entry manifest %s %s; moved to %s, treated as a miss", path, why, dest)
             return None
         except OSError:

@@ -63,6 +63,8 @@ class Leases:
             return
         pid, root = os.getpid(), str(self.layout.root)
         with _LEASES_LOCK:              # counted first: from now on no Store of this process removes the file
+            if akey in self._held:
+                return                  # taken meanwhile by another thread (a warm-up's gears load side by side)
             held = _LEASES.get((root, akey), 0)
             _LEASES[(root, akey)] = held + 1
             self._held.add(akey)

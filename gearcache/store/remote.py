@@ -101,7 +101,7 @@ class RemoteStore:
 
     def failed(self, exc: RemoteError, consequence: str) -> None:
         """Record a fault: counted, warned once per kind, and the remote left alone for ``DOWN_BACKOFF_S``."""
-        counters.remote_errors += 1
+        counters.add(remote_errors=1)
         self._down_until = time.monotonic() + DOWN_BACKOFF_S
         kind = exc.what.split(" failed", 1)[0]
         level = logging.WARNING if kind not in self._warned else logging.DEBUG
@@ -110,7 +110,7 @@ class RemoteStore:
                 consequence, DOWN_BACKOFF_S)
 
     def refused(self, what: str, why: str) -> None:
-        counters.remote_refused += 1
+        counters.add(remote_refused=1)
         log.warning("refused %s from the remote store %s: %s; it is not loaded, and is rebuilt here", what, self.url,
                     why)
 
@@ -175,7 +175,7 @@ class RemoteStore:
         except (CacheCorruptionError, ValueError) as exc:
             self.refused(f"artifact {akey}", getattr(exc, "reason", None) or str(exc))
             return False
-        counters.remote_loads += 1
+        counters.add(remote_loads=1)
         log.info("fetched artifact %s (%d bytes, %d chunk(s)) from %s", akey, head["bytes"], head["chunks"], self.url)
         return True
 
@@ -231,7 +231,7 @@ class RemoteStore:
         replaced = self._old_chunks(akey, bundle_sha)
         self.backend.commit(self.head_key(akey), json.dumps(head).encode(), keys)
         self.backend.delete(replaced)           # a reader still fetching them sees a missing chunk: a miss
-        counters.remote_pushes += 1
+        counters.add(remote_pushes=1)
         log.info("pushed artifact %s (%d bytes, %d chunk(s)) to %s", akey, len(bundle), n, self.url)
 
     def _old_chunks(self, akey: str, bundle_sha: str) -> list[str]:
@@ -267,7 +267,7 @@ class RemoteStore:
                     break
                 if waited_for != holder:
                     waited_for = holder
-                    counters.remote_waits += 1
+                    counters.add(remote_waits=1)
                     log.info("artifact %s: waiting for %s, which compiles it for the fleet (up to %g s)", akey,
                              holder, max(0.0, deadline - time.monotonic()))
                 if time.monotonic() > deadline:

@@ -6,10 +6,11 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
-1. in the calling thread, look every gear's entry up in rank order (a stored entry is loaded, as on a miss);
+1. look every gear's entry up (a stored entry is loaded, as on a miss): the first in rank order alone in the calling
+   thread, the others side by side in up to :data:`LOAD_THREADS` threads (:func:`find_all`; this step alone for
+   any ``n``: a warm start's loads);
 2. if several are missing, start ``n`` worker processes (``gearcache/compiling/workers.py``) before the first capture:
-their
-   start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
+   their start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
    stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
    ``warmup.method._early_workers``), and closed unused if at most one gear turns out missing;
 3. in the calling thread, for each missing gear: capture it with Dynamo (it needs the live module) and key its
@@ -30,13 +31,15 @@ process instead, so the result is that of the serial path: the same keys, artifa
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
+import os
 import pathlib
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator
 
 import torch
 
@@ -44,9 +47,10 @@ from .._torch import state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
 from ..gears.plan import GearCall, MarkedCall, most_combinations
+from ..keys import guard_sets
 from .progress import Progress
 from ..timeline import Timeline
-from ..errors import WorkerError
+from ..errors import GearLoadError, WorkerError
 from ..runplan.collectives import communicates
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
@@ -54,6 +58,22 @@ if TYPE_CHECKING:
     from ..compiling.entry_life import EntryLife, Found, Pending
 
 log = logging.getLogger("gearcache.warmup.driver")
+LOAD_THREADS = 8        # at most this many look-up threads (find_all): the GIL gains nothing from more
+
+
+def load_threads() -> int:
+    """The threads of a warm-up's look-ups (:func:`find_all`): the cores this process may use, shared by the ranks of
+    its host (torchrun's ``LOCAL_WORLD_SIZE``), at most :data:`LOAD_THREADS`, at least 1. More threads than cores
+    only trade the GIL back and forth (on 2 cores: 12 gears' look-ups end ~20 % later with 8 threads than with 2)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                      # (not on Linux)
+        cores = os.cpu_count() or 1
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, min(LOAD_THREADS, cores // local))
 
 def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
@@ -77,37 +97,31 @@ def start_workers(life: "EntryLife", call: MarkedCall, policy: str, workers: int
 
 
 def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | None, timeline: Timeline,
-                    pool: WorkerPool | None = None, defer_loads: bool = False) -> None:
+                    pool: WorkerPool | None = None) -> None:
     """Give ``life`` (a cached method's entry stages, entry_life.py) an entry for every gear call of ``gears`` (the
-    example call at each gear: ``GearPlan.gear_calls``): stored entries are loaded, missing ones compiled in rank
-    order, in worker processes when there are several (see the module docstring). ``workers``: the config's
-    ``warmup_workers`` (None: :func:`default_workers`); ``timeline``: where each phase's span is recorded; ``pool``:
-    workers already started (:func:`start_workers`), used if several gears are missing and closed in any case.
-    ``defer_loads``: a gear whose entry manifest is stored is only checked for, not loaded (the caller loads it next:
-    CUDA-graph capture starts each gear's warm-up run as soon as its entry is loaded, beside the next gear's load)."""
+    example call at each gear: ``GearPlan.gear_calls``): stored entries are looked up and loaded side by side
+    (:func:`find_all`), missing ones compiled in rank order, in worker processes when there are several (see the
+    module docstring). ``workers``: the config's ``warmup_workers`` (None: :func:`default_workers`); ``timeline``:
+    where each phase's span is recorded; ``pool``: workers already started (:func:`start_workers`), used if several
+    gears are missing and closed in any case."""
     background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
     ranks.note(f"{life.name}: warm-up's compile phase ({len(gears)} gears: look-ups, captures, compiles)")
     progress = Progress(life.name, len(gears), "ready")
     missing: list[tuple[GearCall, "Found"]] = []
+
+    def unloaded() -> Iterator[GearCall]:      # in rank order, those not in the table yet
+        for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
+            if gears[i].key in life.table:
+                progress.step(gears[i].sizes, "already loaded", 0.0)
+            else:
+                yield gears[i]
+
     try:
         with life.lock:
-            for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
-                gear = gears[i]
-                if gear.key in life.table:
-                    progress.step(gear.sizes, "already loaded", 0.0)
-                    continue
-                t0 = time.perf_counter()
-                if defer_loads:
-                    with timeline.span(f"gear {gear.sizes}", "find stored entry"):
-                        stored = life.stored(gear.leaves, gear.key)
-                    if stored:
-                        progress.step(gear.sizes, "stored", time.perf_counter() - t0)
-                        continue
-                with timeline.span(f"gear {gear.sizes}", "look up"):
-                    found = life.find(gear.leaves, gear.key)
+            for gear, found, seconds in find_all(life, unloaded(), timeline):
                 if found.entry is not None:
                     life.remember(gear.key, found.entry)
-                    progress.step(gear.sizes, "loaded", time.perf_counter() - t0)
+                    progress.step(gear.sizes, "loaded", seconds)
                 else:
                     missing.append((gear, found))
             if len(missing) > 1 and workers != 1 and not life.communicates:
@@ -124,6 +138,63 @@ def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | Non
         if pool is not None:
             log.info("warmup %s: %d gears missing; the workers started early are not needed", life.name, len(missing))
             pool.close(wait=False)
+
+
+def find_all(life: "EntryLife", gears: Iterable[GearCall],
+             timeline: Timeline) -> list[tuple[GearCall, "Found", float]]:
+    """``life.find`` of each gear call of ``gears`` (its stored entry looked up, its guards
+    checked, its artifact verified and loaded; a miss: ``entry`` None): ``(gear, found, seconds)`` in ``gears``'
+    order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once), the
+    others side by side in :func:`load_threads` threads as ``gears`` yields them (their file reads, digests
+    and kernel loads release the GIL), under the caller's CUDA device, grad and inference mode. Nothing in a look-up
+    talks to other ranks (the run plan's group check reads this process's own groups). The gears' value guards are
+    checked in one pass (one ``guard_sets.Reading``: the method's lock is held throughout, as ``_revalidate`` checks
+    every entry's guards in one). A failure raises
+    ``GearLoadError`` naming the first failing gear in order, once every look-up already running has ended (those not
+    started are cancelled)."""
+    results: list[tuple[GearCall, "Found", float]] = []
+    futures: list[tuple[GearCall, concurrent.futures.Future[tuple["Found", float]]]] = []
+    threads: concurrent.futures.ThreadPoolExecutor | None = None
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    reading = guard_sets.Reading()      # one pass under the method's lock: each live value read once for all gears
+    t0 = time.time()
+    try:
+        for gear in gears:
+            if not results:
+                results.append((gear, *_find(life, gear, timeline, reading)))
+                continue
+            if threads is None:
+                t0 = time.time()
+                threads = concurrent.futures.ThreadPoolExecutor(load_threads(), "gearcache-load", _adopt_device,
+                                                                (_caller_device(),))
+            futures.append((gear, threads.submit(_find, life, gear, timeline, reading, modes)))
+        results += [(gear, *future.result()) for gear, future in futures]
+    except BaseException:
+        for _, future in futures:
+            future.cancel()
+        raise
+    finally:
+        if threads is not None:
+            threads.shutdown(wait=True)
+            timeline.add("all", "look up the other gears side by side", t0, time.time())
+    return results
+
+
+def _find(life: "EntryLife", gear: GearCall, timeline: Timeline, reading: guard_sets.Reading,
+          modes: tuple[bool, bool] | None = None) -> tuple["Found", float]:
+    """One gear's ``life.find`` for :func:`find_all` (``modes``: the caller's grad and inference mode, in a thread of
+    its own); its errors raised as ``GearLoadError`` naming the gear."""
+    t0 = time.perf_counter()
+    try:
+        with contextlib.ExitStack() as stack:
+            if modes is not None:
+                stack.enter_context(torch.set_grad_enabled(modes[0]))
+                stack.enter_context(torch.inference_mode(modes[1]))
+            stack.enter_context(timeline.span(f"gear {gear.sizes}", "look up"))
+            found = life.find(gear.leaves, gear.key, reading)
+    except Exception as exc:
+        raise GearLoadError(life.name, gear.sizes, exc) from exc
+    return found, time.perf_counter() - t0
 
 
 def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"]], workers: int | None,

@@ -11,7 +11,8 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
-   below; the gears the store lacks compiled, side by side (driver.py ``compile_missing``);
+   below; every gear's stored entry looked up and loaded side by side, the gears the store lacks compiled, side by
+   side (driver.py ``compile_missing``);
 4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
    largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
@@ -83,8 +84,7 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
             gears = gear_plan.gear_calls(call)
             capture_now = cached.graphs is not None and not lazy and signature.on_cuda(call.leaves)
             pool, early = early, None       # compile_missing owns (and closes) it from here
-            driver.compile_missing(cached.life, gears, ic.warmup_workers, timeline, pool,
-                                   defer_loads=capture_now)      # capture_all loads stored gears
+            driver.compile_missing(cached.life, gears, ic.warmup_workers, timeline, pool)
     finally:
         if early is not None:
             early.close(wait=False)

@@ -1,0 +1,55 @@
+"""Warm start of PairMLP's three gears from a stored cache (their look-ups and loads side by side: warmup.driver's
+find_all), then every size 1..8 against eager; JSON report on the last line: counters, the compiler hooks, and the
+thread that looked up each gear. A warm-up that raises ``GearLoadError`` reports it instead.
+
+usage: run_gear_loads.py CACHE_DIR
+"""
+import json
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import compile_hooks
+
+compile_hooks.install()
+import torch
+
+from gearcache import CompilerConfig, GearLoadError, counters
+from gearcache.compiling.entry_life import EntryLife
+from gear_models import PairMLP
+
+finds: list = []            # (thread name, the gear's batch): the real look-up runs, this only records where
+_find = EntryLife.find
+
+
+def find(self, leaves, key, *rest):
+    finds.append((threading.current_thread().name, int(leaves[0].shape[0])))
+    return _find(self, leaves, key, *rest)
+
+
+EntryLife.find = find
+config = CompilerConfig()
+config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
+torch.manual_seed(0)
+model = PairMLP(sys.argv[1], config).eval()
+report: dict = {"equal": True}
+with torch.inference_mode():
+    try:
+        report["gears"] = model.cached.warmup(torch.zeros(8, 4), torch.zeros(8, 4))
+    except GearLoadError as exc:
+        report["error"] = {"message": str(exc), "gear": exc.gear, "method": exc.method,
+                           "cause": type(exc.__cause__).__name__}
+    else:
+        before = counters.compiles + counters.traces
+        for n in range(1, 9):
+            x, y = torch.randn(n, 4), torch.randn(n, 4)
+            out, total = model.cached(x, y)
+            ref, ref_total = model.fwd(x, y)
+            report["equal"] &= out.shape == ref.shape and bool(torch.allclose(out, ref, atol=1e-5))
+            report["equal"] &= bool(torch.allclose(total, ref_total, atol=1e-5))
+        report["compiles_after_warmup"] = counters.compiles + counters.traces - before
+report["counters"] = dict(vars(counters))
+report["finds"] = finds
+report["hooks"] = compile_hooks.COUNTS
+print(json.dumps(report))

@@ -1,0 +1,46 @@
+"""A warm start's look-ups and loads side by side (gearcache/warmup/driver.py ``find_all``): the stored entries are
+served as the serial path served them (nothing compiled in a fresh process, outputs equal to eager), and a gear whose
+load fails is named in the error."""
+import json
+import shutil
+from pathlib import Path
+
+from conftest import run_script
+
+
+def _copy(gears_cache: tuple[Path, dict], tmp_path: Path) -> Path:
+    cache = tmp_path / "cache"
+    shutil.copytree(gears_cache[0], cache, ignore=shutil.ignore_patterns("locks", "leases"))
+    return cache
+
+
+def test_a_warm_starts_gears_load_side_by_side_and_serve_the_stored_entries(gears_cache, tmp_path,
+                                                                            empty_torch_caches):
+    warm = run_script("run_gear_loads.py", str(_copy(gears_cache, tmp_path)), env=empty_torch_caches)
+    assert "error" not in warm and warm["gears"] == 3 and warm["equal"]
+    c = warm["counters"]
+    assert c["compiles"] == 0 and c["traces"] == 0 and warm["compiles_after_warmup"] == 0
+    assert c["loads"] == 3 and c["direct_loads"] == 3 and c["misses"] == 3, "each gear looked up and loaded once"
+    assert warm["hooks"]["dynamo_frames"] == 0 and warm["hooks"]["inductor_compiles"] == 0
+    assert warm["hooks"]["cpp_builds"] == 0
+    where = dict((batch, thread) for thread, batch in warm["finds"])
+    assert len(warm["finds"]) == 3 and sorted(where) == [2, 4, 8]
+    assert sorted(where.values())[0] == "MainThread", "the first look-up runs alone in the calling thread"
+    assert sum(t.startswith("gearcache-load") for t in where.values()) == 2, "the others in the load threads"
+
+
+def test_a_gear_whose_load_fails_is_named_in_the_error(gears_cache, tmp_path):
+    cache = _copy(gears_cache, tmp_path)
+    broken = 0
+    for path in cache.glob("entries/*/*/*.json"):
+        manifest = json.loads(path.read_text())
+        if manifest["signature"]["leaves"][0]["shape"] == [4, 4]:   # gear 4's entry: a dependency without its file
+            manifest["dependencies"] = [{"name": "PairMLP.fwd"}]
+            path.write_text(json.dumps(manifest))
+            broken += 1
+    assert broken == 1
+    out = run_script("run_gear_loads.py", str(cache))
+    error = out["error"]
+    assert error["gear"] == [4, 4] and error["cause"] == "KeyError", error      # (x's and y's batch dims)
+    assert "gear [4, 4]" in error["message"] and error["method"] in error["message"]
+    assert out["counters"]["compiles"] == 0, "the other gears' look-ups ended; nothing compiled instead"
