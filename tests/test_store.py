@@ -236,6 +236,29 @@ def test_a_lock_wait_names_the_holder(tmp_path, monkeypatch, caplog):
     assert pickle.loads(pickle.dumps(info.value)).holder == info.value.holder
 
 
+def test_a_waiter_takes_a_lock_released_while_it_waits_and_says_once_that_it_waits(tmp_path):
+    """``Locks.held`` polls a held flock (backing off from 1 ms): the waiter's ``on_wait`` runs once, and it takes the
+    lock as soon as the holder lets go, well before its timeout."""
+    store = Store(tmp_path / "cache", StoreConfig(lock_timeout_s=30))
+    path = store.locks.path(AKEY, "lease")
+    path.parent.mkdir(parents=True)
+    held, waiting = threading.Event(), threading.Event()
+    waits: list[int] = []
+
+    def holder() -> None:
+        with filelock.FileLock(str(path)):
+            held.set()
+            assert waiting.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    with store.locks.held(path, 30, on_wait=lambda: (waits.append(1), waiting.set())):
+        thread.join(10)
+        assert not thread.is_alive(), "the holder let go before the waiter got the lock"
+    assert waits == [1]
+
+
 def test_read_entry(store):
     path = store.layout.entry("world1_rank0_tp0_pp0", "m.run", "e1")
     assert store.entries.read_for_load("world1_rank0_tp0_pp0", "m.run", "e1") is None           # missing

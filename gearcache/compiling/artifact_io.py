@@ -107,14 +107,21 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
     ``plan``: :func:`verified_plan`'s (the caller has verified what it reads); the whole artifact is verified here
     before torch's loader would read it.
 
-    A folder this process cannot write (a read-only mount, another user's files) is loaded through a verified
-    private copy, because torch's loader writes into the folder it loads from."""
+    A run plan's load only reads the folder. Torch's loader writes into the folder it loads from: an artifact it
+    loads from a folder this process cannot write (a read-only mount, another user's files) is loaded through a
+    verified private copy (asked only then: the check walks the artifact's folders)."""
     folder = store.layout.artifact(akey)
-    try:
+
+    def before_torch_loader() -> None:
         if not writable(folder):
-            folder = private_copy(store, akey)      # verified whole
-            return runplan.load_artifact(folder, device_index, plan=plan)
-        return runplan.load_artifact(folder, device_index, lambda: store.artifacts.verify(akey), plan=plan)
+            raise _NeedsPrivateCopy
+        store.artifacts.verify(akey)
+
+    try:
+        try:
+            return runplan.load_artifact(folder, device_index, before_torch_loader, plan=plan)
+        except _NeedsPrivateCopy:
+            return runplan.load_artifact(private_copy(store, akey), device_index, plan=plan)   # verified whole
     except Exception as exc:
         if store.layout.artifact(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
                 isinstance(exc, runplan.WrongDevice):
@@ -122,6 +129,10 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
         log.warning("artifact %s vanished or changed while it was loaded (%s: %s); compiling it again", akey,
                     type(exc).__name__, exc)
         return None
+
+
+class _NeedsPrivateCopy(Exception):
+    """Raised before torch's loader would write into a folder this process cannot write (:func:`load_stored`)."""
 
 
 def private_folder(akey: str) -> pathlib.Path:

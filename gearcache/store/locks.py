@@ -21,6 +21,33 @@ from .processes import pid_alive
 log = logging.getLogger("gearcache.store")
 
 
+POLL_FIRST_S = 0.001
+"""The first wait between tries of a held flock; doubled after each try, up to ``POLL_MAX_S``: most locks are held
+for a few milliseconds (a lease written, a manifest renamed), where filelock's fixed 50 ms poll would make the ranks
+of a job that load the same artifact wait 50 ms each, while a lock held through a compile is still polled rarely."""
+POLL_MAX_S = 0.05
+
+
+def _acquired_with_backoff(lock: filelock.FileLock, timeout: float, on_wait: Callable[[], None] | None) -> bool:
+    """Take ``lock`` within ``timeout`` seconds (a negative one: wait forever), polling at ``POLL_FIRST_S`` doubled
+    up to ``POLL_MAX_S``; ``on_wait()`` runs once if the first try fails. False when the time ran out."""
+    deadline = None if timeout < 0 else time.monotonic() + timeout
+    pause = POLL_FIRST_S
+    while True:
+        try:
+            lock.acquire(timeout=0)
+            return True
+        except filelock.Timeout:
+            pass
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(pause * 2, POLL_MAX_S)
+
+
 class Locks:
     """The per-artifact publish lock and lease lock, taken in ``mode`` (``"flock"`` or ``"soft"``); a soft lock older
     than ``timeout_s`` is stale."""
@@ -51,15 +78,8 @@ class Locks:
         ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first."""
         if (mode or self.mode) == "flock":
             lock = filelock.FileLock(str(path), timeout=timeout)
-            try:
-                try:
-                    lock.acquire(timeout=0)
-                except filelock.Timeout:
-                    if on_wait is not None:
-                        on_wait()
-                    lock.acquire()
-            except filelock.Timeout:
-                raise LockTimeoutError(str(path), timeout, self.holder(path)) from None
+            if not _acquired_with_backoff(lock, timeout, on_wait):
+                raise LockTimeoutError(str(path), timeout, self.holder(path))
         else:
             lock = filelock.SoftFileLock(str(path), timeout=timeout)
             deadline = time.monotonic() + timeout
