@@ -22,7 +22,8 @@ from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GradMode
 _configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "compile_blocks", "Regions", "wait_for_background_compiles", "get_backend", "mark_static_address", "release_graphs",
+__all__ = ["cache_compile", "compile_blocks", "Regions",
+           "wait_for_background_compiles", "get_backend", "mark_static_address", "release_graphs",
            "set_dim_gears",
            "mark_static",
            "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",

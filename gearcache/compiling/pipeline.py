@@ -22,10 +22,10 @@ The artifact key itself is computed by gearcache/keys/key.py's ``artifact_key``.
 Counters: ``compiles`` and ``compile_seconds`` for each compile here (a worker's seconds added for one compiled
 elsewhere); ``loads`` and ``load_seconds`` for each artifact loaded that this process did not compile.
 
-An artifact is immutable once published (its key is its content's address), so a process loads each one once per
-store folder and GPU (``_LOADED``) where its pipeline ``shares_loads``: the entries of identical graphs (the repeated blocks of a model compiled by
-region, gearcache/regions.py, one entry per block instance) share that load, each with a runner of its own
-(``_own_runner``: a run plan's per-call alignment state is per entry).
+An artifact is immutable once published (its key is its content's address), so where a pipeline ``shares_loads`` a
+process loads each one once per store folder and GPU (``_LOADED``): the entries of identical graphs (the repeated
+blocks of a model compiled by region, gearcache/regions.py, one entry per block instance) share that load, each with
+a runner of its own (``_own_runner``: a run plan's per-call alignment state is per entry).
 """
 from __future__ import annotations
 

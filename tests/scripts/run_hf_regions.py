@@ -38,7 +38,8 @@ def caches_diff(a, b):
     diff, lengths = 0.0, []
     for x, y in zip(a.layers, b.layers):
         n = y.keys.shape[2]
-        diff = max(diff, float((x.keys[:, :, :n] - y.keys).abs().max()), float((x.values[:, :, :n] - y.values).abs().max()))
+        for mine, theirs in ((x.keys[:, :, :n], y.keys), (x.values[:, :, :n], y.values)):
+            diff = max(diff, float((mine - theirs).abs().max()))
         lengths.append([int(x.cumulative_length), int(y.cumulative_length)])
     return diff, lengths
 
