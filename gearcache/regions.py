@@ -32,6 +32,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from ._torch import nn_modules as torch_nn_modules
 from .cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
@@ -85,7 +86,7 @@ def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store,
                 method: str = "forward") -> CachedFunction:
     """One block's cached method (``type(block).<method>`` bound to it), sharing loads of identical artifacts; for
     ``forward``, installed as the block's ``forward`` (what ``block(...)`` calls)."""
-    if block._forward_hooks or block._forward_pre_hooks:
+    if torch_nn_modules.has_forward_hooks(block):
         raise ConfigError(f"block {type(block).__qualname__} has forward hooks, which regional compilation cannot "
                           f"place. Fix: remove them, or cache_compile the whole model")
     if "forward" in block.__dict__:

@@ -142,4 +142,5 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def _layer_indexes(layer: torch.nn.Module) -> set[int]:
     """The ``layer_idx`` attributes of a decoder layer and its submodules (the cache layer its attention uses)."""
-    return {m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+    indexes = (getattr(m, "layer_idx", None) for m in layer.modules())
+    return {i for i in indexes if isinstance(i, int)}

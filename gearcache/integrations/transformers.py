@@ -45,6 +45,7 @@ from typing import Any, Callable, Sequence, cast
 
 import torch
 
+from .._torch import nn_modules as torch_nn_modules
 from ..api import cache_compile
 from ..config import CompilerConfig, normalise_sizes
 from ..errors import ConfigError
@@ -253,7 +254,7 @@ def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerCon
     served.layers = hf_regions.decoder_layers(model)
     regions = []
     for i, layer in enumerate(served.layers):
-        if layer._forward_hooks or layer._forward_pre_hooks or "forward" in layer.__dict__:
+        if torch_nn_modules.has_forward_hooks(layer) or "forward" in layer.__dict__:
             raise ConfigError(f"regions='blocks': decoder layer {i} has forward hooks or a replaced forward. "
                               f"{hf_regions.FIX}")
         region = hf_regions.LayerRegion(layer, served.cache_kw)

@@ -1,0 +1,97 @@
+"""Regional compilation (issue #36): each distinct block compiled once per signature, shared by every block.
+
+``compile_blocks`` on a model of three ``Attn`` blocks (a buffer of their own and a caller's tensor written in place)
+and two ``Gated`` blocks (tests/scripts/regions_child.py), and ``enable(model, regions="blocks")`` on tiny Llamas
+(tests/scripts/run_hf_regions.py): outputs and every tensor written in place equal eager's, in the compiling process
+and in fresh warm processes whose counters prove they compiled nothing; compiles = distinct blocks x signatures."""
+import pytest
+import torch
+
+from gearcache import compile_blocks
+from gearcache.errors import ConfigError
+from gearcache.regions import find_blocks
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _Other(_Block):
+    pass
+
+
+def test_find_blocks_takes_repeated_classes_outermost_and_in_model_order():
+    inner = torch.nn.Sequential(_Block(), _Block())
+    model = torch.nn.Sequential(torch.nn.ModuleList([_Block(), _Other(), _Block(), _Other()]), inner,
+                                torch.nn.Linear(4, 4))
+    found = find_blocks(model)
+    assert [type(b) for b in found] == [_Block, _Other, _Block, _Other, _Block, _Block]
+    assert find_blocks(model, [_Other]) == [model[0][1], model[0][3]]
+    outer = torch.nn.ModuleList([torch.nn.Sequential(_Block(), _Block()) for _ in range(2)])
+    assert find_blocks(torch.nn.Sequential(outer)) == list(outer), "blocks inside a chosen block run in its graph"
+
+
+def test_compile_blocks_refuses_what_it_cannot_place(tmp_path):
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        compile_blocks(torch.nn.Sequential(_Block(), torch.nn.Linear(4, 4)), cache_dir=str(tmp_path))
+    hooked = torch.nn.ModuleList([_Block(), _Block()])
+    hooked[1].register_forward_hook(lambda *a: None)
+    with pytest.raises(ConfigError, match="forward hooks"):
+        compile_blocks(hooked, cache_dir=str(tmp_path))
+    model = torch.nn.ModuleList([_Block(), _Block()])
+    regions = compile_blocks(model, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="already replaced"):
+        compile_blocks(model, cache_dir=str(tmp_path))
+    regions.remove()
+    assert "forward" not in model[0].__dict__
+
+
+def test_repeated_blocks_compile_once_per_kind_and_signature_cold_warm_and_patched(tmp_path):
+    """Two block kinds x two signatures: 4 compiles for 5 blocks; a fresh process loads the 4 artifacts, traces and
+    compiles nothing; a process whose ``Mlp.forward`` (inside both kinds) is patched is never served the unpatched
+    entries: it compiles its own 4 and equals its eager twin (relu against gelu: a stale entry would differ)."""
+    from conftest import Script
+
+    store = str(tmp_path / "store")
+    cold = Script("regions_child.py", store).result(timeout=900)
+    assert cold["same"] and cold["calls"] == [4, 4, 4], cold
+    assert (cold["kinds"], cold["blocks"], cold["entries"]) == (2, 5, 10)
+    assert cold["compiles"] == cold["traces"] == 4, "one compile per block kind and signature"
+    warm, patched = Script("regions_child.py", store), Script("regions_child.py", store, "patched")
+    warm, patched = warm.result(timeout=600), patched.result(timeout=900)
+    assert warm["same"] and warm["entries"] == 10, warm
+    assert (warm["compiles"], warm["traces"], warm["loads"]) == (0, 0, 4), "each artifact loaded once, shared"
+    assert patched["same"] and patched["compiles"] == 4 and patched["loads"] == 0, patched
+
+
+@pytest.mark.slow
+def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_path):
+    """``regions="blocks"``: a 2-layer tiny Llama's generate() (prompt gears 16 and 32, decode) compiles 3 entries
+    shared by both layers and equals eager (tokens, logits, every layer's keys, values and counter); an 8-layer
+    Llama in a fresh process is served by those entries with nothing traced or compiled; a Mistral (same weights'
+    layout, another layer class) and a Llama whose ``LlamaMLP.forward`` is patched trace their own entries and equal
+    their eager twins (the Mistral's graph is Llama's: it may reuse the compiled artifact, never the entry)."""
+    from conftest import Script
+
+    store = str(tmp_path / "store")
+    cold = Script("run_hf_regions.py", store, "2").result(timeout=900)
+    runs = {"cold": cold}
+    assert cold["counters"]["compiles"] == 3 and cold["entries"] == [3, 3], cold
+    scripts = {"eight": Script("run_hf_regions.py", store, "8"),
+               "mistral": Script("run_hf_regions.py", store, "2", "mistral"),
+               "patched": Script("run_hf_regions.py", store, "2", "patched")}
+    runs.update({name: script.result(timeout=900) for name, script in scripts.items()})
+    for name, run in runs.items():
+        for step in run["runs"]:
+            assert step["tokens_equal"] and step["lengths_equal"], (name, run)
+            assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, (name, run)
+    eight = runs["eight"]
+    assert eight["entries"] == [3] * 8 and eight["counters"]["loads"] == 3, eight
+    assert eight["counters"]["compiles"] == 0 and eight["hooks"]["dynamo_frames"] == 0, eight
+    assert runs["mistral"]["counters"]["traces"] == 3, "another layer class: entries of its own"
+    assert runs["patched"]["counters"]["compiles"] == 3, "a patched layer: compiled anew, never the stale entry"
