@@ -51,10 +51,7 @@ def test_compile_blocks_refuses_what_it_cannot_place(tmp_path):
     assert "forward" not in model[0].__dict__
 
 
-def test_repeated_blocks_compile_once_per_kind_and_signature_cold_warm_and_patched(tmp_path):
-    """Two block kinds x two signatures: 4 compiles for 5 blocks; a fresh process loads the 4 artifacts, traces and
-    compiles nothing; a process whose ``Mlp.forward`` (inside both kinds) is patched is never served the unpatched
-    entries: it compiles its own 4 and equals its eager twin (relu against gelu: a stale entry would differ)."""
+def _cold(tmp_path) -> str:
     from conftest import Script
 
     store = str(tmp_path / "store")
@@ -62,10 +59,26 @@ def test_repeated_blocks_compile_once_per_kind_and_signature_cold_warm_and_patch
     assert cold["same"] and cold["calls"] == [4, 4, 4], cold
     assert (cold["kinds"], cold["blocks"], cold["entries"]) == (2, 5, 10)
     assert cold["compiles"] == cold["traces"] == 4, "one compile per block kind and signature"
-    warm, patched = Script("regions_child.py", store), Script("regions_child.py", store, "patched")
-    warm, patched = warm.result(timeout=600), patched.result(timeout=900)
+    return store
+
+
+def test_repeated_blocks_compile_once_per_kind_and_signature_cold_and_warm(tmp_path):
+    """Two block kinds x two signatures: 4 compiles for 5 blocks; a fresh process loads the 4 artifacts once each
+    (shared by the blocks of a kind), traces and compiles nothing, and equals eager too."""
+    from conftest import Script
+
+    warm = Script("regions_child.py", _cold(tmp_path)).result(timeout=600)
     assert warm["same"] and warm["entries"] == 10, warm
     assert (warm["compiles"], warm["traces"], warm["loads"]) == (0, 0, 4), "each artifact loaded once, shared"
+
+
+@pytest.mark.slow
+def test_a_patched_block_class_is_never_served_the_unpatched_entries(tmp_path):
+    """A process whose ``Mlp.forward`` (inside both kinds) is patched after import, with the unpatched entries in
+    the store: it compiles its own 4 and equals its eager twin (relu against gelu: a stale entry would differ)."""
+    from conftest import Script
+
+    patched = Script("regions_child.py", _cold(tmp_path), "patched").result(timeout=900)
     assert patched["same"] and patched["compiles"] == 4 and patched["loads"] == 0, patched
 
 

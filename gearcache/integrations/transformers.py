@@ -34,6 +34,11 @@ hidden states, a model in training mode, and a model already compiled by ``torch
 gear: the backing cache's tensors are the graph's static addresses (each gear's backing is allocated once and
 reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures.
 ``disable(model)`` undoes ``enable``.
+
+``enable(model, regions="blocks")`` compiles by region instead of the whole step: the step's glue (embedding, masks,
+rotary embeddings, final norm, LM head) runs eagerly and each decoder layer through one cached method per distinct
+layer (:mod:`.hf_regions`), so a gear costs one layer's compile whatever the layer count; docs/CONFIG.md says when
+each is chosen.
 """
 from __future__ import annotations
 
