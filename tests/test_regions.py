@@ -108,3 +108,25 @@ def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_pa
     assert eight["counters"]["compiles"] == 0 and eight["hooks"]["dynamo_frames"] == 0, eight
     assert runs["mistral"]["counters"]["traces"] == 3, "another layer class: entries of its own"
     assert runs["patched"]["counters"]["compiles"] == 3, "a patched layer: compiled anew, never the stale entry"
+
+
+def test_enable_by_region_installs_and_disable_restores_the_layers(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gearcache import CompilerConfig
+    from gearcache.integrations.transformers import disable, enable
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=2)
+    lm = LlamaForCausalLM(config).eval()
+    with pytest.raises(ConfigError, match="'whole' or 'blocks'"):
+        enable(lm, cache_dir=str(tmp_path), regions="layers")
+    with pytest.raises(ConfigError, match=r"regions='whole'\) for CUDA graphs"):
+        enable(lm, cache_dir=str(tmp_path), regions="blocks", config=CompilerConfig(mode="reduce-overhead"))
+    served = enable(lm, cache_dir=str(tmp_path), regions="blocks")
+    assert served.layers == list(lm.model.layers) and len(served.regions) == 3
+    assert all("forward" in layer.__dict__ for layer in lm.model.layers)
+    names = {n for n, _ in served.regions[0].module.named_buffers()}
+    assert any(n.startswith("block_LlamaDecoderLayer_") for n in names), "the layer class is a key factor"
+    disable(lm)
+    assert not any("forward" in layer.__dict__ for layer in lm.model.layers)
