@@ -110,6 +110,21 @@ def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_pa
     assert runs["patched"]["counters"]["compiles"] == 3, "a patched layer: compiled anew, never the stale entry"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3", "mistral_sliding"])
+def test_sliding_window_layers_by_region_equal_eager(tmp_path, name):
+    """Gemma-3's sliding and full attention layers (one class, masks of their kind) and Mistral's sliding window,
+    served by region as full-length layers: tokens, logits and caches equal eager's; every layer serves a call from
+    the entries of its kind (3 gears)."""
+    from conftest import Script
+
+    run = Script("run_hf_regions.py", str(tmp_path / "store"), "0", f"corpus={name}").result(timeout=900)
+    for step in run["runs"]:
+        assert step["tokens_equal"] and step["lengths_equal"], run
+        assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, run
+    assert set(run["entries"]) == {3} and run["counters"]["compiles"] >= 3, run
+
+
 def test_enable_by_region_installs_and_disable_restores_the_layers(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -7,6 +7,9 @@ whose cached method :meth:`LayerRegion.run` takes the layer's tensors as argumen
 
     run(hidden, mask, cos, sin, position_ids, keys, values, length, pad)
 
+(the call's other keyword arguments, constants such as ``use_cache``, are the region's ``constants``: attribute
+values its entries' guards check, never arguments, so no guard is rooted in a variadic parameter).
+
 ``keys``, ``values`` and ``length`` are this layer's tensors of the backing cache (gearcache/integrations/hf_cache.py):
 the graph updates them in place, as transformers' ``StaticLayer.update`` does (:class:`LayerCache` stands for the
 cache in the layer's call, whatever layer index the attention passes), and after a prompt drops the pads' keys and
@@ -63,18 +66,19 @@ class LayerRegion(torch.nn.Module):
         super().__init__()
         self.layer = layer
         self.cache_kw = cache_kw
+        self.constants: dict[str, Any] = {}      # the layer call's constant keyword arguments (RegionForward sets)
         kind = type(layer)
         name = re.sub(r"[^A-Za-z0-9_]", "_", kind.__qualname__)
         self.register_buffer(f"block_{name}_{class_digest(kind)[:16]}", torch.empty(0), persistent=False)
 
     def run(self, hidden: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
             position_ids: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: torch.Tensor,
-            pad: torch.Tensor, **constants: Any) -> torch.Tensor:
+            pad: torch.Tensor) -> torch.Tensor:
         """The cached method: the layer's forward on ``hidden``, its cache tensors updated in place, a prompt's pads
         dropped from them."""
         cache = LayerCache(keys, values, length)
         out = type(self.layer).forward(self.layer, hidden, attention_mask=mask, position_ids=position_ids,
-                                       position_embeddings=(cos, sin), **{self.cache_kw: cache}, **constants)
+                                       position_embeddings=(cos, sin), **{self.cache_kw: cache}, **self.constants)
         width = hidden.shape[1]
         if width > 1:
             drop_pads(keys, values, length, width, pad)
@@ -120,10 +124,13 @@ class RegionForward:
         if odd:
             raise ConfigError(f"regions='blocks': decoder layer {self.index} was called with {odd[0]}="
                               f"{type(kwargs[odd[0]]).__name__}; a region takes tensors it knows and constants. {FIX}")
+        region = self.cached.module
+        if region.constants != kwargs:          # (a change is seen by the entries' guard watch)
+            region.constants = kwargs
         layer = cache.layers[self.index]
         cos, sin = cos_sin
         return self.cached(hidden_states, attention_mask, cos, sin, position_ids, layer.keys, layer.values,
-                           layer.cumulative_length, self.served.current_pad, **kwargs)
+                           layer.cumulative_length, self.served.current_pad)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -1,10 +1,11 @@
 """A tiny Llama served through ``enable(model, regions="blocks")``, compared with eager ``generate()``: tokens, every
 step's logits, and every cache layer's keys, values and position counter. JSON report on the last line.
 
-usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mistral]
+usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mistral] [corpus=NAME]
 
 ``patched``: ``LlamaMLP.forward`` patched on the class before ``enable()``; ``mistral``: a Mistral model of the same
-dimensions (its decoder layer has the same weights' layout as Llama's).
+dimensions (its decoder layer has the same weights' layout as Llama's); ``corpus=NAME``: benchmarks/corpus.py's tiny
+model NAME instead (``gemma3``: sliding and full attention layers of one class; LAYERS is then ignored).
 """
 import copy
 import json
@@ -36,7 +37,11 @@ def generate(model, ids, cache):
 
 def caches_diff(a, b):
     diff, lengths = 0.0, []
+    from transformers.cache_utils import StaticSlidingWindowLayer
+
     for x, y in zip(a.layers, b.layers):
+        if isinstance(y, StaticSlidingWindowLayer):     # eager keeps the window only (a ring): not comparable
+            continue
         n = y.keys.shape[2]
         for mine, theirs in ((x.keys[:, :, :n], y.keys), (x.values[:, :, :n], y.values)):
             diff = max(diff, float((mine - theirs).abs().max()))
@@ -51,6 +56,14 @@ def main():
     config = kind[0](vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=int(layers),
                      num_attention_heads=2, num_key_value_heads=2)
     model = kind[1](config).eval()
+    named = [f.split("=", 1)[1] for f in flags if f.startswith("corpus=")]
+    if named:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                        "benchmarks"))
+        import corpus
+
+        model = corpus.CORPUS[named[0]].build("tiny").eval()
+        config = model.config
     twin = copy.deepcopy(model)
     if "patched" in flags:
         modeling_llama.LlamaMLP.forward = patched_forward
