@@ -12,6 +12,7 @@ changing the process environment otherwise, and are serialised within the proces
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import shutil
 import tempfile
@@ -120,7 +121,12 @@ def _load_patches() -> contextlib.AbstractContextManager:
     the very libraries the compile built."""
     import torch._inductor.config as inductor_config
 
-    return inductor_config.patch({"cpp_cache_precompile_headers": False, "cpp.vec_isa_ok": True})
+    return inductor_config.patch({"cpp_cache_precompile_headers": CPP_PRECOMPILED_HEADERS, "cpp.vec_isa_ok": True})
+
+
+CPP_PRECOMPILED_HEADERS = os.environ.get("GEARCACHE_CPP_PCH", "0") == "1"
+"""Whether compiles build C++ kernels against a precompiled header (off: the default above; on: for measuring a
+CPU cold start, issue #36)."""
 
 
 def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
