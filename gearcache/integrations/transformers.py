@@ -166,7 +166,6 @@ class ServedLM(torch.nn.Module):
             keep = torch.arange(keep_last, device=input_ids.device) + (width - keep_last) - pad
             if self._keeps_logits:
                 kwargs["logits_to_keep"] = keep
-        self.current_pad = pad
         out = type(self.model).forward(self.model, input_ids=input_ids, attention_mask=attention_mask,
                                        position_ids=position_ids, use_cache=True, **kwargs)
         logits = out.logits
@@ -197,7 +196,10 @@ class ServedLM(torch.nn.Module):
         if keep_last >= tokens:
             keep_last = 0
         ids, mask, positions = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
-        logits = self.cached_step(ids, mask, positions, self._pad(width - tokens, input_ids.device), keep_last)
+        pad = self._pad(width - tokens, input_ids.device)
+        if self.layers:
+            self.current_pad = pad                      # what the regions read (outside any trace)
+        logits = self.cached_step(ids, mask, positions, pad, keep_last)
         for layer in cache.layers:
             layer.served_length += tokens
         return logits[:batch] if keep_last else logits[:batch, :tokens]
