@@ -1,7 +1,8 @@
 """transformers ``generate()`` served by gearcache (``enable(model)``) against eager and torch.compile, per model.
 
     python3 benchmarks/generate.py [--device cpu|cuda] [--size tiny|small|gpu] [--models llama,gemma3,...]
-                                   [--dtype float32|bfloat16] [--graphs] [--background] [--json PATH]
+                                   [--dtype float32|bfloat16] [--graphs] [--background] [--regions]
+                                   [--layers N] [--sweep-only] [--json PATH]
 
 Every start is a fresh process with empty Inductor and Triton caches of its own. Per model (benchmarks/corpus.py
 configs, batch 1, static cache):
@@ -16,6 +17,10 @@ configs, batch 1, static cache):
                gearcache, and with --graphs gearcache with mode="reduce-overhead" (CUDA graphs per gear, the same
                store's entries);
   step_loop_ms a bare greedy decode loop's per-token time through the served forward (gearcache variants);
+  regions      with --regions, gearcache with ``enable(model, regions="blocks")`` too (a store of its own: one entry
+               per distinct decoder layer and gear), cold and warm, beside the whole-step gearcache;
+  --layers N   the models built with N decoder layers (cold time against the layer count); --sweep-only: the cold
+               sweeps and first generate() only (no warm, eager or per-token runs).
   max_reserved_mib  torch.cuda.max_memory_reserved() of each process (CUDA).
 Prints one JSON object (and writes it to --json).
 """
@@ -44,6 +49,10 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         if device == "cuda":
             torch.cuda.synchronize()
 
+    layers = int(os.environ.get("GEARCACHE_BENCH_LAYERS", "0"))
+    if layers:
+        dims = corpus._lm_dims
+        corpus._lm_dims = lambda size: {**dims(size), "layers": layers}
     torch.manual_seed(0)
     lm = corpus.CORPUS[name].build(size).to(device, getattr(torch, dtype)).eval()
     lm.generation_config.eos_token_id = None
@@ -57,7 +66,7 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
                   "gearcache-background-graphs": CompilerConfig(on_new_signature="background",
                                                                 mode="reduce-overhead")}.get(variant)
         try:
-            enable(lm, cache_dir=store, config=config)
+            enable(lm, cache_dir=store, config=config, regions="blocks" if variant == "gearcache-regions" else "whole")
         except Exception as exc:                       # noqa: BLE001 - reported, e.g. graphs refused for now
             return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     elif variant == "torch.compile":
@@ -165,12 +174,19 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs", action="store_true", help="also gearcache with mode='reduce-overhead'")
     ap.add_argument("--background", action="store_true",
                     help="also a cold sweep with on_new_signature='background' (eager while compiling)")
+    ap.add_argument("--regions", action="store_true", help="also gearcache with regions='blocks'")
+    ap.add_argument("--layers", type=int, help="build the models with this many decoder layers")
+    ap.add_argument("--sweep-only", action="store_true", help="cold sweeps and first generate() only")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
     if opts.child:
         print(json.dumps(child(*opts.child)))
         return 0
+    if opts.layers:
+        os.environ["GEARCACHE_BENCH_LAYERS"] = str(opts.layers)
+    if opts.sweep_only:
+        os.environ["GEARCACHE_BENCH_SWEEP_ONLY"] = "1"
     opts.size = opts.size or ("gpu" if opts.device == "cuda" else "tiny")
     opts.dtype = opts.dtype or ("bfloat16" if opts.device == "cuda" else "float32")
     results = {}
@@ -178,19 +194,25 @@ def main(argv=None) -> int:
         for name in [n.strip() for n in opts.models.split(",") if n.strip()]:
             store = os.path.join(work, name)
             runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")}   # cold
+            if opts.regions:        # cold too: a store of its own
+                runs["gearcache-regions"] = start(name, "gearcache-regions", store + "-regions", opts, work)
             if opts.background:     # cold too: a store of its own
                 runs["gearcache-background"] = start(name, "gearcache-background", store + "-background", opts, work)
                 if opts.graphs:
                     runs["gearcache-background-graphs"] = start(name, "gearcache-background-graphs",
                                                                 store + "-background-graphs", opts, work)
-            runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
-            runs["eager"] = start(name, "eager", store, opts, work)
+            if not opts.sweep_only:
+                runs["gearcache-warm"] = start(name, "gearcache", store, opts, work)
+                runs["eager"] = start(name, "eager", store, opts, work)
+                if opts.regions:
+                    runs["gearcache-regions-warm"] = start(name, "gearcache-regions", store + "-regions", opts, work)
             if opts.graphs:
                 runs["gearcache-graphs"] = start(name, "gearcache-graphs", store, opts, work)   # same entries
-            get = lambda v, k, runs=runs: runs[v].get(k, runs[v].get("error"))       # noqa: E731
+            get = lambda v, k, runs=runs: runs.get(v, {}).get(k, runs.get(v, {}).get("error"))   # noqa: E731
             results[name] = {
                 "cold_sweep_s": {"gearcache": get("gearcache", "sweep_s"),
                                  "torch.compile": get("torch.compile", "sweep_s"),
+                                 **({"gearcache-regions": get("gearcache-regions", "sweep_s")} if opts.regions else {}),
                                  **({"gearcache-background": get("gearcache-background", "sweep_s"),
                                      "gearcache-background_all_compiled": get("gearcache-background",
                                                                               "all_compiled_s")}
@@ -201,17 +223,25 @@ def main(argv=None) -> int:
                                     if opts.background and opts.graphs else {})},
                 "again_sweep_s": {v: runs[v]["again_sweep_s"] for v in runs if "again_sweep_s" in runs[v]},
                 "cold_counters": {v: runs[v].get("counters_after_sweep") for v in runs
-                                  if v in ("gearcache", "gearcache-background", "gearcache-background-graphs")},
+                                  if v in ("gearcache", "gearcache-regions", "gearcache-background",
+                                           "gearcache-background-graphs")},
                 "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
-                                     "eager": get("eager", "first_generate_s")},
-                "per_token_ms": {v: get(v, "per_token_ms") for v in runs if v != "gearcache"},
-                "step_loop_ms": {v: runs[v]["step_loop_ms"] for v in ("gearcache-warm", "gearcache-graphs")
+                                     "eager": get("eager", "first_generate_s"),
+                                     **({"gearcache_regions_warm": get("gearcache-regions-warm", "first_generate_s"),
+                                         "cold": {v: get(v, "first_generate_s") for v in
+                                                  ("gearcache", "gearcache-regions", "torch.compile")}}
+                                        if opts.regions else {})},
+                "per_token_ms": {v: get(v, "per_token_ms") for v in runs
+                                 if v not in ("gearcache", "gearcache-regions")},
+                "step_loop_ms": {v: runs[v]["step_loop_ms"] for v in ("gearcache-warm", "gearcache-graphs",
+                                                                      "gearcache-regions-warm")
                                  if "step_loop_ms" in runs.get(v, {})},
                 "max_reserved_mib": {v: runs[v]["max_reserved_mib"] for v in runs if "max_reserved_mib" in runs[v]},
             }
     import torch
 
     report = {"device": opts.device, "size": opts.size, "dtype": opts.dtype, "torch": torch.__version__,
+              "layers": opts.layers or "default",
               "sweep": SWEEP, "results": results}
     print(json.dumps(report, indent=1))
     if opts.json:

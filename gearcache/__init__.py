@@ -7,6 +7,7 @@ from .log import configure_from_env as _configure_logging
 from .api import cache_compile
 from .compiling.torch_compile_backend import get_backend
 from .cached_function import CachedFunction
+from .regions import Regions, compile_blocks
 from .config import CompilerConfig, InferenceConfig
 from .counters import counters
 from .graphs.cuda_graphs import release_graphs
@@ -21,7 +22,8 @@ from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GearLoad
 _configure_logging()
 __version__ = "0.1.0"
 
-__all__ = ["cache_compile", "wait_for_background_compiles", "get_backend", "mark_static_address", "release_graphs",
+__all__ = ["cache_compile", "compile_blocks", "Regions",
+           "wait_for_background_compiles", "get_backend", "mark_static_address", "release_graphs",
            "set_dim_gears",
            "mark_static",
            "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",

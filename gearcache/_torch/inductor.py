@@ -12,6 +12,7 @@ changing the process environment otherwise, and are serialised within the proces
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import shutil
 import tempfile
@@ -122,8 +123,13 @@ def _load_patches() -> contextlib.AbstractContextManager[None]:
 
     from torch.utils._config_module import ConfigModule
 
-    return cast(ConfigModule, inductor_config).patch({"cpp_cache_precompile_headers": False,  # a config module
-                                                      "cpp.vec_isa_ok": True})
+    return cast(ConfigModule, inductor_config).patch({"cpp_cache_precompile_headers": CPP_PRECOMPILED_HEADERS,
+                                                      "cpp.vec_isa_ok": True})     # a config module
+
+
+CPP_PRECOMPILED_HEADERS = os.environ.get("GEARCACHE_CPP_PCH", "0") == "1"
+"""Whether compiles build C++ kernels against a precompiled header (off: the default above; on: for measuring a
+CPU cold start, issue #36)."""
 
 
 def load_folder(folder: pathlib.Path) -> Callable[..., Any]:

@@ -58,3 +58,8 @@ _DYNAMO_MODULE_PATCHES = {
 
 _LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attribute -> the library that adds it
 
+
+
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has forward or forward-pre hooks of its own (the global ones are not counted)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks)

@@ -25,6 +25,11 @@ tests can replace it as a whole.
 
 Counters: ``compiles`` and ``compile_seconds`` for each compile here (a worker's seconds added for one compiled
 elsewhere); ``loads`` and ``load_seconds`` for each artifact loaded that this process did not compile.
+
+An artifact is immutable once published (its key is its content's address), so where a pipeline ``shares_loads`` a
+process loads each one once per store folder and GPU (``_LOADED``): the entries of identical graphs (the repeated
+blocks of a model compiled by region, gearcache/regions.py, one entry per block instance) share that load, each with
+a runner of its own (``_own_runner``: a run plan's per-call alignment state is per entry).
 """
 from __future__ import annotations
 
@@ -67,6 +72,7 @@ class ArtifactPipeline:
     def __init__(self, store: Store, config: CompilerConfig):
         self.store = store
         self.config = config
+        self.shares_loads = False     # reuse this process's loads of an artifact (``_LOADED``; regions turn it on)
 
     def patches(self) -> dict[str, Any]:
         """Inductor's config patches for the config's mode and options."""
@@ -93,12 +99,23 @@ class ArtifactPipeline:
 
     def load_published(self, folder: pathlib.Path, built: bool, index: int | None) -> Callable[..., Any]:
         """The published ``folder`` loaded for CUDA device ``index`` (``runplan.load_artifact``; raises
-        ``runplan.WrongDevice`` when it runs only on another GPU); counted as a load unless ``built`` here."""
+        ``runplan.WrongDevice`` when it runs only on another GPU); counted as a load unless ``built`` here or loaded
+        already by this process (``_LOADED``)."""
+        shared = self._shared(folder.name, index)
+        if shared is not None:
+            return shared
         t0 = time.perf_counter()
         compiled = runplan.load_artifact(folder, index)
         if not built:
             counters.add(loads=1, load_seconds=time.perf_counter() - t0)
+        if self.shares_loads and folder.parent == self.store.layout.artifacts:
+            _LOADED[(str(self.store.root), folder.name, index)] = compiled
         return compiled
+
+    def _shared(self, akey: str, index: int | None) -> Callable[..., Any] | None:
+        """A runner of its own over artifact ``akey`` as this process loaded it already from this store, or None."""
+        loaded = _LOADED.get((str(self.store.root), akey, index)) if self.shares_loads else None
+        return None if loaded is None else _own_runner(loaded)
 
     def compile_or_load(self, akey: str, graph: torch.fx.GraphModule, example_inputs: list[Any],
                         index: int | None = None) -> Published:
@@ -115,6 +132,9 @@ class ArtifactPipeline:
         the seconds its load took (counted in ``counters.loads``); None (a miss: compile it) when the store lacks it,
         it is corrupt (quarantined), it runs only on another GPU, or it vanished while loading. ``name`` and ``ekey``:
         the cached method and the entry that wants it, for the log."""
+        shared = self._shared(akey, index)
+        if shared is not None:                                # loaded already (another block of the same graph)
+            return shared, 0.0
         try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
             run_plan = artifact_io.verified_plan(self.store, akey)
         except FileNotFoundError:
@@ -135,7 +155,21 @@ class ArtifactPipeline:
         self.store.leases.take(akey)                                # in use: not evicted under max_size
         seconds = time.perf_counter() - t0
         counters.add(loads=1, load_seconds=seconds)
+        if self.shares_loads:
+            _LOADED[(str(self.store.root), akey, index)] = compiled
         return compiled, seconds
+
+
+_LOADED: dict[tuple[str, str, int | None], Callable[..., Any]] = {}
+"""(store folder, artifact key, GPU index) -> the artifact as this process loaded it (see the module docstring)."""
+
+
+def _own_runner(loaded: Callable[..., Any]) -> Callable[..., Any]:
+    """A runner of its own over a loaded artifact: a run plan's per-call state (which inputs are stable, their
+    alignment) is per entry; torch's loaded callable has none."""
+    if isinstance(loaded, runplan.PlanRunner):
+        return runplan.PlanRunner(loaded.wrapper_call, loaded.plan)
+    return loaded
 
 
 def compile_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,

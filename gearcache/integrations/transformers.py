@@ -34,6 +34,11 @@ hidden states, a model in training mode, and a model already compiled by ``torch
 gear: the backing cache's tensors are the graph's static addresses (each gear's backing is allocated once and
 reused), the warm-up run before a capture restores the cache it writes, and binding another backing re-captures.
 ``disable(model)`` undoes ``enable``.
+
+``enable(model, regions="blocks")`` compiles by region instead of the whole step: the step's glue (embedding, masks,
+rotary embeddings, final norm, LM head) runs eagerly and each decoder layer through one cached method per distinct
+layer (:mod:`.hf_regions`), so a gear costs one layer's compile whatever the layer count; docs/CONFIG.md says when
+each is chosen.
 """
 from __future__ import annotations
 
@@ -45,10 +50,14 @@ from typing import Any, Callable, Sequence, cast
 
 import torch
 
+from .._torch import nn_modules as torch_nn_modules
 from ..api import cache_compile
 from ..config import CompilerConfig, normalise_sizes
 from ..errors import ConfigError
-from . import hf_cache, hf_compat
+from ..ranks.topology import resolve_topology
+from ..regions import serve_block
+from ..store import Store
+from . import hf_cache, hf_compat, hf_regions
 
 DEFAULT_BATCH_GEARS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_GEARS = tuple(2 ** k for k in range(4, 14))          # 16 .. 8192
@@ -86,16 +95,21 @@ class ServeGears:
 
 def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: CompilerConfig | None = None,
            batch_gears: Sequence[int] | None = None, prompt_gears: Sequence[int] | None = None,
-           cache_len_gears: Sequence[int] | None = None, **cache_compile_kwargs: Any) -> "ServedLM":
+           cache_len_gears: Sequence[int] | None = None, regions: str = "whole",
+           **cache_compile_kwargs: Any) -> "ServedLM":
     """Route every forward of ``model`` with a StaticCache through gearcache (``generate()`` included); returns the
     :class:`ServedLM` (its ``cached_step`` is the cached method). ``config`` and ``cache_compile_kwargs`` (global_rank,
     ...) are ``cache_compile``'s. ``generate()`` needs ``cache_implementation="static"`` or ``cache=StaticCache(...)``
-    (its default, a DynamicCache, is refused with that fix)."""
+    (its default, a DynamicCache, is refused with that fix). ``regions``: ``"whole"`` (one graph of the whole step
+    per gear) or ``"blocks"`` (one graph per distinct decoder layer and gear, shared by every layer: hf_regions.py;
+    docs/CONFIG.md says when each is chosen)."""
+    if regions not in ("whole", "blocks"):
+        raise ConfigError(f"regions={regions!r}: expected 'whole' or 'blocks'")
     if getattr(model, "_gearcache", None) is not None:
         raise ConfigError("enable(model): gearcache is already enabled on this model. Fix: call enable() once "
                           "(disable(model) first to change its options)")
     served = ServedLM(model, gears=ServeGears.of(batch_gears, prompt_gears, cache_len_gears), cache_dir=cache_dir,
-                      config=config, **cache_compile_kwargs)
+                      config=config, regions=regions, **cache_compile_kwargs)
     original_prepare = cast(Callable[..., Any], model.prepare_inputs_for_generation)   # a transformers model's
     object.__setattr__(model, "forward", _Forward(served, model.forward))
     object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
@@ -111,13 +125,15 @@ def disable(model: torch.nn.Module) -> None:
         raise ConfigError("disable(model): gearcache is not enabled on this model")
     for name in ("forward", "prepare_inputs_for_generation", "get_compiled_call"):
         model.__dict__.pop(name, None)
+    for layer in served.layers:
+        layer.__dict__.pop("forward", None)
 
 
 class ServedLM(torch.nn.Module):
     """The module whose cached method runs the model's forward on a gear-shaped backing cache (``hf_cache``)."""
 
     def __init__(self, model: torch.nn.Module, *, gears: ServeGears, cache_dir: str | None,
-                 config: CompilerConfig | None, **cache_compile_kwargs: Any):
+                 config: CompilerConfig | None, regions: str = "whole", **cache_compile_kwargs: Any):
         super().__init__()
         _check_model(model, config)
         self.model = model
@@ -129,6 +145,12 @@ class ServedLM(torch.nn.Module):
         self._active: hf_cache.Backing | None = None
         self._cache_names: list[str] = []
         self._pads: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self.current_pad: torch.Tensor | None = None     # the step's pad count (regions read it)
+        self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
+        if regions == "blocks":
+            self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
+            self.regions = _serve_regions(self, model, config, cache_dir, **cache_compile_kwargs)
+            return
         self.cached_step = cache_compile(self.step, config=config, cache_dir=cache_dir, **cache_compile_kwargs)
         self.cached_step.sizes_chosen_by_caller()        # the step's sizes are this module's gears
 
@@ -150,7 +172,7 @@ class ServedLM(torch.nn.Module):
         logits: torch.Tensor = out.logits     # transformers' model output: untyped here
         if keep is not None and not self._keeps_logits:
             logits = logits.index_select(1, keep)
-        if width > 1:
+        if width > 1 and not self.layers:           # (regions drop their own layer's pads)
             _drop_pads(cache, width, pad)
         return logits
 
@@ -175,7 +197,10 @@ class ServedLM(torch.nn.Module):
         if keep_last >= tokens:
             keep_last = 0
         ids, mask, positions = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
-        logits = self.cached_step(ids, mask, positions, self._pad(width - tokens, input_ids.device), keep_last)
+        pad = self._pad(width - tokens, input_ids.device)
+        if self.layers:
+            self.current_pad = pad                      # what the regions read (outside any trace)
+        logits = self.cached_step(ids, mask, positions, pad, keep_last)
         for layer in cache.layers:
             layer.served_length += tokens
         served: torch.Tensor = logits[:batch] if keep_last else logits[:batch, :tokens]
@@ -200,6 +225,11 @@ class ServedLM(torch.nn.Module):
         self._activate(backing)
         return backing
 
+    @property
+    def cache_kw(self) -> str:
+        """The model's keyword for its cache (``cache`` or ``past_key_values``: hf_compat)."""
+        return self._cache_kw
+
     def _activate(self, backing: hf_cache.Backing) -> None:
         if self._active is backing:
             return
@@ -218,6 +248,29 @@ class ServedLM(torch.nn.Module):
         if key not in self._pads:
             self._pads[key] = torch.tensor(n, dtype=torch.long, device=device)
         return self._pads[key]
+
+
+def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerConfig | None, cache_dir: str | None,
+                   global_rank: int | None = None, tp_rank: int | None = None,
+                   pp_rank: int | None = None) -> list[Any]:
+    """``regions="blocks"``: each decoder layer's forward served by its region's cached method (hf_regions.py)."""
+    config = config or CompilerConfig()
+    if config.mode == "reduce-overhead":
+        raise ConfigError("regions='blocks' with mode='reduce-overhead': CUDA graphs of a regional step are not "
+                          "served yet. Fix: enable(model, regions='whole') for CUDA graphs")
+    store = Store.from_config(cache_dir, config)
+    topology = resolve_topology(global_rank, tp_rank, pp_rank)
+    served.layers = hf_regions.decoder_layers(model)
+    regions = []
+    for i, layer in enumerate(served.layers):
+        if torch_nn_modules.has_forward_hooks(layer) or "forward" in layer.__dict__:
+            raise ConfigError(f"regions='blocks': decoder layer {i} has forward hooks or a replaced forward. "
+                              f"{hf_regions.FIX}")
+        region = hf_regions.LayerRegion(layer, served.cache_kw)
+        cached = serve_block(region, config=config, store=store, topology=topology, method="run")
+        layer.__dict__["forward"] = hf_regions.RegionForward(served, i, cached)
+        regions.append(cached)
+    return regions
 
 
 def _drop_pads(cache: Any, width: int, pad: torch.Tensor) -> None:

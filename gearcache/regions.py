@@ -1,0 +1,123 @@
+"""Regional compilation: a model's repeated blocks compiled once per distinct block and input signature (gear), each
+compiled entry reused by every block of that kind, in this model and in any other whose block is the same.
+
+    from gearcache import compile_blocks
+
+    regions = compile_blocks(model, cache_dir="/srv/gearcache")     # every repeated block's forward, cached
+    model(x)                                                        # the glue between blocks runs eagerly
+
+Each block instance's ``forward`` becomes a cached method (a :class:`~gearcache.cached_function.CachedFunction` of
+``type(block).forward`` bound to that block). Its parameters and buffers are graph inputs read from the block at
+every call, never constants, and the entry key is made of what the compiled code depends on (the method's name and
+source, the block's parameter and buffer layout, the call's signature, the config and environment), so identical
+blocks have one key: the first block to miss captures and compiles the entry and publishes it; every other block
+finds that entry in the store, checks its value guards against itself (a block whose Python attributes change the
+code, ``self.use_bias``, gets an entry of its own), and shares the one load this process made of the artifact
+(``ArtifactPipeline.shares_loads``). A block class with another forward, another parameter layout or another
+class's submodules has another key or fails the entry's guards and dependencies, so it compiles its own.
+
+Which blocks: ``blocks`` (classes) when given, else every class of which some ``nn.ModuleList``/``nn.Sequential``
+holds two or more instances (a model's layers), outermost first (a block inside a chosen block runs inside its
+graph). Blocks with forward hooks are refused (the hooks would run inside the compiled graph's trace only once).
+:meth:`Regions.remove` restores the blocks' own forwards.
+
+The whole-graph alternative is ``cache_compile`` on the model's own method: one graph, fused across blocks (fewer
+launches and no per-block call: faster per call), compiled per gear with a time that grows with the layer count.
+docs/CONFIG.md ("Regions") says when each is chosen.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from ._torch import nn_modules as torch_nn_modules
+from .cached_function import CachedFunction
+from .config import CompilerConfig
+from .errors import ConfigError
+from .ranks.topology import resolve_topology
+from .store import Store
+
+
+class Regions:
+    """The blocks :func:`compile_blocks` serves: ``blocks`` (instances, model order), ``cached`` (their cached
+    methods, same order), ``kinds`` (the distinct block classes)."""
+
+    def __init__(self, blocks: list[torch.nn.Module], cached: list[CachedFunction]):
+        self.blocks = blocks
+        self.cached = cached
+        self.kinds = list(dict.fromkeys(type(b) for b in blocks))
+
+    def remove(self) -> None:
+        """Restore every block's own ``forward``."""
+        for block in self.blocks:
+            block.__dict__.pop("forward", None)
+
+    def __repr__(self) -> str:
+        names = ", ".join(k.__qualname__ for k in self.kinds)
+        return f"<gearcache.Regions {len(self.blocks)} blocks of {len(self.kinds)} kinds: {names}>"
+
+
+def compile_blocks(model: torch.nn.Module, *, cache_dir: str | None = None, config: CompilerConfig | None = None,
+                   blocks: Sequence[type] | None = None, global_rank: int | None = None,
+                   tp_rank: int | None = None, pp_rank: int | None = None) -> Regions:
+    """Serve the forward of each repeated block of ``model`` from compiled entries shared by identical blocks (see
+    the module docstring); returns the :class:`Regions`. ``blocks``: the block classes (default: found)."""
+    if config is None:
+        config = CompilerConfig()
+    elif not isinstance(config, CompilerConfig):
+        raise ConfigError(f"config={config!r}: expected a gearcache.CompilerConfig (or None for the defaults)")
+    if config.mode == "reduce-overhead":
+        raise ConfigError("compile_blocks(): mode='reduce-overhead' captures CUDA graphs per cached method, which "
+                          "for blocks would be a graph per block. Fix: cache_compile the model's whole step for graphs")
+    chosen = find_blocks(model, blocks)
+    if not chosen:
+        raise ConfigError(f"compile_blocks(model={type(model).__qualname__}): no repeated blocks (no ModuleList or "
+                          f"Sequential holds two modules of one class). Fix: pass blocks=[YourBlock], or "
+                          f"cache_compile the model's forward")
+    store = Store.from_config(cache_dir, config)
+    topology = resolve_topology(global_rank, tp_rank, pp_rank)
+    cached = [serve_block(block, config=config, store=store, topology=topology) for block in chosen]
+    return Regions(chosen, cached)
+
+
+def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store, topology: Any,
+                method: str = "forward") -> CachedFunction:
+    """One block's cached method (``type(block).<method>`` bound to it), sharing loads of identical artifacts; for
+    ``forward``, installed as the block's ``forward`` (what ``block(...)`` calls)."""
+    if torch_nn_modules.has_forward_hooks(block):
+        raise ConfigError(f"block {type(block).__qualname__} has forward hooks, which regional compilation cannot "
+                          f"place. Fix: remove them, or cache_compile the whole model")
+    if "forward" in block.__dict__:
+        raise ConfigError(f"block {type(block).__qualname__}: its forward is already replaced (served by "
+                          f"gearcache or another wrapper). Fix: Regions.remove() first")
+    bound = types.MethodType(getattr(type(block), method), block)
+    cf = CachedFunction(bound, config=config, store=store, topology=topology, decompositions=None)
+    cf.life.pipeline.shares_loads = True
+    cf.sizes_chosen_by_caller()         # one entry per block input signature is the design
+    if method == "forward":
+        block.__dict__["forward"] = cf
+    return cf
+
+
+def find_blocks(model: torch.nn.Module, classes: Iterable[type] | None = None) -> list[torch.nn.Module]:
+    """The blocks to compile by region, in model order: instances of ``classes`` when given, else of every class
+    that some ``ModuleList``/``Sequential`` holds two or more of; outermost only."""
+    wanted = tuple(classes) if classes is not None else None
+    if wanted is None:
+        found: set[type] = set()
+        for module in model.modules():
+            if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+                kinds = [type(m) for m in module]
+                found |= {k for k in kinds if kinds.count(k) >= 2}
+        wanted = tuple(found)
+    chosen: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():          # pre-order: a block comes before its submodules
+        if id(module) in inside or module is model:
+            continue
+        if type(module) in wanted:
+            chosen.append(module)
+            inside |= {id(m) for m in module.modules()}
+    return chosen

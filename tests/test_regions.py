@@ -1,0 +1,147 @@
+"""Regional compilation (issue #36): each distinct block compiled once per signature, shared by every block.
+
+``compile_blocks`` on a model of three ``Attn`` blocks (a buffer of their own and a caller's tensor written in place)
+and two ``Gated`` blocks (tests/scripts/regions_child.py), and ``enable(model, regions="blocks")`` on tiny Llamas
+(tests/scripts/run_hf_regions.py): outputs and every tensor written in place equal eager's, in the compiling process
+and in fresh warm processes whose counters prove they compiled nothing; compiles = distinct blocks x signatures."""
+import pytest
+import torch
+
+from gearcache import compile_blocks
+from gearcache.errors import ConfigError
+from gearcache.regions import find_blocks
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _Other(_Block):
+    pass
+
+
+def test_find_blocks_takes_repeated_classes_outermost_and_in_model_order():
+    inner = torch.nn.Sequential(_Block(), _Block())
+    model = torch.nn.Sequential(torch.nn.ModuleList([_Block(), _Other(), _Block(), _Other()]), inner,
+                                torch.nn.Linear(4, 4))
+    found = find_blocks(model)
+    assert [type(b) for b in found] == [_Block, _Other, _Block, _Other, _Block, _Block]
+    assert find_blocks(model, [_Other]) == [model[0][1], model[0][3]]
+    outer = torch.nn.ModuleList([torch.nn.Sequential(_Block(), _Block()) for _ in range(2)])
+    assert find_blocks(torch.nn.Sequential(outer)) == list(outer), "blocks inside a chosen block run in its graph"
+
+
+def test_compile_blocks_refuses_what_it_cannot_place(tmp_path):
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        compile_blocks(torch.nn.Sequential(_Block(), torch.nn.Linear(4, 4)), cache_dir=str(tmp_path))
+    hooked = torch.nn.ModuleList([_Block(), _Block()])
+    hooked[1].register_forward_hook(lambda *a: None)
+    with pytest.raises(ConfigError, match="forward hooks"):
+        compile_blocks(hooked, cache_dir=str(tmp_path))
+    model = torch.nn.ModuleList([_Block(), _Block()])
+    regions = compile_blocks(model, cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="already replaced"):
+        compile_blocks(model, cache_dir=str(tmp_path))
+    regions.remove()
+    assert "forward" not in model[0].__dict__
+
+
+def _cold(tmp_path) -> str:
+    from conftest import Script
+
+    store = str(tmp_path / "store")
+    cold = Script("regions_child.py", store).result(timeout=900)
+    assert cold["same"] and cold["calls"] == [4, 4, 4], cold
+    assert (cold["kinds"], cold["blocks"], cold["entries"]) == (2, 5, 10)
+    assert cold["compiles"] == cold["traces"] == 4, "one compile per block kind and signature"
+    return store
+
+
+def test_repeated_blocks_compile_once_per_kind_and_signature_cold_and_warm(tmp_path):
+    """Two block kinds x two signatures: 4 compiles for 5 blocks; a fresh process loads the 4 artifacts once each
+    (shared by the blocks of a kind), traces and compiles nothing, and equals eager too."""
+    from conftest import Script
+
+    warm = Script("regions_child.py", _cold(tmp_path)).result(timeout=600)
+    assert warm["same"] and warm["entries"] == 10, warm
+    assert (warm["compiles"], warm["traces"], warm["loads"]) == (0, 0, 4), "each artifact loaded once, shared"
+
+
+@pytest.mark.slow
+def test_a_patched_block_class_is_never_served_the_unpatched_entries(tmp_path):
+    """A process whose ``Mlp.forward`` (inside both kinds) is patched after import, with the unpatched entries in
+    the store: it compiles its own 4 and equals its eager twin (relu against gelu: a stale entry would differ)."""
+    from conftest import Script
+
+    patched = Script("regions_child.py", _cold(tmp_path), "patched").result(timeout=900)
+    assert patched["same"] and patched["compiles"] == 4 and patched["loads"] == 0, patched
+
+
+@pytest.mark.slow
+def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_path):
+    """``regions="blocks"``: a 2-layer tiny Llama's generate() (prompt gears 16 and 32, decode) compiles 3 entries
+    shared by both layers and equals eager (tokens, logits, every layer's keys, values and counter); an 8-layer
+    Llama in a fresh process is served by those entries with nothing traced or compiled; a Mistral (same weights'
+    layout, another layer class) and a Llama whose ``LlamaMLP.forward`` is patched trace their own entries and equal
+    their eager twins (the Mistral's graph is Llama's: it may reuse the compiled artifact, never the entry)."""
+    from conftest import Script
+
+    store = str(tmp_path / "store")
+    cold = Script("run_hf_regions.py", store, "2").result(timeout=900)
+    runs = {"cold": cold}
+    assert cold["counters"]["compiles"] == 3 and cold["entries"] == [3, 3], cold
+    scripts = {"eight": Script("run_hf_regions.py", store, "8"),
+               "mistral": Script("run_hf_regions.py", store, "2", "mistral"),
+               "patched": Script("run_hf_regions.py", store, "2", "patched")}
+    runs.update({name: script.result(timeout=900) for name, script in scripts.items()})
+    for name, run in runs.items():
+        for step in run["runs"]:
+            assert step["tokens_equal"] and step["lengths_equal"], (name, run)
+            assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, (name, run)
+    eight = runs["eight"]
+    assert eight["entries"] == [3] * 8 and eight["counters"]["loads"] == 3, eight
+    assert eight["counters"]["compiles"] == 0 and eight["hooks"]["dynamo_frames"] == 0, eight
+    assert runs["mistral"]["counters"]["traces"] == 3, "another layer class: entries of its own"
+    assert runs["patched"]["counters"]["compiles"] == 3, "a patched layer: compiled anew, never the stale entry"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma3", "mistral_sliding"])
+def test_sliding_window_layers_by_region_equal_eager(tmp_path, name):
+    """Gemma-3's sliding and full attention layers (one class, masks of their kind) and Mistral's sliding window,
+    served by region as full-length layers: tokens, logits and caches equal eager's; every layer serves a call from
+    the entries of its kind (3 gears)."""
+    from conftest import Script
+
+    run = Script("run_hf_regions.py", str(tmp_path / "store"), "0", f"corpus={name}").result(timeout=900)
+    for step in run["runs"]:
+        assert step["tokens_equal"] and step["lengths_equal"], run
+        assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, run
+    assert set(run["entries"]) == {3} and run["counters"]["compiles"] >= 3, run
+
+
+def test_enable_by_region_installs_and_disable_restores_the_layers(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gearcache import CompilerConfig
+    from gearcache.integrations.transformers import disable, enable
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=2)
+    lm = LlamaForCausalLM(config).eval()
+    with pytest.raises(ConfigError, match="'whole' or 'blocks'"):
+        enable(lm, cache_dir=str(tmp_path), regions="layers")
+    with pytest.raises(ConfigError, match=r"regions='whole'\) for CUDA graphs"):
+        enable(lm, cache_dir=str(tmp_path), regions="blocks", config=CompilerConfig(mode="reduce-overhead"))
+    served = enable(lm, cache_dir=str(tmp_path), regions="blocks")
+    assert served.layers == list(lm.model.layers) and len(served.regions) == 3
+    assert all("forward" in layer.__dict__ for layer in lm.model.layers)
+    names = {n for n, _ in served.regions[0].module.named_buffers()}
+    assert any(n.startswith("block_LlamaDecoderLayer_") for n in names), "the layer class is a key factor"
+    disable(lm)
+    assert not any("forward" in layer.__dict__ for layer in lm.model.layers)
