@@ -238,6 +238,11 @@ class NoPlan(Exception):
     recorded as the plan's ``reason`` (the artifact then loads through torch's loader)."""
 
 
+class ReadOnlyArtifactFolder(Exception):
+    """Torch's loader would write into a store folder this process cannot write. Raised just before it would be used
+    (``compiling.artifact_io.load_stored``), caught there: the artifact is loaded from a verified private copy."""
+
+
 class WrongDevice(RuntimeError):
     """The artifact runs only on the GPU it was compiled on, not on the caller's (compile one for this GPU). Raised by
     ``runplan.load_artifact``; the caller compiles the graph again, keyed with its own GPU's index."""
