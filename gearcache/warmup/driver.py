@@ -39,7 +39,7 @@ import pathlib
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Hashable, Iterable
 
 import torch
 
@@ -108,17 +108,16 @@ def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | Non
     ranks.note(f"{life.name}: warm-up's compile phase ({len(gears)} gears: look-ups, captures, compiles)")
     progress = Progress(life.name, len(gears), "ready")
     missing: list[tuple[GearCall, "Found"]] = []
-
-    def unloaded() -> Iterator[GearCall]:      # in rank order, those not in the table yet
-        for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
-            if gears[i].key in life.table:
-                progress.step(gears[i].sizes, "already loaded", 0.0)
-            else:
-                yield gears[i]
-
     try:
         with life.lock:
-            for gear, found, seconds in find_all(life, unloaded(), timeline):
+            unloaded: list[GearCall] = []       # in rank order, those not in the table yet
+            for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
+                gear = gears[i]
+                if gear.key in life.table:
+                    progress.step(gear.sizes, "already loaded", 0.0)
+                else:
+                    unloaded.append(gear)
+            for gear, found, seconds in find_all(life, unloaded, timeline):
                 if found.entry is not None:
                     life.remember(gear.key, found.entry)
                     progress.step(gear.sizes, "loaded", seconds)
