@@ -39,7 +39,7 @@ import pathlib
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Hashable, Iterable
 
 import torch
 
@@ -48,10 +48,10 @@ from ..compiling import background
 from ..ranks import phases as ranks
 from ..gears.plan import GearCall, MarkedCall, most_combinations
 from ..keys import guard_sets
-from .progress import Progress
 from ..timeline import Timeline
 from ..errors import GearLoadError, WorkerError
 from ..runplan.collectives import communicates
+from ..compiling.progress import Progress
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
@@ -106,22 +106,22 @@ def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | Non
     gears are missing and closed in any case."""
     background.wait_for(life)       # gears compiling in the background: settled, not compiled a second time
     ranks.note(f"{life.name}: warm-up's compile phase ({len(gears)} gears: look-ups, captures, compiles)")
+    order = rank_order(len(gears), life.topology.world_size, life.topology.global_rank)
     progress = Progress(life.name, len(gears), "ready")
     missing: list[tuple[GearCall, "Found"]] = []
-
-    def unloaded() -> Iterator[GearCall]:      # in rank order, those not in the table yet
-        for i in rank_order(len(gears), life.topology.world_size, life.topology.global_rank):
-            if gears[i].key in life.table:
-                progress.step(gears[i].sizes, "already loaded", 0.0)
-            else:
-                yield gears[i]
-
     try:
         with life.lock:
-            for gear, found, seconds in find_all(life, unloaded(), timeline):
+            unloaded: list[GearCall] = []       # in rank order, those not in the table yet
+            for i in order:
+                gear = gears[i]
+                if gear.key in life.table:
+                    progress.step(gear.sizes, "already loaded", 0.0)
+                else:
+                    unloaded.append(gear)
+            for gear, found, seconds in find_all(life, unloaded, timeline):
                 if found.entry is not None:
-                    life.remember(gear.key, found.entry)
                     progress.step(gear.sizes, "loaded", seconds)
+                    life.remember(gear.key, found.entry)
                 else:
                     missing.append((gear, found))
             if len(missing) > 1 and workers != 1 and not life.communicates:
