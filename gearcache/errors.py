@@ -243,6 +243,11 @@ class WrongDevice(RuntimeError):
     ``runplan.load_artifact``; the caller compiles the graph again, keyed with its own GPU's index."""
 
 
+class NeedsPrivateCopy(Exception):
+    """Raised just before torch's loader would write into an artifact folder this process cannot write; caught by
+    ``compiling.artifact_io.load_stored``, which loads a verified private copy instead: it never reaches the user."""
+
+
 # ------------------------------------------------------------------------ ranks of a job (gearcache/ranks/phases.py)
 class RankWaitError(GearcacheError, TimeoutError):
     """A rank waited at a fence (gearcache/ranks/phases.py) longer than ``config.rank_timeout_s`` for other ranks of its

@@ -23,7 +23,7 @@ import tempfile
 from typing import Any, Callable
 
 from .. import runplan
-from ..errors import CacheCorruptionError
+from ..errors import CacheCorruptionError, NeedsPrivateCopy
 from ..store import Store
 
 log = logging.getLogger("gearcache.compiling.artifact_io")
@@ -114,13 +114,13 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
 
     def before_torch_loader() -> None:
         if not writable(folder):
-            raise _NeedsPrivateCopy
+            raise NeedsPrivateCopy
         store.artifacts.verify(akey)
 
     try:
         try:
             return runplan.load_artifact(folder, device_index, before_torch_loader, plan=plan)
-        except _NeedsPrivateCopy:
+        except NeedsPrivateCopy:
             return runplan.load_artifact(private_copy(store, akey), device_index, plan=plan)   # verified whole
     except Exception as exc:
         if store.layout.artifact(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
@@ -129,10 +129,6 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
         log.warning("artifact %s vanished or changed while it was loaded (%s: %s); compiling it again", akey,
                     type(exc).__name__, exc)
         return None
-
-
-class _NeedsPrivateCopy(Exception):
-    """Raised before torch's loader would write into a folder this process cannot write (:func:`load_stored`)."""
 
 
 def private_folder(akey: str) -> pathlib.Path:
