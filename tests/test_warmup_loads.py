@@ -44,3 +44,13 @@ def test_a_gear_whose_load_fails_is_named_in_the_error(gears_cache, tmp_path):
     assert error["gear"] == [4, 4] and error["cause"] == "KeyError", error      # (x's and y's batch dims)
     assert "gear [4, 4]" in error["message"] and error["method"] in error["message"]
     assert out["counters"]["compiles"] == 0, "the other gears' look-ups ended; nothing compiled instead"
+
+
+def test_a_warm_start_under_autocast_never_serves_the_entries_stored_without_it(gears_cache, tmp_path):
+    """The look-up threads key each gear under the caller's autocast (a thread starts without it): the gears stored
+    without autocast are not served to calls under it, whose outputs keep eager's dtype and values."""
+    warm = run_script("run_gear_loads.py", str(_copy(gears_cache, tmp_path)), "--autocast")
+    assert "error" not in warm and warm["gears"] == 3
+    assert all(dtype == ["torch.bfloat16", "torch.bfloat16"] for dtype in warm["dtypes"]), warm["dtypes"]
+    assert warm["equal"]
+    assert warm["counters"]["loads"] == 0, "no gear's entry stored without autocast is loaded"

@@ -39,7 +39,7 @@ import pathlib
 import shutil
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple
 
 import torch
 
@@ -146,16 +146,18 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     checked, its artifact verified and loaded; a miss: ``entry`` None): ``(gear, found, seconds)`` in ``gears``'
     order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once), the
     others side by side in :func:`load_threads` threads as ``gears`` yields them (their file reads, digests
-    and kernel loads release the GIL), under the caller's CUDA device, grad and inference mode. Nothing in a look-up
+    and kernel loads release the GIL), under the caller's CUDA device, grad and inference mode and global torch state
+    (autocast, ...: an entry key's factor; a gear whose thread cannot take that state on is looked up in the calling
+    thread instead). Nothing in a look-up
     talks to other ranks (the run plan's group check reads this process's own groups). The gears' value guards are
     checked in one pass (one ``guard_sets.Reading``: the method's lock is held throughout, as ``_revalidate`` checks
     every entry's guards in one). A failure raises
     ``GearLoadError`` naming the first failing gear in order, once every look-up already running has ended (those not
     started are cancelled)."""
     results: list[tuple[GearCall, "Found", float]] = []
-    futures: list[tuple[GearCall, concurrent.futures.Future[tuple["Found", float]]]] = []
+    futures: list[tuple[GearCall, concurrent.futures.Future[tuple["Found", float] | None]]] = []
     threads: concurrent.futures.ThreadPoolExecutor | None = None
-    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    caller = _CallerState(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch_state.global_state())
     reading = guard_sets.Reading()      # one pass under the method's lock: each live value read once for all gears
     t0 = time.time()
     try:
@@ -167,8 +169,10 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
                 t0 = time.time()
                 threads = concurrent.futures.ThreadPoolExecutor(load_threads(), "gearcache-load", _adopt_device,
                                                                 (_caller_device(),))
-            futures.append((gear, threads.submit(_find, life, gear, timeline, reading, modes)))
-        results += [(gear, *future.result()) for gear, future in futures]
+            futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
+        for gear, future in futures:
+            found = future.result()
+            results.append((gear, *(found if found is not None else _find(life, gear, timeline, reading))))
     except BaseException:
         for _, future in futures:
             future.cancel()
@@ -180,17 +184,35 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     return results
 
 
-def _find(life: "EntryLife", gear: GearCall, timeline: Timeline, reading: guard_sets.Reading,
-          modes: tuple[bool, bool] | None = None) -> tuple["Found", float]:
-    """One gear's ``life.find`` for :func:`find_all` (``modes``: the caller's grad and inference mode, in a thread of
-    its own); its errors raised as ``GearLoadError`` naming the gear."""
+class _CallerState(NamedTuple):
+    """What a look-up thread takes on from the thread that called :func:`find_all` (a thread starts without it)."""
+    grad: bool
+    inference: bool
+    state: dict[str, Any]       # torch_state.global_state(): autocast, default device, ...
+
+
+def _find_in_thread(life: "EntryLife", gear: GearCall, timeline: Timeline, reading: guard_sets.Reading,
+                    caller: _CallerState) -> tuple["Found", float] | None:
+    """:func:`_find` in a look-up thread under the ``caller``'s grad and inference mode and global torch state (the
+    entry key reads it: a gear looked up without the caller's autocast would be served the entry compiled without
+    it); None where this thread cannot take that state on (``global_state_applied``: e.g. a torch-function mode):
+    the caller then looks the gear up itself."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.set_grad_enabled(caller.grad))
+        stack.enter_context(torch.inference_mode(caller.inference))
+        try:
+            stack.enter_context(torch_state.global_state_applied(caller.state))
+        except ValueError:
+            return None
+        return _find(life, gear, timeline, reading)
+
+
+def _find(life: "EntryLife", gear: GearCall, timeline: Timeline,
+          reading: guard_sets.Reading) -> tuple["Found", float]:
+    """One gear's ``life.find`` for :func:`find_all`; its errors raised as ``GearLoadError`` naming the gear."""
     t0 = time.perf_counter()
     try:
-        with contextlib.ExitStack() as stack:
-            if modes is not None:
-                stack.enter_context(torch.set_grad_enabled(modes[0]))
-                stack.enter_context(torch.inference_mode(modes[1]))
-            stack.enter_context(timeline.span(f"gear {gear.sizes}", "look up"))
+        with timeline.span(f"gear {gear.sizes}", "look up"):
             found = life.find(gear.leaves, gear.key, reading)
     except Exception as exc:
         raise GearLoadError(life.name, gear.sizes, exc) from exc

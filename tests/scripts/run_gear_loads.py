@@ -1,9 +1,11 @@
 """Warm start of PairMLP's three gears from a stored cache (their look-ups and loads side by side: warmup.driver's
 find_all), then every size 1..8 against eager; JSON report on the last line: counters, the compiler hooks, and the
-thread that looked up each gear. A warm-up that raises ``GearLoadError`` reports it instead.
+thread that looked up each gear. A warm-up that raises ``GearLoadError`` reports it instead. ``--autocast``: the
+warm-up and the calls under CPU autocast to bfloat16 (outputs compared with eager's, dtypes included).
 
-usage: run_gear_loads.py CACHE_DIR
+usage: run_gear_loads.py CACHE_DIR [--autocast]
 """
+import contextlib
 import json
 import os
 import sys
@@ -33,8 +35,10 @@ config = CompilerConfig()
 config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
 torch.manual_seed(0)
 model = PairMLP(sys.argv[1], config).eval()
-report: dict = {"equal": True}
-with torch.inference_mode():
+report: dict = {"equal": True, "dtypes": []}
+autocast = "--autocast" in sys.argv
+atol = 1e-2 if autocast else 1e-5
+with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext():
     try:
         report["gears"] = model.cached.warmup(torch.zeros(8, 4), torch.zeros(8, 4))
     except GearLoadError as exc:
@@ -46,8 +50,10 @@ with torch.inference_mode():
             x, y = torch.randn(n, 4), torch.randn(n, 4)
             out, total = model.cached(x, y)
             ref, ref_total = model.fwd(x, y)
-            report["equal"] &= out.shape == ref.shape and bool(torch.allclose(out, ref, atol=1e-5))
-            report["equal"] &= bool(torch.allclose(total, ref_total, atol=1e-5))
+            report["dtypes"].append([str(out.dtype), str(ref.dtype)])
+            report["equal"] &= out.dtype == ref.dtype and total.dtype == ref_total.dtype and out.shape == ref.shape
+            report["equal"] &= bool(torch.allclose(out.float(), ref.float(), atol=atol))
+            report["equal"] &= bool(torch.allclose(total.float(), ref_total.float(), atol=atol))
         report["compiles_after_warmup"] = counters.compiles + counters.traces - before
 report["counters"] = dict(vars(counters))
 report["finds"] = finds
