@@ -1,7 +1,8 @@
 """Warm start of PairMLP's three gears from a stored cache (their look-ups and loads side by side: warmup.driver's
 find_all), then every size 1..8 against eager; JSON report on the last line: counters, the compiler hooks, and the
 thread that looked up each gear. A warm-up that raises ``GearLoadError`` reports it instead. ``--autocast``: the
-warm-up and the calls under CPU autocast to bfloat16 (outputs compared with eager's, dtypes included).
+warm-up and the calls under autocast to bfloat16 (outputs compared with eager's, dtypes included). On the device
+``GEARCACHE_TEST_DEVICE`` names (cpu by default), as run_gears.py, which fills the cache.
 
 usage: run_gear_loads.py CACHE_DIR [--autocast]
 """
@@ -34,20 +35,21 @@ EntryLife.find = find
 config = CompilerConfig()
 config.inference_config.dim_gears = {"x": {0: [2, 4, 8]}, "y": {0: [2, 4, 8]}}
 torch.manual_seed(0)
-model = PairMLP(sys.argv[1], config).eval()
+device = os.environ.get("GEARCACHE_TEST_DEVICE", "cpu")
+model = PairMLP(sys.argv[1], config).eval().to(device)
 report: dict = {"equal": True, "dtypes": []}
 autocast = "--autocast" in sys.argv
 atol = 1e-2 if autocast else 1e-5
-with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext():
+with torch.inference_mode(), torch.autocast(device, torch.bfloat16) if autocast else contextlib.nullcontext():
     try:
-        report["gears"] = model.cached.warmup(torch.zeros(8, 4), torch.zeros(8, 4))
+        report["gears"] = model.cached.warmup(torch.zeros(8, 4, device=device), torch.zeros(8, 4, device=device))
     except GearLoadError as exc:
         report["error"] = {"message": str(exc), "gear": exc.gear, "method": exc.method,
                            "cause": type(exc.__cause__).__name__}
     else:
         before = counters.compiles + counters.traces
         for n in range(1, 9):
-            x, y = torch.randn(n, 4), torch.randn(n, 4)
+            x, y = torch.randn(n, 4, device=device), torch.randn(n, 4, device=device)
             out, total = model.cached(x, y)
             ref, ref_total = model.fwd(x, y)
             report["dtypes"].append([str(out.dtype), str(ref.dtype)])
