@@ -5,6 +5,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import run_script
 
 
@@ -46,6 +48,7 @@ def test_a_gear_whose_load_fails_is_named_in_the_error(gears_cache, tmp_path):
     assert out["counters"]["compiles"] == 0, "the other gears' look-ups ended; nothing compiled instead"
 
 
+@pytest.mark.slow
 def test_a_warm_start_under_autocast_never_serves_the_entries_stored_without_it(gears_cache, tmp_path):
     """The look-up threads key each gear under the caller's autocast (a thread starts without it): the gears stored
     without autocast are not served to calls under it, whose outputs keep eager's dtype and values."""
