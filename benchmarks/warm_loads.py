@@ -13,12 +13,12 @@ and the counters (0 compiles, every gear loaded). Prints each run, the median wa
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from _fresh import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -78,19 +78,10 @@ def _profiler():
 
 def run(device: str, gears: list[int], cache_dir: str) -> dict:
     """One warm-up in a fresh process, with empty Inductor and Triton caches of its own."""
-    caches = tempfile.mkdtemp(prefix="gearcache-warm-loads-caches-")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-           "TRITON_CACHE_DIR": os.path.join(caches, "triton"),
-           "PYTHONPATH": os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--device", device, "--cache-dir", cache_dir,
            "--gears", ",".join(map(str, gears))]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(cmd, "gearcache-warm-loads-caches-",
+                     {"PYTHONPATH": os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")})
 
 
 def main() -> None:

@@ -19,11 +19,11 @@ Target (issue #14): parallel <= 1.5x one gear on the H200 for the 7 decode gears
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
+
+from _fresh import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -70,16 +70,7 @@ def run(device: str, gears: list[int], workers: int | None) -> dict:
            "--gears", ",".join(map(str, gears))]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    caches = tempfile.mkdtemp(prefix="gearcache-warmup-bench-caches-")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
-           "TRITON_CACHE_DIR": os.path.join(caches, "triton")}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(cmd, "gearcache-warmup-bench-caches-")
 
 
 def main() -> None:
