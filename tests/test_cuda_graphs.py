@@ -327,15 +327,8 @@ def test_state_the_graph_advances_in_place_is_advanced_once_per_call(tmp_path, c
         assert int(served.pos) == 6
 
 
-class GearedCounted(torch.nn.Module):
+class GearedCounted(Counted):
     """Counted's state under gears: every gear's warm-up run writes the same cache and counter (shared state)."""
-
-    def __init__(self, cache_dir, config):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
-        self.register_buffer("pos", torch.zeros(1, dtype=torch.long))
-        self.register_buffer("cache", torch.zeros(16, 8))
-        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
 
     def fwd(self, x):                                # x [B, 8], B geared
         self.cache.index_copy_(0, self.pos, self.lin(x[:1]))
