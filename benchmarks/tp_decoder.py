@@ -127,6 +127,7 @@ def start(ex, model, sizes, device: str, dtype, one, args) -> dict:
     out: dict = {}
     dist.barrier()
     ex.sync(device)
+    threads_profile = _threads_profiled(f"rank{dist.get_rank()}")
     t0 = time.perf_counter()
     model.cached_decode(*one)
     ex.sync(device)
@@ -141,11 +142,44 @@ def start(ex, model, sizes, device: str, dtype, one, args) -> dict:
     ex.sync(device)
     out["all_gears_s"] = time.perf_counter() - t0
     _progress(f"{args.phase}: all gears {out['all_gears_s']:.2f} s")
+    threads_profile()
     out["timelines"] = {"decode": model.cached_decode.warmup_timeline.summary(),
                         "prefill": model.cached_prefill.warmup_timeline.summary()}
     out["compiler_imported"] = sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules)
     out["counters_after_warmup"] = dict(vars(counters))
     return out
+
+
+def _threads_profiled(name: str):
+    """Every thread's profile (yappi, wall and CPU clocks) from now until the returned function is called, when
+    ``GEARCACHE_BENCH_THREADS`` names a folder: ``<name>-wall.txt`` / ``<name>-cpu.txt`` there list each thread's
+    functions by inclusive time (else nothing is recorded). Wall against CPU time per thread tells waiting from work."""
+    folder = os.environ.get("GEARCACHE_BENCH_THREADS")
+    if not folder:
+        return lambda: None
+    import io
+
+    import yappi
+
+    yappi.set_clock_type(os.environ.get("GEARCACHE_BENCH_THREADS_CLOCK", "wall"))
+    yappi.start(builtins=True, profile_threads=True)
+
+    def stop() -> None:
+        yappi.stop()
+        os.makedirs(folder, exist_ok=True)
+        clock = yappi.get_clock_type()
+        with open(os.path.join(folder, f"{name}-{clock}.txt"), "w") as f:
+            threads = yappi.get_thread_stats()
+            buf = io.StringIO()
+            threads.print_all(out=buf)
+            f.write(buf.getvalue())
+            for t in threads:
+                stats = yappi.get_func_stats(filter_callback=lambda s, i=t.id: s.ctx_id == i).sort("ttot", "desc")
+                f.write(f"\n===== thread {t.name} id {t.id} ttot {t.ttot:.3f} s\n")
+                for st in list(stats)[:45]:
+                    f.write(f"{st.ttot:8.3f} {st.tsub:8.3f} {st.ncall:6d}  {st.module}:{st.lineno} {st.name}\n")
+        yappi.clear_stats()
+    return stop
 
 
 def _profiled(name: str):
