@@ -3,7 +3,7 @@ handle's type, and outputs whose storage can be made unreadable after a replay, 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,3 +25,17 @@ def forbid_storage_access(tensor: torch.Tensor, message: str) -> None:
     if forbid is not None:
         forbid(tensor, message)
 
+
+
+def fresh_copies(values: list[Any]) -> list[Any]:
+    """``values`` with each tensor replaced by a copy in memory of its own (as ``clone()``: same dtype, device and,
+    where dense, strides), the copies made by one ``torch._foreach_copy_`` (one kernel launch per dtype for dense
+    CUDA tensors instead of one per tensor: a graph replay's outputs are copied on every call); other values as
+    they are."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if len(tensors) < 2:
+        return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+    copies = iter([torch.empty_like(t) for t in tensors])
+    out = [next(copies) if isinstance(v, torch.Tensor) else v for v in values]
+    torch._foreach_copy_([o for o in out if isinstance(o, torch.Tensor)], tensors)
+    return out

@@ -168,7 +168,7 @@ class CudaGraphs:
                 gear_plan.record_padding(graphed.entry, leaves, targets)  # type: ignore[arg-type]
         mode = self.cached.config.inference_config.graph_outputs
         if mode == "copy":
-            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in outs]
+            outs = torch_cuda_graphs.fresh_copies(outs)
         elif mode == "view-checked":
             outs = self._checked_views(outs)
         return graphed.entry.build(outs, leaves)
