@@ -186,7 +186,8 @@ class CachedFunction(Dispatcher):
         padded = gear_plan.pad(leaves, targets)
         if padded is not leaves and signature.shares_memory(key):
             raise UnsupportedInputError(signature.shared_memory_message(
-                self.name, key, "padding copies the padded ones to tensors of their own"))
+                self.name, key, "padding copies the padded ones to tensors of their own", self.gear_life.method,
+                leaves))
         pkey = key if padded is leaves else signature.rekey(key, padded)
         entry = self._table.get(pkey)
         if entry is None:

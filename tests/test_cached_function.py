@@ -524,5 +524,6 @@ def test_inputs_sharing_memory_are_served_as_eager_in_any_order_and_refused_wher
     cfg.inference_config.dim_gears = {"x": {0: [4]}, "y": {0: [4]}}
     geared = WritesOneReadsOther(str(tmp_path / "geared"), cfg)
     big = torch.randn(3, 8)
-    with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError, match="one tensor or views of one storage"):
+    with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError,
+                                        match="arguments x, y are one tensor or views of one storage"):
         geared.cached(big[:], big[:])

@@ -7,7 +7,7 @@ from torch_settings import attribute, setting
 
 import gearcache
 from gearcache._torch import state as torch_state
-from gearcache.call.signature import call_key, describe, matcher, short
+from gearcache.call.signature import call_key, describe, matcher, shared_memory_message, short
 
 
 def key_of(*args, **kwargs):
@@ -270,3 +270,20 @@ def test_views_of_one_storage_are_keyed_by_where_they_sit_and_get_no_shortcut():
         plain, writes = matcher(separate, keys["separate"]), matcher(separate, keys["separate"], True)
         assert plain(calls["disjoint"]) and plain(separate)        # reads only: views read the same values
         assert writes(separate) and not writes(calls["disjoint"]) and not writes((big, big))
+
+
+def test_the_refusal_of_inputs_sharing_memory_names_the_arguments():
+    def fwd(x, cache, scale=1.0):
+        return x
+
+    base = torch.randn(4, 8)
+    other = torch.randn(4, 8)
+    args, kwargs = (base[:2], [other, base[2:]]), {}
+    leaves, key = call_key(args, kwargs)
+    message = shared_memory_message("M.fwd", key, "padding copies them", fwd, leaves)
+    assert "arguments x, cache[1] are one tensor or views of one storage" in message, message
+    assert "padding copies them" in message and "Fix:" in message
+    same = torch.randn(3)
+    leaves, key = call_key((same, [same]), {})
+    assert "arguments x, cache[0]" in shared_memory_message("M.fwd", key, "why", fwd, leaves)
+    assert "flattened position 0" in shared_memory_message("M.fwd", key, "why")      # no method: positions

@@ -159,9 +159,13 @@ def shares_memory(key: tuple[Any, ...]) -> list[int]:
     return sorted(same | set(shares_storage(key)))
 
 
-def shared_memory_message(name: str, key: tuple[Any, ...], why: str) -> str:
-    """The refusal of a call whose inputs share memory where gearcache would copy them apart (``why``)."""
-    return (f"{name}: arguments {shares_memory(key)} (flattened positions) are one tensor or views of one storage; "
+def shared_memory_message(name: str, key: tuple[Any, ...], why: str, method: Callable[..., Any] | None = None,
+                          leaves: tuple[Any, ...] = ()) -> str:
+    """The refusal of a call whose inputs share memory where gearcache would copy them apart (``why``), naming the
+    arguments (by ``method``'s parameter names, from the call's ``leaves``; else by flattened position)."""
+    names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and leaves else {}
+    shared = ", ".join(names.get(i, f"flattened position {i}") for i in shares_memory(key))
+    return (f"{name}: arguments {shared} are one tensor or views of one storage; "
             f"{why}, so a write through one would not show through the others. Fix: pass tensors that do not share "
             f"memory (a .clone() of each)")
 
@@ -318,12 +322,18 @@ def leaf_names(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     except TypeError:
         return {}
     names: dict[int, str] = {}
-    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+    ids: dict[int, list[int]] = {}            # a tensor passed twice is two leaves: each gets one of its names
+    for i, leaf in enumerate(leaves):
+        ids.setdefault(id(leaf), []).append(i)
+
+    def name_it(value: Any, name: str) -> None:
+        if isinstance(value, _Tensor) and ids.get(id(value)):
+            names[ids[id(value)].pop(0)] = name
+
     for name, value in bound.arguments.items():
-        if isinstance(value, _Tensor) and id(value) in ids:
-            names[ids[id(value)]] = name
-        elif isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)):
             for k, item in enumerate(value):
-                if isinstance(item, _Tensor) and id(item) in ids:
-                    names[ids[id(item)]] = f"{name}[{k}]"
+                name_it(item, f"{name}[{k}]")
+        else:
+            name_it(value, name)
     return names

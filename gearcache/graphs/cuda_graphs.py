@@ -130,7 +130,8 @@ class CudaGraphs:
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
                 signature.on_cuda(leaves):
             raise UnsupportedInputError(signature.shared_memory_message(
-                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
+                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own",
+                self.cached.gear_life.method, leaves))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         if gear_plan is not None and targets is None:
             return self.cached.gear_life.past_largest(gear_plan, leaves, key)
@@ -214,7 +215,8 @@ class CudaGraphs:
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
                 signature.on_cuda(leaves):
             raise UnsupportedInputError(signature.shared_memory_message(
-                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own"))
+                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own",
+                self.cached.gear_life.method, leaves))
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         static_leaves = gear_plan.pad(leaves, targets) if targets is not None else leaves  # type: ignore[union-attr]
         skey = signature.rekey(key, static_leaves)
