@@ -152,6 +152,18 @@ def step_loop(lm, device: str, sync) -> float:
     return best
 
 
+def entry_compile_times(store: str) -> list[dict]:
+    """Each entry of ``store`` (``gearcache ls --json``): its method, signature and compile seconds (for regions: one
+    entry per distinct block and gear)."""
+    done = subprocess.run([sys.executable, "-m", "gearcache.cli", "ls", "--cache-dir", store, "--json"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return [{"error": done.stderr[-300:]}]
+    rows = json.loads(done.stdout)
+    rows = rows.get("entries", rows) if isinstance(rows, dict) else rows
+    return [{k: r.get(k) for k in ("method", "signature", "compile_seconds")} for r in rows]
+
+
 def start(name: str, variant: str, store: str, opts, work: str) -> dict:
     caches = tempfile.mkdtemp(dir=work)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor"),
@@ -177,9 +189,13 @@ def main(argv=None) -> int:
     ap.add_argument("--regions", action="store_true", help="also gearcache with regions='blocks'")
     ap.add_argument("--layers", type=int, help="build the models with this many decoder layers")
     ap.add_argument("--sweep-only", action="store_true", help="cold sweeps and first generate() only")
+    ap.add_argument("--cold-variants", help="the whole-step cold runs to make, of gearcache,torch.compile "
+                                            "(default both; e.g. torch.compile with --regions --sweep-only: the layer "
+                                            "count's growth without the whole step's long compiles)")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
+    wanted = (lambda v: True) if not opts.cold_variants else (lambda v: v in opts.cold_variants.split(","))
     if opts.child:
         print(json.dumps(child(*opts.child)))
         return 0
@@ -193,9 +209,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gearcache-generate-") as work:
         for name in [n.strip() for n in opts.models.split(",") if n.strip()]:
             store = os.path.join(work, name)
-            runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")}   # cold
+            runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")   # cold
+                    if wanted(v)}
             if opts.regions:        # cold too: a store of its own
                 runs["gearcache-regions"] = start(name, "gearcache-regions", store + "-regions", opts, work)
+                runs["gearcache-regions"]["entries"] = entry_compile_times(store + "-regions")
             if opts.background:     # cold too: a store of its own
                 runs["gearcache-background"] = start(name, "gearcache-background", store + "-background", opts, work)
                 if opts.graphs:
@@ -222,6 +240,7 @@ def main(argv=None) -> int:
                                                                                      "all_compiled_s")}
                                     if opts.background and opts.graphs else {})},
                 "again_sweep_s": {v: runs[v]["again_sweep_s"] for v in runs if "again_sweep_s" in runs[v]},
+                "regions_entries": runs.get("gearcache-regions", {}).get("entries"),
                 "cold_counters": {v: runs[v].get("counters_after_sweep") for v in runs
                                   if v in ("gearcache", "gearcache-regions", "gearcache-background",
                                            "gearcache-background-graphs")},
