@@ -39,23 +39,6 @@ def mode_options(mode: str) -> dict[str, Any]:
     return opts
 
 
-def start_compile_pool() -> None:
-    """Start Inductor's pool of kernel-compile processes now, as torch.compile's own backend does when Dynamo first
-    hands it a graph (``torch._dynamo.backends.inductor``): gearcache captures with a backend of its own, so without
-    this the first compile of a process finds no pool ready and compiles every Triton kernel in this process, one
-    after another (on an H100 the first block of a regional compile took 7.5-9 s, the next gears 2-3.5 s). Started
-    before the capture, the pool's start overlaps the trace. A no-op where torch would not use the pool (no Triton,
-    one compile thread, ``TORCH_WARM_POOL=0``). Imports Inductor: only for a process about to compile."""
-    try:
-        from torch._inductor.async_compile import maybe_warm_pool
-    except ImportError:                 # older torch: the pool without the checks of TORCH_WARM_POOL
-        from torch._inductor.async_compile import AsyncCompile
-
-        AsyncCompile.warm_pool()
-        return
-    maybe_warm_pool()
-
-
 def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
                          decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
     """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).

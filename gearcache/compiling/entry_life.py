@@ -251,10 +251,7 @@ class EntryLife:
 
     # ------------------------------------------------------------------------------ capture, compile, publish
     def new_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: tuple[Any, ...], found: Found) -> Loaded:
-        """The entry of a signature the store lacks: ``capture``, ``publish`` (``compile``), ``finish``. For CUDA
-        inputs, Inductor's kernel-compile pool is started first, so its start overlaps the capture."""
-        if signature.on_cuda(leaves) and self.config.on_new_signature != "error":
-            torch_inductor.start_compile_pool()
+        """The entry of a signature the store lacks: ``capture``, ``publish`` (``compile``), ``finish``."""
         pending = self.capture(args, kwargs, leaves, found)
         folder, built = self.publish(pending)
         return self.finish(pending, folder, built)
