@@ -5,9 +5,10 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 :class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
 1. the example call as the gears read it, derived once (``GearPlanLife.marked_call``: a ``MarkedCall``, its leaves,
-   signature key and marks), and its gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
-   yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace; a
-   method without marks is called once and done;
+   signature key and marks, whether ``set_dim_gears`` marked it, how many gears it can form at most), and its gear
+   plan (``CachedMethod.gear_plan``); when no plan is stored for its marks yet, worker processes start first
+   (:func:`_early_workers`), so that their start overlaps the plan's trace; a method without marks is called once
+   and done;
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
@@ -31,7 +32,7 @@ from ..call import signature
 from ..compiling.entry_life import Loaded, entry_groups
 from ..compiling.snapshot import kept
 from ..config import CompilerConfig
-from ..gears.plan import GearCall, GearPlan, MarkedCall, has_marks
+from ..gears.plan import GearCall, GearPlan, MarkedCall
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
@@ -76,7 +77,7 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
             if not cached.gear_life.checked:
                 early = _early_workers(cached, call, timeline)
             gear_plan: GearPlan | None = cached.gear_plan(call)
-            if gear_plan is None and has_marks(call.leaves):    # an earlier call had no marks, these do
+            if gear_plan is None and call.tagged:    # an earlier call had no marks, these do
                 gear_plan = cached.gear_plan(call, again=True)
         if gear_plan is not None:
             # eager runs only, before anything is compiled
@@ -136,7 +137,7 @@ def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -
         return None
     if cached.gear_life.stored(call).record is not None:
         return None
-    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
+    return driver.start_workers(cached.life, call, ic.warmup_workers, timeline)
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
