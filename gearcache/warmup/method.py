@@ -14,9 +14,11 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
    below; every gear's stored entry looked up and loaded side by side, the gears the store lacks compiled, side by
    side (driver.py ``compile_missing``);
-4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
+4. what the runs below may write in place saved, to be restored after them (:func:`_kept_by`: ``snapshot.kept``);
+   the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`; under
+   CUDA graphs' capture, inside ``capture_all``, before that);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
-   largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
+   largest first under CUDA graphs.
 
 Every phase is recorded in the :class:`~gearcache.timeline.Timeline` the caller passes.
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, Protocol
 
 import torch
 
@@ -89,11 +91,11 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
     finally:
         if early is not None:
             early.close(wait=False)
-    if gear_plan is not None:
-        return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
-    with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
-        cached(*args, **kwargs)
-    return 1
+    if gear_plan is None:
+        with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
+            cached(*args, **kwargs)
+        return 1
+    return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
 
 
 def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple[Any, ...],
@@ -114,10 +116,9 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
             assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
             with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                 graphs.capture_all(gear_plan, [(gear.leaves, gear.key) for gear in gears], before_runs=fence)
-        elif not lazy:
-            fence([table.get(gear.key) for gear in gears])
-        written = _written_by(table, gears, [*leaves, *cached.module.buffers()])
-        with kept(written):
+        with _kept_by(table, gears, [*leaves, *cached.module.buffers()]):
+            if not capture_now and not lazy:
+                fence([table.get(gear.key) for gear in gears])
             for gear in gears:
                 with timeline.span(f"gear {gear.sizes}", "first run"):
                     call(gear_plan, gear.leaves, gear.key)
@@ -158,12 +159,12 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
                         f"gears {combos}", cached.config.rank_timeout_s)
 
 
-def _written_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
-                unknown: list[torch.Tensor]) -> list[torch.Tensor]:
-    """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
-    gear's entry is not in ``table`` yet (it is found by its first run)."""
+def _kept_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
+             unknown: list[torch.Tensor]) -> ContextManager[None]:
+    """What the gears' first runs may write in place (their entries' ``mutated_inputs``; ``unknown`` where a gear's
+    entry is not in ``table`` yet: it is found by its first run), kept: restored after them (``snapshot.kept``)."""
     written: list[torch.Tensor] = []
     for gear in gears:
         entry = table.get(gear.key)
         written += unknown if entry is None else graphed_entry.written_tensors(entry, gear.leaves)
-    return written
+    return kept(written)
