@@ -6,7 +6,8 @@ signature through the stages that give it an entry:
 - ``find``: the entry key of a signature, the store's entry manifest for it whose value guards hold here
   (gearcache/keys/guard_sets.py), and the entry ``load``ed from it (None: a miss). Counts ``counters.misses``.
 - ``load``: an entry from its stored manifest, through the run-plan loader (``artifact_io``).
-- ``capture``: the graph of a call (Dynamo, in the calling thread), with its artifact's key: a :class:`Pending`.
+- ``capture``: the graph of a call (Dynamo, in the calling thread), with its artifact's keys (the shared one, and
+  the one for this GPU alone, should its run plan turn out bound to the GPU it is compiled on): a :class:`Pending`.
 - ``compile``: the graph compiled into a build folder (Inductor); ``publish`` runs it under the artifact lock
   (``faults.publish_or_fallback``: once across the processes sharing the folder), ``finish`` writes the entry
   manifest and loads the published artifact.
@@ -76,6 +77,7 @@ class Pending:
     captured: Captured
     akey: str
     artifact_factors: dict[str, str]
+    bound: tuple[str, dict[str, str]]   # the key and factors of the artifact for this GPU alone (_load_published)
     t0: float
     index: int | None = None        # the GPU the call runs on (cuda_index)
 
@@ -275,15 +277,17 @@ class EntryLife:
         captured = capture(self.method, self.module, args, kwargs, leaves)
         index = cuda_index(leaves, self.module)
         akey, artifact_factors = self.artifact_key(captured, factors, index)
-        return Pending(args, kwargs, found.desc, found.ekey, factors, captured, akey, artifact_factors, t0, index)
+        bound = cache_keys.device_bound_artifact_key(akey, index)
+        return Pending(args, kwargs, found.desc, found.ekey, factors, captured, akey, artifact_factors, bound, t0,
+                       index)
 
     def artifact_key(self, captured: Captured, factors: dict[str, Any],
                      index: int | None) -> tuple[str, dict[str, str]]:
         """The content address of the compiled graph. For a graph on one GPU, its index is left out of the graph's
         code and the inputs' devices (``keys.key.artifact_key``'s ``device_index``): ranks on cuda:0..N-1 share one
         artifact, whose run plan binds the live GPU at load. Graphs that cannot get a device-free plan (collectives:
-        runplan.device_bound_reason) keep the index; artifacts that turn out bound to their compile GPU are keyed
-        again with it (``finish``)."""
+        runplan.device_bound_reason) keep the index; an artifact that turns out bound to its compile GPU is keyed
+        again with it (``finish``), by the key ``capture`` computes beside this one (``Pending.bound``)."""
         gm = captured.graph
         values = factors["values"]
         free = index is not None and runplan.device_bound_reason(gm) is None
@@ -355,14 +359,15 @@ class EntryLife:
     def _load_published(self, p: Pending, folder: pathlib.Path | None,
                         built: bool) -> tuple[pathlib.Path | None, bool, Callable[..., Any] | None]:
         """Load the published artifact for the call's GPU: ``(folder, built, loaded)``. An artifact bound to another
-        GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index, compiled here (``p`` is updated)."""
+        GPU (runplan.WrongDevice) is replaced by one keyed with this GPU's index (``p.bound``), compiled here (``p`` is
+        updated)."""
         if folder is None:                                    # the store failed and on_cache_error="eager"
             return None, built, None
         try:
             return folder, built, self.pipeline.load_published(folder, built, p.index)
         except runplan.WrongDevice as exc:
             log.info("%s: %s; compiling for cuda:%s", self.name, exc, p.index)
-        p.akey, p.artifact_factors = cache_keys.device_bound_artifact_key(p.akey, p.index)
+        p.akey, p.artifact_factors = p.bound
         folder, built = self.publish(p)
         return folder, built, None if folder is None else self.pipeline.load_published(folder, built, p.index)
 

@@ -120,13 +120,17 @@ class MarkedDim:
 @dataclasses.dataclass
 class MarkedCall:
     """A call as the gears read it, derived once from its arguments: its flattened ``leaves`` and signature ``key``,
-    the argument ``names`` of its tensor leaves (gearcache/call/signature.py) and its ``marks`` (:func:`find_marks`)."""
+    the argument ``names`` of its tensor leaves (gearcache/call/signature.py), its ``marks`` (:func:`find_marks`),
+    whether ``set_dim_gears`` marked its tensors (``tagged``: :func:`has_marks`, config gears by name aside), and
+    how many gears its marks can form at most before a trace (``most``: :func:`most_combinations`)."""
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     leaves: tuple[Any, ...]
     key: tuple[Hashable, ...]
     names: dict[int, str]
     marks: list[MarkedDim]
+    tagged: bool
+    most: int
 
 
 class GearCall(NamedTuple):

@@ -9,7 +9,7 @@ factor lists themselves:
 
 - :func:`entry_key`: a cached method's entry for one signature (the entry manifest's name in the store);
 - :func:`artifact_key`: a compiled graph (the artifact folder's name), and :func:`device_bound_artifact_key` for one
-  whose run plan turned out bound to the GPU it was compiled on;
+  whose run plan turns out bound to the GPU it was compiled on (computed beside it, at capture);
 - :func:`gear_plan_key`: a cached method's gear plan for one set of gear marks;
 - :func:`environment_factors`: the factors entry and artifact keys share (this process's torch, devices and groups).
 

@@ -46,7 +46,7 @@ import torch
 from .._torch import state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
-from ..gears.plan import GearCall, MarkedCall, most_combinations
+from ..gears.plan import GearCall, MarkedCall
 from ..keys import guard_sets
 from ..timeline import Timeline
 from ..errors import GearLoadError, WorkerError
@@ -81,14 +81,12 @@ def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     return own + [i for i in range(n) if i % world_size != rank % world_size]
 
 
-def start_workers(life: "EntryLife", call: MarkedCall, policy: str, workers: int | None,
-                  timeline: Timeline) -> WorkerPool | None:
+def start_workers(life: "EntryLife", call: MarkedCall, workers: int | None, timeline: Timeline) -> WorkerPool | None:
     """Start the worker processes of a warm-up of the example ``call`` before it knows which gears are missing
-    (``warmup.method._early_workers``): as many as the gears its marks can form under the merge ``policy``, at most
-    (``most_combinations``); None when that would be one worker (the serial path)."""
+    (``warmup.method._early_workers``): as many as the gears its marks can form, at most (``call.most``); None
+    when that would be one worker (the serial path)."""
     inputs = _call_inputs(life, call.leaves)
-    gears = most_combinations(call.marks, policy)
-    n = min(workers or default_workers(gears, inputs), gears)
+    n = min(workers or default_workers(call.most, inputs), call.most)
     if n <= 1:
         return None
     log.info("warmup %s: starting %d worker processes while the gear plan is traced", life.name, n)

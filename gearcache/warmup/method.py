@@ -5,17 +5,20 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 :class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
 1. the example call as the gears read it, derived once (``GearPlanLife.marked_call``: a ``MarkedCall``, its leaves,
-   signature key and marks), and its gear plan (``CachedMethod.gear_plan``); when no plan is stored for its marks
-   yet, worker processes start first (:func:`_early_workers`), so that their start overlaps the plan's trace; a
-   method without marks is called once and done;
+   signature key and marks, whether ``set_dim_gears`` marked it, how many gears it can form at most), and its gear
+   plan (``CachedMethod.gear_plan``); when no plan is stored for its marks yet, worker processes start first
+   (:func:`_early_workers`), so that their start overlaps the plan's trace; a method without marks is called once
+   and done;
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
    before anything is compiled: ``GearPlanLife.verify_all``);
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
    below; every gear's stored entry looked up and loaded side by side, the gears the store lacks compiled, side by
    side (driver.py ``compile_missing``);
-4. the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`);
+4. what the runs below may write in place saved, to be restored after them (:func:`_kept_by`: ``snapshot.kept``);
+   the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`; under
+   CUDA graphs' capture, inside ``capture_all``, before that);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
-   largest first under CUDA graphs; what the runs write in place is restored after them (``snapshot.kept``).
+   largest first under CUDA graphs.
 
 Every phase is recorded in the :class:`~gearcache.timeline.Timeline` the caller passes.
 """
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, Protocol
 
 import torch
 
@@ -31,7 +34,7 @@ from ..call import signature
 from ..compiling.entry_life import Loaded, entry_groups
 from ..compiling.snapshot import kept
 from ..config import CompilerConfig
-from ..gears.plan import GearCall, GearPlan, MarkedCall, has_marks
+from ..gears.plan import GearCall, GearPlan, MarkedCall
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
@@ -76,7 +79,7 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
             if not cached.gear_life.checked:
                 early = _early_workers(cached, call, timeline)
             gear_plan: GearPlan | None = cached.gear_plan(call)
-            if gear_plan is None and has_marks(call.leaves):    # an earlier call had no marks, these do
+            if gear_plan is None and call.tagged:    # an earlier call had no marks, these do
                 gear_plan = cached.gear_plan(call, again=True)
         if gear_plan is not None:
             # eager runs only, before anything is compiled
@@ -88,11 +91,11 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
     finally:
         if early is not None:
             early.close(wait=False)
-    if gear_plan is not None:
-        return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
-    with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
-        cached(*args, **kwargs)
-    return 1
+    if gear_plan is None:
+        with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
+            cached(*args, **kwargs)
+        return 1
+    return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
 
 
 def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple[Any, ...],
@@ -113,10 +116,9 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
             assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
             with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                 graphs.capture_all(gear_plan, [(gear.leaves, gear.key) for gear in gears], before_runs=fence)
-        elif not lazy:
-            fence([table.get(gear.key) for gear in gears])
-        written = _written_by(table, gears, [*leaves, *cached.module.buffers()])
-        with kept(written):
+        with _kept_by(table, gears, [*leaves, *cached.module.buffers()]):
+            if not capture_now and not lazy:
+                fence([table.get(gear.key) for gear in gears])
             for gear in gears:
                 with timeline.span(f"gear {gear.sizes}", "first run"):
                     call(gear_plan, gear.leaves, gear.key)
@@ -136,7 +138,7 @@ def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -
         return None
     if cached.gear_life.stored(call).record is not None:
         return None
-    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
+    return driver.start_workers(cached.life, call, ic.warmup_workers, timeline)
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
@@ -157,12 +159,12 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
                         f"gears {combos}", cached.config.rank_timeout_s)
 
 
-def _written_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
-                unknown: list[torch.Tensor]) -> list[torch.Tensor]:
-    """What the gears' first runs may write in place (their entries' ``mutated_inputs``); ``unknown`` where a
-    gear's entry is not in ``table`` yet (it is found by its first run)."""
+def _kept_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
+             unknown: list[torch.Tensor]) -> ContextManager[None]:
+    """What the gears' first runs may write in place (their entries' ``mutated_inputs``; ``unknown`` where a gear's
+    entry is not in ``table`` yet: it is found by its first run), kept: restored after them (``snapshot.kept``)."""
     written: list[torch.Tensor] = []
     for gear in gears:
         entry = table.get(gear.key)
         written += unknown if entry is None else graphed_entry.written_tensors(entry, gear.leaves)
-    return written
+    return kept(written)
