@@ -2,7 +2,7 @@
 shared, so the ranks of a job that load the same artifacts never queue on it; an evictor holds it exclusively, so it
 waits for every loader inside and every loader waits for it; a leased artifact is never evicted.
 
-Every holder here is a real process (forked: its lock is a flock of its own open file, as another rank's is), and
+Every holder here is a real process (its lock is a flock of its own open file, as another rank's is), and
 each "at once" is proved by a barrier the processes pass while they hold the lock, never by timing.
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from gearcache import LockTimeoutError
 from gearcache.store import HOST, Store, StoreConfig
 
 AKEY = "a" * 40
-FORK = multiprocessing.get_context("fork")      # the children use the store only: no torch, no threads
+FORK = multiprocessing.get_context("forkserver")    # forked from a server that imported the store once
+FORK.set_forkserver_preload(["gearcache.store"])
 WAIT_S = 20.0                                   # how long anything here waits before it counts as a hang
 
 
