@@ -702,11 +702,17 @@ def test_cleanup_removes_what_killed_processes_left(tmp_path):
     (leases / f"{live}@elsewhere").write_text("1\n")
     os.utime(leases / f"{live}@elsewhere", (time.time() - 2 * 86400,) * 2)
 
+    stamps = root / "stamps"
+    stamps.mkdir()
+    (stamps / f"{'a' * 40}.json").write_text("{}")                  # its artifact is gone
+    (stamps / f".{'d' * 40}.json.{dead}.{ours}.tmp").write_text("{")
+
     done = Store(root).maintenance.cleanup()
     assert {p.name for p in (root / "tmp").iterdir()} == kept
     assert [p.name for p in method.iterdir()] == [f".e2.json.{live}.{ours}.tmp"] and not list(misses.iterdir())
     assert sorted(p.name for p in leases.iterdir()) == [f"{live}@{HOST}", f"{live}@{HOST}-other"]
-    assert done == {"tmp": len(gone), "partial_files": 2, "leases": 2, "soft_locks": 0, "evicted": 0}
+    assert not list(stamps.iterdir())
+    assert done == {"tmp": len(gone), "partial_files": 3, "leases": 2, "soft_locks": 0, "stamps": 1, "evicted": 0}
 
 
 def test_each_store_cleans_up_once(tmp_path, monkeypatch):

@@ -14,18 +14,23 @@ On-disk layout (format 1)::
                                               (with a signing key: a "sig" field over the canonical JSON of the rest)
       index/                                  diskcache index: bookkeeping for ls/stats/eviction, never on the call path
       locks/<akey>.lock                       one lock per artifact: the process holding it compiles
-      locks/<akey>.lease.lock                 held for a moment while a lease is taken or an artifact evicted
+      locks/<akey>.lease.lock                 held for a moment: shared while a lease is taken (loaders never wait
+                                              for each other), exclusively while the artifact is evicted or pruned
       leases/<akey>/<pid>@<host>              "this process loaded the artifact": never evicted while the pid lives
+      stamps/<akey>.json                      what the last full check of the artifact saw (stamps.py): a load of an
+                                              unchanged artifact skips its digests; removed with the artifact
       tmp/<akey>.<pid>.<tag>                  work folders; a published artifact is renamed out of here
       quarantine/                             artifacts (and entry manifests) that failed a check, kept for inspection
       misses/<topology>/<method>/<ekey>.json  the key factors of a recorded miss (diagnostics.py)
 
-Publishing is crash-safe: an artifact is built in ``tmp/``, its ``MANIFEST.json`` (and signature) written last, then
-the folder is renamed into ``artifacts/`` (atomic); an entry manifest is written to a temp name and ``os.replace``-d,
-after its artifact exists. A reader treats an artifact without a valid manifest, or whose files do not match their
-digests, as corrupt: quarantined, never executed. Leftovers of killed processes (work folders, temp manifest files,
-leases, soft locks) are removed by ``store.maintenance.cleanup()`` (``Maintenance.cleanup``), run once by every Store
-that writes. See docs/RELIABILITY.md for every fault and what happens.
+Publishing is crash-safe: an artifact is built in ``tmp/``, its ``MANIFEST.json`` (and signature) written last, then the
+folder is renamed into ``artifacts/`` (atomic); an entry manifest is written to a temp name and ``os.replace``-d, after
+its artifact exists. A reader treats an artifact without a valid manifest, or whose files do not match their digests, as
+corrupt: quarantined, never executed. The digests are computed once per artifact (at publish, or at the first full
+check): a later load whose files still have the ``lstat`` its stamp recorded skips them (stamps.py). Leftovers of killed
+processes (work folders, temp manifest files, leases, soft locks) are removed by ``store.maintenance.cleanup()``
+(``Maintenance.cleanup``), run once by every Store that writes.
+See docs/RELIABILITY.md for every fault and what happens.
 """
 from __future__ import annotations
 

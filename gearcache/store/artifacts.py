@@ -25,6 +25,7 @@ from .locks import Locks
 from .first_use import FirstUse
 from .maintenance import Maintenance
 from .signing import _hmac
+from .stamps import Stamps, covered, manifest_digest, stat_record
 from .trust import Trust
 
 log = logging.getLogger("gearcache.store")
@@ -50,36 +51,43 @@ class Artifacts:
     ``remote``: the remote store a publish goes through (None: a local folder only)."""
 
     def __init__(self, layout: Layout, locks: Locks, leases: Leases, trust: Trust, index: Index, first_use: FirstUse,
-                 maintenance: Maintenance, key: bytes | None, remote: FleetPublisher | None):
+                 maintenance: Maintenance, stamps: Stamps, key: bytes | None, remote: FleetPublisher | None):
         self.layout, self.locks, self.leases, self.trust, self.index = layout, locks, leases, trust, index
-        self.first_use, self.maintenance, self.key, self.remote = first_use, maintenance, key, remote
+        self.first_use, self.maintenance, self.stamps = first_use, maintenance, stamps
+        self.key, self.remote = key, remote
         self._checked_in_memory: set[str] = set()   # artifacts installed here from bytes checked in memory
 
     def folder(self, akey: str) -> pathlib.Path:
         return self.layout.artifact(akey)
 
     def verify(self, akey: str, folder: pathlib.Path | None = None,
-                        only: Sequence[str] | None = None) -> None:
+               only: Sequence[str] | None = None) -> None:
         """Raise ``CacheCorruptionError`` unless every file of the artifact matches its manifest digest, no unlisted
         file could be executed, every file and folder in it is trusted (else ``UntrustedArtifactError``, a
         ``CacheCorruptionError`` too) and, with a signing key, ``MANIFEST.sig`` is the manifest's HMAC. A missing
-        artifact raises ``FileNotFoundError``. ``folder``: check a copy of the artifact instead.
+        artifact raises ``FileNotFoundError``. ``folder``: check a copy of the artifact instead. Every digest is
+        computed (what ``gearcache verify`` runs); :meth:`check` skips them for an unchanged, stamped artifact.
 
         ``only``: check just the parts a loader will read, as paths relative to the artifact folder: a folder ends in
         ``/`` (``"runplan/"``: everything under it, unlisted files included), anything else is one file, which the
         manifest must list. The manifest, its signature and the artifact folder itself are always checked. A load
         that goes on to read other parts (torch's loader reads the whole folder) must check the whole artifact
         first."""
-        folder = self.layout.artifact(akey) if folder is None else pathlib.Path(folder)
-        files = self._verified_manifest(akey, folder)
+        self._verify(akey, self.layout.artifact(akey) if folder is None else pathlib.Path(folder), only, {})
+
+    def _verify(self, akey: str, folder: pathlib.Path, only: Sequence[str] | None,
+                seen: dict[str, os.stat_result]) -> bytes:
+        """:meth:`verify`; ``seen`` gets the ``lstat`` of every file and folder checked (``""``: the folder itself),
+        each taken before the file was read. Returns the manifest's bytes."""
+        files, raw = self._verified_manifest(akey, folder, seen)
         top = str(folder)
         parts = [""] if only is None else list(only)
         present: set[str] = set()
         for part in parts:
             if part and not part.endswith("/"):
-                self._check_one(top, part, files, present)
+                self._check_one(top, part, files, present, seen)
             else:
-                self._walk_part(top, part, present)
+                self._walk_part(top, part, present, seen)
         wanted = [rel for rel in files if any(rel == p or rel.startswith(p) for p in parts if p.endswith("/") or not p)]
         wanted += [p for p in parts if p and not p.endswith("/")]
         for rel in wanted:
@@ -90,16 +98,19 @@ class Artifacts:
         extra = present - set(files) - {MANIFEST, SIGNATURE}
         if extra:
             raise CacheCorruptionError(str(folder), f"unlisted file(s) {sorted(extra)[:3]}")
+        return raw
 
-    def _verified_manifest(self, akey: str, folder: pathlib.Path) -> dict[str, str]:
-        """The artifact's ``files`` (relative path -> sha256), once the folder is trusted, the signature matches and
-        the manifest names this format and key."""
+    def _verified_manifest(self, akey: str, folder: pathlib.Path,
+                           seen: dict[str, os.stat_result]) -> tuple[dict[str, str], bytes]:
+        """The artifact's ``files`` (relative path -> sha256) and the manifest's bytes, once the folder is trusted,
+        the signature matches and the manifest names this format and key; the folder's ``lstat`` in ``seen``."""
         try:
             st = folder.lstat()
         except FileNotFoundError:
             raise FileNotFoundError(str(folder / MANIFEST)) from None
         if not stat.S_ISDIR(st.st_mode):
             raise CacheCorruptionError(str(folder), "it is not a folder")
+        seen[""] = st
         self.trust.check(folder, artifact=True)
         try:
             raw = (folder / MANIFEST).read_bytes()
@@ -113,7 +124,7 @@ class Artifacts:
                 sig = (folder / SIGNATURE).read_text(encoding="ascii", errors="replace")
             except FileNotFoundError:
                 pass
-        return self.check_manifest(akey, raw, sig, str(folder))
+        return self.check_manifest(akey, raw, sig, str(folder)), raw
 
     def check_manifest(self, akey: str, raw: bytes, sig: str | None, where: str) -> dict[str, str]:
         """The ``files`` (relative path -> sha256) of the manifest bytes ``raw``, once (with a signing key) ``sig``
@@ -137,24 +148,58 @@ class Artifacts:
         return files
 
     def verify_for_load(self, akey: str, only: Sequence[str] | None) -> None:
-        """``verify(akey, only=only)`` before a load, skipped once right after this Store wrote ``akey``
-        from bytes it had checked in memory (a fetch from the remote store: ``remote.py``), which would only read
-        back what was just checked."""
+        """:meth:`check` before a load, skipped once right after this Store wrote ``akey`` from bytes it had checked
+        in memory (a fetch from the remote store: ``remote.py``), which would only read back what was just checked."""
         if akey in self._checked_in_memory:
             self._checked_in_memory.discard(akey)
             return
-        self.verify(akey, only=only)
+        self.check(akey, only)
 
-    def _walk_part(self, top: str, part: str, present: set[str]) -> None:
+    def check(self, akey: str, only: Sequence[str] | None = None) -> None:
+        """``verify(akey, only=only)``, whose digests are skipped where the artifact is unchanged since a full check
+        stamped it (stamps.py): every file and folder ``only`` covers has the ``lstat`` the stamp recorded (a change
+        of any file changes its ctime), and the manifest is the stamped one, its signature and every trust check
+        passing as in a full check. Anything else is a full check, which stamps the artifact when it passes."""
+        if self._stamped(akey, only):
+            return
+        seen: dict[str, os.stat_result] = {}
+        raw = self._verify(akey, self.layout.artifact(akey), only, seen)
+        self.stamps.write(akey, raw, only, seen, fresh=False)
+
+    def _stamped(self, akey: str, only: Sequence[str] | None) -> bool:
+        """Whether artifact ``akey`` passes :meth:`check` by its stamp (False: check it in full)."""
+        stamp = self.stamps.read(akey)
+        rels = None if stamp is None else covered(stamp, only)
+        if stamp is None or rels is None:
+            return False
+        folder = self.layout.artifact(akey)
+        top, paths = str(folder), stamp["paths"]
+        try:
+            _, raw = self._verified_manifest(akey, folder, {})
+            if manifest_digest(raw) != stamp["manifest"]:
+                return False
+            for rel in rels:
+                pst = os.lstat(os.path.join(top, rel) if rel else top)
+                if stat_record(pst) != paths[rel]:
+                    return False
+                if rel and rel + "/" != _LOCKS_DIR:
+                    self._check_path(top, rel, pst)
+        except (OSError, CacheCorruptionError):
+            return False                        # the full check raises what is wrong
+        return True
+
+    def _walk_part(self, top: str, part: str, present: set[str], seen: dict[str, os.stat_result]) -> None:
         """Check every file and folder under ``top/part`` (``""``: the whole artifact; the part's own folder too):
-        no links, nothing untrusted; add its regular files to ``present``. A part that does not exist adds
-        nothing (its listed files are then reported missing)."""
+        no links, nothing untrusted; add its regular files to ``present``, the ``lstat`` of each (torch's lock files
+        aside) to ``seen``. A part that does not exist adds nothing (its listed files are then reported missing)."""
         start = os.path.join(top, part.rstrip("/")) if part else top
         if part:
             try:
-                self._check_path(top, part.rstrip("/"), os.lstat(start))
+                pst = os.lstat(start)
             except FileNotFoundError:
                 return
+            self._check_path(top, part.rstrip("/"), pst)
+            seen[part.rstrip("/")] = pst
         cut = len(top) + 1
         for dirpath, dirnames, filenames in os.walk(start):         # never follows links: they are refused below
             for name in dirnames + filenames:
@@ -163,13 +208,17 @@ class Artifacts:
                 pst = os.lstat(full)
                 if stat.S_ISLNK(pst.st_mode):
                     raise CacheCorruptionError(top, f"{rel} is a symbolic link")
-                if rel + "/" == _LOCKS_DIR or _is_lock_file(rel):
-                    continue                    # torch's empty lock files (and their folder): never executed
+                if _is_lock_file(rel):
+                    continue                    # torch's empty lock files: never executed
+                seen[rel] = pst                 # (their folder too: a file added there changes it)
+                if rel + "/" == _LOCKS_DIR:
+                    continue
                 self._check_path(top, rel, pst)
                 if stat.S_ISREG(pst.st_mode):
                     present.add(rel)
 
-    def _check_one(self, top: str, rel: str, files: dict[str, str], present: set[str]) -> None:
+    def _check_one(self, top: str, rel: str, files: dict[str, str], present: set[str],
+                   seen: dict[str, os.stat_result]) -> None:
         """Check one file the manifest must list, and the folders between it and the artifact folder."""
         if rel not in files:
             raise CacheCorruptionError(top, f"{rel} is not listed in MANIFEST.json")
@@ -181,6 +230,7 @@ class Artifacts:
             except FileNotFoundError:
                 return                          # reported missing by the caller
             self._check_path(top, sub, pst)
+            seen[sub] = pst
         if stat.S_ISREG(pst.st_mode):
             present.add(rel)
 
@@ -217,6 +267,7 @@ class Artifacts:
             fs._rename(folder, dest)
         except FileNotFoundError:
             return
+        self.stamps.remove(akey)
         counters.add(quarantined=1)
         log.warning("quarantined artifact %s -> %s: %s", folder, dest, reason)
         self.index.pop([f"artifact:{akey}"])
@@ -308,17 +359,31 @@ class Artifacts:
         self.index.defer(record)
 
     def _rename_in(self, work: pathlib.Path, akey: str) -> None:
-        """Rename the finished work folder into ``artifacts/``, replacing a (corrupt) folder there."""
+        """Rename the finished work folder into ``artifacts/``, replacing a (corrupt) folder there, and stamp it
+        (stamps.py: the folder as this process wrote it, checked against the manifest it wrote, which a later
+        load then need not hash again)."""
+        seen: dict[str, os.stat_result] = {}
+        try:
+            self._walk_part(str(work), "", set(), seen)
+            raw: bytes | None = (work / MANIFEST).read_bytes()
+        except (OSError, CacheCorruptionError):
+            raw = None                          # not stamped: its first load checks it in full
         final = self.layout.artifact(akey)
         if final.exists() or final.is_symlink():
             aside = self.layout.work(akey)      # renamed into tmp/ (atomic: never seen half deleted), then deleted
             fs._rename(final, aside)
             shutil.rmtree(aside, ignore_errors=True)
         fs._rename(work, final)
+        if raw is not None:
+            try:
+                seen[""] = final.lstat()        # (the rename changed its ctime)
+            except OSError:
+                return
+            self.stamps.write(akey, raw, None, seen, fresh=True)
 
     def _valid(self, akey: str, *, quarantine: bool) -> bool:
         try:
-            self.verify(akey)
+            self.check(akey)
             return True
         except FileNotFoundError:
             return False

@@ -73,18 +73,21 @@ def _makedirs(path: pathlib.Path, mode: int) -> None:
     _mkdir(path, mode)
 
 
-def write_json_atomic(path: pathlib.Path, data: Any, *, dir_mode: int = 0o700) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder, fsync'd, then ``os.replace``: a reader sees
-    the old file or the new one, never a part. A temp file left by a killed writer is removed by
-    ``Maintenance.cleanup``."""
+def write_json_atomic(path: pathlib.Path, data: Any, *, dir_mode: int = 0o700, sync: bool = True,
+                      indent: int | None = 1) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder, fsync'd (``sync``), then ``os.replace``: a
+    reader sees the old file or the new one, never a part. A temp file left by a killed writer is removed by
+    ``Maintenance.cleanup``. ``indent``: ``json.dump``'s (None: one line)."""
     _makedirs(path.parent, dir_mode)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{_tmp_tag()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=repr)
-            f.flush()
-            os.fsync(f.fileno())
+            json.dump(data, f, indent=indent, sort_keys=True, default=repr,
+                      separators=None if indent is not None else (",", ":"))
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         _replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -29,6 +29,7 @@ class Layout:
         self.tmp = root / "tmp"
         self.quarantine = root / "quarantine"
         self.misses = root / "misses"
+        self.stamps = root / "stamps"
 
     # ---------------------------------------------------------------------------------------------- artifacts
     def artifact(self, akey: str) -> pathlib.Path:
@@ -43,6 +44,10 @@ class Layout:
         unpacked) there and renamed into ``artifacts/``, or moved there to be deleted. The pid and the host's tag
         let ``Maintenance.cleanup`` tell a dead process's leftovers."""
         return self.tmp / f"{akey}.{os.getpid()}.{_tmp_tag()}"
+
+    def stamp(self, akey: str) -> pathlib.Path:
+        """``stamps/<akey>.json``: what the last full check of artifact ``akey`` saw (stamps.py)."""
+        return self.stamps / f"{akey}.json"
 
     def quarantined_artifact(self, akey: str) -> pathlib.Path:
         return self.quarantine / f"{akey}.{int(time.time())}.{uuid.uuid4().hex[:6]}"

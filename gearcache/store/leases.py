@@ -41,9 +41,21 @@ def _release_leases(root: str, akeys: set[str], pid: int) -> None:
                 path.unlink()                   # (empty lease folders are removed by Maintenance.cleanup)
 
 
+_OWN_START: dict[int, str] = {}       # this process's start time (/proc), read once per pid (a fork has its own)
+
+
+def _own_start_token() -> str:
+    pid = os.getpid()
+    token = _OWN_START.get(pid)
+    if token is None:
+        token = _OWN_START[pid] = _start_token(pid)
+    return token
+
+
 class Leases:
     """The leases this Store holds on the artifacts this process loaded, and the liveness of anyone's lease. A lease
-    is written under ``locks/<akey>.lease.lock``; a first lease records the artifact as used in the index.
+    is written under ``locks/<akey>.lease.lock`` (held shared; an evictor holds it exclusively); a first lease
+    records the artifact as used in the index.
     ``owner``: the object the leases last as long as (the Store; held weakly); None: this part itself."""
 
     def __init__(self, layout: Layout, locks: Locks, index: Index, owner: object | None = None):
@@ -56,9 +68,9 @@ class Leases:
         """Mark artifact ``akey`` as in use by this process (``leases/<akey>/<pid>@<host>``) for as long as this
         Store lives: eviction never removes it meanwhile. Idempotent, cheap after the first call, never raises.
         ``Entries.read_for_load`` and ``Artifacts.publish`` take it before they verify the artifact, so an
-        artifact cannot be evicted between its check and its load (the lease file is written under
-        ``locks/<akey>.lease.lock``, which an evictor holds while it checks the leases and moves the artifact
-        away)."""
+        artifact cannot be evicted between its check and its load: the lease file is written under
+        ``locks/<akey>.lease.lock`` held shared (loaders of one artifact, the ranks of a job, never wait for each
+        other), which an evictor holds exclusively while it checks the leases and moves the artifact away."""
         if akey in self._held:
             return
         pid, root = os.getpid(), str(self.layout.root)
@@ -77,7 +89,8 @@ class Leases:
                                         # earlier process with the same pid names another start time)
         try:
             try:
-                with self.locks.held(self.locks.path(akey, "lease"), min(self.locks.timeout_s, LEASE_LOCK_TIMEOUT_S)):
+                with self.locks.held(self.locks.path(akey, "lease"), min(self.locks.timeout_s, LEASE_LOCK_TIMEOUT_S),
+                                     shared=True):
                     self._write(path)
             except LockTimeoutError:
                 self._write(path)                               # better a lease without the lock than none
@@ -92,7 +105,7 @@ class Leases:
                 if not path.parent.parent.is_dir():
                     self.layout.mkdir(path.parent.parent)       # never recreates a vanished root
                 self.layout.mkdir(path.parent)
-                path.write_text(_start_token(os.getpid()) + "\n")
+                path.write_text(_own_start_token() + "\n")
                 return
             except FileNotFoundError:
                 if attempt == 2 or not self.layout.root.is_dir():

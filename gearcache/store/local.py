@@ -11,8 +11,9 @@ The parts, and what each is built from (the constructors show every dependency):
                                                             on_first_use is maintenance.cleanup
     Index(layout, locks, first_use, fresh)                  the diskcache bookkeeping (index.py)
     Leases(layout, locks, index, owner=store)               "this process loaded it", while the Store lives
-    Maintenance(layout, locks, leases, index, first_use, max_size)  eviction, removal, cleanup (maintenance.py)
-    Artifacts(layout, locks, leases, trust, index, first_use, maintenance, key, RemoteStore)        (artifacts.py)
+    Stamps(layout, trust, key)                              what a full check of an artifact saw (stamps.py)
+    Maintenance(layout, locks, leases, index, first_use, stamps, max_size)  eviction, removal, cleanup
+    Artifacts(layout, locks, leases, trust, index, first_use, maintenance, stamps, key, RemoteStore)  (artifacts.py)
     Fleet(layout, locks, leases, trust, first_use, artifacts, RemoteStore)  a remote store, on a miss (fleet.py)
     Entries(layout, trust, leases, index, first_use, key, fleet)    entry manifests, gear plans (entries.py)
     Sync(layout, locks, first_use, entries, artifacts, fleet)       gearcache push / pull (sync.py)
@@ -42,6 +43,7 @@ from .leases import Leases
 from .locks import Locks
 from .maintenance import Maintenance
 from .remote import REMOTE_ENV, TRUST, RemoteStore
+from .stamps import Stamps
 from .sync import Sync
 from .trust import Trust
 
@@ -97,11 +99,12 @@ class Store:
         self.first_use = first_use = FirstUse(layout, trust)
         self.index = index = Index(layout, locks, first_use, fresh=_fresh_index)
         self.leases = leases = Leases(layout, locks, index, owner=self)
-        self.maintenance = Maintenance(layout, locks, leases, index, first_use, config.max_size)
+        self.stamps = stamps = Stamps(layout, trust, self._key)
+        self.maintenance = Maintenance(layout, locks, leases, index, first_use, stamps, config.max_size)
         first_use.on_first_use = self.maintenance.cleanup       # dropped once run (first_use.py)
         self.remote = self._open_remote()
         self.artifacts = artifacts = Artifacts(layout, locks, leases, trust, index, first_use, self.maintenance,
-                                               self._key, self.remote)
+                                               stamps, self._key, self.remote)
         self.fleet = None if self.remote is None else Fleet(layout, locks, leases, trust, first_use, artifacts,
                                                             self.remote)
         self.entries = entries = Entries(layout, trust, leases, index, first_use, self._key, self.fleet)

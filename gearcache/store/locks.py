@@ -3,6 +3,7 @@ filesystems)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -28,17 +29,15 @@ of a job that load the same artifact wait 50 ms each, while a lock held through 
 POLL_MAX_S = 0.05
 
 
-def _acquired_with_backoff(lock: filelock.FileLock, timeout: float, on_wait: Callable[[], None] | None) -> bool:
-    """Take ``lock`` within ``timeout`` seconds (a negative one: wait forever), polling at ``POLL_FIRST_S`` doubled
-    up to ``POLL_MAX_S``; ``on_wait()`` runs once if the first try fails. False when the time ran out."""
+def _acquired_with_backoff(try_once: Callable[[], bool], timeout: float, on_wait: Callable[[], None] | None) -> bool:
+    """Take a lock within ``timeout`` seconds (a negative one: wait forever) by calling ``try_once()`` (True: taken),
+    polling at ``POLL_FIRST_S`` doubled up to ``POLL_MAX_S``; ``on_wait()`` runs once if the first try fails. False
+    when the time ran out."""
     deadline = None if timeout < 0 else time.monotonic() + timeout
     pause = POLL_FIRST_S
     while True:
-        try:
-            lock.acquire(timeout=0)
+        if try_once():
             return True
-        except filelock.Timeout:
-            pass
         if on_wait is not None:
             on_wait()
             on_wait = None
@@ -46,6 +45,63 @@ def _acquired_with_backoff(lock: filelock.FileLock, timeout: float, on_wait: Cal
             return False
         time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, POLL_MAX_S)
+
+
+def _try_filelock(lock: filelock.BaseFileLock) -> Callable[[], bool]:
+    def try_once() -> bool:
+        try:
+            lock.acquire(timeout=0)
+            return True
+        except filelock.Timeout:
+            return False
+    return try_once
+
+
+class SharedFlock:
+    """A shared ``flock`` (``LOCK_SH``) of the lock file at ``path``: any number of holders at once, none while a
+    process holds it exclusively (filelock's ``FileLock`` takes ``LOCK_EX`` of the same file, which stays in place
+    after use). Taken with :meth:`try_once`, given back with :meth:`release`."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def try_once(self) -> bool:
+        """Take it now unless someone holds it exclusively (then False)."""
+        for _ in range(3):              # a lock file replaced meanwhile: the new one
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return True
+            os.close(fd)                # a file no longer at ``path``: its lock excludes no one
+        return False
+
+    def _open(self) -> int:
+        flags = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            return os.open(self.path, flags | os.O_RDWR | os.O_CREAT, 0o666)     # as filelock creates it
+        except PermissionError:
+            return os.open(self.path, flags | os.O_RDONLY)     # another user's lock file: flock needs no write
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
 
 class Locks:
@@ -73,33 +129,51 @@ class Locks:
 
     @contextlib.contextmanager
     def held(self, path: pathlib.Path, timeout: float, mode: str | None = None,
-                on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+             on_wait: Callable[[], None] | None = None, shared: bool = False) -> Iterator[None]:
         """Hold the lock at ``path`` (flock, or a soft lock file with stale-lock recovery: this store's
-        ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first."""
-        if (mode or self.mode) == "flock":
-            lock = filelock.FileLock(str(path), timeout=timeout)
-            if not _acquired_with_backoff(lock, timeout, on_wait):
+        ``lock_mode``, or ``mode``); ``LockTimeoutError``. ``on_wait()`` runs once if another holds it first.
+        ``shared`` (flock only: a soft lock is always exclusive): held beside other shared holders, never beside an
+        exclusive one; a shared hold writes no holder note (:meth:`holder` names an exclusive holder to its
+        waiters)."""
+        flock = (mode or self.mode) == "flock"
+        if flock and shared:
+            shared_lock = SharedFlock(path)
+            if not _acquired_with_backoff(shared_lock.try_once, timeout, on_wait):
+                raise LockTimeoutError(str(path), timeout, self.holder(path))
+            try:
+                yield
+            finally:
+                shared_lock.release()
+            return
+        if flock:
+            lock: filelock.BaseFileLock = filelock.FileLock(str(path), timeout=timeout)
+            if not _acquired_with_backoff(_try_filelock(lock), timeout, on_wait):
                 raise LockTimeoutError(str(path), timeout, self.holder(path))
         else:
             lock = filelock.SoftFileLock(str(path), timeout=timeout)
-            deadline = time.monotonic() + timeout
-            while True:
-                self.break_if_stale(path)
-                try:
-                    lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
-                    break
-                except filelock.Timeout:
-                    if on_wait is not None:
-                        on_wait()
-                        on_wait = None
-                    if time.monotonic() >= deadline:
-                        raise LockTimeoutError(str(path), timeout, self.holder(path)) from None
+            self._soft_acquire(lock, path, timeout, on_wait)
         self._claim(path)
         try:
             yield
         finally:
             self._unclaim(path)
             lock.release()
+
+    def _soft_acquire(self, lock: filelock.BaseFileLock, path: pathlib.Path, timeout: float,
+                      on_wait: Callable[[], None] | None) -> None:
+        """Take the soft lock ``lock`` (at ``path``), removing a stale one first; ``LockTimeoutError``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.break_if_stale(path)
+            try:
+                lock.acquire(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+                return
+            except filelock.Timeout:
+                if on_wait is not None:
+                    on_wait()
+                    on_wait = None
+                if time.monotonic() >= deadline:
+                    raise LockTimeoutError(str(path), timeout, self.holder(path)) from None
 
     # -------------------------------------------------------------------------------------- who holds a lock
     @staticmethod

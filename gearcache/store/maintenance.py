@@ -22,6 +22,7 @@ from .layout import Layout
 from .leases import Leases
 from .locks import Locks
 from .processes import pid_alive
+from .stamps import Stamps
 
 log = logging.getLogger("gearcache.store")
 
@@ -32,9 +33,9 @@ class Maintenance:
     its first use)."""
 
     def __init__(self, layout: Layout, locks: Locks, leases: Leases, index: Index, first_use: FirstUse,
-                 max_size: int | None):
+                 stamps: Stamps, max_size: int | None):
         self.layout, self.locks, self.leases, self.index = layout, locks, leases, index
-        self.first_use, self.max_size = first_use, max_size
+        self.first_use, self.stamps, self.max_size = first_use, stamps, max_size
 
     def remove_artifact(self, akey: str) -> str:
         """Remove artifact ``akey`` (and its lease folder) unless a live process holds a lease on it. Checked and
@@ -51,6 +52,7 @@ class Maintenance:
                     fs._rename(self.layout.artifact(akey), aside)
                 except FileNotFoundError:
                     return "gone"
+                self.stamps.remove(akey)
                 with contextlib.suppress(OSError):
                     shutil.rmtree(self.layout.lease_folder(akey))
         except LockTimeoutError:
@@ -126,6 +128,7 @@ class Maintenance:
                 except FileNotFoundError:
                     return False                # evicted by another process meanwhile
                 self.index.pop([f"artifact:{akey}", *ekeys], akey=akey)
+                self.stamps.remove(akey)
                 with contextlib.suppress(OSError):
                     shutil.rmtree(self.layout.lease_folder(akey))
         except LockTimeoutError:
@@ -142,7 +145,7 @@ class Maintenance:
         older than an hour), temp manifest files likewise, leases of dead processes, and (``lock_mode="soft"``)
         stale soft locks; with ``max_size``, evict down to it (artifacts that were in use when the folder went over
         the cap may not be any more). Never raises; returns counts per kind."""
-        done = {"tmp": 0, "partial_files": 0, "leases": 0, "soft_locks": 0, "evicted": 0}
+        done = {"tmp": 0, "partial_files": 0, "leases": 0, "soft_locks": 0, "stamps": 0, "evicted": 0}
         now = time.time()
         try:
             for path in list(self.layout.tmp.iterdir()):
@@ -154,7 +157,7 @@ class Maintenance:
                         done["tmp"] += 1
         except OSError:
             pass
-        for folder in (self.layout.entries, self.layout.misses):
+        for folder in (self.layout.entries, self.layout.misses, self.layout.stamps):
             for dirpath, _, names in os.walk(folder):
                 for name in names:
                     m = _TMP_FILE.match(name)
@@ -173,6 +176,7 @@ class Maintenance:
                     folder.rmdir()
         except OSError:
             pass
+        done["stamps"] = self._orphan_stamps()
         if self.locks.mode == "soft":
             try:
                 for lock in list(self.layout.locks.glob("*.softlock")):
@@ -184,6 +188,19 @@ class Maintenance:
         if any(done.values()):
             log.info("cleaned %s: %s", self.layout.root, ", ".join(f"{v} {k}" for k, v in done.items() if v))
         return done
+
+    def _orphan_stamps(self) -> int:
+        """Remove the stamps whose artifact is gone (its removal was cut short); returns how many."""
+        n = 0
+        try:
+            for path in list(self.layout.stamps.glob("*.json")):
+                if not self.layout.artifact(path.stem).is_dir():
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                        n += 1
+        except OSError:
+            pass
+        return n
 
     def _tmp_leftover(self, name: str, path: pathlib.Path, now: float) -> bool:
         parts = name.split(".")
