@@ -151,8 +151,8 @@ def per_token(lm, generate, variant: str, device: str, sync, out: dict) -> dict:
         timed_short = phases.timed(lambda: generate(16, 1))
         loop_ns = collections.Counter()
         step_loop(lm, device, sync, rounds=1, timed=lambda run: loop_ns.update(phases.timed(run)))
-        out["step_phases_us"] = {"generate": Phases.split(timed_long, timed_short, 63, out["per_token_ms"]),
-                                 "step_loop": Phases.split(loop_ns, collections.Counter(), 64, out["step_loop_ms"])}
+        out["step_phases_us"] = {"generate": Phases.split(timed_long, timed_short, 63),
+                                 "step_loop": Phases.split(loop_ns, collections.Counter(), 64)}
     if device == "cuda":
         out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
     return out

@@ -1,12 +1,14 @@
 """Where the host's time of one ``generate()`` decode step goes: gearcache's share against transformers' own loop.
 
     from step_breakdown import Phases
-    phases = Phases.install(lm)           # before the timed calls; lm enabled by gearcache, or eager
-    ... lm.generate(...) ...
-    phases.per_step()                     # {phase: microseconds per decode step}
+    phases = Phases.install(lm)           # after enable(lm) (or on an eager model), before the warm-up
+    phases.refresh()                      # after the warm-up: the loaded entries' runs are timed too
+    long, short = phases.timed(lambda: generate(64 new tokens)), phases.timed(lambda: generate(1 new token))
+    Phases.split(long, short, 63)         # {phase: microseconds per decode step}
 
-Each phase is the host time (``time.perf_counter_ns``) spent in one function, exclusive of the timed functions it
-calls (nested timers), summed over decode steps (forwards of one token) and divided by their count. Phases:
+Each phase is the host time (``time.perf_counter_ns``; a CPU-time clock can be given) spent in one function,
+exclusive of the timed functions it calls (nested timers), per decode step: the difference between two timed runs
+63 decode steps apart, divided by 63 (the prefill cancels out). Phases:
 
   prepare        ``model.prepare_inputs_for_generation`` (transformers', with gearcache's wrapper around it)
   bind           ``ServedLM.bind`` (gearcache: finding the backing the cache is bound to)
@@ -17,11 +19,11 @@ calls (nested timers), summed over decode steps (forwards of one token) and divi
                  into the graph's static inputs, output copies)
   step           the compiled run: the entry's ``run`` without graphs, ``CUDAGraph.replay`` with them (on a GPU the
                  host time of queuing the kernels / the replay, not the GPU's time)
-  rest           the decode step's time not in any phase above: transformers' generate loop (logits processors,
-                 stopping criteria, ``_update_model_kwargs_for_generation``, the concatenation of the ids) and
-                 ``nn.Module.__call__``; filled in by the caller from an untimed per-token figure (:meth:`split`)
+  rest           the decode step's time in none of the phases above: transformers' generate loop (logits processors,
+                 stopping criteria and their host sync on a GPU, ``_update_model_kwargs_for_generation``, the
+                 concatenation of the ids) and ``nn.Module.__call__``
 
-The timers cost ~1 us per timed call; :meth:`split` takes the per-token time of untimed runs as the total.
+The timers cost ~1 us per timed call (in the phases' totals; the untimed per-token time is measured apart).
 """
 from __future__ import annotations
 
@@ -94,24 +96,25 @@ class Phases:
             self._timed.add(id(entry))
 
     def timed(self, fn: Callable[[], Any]) -> collections.Counter[str]:
-        """Run ``fn()`` with the timers on; the nanoseconds of each phase in it."""
+        """Run ``fn()`` with the timers on; the nanoseconds of each phase in it, and of all of it (``total``)."""
         self.ns = collections.Counter()
         self.on = True
+        t0 = self.clock()
         try:
             fn()
         finally:
             self.on = False
+            self.ns["total"] += self.clock() - t0
         return self.ns
 
     @staticmethod
-    def split(long: collections.Counter[str], short: collections.Counter[str], steps: int,
-              per_token_ms: float) -> dict[str, float]:
+    def split(long: collections.Counter[str], short: collections.Counter[str], steps: int) -> dict[str, float]:
         """Microseconds per decode step of each phase: (``long`` - ``short``) / ``steps`` (the timed phases of two
-        runs ``steps`` decode steps apart), and ``rest`` = ``per_token_ms`` (untimed runs) less the timed phases;
-        with the shares ``gearcache_us`` (bind, forward, dispatch), ``step_us`` and ``transformers_us`` (prepare,
-        rest). On an eager model ``forward`` is the model's forward (no gearcache share)."""
+        runs ``steps`` decode steps apart, or of ``steps`` steps and nothing), ``rest`` the step's time in none of
+        them; with the shares ``gearcache_us`` (bind, forward, dispatch), ``step_us`` and ``transformers_us``
+        (prepare, rest). On an eager model ``forward`` is the model's forward (no gearcache share)."""
         out = {name: (long[name] - short[name]) / steps / 1e3 for name in sorted(set(long) | set(short))}
-        total = per_token_ms * 1e3
+        total = out.pop("total")
         out["rest"] = total - sum(out.values())
         eager = "dispatch" not in out
         out["gearcache_us"] = 0.0 if eager else sum(out.get(k, 0.0) for k in ("bind", "forward", "dispatch"))
