@@ -21,12 +21,18 @@ configs, batch 1, static cache):
                per distinct decoder layer and gear), cold and warm, beside the whole-step gearcache;
   --layers N   the models built with N decoder layers (cold time against the layer count); --sweep-only: the cold
                sweeps and first generate() only (no warm, eager or per-token runs).
+  step_phases_us  with --breakdown (or --per-token-only): where a decode step's host time goes, per step, through
+               generate() and through the bare loop (benchmarks/step_breakdown.py): gearcache's share (bind,
+               forward, dispatch), the compiled step or graph replay, transformers' share (prepare, rest);
+               --per-token-only: no sweep (eager, gearcache and with --graphs gearcache with graphs: per token, the
+               step loop and the breakdown only; a short device run).
   max_reserved_mib  torch.cuda.max_memory_reserved() of each process (CUDA).
 Prints one JSON object (and writes it to --json).
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -87,6 +93,8 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         return time.perf_counter() - t0
 
     profile_path = os.environ.get("GEARCACHE_BENCH_PROFILE")     # cProfile of the first generate(), for its cost
+    if os.environ.get("GEARCACHE_BENCH_PER_TOKEN_ONLY"):
+        return per_token(lm, generate, variant, device, sync, {})
     if profile_path:
         import cProfile
 
@@ -116,21 +124,44 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         if variant.startswith("gearcache"):
             out["counters_after_sweep"] = counters_after_sweep
         return out
+    if variant.startswith("gearcache"):
+        out["counters_after_sweep"] = counters_after_sweep
+    return per_token(lm, generate, variant, device, sync, out)
+
+
+def per_token(lm, generate, variant: str, device: str, sync, out: dict) -> dict:
+    """per_token_ms, step_loop_ms (gearcache variants) and with --breakdown step_phases_us, into ``out``."""
+    import torch
+
+    breakdown = os.environ.get("GEARCACHE_BENCH_BREAKDOWN")
+    phases = None
+    if breakdown:
+        from step_breakdown import Phases
+
+        phases = Phases.install(lm)
     generate(16, 64), generate(16, 1)                  # warm-up of the timed shapes
     long = min(generate(16, 64) for _ in range(3))
     short = min(generate(16, 1) for _ in range(3))
     out["per_token_ms"] = (long - short) / 63 * 1e3
-    if variant.startswith("gearcache"):
-        out["counters_after_sweep"] = counters_after_sweep
+    if variant.startswith("gearcache") or breakdown:
         out["step_loop_ms"] = step_loop(lm, device, sync)
+    if phases is not None:
+        phases.refresh()
+        timed_long = phases.timed(lambda: generate(16, 64))
+        timed_short = phases.timed(lambda: generate(16, 1))
+        loop_ns = collections.Counter()
+        step_loop(lm, device, sync, rounds=1, timed=lambda run: loop_ns.update(phases.timed(run)))
+        out["step_phases_us"] = {"generate": Phases.split(timed_long, timed_short, 63),
+                                 "step_loop": Phases.split(loop_ns, collections.Counter(), 64)}
     if device == "cuda":
         out["max_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
     return out
 
 
-def step_loop(lm, device: str, sync) -> float:
+def step_loop(lm, device: str, sync, rounds: int = 3, timed=None) -> float:
     """Per-token time of a bare greedy decode loop (the model's forward on a StaticCache, argmax, next), the floor
-    that generate()'s own per-token time is compared with."""
+    that generate()'s own per-token time is compared with (best of ``rounds``); ``timed(run)`` runs the 64 decode
+    steps (``run()``) under the breakdown's timers."""
     import torch
     from transformers import StaticCache
 
@@ -138,15 +169,18 @@ def step_loop(lm, device: str, sync) -> float:
 
     kw = hf_compat.cache_keyword(lm)
     best = float("inf")
-    for _ in range(3):
+    for _ in range(rounds):
         cache = StaticCache(config=lm.config, max_cache_len=256)
         ids = torch.ones(1, 16, dtype=torch.long, device=device)
         with torch.inference_mode():
-            tok = lm(input_ids=ids, **{kw: cache}).logits[:, -1:].argmax(-1)
+            first = lm(input_ids=ids, **{kw: cache}).logits[:, -1:].argmax(-1)
+
+            def run(tok=first, cache=cache):
+                for _ in range(64):
+                    tok = lm(input_ids=tok, **{kw: cache}).logits[:, -1:].argmax(-1)
             sync()
             t0 = time.perf_counter()
-            for _ in range(64):
-                tok = lm(input_ids=tok, **{kw: cache}).logits[:, -1:].argmax(-1)
+            (timed or (lambda f: f()))(run)
             sync()
         best = min(best, (time.perf_counter() - t0) / 64 * 1e3)
     return best
@@ -177,6 +211,19 @@ def start(name: str, variant: str, store: str, opts, work: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def per_token_runs(name: str, store: str, opts, work: str) -> dict:
+    """--per-token-only: eager, gearcache (its entries compiled by its warm-up) and with --graphs gearcache with CUDA
+    graphs on the same entries; per token, the bare step loop and the per-step breakdown of each."""
+    variants = ["eager", "gearcache"] + (["gearcache-graphs"] if opts.graphs else [])
+    runs = {v: start(name, v, store, opts, work) for v in variants}
+    pick = lambda key: {v: runs[v].get(key, runs[v].get("error")) for v in variants}   # noqa: E731
+    out = {"per_token_ms": pick("per_token_ms"), "step_loop_ms": pick("step_loop_ms"),
+           "step_phases_us": pick("step_phases_us")}
+    out["generate_over_step_loop"] = {v: round(runs[v]["per_token_ms"] / runs[v]["step_loop_ms"], 3)
+                                      for v in variants if "per_token_ms" in runs[v] and runs[v].get("step_loop_ms")}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -192,6 +239,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-variants", help="the whole-step cold runs to make, of gearcache,torch.compile "
                                             "(default both; e.g. torch.compile with --regions --sweep-only: the layer "
                                             "count's growth without the whole step's long compiles)")
+    ap.add_argument("--breakdown", action="store_true", help="where a decode step's host time goes (step_phases_us)")
+    ap.add_argument("--per-token-only", action="store_true",
+                    help="per token, the step loop and the breakdown only (no sweeps, no cold/warm starts)")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     opts = ap.parse_args(argv)
@@ -203,12 +253,19 @@ def main(argv=None) -> int:
         os.environ["GEARCACHE_BENCH_LAYERS"] = str(opts.layers)
     if opts.sweep_only:
         os.environ["GEARCACHE_BENCH_SWEEP_ONLY"] = "1"
+    if opts.breakdown or opts.per_token_only:
+        os.environ["GEARCACHE_BENCH_BREAKDOWN"] = "1"
+    if opts.per_token_only:
+        os.environ["GEARCACHE_BENCH_PER_TOKEN_ONLY"] = "1"
     opts.size = opts.size or ("gpu" if opts.device == "cuda" else "tiny")
     opts.dtype = opts.dtype or ("bfloat16" if opts.device == "cuda" else "float32")
     results = {}
     with tempfile.TemporaryDirectory(prefix="gearcache-generate-") as work:
         for name in [n.strip() for n in opts.models.split(",") if n.strip()]:
             store = os.path.join(work, name)
+            if opts.per_token_only:
+                results[name] = per_token_runs(name, store, opts, work)
+                continue
             runs = {v: start(name, v, store, opts, work) for v in ("gearcache", "torch.compile")   # cold
                     if wanted(v)}
             if opts.regions:        # cold too: a store of its own

@@ -124,6 +124,48 @@ def test_gears_pick_the_smallest_fitting_size_else_the_exact_one():
         ServeGears.of(None, [0, 8], None)
 
 
+def _fresh_mask(user, rows, length, batch, start, tokens, width):
+    """The step's mask as a new tensor per call (what StepInputs.fill_mask must equal)."""
+    if user is None:
+        return torch.ones(rows, length, dtype=torch.bool)
+    mask = torch.zeros(rows, length, dtype=torch.bool)
+    cols = min(user.shape[1], length)
+    mask[:batch, :cols] = user[:, :cols]
+    mask[batch:] = True
+    mask[:batch, start + tokens:start + width] = True
+    return mask
+
+
+def test_the_step_mask_updated_in_place_equals_a_fresh_mask_call_after_call():
+    """One mask tensor per backing, updated in place (one copy per decode step): after any sequence of calls (a padded
+    prompt, decode steps, a shorter mask after a longer one, no mask, another batch, left padding) it holds what a
+    fresh mask would, at the same address; the pad count is written only when it changes."""
+    from gearcache.graphs.graphed_entry import is_static_address
+    from gearcache.integrations.hf_cache import StepInputs
+
+    rows, length = 4, 32
+    inputs = StepInputs(rows, length, torch.device("cpu"))
+    address = inputs.mask.data_ptr()
+    left = torch.ones(3, 40, dtype=torch.long)
+    left[1, :4] = 0
+    left[2, :9] = 0
+    calls = [(left[:, :5], 3, 0, 5, 16)]                           # prompt of 5 padded to 16 (pads 5..15)
+    calls += [(left[:, :6 + i], 3, 5 + i, 1, 1) for i in range(4)]  # decode steps
+    calls += [(left[:, :30], 3, 9, 12, 16),                         # a long mask, pads past the cache's length
+              (left[:, :3], 3, 0, 3, 16),                           # then a short one: the old columns are reset
+              (None, 3, 3, 1, 1), (left[:2, :7], 2, 6, 1, 1),       # no mask; another batch
+              (left[:1, :2].bool(), 1, 1, 1, 1), (torch.ones(1, 50), 1, 2, 1, 1)]   # bool / float / too long
+    for user, batch, start, tokens, width in calls:
+        got = inputs.fill_mask(user, batch, start, tokens, width)
+        assert got is inputs.mask and got.data_ptr() == address
+        assert torch.equal(got, _fresh_mask(user, rows, length, batch, start, tokens, width)), (batch, start, tokens)
+    assert is_static_address(inputs.mask) and is_static_address(inputs.pad)
+    pad = inputs.pad
+    assert inputs.pad_count(11) is pad and int(pad) == 11 and pad._version == 1
+    assert int(inputs.pad_count(11)) == 11 and pad._version == 1, "the same count: not written again"
+    assert int(inputs.pad_count(0)) == 0 and pad._version == 2
+
+
 def test_model_config_is_part_of_the_key(tmp_path):
     """Equal shapes, another rope_theta: another entry key (the config's digest is a buffer name)."""
     a = enable(_tiny_llama(), cache_dir=str(tmp_path))

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import ConfigError
+from ..graphs.graphed_entry import mark_static_address
 from . import hf_compat
 
 
@@ -86,12 +87,70 @@ class Backing:
         self.batch = batch
         self.length = length
         self.owner: Callable[[], Any] = lambda: None     # weakref to the user cache bound to it
+        self.inputs: StepInputs | None = None            # the step's mask and pad count (made on first use)
+
+    def step_inputs(self, device: torch.device) -> StepInputs:
+        """The :class:`StepInputs` of this backing's gears on ``device`` (the inputs' device)."""
+        if self.inputs is None or self.inputs.mask.device != device:
+            self.inputs = StepInputs(self.batch, self.length, device)
+        return self.inputs
 
     def reset(self) -> None:
         for layer in self.cache.layers:
             layer.keys.zero_()
             layer.values.zero_()
             layer.cumulative_length.zero_()
+
+
+class StepInputs:
+    """The step's attention mask ``[Bg, Lg]`` (bool) and pad count (a 0-dim long) for one backing: one tensor each,
+    updated in place by every call and marked with ``mark_static_address`` (CUDA graphs read them where they are: no
+    copy into a static buffer). A decode step of ``generate()`` costs one copy of the user's 2D mask: the columns and
+    rows the last call set are known on the host (``_state``), so only they are reset; the pad count is written only
+    when it changes (a prompt's pads, then 0 for every decode step).
+
+    The mask holds what a fresh one would: the user's mask in rows ``[:batch]`` and its columns, False after it,
+    True over the prompt's pads ``[start + tokens, start + width)`` and in the padded rows ``[batch:]`` (every query
+    attends to something: finite values); all True without a user mask."""
+
+    def __init__(self, rows: int, length: int, device: torch.device):
+        self.mask = mark_static_address(torch.zeros(rows, length, dtype=torch.bool, device=device))
+        self.pad = mark_static_address(torch.zeros((), dtype=torch.long, device=device))
+        self._pad_value = 0
+        # (batch, hi): rows [batch:] True, rows [:batch] False from column hi on; "ones": all True; None: unknown
+        self._state: tuple[int, int] | str | None = None
+
+    def pad_count(self, n: int) -> torch.Tensor:
+        if n != self._pad_value:
+            self._pad_value = -1                # unknown until the write is done
+            self.pad.fill_(n)
+            self._pad_value = n
+        return self.pad
+
+    def fill_mask(self, attention_mask: torch.Tensor | None, batch: int, start: int, tokens: int,
+                  width: int) -> torch.Tensor:
+        """The mask of a call of ``tokens`` tokens padded to ``width``, after ``start`` cached ones (see the class)."""
+        mask, state = self.mask, self._state
+        self._state = None                      # unknown until the writes are done
+        if attention_mask is None:
+            if state != "ones":
+                mask.fill_(True)
+            self._state = "ones"
+            return mask
+        length = mask.shape[1]
+        if not isinstance(state, tuple) or state[0] != batch:
+            mask.zero_()
+            mask[batch:] = True
+            state = (batch, 0)
+        cols = min(attention_mask.shape[1], length)
+        mask[:batch, :cols].copy_(attention_mask[:, :cols])
+        if state[1] > cols:
+            mask[:batch, cols:state[1]] = False
+        lo, hi = start + tokens, min(start + width, length)
+        if hi > lo:
+            mask[:batch, lo:hi] = True
+        self._state = (batch, max(cols, hi if hi > lo else 0))
+        return mask
 
 
 def check_layers(cache: Any) -> None:

@@ -144,7 +144,6 @@ class ServedLM(torch.nn.Module):
         self._backings: dict[tuple[int, int], hf_cache.Backing] = {}
         self._active: hf_cache.Backing | None = None
         self._cache_names: list[str] = []
-        self._pads: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.current_pad: torch.Tensor | None = None     # the step's pad count (regions read it)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
@@ -196,8 +195,7 @@ class ServedLM(torch.nn.Module):
                 width = self.gears.pick(self.gears.prompt, tokens, limit=backing.length - start)
         if keep_last >= tokens:
             keep_last = 0
-        ids, mask, positions = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
-        pad = self._pad(width - tokens, input_ids.device)
+        ids, mask, positions, pad = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
         if self.layers:
             self.current_pad = pad                      # what the regions read (outside any trace)
         logits = self.cached_step(ids, mask, positions, pad, keep_last)
@@ -243,12 +241,6 @@ class ServedLM(torch.nn.Module):
                 self._cache_names.append(name)
         self._active = backing
 
-    def _pad(self, n: int, device: torch.device) -> torch.Tensor:
-        key = (n, device)
-        if key not in self._pads:
-            self._pads[key] = torch.tensor(n, dtype=torch.long, device=device)
-        return self._pads[key]
-
 
 def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerConfig | None, cache_dir: str | None,
                    global_rank: int | None = None, tp_rank: int | None = None,
@@ -289,37 +281,31 @@ def _drop_pads(cache: Any, width: int, pad: torch.Tensor) -> None:
 
 def _pad_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                 start: int, backing: hf_cache.Backing, width: int) -> tuple[torch.Tensor, ...]:
-    """Inputs of the gear's shapes. Ids: right-padded with 0, padded rows 0. Mask [Bg, Lg] bool: the user's 2D mask,
-    False after it (as transformers pads it), True over the prompt's pads and the padded rows (so every query
-    attends to something: finite values). Positions: the user's (default: ``start + arange``); a pad repeats the
-    last real position (valid for learned position tables)."""
+    """Inputs of the gear's shapes. Ids: right-padded with 0, padded rows 0. Mask [Bg, Lg] bool (the backing's, updated
+    in place: ``hf_cache.StepInputs``): the user's 2D mask, False after it (as transformers pads it), True over the
+    prompt's pads and the padded rows (so every query attends to something: finite values). Positions: the user's
+    (default: ``start + arange``); a pad repeats the last real position (valid for learned position tables). Pad: the
+    count of padded positions (the backing's 0-dim tensor)."""
     batch, tokens = input_ids.shape
-    rows, length, device = backing.batch, backing.length, input_ids.device
-    ids = input_ids
-    if rows != batch or width != tokens:
-        ids = input_ids.new_zeros(rows, width)
-        ids[:batch, :tokens] = input_ids
-    if attention_mask is None:
-        mask = torch.ones(rows, length, dtype=torch.bool, device=device)
-    else:
-        if attention_mask.ndim != 2:
-            raise ConfigError(f"attention_mask: a {attention_mask.ndim}D mask; gearcache serves 2D masks "
-                              f"[batch, length] (transformers builds the rest). Fix: pass the 2D mask")
-        mask = torch.zeros(rows, length, dtype=torch.bool, device=device)
-        cols = min(attention_mask.shape[1], length)
-        mask[:batch, :cols] = attention_mask[:, :cols]
-        mask[batch:] = True
-        mask[:batch, start + tokens:start + width] = True
+    rows, device = backing.batch, input_ids.device
+    if attention_mask is not None and attention_mask.ndim != 2:
+        raise ConfigError(f"attention_mask: a {attention_mask.ndim}D mask; gearcache serves 2D masks "
+                          f"[batch, length] (transformers builds the rest). Fix: pass the 2D mask")
+    if position_ids is not None and position_ids.ndim != 2:
+        raise ConfigError(f"position_ids: {position_ids.ndim}D; gearcache serves 2D position ids [batch, tokens]")
+    inputs = backing.step_inputs(device)
+    mask = inputs.fill_mask(attention_mask, batch, start, tokens, width)
     if position_ids is None:
         position_ids = torch.arange(start, start + tokens, device=device)[None]
-    elif position_ids.ndim != 2:
-        raise ConfigError(f"position_ids: {position_ids.ndim}D; gearcache serves 2D position ids [batch, tokens]")
-    positions = position_ids.expand(batch, tokens)
-    if rows != batch or width != tokens:
-        positions = position_ids.new_zeros(rows, width)
-        positions[:batch, :tokens] = position_ids
-        positions[:batch, tokens:] = position_ids[:, -1:]
-    return ids, mask, positions.contiguous()
+    if rows == batch and width == tokens:           # a decode step of a full batch gear: nothing to pad
+        positions = position_ids if position_ids.shape == (batch, tokens) else position_ids.expand(batch, tokens)
+        return input_ids, mask, positions.contiguous(), inputs.pad_count(0)
+    ids = input_ids.new_zeros(rows, width)
+    ids[:batch, :tokens] = input_ids
+    positions = position_ids.new_zeros(rows, width)
+    positions[:batch, :tokens] = position_ids
+    positions[:batch, tokens:] = position_ids[:, -1:]
+    return ids, mask, positions, inputs.pad_count(width - tokens)
 
 
 # Forward arguments a served call may carry, with the values that change nothing.
