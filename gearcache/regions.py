@@ -28,6 +28,7 @@ docs/CONFIG.md ("Regions") says when each is chosen.
 from __future__ import annotations
 
 import types
+from collections import abc
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -64,14 +65,12 @@ def compile_blocks(model: torch.nn.Module, *, cache_dir: str | None = None, conf
                    tp_rank: int | None = None, pp_rank: int | None = None) -> Regions:
     """Serve the forward of each repeated block of ``model`` from compiled entries shared by identical blocks (see
     the module docstring); returns the :class:`Regions`. ``blocks``: the block classes (default: found)."""
-    if config is None:
-        config = CompilerConfig()
-    elif not isinstance(config, CompilerConfig):
-        raise ConfigError(f"config={config!r}: expected a gearcache.CompilerConfig (or None for the defaults)")
-    if config.mode == "reduce-overhead":
-        raise ConfigError("compile_blocks(): mode='reduce-overhead' captures CUDA graphs per cached method, which "
-                          "for blocks would be a graph per block. Fix: cache_compile the model's whole step for graphs")
+    config, blocks = _checked(model, cache_dir, config, blocks)
     chosen = find_blocks(model, blocks)
+    if not chosen and blocks is not None:
+        names = ", ".join(k.__qualname__ for k in blocks)
+        raise ConfigError(f"compile_blocks(model={type(model).__qualname__}, blocks=[{names}]): the model holds no "
+                          f"module of these classes below it. Fix: pass the classes of its repeated blocks")
     if not chosen:
         raise ConfigError(f"compile_blocks(model={type(model).__qualname__}): no repeated blocks (no ModuleList or "
                           f"Sequential holds two modules of one class). Fix: pass blocks=[YourBlock], or "
@@ -80,6 +79,34 @@ def compile_blocks(model: torch.nn.Module, *, cache_dir: str | None = None, conf
     topology = resolve_topology(global_rank, tp_rank, pp_rank)
     cached = [serve_block(block, config=config, store=store, topology=topology) for block in chosen]
     return Regions(chosen, cached)
+
+
+def _checked(model: Any, cache_dir: Any, config: Any, blocks: Any) -> tuple[CompilerConfig, tuple[type, ...] | None]:
+    """``compile_blocks``' arguments checked (``ConfigError`` naming the argument, its value and the fix); returns
+    the config (the defaults for None) and the block classes (None: found)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"compile_blocks(model={type(model).__qualname__}): expected a torch.nn.Module (the model "
+                          f"whose repeated blocks are compiled)")
+    if cache_dir is not None and not isinstance(cache_dir, str) and not hasattr(cache_dir, "__fspath__"):
+        raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
+    if blocks is not None:
+        if isinstance(blocks, (type, str, torch.nn.Module)) or not isinstance(blocks, abc.Iterable):
+            name = blocks.__qualname__ if isinstance(blocks, type) else "YourBlock"
+            raise ConfigError(f"blocks={blocks!r:.80}: expected a list of block classes. Fix: blocks=[{name}]")
+        blocks = tuple(blocks)
+        for item in blocks:
+            if not (isinstance(item, type) and issubclass(item, torch.nn.Module)):
+                what = repr(item) if isinstance(item, type) else f"a {type(item).__qualname__} instance"
+                name = type(item).__qualname__ if isinstance(item, torch.nn.Module) else "YourBlock"
+                raise ConfigError(f"blocks: {what:.80} is not an nn.Module class. Fix: blocks=[{name}] (the class)")
+    if config is None:
+        config = CompilerConfig()
+    elif not isinstance(config, CompilerConfig):
+        raise ConfigError(f"config={config!r}: expected a gearcache.CompilerConfig (or None for the defaults)")
+    if config.mode == "reduce-overhead":
+        raise ConfigError("compile_blocks(): mode='reduce-overhead' captures CUDA graphs per cached method, which "
+                          "for blocks would be a graph per block. Fix: cache_compile the model's whole step for graphs")
+    return config, blocks
 
 
 def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store, topology: Any,

@@ -51,6 +51,25 @@ def test_compile_blocks_refuses_what_it_cannot_place(tmp_path):
     assert "forward" not in model[0].__dict__
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model": "llama"}, r"model=str\): expected a torch.nn.Module"),
+    ({"blocks": _Block}, r"blocks=<class .*_Block'>: expected a list of block classes. Fix: blocks=\[_Block\]"),
+    ({"blocks": "_Block"}, r"blocks='_Block': expected a list of block classes"),
+    ({"blocks": [_Block()]}, r"blocks: a _Block instance is not an nn.Module class. Fix: blocks=\[_Block\]"),
+    ({"blocks": [torch.nn.Conv2d]}, r"blocks=\[Conv2d\]\): the model holds no module of these classes"),
+    ({"cache_dir": 5}, r"cache_dir=5: expected a folder path"),
+])
+def test_compile_blocks_names_a_bad_argument_its_value_and_the_fix(tmp_path, kwargs, message):
+    """A wrong argument is a ConfigError naming it, not an AttributeError or TypeError from inside (a model that is
+    not a module, a lone class or an instance for ``blocks``), nor "no repeated blocks" for classes the model lacks."""
+    args = {"model": torch.nn.ModuleList([_Block(), _Block()]), "cache_dir": str(tmp_path), **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        compile_blocks(args.pop("model"), **args)
+    regions = compile_blocks(torch.nn.ModuleList([_Block(), _Other()]), cache_dir=str(tmp_path),
+                             blocks=(k for k in [_Other]))
+    assert [type(b) for b in regions.blocks] == [_Other], "an iterable of classes is read once"
+
+
 def _cold(tmp_path) -> str:
     from conftest import Script
 
