@@ -19,7 +19,8 @@ class's submodules has another key or fails the entry's guards and dependencies,
 Which blocks: ``blocks`` (classes) when given, else every class of which some ``nn.ModuleList``/``nn.Sequential``
 holds two or more instances (a model's layers), outermost first (a block inside a chosen block runs inside its
 graph). Blocks with forward hooks are refused (the hooks would run inside the compiled graph's trace only once).
-:meth:`Regions.remove` restores the blocks' own forwards.
+:meth:`Regions.remove` restores the blocks' own forwards. A block class whose ``forward`` is replaced after
+``compile_blocks`` (a library's patch) serves the new forward from entries of its own (:class:`BlockForward`).
 
 The whole-graph alternative is ``cache_compile`` on the model's own method: one graph, fused across blocks (fewer
 launches and no per-block call: faster per call), compiled per gear with a time that grows with the layer count.
@@ -47,8 +48,14 @@ class Regions:
 
     def __init__(self, blocks: list[torch.nn.Module], cached: list[CachedFunction]):
         self.blocks = blocks
-        self.cached = cached
+        self._cached = cached
         self.kinds = list(dict.fromkeys(type(b) for b in blocks))
+
+    @property
+    def cached(self) -> list[CachedFunction]:
+        """Each block's cached method now (a :class:`BlockForward` replaced after its class's ``forward`` was)."""
+        now = [b.__dict__.get("forward") for b in self.blocks]
+        return [f if isinstance(f, BlockForward) else c for f, c in zip(now, self._cached)]
 
     def remove(self) -> None:
         """Restore every block's own ``forward``."""
@@ -109,6 +116,29 @@ def _checked(model: Any, cache_dir: Any, config: Any, blocks: Any) -> tuple[Comp
     return config, blocks
 
 
+class BlockForward(CachedFunction):
+    """A block's ``forward`` served by region (its instance attribute): the cached method of the ``forward`` its class
+    had when served. A class whose ``forward`` is replaced later (a patch after ``compile_blocks``) is seen by the
+    entries' guard watch (the class of a module on a guard's path is watched), which sends the call here: it is
+    handed to the cached method of the new ``forward``, installed in this one's place; the old forward's entries
+    never serve it."""
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(type(self._module), "forward", None) is not self._method.__func__:
+            return self._successor()(*args, **kwargs)
+        return super()._call(*args, **kwargs)
+
+    def _successor(self) -> CachedFunction:
+        block = self._module
+        installed = block.__dict__.get("forward") is self
+        if installed:
+            del block.__dict__["forward"]
+        successor = serve_block(block, config=self.config, store=self.store, topology=self.topology)
+        if not installed:
+            del block.__dict__["forward"]
+        return successor
+
+
 def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store, topology: Any,
                 method: str = "forward") -> CachedFunction:
     """One block's cached method (``type(block).<method>`` bound to it), sharing loads of identical artifacts; for
@@ -120,7 +150,8 @@ def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store,
         raise ConfigError(f"block {type(block).__qualname__}: its forward is already replaced (served by "
                           f"gearcache or another wrapper). Fix: Regions.remove() first")
     bound = types.MethodType(getattr(type(block), method), block)
-    cf = CachedFunction(bound, config=config, store=store, topology=topology, decompositions=None)
+    kind = BlockForward if method == "forward" else CachedFunction
+    cf = kind(bound, config=config, store=store, topology=topology, decompositions=None)
     cf.life.pipeline.shares_loads = True
     cf.sizes_chosen_by_caller()         # one entry per block input signature is the design
     if method == "forward":

@@ -70,6 +70,32 @@ def test_compile_blocks_names_a_bad_argument_its_value_and_the_fix(tmp_path, kwa
     assert [type(b) for b in regions.blocks] == [_Other], "an iterable of classes is read once"
 
 
+def test_a_block_class_patched_after_compile_blocks_serves_its_new_forward(tmp_path):
+    """``Block.forward`` replaced after ``compile_blocks`` (a library patching the class): the blocks' next calls run
+    the new forward, compiled (the old forward's entry would give ``x @ W.T + b`` instead of its negation), and
+    ``Regions.cached`` names the new cached methods; patched back, the first forward serves again."""
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    original = Block.forward
+    model = torch.nn.ModuleList([Block(), Block()]).eval()
+    regions = compile_blocks(model, cache_dir=str(tmp_path))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert all(torch.allclose(b(x), original(b, x)) for b in model)
+        first = regions.cached
+        Block.forward = lambda self, x: -self.lin(x)
+        assert all(torch.allclose(b(x), -original(b, x)) for b in model), "the old forward's entry served"
+        assert all(new is not old and new.entries == 1 for new, old in zip(regions.cached, first))
+        Block.forward = original
+        assert all(torch.allclose(b(x), original(b, x)) for b in model)
+
+
 def _cold(tmp_path) -> str:
     from conftest import Script
 
