@@ -28,9 +28,10 @@ docs/CONFIG.md ("Regions") says when each is chosen.
 """
 from __future__ import annotations
 
+import copy
 import types
 from collections import abc
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -128,6 +129,16 @@ class BlockForward(CachedFunction):
             return self._successor()(*args, **kwargs)
         return super()._call(*args, **kwargs)
 
+    def __deepcopy__(self, memo: dict[int, object]) -> CachedFunction:
+        """``copy.deepcopy(model)``: the copied block's own ``BlockForward``, as :func:`serve_block` builds it."""
+        return block_function(copy.deepcopy(self._module, memo), self._method.__name__, config=self.config,
+                              store=self.store, topology=self.topology)
+
+    def __reduce__(self) -> tuple[Callable[..., CachedFunction], tuple[object, ...]]:
+        """``pickle`` / ``torch.save(model)``: rebuilt as :func:`serve_block` builds it, from the store's folder."""
+        return _unpickle_block, (self._module, self._method.__name__, self.config, str(self.store.root),
+                                 self.topology)
+
     def _successor(self) -> CachedFunction:
         block = self._module
         installed = block.__dict__.get("forward") is self
@@ -149,14 +160,27 @@ def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store,
     if "forward" in block.__dict__:
         raise ConfigError(f"block {type(block).__qualname__}: its forward is already replaced (served by "
                           f"gearcache or another wrapper). Fix: Regions.remove() first")
+    cf = block_function(block, method, config=config, store=store, topology=topology)
+    if method == "forward":
+        block.__dict__["forward"] = cf
+    return cf
+
+
+def block_function(block: torch.nn.Module, method: str, *, config: CompilerConfig, store: Store,
+                   topology: Any) -> CachedFunction:
+    """The cached method :func:`serve_block` installs (a :class:`BlockForward` for ``forward``), not installed."""
     bound = types.MethodType(getattr(type(block), method), block)
     kind = BlockForward if method == "forward" else CachedFunction
     cf = kind(bound, config=config, store=store, topology=topology, decompositions=None)
     cf.life.pipeline.shares_loads = True
     cf.sizes_chosen_by_caller()         # one entry per block input signature is the design
-    if method == "forward":
-        block.__dict__["forward"] = cf
     return cf
+
+
+def _unpickle_block(block: torch.nn.Module, method: str, config: CompilerConfig, root: str,
+                    topology: Any) -> CachedFunction:
+    """Rebuild a pickled :class:`BlockForward` (only the block's class is read: pickle sets its state later)."""
+    return block_function(block, method, config=config, store=Store.from_config(root, config), topology=topology)
 
 
 def find_blocks(model: torch.nn.Module, classes: Iterable[type] | None = None) -> list[torch.nn.Module]:

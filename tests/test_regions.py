@@ -4,12 +4,15 @@
 and two ``Gated`` blocks (tests/scripts/regions_child.py), and ``enable(model, regions="blocks")`` on tiny Llamas
 (tests/scripts/run_hf_regions.py): outputs and every tensor written in place equal eager's, in the compiling process
 and in fresh warm processes whose counters prove they compiled nothing; compiles = distinct blocks x signatures."""
+import copy
+import io
+
 import pytest
 import torch
 
 from gearcache import compile_blocks
 from gearcache.errors import ConfigError
-from gearcache.regions import find_blocks
+from gearcache.regions import BlockForward, find_blocks
 
 
 class _Block(torch.nn.Module):
@@ -73,27 +76,40 @@ def test_compile_blocks_names_a_bad_argument_its_value_and_the_fix(tmp_path, kwa
 def test_a_block_class_patched_after_compile_blocks_serves_its_new_forward(tmp_path):
     """``Block.forward`` replaced after ``compile_blocks`` (a library patching the class): the blocks' next calls run
     the new forward, compiled (the old forward's entry would give ``x @ W.T + b`` instead of its negation), and
-    ``Regions.cached`` names the new cached methods; patched back, the first forward serves again."""
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
+    ``Regions.cached`` names the new cached methods; patched back, the first forward serves again. So do the blocks
+    of a deep copy and of a pickled copy of the model (each its own ``BlockForward``, bound to its own block)."""
+    original = _Patchable.forward
+    try:
+        _serve_the_patched_forward(tmp_path, original)
+    finally:
+        _Patchable.forward = original
 
-        def forward(self, x):
-            return self.lin(x)
 
-    original = Block.forward
-    model = torch.nn.ModuleList([Block(), Block()]).eval()
+class _Patchable(_Block):
+    def forward(self, x):
+        return self.lin(x)
+
+
+def _serve_the_patched_forward(tmp_path, original):
+    model = torch.nn.ModuleList([_Patchable(), _Patchable()]).eval()
     regions = compile_blocks(model, cache_dir=str(tmp_path))
     x = torch.randn(3, 4)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    copies = [copy.deepcopy(model), torch.load(buffer, weights_only=False)]
+    for twin in copies:
+        assert all(type(b.forward) is BlockForward and b.forward._module is b for b in twin)
+        assert all(b.forward.life.pipeline.shares_loads for b in twin)
+    models = [model, *copies]
     with torch.no_grad():
-        assert all(torch.allclose(b(x), original(b, x)) for b in model)
+        assert all(torch.allclose(b(x), original(b, x)) for m in models for b in m)
         first = regions.cached
-        Block.forward = lambda self, x: -self.lin(x)
-        assert all(torch.allclose(b(x), -original(b, x)) for b in model), "the old forward's entry served"
+        _Patchable.forward = lambda self, x: -self.lin(x)
+        assert all(torch.allclose(b(x), -original(b, x)) for m in models for b in m), "the old forward served"
         assert all(new is not old and new.entries == 1 for new, old in zip(regions.cached, first))
-        Block.forward = original
-        assert all(torch.allclose(b(x), original(b, x)) for b in model)
+        _Patchable.forward = original
+        assert all(torch.allclose(b(x), original(b, x)) for m in models for b in m)
 
 
 def _cold(tmp_path) -> str:
