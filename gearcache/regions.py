@@ -76,13 +76,16 @@ def compile_blocks(model: torch.nn.Module, *, cache_dir: str | None = None, conf
     config, blocks = _checked(model, cache_dir, config, blocks)
     chosen = find_blocks(model, blocks)
     if not chosen and blocks is not None:
-        names = ", ".join(k.__qualname__ for k in blocks)
-        raise ConfigError(f"compile_blocks(model={type(model).__qualname__}, blocks=[{names}]): the model holds no "
+        kinds = ", ".join(k.__qualname__ for k in blocks)
+        raise ConfigError(f"compile_blocks(model={type(model).__qualname__}, blocks=[{kinds}]): the model holds no "
                           f"module of these classes below it. Fix: pass the classes of its repeated blocks")
     if not chosen:
         raise ConfigError(f"compile_blocks(model={type(model).__qualname__}): no repeated blocks (no ModuleList or "
                           f"Sequential holds two modules of one class). Fix: pass blocks=[YourBlock], or "
                           f"cache_compile the model's forward")
+    names = {id(m): name for name, m in model.named_modules()}
+    for block in chosen:        # every block checked before any is served: a refusal leaves the model as it was
+        check_block(block, names.get(id(block), ""))
     store = Store.from_config(cache_dir, config)
     topology = resolve_topology(global_rank, tp_rank, pp_rank)
     cached = [serve_block(block, config=config, store=store, topology=topology) for block in chosen]
@@ -154,16 +157,22 @@ def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store,
                 method: str = "forward") -> CachedFunction:
     """One block's cached method (``type(block).<method>`` bound to it), sharing loads of identical artifacts; for
     ``forward``, installed as the block's ``forward`` (what ``block(...)`` calls)."""
-    if torch_nn_modules.has_forward_hooks(block):
-        raise ConfigError(f"block {type(block).__qualname__} has forward hooks, which regional compilation cannot "
-                          f"place. Fix: remove them, or cache_compile the whole model")
-    if "forward" in block.__dict__:
-        raise ConfigError(f"block {type(block).__qualname__}: its forward is already replaced (served by "
-                          f"gearcache or another wrapper). Fix: Regions.remove() first")
+    check_block(block)
     cf = block_function(block, method, config=config, store=store, topology=topology)
     if method == "forward":
         block.__dict__["forward"] = cf
     return cf
+
+
+def check_block(block: torch.nn.Module, where: str = "") -> None:
+    """``ConfigError`` for a block that cannot be served by region (``where``: its name in the model)."""
+    named = f"block {where} ({type(block).__qualname__})" if where else f"block {type(block).__qualname__}"
+    if torch_nn_modules.has_forward_hooks(block):
+        raise ConfigError(f"{named} has forward hooks, which regional compilation cannot place. Fix: remove them, "
+                          f"or cache_compile the whole model")
+    if "forward" in block.__dict__:
+        raise ConfigError(f"{named}: its forward is already replaced (served by gearcache or another wrapper). "
+                          f"Fix: Regions.remove() first")
 
 
 def block_function(block: torch.nn.Module, method: str, *, config: CompilerConfig, store: Store,

@@ -42,10 +42,13 @@ def test_find_blocks_takes_repeated_classes_outermost_and_in_model_order():
 def test_compile_blocks_refuses_what_it_cannot_place(tmp_path):
     with pytest.raises(ConfigError, match="no repeated blocks"):
         compile_blocks(torch.nn.Sequential(_Block(), torch.nn.Linear(4, 4)), cache_dir=str(tmp_path))
-    hooked = torch.nn.ModuleList([_Block(), _Block()])
-    hooked[1].register_forward_hook(lambda *a: None)
-    with pytest.raises(ConfigError, match="forward hooks"):
+    hooked = torch.nn.ModuleList([_Block(), _Block(), _Block()])
+    hook = hooked[2].register_forward_hook(lambda *a: None)
+    with pytest.raises(ConfigError, match=r"block 2 \(_Block\) has forward hooks"):
         compile_blocks(hooked, cache_dir=str(tmp_path))
+    assert not any("forward" in b.__dict__ for b in hooked), "a refusal leaves every block as it was"
+    hook.remove()
+    assert len(compile_blocks(hooked, cache_dir=str(tmp_path)).blocks) == 3, "the fix it names works"
     model = torch.nn.ModuleList([_Block(), _Block()])
     regions = compile_blocks(model, cache_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="already replaced"):
