@@ -202,6 +202,11 @@ def test_enable_by_region_installs_and_disable_restores_the_layers(tmp_path):
         enable(lm, cache_dir=str(tmp_path), regions="layers")
     with pytest.raises(ConfigError, match=r"regions='whole'\) for CUDA graphs"):
         enable(lm, cache_dir=str(tmp_path), regions="blocks", config=CompilerConfig(mode="reduce-overhead"))
+    hook = lm.model.layers[2].register_forward_hook(lambda *a: None)
+    with pytest.raises(ConfigError, match="decoder layer 2 has forward hooks"):
+        enable(lm, cache_dir=str(tmp_path), regions="blocks")
+    assert not any("forward" in layer.__dict__ for layer in lm.model.layers), "a refusal leaves the model as it was"
+    hook.remove()
     served = enable(lm, cache_dir=str(tmp_path), regions="blocks")
     assert served.layers == list(lm.model.layers) and len(served.regions) == 3
     assert all("forward" in layer.__dict__ for layer in lm.model.layers)
