@@ -76,6 +76,17 @@ def test_compile_blocks_names_a_bad_argument_its_value_and_the_fix(tmp_path, kwa
     assert [type(b) for b in regions.blocks] == [_Other], "an iterable of classes is read once"
 
 
+def test_a_call_whose_shapes_do_not_fit_raises_the_ops_error_named_after_the_block(tmp_path):
+    """A block called with a [3, 5] input for its [4, 4] weight: the op's RuntimeError, named after the block's
+    forward, not Dynamo's report of the fake tensors it traced with."""
+    model = torch.nn.ModuleList([_Block(), _Block()]).eval()
+    compile_blocks(model, cache_dir=str(tmp_path))
+    expected = r"^_Block.forward: .*\[3, 5\].* refused the call's "
+    with torch.no_grad(), pytest.raises(RuntimeError, match=expected) as err:
+        model[0](torch.randn(3, 5))
+    assert type(err.value) is RuntimeError and "FakeTensor" not in str(err.value)
+
+
 def test_a_block_class_patched_after_compile_blocks_serves_its_new_forward(tmp_path):
     """``Block.forward`` replaced after ``compile_blocks`` (a library patching the class): the blocks' next calls run
     the new forward, compiled (the old forward's entry would give ``x @ W.T + b`` instead of its negation), and
