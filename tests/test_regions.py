@@ -87,6 +87,26 @@ def test_a_call_whose_shapes_do_not_fit_raises_the_ops_error_named_after_the_blo
     assert type(err.value) is RuntimeError and "FakeTensor" not in str(err.value)
 
 
+def _half(x, inplace=False):
+    return x * 0.5
+
+
+class _Silu(_Block):
+    def forward(self, x):
+        return torch.nn.functional.silu(self.lin(x))
+
+
+def test_a_torch_function_replaced_by_a_python_one_is_a_clear_error(tmp_path, monkeypatch):
+    """``torch.nn.functional.silu`` replaced by a Python function: Dynamo keeps it as one op, which no stored artifact
+    can hold; the error names it and the fix (was torch's "CompiledArtifact.save failed ... no aot_autograd
+    artifacts")."""
+    monkeypatch.setattr(torch.nn.functional, "silu", _half)
+    model = torch.nn.ModuleList([_Silu(), _Silu()]).eval()
+    compile_blocks(model, cache_dir=str(tmp_path))
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"calls test_regions._half, a Python function .* Fix: "):
+        model[0](torch.randn(3, 4))
+
+
 def test_a_block_class_patched_after_compile_blocks_serves_its_new_forward(tmp_path):
     """``Block.forward`` replaced after ``compile_blocks`` (a library patching the class): the blocks' next calls run
     the new forward, compiled (the old forward's entry would give ``x @ W.T + b`` instead of its negation), and
