@@ -87,21 +87,22 @@ def test_a_call_whose_shapes_do_not_fit_raises_the_ops_error_named_after_the_blo
     assert type(err.value) is RuntimeError and "FakeTensor" not in str(err.value)
 
 
-def _half(x, inplace=False):
+def _half(x):
     return x * 0.5
 
 
-class _Silu(_Block):
+class _Opaque(_Block):
     def forward(self, x):
-        return torch.nn.functional.silu(self.lin(x))
+        return _half(self.lin(x))
 
 
-def test_a_torch_function_replaced_by_a_python_one_is_a_clear_error(tmp_path, monkeypatch):
-    """``torch.nn.functional.silu`` replaced by a Python function: Dynamo keeps it as one op, which no stored artifact
-    can hold; the error names it and the fix (was torch's "CompiledArtifact.save failed ... no aot_autograd
-    artifacts")."""
-    monkeypatch.setattr(torch.nn.functional, "silu", _half)
-    model = torch.nn.ModuleList([_Silu(), _Silu()]).eval()
+def test_a_python_function_kept_as_one_op_is_a_clear_error(tmp_path):
+    """A Python function Dynamo keeps as one op of the graph (``torch.compiler.allow_in_graph``; a torch function
+    replaced by one, ``torch.nn.functional.silu = f``, is kept so where Dynamo first looks it up after the patch),
+    which no stored artifact can hold: the error names it and the fix (was torch's "CompiledArtifact.save failed
+    ... no aot_autograd artifacts")."""
+    torch.compiler.allow_in_graph(_half)
+    model = torch.nn.ModuleList([_Opaque(), _Opaque()]).eval()
     compile_blocks(model, cache_dir=str(tmp_path))
     with torch.no_grad(), pytest.raises(RuntimeError, match=r"calls test_regions._half, a Python function .* Fix: "):
         model[0](torch.randn(3, 4))
