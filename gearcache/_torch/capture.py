@@ -86,6 +86,20 @@ def op_type_error(exc: BaseException) -> TypeError | None:
     return None
 
 
+def op_runtime_error(exc: BaseException) -> RuntimeError | None:
+    """The ``RuntimeError`` an op of the traced code raised on the call's fake tensors (``linear()`` given a [3, 9]
+    input for an [8, 8] weight), which Dynamo raises as a ``TorchRuntimeError`` chained to it (its context a graph
+    break caused by it: checked on 2.13); None for any other error."""
+    if not isinstance(exc, torch._dynamo.exc.TorchRuntimeError):
+        return None
+    inner: BaseException | None = exc
+    for _ in range(4):
+        inner = inner.__cause__ or inner.__context__ if inner is not None else None
+        if isinstance(inner, RuntimeError) and not isinstance(inner, torch._dynamo.exc.TorchDynamoException):
+            return inner
+    return None
+
+
 def explain_graph_breaks(method: types.MethodType, args: tuple[object, ...], kwargs: dict[str, object],
                          exc: BaseException) -> list[tuple[str, str]]:
     """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the

@@ -77,8 +77,35 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
     with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
         with temporary_cache_dir(scratch), _load_patches():
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
-        artifact.save(path=str(folder), format="unpacked")
+        try:
+            artifact.save(path=str(folder), format="unpacked")
+        except RuntimeError as exc:
+            opaque = _opaque_call(gm)
+            if opaque is None:
+                raise
+            raise RuntimeError(f"the graph calls {opaque}, a Python function Dynamo kept as one op (marked "
+                               f"torch.compiler.allow_in_graph, or put in place of a torch function: "
+                               f"torch.nn.functional.silu = f), which a stored artifact cannot hold. Fix: undo the "
+                               f"mark or the patch, or call it outside the cached method") from exc
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
+
+
+def _opaque_call(gm: torch.fx.GraphModule) -> str | None:
+    """The first call of ``gm`` that torch's compiled-artifact cache will not store (its ``check_node_safe``), by
+    name; None where there is none (or this torch has no such check)."""
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import check_node_safe
+    except ImportError:
+        return None
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        try:
+            check_node_safe(node)
+        except Exception:
+            target = node.target
+            return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    return None
 
 
 _ISA_PROBED: list[bool] = []        # non-empty once _probe_cpu_isa ran in this process

@@ -81,6 +81,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
             _raise_op_type_error(method, exc)
             breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
             raise GraphBreakError(_qualname(method), breaks) from None
+        _raise_op_runtime_error(method, exc)
         raise
     finally:
         torch_capture.forget_dynamo_cache(code)
@@ -187,6 +188,15 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
+
+
+def _raise_op_runtime_error(method: types.MethodType, exc: BaseException) -> None:
+    """An op of the method raised on the call's arguments while torch traced it (shapes that do not fit): its
+    ``RuntimeError``, named after the method, instead of Dynamo's report of the fake tensors."""
+    error = torch_capture.op_runtime_error(exc)
+    if error is not None:
+        raise RuntimeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while "
+                           f"torch traced it, as the method does when it runs uncompiled)") from error
 
 
 def _state_names(module: torch.nn.Module) -> dict[int, str]:

@@ -252,12 +252,14 @@ def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerCon
                           "served yet. Fix: enable(model, regions='whole') for CUDA graphs")
     store = Store.from_config(cache_dir, config)
     topology = resolve_topology(global_rank, tp_rank, pp_rank)
-    served.layers = hf_regions.decoder_layers(model)
-    regions = []
-    for i, layer in enumerate(served.layers):
+    layers = hf_regions.decoder_layers(model)
+    for i, layer in enumerate(layers):     # every layer checked before any is served: a refusal changes nothing
         if torch_nn_modules.has_forward_hooks(layer) or "forward" in layer.__dict__:
             raise ConfigError(f"regions='blocks': decoder layer {i} has forward hooks or a replaced forward. "
                               f"{hf_regions.FIX}")
+    served.layers = layers
+    regions = []
+    for i, layer in enumerate(served.layers):
         region = hf_regions.LayerRegion(layer, served.cache_kw)
         cached = serve_block(region, config=config, store=store, topology=topology, method="run")
         layer.__dict__["forward"] = hf_regions.RegionForward(served, i, cached)

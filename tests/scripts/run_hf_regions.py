@@ -1,9 +1,11 @@
 """A tiny Llama served through ``enable(model, regions="blocks")``, compared with eager ``generate()``: tokens, every
 step's logits, and every cache layer's keys, values and position counter. JSON report on the last line.
 
-usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mistral] [corpus=NAME]
+usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mixing] [whole] [mistral] [corpus=NAME]
 
-``patched``: ``LlamaMLP.forward`` patched on the class before ``enable()``; ``mistral``: a Mistral model of the same
+``patched``: ``LlamaMLP.forward`` patched on the class before ``enable()``; ``mixing``: patched to add the mean over
+the call's positions (not causal: a padded prompt changes it), a refusal reported as ``refused``; ``whole``:
+``regions="whole"``; ``mistral``: a Mistral model of the same
 dimensions (its decoder layer has the same weights' layout as Llama's); ``corpus=NAME``: benchmarks/corpus.py's tiny
 model NAME instead (``gemma3``: sliding and full attention layers of one class; LAYERS is then ignored).
 """
@@ -21,12 +23,18 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from transformers.models.llama import modeling_llama  # noqa: E402
 
 from gearcache import counters  # noqa: E402
+from gearcache.errors import GearcacheError  # noqa: E402
 from gearcache.integrations.transformers import enable  # noqa: E402
 
 
 def patched_forward(self, x):
     """The same MLP, scaled (so that a stale entry shows)."""
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) * 1.5
+
+
+def mixing_forward(self, x):
+    """The MLP plus the mean over the call's positions: every position reads every other, later ones and pads too."""
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) + x.mean(1, keepdim=True)
 
 
 def generate(model, ids, cache):
@@ -67,13 +75,19 @@ def main():
     twin = copy.deepcopy(model)
     if "patched" in flags:
         modeling_llama.LlamaMLP.forward = patched_forward
-    served = enable(model, cache_dir=cache_dir, regions="blocks")
+    if "mixing" in flags:
+        modeling_llama.LlamaMLP.forward = mixing_forward
+    served = enable(model, cache_dir=cache_dir, regions="whole" if "whole" in flags else "blocks")
     report = {"runs": []}
     for length in (6, 20):
         ids = torch.randint(1, 64, (1, length), generator=torch.Generator().manual_seed(length))
         caches = [StaticCache(config=config, max_cache_len=32) for _ in range(2)]
         with torch.inference_mode():
-            tokens, logits = generate(model, ids, caches[0])
+            try:
+                tokens, logits = generate(model, ids, caches[0])
+            except GearcacheError as exc:
+                print(json.dumps({"refused": f"{type(exc).__name__}: {exc}"}))
+                return
             want_tokens, want_logits = generate(twin, ids, caches[1])
         cache_diff, lengths = caches_diff(caches[0], caches[1])
         report["runs"].append({"tokens_equal": bool(torch.equal(tokens, want_tokens)),
