@@ -21,11 +21,13 @@ configs, batch 1, static cache):
                per distinct decoder layer and gear), cold and warm, beside the whole-step gearcache;
   --layers N   the models built with N decoder layers (cold time against the layer count); --sweep-only: the cold
                sweeps and first generate() only (no warm, eager or per-token runs).
-  step_phases_us  with --breakdown (or --per-token-only): where a decode step's host time goes, per step, through
-               generate() and through the bare loop (benchmarks/step_breakdown.py): gearcache's share (bind,
-               forward, dispatch), the compiled step or graph replay, transformers' share (prepare, rest);
-               --per-token-only: no sweep (eager, gearcache and with --graphs gearcache with graphs: per token, the
-               step loop and the breakdown only; a short device run).
+  step_phases_us  with --breakdown: where a decode step's host time goes, per step, through generate() and through
+               the bare loop (benchmarks/step_breakdown.py): gearcache's share (bind, forward, dispatch), the
+               compiled step or graph replay, transformers' share (prepare, rest). Its timers wrap the model's
+               methods, and per_token_ms and step_loop_ms are then measured with them in place: compare those only
+               with runs made the same way.
+  --per-token-only  no sweep: eager, gearcache and with --graphs gearcache with graphs: per token and the step loop
+               (and the breakdown with --breakdown) only; a short device run.
   max_reserved_mib  torch.cuda.max_memory_reserved() of each process (CUDA).
 Prints one JSON object (and writes it to --json).
 """
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
         os.environ["GEARCACHE_BENCH_LAYERS"] = str(opts.layers)
     if opts.sweep_only:
         os.environ["GEARCACHE_BENCH_SWEEP_ONLY"] = "1"
-    if opts.breakdown or opts.per_token_only:
+    if opts.breakdown:          # timers wrapped around the model's methods: the per-token figures then include them
         os.environ["GEARCACHE_BENCH_BREAKDOWN"] = "1"
     if opts.per_token_only:
         os.environ["GEARCACHE_BENCH_PER_TOKEN_ONLY"] = "1"
