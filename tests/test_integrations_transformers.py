@@ -63,8 +63,8 @@ def test_forwards_gearcache_does_not_serve_are_refused(tmp_path, kwargs, match):
     lm = _tiny_llama()
     enable(lm, cache_dir=str(tmp_path))
     call = {"input_ids": torch.ones(1, 2, dtype=torch.long), **kwargs}
-    if kwargs:
-        call["cache"] = StaticCache(config=lm.config, max_cache_len=8)
+    if kwargs:      # the cache's keyword of this transformers version ("cache", or "past_key_values" before 5.2x)
+        call[hf_compat.cache_keyword(lm)] = StaticCache(config=lm.config, max_cache_len=8)
     with pytest.raises(ConfigError, match=match):
         lm(**call)
 
