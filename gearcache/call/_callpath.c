@@ -438,8 +438,8 @@ typedef struct {
     int changed;                /* a change was seen: valid() stays 0 */
 } GuardWatch;
 
-enum { CHECK_ATTR, CHECK_ITEM, CHECK_LEN, CHECK_CONTAINS, CHECK_SEQ };
-static const char *check_ops[] = {"attr", "item", "len", "contains", "seq", NULL};
+enum { CHECK_ATTR, CHECK_ITEM, CHECK_LEN, CHECK_CONTAINS, CHECK_SEQ, CHECK_ATTR_EQ };
+static const char *check_ops[] = {"attr", "item", "len", "contains", "seq", "attr_eq", NULL};
 
 static unsigned long long guard_generation = 0;
 static PyObject *guard_filters = NULL;     /* {address of a watched dict: set of keys, or None: every key} */
@@ -658,7 +658,7 @@ static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
         self->keys[i] = own(PyTuple_GET_ITEM(row, 2));
         self->expected[i] = own(PyTuple_GET_ITEM(row, 3));
         self->n_checked = i + 1;
-        if (op == CHECK_ATTR && !PyUnicode_Check(self->keys[i])) {
+        if ((op == CHECK_ATTR || op == CHECK_ATTR_EQ) && !PyUnicode_Check(self->keys[i])) {
             PyErr_Format(PyExc_TypeError, "checked: item %zd reads an attribute whose name is not a str", i);
             goto done;
         }
@@ -698,11 +698,34 @@ static int reads_expected(PyObject *got, PyObject *expected, PyObject *absent) {
     return -1;
 }
 
+/* 1: `a` and `b` are equal plain data of the same types (bool, int, float, str, bytes, None, and lists and tuples of
+ * them: what guard_watch._plain admits), 0: not, -1 error */
+static int plain_equal(PyObject *a, PyObject *b) {
+    if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+    if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+        if (n != PySequence_Fast_GET_SIZE(b)) return 0;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int r = plain_equal(PySequence_Fast_GET_ITEM(a, k), PySequence_Fast_GET_ITEM(b, k));
+            if (r != 1) return r;
+        }
+        return 1;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
 /* checked row i: 1 holds, 0 not, -1 error */
 static int checked_holds(GuardWatch *self, Py_ssize_t i) {
     PyObject *parent = self->parents[i], *key = self->keys[i], *expected = self->expected[i];
     switch (self->op[i]) {
     case CHECK_ATTR: return reads_expected(PyObject_GetAttr(parent, key), expected, self->absent);
+    case CHECK_ATTR_EQ: {                   /* a property that builds an equal value at every read */
+        PyObject *got = PyObject_GetAttr(parent, key);
+        if (!got) return reads_expected(NULL, expected, self->absent);
+        int r = plain_equal(got, expected);
+        Py_DECREF(got);
+        return r;
+    }
     case CHECK_ITEM: return reads_expected(PyObject_GetItem(parent, key), expected, self->absent);
     case CHECK_LEN: {
         Py_ssize_t n = PyObject_Length(parent);

@@ -14,7 +14,8 @@ and drops the entries that no longer hold). What counts as a change (``hops``):
 * a class on a path (a class attribute set, a base class changed): watched types (``PyType_Watch``; version tags
   before 3.12);
 * every other step (a list item, a closure cell, a function's ``__defaults__``, an attribute behind a property, a
-  ``__slots__`` attribute) is re-read at every call and compared by identity;
+  ``__slots__`` attribute) is re-read at every call and compared by identity (a property whose value is plain data,
+  a bool or a list of ints say, by value: such a property may build its value anew at every read);
 * what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items and a
   set's length or members re-read), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
   the dtype, device, sizes, strides and address of a ``tensor`` guard's tensor (one C++ loop: a ``.data`` swap keeps
@@ -58,7 +59,8 @@ _MODULE_GETATTRIBUTE: Callable[..., Any] = torch.nn.Module.__getattribute__
 class Hops:
     """What a watch covers: ``dicts`` ``[(dict, key or None for every key, expected value or ABSENT)]``, ``types``
     ``[type]``, ``checked`` ``[(op, parent, key, expected)]`` re-read per call (op ``"attr"``: ``getattr(parent, key)
-    is expected``; ``"item"``: ``parent[key] is expected``; ``"len"``: ``len(parent) == expected``; ``"contains"``:
+    is expected``; ``"attr_eq"``: a property's plain value equals ``expected``, of the same types; ``"item"``:
+    ``parent[key] is expected``; ``"len"``: ``len(parent) == expected``; ``"contains"``:
     ``(key in parent) is expected``; ``"seq"``: the list ``parent`` holds the items of the tuple ``expected``, by
     identity) and ``tensors``, whose dtype, device, sizes, strides and alignment must stay as they are (a parameter
     whose ``.data`` is swapped keeps its Python object)."""
@@ -236,6 +238,11 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
     except AttributeError:
         d = None
     if not isinstance(d, dict) or _is_data_descriptor(cls, name):
+        if _is_data_descriptor(cls, name) and _plain(child):
+            # a property may build its value anew at every read (transformers 5.17's ``StaticCache.is_sliding``, a
+            # fresh list of bools): compared by value (a copy), not identity, else every call revalidates
+            hops.check("attr_eq", parent, name, _plain_copy(child))
+            return
         hops.check("attr", parent, name, child)             # slots, properties, functions' __defaults__, cells
         return
     hops.type_(cls)
@@ -250,6 +257,37 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
                 hops.dict_item(held, name, held.get(name, ABSENT))
     elif name not in d and getattr(cls, "__getattr__", None) is not None:
         hops.check("attr", parent, name, child)
+
+
+_PLAIN_SCALARS = (bool, int, float, str, bytes, type(None))
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is plain data compared by value: a scalar of ``_PLAIN_SCALARS``, or a list or tuple of at
+    most 256 of them (nested at most 3 deep), each of exactly those types."""
+    if type(value) in _PLAIN_SCALARS:
+        return True
+    if type(value) in (list, tuple) and depth < 3 and len(value) <= 256:
+        return all(_plain(v, depth + 1) for v in value)
+    return False
+
+
+def _plain_copy(value: Any) -> Any:
+    """A copy of plain data (its lists copied, so an in-place change of the read value is not the expected one's)."""
+    if type(value) is list:
+        return [_plain_copy(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_plain_copy(v) for v in value)
+    return value
+
+
+def _plain_equal(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are equal plain data of the same types (as the C watch's ``plain_equal``)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_plain_equal(x, y) for x, y in zip(a, b))
+    return bool(a == b)
 
 
 def _is_data_descriptor(cls: type, name: str) -> bool:
@@ -297,6 +335,8 @@ def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
     try:
         if op == "attr":
             return getattr(parent, key) is expected
+        if op == "attr_eq":
+            return _plain_equal(getattr(parent, key), expected)
         if op == "item":
             return parent[key] is expected
         if op == "len":
