@@ -5,7 +5,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -60,6 +62,93 @@ def empty_caches_env(folder: Path) -> dict:
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
+class _Ahead:
+    """One fixture's value, computed once: by the session's background thread (:func:`ahead_jobs`) or, if that has
+    not started it yet, by the fixture that asks (:meth:`value`); either way by the same function."""
+
+    def __init__(self, compute: Callable[[], Any]):
+        self.compute = compute
+        self.lock = threading.Lock()
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        with self.lock:                 # the other thread waits here while one computes it
+            if not self.done:
+                try:
+                    self.result = self.compute()
+                except BaseException as e:  # noqa: B036 (handed to the fixture that asks, raised there)
+                    self.error = e
+                self.done = True
+
+    def value(self) -> Any:
+        self.run()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+Need = Callable[[str], Any]
+AHEAD: dict[str, tuple[Callable[[pytest.TempPathFactory, Need], Any], Callable[[pytest.Item], bool]]] = {}
+
+
+def ahead(name: str, used_by: Callable[[pytest.Item], bool] | None = None):
+    """Register ``fn(tmp_path_factory, need)``, the body of a session or module fixture ``name`` that runs scripts in
+    fresh processes (``need(other)``: another registered fixture's value), to be computed ahead, in the background,
+    when the session collected a test that uses fixture ``name`` (``used_by(item)`` decides instead, e.g. for one
+    parameter). The fixture returns ``ahead_jobs.value(name)``.
+
+    The test process compiles and runs on one thread at a time (Inductor's g++ builds aside), so on a 2-core machine
+    these scripts take the core it leaves idle; the value is the same whoever computes it."""
+    def register(fn):
+        AHEAD[name] = (fn, used_by or (lambda item: name in item.fixturenames))
+        return fn
+    return register
+
+
+class AheadJobs:
+    """The registered fixtures' values of one session (:func:`ahead_jobs`)."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, names: list[str]):
+        self.factory = tmp_path_factory
+        self.jobs = {name: self._job(name) for name in names}
+
+    def _job(self, name: str) -> _Ahead:
+        fn = AHEAD[name][0]
+        return _Ahead(lambda: fn(self.factory, self.value))
+
+    def value(self, name: str) -> Any:
+        """Fixture ``name``'s value: computed ahead, or now if the session did not queue it (e.g. a test asked for it
+        through ``request.getfixturevalue``)."""
+        if name not in self.jobs:
+            self.jobs[name] = self._job(name)
+        return self.jobs[name].value()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ahead_jobs(request, tmp_path_factory, native_checks) -> AheadJobs:
+    """The :func:`ahead` values this session's tests use, computed one at a time by a background thread, in the order
+    the tests first use them; ``ahead_jobs.value(name)`` waits for one (or computes it, if not started yet)."""
+    items = request.session.items
+    first = {name: next((i for i, item in enumerate(items) if used(item)), None)
+             for name, (_, used) in AHEAD.items()}
+    queued = sorted((n for n in first if first[n] is not None), key=lambda n: first[n])
+    jobs = AheadJobs(tmp_path_factory, queued)
+    stop = threading.Event()
+
+    def work() -> None:
+        for name in queued:
+            if stop.is_set():
+                return
+            jobs.jobs[name].run()
+    thread = threading.Thread(target=work, name="ahead", daemon=True)
+    thread.start()
+    yield jobs
+    stop.set()
+    thread.join()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def native_checks() -> str:
     """The path of gearcache's native checks (gearcache/native/), built before any test runs, so that this process
@@ -83,25 +172,24 @@ def checks(request, monkeypatch) -> str:
     signature._snapshot.same = None
 
 
-@pytest.fixture(scope="session")
-def tiny_lm_cache(tmp_path_factory) -> tuple[Path, dict]:
-    """(cache folder, report): TinyLM's prefill and decode entries, compiled by a separate (cold) process with compile
-    hooks installed (tests/compile_hooks.py: the report's ``hooks`` counts what the cold compile ran) and empty
-    Inductor and Triton caches."""
+@ahead("tiny_lm_cache")
+def _tiny_lm_cache(tmp_path_factory, need) -> tuple[Path, dict]:
     cache = tmp_path_factory.mktemp("tiny_lm_cache")
     env = empty_caches_env(tmp_path_factory.mktemp("tiny_lm_torch_caches"))
     return cache, run_script("run_tiny_lm.py", str(cache), "--hooks", env=env)
 
 
 @pytest.fixture(scope="session")
-def tiny_lm_warm(tiny_lm_cache, tmp_path_factory) -> dict[str, dict]:
-    """Reports of TinyLM run again on ``tiny_lm_cache`` by two fresh processes (run at once), each with empty Inductor
-    and Triton caches: ``"plain"`` as a server would (no hooks: nothing imports torch's compiler for it), and
-    ``"hooks"`` with compile hooks installed, which after the first calls also changes the weights (in place, a new
-    Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all); and
-    ``"python"``, like ``"hooks"`` but as where neither gearcache's C extension (``--no-c-extension``) nor its native
-    checks (``GEARCACHE_NATIVE=0``: Dynamo's checks) are built."""
-    cache, _ = tiny_lm_cache
+def tiny_lm_cache(ahead_jobs) -> tuple[Path, dict]:
+    """(cache folder, report): TinyLM's prefill and decode entries, compiled by a separate (cold) process with compile
+    hooks installed (tests/compile_hooks.py: the report's ``hooks`` counts what the cold compile ran) and empty
+    Inductor and Triton caches."""
+    return ahead_jobs.value("tiny_lm_cache")
+
+
+@ahead("tiny_lm_warm")
+def _tiny_lm_warm(tmp_path_factory, need) -> dict[str, dict]:
+    cache, _ = need("tiny_lm_cache")
     scripts = {"plain": Script("run_tiny_lm.py", str(cache),
                                env=empty_caches_env(tmp_path_factory.mktemp("tiny_lm_plain_torch_caches"))),
                "hooks": Script("run_tiny_lm.py", str(cache), "--hooks", "--mutate-weights",
@@ -113,11 +201,27 @@ def tiny_lm_warm(tiny_lm_cache, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def gears_cache(tmp_path_factory) -> tuple[Path, dict]:
-    """A cache folder holding PairMLP's three gears, warmed up serially by a separate (cold) process
-    (tests/scripts/run_gears.py)."""
+def tiny_lm_warm(ahead_jobs) -> dict[str, dict]:
+    """Reports of TinyLM run again on ``tiny_lm_cache`` by three fresh processes (run at once), each with empty
+    Inductor and Triton caches: ``"plain"`` as a server would (no hooks: nothing imports torch's compiler for it),
+    ``"hooks"`` with compile hooks installed, which after the first calls also changes the weights (in place, a new
+    Parameter, a buffer) and calls prefill again (``--hooks --mutate-weights``: hooks and counters cover it all); and
+    ``"python"``, like ``"hooks"`` but as where neither gearcache's C extension (``--no-c-extension``) nor its native
+    checks (``GEARCACHE_NATIVE=0``: Dynamo's checks) are built."""
+    return ahead_jobs.value("tiny_lm_warm")
+
+
+@ahead("gears_cache")
+def _gears_cache(tmp_path_factory, need) -> tuple[Path, dict]:
     cache = tmp_path_factory.mktemp("gears_cache")
     return cache, run_script("run_gears.py", str(cache), "--workers", "1")
+
+
+@pytest.fixture(scope="session")
+def gears_cache(ahead_jobs) -> tuple[Path, dict]:
+    """A cache folder holding PairMLP's three gears, warmed up serially by a separate (cold) process
+    (tests/scripts/run_gears.py)."""
+    return ahead_jobs.value("gears_cache")
 
 
 @pytest.fixture()
@@ -202,10 +306,15 @@ def fleet_config(redis_url: str | None, **extra) -> str:
     return json.dumps({"signing_key": FLEET_KEY, "remote": redis_url, "remote_chunk_bytes": 4096, **extra})
 
 
-@pytest.fixture(scope="session")
-def seed(tmp_path_factory):
-    """A local folder holding fleet_node.py's entry, compiled once (signed with FLEET_KEY) by a fresh process."""
+@ahead("seed")
+def _seed(tmp_path_factory, need) -> Path:
     folder = tmp_path_factory.mktemp("fleet_seed")
     report = run_script("fleet_node.py", str(folder), fleet_config(None))
     assert report["compiles"] == 1 and report["equal"]
     return folder
+
+
+@pytest.fixture(scope="session")
+def seed(ahead_jobs) -> Path:
+    """A local folder holding fleet_node.py's entry, compiled once (signed with FLEET_KEY) by a fresh process."""
+    return ahead_jobs.value("seed")

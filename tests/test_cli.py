@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ahead
 from gearcache.cli.checks import parse_size
 from gearcache.cli.folder import StoreView
 from gearcache.cli.output import fmt_gears, format_table
@@ -100,9 +101,8 @@ def gc_json(*args, rc: int = 0) -> dict:
     return as_json(gc(*args, "--json"), rc)
 
 
-@pytest.fixture(scope="module")
-def populated(tmp_path_factory):
-    """(cache folder, cold process, warmup process): two entries compiled cold, then one loaded by `warmup`."""
+@ahead("populated")
+def _populated(tmp_path_factory, need):
     work = tmp_path_factory.mktemp("cli")
     (work / "cli_model.py").write_text(MODEL)
     (work / "populate.py").write_text(POPULATE)
@@ -117,15 +117,15 @@ def populated(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def listing(populated) -> list[dict]:
-    """`ls --json` of the populated folder (after warmup)."""
-    return as_json(gc("ls", "--cache-dir", populated[0], "--json"))["entries"]
+def populated(ahead_jobs):
+    """(cache folder, cold process, warmup process): two entries compiled cold, then one loaded by `warmup`."""
+    return ahead_jobs.value("populated")
 
 
-@pytest.fixture(scope="module")
-def reads(populated, listing) -> dict[str, subprocess.CompletedProcess]:
-    """Every read-only invocation the tests below check, run in parallel."""
-    cache = populated[0]
+@ahead("cli_reads", used_by=lambda item: {"listing", "reads"} & set(item.fixturenames))
+def _listing_and_reads(tmp_path_factory, need):
+    cache = need("populated")[0]
+    listing = as_json(gc("ls", "--cache-dir", cache, "--json"))["entries"]
     a, b = listing[0]["ekey"], listing[1]["ekey"]
     commands = {
         "ls": ["ls", "--cache-dir", cache],
@@ -140,7 +140,19 @@ def reads(populated, listing) -> dict[str, subprocess.CompletedProcess]:
     exe = shutil.which("gearcache")
     if exe is not None:
         commands["console_script"] = [[exe], "--help"]
-    return gc_many(commands)
+    return listing, gc_many(commands)
+
+
+@pytest.fixture(scope="module")
+def listing(ahead_jobs) -> list[dict]:
+    """`ls --json` of the populated folder (after warmup)."""
+    return ahead_jobs.value("cli_reads")[0]
+
+
+@pytest.fixture(scope="module")
+def reads(ahead_jobs) -> dict[str, subprocess.CompletedProcess]:
+    """Every read-only invocation the tests below check, run in parallel (after ``listing``)."""
+    return ahead_jobs.value("cli_reads")[1]
 
 
 # ------------------------------------------------------------------------------------------------ the process side

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gearcache
-from conftest import Script
+from conftest import Script, ahead
 from gear_models import BatchMin, BatchSoftmax, Center, KVStep, RunningSum, SeenRows
 from gearcache import CompilerConfig, ConfigError, PaddingUnsafeError, counters, set_dim_gears
 from gearcache.gears import padding_check
@@ -26,13 +26,18 @@ def _config(policy: str = "refuse", **gears) -> CompilerConfig:
     return cfg
 
 
-@pytest.fixture(scope="module")
-def padding_runs(tmp_path_factory) -> tuple[dict, dict]:
-    """Reports of tests/scripts/run_padding.py on one folder: a cold process (compiles), then a warm one with compile
-    hooks (loads)."""
+@ahead("padding_runs")
+def _padding_runs(tmp_path_factory, need) -> tuple[dict, dict]:
     cache = tmp_path_factory.mktemp("padding")
     cold = Script("run_padding.py", str(cache)).result()
     return cold, Script("run_padding.py", str(cache), "--hooks").result()
+
+
+@pytest.fixture(scope="module")
+def padding_runs(ahead_jobs) -> tuple[dict, dict]:
+    """Reports of tests/scripts/run_padding.py on one folder: a cold process (compiles), then a warm one with compile
+    hooks (loads)."""
+    return ahead_jobs.value("padding_runs")
 
 
 SERVED = ("kv_step", "running_sum", "batch_softmax", "batch_min")

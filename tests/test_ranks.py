@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ahead
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -120,12 +122,24 @@ GEARS = [1, 2, 4]
 
 @pytest.fixture(scope="session", params=[2, pytest.param(4, marks=pytest.mark.slow),
                                          pytest.param(8, marks=pytest.mark.slow)], ids=["2", "4", "8"])
-def tp_gears(request, tmp_path_factory) -> tuple[int, Path, list[dict]]:
+def tp_gears(request, tmp_path_factory, ahead_jobs) -> tuple[int, Path, list[dict]]:
     """A cold job of tests/scripts/run_tp_gears.py (a TP MLP with an all-reduce inside, gears 1, 2, 4) on 2, 4 and 8
     ranks (2 in the fast tier, on the 2-core machine): ``(nproc, its cache folder, the ranks' reports)``."""
     nproc = request.param
+    if nproc == 2:
+        return ahead_jobs.value("tp_gears_2")
+    return _tp_gears_cold(tmp_path_factory, nproc)
+
+
+def _tp_gears_cold(tmp_path_factory, nproc: int) -> tuple[int, Path, list[dict]]:
     root = tmp_path_factory.mktemp(f"tp_gears_{nproc}")
     return nproc, root / "cache", _torchrun(nproc, root / "cache", root / "cold", script="run_tp_gears.py")
+
+
+@ahead("tp_gears_2", used_by=lambda item: getattr(item, "callspec", None) is not None
+       and item.callspec.params.get("tp_gears") == 2)
+def _tp_gears_2(tmp_path_factory, need) -> tuple[int, Path, list[dict]]:
+    return _tp_gears_cold(tmp_path_factory, 2)
 
 
 def test_geared_tp_warmup_cold_then_warm_never_hangs(tp_gears, tmp_path):

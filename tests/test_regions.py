@@ -10,6 +10,7 @@ import io
 import pytest
 import torch
 
+from conftest import Script, ahead
 from gearcache import compile_blocks
 from gearcache.errors import ConfigError
 from gearcache.regions import BlockForward, find_blocks
@@ -147,23 +148,36 @@ def _serve_the_patched_forward(tmp_path, original):
         assert all(torch.allclose(b(x), original(b, x)) for m in models for b in m)
 
 
-def _cold(tmp_path) -> str:
-    from conftest import Script
-
-    store = str(tmp_path / "store")
-    cold = Script("regions_child.py", store).result(timeout=900)
+def _checked_cold(cold: dict) -> None:
     assert cold["same"] and cold["calls"] == [4, 4, 4], cold
     assert (cold["kinds"], cold["blocks"], cold["entries"]) == (2, 5, 10)
     assert cold["compiles"] == cold["traces"] == 4, "one compile per block kind and signature"
+
+
+def _cold(tmp_path) -> str:
+    store = str(tmp_path / "store")
+    _checked_cold(Script("regions_child.py", store).result(timeout=900))
     return store
 
 
-def test_repeated_blocks_compile_once_per_kind_and_signature_cold_and_warm(tmp_path):
+@ahead("regions_cold_warm")
+def _regions_cold_warm(tmp_path_factory, need) -> tuple[dict, dict]:
+    store = str(tmp_path_factory.mktemp("regions") / "store")
+    cold = Script("regions_child.py", store).result(timeout=900)
+    return cold, Script("regions_child.py", store).result(timeout=600)
+
+
+@pytest.fixture(scope="module")
+def regions_cold_warm(ahead_jobs) -> tuple[dict, dict]:
+    """Reports of tests/scripts/regions_child.py on one store: a cold process, then a warm one."""
+    return ahead_jobs.value("regions_cold_warm")
+
+
+def test_repeated_blocks_compile_once_per_kind_and_signature_cold_and_warm(regions_cold_warm):
     """Two block kinds x two signatures: 4 compiles for 5 blocks; a fresh process loads the 4 artifacts once each
     (shared by the blocks of a kind), traces and compiles nothing, and equals eager too."""
-    from conftest import Script
-
-    warm = Script("regions_child.py", _cold(tmp_path)).result(timeout=600)
+    cold, warm = regions_cold_warm
+    _checked_cold(cold)
     assert warm["same"] and warm["entries"] == 10, warm
     assert (warm["compiles"], warm["traces"], warm["loads"]) == (0, 0, 4), "each artifact loaded once, shared"
 
@@ -172,8 +186,6 @@ def test_repeated_blocks_compile_once_per_kind_and_signature_cold_and_warm(tmp_p
 def test_a_patched_block_class_is_never_served_the_unpatched_entries(tmp_path):
     """A process whose ``Mlp.forward`` (inside both kinds) is patched after import, with the unpatched entries in
     the store: it compiles its own 4 and equals its eager twin (relu against gelu: a stale entry would differ)."""
-    from conftest import Script
-
     patched = Script("regions_child.py", _cold(tmp_path), "patched").result(timeout=900)
     assert patched["same"] and patched["compiles"] == 4 and patched["loads"] == 0, patched
 
@@ -185,8 +197,6 @@ def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_pa
     Llama in a fresh process is served by those entries with nothing traced or compiled; a Mistral (same weights'
     layout, another layer class) and a Llama whose ``LlamaMLP.forward`` is patched trace their own entries and equal
     their eager twins (the Mistral's graph is Llama's: it may reuse the compiled artifact, never the entry)."""
-    from conftest import Script
-
     store = str(tmp_path / "store")
     cold = Script("run_hf_regions.py", store, "2").result(timeout=900)
     runs = {"cold": cold}
@@ -212,8 +222,6 @@ def test_sliding_window_layers_by_region_equal_eager(tmp_path, name):
     """Gemma-3's sliding and full attention layers (one class, masks of their kind) and Mistral's sliding window,
     served by region as full-length layers: tokens, logits and caches equal eager's; every layer serves a call from
     the entries of its kind (3 gears)."""
-    from conftest import Script
-
     run = Script("run_hf_regions.py", str(tmp_path / "store"), "0", f"corpus={name}").result(timeout=900)
     for step in run["runs"]:
         assert step["tokens_equal"] and step["lengths_equal"], run
@@ -229,8 +237,6 @@ def test_a_layer_mixing_positions_non_causally_is_refused_or_served_exactly(tmp_
     """A decoder layer whose MLP adds the mean over the call's positions (a custom model's layer): a prompt of 6
     right-padded to its 16-token gear changes every real position's mean, so a padded step must be proved exact or
     refused. Today both modes serve it padded: logits 0.34-0.46 and the caches 0.43-0.54 from eager's, other tokens."""
-    from conftest import Script
-
     flags = ["mixing"] + (["whole"] if regions == "whole" else [])
     run = Script("run_hf_regions.py", str(tmp_path / "store"), "2", *flags).result(timeout=900)
     if "refused" not in run:
