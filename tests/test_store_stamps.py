@@ -234,3 +234,27 @@ def test_a_stamp_goes_with_its_artifact(tmp_path):
     orphan = store.layout.stamp("c" * 40)
     orphan.write_text("{}")                                 # an artifact removal cut short before its stamp went
     assert fresh(store).maintenance.cleanup()["stamps"] == 1 and not orphan.exists()
+
+
+@pytest.mark.parametrize("late", ["unlisted file", "file changed"])
+def test_a_file_written_after_the_publishers_digests_is_not_stamped(tmp_path, monkeypatch, late):
+    """Something still writing into the work folder after its manifest was written (a file added, or one changed
+    after its digest, size and mtime kept): the publish's stamp must not cover it, so the first load checks the
+    artifact in full and refuses it (a stamp taken of the folder as it is then accepted what no full check would)."""
+    real = artifacts_module.Artifacts._write_manifest
+
+    def then_written(self, work, akey, *rest):
+        size = real(self, work, akey, *rest)
+        kernels = work / "inductor" / "kernels"
+        if late == "unlisted file":
+            (kernels / "late.so").write_bytes(b"\x7fELF")
+        else:
+            os.chmod(kernels / "k.so", 0o644)
+            change_in_place(kernels / "k.so")
+        return size
+
+    monkeypatch.setattr(artifacts_module.Artifacts, "_write_manifest", then_written)
+    store = published(tmp_path)
+    match = "unlisted file" if late == "unlisted file" else "k.so does not match"
+    with pytest.raises(CacheCorruptionError, match=match):
+        fresh(store).artifacts.verify_for_load(AKEY, None)

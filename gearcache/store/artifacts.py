@@ -328,8 +328,9 @@ class Artifacts:
         work.mkdir(mode=self.layout.dir_mode)
         try:
             build(work / TORCH_FOLDER)
-            size = self._write_manifest(work, akey)
-            self._rename_in(work, akey)
+            hashed: dict[str, os.stat_result] = {}
+            size = self._write_manifest(work, akey, hashed)
+            self._rename_in(work, akey, hashed)
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
@@ -358,16 +359,24 @@ class Artifacts:
 
         self.index.defer(record)
 
-    def _rename_in(self, work: pathlib.Path, akey: str) -> None:
+    def _rename_in(self, work: pathlib.Path, akey: str, hashed: dict[str, os.stat_result] | None = None) -> None:
         """Rename the finished work folder into ``artifacts/``, replacing a (corrupt) folder there, and stamp it
         (stamps.py: the folder as this process wrote it, checked against the manifest it wrote, which a later
-        load then need not hash again)."""
+        load then need not hash again). ``hashed``: each listed file's ``lstat`` taken before its digest (a
+        build's); the folder is stamped only where its files are the listed ones, each unchanged since its digest
+        (a file written after the digests, which a full check refuses, is not stamped)."""
         seen: dict[str, os.stat_result] = {}
+        present: set[str] = set()
         try:
-            self._walk_part(str(work), "", set(), seen)
-            raw: bytes | None = (work / MANIFEST).read_bytes()
-        except (OSError, CacheCorruptionError):
-            raw = None                          # not stamped: its first load checks it in full
+            self._walk_part(str(work), "", present, seen)
+            text = (work / MANIFEST).read_bytes()
+            raw: bytes | None = text
+            listed = set(json.loads(text)["files"])
+        except (OSError, CacheCorruptionError, ValueError, KeyError, TypeError):
+            raw, listed = None, set()           # not stamped: its first load checks it in full
+        if present - {MANIFEST, SIGNATURE} != listed or (hashed is not None and any(
+                rel not in hashed or stat_record(hashed[rel]) != stat_record(seen[rel]) for rel in listed)):
+            raw = None
         final = self.layout.artifact(akey)
         if final.exists() or final.is_symlink():
             aside = self.layout.work(akey)      # renamed into tmp/ (atomic: never seen half deleted), then deleted
@@ -392,13 +401,17 @@ class Artifacts:
                 self._quarantine_locked(akey, exc.reason)
             return False
 
-    def _write_manifest(self, work: pathlib.Path, akey: str) -> int:
+    def _write_manifest(self, work: pathlib.Path, akey: str, hashed: dict[str, os.stat_result]) -> int:
         for path in [work, *work.rglob("*")]:           # artifacts are never written again: nobody else may
             st = path.lstat()
             if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
                 os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
-        files = {p.relative_to(work).as_posix(): _sha256_file(p) for p in sorted(work.rglob("*"))
-                 if p.is_file() and not _is_lock_file(p.relative_to(work).as_posix())}
+        files: dict[str, str] = {}
+        for p in sorted(work.rglob("*")):               # ``hashed``: each file's lstat before its digest
+            rel = p.relative_to(work).as_posix()
+            if p.is_file() and not _is_lock_file(rel):
+                hashed[rel] = p.lstat()
+                files[rel] = _sha256_file(p)
         size = sum((work / rel).stat().st_size for rel in files)
         write_json_atomic(work / MANIFEST, {"format": FORMAT_VERSION, "akey": akey, "files": files,
                                             "created": time.time(), "bytes": size})

@@ -14,9 +14,10 @@ to or removed from a folder changes the folder's mtime and ctime. A ctime is set
 a change within the tick of the one before keeps the ctime. So a stamp written after a check (:meth:`Stamps.write`
 with ``fresh=False``) is written only where every ctime is older than ``RACY_S`` (as git treats a racily clean
 index entry); a publisher stamps what it has just written (``fresh=True``: its own work folder, where a writer that
-could race it could as well have changed the files before their digests were taken). A stamp that cannot be read, is
-not trusted (another user's, or in a folder others can write), names another artifact or format, or (with a signing
-key) is unsigned or wrongly signed, is ignored: the artifact is checked in full.
+could race it could as well have changed the files before their digests were taken; and only where the folder's
+files are the listed ones, each with the ``lstat`` it had before its digest: ``Artifacts._rename_in``). A stamp
+that cannot be read, is not trusted (another user's, or in a folder others can write), names another artifact or
+format, or (with a signing key) is unsigned or wrongly signed, is ignored: the artifact is checked in full.
 """
 from __future__ import annotations
 
