@@ -184,3 +184,25 @@ def test_a_soft_lock_store_still_excludes_loaders_from_each_other(tmp_path):
             with other.locks.held(lock, 0.2, shared=True):
                 pass
     assert not lock.exists()
+
+
+def test_a_dead_lease_is_removed_under_the_lease_lock_never_while_a_loader_writes_one(tmp_path):
+    """Cleanup removes a dead process's lease under the artifact's lease lock, held exclusively: a process that took
+    the dead one's pid writes its lease at the same path under that lock (shared), so while a loader holds it the
+    dead lease stays (left for the next cleanup), and once it is free the dead lease goes."""
+    root = str(tmp_path / "store")
+    store = _store(root)
+    held, release = FORK.Event(), FORK.Event()
+    loader = _start(_hold, root, True, held, release)
+    dead = store.layout.lease(AKEY, 2 ** 22 + 12345)        # a pid no live process has
+    try:
+        assert held.wait(WAIT_S)
+        store.layout.mkdir(dead.parent.parent)
+        store.layout.mkdir(dead.parent)
+        dead.write_text("0\n")                              # (after the loader's own store cleaned up at its start)
+        assert not store.leases.is_live(dead)
+        assert store.maintenance.cleanup()["leases"] == 0 and dead.exists(), "removed while a loader held the lock"
+    finally:
+        release.set()
+        assert _join([loader]) == [0]
+    assert store.maintenance.cleanup()["leases"] == 1 and not dead.exists()

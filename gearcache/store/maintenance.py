@@ -140,6 +140,35 @@ class Maintenance:
                  len(gone), reason)
         return True
 
+    def _dead_leases(self, now: float) -> int:
+        """Remove the leases of dead processes; returns how many. Each artifact's are removed under its lease lock,
+        held exclusively (as an evictor holds it), and read again there: a process that took the dead one's pid
+        writes its lease at the same path under that lock (shared), so it is never removed in between. An artifact
+        whose lease lock is held (a loader writing its lease) is left for the next cleanup."""
+        removed = 0
+        try:
+            folders = list(self.layout.leases.iterdir())
+        except OSError:
+            return 0
+        for folder in folders:
+            try:
+                dead = [lease for lease in folder.iterdir() if not self.leases.is_live(lease, now)]
+            except OSError:
+                continue
+            if dead:
+                try:
+                    with self.locks.held(self.locks.path(folder.name, "lease"), 0.5):
+                        for lease in dead:
+                            if not self.leases.is_live(lease, time.time()):
+                                with contextlib.suppress(OSError):
+                                    lease.unlink()
+                                    removed += 1
+                except LockTimeoutError:
+                    continue
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        return removed
+
     def cleanup(self) -> dict[str, int]:
         """Remove what killed processes left behind: work folders in ``tmp/`` whose pid is dead (another host's:
         older than an hour), temp manifest files likewise, leases of dead processes, and (``lock_mode="soft"``)
@@ -165,17 +194,7 @@ class Maintenance:
                         with contextlib.suppress(OSError):
                             os.unlink(pathlib.Path(dirpath) / name)
                             done["partial_files"] += 1
-        try:
-            for folder in list(self.layout.leases.iterdir()):
-                for lease in list(folder.iterdir()):
-                    if not self.leases.is_live(lease, now):
-                        with contextlib.suppress(OSError):
-                            lease.unlink()
-                            done["leases"] += 1
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-        except OSError:
-            pass
+        done["leases"] = self._dead_leases(now)
         done["stamps"] = self._orphan_stamps()
         if self.locks.mode == "soft":
             try:
