@@ -26,7 +26,6 @@ def forbid_storage_access(tensor: torch.Tensor, message: str) -> None:
         forbid(tensor, message)
 
 
-
 def fresh_copies(values: list[Any]) -> list[Any]:
     """``values`` with each tensor replaced by a copy in memory of its own (as ``clone()``: same dtype, device and,
     where dense, strides), the copies made by one ``torch._foreach_copy_`` (one kernel launch per dtype for dense

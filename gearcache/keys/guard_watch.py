@@ -237,8 +237,9 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
         d = _OBJECT_GETATTRIBUTE(parent, "__dict__")
     except AttributeError:
         d = None
-    if not isinstance(d, dict) or _is_data_descriptor(cls, name):
-        if _is_data_descriptor(cls, name) and _plain(child):
+    descriptor = _is_data_descriptor(cls, name)
+    if not isinstance(d, dict) or descriptor:
+        if descriptor and _plain(child):
             # a property may build its value anew at every read (transformers 5.17's ``StaticCache.is_sliding``, a
             # fresh list of bools): compared by value (a copy), not identity, else every call revalidates
             hops.check("attr_eq", parent, name, _plain_copy(child))
