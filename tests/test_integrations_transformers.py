@@ -76,10 +76,11 @@ def test_a_4d_mask_and_training_mode_are_refused(tmp_path):
     enable(lm, cache_dir=str(tmp_path))
     cache = StaticCache(config=lm.config, max_cache_len=8)
     with pytest.raises(ConfigError, match="2D masks"):
-        lm(input_ids=torch.ones(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1, 2, 8), cache=cache)
+        lm(input_ids=torch.ones(1, 2, dtype=torch.long), attention_mask=torch.ones(1, 1, 2, 8),
+           **{hf_compat.cache_keyword(lm): cache})
     lm.train()
     with pytest.raises(ConfigError, match="training mode"):
-        lm(input_ids=torch.ones(1, 2, dtype=torch.long), cache=cache)
+        lm(input_ids=torch.ones(1, 2, dtype=torch.long), **{hf_compat.cache_keyword(lm): cache})
 
 
 def test_a_call_past_the_cache_length_is_refused_as_eager_would_fail(tmp_path):
@@ -88,7 +89,8 @@ def test_a_call_past_the_cache_length_is_refused_as_eager_would_fail(tmp_path):
     lm = _tiny_llama()
     enable(lm, cache_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="max_cache_len=4"):
-        lm(input_ids=torch.ones(1, 5, dtype=torch.long), cache=StaticCache(config=lm.config, max_cache_len=4))
+        lm(input_ids=torch.ones(1, 5, dtype=torch.long),
+           **{hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=4)})
 
 
 @pytest.mark.parametrize("config, match", [
