@@ -80,3 +80,16 @@ def test_a_warm_start_hashes_its_artifacts_once_then_loads_them_by_their_stamps(
     c = second["counters"]
     assert c["loads"] == 3 and c["direct_loads"] == 3 and c["compiles"] == 0, c
     assert c["digests"] == 0 and c["stamped_checks"] == 3 and c["lease_waits"] == 0, c
+
+
+def test_the_look_up_threads_can_be_set_to_compare(monkeypatch):
+    """``GEARCACHE_LOAD_THREADS`` sets the look-up threads (at most ``LOAD_THREADS``); anything but a positive integer
+    leaves the default (the cores over torchrun's local ranks)."""
+    from gearcache.warmup import driver
+
+    monkeypatch.delenv("GEARCACHE_LOAD_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    default = driver.load_threads()
+    for value, want in [("1", 1), ("3", 3), ("64", driver.LOAD_THREADS), ("0", default), ("x", default)]:
+        monkeypatch.setenv("GEARCACHE_LOAD_THREADS", value)
+        assert driver.load_threads() == want, value
