@@ -44,6 +44,9 @@ class Counters:
     graph_warmups: int = 0     # runs of an entry before its capture (one per captured graph, on a side stream)
     padding_verifications: int = 0     # gears checked against eager because padding may mix rows (padding_check)
     rank_fences: int = 0       # fences passed with the other ranks of a process group before warm-up's runs (ranks.py)
+    digests: int = 0           # artifact files whose sha256 an artifact check computed (store/artifacts.py)
+    stamped_checks: int = 0    # artifact checks passed by the artifact's stamp, no digest computed (store/stamps.py)
+    lease_waits: int = 0       # lease locks found held by an evictor, waited for (store/leases.py)
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0

@@ -30,6 +30,27 @@ def test_static_launcher_computes_the_grid_and_passes_the_cubin_arguments(tmp_pa
     assert launches == [(handle, 3, 1, 1, 4, 0, "OOiOO", ("a", "b", 1025, None, None), 7)]
 
 
+def test_kernels_of_one_launch_record_share_its_compiled_code_and_launch_their_own_cubins(tmp_path, monkeypatch):
+    """A method's gears load the same kernels: the launcher's source is compiled once per process, and each kernel
+    still launches its own module's function (its own globals), with the grid of its own arguments."""
+    launches = []
+    monkeypatch.setattr(launch_static.torch_runplan, "load_cubin", lambda path, fn, shared, device: (path, device))
+    monkeypatch.setattr(launch_static.torch_runplan, "cubin_launcher", lambda: lambda *a: launches.append(a))
+    name = f"triton_poi_shared_{id(tmp_path)}"          # a name no other test compiled
+    compiled = launch_static._launcher_code.cache_info().misses
+    one = launch_static.StaticLaunch(name, _spec(), tmp_path / "gear1", 0)
+    two = launch_static.StaticLaunch(name, _spec(), tmp_path / "gear2", 1)
+    other = launch_static.StaticLaunch(name, _spec(num_warps=8), tmp_path / "gear2", 1)
+    assert launch_static._launcher_code.cache_info().misses == compiled + 2, "one compile per distinct launcher"
+    assert one.run.__code__ is two.run.__code__ and one.run is not two.run
+    assert other.run.__code__ is not one.run.__code__
+    one.run("a", "b", 513, stream=1)
+    two.run("c", "d", 100, stream=2)
+    assert [(a[0], a[1], a[4], a[-1]) for a in launches] == [
+        ((str(tmp_path / "gear1/runplan/kernels/K.cubin"), 0), 2, 4, 1),
+        ((str(tmp_path / "gear2/runplan/kernels/K.cubin"), 1), 1, 4, 2)]
+
+
 def test_driver_launch_structures_have_cuda_h_layout():
     """``CUlaunchAttribute`` is 72 bytes (id, padding, a 64-byte union); ``CUlaunchConfig`` 56 with the stream at 32."""
     assert ctypes.sizeof(launch_driver._LaunchAttribute) == 72

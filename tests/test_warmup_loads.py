@@ -3,6 +3,7 @@ served as the serial path served them (nothing compiled in a fresh process, outp
 load fails is named in the error."""
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,38 @@ def test_a_warm_start_under_autocast_never_serves_the_entries_stored_without_it(
     assert all(dtype == ["torch.bfloat16", "torch.bfloat16"] for dtype in warm["dtypes"]), warm["dtypes"]
     assert warm["equal"]
     assert warm["counters"]["loads"] == 0, "no gear's entry stored without autocast is loaded"
+
+
+def test_a_warm_start_hashes_its_artifacts_once_then_loads_them_by_their_stamps(gears_cache, tmp_path,
+                                                                                  empty_torch_caches):
+    """Issue #38: the look-ups' store work is counted, not timed. A copied store (every file a new inode and ctime:
+    no stamp matches) is hashed by the first warm process, which stamps each artifact once its files are older than
+    ``RACY_S``; the next warm process computes no digest (every check passed by its stamp, nothing the loads or the
+    leases wrote in between disturbed one) and never waits for a lease lock."""
+    from gearcache.store import stamps
+
+    cache = _copy(gears_cache, tmp_path)
+    time.sleep(stamps.RACY_S + 0.1)                 # the copied files' ctimes old enough to be stamped at a check
+    first = run_script("run_gear_loads.py", str(cache), env=empty_torch_caches)
+    assert "error" not in first and first["equal"]
+    c = first["counters"]
+    assert c["loads"] == 3 and c["digests"] > 0 and c["stamped_checks"] == 0, c
+    assert len(list((cache / "stamps").glob("*.json"))) == 3, "each artifact stamped by its full check"
+    second = run_script("run_gear_loads.py", str(cache), env=empty_torch_caches)
+    assert "error" not in second and second["equal"]
+    c = second["counters"]
+    assert c["loads"] == 3 and c["direct_loads"] == 3 and c["compiles"] == 0, c
+    assert c["digests"] == 0 and c["stamped_checks"] == 3 and c["lease_waits"] == 0, c
+
+
+def test_the_look_up_threads_can_be_set_to_compare(monkeypatch):
+    """``GEARCACHE_LOAD_THREADS`` sets the look-up threads (at most ``LOAD_THREADS``); anything but a positive integer
+    leaves the default (the cores over torchrun's local ranks)."""
+    from gearcache.warmup import driver
+
+    monkeypatch.delenv("GEARCACHE_LOAD_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    default = driver.load_threads()
+    for value, want in [("1", 1), ("3", 3), ("64", driver.LOAD_THREADS), ("0", default), ("x", default)]:
+        monkeypatch.setenv("GEARCACHE_LOAD_THREADS", value)
+        assert driver.load_threads() == want, value

@@ -3,7 +3,9 @@ Inductor itself uses): one C++ call per launch, no Python packing of arguments."
 from __future__ import annotations
 
 import builtins
+import functools
 import pathlib
+import types
 from typing import Any, Callable
 
 from .._torch import runplan as torch_runplan
@@ -19,10 +21,20 @@ def launcher_source(spec: dict[str, Any], launch_line: str) -> str:
 
 
 def compile_launcher(name: str, source: str, scope: dict[str, Any]) -> Callable[..., None]:
+    """``launcher`` as ``source`` defines it, run in a fresh module scope of ``scope``'s names (its kernel, its launch
+    function). The source's code is compiled once per process (:func:`_launcher_code`): a method's gears load the
+    same kernels with the same launch records, and compiling each one's launcher again is GIL-bound work a warm
+    start's look-ups would serialize on."""
     scope = {**scope, "__builtins__": builtins}
-    exec(compile(source, f"<gearcache launcher {name}>", "exec"), scope)
+    exec(_launcher_code(name, source), scope)
     launcher: Callable[..., None] = scope["launcher"]
     return launcher
+
+
+@functools.lru_cache(maxsize=4096)
+def _launcher_code(name: str, source: str) -> types.CodeType:
+    """The compiled ``source`` (a code object is immutable: each launcher made from it gets its own globals)."""
+    return compile(source, f"<gearcache launcher {name}>", "exec")
 
 
 class StaticLaunch:

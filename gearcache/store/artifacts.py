@@ -93,6 +93,7 @@ class Artifacts:
         for rel in wanted:
             if rel not in present:
                 raise CacheCorruptionError(top, f"{rel} is missing")
+            counters.add(digests=1)
             if _sha256_file(folder / rel) != files[rel]:
                 raise CacheCorruptionError(top, f"{rel} does not match its sha256 digest")
         extra = present - set(files) - {MANIFEST, SIGNATURE}
@@ -186,6 +187,7 @@ class Artifacts:
                     self._check_path(top, rel, pst)
         except (OSError, CacheCorruptionError):
             return False                        # the full check raises what is wrong
+        counters.add(stamped_checks=1)
         return True
 
     def _walk_part(self, top: str, part: str, present: set[str], seen: dict[str, os.stat_result]) -> None:

@@ -9,6 +9,7 @@ import threading
 import time
 import weakref
 
+from ..counters import counters
 from ..errors import LockTimeoutError
 from .files import FOREIGN_LEASE_TTL_S, HOST, LEASE_LOCK_TIMEOUT_S, _older_than
 from .index import Index
@@ -90,7 +91,7 @@ class Leases:
         try:
             try:
                 with self.locks.held(self.locks.path(akey, "lease"), min(self.locks.timeout_s, LEASE_LOCK_TIMEOUT_S),
-                                     shared=True):
+                                     on_wait=lambda: counters.add(lease_waits=1), shared=True):
                     self._write(path)
             except LockTimeoutError:
                 self._write(path)                               # better a lease without the lock than none

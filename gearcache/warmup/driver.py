@@ -64,7 +64,11 @@ LOAD_THREADS = 8        # at most this many look-up threads (find_all): the GIL 
 def load_threads() -> int:
     """The threads of a warm-up's look-ups (:func:`find_all`): the cores this process may use, shared by the ranks of
     its host (torchrun's ``LOCAL_WORLD_SIZE``), at most :data:`LOAD_THREADS`, at least 1. More threads than cores
-    only trade the GIL back and forth (on 2 cores: 12 gears' look-ups end ~20 % later with 8 threads than with 2)."""
+    only trade the GIL back and forth (on 2 cores: 12 gears' look-ups end ~20 % later with 8 threads than with 2).
+    ``$GEARCACHE_LOAD_THREADS`` (a positive integer) sets it instead, up to :data:`LOAD_THREADS` (to compare)."""
+    fixed = os.environ.get("GEARCACHE_LOAD_THREADS", "")
+    if fixed.isdigit() and int(fixed) > 0:
+        return min(LOAD_THREADS, int(fixed))
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:                      # (not on Linux)
