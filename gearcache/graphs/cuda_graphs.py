@@ -201,7 +201,7 @@ class CudaGraphs:
         made = None
         if matcher is not None:
             run = lambda args: self._replay(graphed, None, args, None, False)     # noqa: E731
-            made = matcher._replace(check=graph_matcher(matcher.check, graphed)), GraphShortcut(run)
+            made = signature.Matcher(graph_matcher(matcher.check, graphed), *matcher[1:]), GraphShortcut(run)
         graphed.shortcuts[key] = made
         return made
 
