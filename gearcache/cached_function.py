@@ -99,7 +99,9 @@ class CachedFunction(Dispatcher):
         if gear_plan is None and not gear_life.checked:
             gear_plan = self.gear_plan(gear_life.marked_call(args, kwargs))
         if self.graphs is not None:
-            return self.graphs.call(gear_plan, leaves, key, served=True)
+            result = self.graphs.call(gear_plan, leaves, key, served=True)
+            self._shortcut_to_graph(gear_plan, leaves, key)
+            return result
         if gear_plan is not None:
             return self.call_geared(gear_plan, leaves, key, served=True)
         entry = self._table.get(key)
@@ -130,6 +132,20 @@ class CachedFunction(Dispatcher):
             self._set_shortcut(None)
         else:
             self._set_shortcut(matcher, entry, counters, self._watch)
+
+    def _shortcut_to_graph(self, gear_plan: GearPlan | None, leaves: tuple[Any, ...],
+                           key: tuple[Hashable, ...]) -> None:
+        """Serve the next calls like this one (no gear plan) through the base class's shortcut by a replay of the
+        graph this call replayed (``CudaGraphs.shortcut``); none where it replayed none."""
+        graphs = cast(CudaGraphs, self.graphs)
+        replayed = graphs.replayed
+        shortcut = None
+        if gear_plan is None and replayed is not None:
+            shortcut = graphs.shortcut(leaves, key, distinct_storages=True)
+        if shortcut is None:
+            self._set_shortcut(None)
+        else:
+            self._set_shortcut(shortcut[0], shortcut[1], counters, self._watch)
 
     def _revalidate(self) -> None:
         """An object on the paths of the value guards changed (``self._watch``), or a module tensor's metadata: drop

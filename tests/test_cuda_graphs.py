@@ -409,3 +409,46 @@ def test_an_input_written_by_an_entry_without_a_run_plan_is_copied_back_not_refu
             torch.testing.assert_close(view, ref_view)
             torch.testing.assert_close(x, x_eager)
     assert counters.graph_captures >= 1
+
+
+class Scaled(torch.nn.Module):
+    """A method with a scalar argument beside its tensor (as a served step's keep_last)."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir,
+                                              config=CompilerConfig(mode="reduce-overhead"))
+
+    def fwd(self, x, scale):
+        return self.lin(x) * scale
+
+
+@needs_cuda
+def test_a_call_like_the_last_replays_its_graph_through_the_shortcut(tmp_path):
+    """A call like the last one (its tensors' metadata and its scalars the same) replays the last call's graph through
+    the dispatcher's shortcut, with no key and no graph look-up; another scalar, a reset of the graphs or a replaced
+    weight takes the full path, as before."""
+    torch.manual_seed(0)
+    m = Scaled(tmp_path).cuda()
+    cached, weight = m.cached, torch.nn.Parameter(torch.randn(8, 8, device="cuda"))
+    with torch.inference_mode():
+        def check(scale, shortcut):
+            before, x = cached.shortcut_calls, torch.randn(2, 8, device="cuda")
+            torch.testing.assert_close(cached(x, scale), m.fwd(x, scale))
+            assert cached.shortcut_calls == before + shortcut, (scale, shortcut)
+        check(2, 0)
+        for _ in range(3):
+            check(2, 1)
+        check(3, 0)                               # another scalar: its own entry and graph
+        check(3, 1)
+        check(2.0, 0)                             # another type
+        check(2.0, 1)
+        with counters.expect(graph_captures=1, compiles=0):
+            cached.graphs.reset()
+            check(2.0, 0)
+        check(2.0, 1)
+        with counters.expect(graph_captures=1, compiles=0):
+            m.lin.weight = weight                 # the graph holds the old one's address
+            check(2.0, 0)
+        check(2.0, 1)

@@ -157,8 +157,31 @@ def test_matcher_is_only_made_for_positional_tensors_with_grad_off():
     assert matcher(*call_key((x,), {})) is None                            # grad on: the call checks requires_grad
     with torch.no_grad():
         assert matcher(*call_key((x,), {"n": 1})) is None
-        assert matcher(*call_key((x, 1), {})) is None
         assert matcher(*call_key(([x],), {})) is None
+        assert matcher(*call_key((x, "a"), {})) is None                    # a string: the key's path
+        assert matcher(*call_key((1, 2.0), {})) is None                    # no tensor
+        assert matcher(*call_key((x, 1), {})) is not None                  # scalars beside tensors: compared
+
+
+def test_a_matcher_compares_positional_scalars_by_type_and_value():
+    # A served step's call (tensors and an int such as keep_last) takes the shortcut: its matcher says True exactly
+    # when the call's key would be the same, the scalars compared by type (1 is not True nor 1.0) and value.
+    x, pad = torch.randn(2, 4), torch.zeros((), dtype=torch.long)
+    args = (x, pad, 1, 0.5, None, False)
+    changes = {0: [x.double(), x.t()], 1: [pad.float()], 2: [2, True, 1.0], 3: [1.5, float("nan")], 4: [0],
+               5: [0, True]}
+    with torch.no_grad():
+        leaves, key = call_key(args, {})
+        matches = matcher(leaves, key)
+        assert matches is not None and matches(args)
+        assert matches((torch.randn(2, 4), torch.ones((), dtype=torch.long), 1, 0.5, None, False))  # other values
+        for i, others in changes.items():
+            for other in others:
+                changed = args[:i] + (other,) + args[i + 1:]
+                assert call_key(changed, {})[1] != key, changed
+                assert not matches(changed), changed
+        assert not matches(args[:-1])                                       # count
+
 
 
 GLOBAL_STATES = {

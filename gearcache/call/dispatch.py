@@ -1,7 +1,8 @@
 """``Dispatcher``: the base class of ``CachedFunction``, whose ``__call__`` is the first thing every call runs.
 
-A call like the last plain one (the same number of positional tensors, no keywords, grad off, the same inference
-mode, ``check(*args)`` True: the C++ metadata check of ``signature.Matcher``, and the method's value guards still
+A call like the last plain one (the same number of positional tensors, and of scalars beside them of the same types
+and values, no keywords, grad off, the same inference mode, ``check(*args)`` True: the C++ metadata check of
+``signature.Matcher``, and the method's value guards still
 watched valid: ``watch.valid()``, gearcache/keys/guard_watch.py) is served through the shortcut:
 ``entry.build(entry.run(args), args)``, counting ``entry.hits`` and ``counters.hits``. Every other call goes to the
 subclass's ``_call(*args, **kwargs)``, which computes the signature key and sets the next shortcut with

@@ -7,7 +7,8 @@ grad / inference mode, and the thread's other global torch state (autocast, defa
 ``state_tag``). Plain positional tensors take a fast path with no pytree work.
 
 ``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
-tensors have that key, without building it: the hot path's shortcut for a call like the one before it.
+tensors (and scalars beside them) have that key, without building it: the hot path's shortcut for a call like the one
+before it.
 """
 from __future__ import annotations
 
@@ -216,24 +217,59 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
     grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
     state is snapshotted here). It checks more than the key (Python type, dispatch keys, ``requires_grad``, the thread
-    count), so it may answer False for a call with this key; the caller then computes the key. None when ``key`` is
-    not of that kind (keyword arguments, non-tensors, grad on, tensors sharing memory), its state is not the
-    thread's, or torch has no C++ check. ``distinct_storages``: the entry writes an input, so the matcher also answers
-    False for a call whose tensors share a storage (such a call takes the key's path)."""
-    if type(key[0]) is not int or key[1][0] or not all(isinstance(leaf, _Tensor) for leaf in leaves):
+    count), so it may answer False for a call with this key; the caller then computes the key. Positional scalars
+    (int, float, bool, None) beside the tensors are compared by type and value (a served step's ``keep_last``). None
+    when ``key`` is not of that kind (keyword arguments, nested or other non-tensors, no tensor, grad on, tensors
+    sharing memory), its state is not the thread's, or torch has no C++ check. ``distinct_storages``: the entry
+    writes an input, so the matcher also answers False for a call whose tensors share a storage (such a call takes
+    the key's path)."""
+    tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
+    if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
+                                        _flat_with_scalars(key[0], leaves)):
         return None
     if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
         return None             # inputs that share memory: every call takes the key's path, which tells them apart
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
-    check = torch_tensor_checks.tensor_match(leaves)
+    check = torch_tensor_checks.tensor_match(tensors)
     if check is None:
         return None
-    if distinct_storages and len(leaves) > 1:
+    if distinct_storages and len(tensors) > 1:
         check = _and_distinct_storages(check)
+    if len(tensors) < len(leaves):
+        check = _and_scalars(check, leaves)
     inference = None if torch_state.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
     return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not torch_state.any_autocast_enabled())
+
+
+def _flat_with_scalars(structure: Any, leaves: tuple[Any, ...]) -> bool:
+    """Whether ``structure`` (a general key's) is a call of positional arguments only, each a tensor or a plain int,
+    float, bool or None (the scalars a matcher compares by type and value)."""
+    return (structure == ((tuple, *[None] * len(leaves)), (dict, ())) and
+            all(isinstance(leaf, _Tensor) or type(leaf) in _MATCHED_SCALARS for leaf in leaves))
+
+
+_MATCHED_SCALARS = (int, float, bool, type(None))
+
+
+def _and_scalars(check: Callable[..., bool], leaves: tuple[Any, ...]) -> Callable[..., bool]:
+    """``check`` (over the tensors of ``leaves``, in order) of a call's tensors, and each scalar argument of the same
+    type and value as in ``leaves`` (what its key holds: ``(type, value)``). A NaN never matches (the key's path then
+    tells)."""
+    at = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))
+    scalars = tuple((i, type(leaf), leaf) for i, leaf in enumerate(leaves) if not isinstance(leaf, _Tensor))
+    only = at[0] if len(at) == 1 else None
+
+    def matches(*args: Any) -> bool:
+        for i, kind, value in scalars:
+            arg = args[i]
+            if type(arg) is not kind or arg != value:
+                return False
+        if only is not None:
+            return check(args[only])
+        return check(*[args[i] for i in at])
+    return matches
 
 
 def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:

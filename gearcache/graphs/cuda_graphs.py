@@ -43,8 +43,9 @@ from ..counters import counters
 from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
-from .graphed_entry import (GraphedEntry, fill_buffers, is_static_address, mutated_leaves, state_watch_of,
-                            target_shape, write_refused_message, written_copies, written_tensors)
+from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
+                            mutated_leaves, state_watch_of, target_shape, write_refused_message, written_copies,
+                            written_tensors)
 
 Leaves = tuple[Any, ...]
 """A call's flattened arguments (``signature.call_key``'s leaves): the caller's tensors and Python values."""
@@ -98,6 +99,7 @@ class CudaGraphs:
         self._capture_stream: torch.cuda.Stream | None = None
         self.timeline: Timeline | None = None      # set by warmup(): captures then record their phases in its Timeline
         self.handed_out: list[torch.Tensor] = []        # "view-checked": the views the last call returned
+        self.replayed: GraphedEntry | None = None       # the graph the last call replayed (None: it ran none)
 
     def __del__(self) -> None:
         # The views "view-checked" handed out do not keep the pool's memory: make them raise rather than read it
@@ -108,6 +110,8 @@ class CudaGraphs:
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
         self._retire_views()
+        for graphed in self.graphs.values():
+            graphed.retired = True
         self.graphs.clear()
         self.pool = None
 
@@ -118,7 +122,7 @@ class CudaGraphs:
         if stale:
             self._retire_views()
             for gkey in stale:
-                del self.graphs[gkey]
+                self.graphs.pop(gkey).retired = True
             if not self.graphs:
                 # torch keeps a pool whose graphs are all gone while its memory is in use (outputs handed out), and
                 # refuses a capture into it: the next capture starts a pool of its own
@@ -126,7 +130,8 @@ class CudaGraphs:
 
     def call(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey, served: bool = False) -> Any:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
-        (its padding is counted: ``GearPlan.record_padding``)."""
+        (its padding is counted: ``GearPlan.record_padding``). ``self.replayed``: the graph it replayed, or None."""
+        self.replayed = None
         if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
                 signature.on_cuda(leaves):
             raise UnsupportedInputError(signature.shared_memory_message(
@@ -152,6 +157,7 @@ class CudaGraphs:
             self._retire_views()
             # captured before the old graph is released: torch refuses a capture into a pool none of whose graphs
             # is alive while its memory is in use
+            graphed.retired = True
             captured = self._capture(gear_plan, leaves, key, targets)
             if captured is None:    # its entry was dropped and compiles in the background: eager until loaded
                 del self.graphs[gkey]
@@ -159,6 +165,12 @@ class CudaGraphs:
             graphed = self.graphs[gkey] = captured
         else:
             counters.hits += 1
+        self.replayed = graphed
+        return self._replay(graphed, gear_plan, leaves, targets, served)
+
+    def _replay(self, graphed: GraphedEntry, gear_plan: GearPlan | None, leaves: Leaves, targets: list[int] | None,
+                served: bool) -> Any:
+        """Replay ``graphed`` on the call's inputs; the method's result."""
         graphed.fill(leaves)        # first: the inputs may be views the last call handed out (a decode loop's KV cache)
         outs = graphed.replay()
         graphed.copy_back(leaves)   # (before the views are retired: a written input may be one of them)
@@ -173,6 +185,25 @@ class CudaGraphs:
         elif mode == "view-checked":
             outs = self._checked_views(outs)
         return graphed.entry.build(outs, leaves)
+
+    def shortcut(self, leaves: Leaves, key: CallKey, distinct_storages: bool) -> tuple[Any, GraphShortcut] | None:
+        """``(matcher, served)`` for the dispatcher's shortcut (``_set_shortcut``): the next calls like this one
+        (``key``; no gear plan) replay the graph this call replayed (``self.replayed``) without the full path's keys
+        and look-ups; None when it replayed none or the key has no matcher."""
+        graphed = self.replayed
+        if graphed is None:
+            return None
+        try:
+            return graphed.shortcuts[key]
+        except KeyError:
+            pass
+        matcher = signature.matcher(leaves, key, distinct_storages)
+        made = None
+        if matcher is not None:
+            run = lambda args: self._replay(graphed, None, args, None, False)     # noqa: E731
+            made = signature.Matcher(graph_matcher(matcher.check, graphed), *matcher[1:]), GraphShortcut(run)
+        graphed.shortcuts[key] = made
+        return made
 
     def _checked_views(self, outs: list[Any]) -> list[Any]:
         """``"view-checked"``: views of ``outs`` through storages of their own, retired by the method's next call."""

@@ -10,7 +10,7 @@ write into a copied input found at its capture is refused.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -50,6 +50,8 @@ class GraphedEntry:
         # valid() while every parameter and buffer the graph reads is the same tensor as at its capture
         # (``state_watch_of``)
         self.state_watch: guard_watch.Watch | None = None
+        self.retired = False        # dropped from its method's graphs (reset, its entry dropped, captured again)
+        self.shortcuts: dict[Any, tuple[Any, GraphShortcut] | None] = {}   # call key -> CudaGraphs.shortcut
 
     def state_replaced(self) -> bool:
         """Whether a parameter or buffer the graph reads was replaced by another tensor since its capture (a new KV
@@ -153,3 +155,42 @@ def write_refused_message(i: int) -> str:
     return (f"the method writes to its input {i} in place, and its entry has no run plan saying so; under CUDA graphs "
             f"such an input must keep its storage. Fix: gearcache.mark_static_address(tensor) on it (and pass the "
             f"same tensor on every call)")
+
+
+class GraphShortcut:
+    """What the dispatcher's shortcut (gearcache/call/dispatch.py) serves a call like the last one with, for a method
+    without a gear plan under CUDA graphs: ``run(leaves)`` is the whole replay of ``graphed`` (``replay(graphed,
+    leaves)``: fill, replay, copy back, the outputs as the method returns them) and ``build`` hands its result on.
+    Its matcher (:func:`graph_matcher`) answers False once the graph may not serve the call as the full path would."""
+    __slots__ = ("run", "hits")
+    result_outputs = None
+
+    def __init__(self, run: Callable[[tuple[Any, ...]], Any]):
+        self.run = run
+        self.hits = 0
+
+    @staticmethod
+    def build(result: Any, leaves: tuple[Any, ...]) -> Any:
+        return result
+
+
+def graph_matcher(matches: Callable[..., bool], graphed: GraphedEntry) -> Callable[..., bool]:
+    """``matches`` (the call's signature: ``signature.Matcher.check``), and ``graphed`` still what the full path
+    (``CudaGraphs.call``) would replay for it: not retired, its parameters and buffers not replaced, each
+    static-address input the very tensor of its capture and each copied input not marked static (the graph key's
+    ``is_static_address``)."""
+    statics = tuple(graphed.static_ptrs)
+    copied = tuple(i for i, _, _ in graphed.copies)
+    watch = graphed.state_watch
+
+    def check(*args: Any) -> bool:
+        if graphed.retired or (watch is not None and not watch.valid()):
+            return False
+        for i, ptr in statics:
+            if not getattr(args[i], STATIC_ADDRESS_ATTR, False) or args[i].data_ptr() != ptr:
+                return False
+        for i in copied:
+            if getattr(args[i], STATIC_ADDRESS_ATTR, False):
+                return False
+        return matches(*args)
+    return check

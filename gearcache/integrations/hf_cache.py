@@ -82,10 +82,11 @@ def served_layer_class() -> type[Any]:
 class Backing:
     """One gear-shaped cache ``[batch, heads, length, head]`` per layer, and the user cache it serves now."""
 
-    def __init__(self, cache: Any, batch: int, length: int):
+    def __init__(self, cache: Any, batch: int, length: int, device: torch.device):
         self.cache = cache
         self.batch = batch
         self.length = length
+        self.device = device                             # where its tensors are (the model's, at allocation)
         self.owner: Callable[[], Any] = lambda: None     # weakref to the user cache bound to it
         self.inputs: StepInputs | None = None            # the step's mask and pad count (made on first use)
 
@@ -290,6 +291,6 @@ def allocate(model: torch.nn.Module, batch: int, length: int) -> Backing:
     layer: Any          # a StaticLayer, its cumulative_length a tensor once allocated (typed int by transformers)
     for layer in cache.layers:
         layer.cumulative_length = layer.cumulative_length.to(param.device)
-    backing = Backing(cache, batch, length)
+    backing = Backing(cache, batch, length, param.device)
     backing.reset()
     return backing

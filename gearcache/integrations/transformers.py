@@ -57,7 +57,7 @@ from ..errors import ConfigError
 from ..ranks.topology import resolve_topology
 from ..regions import serve_block
 from ..store import Store
-from . import hf_cache, hf_compat, hf_regions
+from . import hf_cache, hf_compat, hf_prepare, hf_regions
 
 DEFAULT_BATCH_GEARS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_GEARS = tuple(2 ** k for k in range(4, 14))          # 16 .. 8192
@@ -112,7 +112,7 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
                       config=config, regions=regions, **cache_compile_kwargs)
     original_prepare = cast(Callable[..., Any], model.prepare_inputs_for_generation)   # a transformers model's
     object.__setattr__(model, "forward", _Forward(served, model.forward))
-    object.__setattr__(model, "prepare_inputs_for_generation", _binding_prepare(served, original_prepare))
+    object.__setattr__(model, "prepare_inputs_for_generation", hf_prepare.Prepare(served, model, original_prepare))
     object.__setattr__(model, "get_compiled_call", lambda compile_config=None: model.__call__)
     object.__setattr__(model, "_gearcache", served)
     return served
@@ -359,20 +359,6 @@ def _refuse_arguments(kwargs: dict[str, Any], cache: Any, input_ids: Any, keep_l
             continue
         raise ConfigError(f"{name}={value!r:.60}: not served by gearcache (its compiled step returns the logits and "
                           f"updates the cache only). Fix: leave {name} unset, or disable(model)")
-
-
-def _binding_prepare(served: ServedLM, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``prepare_inputs_for_generation`` that binds the cache first: its layers become ServedLayers (not
-    compileable), so ``generate()`` keeps the 2D attention mask instead of building 4D masks for its own cache."""
-    import functools
-
-    @functools.wraps(original)
-    def prepare(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        cache = kwargs.get(served._cache_kw)
-        if cache is not None:
-            served.bind(cache, input_ids.shape[0], need=0)
-        return original(input_ids, *args, **kwargs)
-    return prepare
 
 
 def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
