@@ -73,3 +73,33 @@ def test_a_model_with_a_prepare_of_its_own_keeps_it(tmp_path):
     with torch.inference_mode():
         assert torch.equal(lm.generate(ids, **options), eager.generate(ids, **options))
     assert len(calls) == 4, "the prefill and 3 decode steps, each through the model's own method"
+
+
+def test_a_prepare_whose_source_was_not_read_against_is_served_by_transformers(tmp_path, monkeypatch):
+    """The direct path rests on transformers' method having a source it was read against: where the installed
+    ``GenerationMixin.prepare_inputs_for_generation`` has another (a patch, another version), ``enable`` leaves every
+    call to it; the installed versions' source is one of the reviewed ones."""
+    from transformers.generation.utils import GenerationMixin
+
+    from gearcache.integrations import hf_compat
+
+    assert hf_compat.prepare_source_reviewed(GenerationMixin.prepare_inputs_for_generation), \
+        "this transformers' source is one hf_prepare was read against (a new version: read it, add its digest)"
+    original = GenerationMixin.prepare_inputs_for_generation
+    calls = []
+
+    def patched(self, *args, **kwargs):     # another source: a different answer at decode steps would be possible
+        calls.append(1)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(GenerationMixin, "prepare_inputs_for_generation", patched)
+    lm, eager = _tiny_llama(), _tiny_llama()
+    enable(lm, cache_dir=str(tmp_path))
+    assert not lm.prepare_inputs_for_generation.direct
+    ids = torch.tensor([[5, 6, 7]])
+    options = dict(cache_implementation="static", max_new_tokens=4, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        tokens = lm.generate(ids, **options)
+    assert len(calls) == 4, "the prefill and 3 decode steps, each through the installed method"
+    monkeypatch.undo()
+    with torch.inference_mode():
+        assert torch.equal(tokens, eager.generate(ids, **options))

@@ -7,9 +7,13 @@ one place. Nothing here imports transformers at import time.
 * ``generate()`` sizes its ``StaticCache`` as ``max(max_length, model._previous_max_cache_length)`` in both, and
   records that length on the model; a sliding-window layer forgets it (it keeps ``min(window, length)``), so it is
   read back as a hint (:func:`generate_length_hint`), never trusted for bounds.
+* ``GenerationMixin.prepare_inputs_for_generation``: the sources of 5.17.0 and 5.24.0 were read line by line against
+  gearcache's direct decode-step path (``hf_prepare``): :data:`REVIEWED_PREPARE_SOURCES` holds their digests; any
+  other source (another version, a patched method) is served by transformers' own method.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -64,3 +68,21 @@ def head_shapes(model: torch.nn.Module) -> tuple[int, int] | None:
 def text_config(model: torch.nn.Module) -> Any:
     config: Any = model.config          # a transformers PretrainedConfig
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+REVIEWED_PREPARE_SOURCES = frozenset({
+    "1956c1944594e3113c56e5fbb7c785098ebb29c94b39381d49cfe4452e04d6c6",      # transformers 5.17.0
+    "018a76f42a134e27245c17b3ac03d798a29b224522ae5a273e270e3389b7dc5c",      # transformers 5.24.0
+})
+"""sha256 of ``inspect.getsource(GenerationMixin.prepare_inputs_for_generation)`` (decorators included) of the
+transformers versions whose decode-step branch ``hf_prepare.Prepare`` reproduces (read against their source)."""
+
+
+def prepare_source_reviewed(method: Any) -> bool:
+    """Whether ``method`` (``GenerationMixin.prepare_inputs_for_generation`` as installed) has the source of a
+    version :data:`REVIEWED_PREPARE_SOURCES` names."""
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+    return hashlib.sha256(source.encode()).hexdigest() in REVIEWED_PREPARE_SOURCES

@@ -11,9 +11,11 @@ decode step's call (``next_sequence_length=1``, a bound cache, only the keywords
 :data:`_DECODE_KEYS`) has one answer, built here directly: the last ids cloned contiguous, the last position ids
 cloned contiguous, the 2D mask, the cache and the other keywords passed on (no 4D masks: a served cache is not
 compileable; no device move: the inputs are on the cache's device; no remote-code ``cache_position``: refused at
-``enable``-time below). Each kind of call (its keywords, which of them are None) is checked once against
-transformers' own result (keys, tensors' metadata and values, the other values themselves); a difference turns the
-direct path off for the model, so an installed transformers that prepares otherwise is served by its own method.
+``enable``-time below). That this is transformers' answer rests on reading its source: the direct path is taken only
+where the installed method's source is one it was read against (``hf_compat.REVIEWED_PREPARE_SOURCES``: 5.17.0 and
+5.24.0), any other is served by transformers' own method. Each kind of call (its keywords, which of them are None) is
+also compared once with transformers' own result (keys, tensors' metadata and values, the other values): a
+difference turns the direct path off for the model (a second line of defence, not the proof).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import functools
 from typing import Any, Callable
 
 import torch
+
+from . import hf_compat
 
 _DECODE_KEYS = frozenset({"next_sequence_length", "attention_mask", "position_ids", "logits_to_keep", "use_cache"})
 
@@ -92,7 +96,8 @@ def same_inputs(ours: dict[str, Any], theirs: Any) -> bool:
 
 def _generic_prepare(model: torch.nn.Module) -> bool:
     """Whether ``model`` prepares its inputs with ``GenerationMixin``'s own method, as a decoder-only model whose code
-    is not remote (a remote-code model may take a ``cache_position`` transformers then makes)."""
+    is not remote (a remote-code model may take a ``cache_position`` transformers then makes), and that method's
+    source is one this module's decode path was read against (``hf_compat.prepare_source_reviewed``)."""
     try:
         from transformers.generation.utils import GenerationMixin
     except ImportError:                 # pragma: no cover - enable() needs transformers
@@ -101,4 +106,5 @@ def _generic_prepare(model: torch.nn.Module) -> bool:
     remote = getattr(model, "is_remote_code", None)
     return (getattr(type(model), "prepare_inputs_for_generation", None) is
             GenerationMixin.prepare_inputs_for_generation and not getattr(config, "is_encoder_decoder", False)
-            and not (callable(remote) and remote()))
+            and not (callable(remote) and remote())
+            and hf_compat.prepare_source_reviewed(GenerationMixin.prepare_inputs_for_generation))
