@@ -51,7 +51,7 @@ from ..keys import guard_sets
 from ..timeline import Timeline
 from ..errors import GearLoadError, WorkerError
 from ..runplan.collectives import communicates
-from ..compiling.progress import Progress
+from .progress import Progress
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
