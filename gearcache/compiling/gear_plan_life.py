@@ -1,5 +1,5 @@
 """A gear plan's life as public stages: ``marked_call``, ``plan_key``, ``stored``, ``load_or_build``, ``build``,
-``verify_first_use`` / ``verify_all``, ``past_largest``, ``revalidate``.
+``verify_first_use`` / ``verify``, ``past_largest``, ``revalidate``.
 
 :class:`GearPlanLife` holds the gear plan (plan.py) of one cached method, beside its :class:`EntryLife` (the entries'
 stages, gearcache/compiling/entry_life.py), and takes it from the first marked call to its last:
@@ -13,8 +13,8 @@ stages, gearcache/compiling/entry_life.py), and takes it from the first marked c
 - ``load_or_build``: that record's plan, else ``build``: a symbolic trace with the marked dims symbolic (at the
   largest gear), its padding analysis (padding.py), the plan stored under its key; either way checked against
   ``padding_check`` (``padding_check.apply``: may raise ``PaddingUnsafeError``);
-- ``verify_first_use`` / ``verify_all``: a gear tested against eager before it serves, or every gear at a warm-up
-  (``padding_check.verify``);
+- ``verify_first_use`` / ``verify``: a gear tested against eager before it first serves a padded call, or at a
+  warm-up's request (``padding_check.verify``; a warm-up chooses its cases: gearcache/warmup/method.py);
 - ``past_largest``: a call past the largest gear, as ``inference_config.past_largest_gear`` says;
 - ``revalidate``: the plan dropped when its trace's value guards no longer hold (its next call builds it anew).
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, cast
+from typing import TYPE_CHECKING, Any, Hashable, cast
 
 import torch
 
@@ -167,25 +167,22 @@ class GearPlanLife:
     def verify_first_use(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                          targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, test it against eager on this call
-        (padding_check.verify; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing
-        for a call at the gear's own sizes, or a gear already verified."""
+        (``verify``; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing for a call at the
+        gear's own sizes, or a gear already verified."""
         if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
                                                        for d, t in zip(gear_plan.dims, targets)):
             return
-        with self.lock:
-            if tuple(targets) not in gear_plan.verified:
-                padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, targets)
+        self.verify(gear_plan, key, leaves, targets)
 
-    def verify_all(self, gear_plan: GearPlan, call: MarkedCall,
-                   span: Callable[[str, str], ContextManager[None]]) -> None:
-        """A warm-up's test of every gear against eager, on its example ``call`` narrowed to the smallest real sizes
-        that pad up to the gear (``padding_check.cases``, then ``padding_check.verify``), where
-        ``padding_check="verify"`` asks for it; each test is timed in ``span(who, phase)`` (``Timeline.span``)."""
-        if gear_plan.verify_first:
-            for sizes, real_leaves in padding_check.cases(gear_plan, call.leaves):
-                with span(f"gear {sizes}", "verify padding"), self.lock:
-                    padding_check.verify(self.name, self.method, self.module, gear_plan, call.key[0], real_leaves,
-                                         sizes)
+    def verify(self, gear_plan: GearPlan, key: tuple[Hashable, ...], leaves: tuple[Any, ...],
+               sizes: list[int]) -> None:
+        """Test gear ``sizes`` against eager in float64 on ``leaves``, a call of ``key``'s structure at real sizes
+        that pad up to it (``padding_check.verify``), under the plan's lock, unless the gear passed already in this
+        process (``gear_plan.verified``, which a pass adds it to); raises ``PaddingUnsafeError`` if padding changes
+        an output or a written tensor."""
+        with self.lock:
+            if tuple(sizes) not in gear_plan.verified:
+                padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, sizes)
 
     def past_largest(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Any:
         """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,
