@@ -16,8 +16,7 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
    side (driver.py ``compile_missing``);
 4. what the runs below may write in place saved, to be restored after them (:func:`_kept_by`: ``snapshot.kept``);
    the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`, over
-   ``ranks.fence``; under
-   CUDA graphs' capture, inside ``capture_all``, before that);
+   ``ranks.fence``; under CUDA graphs' capture, inside ``capture_all``, before that);
 5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture:
    ``CudaGraphs.capture_all``), largest first under CUDA graphs (:func:`capture_order`).
 
