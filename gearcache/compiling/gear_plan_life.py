@@ -5,8 +5,8 @@
 stages, gearcache/compiling/entry_life.py), and takes it from the first marked call to its last:
 
 - ``marked_call``: a call as the gears read it, a :class:`~gearcache.gears.plan.MarkedCall`: its leaves, key
-  and gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name), whether
-  ``set_dim_gears`` marked it and how many gears its marks can form at most, derived once;
+  and gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name) and whether
+  ``set_dim_gears`` marked it, derived once;
 - ``plan_key``: the gear plan's key, every factor its trace depends on (:data:`~gearcache.gears.plan.PLAN_FORMAT`,
   the marks, the method's source, the module's state, torch's versions);
 - ``stored``: the store's plan record for these marks whose value guards hold here (``guard_sets.choose``);
@@ -46,7 +46,7 @@ from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..runplan.collectives import communicates
 from ..gears import padding_check
 from ..gears.plan import (PLAN_FORMAT, GearPlan, MarkedCall, MarkedDim, build_plan, check_marks, find_marks, has_marks,
-                          most_combinations, narrowed)
+                          narrowed)
 
 if TYPE_CHECKING:
     from .entry_life import EntryLife
@@ -88,14 +88,12 @@ class GearPlanLife:
     def marked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkedCall:
         """The call ``args``, ``kwargs`` as the gears read it: its leaves and key (``signature.call_key``), the names
         of its tensor arguments, its gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by
-        name), whether ``set_dim_gears`` marked it, and how many gears the marks can form at most under the merge
-        policy (what a warm-up's early workers are sized by)."""
+        name), and whether ``set_dim_gears`` marked it."""
         ic = self.config.inference_config
         leaves, key = signature.call_key(args, kwargs)
         names = signature.leaf_names(self.method, args, kwargs, leaves)
         marks = find_marks(leaves, names, ic.dim_gears, ic.pad_values)
-        return MarkedCall(args, kwargs, leaves, key, names, marks, has_marks(leaves),
-                          most_combinations(marks, ic.dynamic_gears_merge_policy))
+        return MarkedCall(args, kwargs, leaves, key, names, marks, has_marks(leaves))
 
     def plan_key(self, marks: list[MarkedDim], key: tuple[Hashable, ...]) -> str:
         """The gear plan's key: everything its trace depends on."""

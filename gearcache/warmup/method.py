@@ -5,10 +5,10 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 :class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
 1. the example call as the gears read it, derived once (``GearPlanLife.marked_call``: a ``MarkedCall``, its leaves,
-   signature key and marks, whether ``set_dim_gears`` marked it, how many gears it can form at most), and its gear
-   plan (``CachedMethod.gear_plan``); when no plan is stored for its marks yet, worker processes start first
-   (:func:`_early_workers`), so that their start overlaps the plan's trace; a method without marks is called once
-   and done;
+   signature key and marks, whether ``set_dim_gears`` marked it), and its gear plan (``CachedMethod.gear_plan``);
+   when no plan is stored for its marks yet, worker processes start first, as many as the gears the marks can form
+   at most (:func:`_early_workers`), so that their start overlaps the plan's
+   trace; a method without marks is called once and done;
 2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only, before anything is
    compiled: :func:`_verify_gears`, the cases ``padding_check.cases``, each test ``GearPlanLife.verify``);
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
@@ -154,7 +154,7 @@ def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -
         return None
     if cached.gear_life.stored(call).record is not None:
         return None
-    return driver.start_workers(cached.life, call, ic.warmup_workers, timeline)
+    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
