@@ -7,7 +7,6 @@ import gearcache
 from gearcache import CompilerConfig, counters, mark_static_address
 from gearcache.graphs import cuda_graphs, graphed_entry
 from gearcache.compiling import snapshot
-from gearcache.gears.plan import GearCall
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 
@@ -43,14 +42,6 @@ def test_reduce_overhead_on_cpu_inputs_runs_the_same_entries(tmp_path):
         out, total = m.cached(x)
     torch.testing.assert_close(out, m.fwd(x)[0])
     assert counters.graph_captures == 0
-
-
-def test_capture_order_is_largest_gear_first():
-    def order(*combinations):
-        gears = [GearCall(list(sizes), (), (), (), {}) for sizes in combinations]
-        return [gear.sizes for gear in cuda_graphs.capture_order(gears)]
-    assert order([1], [2], [4], [8]) == [[8], [4], [2], [1]]
-    assert order([1, 8], [2, 2], [8, 1], [4, 4]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
 
 
 def test_a_process_without_a_process_group_warms_gears_up_in_threads():

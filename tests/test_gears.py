@@ -78,7 +78,7 @@ def test_gear_calls_are_the_example_narrowed_or_padded_to_every_gear():
     x, ids = torch.randn(3, 5), torch.arange(3)
     leaves, key = signature.call_key((x,), {"ids": ids})
     marks = [MarkedDim(0, 0, [2, 4], "x"), MarkedDim(1, 0, [2, 4], "ids", -1)]
-    call = MarkedCall((x,), {"ids": ids}, leaves, key, {0: "x", 1: "ids"}, marks, False, 4)
+    call = MarkedCall((x,), {"ids": ids}, leaves, key, {0: "x", 1: "ids"}, marks, False)
     small, large = GearPlan(marks, [[0, 1]], "product", {}, "error").gear_calls(call)
     assert (small.sizes, large.sizes) == ([2, 2], [4, 4])
     assert small.leaves[0].is_contiguous() and torch.equal(small.leaves[0], x[:2])

@@ -1,4 +1,4 @@
-"""Warm-up progress (gearcache/compiling/progress.py): a bar on a terminal, tqdm's or gearcache's own; log lines
+"""Warm-up progress (gearcache/warmup/progress.py): a bar on a terminal, tqdm's or gearcache's own; log lines
 elsewhere."""
 import io
 import logging
@@ -6,7 +6,7 @@ import threading
 
 import tqdm
 
-from gearcache.compiling.progress import Progress
+from gearcache.warmup.progress import Progress
 
 
 class Terminal(io.StringIO):

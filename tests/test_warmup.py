@@ -13,7 +13,9 @@ import torch
 from conftest import TESTS, run_script
 import gearcache
 from gearcache import CompilerConfig
-from gearcache.warmup.driver import default_workers, rank_order
+from gearcache.gears.plan import GearCall, MarkedDim
+from gearcache.warmup.driver import default_workers, most_gears, rank_order
+from gearcache.warmup.method import capture_order
 from gearcache.compiling.workers import build_input, input_spec
 
 
@@ -25,6 +27,20 @@ def test_rank_order_starts_with_the_ranks_share():
     for world in (1, 2, 3, 8):
         firsts = [rank_order(7, world, r)[0] for r in range(min(world, 7))]
         assert len(set(firsts)) == len(firsts), "ranks start on different gears"
+
+
+def test_early_workers_are_sized_by_the_most_gears_the_marks_can_form():
+    marks = [MarkedDim(0, 0, [1, 2, 4], "x"), MarkedDim(1, 0, [8, 16], "ids")]
+    assert most_gears(marks, "zip") == 3                       # dims that move together: the longest gear list
+    assert most_gears(marks, "product") == 6                   # independent dims: every combination
+
+
+def test_capture_order_is_largest_gear_first():
+    def order(*combinations):
+        gears = [GearCall(list(sizes), (), (), (), {}) for sizes in combinations]
+        return [gear.sizes for gear in capture_order(gears)]
+    assert order([1], [2], [4], [8]) == [[8], [4], [2], [1]]
+    assert order([1, 8], [2, 2], [8, 1], [4, 4]) == [[4, 4], [8, 1], [1, 8], [2, 2]]
 
 
 def test_workers_option_and_default_caps():

@@ -37,6 +37,8 @@ Recipe = tuple[int | Slot, ...]
 
 
 class Entry:
+    """A loaded entry (see the module docstring): ``entry(leaves)`` is ``build(run(leaves), leaves)``, the method's
+    result for the call's flattened arguments ``leaves``."""
     __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs",
                  "manifest", "hits", "guards", "real_elements", "padded_elements")
 
@@ -95,6 +97,7 @@ class Entry:
         self.run = _make_run(fn, self._recipe, self.gather, self.native)
 
     def __call__(self, leaves: tuple[Any, ...]) -> Any:
+        """The method's result for the call's flattened arguments ``leaves``: the graph run, its result built."""
         return self.build(self.run(leaves), leaves)
 
 

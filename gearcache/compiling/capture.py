@@ -65,6 +65,9 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
 
 def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             leaves: tuple[Any, ...]) -> Captured:
+    """The call ``method(*args, **kwargs)`` (``leaves``: its flattened arguments) as one Dynamo graph, recorded and
+    not run (see the module docstring): a :class:`Captured`. Nothing stays installed in Dynamo. Raises
+    ``GraphBreakError`` listing every break, and the eager method's own error for an input it refuses."""
     state: dict[str, Any] = {}
     record = _recording_backend(state, _empty_like_example)
     code = method.__func__.__code__

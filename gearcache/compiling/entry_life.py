@@ -398,20 +398,6 @@ def cuda_index(leaves: tuple[Any, ...], module: torch.nn.Module) -> int | None:
     return indexes.pop()
 
 
-def entry_groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
-    """The process groups an entry's collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run
-    plan's ``groups``, else its manifest's (written at compile); None when unknown (an eager stand-in, which runs the
-    method as written, or an entry stored without either): ranks.py then cannot tell which ranks it talks to."""
-    if not isinstance(entry, Entry):
-        return None
-    plan = getattr(entry.compiled, "plan", None)
-    if isinstance(plan, dict) and "groups" in plan:
-        plan_groups: dict[str, dict[str, Any]] = plan["groups"]
-        return plan_groups
-    groups = entry.manifest.get("groups")
-    return groups if isinstance(groups, dict) else None
-
-
 def module_state(module: torch.nn.Module) -> list[list[Any]]:
     """The module's parameters and buffers as key rows (name, shape, dtype, device, strides: a graph reads them as
     inputs of these exact strides, ``model.to(memory_format=torch.channels_last)`` compiles anew)."""

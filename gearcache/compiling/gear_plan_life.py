@@ -1,20 +1,20 @@
 """A gear plan's life as public stages: ``marked_call``, ``plan_key``, ``stored``, ``load_or_build``, ``build``,
-``verify_first_use`` / ``verify_all``, ``past_largest``, ``revalidate``.
+``verify_first_use`` / ``verify``, ``past_largest``, ``revalidate``.
 
 :class:`GearPlanLife` holds the gear plan (plan.py) of one cached method, beside its :class:`EntryLife` (the entries'
 stages, gearcache/compiling/entry_life.py), and takes it from the first marked call to its last:
 
 - ``marked_call``: a call as the gears read it, a :class:`~gearcache.gears.plan.MarkedCall`: its leaves, key
-  and gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name), whether
-  ``set_dim_gears`` marked it and how many gears its marks can form at most, derived once;
+  and gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by name) and whether
+  ``set_dim_gears`` marked it, derived once;
 - ``plan_key``: the gear plan's key, every factor its trace depends on (:data:`~gearcache.gears.plan.PLAN_FORMAT`,
   the marks, the method's source, the module's state, torch's versions);
 - ``stored``: the store's plan record for these marks whose value guards hold here (``guard_sets.choose``);
 - ``load_or_build``: that record's plan, else ``build``: a symbolic trace with the marked dims symbolic (at the
   largest gear), its padding analysis (padding.py), the plan stored under its key; either way checked against
   ``padding_check`` (``padding_check.apply``: may raise ``PaddingUnsafeError``);
-- ``verify_first_use`` / ``verify_all``: a gear tested against eager before it serves, or every gear at a warm-up
-  (``padding_check.verify``);
+- ``verify_first_use`` / ``verify``: a gear tested against eager before it first serves a padded call, or at a
+  warm-up's request (``padding_check.verify``; a warm-up chooses its cases: gearcache/warmup/method.py);
 - ``past_largest``: a call past the largest gear, as ``inference_config.past_largest_gear`` says;
 - ``revalidate``: the plan dropped when its trace's value guards no longer hold (its next call builds it anew).
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import types
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, cast
+from typing import TYPE_CHECKING, Any, Hashable, cast
 
 import torch
 
@@ -46,7 +46,7 @@ from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..runplan.collectives import communicates
 from ..gears import padding_check
 from ..gears.plan import (PLAN_FORMAT, GearPlan, MarkedCall, MarkedDim, build_plan, check_marks, find_marks, has_marks,
-                          most_combinations, narrowed)
+                          narrowed)
 
 if TYPE_CHECKING:
     from .entry_life import EntryLife
@@ -88,14 +88,12 @@ class GearPlanLife:
     def marked_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> MarkedCall:
         """The call ``args``, ``kwargs`` as the gears read it: its leaves and key (``signature.call_key``), the names
         of its tensor arguments, its gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by
-        name), whether ``set_dim_gears`` marked it, and how many gears the marks can form at most under the merge
-        policy (what a warm-up's early workers are sized by)."""
+        name), and whether ``set_dim_gears`` marked it."""
         ic = self.config.inference_config
         leaves, key = signature.call_key(args, kwargs)
         names = signature.leaf_names(self.method, args, kwargs, leaves)
         marks = find_marks(leaves, names, ic.dim_gears, ic.pad_values)
-        return MarkedCall(args, kwargs, leaves, key, names, marks, has_marks(leaves),
-                          most_combinations(marks, ic.dynamic_gears_merge_policy))
+        return MarkedCall(args, kwargs, leaves, key, names, marks, has_marks(leaves))
 
     def plan_key(self, marks: list[MarkedDim], key: tuple[Hashable, ...]) -> str:
         """The gear plan's key: everything its trace depends on."""
@@ -167,25 +165,22 @@ class GearPlanLife:
     def verify_first_use(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                          targets: list[int]) -> None:
         """Before gear ``targets`` first serves a padded call in this process, test it against eager on this call
-        (padding_check.verify; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing
-        for a call at the gear's own sizes, or a gear already verified."""
+        (``verify``; only under ``padding_check="verify"``: ``gear_plan.verify_first``). Nothing for a call at the
+        gear's own sizes, or a gear already verified."""
         if tuple(targets) in gear_plan.verified or all(leaves[d.leaf].shape[d.dim] == t
                                                        for d, t in zip(gear_plan.dims, targets)):
             return
-        with self.lock:
-            if tuple(targets) not in gear_plan.verified:
-                padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, targets)
+        self.verify(gear_plan, key, leaves, targets)
 
-    def verify_all(self, gear_plan: GearPlan, call: MarkedCall,
-                   span: Callable[[str, str], ContextManager[None]]) -> None:
-        """A warm-up's test of every gear against eager, on its example ``call`` narrowed to the smallest real sizes
-        that pad up to the gear (``padding_check.cases``, then ``padding_check.verify``), where
-        ``padding_check="verify"`` asks for it; each test is timed in ``span(who, phase)`` (``Timeline.span``)."""
-        if gear_plan.verify_first:
-            for sizes, real_leaves in padding_check.cases(gear_plan, call.leaves):
-                with span(f"gear {sizes}", "verify padding"), self.lock:
-                    padding_check.verify(self.name, self.method, self.module, gear_plan, call.key[0], real_leaves,
-                                         sizes)
+    def verify(self, gear_plan: GearPlan, key: tuple[Hashable, ...], leaves: tuple[Any, ...],
+               sizes: list[int]) -> None:
+        """Test gear ``sizes`` against eager in float64 on ``leaves``, a call of ``key``'s structure at real sizes
+        that pad up to it (``padding_check.verify``), under the plan's lock, unless the gear passed already in this
+        process (``gear_plan.verified``, which a pass adds it to); raises ``PaddingUnsafeError`` if padding changes
+        an output or a written tensor."""
+        with self.lock:
+            if tuple(sizes) not in gear_plan.verified:
+                padding_check.verify(self.name, self.method, self.module, gear_plan, key[0], leaves, sizes)
 
     def past_largest(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Any:
         """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,

@@ -121,8 +121,7 @@ class MarkedDim:
 class MarkedCall:
     """A call as the gears read it, derived once from its arguments: its flattened ``leaves`` and signature ``key``,
     the argument ``names`` of its tensor leaves (gearcache/call/signature.py), its ``marks`` (:func:`find_marks`),
-    whether ``set_dim_gears`` marked its tensors (``tagged``: :func:`has_marks`, config gears by name aside), and
-    how many gears its marks can form at most before a trace (``most``: :func:`most_combinations`)."""
+    and whether ``set_dim_gears`` marked its tensors (``tagged``: :func:`has_marks`, config gears by name aside)."""
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     leaves: tuple[Any, ...]
@@ -130,7 +129,6 @@ class MarkedCall:
     names: dict[int, str]
     marks: list[MarkedDim]
     tagged: bool
-    most: int
 
 
 class GearCall(NamedTuple):
@@ -377,13 +375,6 @@ def check_marks(marks: list[MarkedDim], policy: str) -> None:
         raise ConfigError(f"dynamic_gears_merge_policy='zip' pairs the i-th sizes of every marked dim, so every list "
                           f"must have the same length; got {listing}. Fix: give every dim as many sizes, or use "
                           f"'product'")
-
-
-def most_combinations(marks: list[MarkedDim], policy: str) -> int:
-    """How many gears ``marks`` can form at most, before the trace finds which dims move together: the longest
-    gear list under ``"zip"``, the product of all of them under ``"product"``."""
-    counts = [len(m.sizes) for m in marks]
-    return max(counts, default=0) if policy == "zip" else math.prod(counts)
 
 
 def build_plan(marks: list[MarkedDim], policy: str, past_largest: str, symbols: list[str],

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, cast
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, Iterator, cast
 
 import torch
 
@@ -56,7 +55,7 @@ GraphKey = tuple[object, ...]
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
-    from ..gears.plan import GearCall, GearPlan
+    from ..gears.plan import GearPlan
     from ..timeline import Timeline
 
 
@@ -97,7 +96,7 @@ class CudaGraphs:
         self.graphs: dict[GraphKey, GraphedEntry] = {}
         self._side: torch.cuda.Stream | None = None
         self._capture_stream: torch.cuda.Stream | None = None
-        self.timeline: Timeline | None = None      # set by warmup(): captures then record their phases in its Timeline
+        self.timeline: Timeline | None = None      # a warm-up's (``timed``): captures record their phases in it
         self.handed_out: list[torch.Tensor] = []        # "view-checked": the views the last call returned
         self.replayed: GraphedEntry | None = None       # the graph the last call replayed (None: it ran none)
 
@@ -106,6 +105,15 @@ class CudaGraphs:
         # once it is gone (at interpreter exit torch may be half torn down: nothing to protect then).
         with contextlib.suppress(Exception):
             self._retire_views()
+
+    @contextlib.contextmanager
+    def timed(self, timeline: Timeline) -> Iterator[None]:
+        """Record the phases of the captures made in the block (look-up, warm-up run, record) in ``timeline``."""
+        self.timeline = timeline
+        try:
+            yield
+        finally:
+            self.timeline = None
 
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
@@ -323,7 +331,7 @@ class CudaGraphs:
     def capture_all(self, gear_plan: GearPlan | None, calls: list[tuple[Leaves, CallKey]], threads: int | None = None,
                     before_runs: Callable[[list[Loaded]], None] | None = None) -> int:
         """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
-        graphs are recorded: ``capture_order``) that has none yet; returns how many were captured.
+        graphs are recorded: a warm-up's, largest first) that has none yet; returns how many were captured.
 
         Their entries are found here, one after another (under ``warmup()`` they are in the method's table already:
         ``compile_missing`` looked up and loaded every gear side by side; else each is loaded, or compiled, here); as
@@ -482,8 +490,3 @@ def _collectives_possible() -> bool:
     one thread)."""
     return bool(torch_distributed.process_groups())
 
-
-def capture_order(gears: list[GearCall]) -> list[GearCall]:
-    """The order ``warmup`` captures gears in: largest first (by padded elements, then sizes), so the graphs of the
-    smaller gears reuse blocks the larger ones freed into the shared pool instead of growing it."""
-    return sorted(gears, key=lambda gear: (math.prod(gear.sizes), gear.sizes), reverse=True)

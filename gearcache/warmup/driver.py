@@ -34,6 +34,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -46,12 +47,12 @@ import torch
 from .._torch import state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
-from ..gears.plan import GearCall, MarkedCall
+from ..gears.plan import GearCall, MarkedCall, MarkedDim
 from ..keys import guard_sets
 from ..timeline import Timeline
 from ..errors import GearLoadError, WorkerError
 from ..runplan.collectives import communicates
-from ..compiling.progress import Progress
+from .progress import Progress
 from ..compiling.workers import WorkerPool, default_workers, job_for
 
 if TYPE_CHECKING:
@@ -85,17 +86,26 @@ def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     return own + [i for i in range(n) if i % world_size != rank % world_size]
 
 
-def start_workers(life: "EntryLife", call: MarkedCall, workers: int | None, timeline: Timeline) -> WorkerPool | None:
+def start_workers(life: "EntryLife", call: MarkedCall, policy: str, workers: int | None,
+                  timeline: Timeline) -> WorkerPool | None:
     """Start the worker processes of a warm-up of the example ``call`` before it knows which gears are missing
-    (``warmup.method._early_workers``): as many as the gears its marks can form, at most (``call.most``); None
-    when that would be one worker (the serial path)."""
+    (``warmup.method._early_workers``): as many as the gears its marks can form under the merge ``policy``, at most
+    (:func:`most_gears`); None when that would be one worker (the serial path)."""
     inputs = _call_inputs(life, call.leaves)
-    n = min(workers or default_workers(call.most, inputs), call.most)
+    most = most_gears(call.marks, policy)
+    n = min(workers or default_workers(most, inputs), most)
     if n <= 1:
         return None
     log.info("warmup %s: starting %d worker processes while the gear plan is traced", life.name, n)
     with timeline.span("all", "spawn workers"):
         return WorkerPool(n)
+
+
+def most_gears(marks: list[MarkedDim], policy: str) -> int:
+    """How many gears ``marks`` can form at most, before the trace finds which dims move together: the longest
+    gear list under ``"zip"``, the product of all of them under ``"product"``."""
+    counts = [len(m.sizes) for m in marks]
+    return max(counts, default=0) if policy == "zip" else math.prod(counts)
 
 
 def compile_missing(life: "EntryLife", gears: list[GearCall], workers: int | None, timeline: Timeline,

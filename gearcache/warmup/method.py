@@ -5,36 +5,40 @@ The stages, each a public stage of the method's parts (``CachedMethod``: its ``g
 :class:`~gearcache.compiling.entry_life.EntryLife`; its ``graphs``, the CUDA graphs of ``mode="reduce-overhead"``):
 
 1. the example call as the gears read it, derived once (``GearPlanLife.marked_call``: a ``MarkedCall``, its leaves,
-   signature key and marks, whether ``set_dim_gears`` marked it, how many gears it can form at most), and its gear
-   plan (``CachedMethod.gear_plan``); when no plan is stored for its marks yet, worker processes start first
-   (:func:`_early_workers`), so that their start overlaps the plan's trace; a method without marks is called once
-   and done;
-2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only,
-   before anything is compiled: ``GearPlanLife.verify_all``);
+   signature key and marks, whether ``set_dim_gears`` marked it), and its gear plan (``CachedMethod.gear_plan``);
+   when no plan is stored for its marks yet, worker processes start first, as many as the gears the marks can form
+   at most (:func:`_early_workers`), so that their start overlaps the plan's
+   trace; a method without marks is called once and done;
+2. every gear tested against eager where ``padding_check="verify"`` asks (eager runs only, before anything is
+   compiled: :func:`_verify_gears`, the cases ``padding_check.cases``, each test ``GearPlanLife.verify``);
 3. the example at every gear (``GearPlan.gear_calls``: its leaves, key and arguments there), once for the stages
    below; every gear's stored entry looked up and loaded side by side, the gears the store lacks compiled, side by
    side (driver.py ``compile_missing``);
 4. what the runs below may write in place saved, to be restored after them (:func:`_kept_by`: ``snapshot.kept``);
-   the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`; under
-   CUDA graphs' capture, inside ``capture_all``, before that);
-5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture),
-   largest first under CUDA graphs.
+   the fence: every rank of the process groups the gears' graphs name waits for the others (:func:`_fence`, over
+   ``ranks.fence``; under CUDA graphs' capture, inside ``capture_all``, before that);
+5. each gear run once on the example padded to it (``CachedMethod.call_geared``, or the CUDA graphs' capture:
+   ``CudaGraphs.capture_all``), largest first under CUDA graphs (:func:`capture_order`).
 
 Every phase is recorded in the :class:`~gearcache.timeline.Timeline` the caller passes.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import math
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, Protocol
 
 import torch
 
 from ..call import signature
-from ..compiling.entry_life import Loaded, entry_groups
+from ..call.entry import Entry
+from ..compiling.entry_life import Loaded
 from ..compiling.snapshot import kept
 from ..config import CompilerConfig
 from ..gears.plan import GearCall, GearPlan, MarkedCall
+from ..gears import padding_check
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
@@ -83,7 +87,7 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
                 gear_plan = cached.gear_plan(call, again=True)
         if gear_plan is not None:
             # eager runs only, before anything is compiled
-            cached.gear_life.verify_all(gear_plan, call, timeline.span)
+            _verify_gears(cached, gear_plan, call, timeline)
             gears = gear_plan.gear_calls(call)
             capture_now = cached.graphs is not None and not lazy and signature.on_cuda(call.leaves)
             pool, early = early, None       # compile_missing owns (and closes) it from here
@@ -105,10 +109,9 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
     graphs = cached.graphs
     call: Callable[..., Any] = cached.call_geared
     if graphs is not None:
-        gears = cuda_graphs.capture_order(gears)
+        gears = capture_order(gears)
         call = graphs.prepare if lazy else graphs.call
-        graphs.timeline = timeline
-    try:
+    with graphs.timed(timeline) if graphs is not None else contextlib.nullcontext():
         combos = [gear.sizes for gear in gears]
         fence = functools.partial(_fence, cached, combos, timeline=timeline)
         table = cached.life.table
@@ -122,10 +125,23 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
             for gear in gears:
                 with timeline.span(f"gear {gear.sizes}", "first run"):
                     call(gear_plan, gear.leaves, gear.key)
-    finally:
-        if graphs is not None:
-            graphs.timeline = None
     return len(gears)
+
+
+def _verify_gears(cached: CachedMethod, gear_plan: GearPlan, call: MarkedCall, timeline: Timeline) -> None:
+    """Test every gear against eager before anything is compiled, where ``padding_check="verify"`` asks for it: the
+    example ``call`` narrowed to the smallest real sizes that pad up to each gear not verified yet
+    (``padding_check.cases``), each test timed in ``timeline`` (``GearPlanLife.verify``)."""
+    if gear_plan.verify_first:
+        for sizes, real_leaves in padding_check.cases(gear_plan, call.leaves):
+            with timeline.span(f"gear {sizes}", "verify padding"):
+                cached.gear_life.verify(gear_plan, call.key, real_leaves, sizes)
+
+
+def capture_order(gears: list[GearCall]) -> list[GearCall]:
+    """The order a warm-up captures gears in: largest first (by padded elements, then sizes), so the graphs of the
+    smaller gears reuse blocks the larger ones freed into the shared pool instead of growing it."""
+    return sorted(gears, key=lambda gear: (math.prod(gear.sizes), gear.sizes), reverse=True)
 
 
 def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -> WorkerPool | None:
@@ -138,7 +154,7 @@ def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -
         return None
     if cached.gear_life.stored(call).record is not None:
         return None
-    return driver.start_workers(cached.life, call, ic.warmup_workers, timeline)
+    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:
@@ -147,7 +163,7 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
     say which groups it uses)."""
     groups: dict[str, dict[str, Any]] = {}
     for entry in entries:
-        named = entry_groups(entry) if entry is not None else None
+        named = _groups(entry) if entry is not None else None
         if named is None:
             log.debug("%s: an entry does not say which process groups it uses; no fence before its runs",
                       cached.name)
@@ -157,6 +173,20 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
         with timeline.span("all", "wait for the other ranks"):
             ranks.fence(ranks.group_ranks(groups.values()), f"{cached.name} warm-up runs",
                         f"gears {combos}", cached.config.rank_timeout_s)
+
+
+def _groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
+    """The process groups an entry's collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run
+    plan's ``groups``, else its manifest's (written at compile); None when unknown (an eager stand-in, which runs the
+    method as written, or an entry stored without either): the fence then cannot tell which ranks it talks to."""
+    if not isinstance(entry, Entry):
+        return None
+    plan = getattr(entry.compiled, "plan", None)
+    if isinstance(plan, dict) and "groups" in plan:
+        plan_groups: dict[str, dict[str, Any]] = plan["groups"]
+        return plan_groups
+    groups = entry.manifest.get("groups")
+    return groups if isinstance(groups, dict) else None
 
 
 def _kept_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
