@@ -46,6 +46,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import warnings
 from typing import Any, Callable, Sequence, cast
 
 import torch
@@ -145,6 +146,9 @@ class ServedLM(torch.nn.Module):
         self._active: hf_cache.Backing | None = None
         self._cache_names: list[str] = []
         self.current_pad: torch.Tensor | None = None     # the step's pad count (regions read it)
+        self.padding_refused: str | None = None          # why the padding proof failed (hf_proof.py), if it did
+        self.padded_calls = 0                            # calls served padded (prompt or rows)
+        self._proved = False                             # the proof ran (before the first call picks a gear)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
@@ -198,6 +202,8 @@ class ServedLM(torch.nn.Module):
         ids, mask, positions, pad = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
         if self.layers:
             self.current_pad = pad                      # what the regions read (outside any trace)
+        if width != tokens or backing.batch != batch:
+            self.padded_calls += 1
         logits = self.cached_step(ids, mask, positions, pad, keep_last)
         for layer in cache.layers:
             layer.served_length += tokens
@@ -207,6 +213,8 @@ class ServedLM(torch.nn.Module):
     def bind(self, cache: Any, batch: int, need: int) -> hf_cache.Backing:
         """Bind ``cache`` to the backing of its gears (length >= ``need``) and make that backing's tensors this
         module's buffers (what the step's graph reads and updates)."""
+        if not self._proved:
+            self.prove_padding()
         backing = hf_cache.bound_backing(cache)
         if backing is None or backing.length < need:
             hf_cache.check_layers(cache)
@@ -222,6 +230,28 @@ class ServedLM(torch.nn.Module):
             hf_cache.bind(cache, backing, batch, length)
         self._activate(backing)
         return backing
+
+    def prove_padding(self) -> str | None:
+        """Run the padding proof of the model's decoder layers (hf_proof.py) once, before the first call picks a
+        gear; when it fails, serve prompts, batches and cache lengths at their exact sizes from then on (warned once,
+        with the finding). Returns the finding (None: proved; padded gears are served)."""
+        from . import hf_proof
+
+        self._proved = True
+        try:
+            layers = self.layers or hf_regions.decoder_layers(self.model)
+        except ConfigError as exc:
+            self.padding_refused = f"its decoder layers were not found ({exc})"
+        else:
+            cached = self.regions[0] if self.layers else self.cached_step
+            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, getattr(cached, "store", None),
+                                                   getattr(getattr(cached, "topology", None), "folder", ""))
+        if self.padding_refused is not None:
+            self.gears = ServeGears((), (), ())         # every size exact: pick returns it
+            warnings.warn(f"gearcache: {type(self.model).__qualname__}: padding a prompt or a batch is not proved "
+                          f"exact: {self.padding_refused}. Its prompts and batches are served at their exact sizes "
+                          f"(an entry per prompt length, batch size and cache length)", stacklevel=3)
+        return self.padding_refused
 
     @property
     def cache_kw(self) -> str:

@@ -1,0 +1,80 @@
+"""A KV cache and a causal mask in the padding walk: what ``enable()``'s prompt padding rests on, proved per graph.
+
+A served causal LM's prompt of T tokens runs padded to its gear G: the padded rows are the positions after every
+real one. Inside a decoder layer they are written into the KV cache (positions ``[start + T, start + G)``), which the
+call's attention then reads whole: a real query sees them unless the attention's mask hides every key after the
+query. gearcache's own code writes the cache and drops the pads' keys and values after the call
+(gearcache/integrations/hf_regions.py: ``LayerCache.update``, ``drop_pads``), so the walk takes *roles*:
+
+* ``cache`` leaves (a layer's keys, values and position counter): a write into them is the cache's write, not a
+  finding of its own (its positions move with the padded size by construction); it leaves the storage holding the
+  padded rows' keys (:data:`CACHE_PADS`, a dirt every later read carries);
+* ``causal`` leaves (the layer's attention mask, built by transformers' masking utilities from the 2D mask and the
+  cache position: ``kv_idx <= q_idx`` and the padding and window terms, which only remove keys).
+
+An attention (``scaled_dot_product_attention`` and its kernels) that reads a cache storage holding
+:data:`CACHE_PADS` is exact when its mask is a causal leaf reached through views that keep every key at its place
+(:func:`mask_from_leaf`) and ``is_causal`` is off (sdpa's own ``is_causal`` aligns a cached query top-left): then its
+output does not carry the cache's dirt. Any other read of such a storage (a matmul-and-softmax attention written out,
+a mask built or changed in the layer, ``is_causal=True`` or no mask) keeps it, and the dirt reaching an output is a
+finding (the padded step is then not served).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .padding_abstract import Origin
+
+CACHE_PADS = Origin("(KV cache)", "", "reads the KV cache, whose positions after the real tokens hold the padded "
+                    "rows' keys and values, without a mask the proof knows is causal (a real query may see them)",
+                    False)
+"""The dirt a cache storage carries once the padded rows wrote it (see the module docstring)."""
+
+KEEPS_PLACES = {"where", "slice", "alias", "expand", "view", "_unsafe_view", "unsqueeze", "squeeze", "detach"}
+"""View ops a mask may pass through on its way to the attention and still be the causal leaf (a slice from 0), and
+``where(mask, 0, -inf)`` (a bool mask made additive, as the CPU kernel's lowering does)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    """The leaves the walk takes as a KV cache and as a causal mask (leaf indices)."""
+    cache: frozenset[int] = frozenset()
+    causal: frozenset[int] = frozenset()
+
+
+def mask_argument(node: torch.fx.Node) -> Any:
+    """The node an attention op takes as its mask (``attn_mask``, positional or keyword), or None."""
+    schema = getattr(node.target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    for name in ("attn_mask", "attn_bias"):
+        if name in node.kwargs:
+            return node.kwargs[name]
+        if name in names and names.index(name) < len(node.args):
+            return node.args[names.index(name)]
+    return None
+
+
+def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal: frozenset[int]) -> bool:
+    """Whether ``mask`` (a node) is a causal leaf through :data:`KEEPS_PLACES` views only, every slice from 0."""
+    while isinstance(mask, torch.fx.Node):
+        if mask.op == "placeholder":
+            return placeholder_leaf.get(mask) in causal
+        name = getattr(getattr(mask.target, "overloadpacket", None), "__name__", "")
+        if mask.op != "call_function" or name not in KEEPS_PLACES:
+            return False
+        if name == "where" and not (_scalar(mask.args[1], 0.0) and _scalar(mask.args[2], float("-inf"))):
+            return False
+        if name == "slice" and ((mask.args[2] if len(mask.args) > 2 else 0) not in (None, 0)
+                                or (mask.args[4] if len(mask.args) > 4 else 1) != 1):
+            return False
+        mask = mask.args[0]
+    return False
+
+
+def _scalar(node: Any, value: float) -> bool:
+    """Whether ``node`` is ``scalar_tensor(value)``."""
+    return isinstance(node, torch.fx.Node) and getattr(getattr(node.target, "overloadpacket", None), "__name__",
+                                                        "") == "scalar_tensor" and node.args[:1] == (value,)
