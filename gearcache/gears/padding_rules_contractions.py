@@ -2,7 +2,8 @@
 
 A matmul over an unpadded contraction dim keeps rows in line; contracting a padded dim is exact when one operand's
 pad is ``0`` and the other's a finite constant (each padded term is then 0). Attention passes batch, head and query
-dims through; a padded key dim mixes unless ``is_causal`` with queries padded alike. Convolution, pooling and
+dims through; a padded key dim mixes unless ``is_causal`` with queries padded alike; keys read from a KV cache the
+padded rows wrote need the causal mask the walk knows (padding_cache.py). Convolution, pooling and
 resampling mix neighbouring rows of every dim past the leading ones. Rule contract: padding_rule_context.py.
 """
 from __future__ import annotations

@@ -14,15 +14,19 @@ length and ``max_new_tokens``, from a few compiled entries that a later process 
 Gears (each a sorted list; a size past the largest is served by an exact entry of its own):
 
 * **batch** ``batch_gears`` (default 1, 2, 4, ... 64): a batch of 3 runs in the 4-row entry; its cache is
-  allocated with 4 rows. Rows never mix in a causal LM, so padded rows cannot change real ones.
+  allocated with 4 rows. Padded rows cannot change real ones: no op of the layers mixes rows (proved, below).
 * **prompt** ``prompt_gears`` (default 16, 32, ... 8192): a prompt of T tokens is right-padded to the gear G >= T.
-  Exact: by causality no real token attends to a later pad; the pads' keys and values, written at positions
+  Exact: by the causal mask (proved, below) no real token attends to a later pad; the pads' keys and values, written at positions
   [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved back by G - T, so
   the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
 * **cache length** ``cache_len_gears`` (default 256, 512, ... 131072): the cache the graph updates has the gear's
   length, the user's cache is a view of its first L positions (:mod:`.hf_cache`); the 2D attention mask is padded
   to that length with zeros, exactly what transformers does itself up to L, and positions past the current one are
   masked causally anyway. So a new ``max_new_tokens`` or mask length is the same entry.
+
+Padding a prompt, a batch or the cache length is proved exact from each distinct decoder layer's graph before the
+first call picks a gear (:mod:`.hf_proof`); a model whose layers fail the proof (a layer mixing positions or rows, a
+mask the proof does not know is causal) is served at exact sizes instead, with a warning naming the op.
 
 Sliding-window layers (Mistral's ``sliding_window``, Gemma's ``layer_types``) are served as full-length layers: all
 positions kept, the model's sliding-window mask selects the window (the same keys as eager attends).
