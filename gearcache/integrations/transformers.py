@@ -16,9 +16,9 @@ Gears (each a sorted list; a size past the largest is served by an exact entry o
 * **batch** ``batch_gears`` (default 1, 2, 4, ... 64): a batch of 3 runs in the 4-row entry; its cache is
   allocated with 4 rows. Padded rows cannot change real ones: no op of the layers mixes rows (proved, below).
 * **prompt** ``prompt_gears`` (default 16, 32, ... 8192): a prompt of T tokens is right-padded to the gear G >= T.
-  Exact: by the causal mask (proved, below) no real token attends to a later pad; the pads' keys and values, written at positions
-  [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved back by G - T, so
-  the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
+  Exact: by the causal mask (proved, below) no real token attends to a later pad; the pads' keys and values,
+  written at positions [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved
+  back by G - T, so the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
 * **cache length** ``cache_len_gears`` (default 256, 512, ... 131072): the cache the graph updates has the gear's
   length, the user's cache is a view of its first L positions (:mod:`.hf_cache`); the 2D attention mask is padded
   to that length with zeros, exactly what transformers does itself up to L, and positions past the current one are
