@@ -29,6 +29,8 @@ class Attend(torch.nn.Module):
         values.index_copy_(2, positions, k)
         if self.variant == "full":
             mask = torch.ones_like(mask)
+        if self.variant == "inplace":
+            mask[..., 1] = True
         if self.variant == "shifted":
             mask = F.pad(mask[..., 1:], (0, 1))
         if self.variant == "written":
@@ -40,12 +42,12 @@ class Attend(torch.nn.Module):
         return out
 
 
-@pytest.mark.parametrize("variant, exact", [("causal", True), ("full", False), ("shifted", False),
+@pytest.mark.parametrize("variant, exact", [("causal", True), ("full", False), ("shifted", False), ("inplace", False),
                                             ("nomask", False), ("written", False), ("mean", False)])
 def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(variant, exact):
     """The cache's own writes are no finding; the attention reading the pads' keys is exact with the mask argument
-    (its causality is the caller's: enable()'s masks), and refused with a mask built or moved in the layer, sdpa's
-    ``is_causal`` (top-left over a cache), an attention written out, or a mean over the positions after it."""
+    (its causality is the caller's: enable()'s masks), and refused with a mask built, moved or written in the layer,
+    sdpa's ``is_causal`` (top-left over a cache), an attention written out, or a mean over the positions after it."""
     module = Attend(variant)
     mask = torch.ones(B, 1, T, L, dtype=torch.bool).tril()
     if variant == "written":

@@ -22,7 +22,7 @@ finding (the padded step is then not served).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,7 +35,8 @@ CACHE_PADS = Origin("(KV cache)", "", "reads the KV cache, whose positions after
 
 KEEPS_PLACES = {"where", "slice", "alias", "expand", "view", "_unsafe_view", "unsqueeze", "squeeze", "detach"}
 """View ops a mask may pass through on its way to the attention and still be the causal leaf (a slice from 0), and
-``where(mask, 0, -inf)`` (a bool mask made additive, as the CPU kernel's lowering does)."""
+``where(mask, 0, -inf)`` or ``zeros_like(mask).masked_fill_(mask.logical_not(), -inf)`` (a bool mask made additive,
+as the CPU and CUDA kernels' lowerings do)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,13 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
     while isinstance(mask, torch.fx.Node):
         if mask.op == "placeholder":
             return placeholder_leaf.get(mask) in causal
-        name = getattr(getattr(mask.target, "overloadpacket", None), "__name__", "")
+        name = _op(mask)
+        if name in ("masked_fill", "masked_fill_"):     # zeros_like(m).masked_fill_(m.logical_not(), -inf): CUDA's
+            base, cond = mask.args[0], mask.args[1]
+            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and mask.args[2] == float("-inf")):
+                return False
+            mask = cast(torch.fx.Node, cond).args[0]
+            continue
         if mask.op != "call_function" or name not in KEEPS_PLACES:
             return False
         if name == "where" and not (_scalar(mask.args[1], 0.0) and _scalar(mask.args[2], float("-inf"))):
@@ -74,7 +81,11 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
     return False
 
 
+def _op(node: Any) -> str:
+    """The ATen op name a node calls (``"slice"``), or ""."""
+    return getattr(getattr(getattr(node, "target", None), "overloadpacket", None), "__name__", "")
+
+
 def _scalar(node: Any, value: float) -> bool:
     """Whether ``node`` is ``scalar_tensor(value)``."""
-    return isinstance(node, torch.fx.Node) and getattr(getattr(node.target, "overloadpacket", None), "__name__",
-                                                        "") == "scalar_tensor" and node.args[:1] == (value,)
+    return isinstance(node, torch.fx.Node) and _op(node) == "scalar_tensor" and node.args[:1] == (value,)

@@ -357,8 +357,9 @@ class GraphWalk:
         its output drops the cache's dirt: ``causal_reads``). padding_cache.py says why."""
         if not any(self.storage_dirty.get(t.base) is CACHE_PADS for t in reads):
             return True
-        if is_causal or not mask_from_leaf(mask_argument(node), self.placeholder_leaf,
-                                                              self.roles.causal):
+        written = any(self.storage[n.name].writes for n, leaf in self.placeholder_leaf.items()
+                      if leaf in self.roles.causal and n.name in self.storage)     # a mask changed in place
+        if is_causal or written or not mask_from_leaf(mask_argument(node), self.placeholder_leaf, self.roles.causal):
             return False
         self.causal_reads.add(node)
         return True
