@@ -41,7 +41,7 @@ from ..compiling.capture import dependencies_changed, symbolic_shapes
 from ..keys.fingerprints import class_digest
 from ..keys.key import FORMAT_VERSION, sha256_text
 from ..store import Store
-from . import hf_cache, hf_regions
+from . import hf_cache, hf_compat, hf_regions
 
 ROWS, WIDTH, LENGTH = 2, 5, 32
 """The tiny call the proof records: 2 rows of a 5-token prompt in a 32-position cache (sizes no weight has)."""
@@ -70,17 +70,23 @@ def proved(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
 
 def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     """What the proof depends on beyond the functions its traces ran: the classes of the model and of every module
-    of its layers (``class_digest``: a patched ``LlamaMLP.forward`` is another key), the model's config and attention
-    implementation, the parameters' dtype and device type, and the software's versions."""
+    of its layers (``class_digest``: a patched ``LlamaMLP.forward`` is another key), the model's config (but its
+    layer count: the kinds of layer it has instead) and attention implementation, the parameters' dtype and device
+    type, and the software's versions."""
     import transformers
 
     classes = {type(m) for layer in layers for m in layer.modules()} | {type(model)}
     config: Any = model.config
-    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(vars(config))
+    settings = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    for part in (settings, settings.get("text_config")):    # the layers' count is no part of a layer's graph
+        if isinstance(part, dict):
+            for name in ("num_hidden_layers", "layer_types"):
+                part.pop(name, None)
+    kinds = sorted(set(map(str, getattr(hf_compat.text_config(model), "layer_types", None) or [])))
     param = next(model.parameters())
-    parts = [sorted(f"{k.__module__}.{k.__qualname__}:{class_digest(k)}" for k in classes), text,
+    parts = [sorted(f"{k.__module__}.{k.__qualname__}:{class_digest(k)}" for k in classes), settings, kinds,
              str(getattr(config, "_attn_implementation", None)), str(param.dtype), param.device.type,
-             transformers.__version__, torch_versions.software_versions(), len(layers), PROOF_FORMAT]
+             transformers.__version__, torch_versions.software_versions(), PROOF_FORMAT]
     return sha256_text(json.dumps(parts, sort_keys=True, default=str))[:40]
 
 
@@ -106,15 +112,18 @@ def prove(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]) 
 
 def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
             cache: Any) -> dict[int, tuple[Any, ...]]:
-    """Run the model's forward on a tiny prompt; the first call of each layer class, by layer index."""
+    """Run the model's forward on a tiny prompt; the first call of each kind of layer (its class and its config's
+    ``layer_types`` entry: sliding or full attention), by layer index."""
     calls: dict[int, tuple[Any, ...]] = {}
-    kinds: set[type] = set()
+    kinds: set[Any] = set()
+    types_ = list(getattr(hf_compat.text_config(model), "layer_types", None) or [])
     saved = [layer.__dict__.pop("forward", None) for layer in layers]
     for i, layer in enumerate(layers):
         def recorder(hidden: torch.Tensor, attention_mask: Any = None, *args: Any, _i: int = i, _layer: Any = layer,
                      **kwargs: Any) -> Any:
-            if type(_layer) not in kinds and not args:
-                kinds.add(type(_layer))
+            kind = (type(_layer), types_[_i] if _i < len(types_) else None)
+            if kind not in kinds and not args:
+                kinds.add(kind)
                 calls[_i] = (hidden.clone(), attention_mask, dict(kwargs))
             return type(_layer).forward(_layer, hidden, attention_mask, *args, **kwargs)
         layer.__dict__["forward"] = recorder
