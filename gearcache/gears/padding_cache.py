@@ -58,8 +58,21 @@ def mask_argument(node: torch.fx.Node) -> Any:
     return None
 
 
-def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal: frozenset[int]) -> bool:
-    """Whether ``mask`` (a node) is a causal leaf through :data:`KEEPS_PLACES` views only, every slice from 0."""
+COPIES = {"index_copy_", "clone", "_to_copy", "reshape", "contiguous"}
+"""Ops keys and values may pass through from the cache to the attention: the cache's write (its result is the
+cache), copies that keep every key at its place (``repeat_kv``'s expand and reshape, a dtype cast)."""
+
+
+def cache_from_leaf(node: Any, placeholder_leaf: dict[torch.fx.Node, int], cache: frozenset[int]) -> bool:
+    """Whether ``node`` (an attention's keys or values) is a cache leaf through :data:`KEEPS_PLACES` views and
+    :data:`COPIES` only, every slice from 0: the keys at the cache's positions, the pads' after the real ones."""
+    return mask_from_leaf(node, placeholder_leaf, cache, COPIES)
+
+
+def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal: frozenset[int],
+                   also: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether ``mask`` (a node) is a causal leaf through :data:`KEEPS_PLACES` views (and ``also``) only, every
+    slice from 0."""
     while isinstance(mask, torch.fx.Node):
         if mask.op == "placeholder":
             return placeholder_leaf.get(mask) in causal
@@ -70,7 +83,7 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
                 return False
             mask = cast(torch.fx.Node, cond).args[0]
             continue
-        if mask.op != "call_function" or name not in KEEPS_PLACES:
+        if mask.op != "call_function" or (name not in KEEPS_PLACES and name not in also):
             return False
         if name == "where" and not (_scalar(mask.args[1], 0.0) and _scalar(mask.args[2], float("-inf"))):
             return False

@@ -26,7 +26,7 @@ import torch
 from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_cache import CACHE_PADS, Roles, mask_argument, mask_from_leaf
+from .padding_cache import CACHE_PADS, Roles, cache_from_leaf, mask_argument, mask_from_leaf
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
@@ -355,8 +355,11 @@ class GraphWalk:
         """Whether the attention ``node`` reading ``reads`` is exact as far as the KV cache goes: it reads no cache
         storage holding the padded rows' keys, or its mask is a causal leaf that keeps every key at its place (then
         its output drops the cache's dirt: ``causal_reads``). padding_cache.py says why."""
-        if not any(self.storage_dirty.get(t.base) is CACHE_PADS for t in reads):
+        if not any(self._dirt(t) is CACHE_PADS for t in reads):
             return True
+        kv = node.args[1:3]
+        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv):
+            return False
         written = any(self.storage[n.name].writes for n, leaf in self.placeholder_leaf.items()
                       if leaf in self.roles.causal and n.name in self.storage)     # a mask changed in place
         if is_causal or written or not mask_from_leaf(mask_argument(node), self.placeholder_leaf, self.roles.causal):

@@ -119,13 +119,12 @@ def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]
     types_ = list(getattr(hf_compat.text_config(model), "layer_types", None) or [])
     saved = [layer.__dict__.pop("forward", None) for layer in layers]
     for i, layer in enumerate(layers):
-        def recorder(hidden: torch.Tensor, attention_mask: Any = None, *args: Any, _i: int = i, _layer: Any = layer,
-                     **kwargs: Any) -> Any:
+        def recorder(hidden: torch.Tensor, *args: Any, _i: int = i, _layer: Any = layer, **kwargs: Any) -> Any:
             kind = (type(_layer), types_[_i] if _i < len(types_) else None)
-            if kind not in kinds and not args:
+            if kind not in kinds and not args:      # (a positional call: its region refuses it, unproved)
                 kinds.add(kind)
-                calls[_i] = (hidden.clone(), attention_mask, dict(kwargs))
-            return type(_layer).forward(_layer, hidden, attention_mask, *args, **kwargs)
+                calls[_i] = (hidden.clone(), kwargs.get("attention_mask"), dict(kwargs))
+            return type(_layer).forward(_layer, hidden, *args, **kwargs)
         layer.__dict__["forward"] = recorder
     try:
         ids = torch.ones(ROWS, WIDTH, dtype=torch.long, device=next(model.parameters()).device)
@@ -150,6 +149,7 @@ def _prove_layer(layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...], c
     from ..gears.padding_cache import Roles
 
     hidden, mask, kwargs = call
+    kwargs.pop("attention_mask", None)
     kwargs.pop(cache_kw, None)
     kwargs.pop("past_key_values", None)
     cos_sin, position_ids = kwargs.pop("position_embeddings", None), kwargs.pop("position_ids", None)
