@@ -25,8 +25,9 @@ Gears (each a sorted list; a size past the largest is served by an exact entry o
   masked causally anyway. So a new ``max_new_tokens`` or mask length is the same entry.
 
 Padding a prompt, a batch or the cache length is proved exact from each distinct decoder layer's graph before the
-first call picks a gear (:mod:`.hf_proof`); a model whose layers fail the proof (a layer mixing positions or rows, a
-mask the proof does not know is causal) is served at exact sizes instead, with a warning naming the op.
+first call picks a gear (:mod:`.hf_proof`); a model whose layers mix positions or rows is served at exact sizes
+instead, with a warning naming the op; one whose attention over the cache takes a mask the proof does not know is
+causal is refused (``ConfigError``) at its first call.
 
 Sliding-window layers (Mistral's ``sliding_window``, Gemma's ``layer_types``) are served as full-length layers: all
 positions kept, the model's sliding-window mask selects the window (the same keys as eager attends).
@@ -250,6 +251,10 @@ class ServedLM(torch.nn.Module):
             cached = self.regions[0] if self.layers else self.cached_step
             self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, getattr(cached, "store", None),
                                                    getattr(getattr(cached, "topology", None), "folder", ""))
+        if self.padding_refused is not None and "(KV cache)" in self.padding_refused:
+            raise ConfigError(f"{type(self.model).__qualname__}: its attention over the KV cache does not take the "
+                              f"layer's causal mask: {self.padding_refused}. gearcache serves causal LMs (exact "
+                              f"sizes would not be eager's either). Fix: disable(model); serve it with torch.compile")
         if self.padding_refused is not None:
             self.gears = ServeGears((), (), ())         # every size exact: pick returns it
             warnings.warn(f"gearcache: {type(self.model).__qualname__}: padding a prompt or a batch is not proved "
