@@ -201,6 +201,7 @@ def test_decoder_layers_share_one_entry_per_gear_across_layers_and_models(tmp_pa
     cold = Script("run_hf_regions.py", store, "2").result(timeout=900)
     runs = {"cold": cold}
     assert cold["counters"]["compiles"] == 3 and cold["entries"] == [3, 3], cold
+    assert cold["padding_refused"] is None and cold["padded_calls"] == 2, "the proof passes: prompts served padded"
     scripts = {"eight": Script("run_hf_regions.py", store, "8"),
                "mistral": Script("run_hf_regions.py", store, "2", "mistral"),
                "patched": Script("run_hf_regions.py", store, "2", "patched")}
@@ -227,21 +228,44 @@ def test_sliding_window_layers_by_region_equal_eager(tmp_path, name):
         assert step["tokens_equal"] and step["lengths_equal"], run
         assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, run
     assert set(run["entries"]) == {3} and run["counters"]["compiles"] >= 3, run
+    assert run["padding_refused"] is None and run["padded_calls"] == 2, "the proof passes: prompts served padded"
+
+
+def _served_exactly(run, op):
+    """A run whose padding proof failed on ``op``: nothing padded, every step equal to eager (logits, caches)."""
+    assert "refused" not in run and op in (run["padding_refused"] or ""), run
+    assert run["padded_calls"] == 0, run
+    for step in run["runs"]:
+        assert step["tokens_equal"] and step["lengths_equal"], run
+        assert step["max_logits_diff"] <= 1e-5 and step["cache_diff"] <= 1e-5, run
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="not fixed: enable() pads a prompt to its gear on the claim that a causal LM's "
-                   "layers never mix positions non-causally; nothing proves it of the layer's graph")
 @pytest.mark.parametrize("regions", ["blocks", "whole"])
-def test_a_layer_mixing_positions_non_causally_is_refused_or_served_exactly(tmp_path, regions):
+def test_a_layer_mixing_positions_non_causally_is_served_exactly(tmp_path, regions):
     """A decoder layer whose MLP adds the mean over the call's positions (a custom model's layer): a prompt of 6
-    right-padded to its 16-token gear changes every real position's mean, so a padded step must be proved exact or
-    refused. Today both modes serve it padded: logits 0.34-0.46 and the caches 0.43-0.54 from eager's, other tokens."""
+    right-padded to its 16-token gear would change every real position's mean (served padded before the proof:
+    logits 0.34-0.46 and the caches 0.43-0.54 from eager's). The layer's padding proof finds the mean, so both modes
+    serve every prompt at its exact length: equal to eager."""
     flags = ["mixing"] + (["whole"] if regions == "whole" else [])
+    _served_exactly(Script("run_hf_regions.py", str(tmp_path / "store"), "2", *flags).result(timeout=900),
+                    "aten.mean.dim")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, regions, op", [("batchmix", "blocks", "aten.mean.dim"),
+                                               ("fullmask", "whole", "(KV cache)")])
+def test_a_layer_mixing_rows_or_attending_past_its_position_is_served_exactly(tmp_path, flag, regions, op):
+    """Three prompts (batch gear 4) through a layer whose MLP adds the mean over the batch's rows, or whose attention
+    takes a full mask (every key: the pads' keys and the cache's unwritten positions too): the proof finds the op.
+    The mean is served at exact sizes (prompts, batches, cache lengths), equal to eager; the full mask is refused
+    with a ConfigError (served at exact sizes its logits were 0.39-0.56 from eager's, cause not found)."""
+    flags = [flag, "rows=3"] + (["whole"] if regions == "whole" else [])
     run = Script("run_hf_regions.py", str(tmp_path / "store"), "2", *flags).result(timeout=900)
-    if "refused" not in run:
-        for step in run["runs"]:
-            assert step["tokens_equal"] and step["max_logits_diff"] <= 1e-5, run
+    if flag == "fullmask":      # served at exact sizes it still differs from eager (0.39-0.56 in the logits): refused
+        assert "ConfigError" in run["refused"] and op in run["refused"], run
+        return
+    _served_exactly(run, op)
 
 
 def test_enable_by_region_installs_and_disable_restores_the_layers(tmp_path):

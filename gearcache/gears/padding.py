@@ -71,6 +71,7 @@ import torch
 from .._torch import aten as torch_aten, shapes as torch_shapes
 from . import pad_values as pv
 from .pad_values import PadValue
+from .padding_cache import Roles
 from .padding_factors import size_expr
 from .padding_report import Finding, PaddingReport
 from .padding_walk import GraphWalk
@@ -84,12 +85,14 @@ MAX_WALKS = 48
 
 
 def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int],
-            pads: dict[int, PadValue] | None = None, bounds: dict[str, int] | None = None) -> PaddingReport:
+            pads: dict[int, PadValue] | None = None, bounds: dict[str, int] | None = None,
+            roles: Roles | None = None) -> PaddingReport:
     """Analyse the gear plan's symbolic trace (capture.symbolic_shapes); ``names``: leaf index -> argument name, for
     messages; ``padded_leaves``: the leaves with marked dims; ``pads``: the pad values the user gave (exact in the
     leaf's dtype, see ``pad_values.exact``), kept as they are; the others are chosen (``report.pad_values``);
     ``bounds``: each marked dim's symbol (as in ``trace.symbols``) -> its largest gear (positions ``arange`` makes
-    over a padded size are valid indices below it)."""
+    over a padded size are valid indices below it); ``roles``: leaves taken as a KV cache and a causal mask
+    (padding_cache.py)."""
     given = dict(pads or {})
     try:
         symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)     # before a lowering fixes one
@@ -101,7 +104,7 @@ def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[in
 
         def walk(assigned: dict[int, PadValue]) -> _WalkResult:
             walker = GraphWalk(aten, trace.inputs, trace.outputs, names, padded_leaves, symbols, trace.same,
-                               assigned, bounds)
+                               assigned, bounds, roles)
             report = walker.run()
             report.mixing.extend(guard_findings)
             report.pad_values = dict(sorted(assigned.items()))

@@ -64,6 +64,9 @@ class RuleContext(Protocol):
     def value_of(self, node: torch.fx.Node) -> AbstractValue:
         """The abstract value of a node already walked (None if none)."""
 
+    def cache_attention(self, node: torch.fx.Node, reads: list[TensorValue], is_causal: bool) -> bool:
+        """Whether an attention reading ``reads`` is exact as far as a KV cache goes (padding_cache.py)."""
+
 
 Rule = Callable[[RuleContext, torch.fx.Node, dict[str, Any]], Any]
 """A padding rule: ``(context, node, args) -> Out`` or a list of ``Out`` (see the module docstring)."""

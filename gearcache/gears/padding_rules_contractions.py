@@ -2,7 +2,8 @@
 
 A matmul over an unpadded contraction dim keeps rows in line; contracting a padded dim is exact when one operand's
 pad is ``0`` and the other's a finite constant (each padded term is then 0). Attention passes batch, head and query
-dims through; a padded key dim mixes unless ``is_causal`` with queries padded alike. Convolution, pooling and
+dims through; a padded key dim mixes unless ``is_causal`` with queries padded alike; keys read from a KV cache the
+padded rows wrote need the causal mask the walk knows (padding_cache.py). Convolution, pooling and
 resampling mix neighbouring rows of every dim past the leading ones. Rule contract: padding_rule_context.py.
 """
 from __future__ import annotations
@@ -84,6 +85,10 @@ def _attention(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any
     causal = bool(args.get("is_causal")) and mask is None and is_padded_dim(keys) and a.aligned(q.dims[-2], keys)
     if is_padded_dim(keys) and not causal:
         why = ("attends over a padded key dim (softmax and sum over padded keys)", MIXES)
+    if why is None and not a.cache_attention(node, [k, v], bool(args.get("is_causal"))):
+        why = ("attends over the KV cache, whose positions after the real tokens hold the padded rows' keys, with a "
+               "mask the proof does not know is causal (not the layer's attention mask argument, is_causal=True, "
+               "or no mask)", MIXES)
     why = why or _contract(a, [(q, len(q.dims) - 1, k, len(k.dims) - 1)])
     batch = [q.dims[:-2], k.dims[:-2], v.dims[:-2]]
     if why is None and not all(len(b) == len(batch[0]) and all(a.aligned(x, y) for x, y in zip(b, batch[0]))

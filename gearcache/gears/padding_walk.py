@@ -26,6 +26,7 @@ import torch
 from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
+from .padding_cache import CACHE_PADS, Roles, cache_from_leaf, mask_argument, mask_from_leaf
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
@@ -40,7 +41,10 @@ class GraphWalk:
 
     def __init__(self, graph: torch.fx.GraphModule, inputs: list[list[Any]], outputs: dict[int, int],
                  names: dict[int, str], padded_leaves: set[int], symbols: frozenset[Any], same: dict[Any, Any],
-                 pads: dict[int, PadValue], bounds: dict[str, int] | None = None):
+                 pads: dict[int, PadValue], bounds: dict[str, int] | None = None, roles: Roles | None = None):
+        self.roles = roles or Roles()                   # the KV cache and causal mask leaves (padding_cache.py)
+        self.placeholder_leaf: dict[torch.fx.Node, int] = {}
+        self.causal_reads: set[torch.fx.Node] = set()   # attentions whose cache read is masked causally
         self.graph, self.inputs, self.outputs, self.names = graph, inputs, outputs, names
         self.padded_leaves, self.symbols, self.same, self.pads = padded_leaves, symbols, same, pads
         self.bounds = bounds or {}                      # symbol -> its largest gear
@@ -79,6 +83,8 @@ class GraphWalk:
         if not isinstance(value, torch.Tensor):
             return SizeValue(self._is_padded(value), None)
         self.input_of[node.name] = recipe
+        if recipe[0] == "leaf":
+            self.placeholder_leaf[node] = recipe[1]
         pad = NO_PAD
         if recipe[0] == "leaf" and recipe[1] in self.pads:
             pad = Pad(self.pads[recipe[1]], frozenset([recipe[1]]))
@@ -186,6 +192,11 @@ class GraphWalk:
         functional = name[:-1] if name.endswith("_") and not name.endswith("__") else name
         rule = rule_for(node, functional)
         produced = rule(self, node, args)
+        written = [args[a.name] for a, spec in zip(schema.arguments, node.args)
+                   if spec is not None and a.alias_info is not None and a.alias_info.is_write]
+        if any(self.is_cache(t) for t in written):     # the cache's own write: exact by construction
+            produced = [(p[0], None) + tuple(p[2:]) for p in produced] if isinstance(produced, list) else \
+                (produced[0], None) + tuple(produced[2:])
         value = self._values(node, schema, args, produced)
         if rule in FACTORIES and isinstance(value, TensorValue) and value.base in self.storage:
             storage = self.storage[value.base]
@@ -253,7 +264,11 @@ class GraphWalk:
 
     def _values(self, node: torch.fx.Node, schema: Any, args: dict[str, Any], produced: Any) -> AbstractValue:
         """The node's abstract value(s) from what its rule produced: ``(dims, why[, pad])``, or a list of them."""
-        inherited = self._dirt(list(args.values()))
+        if node in self.causal_reads:       # an attention whose mask hides the cache's pads (padding_cache.py)
+            inherited = next((d for d in map(self._dirt, args.values()) if d is not None and d is not CACHE_PADS),
+                             None)
+        else:
+            inherited = self._dirt(list(args.values()))
         moved = next((t.moved for t in tensors_in(list(args.values())) if t.moved is not None), None)
         meta = node.meta.get("val")
         base = self._aliased_base(schema, args)
@@ -305,6 +320,9 @@ class GraphWalk:
         result = value[0] if isinstance(value, list) else value
         written = result if isinstance(result, TensorValue) and result.base == target.base else None
         dirty = self._dirt(result) if isinstance(result, TensorValue) else self._dirt(list(args.values()))
+        if self.is_cache(target):
+            self._write_cache(target, dirty)
+            return
         dirty = dirty or self._lands_in_real_rows(node, target, written)
         if dirty is not None:
             self.storage_dirty.setdefault(target.base, dirty)
@@ -327,6 +345,39 @@ class GraphWalk:
             self.report.unsafe_writes.append(Finding(str(node.target), source_line(node), why, what))
         elif dirty is not None:
             self._mixing(dirty, what)
+
+    def is_cache(self, t: object) -> bool:
+        """Whether ``t`` views a leaf the walk takes as a KV cache (padding_cache.py)."""
+        recipe = self.input_of.get(t.base) if isinstance(t, TensorValue) else None
+        return recipe is not None and recipe[0] == "leaf" and recipe[1] in self.roles.cache
+
+    def cache_attention(self, node: torch.fx.Node, reads: list[TensorValue], is_causal: bool) -> bool:
+        """Whether the attention ``node`` reading ``reads`` is exact as far as the KV cache goes: it reads no cache
+        storage holding the padded rows' keys, or its mask is a causal leaf that keeps every key at its place (then
+        its output drops the cache's dirt: ``causal_reads``). padding_cache.py says why."""
+        if not any(self._dirt(t) is CACHE_PADS for t in reads):
+            return True
+        kv = node.args[1:3]
+        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv):
+            return False
+        written = any(self.storage[n.name].writes for n, leaf in self.placeholder_leaf.items()
+                      if leaf in self.roles.causal and n.name in self.storage)     # a mask changed in place
+        if is_causal or written or not mask_from_leaf(mask_argument(node), self.placeholder_leaf, self.roles.causal):
+            return False
+        self.causal_reads.add(node)
+        return True
+
+    def _write_cache(self, target: TensorValue, dirty: Origin | None) -> None:
+        """A write into a KV cache leaf: its storage holds the padded rows' keys from now on (``CACHE_PADS``), or
+        the dirt written into it; the latter reaches the cache the caller keeps (a finding)."""
+        real = dirty if dirty is not CACHE_PADS else None
+        if real is not None:
+            self.storage_dirty[target.base] = real
+            self._mixing(real, self._input_name(self.input_of[target.base]))
+        else:
+            self.storage_dirty.setdefault(target.base, CACHE_PADS)
+        self._write_pad(target, None)
+        self.report.written_leaves.append(self.input_of[target.base][1])
 
     def _lands_in_real_rows(self, node: torch.fx.Node, target: TensorValue,
                             written: TensorValue | None) -> Origin | None:

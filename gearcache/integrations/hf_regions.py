@@ -76,13 +76,21 @@ class LayerRegion(torch.nn.Module):
             pad: torch.Tensor) -> torch.Tensor:
         """The cached method: the layer's forward on ``hidden``, its cache tensors updated in place, a prompt's pads
         dropped from them."""
+        out = self.layer_call(hidden, mask, cos, sin, position_ids, keys, values, length)
+        width = hidden.shape[1]
+        if width > 1:
+            drop_pads(keys, values, length, width, pad)
+        return out
+
+    def layer_call(self, hidden: torch.Tensor, mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                   position_ids: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   length: torch.Tensor) -> torch.Tensor:
+        """The layer's forward on ``hidden`` with its cache tensors (``run`` without the pads' drop: what the
+        padding proof walks, hf_proof.py)."""
         cache = LayerCache(keys, values, length)
         out: torch.Tensor = type(self.layer).forward(self.layer, hidden, attention_mask=mask, position_ids=position_ids,
                                                      position_embeddings=(cos, sin), **{self.cache_kw: cache},
                                                      **self.constants)
-        width = hidden.shape[1]
-        if width > 1:
-            drop_pads(keys, values, length, width, pad)
         return out
 
 

@@ -14,15 +14,20 @@ length and ``max_new_tokens``, from a few compiled entries that a later process 
 Gears (each a sorted list; a size past the largest is served by an exact entry of its own):
 
 * **batch** ``batch_gears`` (default 1, 2, 4, ... 64): a batch of 3 runs in the 4-row entry; its cache is
-  allocated with 4 rows. Rows never mix in a causal LM, so padded rows cannot change real ones.
+  allocated with 4 rows. Padded rows cannot change real ones: no op of the layers mixes rows (proved, below).
 * **prompt** ``prompt_gears`` (default 16, 32, ... 8192): a prompt of T tokens is right-padded to the gear G >= T.
-  Exact: by causality no real token attends to a later pad; the pads' keys and values, written at positions
-  [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved back by G - T, so
-  the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
+  Exact: by the causal mask (proved, below) no real token attends to a later pad; the pads' keys and values,
+  written at positions [T, G), are zeroed inside the step and the position counter (``cumulative_length``) is moved
+  back by G - T, so the cache after the call is what the unpadded call leaves (docs/TRANSFORMERS.md).
 * **cache length** ``cache_len_gears`` (default 256, 512, ... 131072): the cache the graph updates has the gear's
   length, the user's cache is a view of its first L positions (:mod:`.hf_cache`); the 2D attention mask is padded
   to that length with zeros, exactly what transformers does itself up to L, and positions past the current one are
   masked causally anyway. So a new ``max_new_tokens`` or mask length is the same entry.
+
+Padding a prompt, a batch or the cache length is proved exact from each distinct decoder layer's graph before the
+first call picks a gear (:mod:`.hf_proof`); a model whose layers mix positions or rows is served at exact sizes
+instead, with a warning naming the op; one whose attention over the cache takes a mask the proof does not know is
+causal is refused (``ConfigError``) at its first call.
 
 Sliding-window layers (Mistral's ``sliding_window``, Gemma's ``layer_types``) are served as full-length layers: all
 positions kept, the model's sliding-window mask selects the window (the same keys as eager attends).
@@ -46,6 +51,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import warnings
 from typing import Any, Callable, Sequence, cast
 
 import torch
@@ -145,6 +151,9 @@ class ServedLM(torch.nn.Module):
         self._active: hf_cache.Backing | None = None
         self._cache_names: list[str] = []
         self.current_pad: torch.Tensor | None = None     # the step's pad count (regions read it)
+        self.padding_refused: str | None = None          # why the padding proof failed (hf_proof.py), if it did
+        self.padded_calls = 0                            # calls served padded (prompt or rows)
+        self._proved = False                             # the proof ran (before the first call picks a gear)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
@@ -198,6 +207,8 @@ class ServedLM(torch.nn.Module):
         ids, mask, positions, pad = _pad_inputs(input_ids, attention_mask, position_ids, start, backing, width)
         if self.layers:
             self.current_pad = pad                      # what the regions read (outside any trace)
+        if width != tokens or backing.batch != batch:
+            self.padded_calls += 1
         logits = self.cached_step(ids, mask, positions, pad, keep_last)
         for layer in cache.layers:
             layer.served_length += tokens
@@ -207,6 +218,8 @@ class ServedLM(torch.nn.Module):
     def bind(self, cache: Any, batch: int, need: int) -> hf_cache.Backing:
         """Bind ``cache`` to the backing of its gears (length >= ``need``) and make that backing's tensors this
         module's buffers (what the step's graph reads and updates)."""
+        if not self._proved:
+            self.prove_padding()
         backing = hf_cache.bound_backing(cache)
         if backing is None or backing.length < need:
             hf_cache.check_layers(cache)
@@ -222,6 +235,32 @@ class ServedLM(torch.nn.Module):
             hf_cache.bind(cache, backing, batch, length)
         self._activate(backing)
         return backing
+
+    def prove_padding(self) -> str | None:
+        """Run the padding proof of the model's decoder layers (hf_proof.py) once, before the first call picks a
+        gear; when it fails, serve prompts, batches and cache lengths at their exact sizes from then on (warned once,
+        with the finding). Returns the finding (None: proved; padded gears are served)."""
+        from . import hf_proof
+
+        self._proved = True
+        try:
+            layers = self.layers or hf_regions.decoder_layers(self.model)
+        except ConfigError as exc:
+            self.padding_refused = f"its decoder layers were not found ({exc})"
+        else:
+            cached = self.regions[0] if self.layers else self.cached_step
+            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, getattr(cached, "store", None),
+                                                   getattr(getattr(cached, "topology", None), "folder", ""))
+        if self.padding_refused is not None and "(KV cache)" in self.padding_refused:
+            raise ConfigError(f"{type(self.model).__qualname__}: its attention over the KV cache does not take the "
+                              f"layer's causal mask: {self.padding_refused}. gearcache serves causal LMs (exact "
+                              f"sizes would not be eager's either). Fix: disable(model); serve it with torch.compile")
+        if self.padding_refused is not None:
+            self.gears = ServeGears((), (), ())         # every size exact: pick returns it
+            warnings.warn(f"gearcache: {type(self.model).__qualname__}: padding a prompt or a batch is not proved "
+                          f"exact: {self.padding_refused}. Its prompts and batches are served at their exact sizes "
+                          f"(an entry per prompt length, batch size and cache length)", stacklevel=3)
+        return self.padding_refused
 
     @property
     def cache_kw(self) -> str:

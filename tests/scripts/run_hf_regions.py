@@ -1,10 +1,13 @@
 """A tiny Llama served through ``enable(model, regions="blocks")``, compared with eager ``generate()``: tokens, every
 step's logits, and every cache layer's keys, values and position counter. JSON report on the last line.
 
-usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mixing] [whole] [mistral] [corpus=NAME]
+usage: run_hf_regions.py CACHE_DIR LAYERS [patched] [mixing] [batchmix] [fullmask] [rows=N] [whole] [mistral]
+                         [corpus=NAME]
 
 ``patched``: ``LlamaMLP.forward`` patched on the class before ``enable()``; ``mixing``: patched to add the mean over
-the call's positions (not causal: a padded prompt changes it), a refusal reported as ``refused``; ``whole``:
+the call's positions (not causal: a padded prompt changes it), a refusal reported as ``refused``; ``batchmix``:
+the mean over the batch's rows instead; ``fullmask``: ``LlamaAttention.forward`` patched to attend with a full mask
+(every key); ``rows=N``: N prompts in a batch (default 1); ``whole``:
 ``regions="whole"``; ``mistral``: a Mistral model of the same
 dimensions (its decoder layer has the same weights' layout as Llama's); ``corpus=NAME``: benchmarks/corpus.py's tiny
 model NAME instead (``gemma3``: sliding and full attention layers of one class; LAYERS is then ignored).
@@ -35,6 +38,21 @@ def patched_forward(self, x):
 def mixing_forward(self, x):
     """The MLP plus the mean over the call's positions: every position reads every other, later ones and pads too."""
     return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) + x.mean(1, keepdim=True)
+
+
+def batch_mixing_forward(self, x):
+    """The MLP plus the mean over the batch's rows: every row reads every other, padded rows too."""
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) + x.mean(0, keepdim=True)
+
+
+ATTENTION_FORWARD = modeling_llama.LlamaAttention.forward
+
+
+def full_mask_forward(self, *args, **kwargs):
+    """The attention with a full mask (every key, later ones and pads too): not causal."""
+    if kwargs.get("attention_mask") is not None:
+        kwargs["attention_mask"] = torch.ones_like(kwargs["attention_mask"])
+    return ATTENTION_FORWARD(self, *args, **kwargs)
 
 
 def generate(model, ids, cache):
@@ -77,10 +95,15 @@ def main():
         modeling_llama.LlamaMLP.forward = patched_forward
     if "mixing" in flags:
         modeling_llama.LlamaMLP.forward = mixing_forward
+    if "batchmix" in flags:
+        modeling_llama.LlamaMLP.forward = batch_mixing_forward
+    if "fullmask" in flags:
+        modeling_llama.LlamaAttention.forward = full_mask_forward
+    rows = int(next((f.split("=", 1)[1] for f in flags if f.startswith("rows=")), 1))
     served = enable(model, cache_dir=cache_dir, regions="whole" if "whole" in flags else "blocks")
     report = {"runs": []}
     for length in (6, 20):
-        ids = torch.randint(1, 64, (1, length), generator=torch.Generator().manual_seed(length))
+        ids = torch.randint(1, 64, (rows, length), generator=torch.Generator().manual_seed(length))
         caches = [StaticCache(config=config, max_cache_len=32) for _ in range(2)]
         with torch.inference_mode():
             try:
@@ -93,7 +116,9 @@ def main():
         report["runs"].append({"tokens_equal": bool(torch.equal(tokens, want_tokens)),
                                "max_logits_diff": float((logits - want_logits).abs().max()),
                                "cache_diff": cache_diff, "lengths_equal": all(a == b for a, b in lengths)})
-    report["entries"] = [cf.entries for cf in served.regions]
+    report["entries"] = [cf.entries for cf in served.regions] if served.layers else [served.cached_step.entries]
+    report["padding_refused"] = served.padding_refused
+    report["padded_calls"] = served.padded_calls
     report["counters"] = dict(vars(counters))
     report["hooks"] = dict(compile_hooks.COUNTS)
     print(json.dumps(report))

@@ -1,0 +1,104 @@
+"""A KV cache and a causal mask in the padding walk: what ``enable()``'s prompt padding rests on, proved per graph.
+
+A served causal LM's prompt of T tokens runs padded to its gear G: the padded rows are the positions after every
+real one. Inside a decoder layer they are written into the KV cache (positions ``[start + T, start + G)``), which the
+call's attention then reads whole: a real query sees them unless the attention's mask hides every key after the
+query. gearcache's own code writes the cache and drops the pads' keys and values after the call
+(gearcache/integrations/hf_regions.py: ``LayerCache.update``, ``drop_pads``), so the walk takes *roles*:
+
+* ``cache`` leaves (a layer's keys, values and position counter): a write into them is the cache's write, not a
+  finding of its own (its positions move with the padded size by construction); it leaves the storage holding the
+  padded rows' keys (:data:`CACHE_PADS`, a dirt every later read carries);
+* ``causal`` leaves (the layer's attention mask, built by transformers' masking utilities from the 2D mask and the
+  cache position: ``kv_idx <= q_idx`` and the padding and window terms, which only remove keys).
+
+An attention (``scaled_dot_product_attention`` and its kernels) that reads a cache storage holding
+:data:`CACHE_PADS` is exact when its mask is a causal leaf reached through views that keep every key at its place
+(:func:`mask_from_leaf`) and ``is_causal`` is off (sdpa's own ``is_causal`` aligns a cached query top-left): then its
+output does not carry the cache's dirt. Any other read of such a storage (a matmul-and-softmax attention written out,
+a mask built or changed in the layer, ``is_causal=True`` or no mask) keeps it, and the dirt reaching an output is a
+finding (the padded step is then not served).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+import torch
+
+from .padding_abstract import Origin
+
+CACHE_PADS = Origin("(KV cache)", "", "reads the KV cache, whose positions after the real tokens hold the padded "
+                    "rows' keys and values, without a mask the proof knows is causal (a real query may see them)",
+                    False)
+"""The dirt a cache storage carries once the padded rows wrote it (see the module docstring)."""
+
+KEEPS_PLACES = {"where", "slice", "alias", "expand", "view", "_unsafe_view", "unsqueeze", "squeeze", "detach"}
+"""View ops a mask may pass through on its way to the attention and still be the causal leaf (a slice from 0), and
+``where(mask, 0, -inf)`` or ``zeros_like(mask).masked_fill_(mask.logical_not(), -inf)`` (a bool mask made additive,
+as the CPU and CUDA kernels' lowerings do)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    """The leaves the walk takes as a KV cache and as a causal mask (leaf indices)."""
+    cache: frozenset[int] = frozenset()
+    causal: frozenset[int] = frozenset()
+
+
+def mask_argument(node: torch.fx.Node) -> Any:
+    """The node an attention op takes as its mask (``attn_mask``, positional or keyword), or None."""
+    schema = getattr(node.target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    for name in ("attn_mask", "attn_bias"):
+        if name in node.kwargs:
+            return node.kwargs[name]
+        if name in names and names.index(name) < len(node.args):
+            return node.args[names.index(name)]
+    return None
+
+
+COPIES = {"index_copy_", "clone", "_to_copy", "reshape", "contiguous"}
+"""Ops keys and values may pass through from the cache to the attention: the cache's write (its result is the
+cache), copies that keep every key at its place (``repeat_kv``'s expand and reshape, a dtype cast)."""
+
+
+def cache_from_leaf(node: Any, placeholder_leaf: dict[torch.fx.Node, int], cache: frozenset[int]) -> bool:
+    """Whether ``node`` (an attention's keys or values) is a cache leaf through :data:`KEEPS_PLACES` views and
+    :data:`COPIES` only, every slice from 0: the keys at the cache's positions, the pads' after the real ones."""
+    return mask_from_leaf(node, placeholder_leaf, cache, COPIES)
+
+
+def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal: frozenset[int],
+                   also: frozenset[str] | set[str] = frozenset()) -> bool:
+    """Whether ``mask`` (a node) is a causal leaf through :data:`KEEPS_PLACES` views (and ``also``) only, every
+    slice from 0."""
+    while isinstance(mask, torch.fx.Node):
+        if mask.op == "placeholder":
+            return placeholder_leaf.get(mask) in causal
+        name = _op(mask)
+        if name in ("masked_fill", "masked_fill_"):     # zeros_like(m).masked_fill_(m.logical_not(), -inf): CUDA's
+            base, cond = mask.args[0], mask.args[1]
+            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and mask.args[2] == float("-inf")):
+                return False
+            mask = cast(torch.fx.Node, cond).args[0]
+            continue
+        if mask.op != "call_function" or (name not in KEEPS_PLACES and name not in also):
+            return False
+        if name == "where" and not (_scalar(mask.args[1], 0.0) and _scalar(mask.args[2], float("-inf"))):
+            return False
+        if name == "slice" and ((mask.args[2] if len(mask.args) > 2 else 0) not in (None, 0)
+                                or (mask.args[4] if len(mask.args) > 4 else 1) != 1):
+            return False
+        mask = mask.args[0]
+    return False
+
+
+def _op(node: Any) -> str:
+    """The ATen op name a node calls (``"slice"``), or ""."""
+    return getattr(getattr(getattr(node, "target", None), "overloadpacket", None), "__name__", "")
+
+
+def _scalar(node: Any, value: float) -> bool:
+    """Whether ``node`` is ``scalar_tensor(value)``."""
+    return isinstance(node, torch.fx.Node) and _op(node) == "scalar_tensor" and node.args[:1] == (value,)
