@@ -33,6 +33,17 @@ class Attend(torch.nn.Module):
             mask[..., 1] = True
         if self.variant == "shifted":
             mask = F.pad(mask[..., 1:], (0, 1))
+        if self.variant == "boolcast":              # a bool mask added as numbers: 1 and 0 hide nothing
+            mask = mask.float()
+        if self.variant in ("cudnn", "inverted", "aligned", "weak", "leftpad", "cast"):  # a bool mask made additive
+            fill = {"cudnn": -65504.0, "weak": -1.0}.get(self.variant, float("-inf"))
+            mask = torch.where(mask.logical_not(), fill, torch.scalar_tensor(0.0))
+            if self.variant == "aligned":           # as sdpa's memory-efficient path aligns a bias, then slices it
+                mask = F.pad(mask, (0, 3))[..., :mask.shape[-1]]
+            if self.variant == "leftpad":
+                mask = F.pad(mask, (1, 0))[..., :mask.shape[-1]]
+            if self.variant == "cast":
+                mask = mask.double().contiguous().float()
         if self.variant == "written":
             return torch.softmax(q @ keys.transpose(-1, -2) + mask, -1) @ values
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None if self.variant == "nomask" else mask,
@@ -43,11 +54,16 @@ class Attend(torch.nn.Module):
 
 
 @pytest.mark.parametrize("variant, exact", [("causal", True), ("full", False), ("shifted", False), ("inplace", False),
-                                            ("nomask", False), ("written", False), ("mean", False)])
+                                            ("nomask", False), ("written", False), ("mean", False),
+                                            ("cudnn", True), ("inverted", True), ("aligned", True), ("weak", False),
+                                            ("leftpad", False), ("cast", True), ("boolcast", False)])
 def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(variant, exact):
     """The cache's own writes are no finding; the attention reading the pads' keys is exact with the mask argument
     (its causality is the caller's: enable()'s masks), and refused with a mask built, moved or written in the layer,
-    sdpa's ``is_causal`` (top-left over a cache), an attention written out, or a mean over the positions after it."""
+    sdpa's ``is_causal`` (top-left over a cache), an attention written out, or a mean over the positions after it.
+    The bool-to-additive conversions of the kernels (``where(~m, -inf, 0)``, cuDNN's ``-65504``), the memory-efficient
+    path's alignment (a pad on the right, sliced back from 0) and casts of an additive mask keep the mask; a weak fill,
+    a pad on the left or a bool mask added as numbers do not."""
     module = Attend(variant)
     mask = torch.ones(B, 1, T, L, dtype=torch.bool).tril()
     if variant == "written":

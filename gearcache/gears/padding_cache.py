@@ -33,10 +33,13 @@ CACHE_PADS = Origin("(KV cache)", "", "reads the KV cache, whose positions after
                     False)
 """The dirt a cache storage carries once the padded rows wrote it (see the module docstring)."""
 
-KEEPS_PLACES = {"where", "slice", "alias", "expand", "view", "_unsafe_view", "unsqueeze", "squeeze", "detach"}
-"""View ops a mask may pass through on its way to the attention and still be the causal leaf (a slice from 0), and
-``where(mask, 0, -inf)`` or ``zeros_like(mask).masked_fill_(mask.logical_not(), -inf)`` (a bool mask made additive,
-as the CPU and CUDA kernels' lowerings do)."""
+KEEPS_PLACES = {"where", "slice", "alias", "expand", "view", "_unsafe_view", "unsqueeze", "squeeze", "detach",
+                "constant_pad_nd"}
+"""View ops a mask may pass through on its way to the attention and still be the causal leaf (a slice from 0; a pad
+of the last dim on the right only, with 0, as sdpa's memory-efficient path aligns a bias before slicing it back), and
+``where(mask, 0, -inf)``, ``where(mask.logical_not(), -inf, 0)`` (``-65504`` for cuDNN: :data:`HIDING`) or
+``zeros_like(mask).masked_fill_(mask.logical_not(), -inf)`` (a bool mask made additive, as the CPU and CUDA kernels'
+lowerings do)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +82,47 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
         name = _op(mask)
         if name in ("masked_fill", "masked_fill_"):     # zeros_like(m).masked_fill_(m.logical_not(), -inf): CUDA's
             base, cond = mask.args[0], mask.args[1]
-            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and mask.args[2] == float("-inf")):
+            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and _hides(mask.args[2])):
                 return False
             mask = cast(torch.fx.Node, cond).args[0]
             continue
+        if name in FLOAT_COPIES and mask.op == "call_function" and _floating(mask.args[0]):
+            mask = mask.args[0]         # an additive mask cast or copied: 0 stays 0, -inf -inf, -65504 below -65000
+            continue
         if mask.op != "call_function" or (name not in KEEPS_PLACES and name not in also):
             return False
-        if name == "where" and not (_scalar(mask.args[1], 0.0) and _scalar(mask.args[2], float("-inf"))):
+        if name == "where":
+            cond = mask.args[0]
+            if _scalar(mask.args[1], 0.0) and _hides(mask.args[2]):          # where(m, 0, -inf)
+                mask = cond
+                continue
+            if _op(cond) == "logical_not" and _hides(mask.args[1]) and _scalar(mask.args[2], 0.0):
+                mask = cast(torch.fx.Node, cond).args[0]                     # where(~m, -inf, 0): the kernels' own
+                continue
             return False
+        if name == "constant_pad_nd":
+            # sdpa's memory-efficient path aligns the bias: pad the last (key) dim on the right, slice back from 0
+            pad, value = mask.args[1], (mask.args[2] if len(mask.args) > 2 else 0)
+            if not (isinstance(pad, (list, tuple)) and len(pad) == 2 and _scalar(pad[0], 0.0) and _scalar(value, 0.0)):
+                return False
+            mask = mask.args[0]
+            continue
         if name == "slice" and ((mask.args[2] if len(mask.args) > 2 else 0) not in (None, 0)
                                 or (mask.args[4] if len(mask.args) > 4 else 1) != 1):
             return False
         mask = mask.args[0]
     return False
+
+
+FLOAT_COPIES = {"_to_copy", "clone", "contiguous"}
+"""Copies a mask may pass through when it is additive already (a floating tensor): a dtype cast or a copy keeps every
+key's place and hides what it hid. A bool mask cast to a number is refused (1 and 0 added to scores hide nothing)."""
+
+
+def _floating(node: Any) -> bool:
+    """Whether ``node``'s value (its traced metadata) is a floating-point tensor; False when unknown."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def _op(node: Any) -> str:
@@ -100,5 +131,20 @@ def _op(node: Any) -> str:
 
 
 def _scalar(node: Any, value: float) -> bool:
-    """Whether ``node`` is ``scalar_tensor(value)``."""
+    """Whether ``node`` is ``scalar_tensor(value)`` or the number ``value`` itself."""
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return float(node) == value
     return isinstance(node, torch.fx.Node) and _op(node) == "scalar_tensor" and node.args[:1] == (value,)
+
+
+HIDING = (float("-inf"), -65504.0)
+"""The additive values a bool mask's False becomes: ``-inf`` (CPU, flash, memory-efficient), ``-65504`` (torch's cuDNN
+attention, ``convert_boolean_attn_mask_cudnn``: fp16's lowest, a finite stand-in). A key so masked gets a softmax weight
+of exactly 0 (``exp`` of a score 65504 below the row's largest underflows in the kernels' float32 softmax) as long as
+the row's real scores lie within ~65000 of each other, the same condition under which eager's own masked keys (the
+cache's empty slots) get none."""
+
+
+def _hides(node: Any) -> bool:
+    """Whether ``node`` is one of the :data:`HIDING` fills (a number or its ``scalar_tensor``)."""
+    return any(_scalar(node, value) for value in HIDING)
