@@ -2,9 +2,9 @@
 
 ``call_key(args, kwargs)`` returns ``(leaves, key)``: ``leaves`` are the call's flattened inputs (the tensors and
 scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
-the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, the
-grad / inference mode, and the thread's other global torch state (autocast, default dtype, TF32, ...: see
-``state_tag``). Plain positional tensors take a fast path with no pytree work.
+the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value (a float zero's
+sign too; every NaN alike), the grad / inference mode, and the thread's other global torch state (autocast, default
+dtype, TF32, ...: see ``state_tag``). Plain positional tensors take a fast path with no pytree work.
 
 ``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
 tensors (and scalars beside them) have that key, without building it: the hot path's shortcut for a call like the one
