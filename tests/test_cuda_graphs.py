@@ -443,3 +443,24 @@ def test_a_call_like_the_last_replays_its_graph_through_the_shortcut(tmp_path):
             m.lin.weight = weight                 # the graph holds the old one's address
             check(2.0, 0)
         check(2.0, 1)
+
+
+def test_a_graph_shortcut_matcher_says_false_once_the_full_path_would_not_replay_that_graph():
+    """graph_matcher (on CPU tensors: no graph is replayed): True for a call like the captured one; False once the graph
+    is retired, a parameter it reads is replaced, its static-address input is another tensor or unmarked, or a copied
+    input is now marked static (each a graph key or capture of its own on the full path)."""
+    from gearcache.keys import guard_watch
+
+    kv, x, params = mark_static_address(torch.zeros(4)), torch.ones(2), {"w": torch.nn.Parameter(torch.ones(2))}
+    graphed = graphed_entry.GraphedEntry(None, None, [], [(1, torch.empty(2), 0.0)], [(0, kv.data_ptr())])
+    graphed.state_watch = guard_watch.GuardWatch([(params, "w", params["w"])], [], [], guard_watch.ABSENT)
+    check = graphed_entry.graph_matcher(lambda *args: True, graphed)
+    assert check(kv, x)
+    assert not check(torch.zeros(4), x)                             # unmarked
+    assert not check(mark_static_address(torch.zeros(4)), x)        # another tensor, marked
+    assert not check(kv, mark_static_address(torch.ones(2)))        # a copied input now static
+    assert check(kv, torch.ones(2))                                 # another copied tensor: filled in
+    params["w"] = torch.nn.Parameter(torch.ones(2))
+    assert not check(kv, x)
+    graphed.state_watch, graphed.retired = None, True
+    assert not check(kv, x)

@@ -61,3 +61,27 @@ def test_a_dim_taking_a_third_size_without_gears_is_warned_naming_lost_marks(gea
     assert "argument y dim 0 took its 3rd size (2, 4, 8)" in texts[1], texts[1]
     assert "gear plans" in texts[0] and "lost" in texts[0] and "inference_config.dim_gears" in texts[0], texts[0]
 
+
+
+class Reciprocal(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, s):
+        return 1.0 / (x * s) + s                        # s = 0.0: +inf; s = -0.0: -inf
+
+
+def test_signed_zero_and_nan_scalars_are_served_as_eager_computes_them(tmp_path):
+    """0.0 and -0.0 compare equal but their graphs differ: each call (the shortcut's, the key's) answers as eager
+    does; NaNs, each unequal to every other, share one entry (no load per call)."""
+    m = Reciprocal(tmp_path)
+    x = torch.ones(3)
+    with torch.no_grad():
+        for s in [0.0, 0.0, -0.0, -0.0, 0.0, -0.0]:
+            torch.testing.assert_close(m.cached(x, s), m.fwd(x, s), msg=repr(s))
+        m.cached(x, float("nan"))
+        with counters.expect(compiles=0, loads=0, traces=0):
+            for _ in range(3):
+                assert m.cached(x, float("nan")).isnan().all()
+    assert len(m.cached._table) == 3

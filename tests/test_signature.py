@@ -183,6 +183,19 @@ def test_a_matcher_compares_positional_scalars_by_type_and_value():
         assert not matches(args[:-1])                                       # count
 
 
+def test_signed_zeros_and_nans_are_keyed_as_they_compile():
+    # 0.0 and -0.0 compare equal but a graph specialized on one gives another answer for the other (1 / (x * s)):
+    # each its own key, and a matcher made for one says False for the other. Every NaN (no two equal) one key.
+    x = torch.zeros(2)
+    assert key_of(x, 0.0) != key_of(x, -0.0) and key_of(x, 0.0) == key_of(x, 0.0)
+    assert key_of(x, float("nan")) == key_of(x, float("nan")) != key_of(x, 0.0)
+    assert key_of(x, 0.0) != key_of(x, 0) and key_of(x, 1.5) != key_of(x, -1.5)
+    with torch.no_grad():
+        for made, other in [(0.0, -0.0), (-0.0, 0.0)]:
+            matches = matcher(*call_key((x, made), {}))
+            assert matches is not None and matches((x, made)) and not matches((x, other))
+
+
 
 GLOBAL_STATES = {
     "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),

@@ -2,9 +2,9 @@
 
 ``call_key(args, kwargs)`` returns ``(leaves, key)``: ``leaves`` are the call's flattened inputs (the tensors and
 scalars a compiled graph reads), ``key`` a hashable tuple of everything about them that changes the compiled code:
-the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value, the
-grad / inference mode, and the thread's other global torch state (autocast, default dtype, TF32, ...: see
-``state_tag``). Plain positional tensors take a fast path with no pytree work.
+the argument structure, each tensor's shape, stride, dtype and device, each scalar's type and value (a float zero's
+sign too; every NaN alike), the grad / inference mode, and the thread's other global torch state (autocast, default
+dtype, TF32, ...: see ``state_tag``). Plain positional tensors take a fast path with no pytree work.
 
 ``matcher(leaves, key)`` returns ``matches(args) -> bool``, a check mostly in C++ that a call's plain positional
 tensors (and scalars beside them) have that key, without building it: the hot path's shortcut for a call like the one
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import sys
 import threading
 from typing import Any, Callable, NamedTuple
@@ -33,6 +34,10 @@ def _leaf_key(leaf: Any) -> tuple[Any, ...]:
             return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device)
         return (leaf.shape, leaf.stride(), leaf.dtype, leaf.device, type(leaf), leaf.is_conj(), leaf.is_neg())
     if isinstance(leaf, _SCALARS):
+        if isinstance(leaf, float) and not leaf:
+            return (type(leaf), leaf.hex())         # 0.0 and -0.0 compare equal but compile apart (1 / s)
+        if isinstance(leaf, float) and leaf != leaf:
+            return (type(leaf), "nan")              # a NaN equals no other (nor itself): one key for all
         return (type(leaf), leaf)
     if isinstance(leaf, (torch.dtype, torch.device)):
         return (type(leaf), str(leaf))
@@ -255,16 +260,20 @@ _MATCHED_SCALARS = (int, float, bool, type(None))
 
 def _and_scalars(check: Callable[..., bool], leaves: tuple[Any, ...]) -> Callable[..., bool]:
     """``check`` (over the tensors of ``leaves``, in order) of a call's tensors, and each scalar argument of the same
-    type and value as in ``leaves`` (what its key holds: ``(type, value)``). A NaN never matches (the key's path then
-    tells)."""
+    type and value as in ``leaves`` (what its key holds: ``(type, value)``), a float zero of the same sign too (0.0
+    and -0.0 have keys of their own). A NaN never matches (the key's path then tells)."""
     at = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))
     scalars = tuple((i, type(leaf), leaf) for i, leaf in enumerate(leaves) if not isinstance(leaf, _Tensor))
+    zeros = tuple((i, math.copysign(1.0, leaf)) for i, kind, leaf in scalars if kind is float and not leaf)
     only = at[0] if len(at) == 1 else None
 
     def matches(*args: Any) -> bool:
         for i, kind, value in scalars:
             arg = args[i]
             if type(arg) is not kind or arg != value:
+                return False
+        for i, sign in zeros:
+            if math.copysign(1.0, args[i]) != sign:
                 return False
         if only is not None:
             return check(args[only])
