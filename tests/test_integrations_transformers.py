@@ -265,3 +265,46 @@ def test_a_class_patched_like_liger_is_served_patched_never_from_the_unpatched_e
         report = script.result(timeout=600)
         assert report["first"]["tokens_equal"] and report["first"]["max_logits_diff"] <= 1e-4, (phase, report)
         assert report["counters"]["compiles"] == 0 and report["hooks"]["dynamo_frames"] == 0, (phase, report)
+
+
+def _mixing_forward(layer):
+    """``layer``'s forward replaced on the instance by one that adds the mean over the call's positions (what a padded
+    prompt changes)."""
+    import types
+
+    original = type(layer).forward
+
+    def forward(self, hidden_states, *args, **kwargs):
+        out = original(self, hidden_states, *args, **kwargs)
+        first = out[0] if isinstance(out, tuple) else out
+        first = first + first.mean(1, keepdim=True)
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+    layer.forward = types.MethodType(forward, layer)
+
+
+def test_a_layer_forward_replaced_on_the_instance_is_never_served_padded(tmp_path):
+    """The proof traces a decoder layer's class forward: a forward replaced on the instance (or a hook) is what eager
+    runs instead, so the model is served at exact sizes (whole), never padded, and a hook or a replaced forward that
+    appears after the proof is refused at the next call."""
+    from transformers import StaticCache
+
+    patched = _tiny_llama()
+    _mixing_forward(patched.model.layers[0])
+    served = enable(patched, cache_dir=str(tmp_path / "a"))
+    with pytest.warns(UserWarning, match="replaced on the instance"):
+        found = served.prove_padding()
+    assert found is not None and "decoder layer 0" in found
+    assert served.gears == ServeGears((), (), ()), "every size exact"
+
+    lm = _tiny_llama()
+    served = enable(lm, cache_dir=str(tmp_path / "b"))
+    assert served.prove_padding() is None, "the class's own layers are proved"
+    handle = lm.model.layers[0].register_forward_hook(lambda module, args, out: out)
+    call = {"input_ids": torch.ones(1, 2, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=8)}
+    with pytest.raises(ConfigError, match="decoder layer 0 has forward hooks"):
+        lm(**call)
+    handle.remove()
+    _mixing_forward(lm.model.layers[0])
+    with pytest.raises(ConfigError, match="decoder layer 0 has forward hooks or a forward replaced"):
+        lm(**call)

@@ -63,3 +63,11 @@ _LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attri
 def has_forward_hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` has forward or forward-pre hooks of its own (the global ones are not counted)."""
     return bool(module._forward_hooks or module._forward_pre_hooks)
+
+
+def has_global_forward_hooks() -> bool:
+    """Whether forward or forward-pre hooks are registered for every module
+    (``torch.nn.modules.module.register_module_forward_hook`` and its pre twin)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)

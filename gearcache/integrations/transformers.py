@@ -154,6 +154,7 @@ class ServedLM(torch.nn.Module):
         self.padding_refused: str | None = None          # why the padding proof failed (hf_proof.py), if it did
         self.padded_calls = 0                            # calls served padded (prompt or rows)
         self._proved = False                             # the proof ran (before the first call picks a gear)
+        self._proof_layers: list[torch.nn.Module] = []   # the decoder layers the proof read (checked at every call)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
@@ -191,6 +192,8 @@ class ServedLM(torch.nn.Module):
             raise ConfigError("model is in training mode; gearcache serves inference. Fix: model.eval()")
         batch, tokens = input_ids.shape
         backing = self.bind(cache, batch, need=0)
+        if self.padding_refused is None:
+            self._check_layers_as_proved()
         first = cache.layers[0]
         start = first.served_length
         if not first.grows and start + tokens > first.max_cache_len:
@@ -236,6 +239,28 @@ class ServedLM(torch.nn.Module):
         self._activate(backing)
         return backing
 
+    def _layers_bypassing_the_proof(self) -> str | None:
+        """What eager runs around a decoder layer's class ``forward`` that the proof (which traces the class's forward,
+        hf_proof.py) does not see: forward hooks on the layer or on every module, a forward replaced on the instance
+        (the regions' own aside). None when there is none."""
+        if torch_nn_modules.has_global_forward_hooks():
+            return "forward hooks are registered for every module (the proof traces the layers' class forward alone)"
+        for i, layer in enumerate(self._proof_layers):
+            own = layer.__dict__.get("forward")
+            if torch_nn_modules.has_forward_hooks(layer) or (own is not None and
+                                                              not isinstance(own, hf_regions.RegionForward)):
+                return (f"decoder layer {i} has forward hooks or a forward replaced on the instance (the proof traces "
+                        f"the class's forward alone)")
+        return None
+
+    def _check_layers_as_proved(self) -> None:
+        """Refuse a call after a decoder layer got a hook or a replaced forward since the proof (its padding was
+        proved for the layers as they were): a padded call could then mix positions or rows the proof never saw."""
+        bypass = self._layers_bypassing_the_proof()
+        if bypass is not None:
+            raise ConfigError(f"{type(self.model).__qualname__}: since enable() proved its padding, {bypass}. Fix: "
+                              f"disable(model), then enable(model) again (the proof then sees the layers as they are)")
+
     def prove_padding(self) -> str | None:
         """Run the padding proof of the model's decoder layers (hf_proof.py) once, before the first call picks a
         gear; when it fails, serve prompts, batches and cache lengths at their exact sizes from then on (warned once,
@@ -247,7 +272,12 @@ class ServedLM(torch.nn.Module):
             layers = self.layers or hf_regions.decoder_layers(self.model)
         except ConfigError as exc:
             self.padding_refused = f"its decoder layers were not found ({exc})"
-        else:
+            layers = []
+        self._proof_layers = layers
+        bypass = None if self.padding_refused is not None else self._layers_bypassing_the_proof()
+        if bypass is not None:
+            self.padding_refused = bypass
+        elif self.padding_refused is None:
             cached = self.regions[0] if self.layers else self.cached_step
             self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, getattr(cached, "store", None),
                                                    getattr(getattr(cached, "topology", None), "folder", ""))
