@@ -41,7 +41,7 @@ from ..compiling.capture import dependencies_changed, symbolic_shapes
 from ..keys.fingerprints import class_digest
 from ..keys.key import FORMAT_VERSION, sha256_text
 from ..store import Store
-from . import hf_cache, hf_compat, hf_regions
+from . import hf_cache, hf_compat, hf_glue, hf_regions
 
 ROWS, WIDTH, LENGTH = 2, 5, 32
 """The tiny call the proof records: 2 rows of a 5-token prompt in a 32-position cache (sizes no weight has)."""
@@ -55,7 +55,11 @@ def proved(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
            folder: str) -> str | None:
     """:func:`prove`'s answer, read from ``store`` when a record of this model's proof key (:func:`proof_key`) is
     there and the functions its traces ran are unchanged (``capture.dependencies_changed``), else proved and
-    recorded: a warm process traces nothing."""
+    recorded: a warm process traces nothing. The glue and the masking utilities the proof takes as given are checked
+    first, in every process (hf_glue.py)."""
+    glue = hf_glue.glue_finding(model, layers)
+    if glue is not None:
+        return glue
     key = proof_key(model, layers)
     record = store.entries.read_gear_plan(folder, METHOD, key) if store is not None else None
     if record is not None and "refused" in record and not dependencies_changed(record.get("dependencies", [])):

@@ -1,0 +1,72 @@
+"""The padding proof's edges (gearcache/integrations/hf_proof.py, hf_glue.py): what it takes as given (the glue
+between the decoder layers, transformers' masking utilities) is checked, so a model that changes it is served at
+exact sizes, never padded. These run the proof only (a trace, no compile). Needs transformers."""
+import pytest
+import torch
+
+from gearcache.integrations.transformers import ServeGears, enable
+
+
+def _tiny_llama(layers=1):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2)
+    return LlamaForCausalLM(config).eval()
+
+
+class MixingNorm(torch.nn.Module):
+    """A final norm plus the mean over the call's positions: every position reads the pads."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + x.mean(1, keepdim=True)
+
+
+def _exact(lm, tmp_path, match):
+    served = enable(lm, cache_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=match):
+        found = served.prove_padding()
+    assert found is not None and served.gears == ServeGears((), (), ()), found
+    return found
+
+
+def test_glue_that_mixes_positions_is_served_at_exact_sizes(tmp_path):
+    lm = _tiny_llama()
+    lm.model.norm = MixingNorm(lm.model.norm)
+    found = _exact(lm, tmp_path, "outside the decoder layers")
+    assert "model.norm (MixingNorm)" in found
+
+
+def test_a_hooked_glue_module_is_served_at_exact_sizes(tmp_path):
+    lm = _tiny_llama()
+    lm.model.norm.register_forward_hook(lambda module, args, out: out + args[0].mean(1, keepdim=True))
+    assert "model.norm (LlamaRMSNorm)" in _exact(lm, tmp_path, "forward hooks")
+
+
+def test_a_patched_masking_function_is_served_at_exact_sizes(tmp_path, monkeypatch):
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "causal_mask_function", lambda b, h, q, kv: kv >= 0)   # every key
+    assert "causal_mask_function" in _exact(_tiny_llama(), tmp_path, "masking utilities")
+
+
+def test_a_mask_builder_patched_in_the_model_module_is_served_at_exact_sizes(tmp_path, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.create_causal_mask
+
+    def bidirectional(*args, **kwargs):
+        mask = original(*args, **kwargs)
+        return None if mask is None else torch.ones_like(mask)
+    monkeypatch.setattr(modeling_llama, "create_causal_mask", bidirectional)
+    assert "create_causal_mask" in _exact(_tiny_llama(), tmp_path, "patched")
+
+
+def test_the_plain_model_is_still_proved(tmp_path):
+    served = enable(_tiny_llama(), cache_dir=str(tmp_path))
+    assert served.prove_padding() is None
