@@ -70,3 +70,37 @@ def test_a_mask_builder_patched_in_the_model_module_is_served_at_exact_sizes(tmp
 def test_the_plain_model_is_still_proved(tmp_path):
     served = enable(_tiny_llama(), cache_dir=str(tmp_path))
     assert served.prove_padding() is None
+
+
+def _patch_layer(monkeypatch, mix):
+    """``LlamaDecoderLayer.forward`` patched on the class: ``mix(self, hidden)`` first, then the layer's own."""
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaDecoderLayer.forward
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return original(self, mix(self, hidden_states), *args, **kwargs)
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", forward)
+
+
+def _mix_on_layer_one(layer, h):
+    return h + h.mean(1, keepdim=True) if layer.self_attn.layer_idx == 1 else h
+
+
+def _mix_rows_at_decode(layer, h):
+    return h + h.mean(0, keepdim=True) if h.shape[1] == 1 else h
+
+
+def test_a_layer_that_mixes_positions_by_its_layer_idx_is_served_at_exact_sizes(tmp_path, monkeypatch):
+    """Layers of one class are one kind, but layer 1 branches on its ``layer_idx``: its graph is not layer 0's (the
+    first trace's value guards do not hold on it), so it is proved on its own."""
+    _patch_layer(monkeypatch, _mix_on_layer_one)
+    found = _exact(_tiny_llama(layers=3), tmp_path, "decoder layer 1")
+    assert "decoder layer 1 (LlamaDecoderLayer, prompt)" in found and "mean" in found
+
+
+def test_a_layer_that_mixes_rows_only_in_a_decode_step_is_served_at_exact_sizes(tmp_path, monkeypatch):
+    """A decode step (one token) is its own graph: a layer mixing the batch's rows there reads padded rows."""
+    _patch_layer(monkeypatch, _mix_rows_at_decode)
+    found = _exact(_tiny_llama(layers=2), tmp_path, "decode")
+    assert "decoder layer 0 (LlamaDecoderLayer, decode)" in found and "mean" in found

@@ -6,9 +6,11 @@ batch gear. That is exact when no op lets a real position or row read a pad one,
 cache, whose mask is causal (a real query sees no key after it, and the pads' keys sit after every real one; they are
 dropped from the cache after the call: ``hf_regions.drop_pads``). The proof, per distinct decoder layer class:
 
-1. runs the model's own forward once eagerly on a tiny prompt (``B`` rows of ``G`` tokens) with each layer's call
-   recorded: the layer's real arguments (hidden states, the attention mask transformers built, the rotary
-   embeddings, its constants);
+1. runs the model's own forward once eagerly on a tiny prompt (``B`` rows of ``G`` tokens), then a decode step of one
+   token, with each layer's call recorded: the layer's real arguments (hidden states, the attention mask
+   transformers built, the rotary embeddings, its constants); every layer's call of each is proved, a layer being
+   traced unless an earlier trace of its kind and phase has value guards that hold on it (its ``layer_idx`` and
+   attributes as that graph assumed);
 2. traces the layer's call as its region makes it (``hf_regions.LayerRegion.layer_call``, the graph ``run`` compiles
    before its pads' drop) with the hidden states' batch and sequence dims symbolic, and the same dims of the mask, the
    rotary embeddings and the cache's batch dim (capture.symbolic_shapes: Dynamo, no compile);
@@ -94,40 +96,75 @@ def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     return sha256_text(json.dumps(parts, sort_keys=True, default=str))[:40]
 
 
-PROOF_FORMAT = 1
+PROOF_FORMAT = 2     # 2: every layer and a decode step proved (a record of 1 proved one layer per kind)
 
 
 def prove(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]) -> tuple[str | None, list[Any]]:
-    """``(None, dependencies)`` when every distinct decoder layer of ``layers`` passes the proof (see the module
-    docstring), else ``(why not: the layer, the op, where and why, dependencies)``; ``dependencies``: the functions
-    the traces ran (capture.symbolic_shapes)."""
+    """``(None, dependencies)`` when every decoder layer of ``layers`` passes the proof (see the module docstring) in
+    a prompt's call and in a decode step's, else ``(why not: the layer, the op, where and why, dependencies)``;
+    ``dependencies``: the functions the traces ran (capture.symbolic_shapes). A layer is traced unless an earlier
+    trace of its kind (class and layer type) and phase has value guards that hold on it (Dynamo would reuse that
+    graph): a layer whose code branches on its ``layer_idx`` or on an attribute of its own is proved on its own."""
     backing = hf_cache.allocate(model, ROWS, LENGTH)
     try:
         calls = _record(model, cache_kw, layers, backing.cache)
     except Exception as exc:       # noqa: BLE001 - a forward the proof cannot run is not proved
         return f"the model's forward could not be recorded ({type(exc).__name__}: {str(exc)[:200]})", []
     dependencies: list[Any] = []
-    for index, call in calls.items():
-        found = _prove_layer(layers[index], cache_kw, call, backing.cache.layers[index], dependencies)
+    traced: list[tuple[Any, Any]] = []         # (kind and phase, the trace's value guards)
+    for (phase, index), call in calls.items():
+        kind = (phase, _kind(model, layers, index))
+        if any(k == kind and _guards_hold(guards, layers[index], cache_kw, call) for k, guards in traced):
+            continue
+        found, guards = _prove_layer(layers[index], cache_kw, call, backing.cache.layers[index], dependencies)
         if found is not None:
-            return f"decoder layer {index} ({type(layers[index]).__qualname__}): {found}", dependencies
+            return f"decoder layer {index} ({type(layers[index]).__qualname__}, {phase}): {found}", dependencies
+        traced.append((kind, guards))
+    missing = [i for i in range(len(layers)) for p in ("prompt", "decode") if (p, i) not in calls]
+    if missing:
+        return f"decoder layer {missing[0]} was not called with keywords only (its region refuses it)", dependencies
     return None, dependencies
 
 
-def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
-            cache: Any) -> dict[int, tuple[Any, ...]]:
-    """Run the model's forward on a tiny prompt; the first call of each kind of layer (its class and its config's
-    ``layer_types`` entry: sliding or full attention), by layer index."""
-    calls: dict[int, tuple[Any, ...]] = {}
-    kinds: set[Any] = set()
+def _kind(model: torch.nn.Module, layers: list[torch.nn.Module], index: int) -> tuple[Any, Any]:
+    """A layer's kind: its class and its config's ``layer_types`` entry (sliding or full attention)."""
     types_ = list(getattr(hf_compat.text_config(model), "layer_types", None) or [])
+    return type(layers[index]), types_[index] if index < len(types_) else None
+
+
+def _guards_hold(guards: Any, layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...]) -> bool:
+    """Whether an earlier trace's value guards (all checkable here) hold on ``layer``'s region with its call's
+    constants: Dynamo would run that trace's graph for it."""
+    from ..keys.guard_paths import Scope
+
+    if guards is None or guards.local is not None:
+        return False
+    region = hf_regions.LayerRegion(layer, cache_kw)
+    region.constants = _constants(call[2], cache_kw)
+    func = cast(types.FunctionType, hf_regions.LayerRegion.layer_call)
+    try:
+        return bool(guards.mismatch(Scope(region, func.__globals__, func)) is None)
+    except Exception:       # noqa: BLE001 - a guard that cannot be read on this layer: trace it
+        return False
+
+
+def _constants(kwargs: dict[str, Any], cache_kw: str) -> dict[str, Any]:
+    """A recorded call's keywords its region passes as constants (all but the tensors the region takes)."""
+    skip = {"attention_mask", cache_kw, "past_key_values", "position_embeddings", "position_ids"}
+    return {k: v for k, v in kwargs.items() if k not in skip}
+
+
+def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
+            cache: Any) -> dict[tuple[str, int], tuple[Any, ...]]:
+    """Run the model's forward on a tiny prompt, then a decode step of one token; every layer's call of each, by
+    ``(phase, layer index)`` (a positional call is not recorded: its region refuses it)."""
+    calls: dict[tuple[str, int], tuple[Any, ...]] = {}
+    phase = ["prompt"]
     saved = [layer.__dict__.pop("forward", None) for layer in layers]
     for i, layer in enumerate(layers):
         def recorder(hidden: torch.Tensor, *args: Any, _i: int = i, _layer: Any = layer, **kwargs: Any) -> Any:
-            kind = (type(_layer), types_[_i] if _i < len(types_) else None)
-            if kind not in kinds and not args:      # (a positional call: its region refuses it, unproved)
-                kinds.add(kind)
-                calls[_i] = (hidden.clone(), kwargs.get("attention_mask"), dict(kwargs))
+            if not args:
+                calls[(phase[0], _i)] = (hidden.clone(), kwargs.get("attention_mask"), dict(kwargs))
             return type(_layer).forward(_layer, hidden, *args, **kwargs)
         layer.__dict__["forward"] = recorder
     try:
@@ -135,8 +172,13 @@ def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]
         mask = torch.zeros(ROWS, LENGTH, dtype=torch.bool, device=ids.device)    # as ServedLM's: [rows, length]
         mask[:, :WIDTH] = True
         mask[1, 0] = False          # a left-padded row: the mask is one (transformers may skip an all-ones one)
+        step = mask.clone()
+        step[:, WIDTH] = True
         with torch.no_grad():
             type(model).forward(model, input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kw: cache})
+            phase[0] = "decode"
+            type(model).forward(model, input_ids=ids[:, :1], attention_mask=step, use_cache=True,
+                                **{cache_kw: cache})
     finally:
         for layer, forward in zip(layers, saved):
             layer.__dict__.pop("forward", None)
@@ -146,22 +188,20 @@ def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]
 
 
 def _prove_layer(layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...], cache_layer: Any,
-                 dependencies: list[Any]) -> str | None:
-    """The proof of one recorded layer call (None: proved), else the first finding; the functions its trace ran are
-    added to ``dependencies``."""
+                 dependencies: list[Any]) -> tuple[str | None, Any]:
+    """The proof of one recorded layer call: ``(None, the trace's value guards)`` when proved, else ``(the first
+    finding, None)``; the functions its trace ran are added to ``dependencies``."""
     from ..gears import padding  # the analysis (and sympy) only where a proof runs, never on a warm read
     from ..gears.padding_cache import Roles
 
-    hidden, mask, kwargs = call
-    kwargs.pop("attention_mask", None)
-    kwargs.pop(cache_kw, None)
-    kwargs.pop("past_key_values", None)
-    cos_sin, position_ids = kwargs.pop("position_embeddings", None), kwargs.pop("position_ids", None)
+    hidden, mask, recorded = call
+    kwargs = _constants(recorded, cache_kw)
+    cos_sin, position_ids = recorded.get("position_embeddings"), recorded.get("position_ids")
     if cos_sin is None or not isinstance(position_ids, torch.Tensor):
-        return "called without rotary position embeddings or position ids, which its region takes"
+        return "called without rotary position embeddings or position ids, which its region takes", None
     odd = [k for k, v in kwargs.items() if not isinstance(v, hf_regions.CONSTANTS)]
     if odd:
-        return f"called with {odd[0]}={type(kwargs[odd[0]]).__name__}, which its region does not take"
+        return f"called with {odd[0]}={type(kwargs[odd[0]]).__name__}, which its region does not take", None
     region = hf_regions.LayerRegion(layer, cache_kw)
     region.constants = kwargs
     keys, values = cache_layer.keys.clone(), cache_layer.values.clone()
@@ -169,8 +209,8 @@ def _prove_layer(layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...], c
     args = (hidden, mask, cos_sin[0].clone(), cos_sin[1].clone(), position_ids.clone(), keys, values, length)
     leaves, key = signature.call_key(args, {})
     where = {id(t): i for i, t in enumerate(leaves)}
-    marked = [(where[id(hidden)], 0), (where[id(hidden)], 1)]
-    for t, seq_dim in ((mask, 2), (args[2], -2), (args[3], -2), (keys, None), (values, None)):
+    marked: list[tuple[int, int]] = []
+    for t, seq_dim in ((hidden, 1), (mask, 2), (args[2], -2), (args[3], -2), (keys, None), (values, None)):
         if isinstance(t, torch.Tensor) and id(t) in where:
             marked += [(where[id(t)], d) for d, size in ((0, ROWS), (seq_dim, WIDTH))
                        if d is not None and t.dim() > abs(d) and t.shape[d] == size]
@@ -181,13 +221,13 @@ def _prove_layer(layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...], c
         with torch.no_grad():
             trace = symbolic_shapes(cast(types.MethodType, region.layer_call), region, key[0], leaves, marked)
     except Exception as exc:       # noqa: BLE001 - a layer the proof cannot trace is not proved
-        return f"its call could not be traced with its batch and sequence dims symbolic ({str(exc)[:300]})"
+        return f"its call could not be traced with its batch and sequence dims symbolic ({str(exc)[:300]})", None
     dependencies.extend(trace.dependencies)
     names = dict(enumerate(["hidden_states", "attention_mask", "cos", "sin", "position_ids", "keys", "values",
                             "length"])) if len(leaves) == 8 else {}
     report = padding.analyse(trace, names, {leaf for leaf, _ in marked}, roles=roles)
     findings = report.mixing + report.unsafe_writes
     if not findings:
-        return None
+        return None, trace.plan_guards
     f = findings[0]
-    return f"{f.op} at {f.where}: {f.why} (it reaches {f.reaches})"
+    return f"{f.op} at {f.where}: {f.why} (it reaches {f.reaches})", None
