@@ -104,3 +104,11 @@ def test_a_layer_that_mixes_rows_only_in_a_decode_step_is_served_at_exact_sizes(
     _patch_layer(monkeypatch, _mix_rows_at_decode)
     found = _exact(_tiny_llama(layers=2), tmp_path, "decode")
     assert "decoder layer 0 (LlamaDecoderLayer, decode)" in found and "mean" in found
+
+
+def test_a_proof_record_of_fewer_layers_is_not_read_for_more(tmp_path, monkeypatch):
+    """The store's record of a 2-layer model's proof (layers 0 and 1 proved) is not the answer for a 3-layer model
+    of the same classes and config otherwise, whose layer 2 mixes positions: the layer count is in the proof key."""
+    _patch_layer(monkeypatch, lambda layer, h: h + h.mean(1, keepdim=True) if layer.self_attn.layer_idx == 2 else h)
+    assert enable(_tiny_llama(layers=2), cache_dir=str(tmp_path)).prove_padding() is None
+    assert "decoder layer 2" in _exact(_tiny_llama(layers=3), tmp_path, "decoder layer 2")

@@ -76,23 +76,21 @@ def proved(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
 
 def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     """What the proof depends on beyond the functions its traces ran: the classes of the model and of every module
-    of its layers (``class_digest``: a patched ``LlamaMLP.forward`` is another key), the model's config (but its
-    layer count: the kinds of layer it has instead) and attention implementation, the parameters' dtype and device
-    type, and the software's versions."""
+    of each of its layers, in order (``class_digest``: a patched ``LlamaMLP.forward`` is another key), the model's
+    config (its layer count and layer types too: every layer is proved, one whose code branches on its ``layer_idx``
+    on its own) and attention implementation, the parameters' dtype and device type, and the software's versions."""
     import transformers
 
-    classes = {type(m) for layer in layers for m in layer.modules()} | {type(model)}
+    def name(k: type) -> str:
+        return f"{k.__module__}.{k.__qualname__}:{class_digest(k)}"
+
+    classes = [sorted({name(type(m)) for m in layer.modules()}) for layer in layers]
     config: Any = model.config
     settings = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
-    for part in (settings, settings.get("text_config")):    # the layers' count is no part of a layer's graph
-        if isinstance(part, dict):
-            for name in ("num_hidden_layers", "layer_types"):
-                part.pop(name, None)
-    kinds = sorted(set(map(str, getattr(hf_compat.text_config(model), "layer_types", None) or [])))
     param = next(model.parameters())
-    parts = [sorted(f"{k.__module__}.{k.__qualname__}:{class_digest(k)}" for k in classes), settings, kinds,
-             str(getattr(config, "_attn_implementation", None)), str(param.dtype), param.device.type,
-             transformers.__version__, torch_versions.software_versions(), PROOF_FORMAT]
+    parts = [name(type(model)), classes, settings, str(getattr(config, "_attn_implementation", None)),
+             str(param.dtype), param.device.type, transformers.__version__, torch_versions.software_versions(),
+             PROOF_FORMAT]
     return sha256_text(json.dumps(parts, sort_keys=True, default=str))[:40]
 
 
