@@ -112,3 +112,25 @@ def test_a_proof_record_of_fewer_layers_is_not_read_for_more(tmp_path, monkeypat
     _patch_layer(monkeypatch, lambda layer, h: h + h.mean(1, keepdim=True) if layer.self_attn.layer_idx == 2 else h)
     assert enable(_tiny_llama(layers=2), cache_dir=str(tmp_path)).prove_padding() is None
     assert "decoder layer 2" in _exact(_tiny_llama(layers=3), tmp_path, "decoder layer 2")
+
+
+def test_a_submodule_replaced_after_the_proof_is_refused_at_the_next_call(tmp_path):
+    """The proof read the modules the model had: one set after it (a layer's MLP, the final norm) is refused at the
+    next call, as a hook added after the proof is; disable() then enable() proves the model as it is."""
+    from transformers import StaticCache
+
+    from gearcache.errors import ConfigError
+    from gearcache.integrations import hf_compat
+    from gearcache.integrations.transformers import disable
+
+    lm = _tiny_llama(layers=2)
+    served = enable(lm, cache_dir=str(tmp_path))
+    assert served.prove_padding() is None
+    lm.model.layers[1].mlp = type(lm.model.layers[1].mlp)(lm.config)
+    call = {"input_ids": torch.ones(1, 2, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=8)}
+    with pytest.raises(ConfigError, match="a submodule of it was replaced"):
+        lm(**call)
+    disable(lm)
+    lm.model.norm = MixingNorm(lm.model.norm)
+    _exact(lm, tmp_path, "outside the decoder layers")

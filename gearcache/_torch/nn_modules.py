@@ -71,3 +71,17 @@ def has_global_forward_hooks() -> bool:
     from torch.nn.modules import module as nn_module
 
     return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def watch_submodules(modules: list[torch.nn.Module], changed: list[bool]) -> Any:
+    """Set ``changed[0]`` when a submodule of one of ``modules`` is set or registered (``module.mlp = ...``: torch's
+    global module registration hook, ``register_module_module_registration_hook``); returns the hook's handle
+    (``.remove()``). The hook holds the modules' ids and ``changed`` only, never the modules."""
+    from torch.nn.modules import module as nn_module
+
+    ids = frozenset(map(id, modules))
+
+    def hook(module: torch.nn.Module, name: str, submodule: Any) -> None:
+        if id(module) in ids:
+            changed[0] = True
+    return nn_module.register_module_module_registration_hook(hook)

@@ -133,6 +133,8 @@ def disable(model: torch.nn.Module) -> None:
         model.__dict__.pop(name, None)
     for layer in served.layers:
         layer.__dict__.pop("forward", None)
+    if served._watch is not None:
+        served._watch.remove()
 
 
 class ServedLM(torch.nn.Module):
@@ -155,6 +157,8 @@ class ServedLM(torch.nn.Module):
         self.padded_calls = 0                            # calls served padded (prompt or rows)
         self._proved = False                             # the proof ran (before the first call picks a gear)
         self._proof_layers: list[torch.nn.Module] = []   # the decoder layers the proof read (checked at every call)
+        self._swapped = [False]                          # a submodule of the model was set since the proof
+        self._watch: Any = None                          # the hook that sets it (removed by disable)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
@@ -257,6 +261,8 @@ class ServedLM(torch.nn.Module):
         """Refuse a call after a decoder layer got a hook or a replaced forward since the proof (its padding was
         proved for the layers as they were): a padded call could then mix positions or rows the proof never saw."""
         bypass = self._layers_bypassing_the_proof()
+        if bypass is None and self._swapped[0]:
+            bypass = "a submodule of it was replaced (the proof read the modules it had then)"
         if bypass is not None:
             raise ConfigError(f"{type(self.model).__qualname__}: since enable() proved its padding, {bypass}. Fix: "
                               f"disable(model), then enable(model) again (the proof then sees the layers as they are)")
@@ -285,6 +291,8 @@ class ServedLM(torch.nn.Module):
             raise ConfigError(f"{type(self.model).__qualname__}: its attention over the KV cache does not take the "
                               f"layer's causal mask: {self.padding_refused}. gearcache serves causal LMs (exact "
                               f"sizes would not be eager's either). Fix: disable(model); serve it with torch.compile")
+        if self.padding_refused is None and self._watch is None:    # a submodule set from now on: refused
+            self._watch = torch_nn_modules.watch_submodules(list(self.model.modules()), self._swapped)
         if self.padding_refused is not None:
             self.gears = ServeGears((), (), ())         # every size exact: pick returns it
             warnings.warn(f"gearcache: {type(self.model).__qualname__}: padding a prompt or a batch is not proved "
