@@ -134,3 +134,19 @@ def test_a_submodule_replaced_after_the_proof_is_refused_at_the_next_call(tmp_pa
     disable(lm)
     lm.model.norm = MixingNorm(lm.model.norm)
     _exact(lm, tmp_path, "outside the decoder layers")
+
+
+def test_a_module_function_a_layer_calls_patched_after_the_proof_is_recorded(tmp_path, monkeypatch):
+    """The store's record of the proof is read for a model of the same classes: a function of the layer's module
+    patched since (the rotary embedding's application adding the mean over the positions) is no part of its key, so
+    it is checked in every process."""
+    from transformers.models.llama import modeling_llama
+
+    assert enable(_tiny_llama(), cache_dir=str(tmp_path)).prove_padding() is None
+    original = modeling_llama.apply_rotary_pos_emb
+
+    def mixing(q, k, *args, **kwargs):
+        q, k = original(q, k, *args, **kwargs)
+        return q + q.mean(2, keepdim=True), k
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", mixing)
+    assert "apply_rotary_pos_emb" in _exact(_tiny_llama(), tmp_path, "patched")

@@ -34,11 +34,16 @@ def _own(origin: str) -> bool:
 def glue_finding(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str | None:
     """The first module of ``model`` outside ``layers`` whose forward is not transformers' own class code (a class of
     torch's other than :data:`PER_TOKEN_TORCH`, a forward defined or patched elsewhere, replaced on the instance, or
-    hooked), or the first function of transformers' masking utilities or of those forwards' globals that is defined
-    elsewhere (patched); None when there is none."""
+    hooked), or the first function of transformers' masking utilities or of the globals of a transformers forward
+    (glue or layer: a warm process reads the proof's record, whose key has the classes, not the module functions
+    they call) that is defined elsewhere (patched); None when there is none."""
     inside = {id(m) for layer in layers for m in layer.modules()}
     for name, module in model.named_modules():
-        if id(module) in inside:
+        if id(module) in inside:        # traced by the proof; a warm read trusts the module functions it called
+            found = None if not _origin(type(module).forward).startswith("transformers.") else (
+                _patched_globals(type(module).forward))
+            if found is not None:
+                return f"{name} ({type(module).__qualname__}): {found}"
             continue
         where = f"{name or 'the model'} ({type(module).__qualname__})"
         if type(module) in PER_TOKEN_TORCH:
