@@ -150,3 +150,31 @@ def test_a_module_function_a_layer_calls_patched_after_the_proof_is_recorded(tmp
         return q + q.mean(2, keepdim=True), k
     monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", mixing)
     assert "apply_rotary_pos_emb" in _exact(_tiny_llama(), tmp_path, "patched")
+
+
+def test_a_mask_function_registered_for_the_attention_is_served_at_exact_sizes(tmp_path, monkeypatch):
+    from transformers import masking_utils
+
+    registry = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS
+    original = registry["sdpa"]
+
+    def bidirectional(*args, **kwargs):
+        mask = original(*args, **kwargs)
+        return None if mask is None else torch.ones_like(mask)
+    monkeypatch.setitem(registry, "sdpa", bidirectional)
+    assert "sdpa" in _exact(_tiny_llama(), tmp_path, "masking utilities")
+
+
+def test_an_attention_function_registered_after_the_proof_was_recorded_is_proved_again(tmp_path, monkeypatch):
+    """The proof's record is keyed by the function registered for the model's attention implementation: one
+    registered since (adding the mean over the positions to the attention's output) is traced, not read."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert enable(_tiny_llama(), cache_dir=str(tmp_path)).prove_padding() is None
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def mixing(*args, **kwargs):
+        out, weights = original(*args, **kwargs)
+        return out + out.mean(1, keepdim=True), weights
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", mixing)
+    assert "mean" in _exact(_tiny_llama(), tmp_path, "decoder layer 0")

@@ -86,3 +86,14 @@ def prepare_source_reviewed(method: Any) -> bool:
     except (OSError, TypeError):
         return False
     return hashlib.sha256(source.encode()).hexdigest() in REVIEWED_PREPARE_SOURCES
+
+
+def attention_function(implementation: str) -> str:
+    """The module and name of the function transformers' attention registry holds for ``implementation`` ("" when
+    none: the layers' own eager attention)."""
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:                 # pragma: no cover - an older transformers has no registry
+        return ""
+    func = ALL_ATTENTION_FUNCTIONS.get(implementation) if hasattr(ALL_ATTENTION_FUNCTIONS, "get") else None
+    return "" if func is None else f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}"

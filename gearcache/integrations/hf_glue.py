@@ -97,7 +97,8 @@ def _patched_masking() -> str | None:
         from transformers import masking_utils
     except ImportError:         # pragma: no cover - an older transformers builds its masks elsewhere
         return None
-    for name, value in vars(masking_utils).items():
+    registry = getattr(masking_utils, "ALL_MASK_ATTENTION_FUNCTIONS", {})
+    for name, value in [*vars(masking_utils).items(), *(registry.items() if hasattr(registry, "items") else ())]:
         if isinstance(value, types.FunctionType) and not _own(_origin(value)):
             return f"transformers' masking utilities' {name} is {_origin(value)}.{value.__qualname__} (patched)"
     return None

@@ -78,7 +78,8 @@ def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     """What the proof depends on beyond the functions its traces ran: the classes of the model and of every module
     of each of its layers, in order (``class_digest``: a patched ``LlamaMLP.forward`` is another key), the model's
     config (its layer count and layer types too: every layer is proved, one whose code branches on its ``layer_idx``
-    on its own) and attention implementation, the parameters' dtype and device type, and the software's versions."""
+    on its own), its attention implementation and the function registered for it, the parameters' dtype and device
+    type, and the software's versions."""
     import transformers
 
     def name(k: type) -> str:
@@ -88,7 +89,9 @@ def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:
     config: Any = model.config
     settings = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
     param = next(model.parameters())
-    parts = [name(type(model)), classes, settings, str(getattr(config, "_attn_implementation", None)),
+    implementation = str(getattr(config, "_attn_implementation", None))
+    attention = hf_compat.attention_function(implementation)     # a registered function is another key
+    parts = [name(type(model)), classes, settings, implementation, attention,
              str(param.dtype), param.device.type, transformers.__version__, torch_versions.software_versions(),
              PROOF_FORMAT]
     return sha256_text(json.dumps(parts, sort_keys=True, default=str))[:40]
