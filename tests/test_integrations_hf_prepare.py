@@ -7,6 +7,12 @@ from gearcache.integrations.hf_prepare import Prepare, same_inputs
 from gearcache.integrations.transformers import enable
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module's tests: the same tiny model's entries and padding proof are compiled once."""
+    return str(tmp_path_factory.mktemp("hf_prepare"))
+
+
 def _tiny_llama(cls=None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -17,12 +23,12 @@ def _tiny_llama(cls=None):
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_every_decode_step_is_prepared_as_transformers_prepares_it(tmp_path, batch):
+def test_every_decode_step_is_prepared_as_transformers_prepares_it(store, batch):
     """At every decode step of ``generate()`` (left padding for a batch of 2: position ids from the mask), the inputs
     prepared directly equal transformers' own (keys, tensors' metadata and values, the other values), the direct path
     stays on after its one check, and the tokens equal the eager model's."""
     lm, eager = _tiny_llama(), _tiny_llama()
-    enable(lm, cache_dir=str(tmp_path))
+    enable(lm, cache_dir=store)
     prepare = lm.prepare_inputs_for_generation
     assert isinstance(prepare, Prepare) and prepare.direct
     direct, compared = prepare._decode_inputs, []
@@ -54,7 +60,8 @@ def test_same_inputs_tells_apart_what_the_forward_would_see_differently():
         assert not same_inputs(base, other), other
 
 
-def test_a_model_with_a_prepare_of_its_own_keeps_it(tmp_path):
+@pytest.mark.slow
+def test_a_model_with_a_prepare_of_its_own_keeps_it(store):
     """A model class that overrides ``prepare_inputs_for_generation`` is never prepared directly: its method runs."""
     from transformers import LlamaForCausalLM
 
@@ -66,7 +73,7 @@ def test_a_model_with_a_prepare_of_its_own_keeps_it(tmp_path):
             return super().prepare_inputs_for_generation(*args, **kwargs)
 
     lm, eager = _tiny_llama(Own), _tiny_llama()
-    enable(lm, cache_dir=str(tmp_path))
+    enable(lm, cache_dir=store)
     assert not lm.prepare_inputs_for_generation.direct
     ids = torch.tensor([[5, 6, 7]])
     options = dict(cache_implementation="static", max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -75,7 +82,8 @@ def test_a_model_with_a_prepare_of_its_own_keeps_it(tmp_path):
     assert len(calls) == 4, "the prefill and 3 decode steps, each through the model's own method"
 
 
-def test_a_prepare_whose_source_was_not_read_against_is_served_by_transformers(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_a_prepare_whose_source_was_not_read_against_is_served_by_transformers(store, monkeypatch):
     """The direct path rests on transformers' method having a source it was read against: where the installed
     ``GenerationMixin.prepare_inputs_for_generation`` has another (a patch, another version), ``enable`` leaves every
     call to it; the installed versions' source is one of the reviewed ones."""
@@ -93,7 +101,7 @@ def test_a_prepare_whose_source_was_not_read_against_is_served_by_transformers(t
         return original(self, *args, **kwargs)
     monkeypatch.setattr(GenerationMixin, "prepare_inputs_for_generation", patched)
     lm, eager = _tiny_llama(), _tiny_llama()
-    enable(lm, cache_dir=str(tmp_path))
+    enable(lm, cache_dir=store)
     assert not lm.prepare_inputs_for_generation.direct
     ids = torch.tensor([[5, 6, 7]])
     options = dict(cache_implementation="static", max_new_tokens=4, do_sample=False, pad_token_id=0)
