@@ -260,11 +260,16 @@ def test_a_class_patched_like_liger_is_served_patched_never_from_the_unpatched_e
         assert run["tokens_equal"] and run["max_logits_diff"] <= 1e-4, (after, before)
     assert after["first_counters"]["loads"] >= 1 and after["counters"]["traces"] > after["first_counters"]["traces"]
     assert before["counters"]["loads"] == 0, "the patched model loaded an unpatched entry"
-    warm = {phase: Script("run_hf_patch.py", str(store), phase) for phase in ("before", "plain")}
+    # each later process on the store its variant was first served from: a model patched before enable() is served
+    # at exact sizes (its MLP's forward is not transformers' own: the padding proof's given), so the padded entries
+    # the "after" run left are not its entries
+    warm = {phase: Script("run_hf_patch.py", str(folder), phase) for phase, folder in (("before", fresh),
+                                                                                        ("plain", store))}
     for phase, script in warm.items():
         report = script.result(timeout=600)
         assert report["first"]["tokens_equal"] and report["first"]["max_logits_diff"] <= 1e-4, (phase, report)
-        assert report["counters"]["compiles"] == 0 and report["hooks"]["dynamo_frames"] == 0, (phase, report)
+        assert report["counters"]["compiles"] == 0 and report["counters"]["traces"] == 0, (phase, report)
+        assert report["hooks"]["inductor_codegen"] == 0 and report["hooks"]["dynamo_frames"] == 0, (phase, report)
 
 
 def _mixing_forward(layer):
