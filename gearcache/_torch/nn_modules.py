@@ -4,6 +4,7 @@ slots, never tensors), and a class attribute as torch defines it, whatever Dynam
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -73,15 +74,59 @@ def has_global_forward_hooks() -> bool:
     return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
-def watch_submodules(modules: list[torch.nn.Module], changed: list[bool]) -> Any:
-    """Set ``changed[0]`` when a submodule of one of ``modules`` is set or registered (``module.mlp = ...``: torch's
-    global module registration hook, ``register_module_module_registration_hook``); returns the hook's handle
-    (``.remove()``). The hook holds the modules' ids and ``changed`` only, never the modules."""
+class SubmoduleWatch:
+    """The handle :func:`watch_submodules` returns: ``remove()`` stops setting its flag."""
+
+    def __init__(self, modules: list[torch.nn.Module], changed: list[bool]) -> None:
+        self._modules = weakref.WeakSet(modules)
+        self._changed = changed
+
+    def remove(self) -> None:
+        """Stop watching (idempotent)."""
+        for module in list(self._modules):
+            flags = _WATCHED.get(module)
+            if flags is not None and any(f is self._changed for f in flags):
+                flags[:] = [f for f in flags if f is not self._changed]
+        self._modules = weakref.WeakSet()
+
+
+_WATCHED: "weakref.WeakKeyDictionary[torch.nn.Module, list[list[bool]]]" = weakref.WeakKeyDictionary()
+_HOOK: list[int] = []        # HOOK_KEY, once the hook is installed in this process
+HOOK_KEY = -0x6765617263
+"""The key of gearcache's hook in torch's dict of global module registration hooks. torch keys a hook by its handle's
+id, a counter shared by every hook of the process (``RemovableHandle.next_id``), and a traced graph guards on that
+key: a process that registered another number of hooks before would miss every entry. A fixed key is the same in
+every process."""
+
+
+def _on_module_registration(module: torch.nn.Module, name: str, submodule: Any) -> None:
+    """torch's global module registration hook of gearcache (one per process): sets the flags of the watches of
+    ``module``. Under Dynamo it returns at once: transformers slices ``ModuleList``s inside a traced forward (a new
+    ModuleList registers its modules), so every traced graph guards on this function, by its code (no closure, no
+    state read), which is the same in every process; a module built inside a trace is no watched module."""
+    if torch.compiler.is_compiling():
+        return
+    for flag in _WATCHED.get(module, ()):
+        flag[0] = True
+
+
+def install_registration_hook() -> None:
+    """Install gearcache's module registration hook in this process, once (idempotent). Call it before any graph a
+    watch may see is traced, whatever the order of later watches: a traced graph guards on the hooks installed then
+    (``enable()`` calls it first)."""
     from torch.nn.modules import module as nn_module
 
-    ids = frozenset(map(id, modules))
+    if not _HOOK:           # torch's register_module_module_registration_hook, under a key of our own (see above)
+        nn_module._global_module_registration_hooks[HOOK_KEY] = _on_module_registration
+        _HOOK.append(HOOK_KEY)
 
-    def hook(module: torch.nn.Module, name: str, submodule: Any) -> None:
-        if id(module) in ids:
-            changed[0] = True
-    return nn_module.register_module_module_registration_hook(hook)
+
+def watch_submodules(modules: list[torch.nn.Module], changed: list[bool]) -> SubmoduleWatch:
+    """Set ``changed[0]`` when a submodule of one of ``modules`` is set or registered (``module.mlp = ...``: torch's
+    global module registration hook, ``register_module_module_registration_hook``, installed once per process and
+    never removed: a graph traced with it guards on it); returns the watch's handle (``.remove()``). Modules are held
+    weakly."""
+    install_registration_hook()
+    for module in modules:
+        _WATCHED.setdefault(module, []).append(changed)
+    return SubmoduleWatch(modules, changed)

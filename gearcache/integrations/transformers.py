@@ -144,6 +144,7 @@ class ServedLM(torch.nn.Module):
                  config: CompilerConfig | None, regions: str = "whole", **cache_compile_kwargs: Any):
         super().__init__()
         _check_model(model, config)
+        torch_nn_modules.install_registration_hook()     # before any trace: every graph sees the same hooks
         self.model = model
         self.gears = gears
         self._cache_kw = hf_compat.cache_keyword(model)
@@ -158,7 +159,7 @@ class ServedLM(torch.nn.Module):
         self._proved = False                             # the proof ran (before the first call picks a gear)
         self._proof_layers: list[torch.nn.Module] = []   # the decoder layers the proof read (checked at every call)
         self._swapped = [False]                          # a submodule of the model was set since the proof
-        self._watch: Any = None                          # the hook that sets it (removed by disable)
+        self._watch: torch_nn_modules.SubmoduleWatch | None = None   # what sets it (removed by disable)
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
