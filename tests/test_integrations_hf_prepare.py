@@ -26,9 +26,9 @@ def _tiny_llama(cls=None):
 def test_every_decode_step_is_prepared_as_transformers_prepares_it(store, batch):
     """At every decode step of ``generate()`` (left padding for a batch of 2: position ids from the mask), the inputs
     prepared directly equal transformers' own (keys, tensors' metadata and values, the other values), the direct path
-    stays on after its one check, and the tokens equal the eager model's."""
+    stays on after its one check, and the tokens equal the eager model's (a batch of 1 served padded to 2 rows)."""
     lm, eager = _tiny_llama(), _tiny_llama()
-    enable(lm, cache_dir=store)
+    enable(lm, cache_dir=store, batch_gears=[2])        # one batch gear: batches 1 and 2 share the entries
     prepare = lm.prepare_inputs_for_generation
     assert isinstance(prepare, Prepare) and prepare.direct
     direct, compared = prepare._decode_inputs, []
