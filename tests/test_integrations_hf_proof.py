@@ -178,3 +178,16 @@ def test_an_attention_function_registered_after_the_proof_was_recorded_is_proved
         return out + out.mean(1, keepdim=True), weights
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", mixing)
     assert "mean" in _exact(_tiny_llama(), tmp_path, "decoder layer 0")
+
+
+def test_an_attention_written_out_is_proved(tmp_path):
+    """transformers' eager attention (matmul, the additive causal mask, softmax in float32, matmul) over the cache:
+    proved in float32 and bfloat16 (tests/test_integrations_transformers.py serves it padded like eager)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, attn_implementation="eager")
+    for dtype in (torch.float32, torch.bfloat16):
+        lm = LlamaForCausalLM(config).to(dtype).eval()
+        assert lm.config._attn_implementation == "eager"
+        assert enable(lm, cache_dir=str(tmp_path / str(dtype))).prove_padding() is None

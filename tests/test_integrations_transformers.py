@@ -313,3 +313,37 @@ def test_a_layer_forward_replaced_on_the_instance_is_never_served_padded(tmp_pat
     _mixing_forward(lm.model.layers[0])
     with pytest.raises(ConfigError, match="decoder layer 0 has forward hooks or a forward replaced"):
         lm(**call)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_an_attention_written_out_is_proved_and_served_padded_like_eager(tmp_path, family):
+    """``attn_implementation="eager"`` (transformers' ``eager_attention_forward``: matmul, the additive mask, softmax,
+    matmul; Gemma 2 with its soft cap, the only attention it has) is proved (gearcache/gears/padding_cache.py:
+    ``written_out_attention``) and served padded: a left-padded batch of 3 (batch gear 4) of a 7-token prompt
+    (prompt gear 16), tokens and every step's logits equal eager ``generate()``. It was refused with a ConfigError
+    (2026-11-27) before the walk followed an attention written out."""
+    import transformers
+
+    torch.manual_seed(0)
+    dims = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, attn_implementation="eager")
+    if family == "gemma2":
+        config, cls = transformers.Gemma2Config(**dims, head_dim=16), transformers.Gemma2ForCausalLM
+    else:
+        config, cls = transformers.LlamaConfig(**dims), transformers.LlamaForCausalLM
+    lm, eager = cls(config).eval(), cls(config).eval()
+    eager.load_state_dict(lm.state_dict())
+    served = enable(lm, cache_dir=str(tmp_path))
+    ids = torch.randint(1, 256, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[1, :2], mask[2, :4] = 0, 0
+    ids[mask == 0] = 0
+    options = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, cache_implementation="static",
+                   output_logits=True, return_dict_in_generate=True)
+    with torch.inference_mode():
+        got = lm.generate(ids, attention_mask=mask, **options)
+        want = eager.generate(ids, attention_mask=mask, **options)
+    assert served.padding_refused is None and served.padded_calls >= 1, "proved, and served padded"
+    assert torch.equal(got.sequences, want.sequences)
+    assert max((a - b).abs().max().item() for a, b in zip(got.logits, want.logits)) <= 1e-4

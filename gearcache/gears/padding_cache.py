@@ -15,9 +15,10 @@ query. gearcache's own code writes the cache and drops the pads' keys and values
 An attention (``scaled_dot_product_attention`` and its kernels) that reads a cache storage holding
 :data:`CACHE_PADS` is exact when its mask is a causal leaf reached through views that keep every key at its place
 (:func:`mask_from_leaf`) and ``is_causal`` is off (sdpa's own ``is_causal`` aligns a cached query top-left): then its
-output does not carry the cache's dirt. Any other read of such a storage (a matmul-and-softmax attention written out,
-a mask built or changed in the layer, ``is_causal=True`` or no mask) keeps it, and the dirt reaching an output is a
-finding (the padded step is then not served).
+output does not carry the cache's dirt. So is an attention written out (transformers' eager attention: the softmax of
+``Q·Kᵀ`` plus the additive causal mask, times the values: :func:`written_out_attention`), step by step. Any other read
+of such a storage (a mask built or changed in the layer, ``is_causal=True`` or no mask, keys moved before the mask, the
+weights changed per key) keeps it, and the dirt reaching an output is a finding (the padded step is then not served).
 """
 from __future__ import annotations
 
@@ -148,3 +149,116 @@ cache's empty slots) get none."""
 def _hides(node: Any) -> bool:
     """Whether ``node`` is one of the :data:`HIDING` fills (a number or its ``scalar_tensor``)."""
     return any(_scalar(node, value) for value in HIDING)
+
+
+# ------------------------------------------------------------------ an attention written out: softmax(Q·Kᵀ + M)·V
+WRITTEN_OUT_STEPS = {"_softmax", "bmm"}
+"""The ops of an attention written out in ATen (transformers' ``eager_attention_forward``: ``matmul(q, k.T) * c``,
+``+ mask``, ``softmax`` in float32, ``.to(dtype)``, dropout off, ``matmul(p, v)``) at which the cache's dirt is
+dropped: the softmax of the causally masked scores, and that softmax's product with the cache's values."""
+
+SCORE_STEPS = {"mul", "div", "tanh", "_to_copy", "clone", "view", "_unsafe_view", "alias"}
+"""Ops the scores may pass through from ``Q·Kᵀ`` to the mask's add, each keeping every key at its place: a scale (by
+a number only), a soft cap's ``tanh``, a cast, views that keep the last (key) dim."""
+
+PROBS_STEPS = {"_to_copy", "clone", "expand", "view", "_unsafe_view", "alias", "detach"}
+"""Ops the softmax's weights may pass through to their product with the values: a cast, dropout off (a clone),
+``matmul``'s broadcast and batch views, each keeping the last (key) dim."""
+
+
+def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles) -> bool:
+    """Whether ``node`` is a step of an attention written out that drops the cache's dirt (:data:`WRITTEN_OUT_STEPS`):
+
+    * a ``_softmax`` over the last dim of ``S + M``: ``M`` a floating causal leaf (:func:`mask_from_leaf`) whose last
+      dim is the keys', ``S`` = ``bmm(Q, Kᵀ)`` through :data:`SCORE_STEPS`, ``Kᵀ`` the transpose of the last two dims
+      of a cache leaf's keys (:func:`cache_from_leaf`, the positions at dim -2 on the way): every key the mask hides
+      gets a weight of exactly 0 (its fill, ``finfo.min`` or ``-inf``, underflows ``exp``), so the weights equal
+      eager's, whose hidden keys are the cache's empty slots;
+    * a ``bmm(P, V)``: ``P`` such a softmax through :data:`PROBS_STEPS`, ``V`` a cache leaf's values (positions at dim
+      -2, the product's contraction): a pad's value counts with a weight of 0 (the pads' values are finite: the same
+      condition as sdpa's, see :data:`HIDING`)."""
+    if _op(node) == "_softmax":
+        return _masked_scores_softmax(node, placeholder_leaf, roles)
+    if _op(node) != "bmm":
+        return False
+    probs = _through(node.args[0], PROBS_STEPS, _keys(node.args[0]))
+    return (isinstance(probs, torch.fx.Node) and _op(probs) == "_softmax"
+            and _masked_scores_softmax(probs, placeholder_leaf, roles)
+            and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False))
+
+
+def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles) -> bool:
+    """The first case of :func:`written_out_attention`."""
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or node.args[1] not in (-1, value.dim() - 1):
+        return False
+    keys = _keys(node)
+    added = _through(node.args[0], FLOAT_COPIES, keys)
+    if not isinstance(added, torch.fx.Node) or _op(added) != "add" or len(added.args) != 2:
+        return False
+    for mask, scores in (added.args, added.args[::-1]):
+        if (_floating(mask) and _last(mask) == keys
+                and mask_from_leaf(mask, placeholder_leaf, roles.causal)):
+            product = _through(scores, SCORE_STEPS, keys)
+            if (isinstance(product, torch.fx.Node) and _op(product) == "bmm"
+                    and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)):
+                return True
+    return False
+
+
+def _cache_positions(node: Any, placeholder_leaf: dict[torch.fx.Node, int], cache: frozenset[int],
+                     transposed: bool) -> bool:
+    """Whether ``node`` (a ``bmm`` operand) is a cache leaf with its positions at dim -2 (``transposed``: at dim -1,
+    through a transpose of the last two dims), the last two dims kept on the way (broadcast and batch views)."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return False
+    trailing = _trailing(node)
+    while isinstance(node, torch.fx.Node) and _op(node) in ("expand", "view", "_unsafe_view", "clone", "alias"):
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or _trailing(node) != trailing:
+            return False
+    if transposed:
+        if not (isinstance(node, torch.fx.Node) and _op(node) == "transpose"):
+            return False
+        rank = node.meta["val"].dim()
+        dims = [d % rank for d in node.args[1:3] if isinstance(d, int)]
+        if sorted(dims) != [rank - 2, rank - 1]:
+            return False
+        node = node.args[0]
+    return _positions_kept(node) and cache_from_leaf(node, placeholder_leaf, cache)
+
+
+def _positions_kept(node: Any) -> bool:
+    """Whether every node from ``node`` back to its leaf through views and copies has the same last two sizes."""
+    trailing = _trailing(node)
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        node = node.args[0]
+        if isinstance(node, torch.fx.Node) and _trailing(node) != trailing:
+            return False
+    return trailing is not None
+
+
+def _through(node: Any, steps: set[str], keys: str | None) -> Any:
+    """The first node back from ``node`` (following first arguments) that is not one of ``steps``, each step keeping
+    the last dim's size ``keys`` and scaling by numbers only; None when a step breaks that."""
+    while isinstance(node, torch.fx.Node) and _op(node) in steps:
+        if _last(node) != keys or (_op(node) in ("mul", "div") and not isinstance(node.args[1], (int, float))):
+            return None
+        node = node.args[0]
+    return node if isinstance(node, torch.fx.Node) and _last(node) == keys else None
+
+
+def _keys(node: Any) -> str | None:
+    """The last dim's size of ``node``'s value as text (a number, or a symbol's name: read without a guard)."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return str(value.shape[-1]) if isinstance(value, torch.Tensor) and value.dim() else None
+
+
+_last = _keys
+
+
+def _trailing(node: Any) -> tuple[str, ...] | None:
+    """The last two dims' sizes of ``node``'s value as text."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return tuple(map(str, value.shape[-2:])) if isinstance(value, torch.Tensor) and value.dim() >= 2 else None

@@ -26,7 +26,8 @@ import torch
 from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_cache import CACHE_PADS, Roles, cache_from_leaf, mask_argument, mask_from_leaf
+from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument, mask_from_leaf,
+                            written_out_attention)
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
@@ -192,6 +193,8 @@ class GraphWalk:
         functional = name[:-1] if name.endswith("_") and not name.endswith("__") else name
         rule = rule_for(node, functional)
         produced = rule(self, node, args)
+        if functional in WRITTEN_OUT_STEPS and self._written_out_attention(node, list(args.values())):
+            self.causal_reads.add(node)         # a step of an attention written out that hides the cache's pads
         written = [args[a.name] for a, spec in zip(schema.arguments, node.args)
                    if spec is not None and a.alias_info is not None and a.alias_info.is_write]
         if any(self.is_cache(t) for t in written):     # the cache's own write: exact by construction
@@ -360,12 +363,23 @@ class GraphWalk:
         kv = node.args[1:3]
         if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv):
             return False
-        written = any(self.storage[n.name].writes for n, leaf in self.placeholder_leaf.items()
-                      if leaf in self.roles.causal and n.name in self.storage)     # a mask changed in place
-        if is_causal or written or not mask_from_leaf(mask_argument(node), self.placeholder_leaf, self.roles.causal):
+        mask = mask_argument(node)
+        if is_causal or self._causal_mask_written() or not mask_from_leaf(mask, self.placeholder_leaf,
+                                                                            self.roles.causal):
             return False
         self.causal_reads.add(node)
         return True
+
+    def _written_out_attention(self, node: torch.fx.Node, args: list[Any]) -> bool:
+        """Whether ``node``, reading a cache storage that holds the pads' keys, is a step of an attention written out
+        that drops that dirt (padding_cache.written_out_attention), the causal mask unchanged in the graph."""
+        return (any(self._dirt(t) is CACHE_PADS for t in tensors_in(args)) and not self._causal_mask_written()
+                and written_out_attention(node, self.placeholder_leaf, self.roles))
+
+    def _causal_mask_written(self) -> bool:
+        """Whether the graph wrote a causal mask leaf in place (so far): it is no longer the mask transformers built."""
+        return any(self.storage[n.name].writes for n, leaf in self.placeholder_leaf.items()
+                   if leaf in self.roles.causal and n.name in self.storage)
 
     def _write_cache(self, target: TensorValue, dirty: Origin | None) -> None:
         """A write into a KV cache leaf: its storage holds the padded rows' keys from now on (``CACHE_PADS``), or
