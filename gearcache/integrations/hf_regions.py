@@ -28,13 +28,26 @@ layers, each of whose ``layer_idx`` is its place; a model without one is refused
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from ..errors import ConfigError
 from ..keys.fingerprints import class_digest
 from . import hf_compat
+
+if TYPE_CHECKING:
+    from ..cached_function import CachedFunction
+
+
+class StepState(Protocol):
+    """What a layer's region reads of the served step (``transformers.ServedLM``): the model's cache keyword and the
+    step's pad count."""
+
+    @property
+    def cache_kw(self) -> str: ...
+
+    current_pad: torch.Tensor | None
 
 FIX = "Fix: enable(model, regions='whole')"
 CONSTANTS = (bool, int, float, str, type(None))
@@ -111,7 +124,7 @@ class RegionForward:
     """A decoder layer's ``forward`` while regions serve it (its instance attribute): the layer's call, mapped onto
     its region's cached method with this layer's tensors of the cache the model passes (the backing's)."""
 
-    def __init__(self, served: Any, index: int, cached: Any):
+    def __init__(self, served: StepState, index: int, cached: CachedFunction):
         self.served = served            # the ServedLM: its ``current_pad`` for this step
         self.index = index
         self.cached = cached
@@ -133,7 +146,7 @@ class RegionForward:
         if odd:
             raise ConfigError(f"regions='blocks': decoder layer {self.index} was called with {odd[0]}="
                               f"{type(kwargs[odd[0]]).__name__}; a region takes tensors it knows and constants. {FIX}")
-        region = self.cached.module
+        region = cast(LayerRegion, self.cached.module)
         if region.constants != kwargs:          # (a change is seen by the entries' guard watch)
             region.constants = kwargs
         layer = cache.layers[self.index]
