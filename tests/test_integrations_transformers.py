@@ -316,13 +316,15 @@ def test_a_layer_forward_replaced_on_the_instance_is_never_served_padded(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "gemma2"])
-def test_an_attention_written_out_is_proved_and_served_padded_like_eager(tmp_path, family):
+@pytest.mark.parametrize("family", ["llama", "gemma2", "mixtral_batched_mm", "mixtral_grouped_mm"])
+def test_an_attention_written_out_and_experts_routed_per_token_are_proved_and_served_padded_like_eager(tmp_path, family):
     """``attn_implementation="eager"`` (transformers' ``eager_attention_forward``: matmul, the additive mask, softmax,
     matmul; Gemma 2 with its soft cap, the only attention it has) is proved (gearcache/gears/padding_cache.py:
     ``written_out_attention``) and served padded: a left-padded batch of 3 (batch gear 4) of a 7-token prompt
     (prompt gear 16), tokens and every step's logits equal eager ``generate()``. It was refused with a ConfigError
-    (2026-11-27) before the walk followed an attention written out."""
+    (2026-11-27) before the walk followed an attention written out. A mixture of experts (Mixtral, 4 experts, top 2)
+    routed per token (``experts_implementation="batched_mm"``: the top-k's indices read the experts' weights) is
+    proved too; transformers' default ``grouped_mm`` sorts the tokens by expert and is served at exact sizes."""
     import transformers
 
     torch.manual_seed(0)
@@ -330,11 +332,18 @@ def test_an_attention_written_out_is_proved_and_served_padded_like_eager(tmp_pat
                 num_key_value_heads=2, attn_implementation="eager")
     if family == "gemma2":
         config, cls = transformers.Gemma2Config(**dims, head_dim=16), transformers.Gemma2ForCausalLM
+    elif family.startswith("mixtral"):
+        config = transformers.MixtralConfig(**dims, num_local_experts=4, num_experts_per_tok=2,
+                                            experts_implementation=family.split("_", 1)[1])
+        cls = transformers.MixtralForCausalLM
     else:
         config, cls = transformers.LlamaConfig(**dims), transformers.LlamaForCausalLM
     lm, eager = cls(config).eval(), cls(config).eval()
     eager.load_state_dict(lm.state_dict())
     served = enable(lm, cache_dir=str(tmp_path))
+    if family == "mixtral_grouped_mm":
+        with pytest.warns(UserWarning, match="sorts or ranks along a padded dim"):
+            served.prove_padding()
     ids = torch.randint(1, 256, (3, 7))
     mask = torch.ones_like(ids)
     mask[1, :2], mask[2, :4] = 0, 0
@@ -344,6 +353,9 @@ def test_an_attention_written_out_is_proved_and_served_padded_like_eager(tmp_pat
     with torch.inference_mode():
         got = lm.generate(ids, attention_mask=mask, **options)
         want = eager.generate(ids, attention_mask=mask, **options)
-    assert served.padding_refused is None and served.padded_calls >= 1, "proved, and served padded"
+    if family == "mixtral_grouped_mm":
+        assert served.padded_calls == 0, "served at exact sizes"
+    else:
+        assert served.padding_refused is None and served.padded_calls >= 1, "proved, and served padded"
     assert torch.equal(got.sequences, want.sequences)
     assert max((a - b).abs().max().item() for a, b in zip(got.logits, want.logits)) <= 1e-4

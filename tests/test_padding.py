@@ -443,3 +443,43 @@ def test_every_op_has_its_rule_in_one_family_only():
                 padding_rules_indexing, padding_rules_collectives]
     names = [name for family in families for name in family.RULES]
     assert len(names) == len(set(names)) == len(padding_rules.RULES)
+
+
+class Routing(torch.nn.Module):
+    """A mixture of experts' routing (transformers' ``batched_mm_experts_forward``): each token's top-2 of 4 experts
+    index the experts' weights; x is [B, 4] (B padded)."""
+
+    def __init__(self, variant):
+        super().__init__()
+        self.variant = variant
+        self.router = torch.nn.Linear(4, 4)
+        self.experts = torch.nn.Parameter(torch.randn(3 if variant == "smaller" else 4, 4, 4))
+
+    def forward(self, x):
+        logits = self.router(x)
+        if self.variant == "argmax":
+            ids = logits.argmax(-1, keepdim=True)
+        elif self.variant == "over_rows":             # ranks along the padded dim: the padded rows take part
+            ids = logits.argsort(dim=0)[:, :2]
+        else:
+            ids = logits.topk(2, dim=-1).indices
+        if self.variant == "shifted":                 # arithmetic on the indices: no longer known in range
+            ids = ids + 1
+        weights = self.experts[ids.reshape(-1)]                            # [B * k, 4, 4]
+        rows = x.repeat_interleave(ids.shape[-1], dim=0)
+        out = torch.bmm(weights, rows.unsqueeze(-1)).squeeze(-1)
+        return out.view(x.shape[0], ids.shape[-1], 4).sum(1)
+
+
+@pytest.mark.parametrize("variant, exact", [("topk", True), ("argmax", True), ("smaller", False), ("shifted", False),
+                                            ("over_rows", False)])
+def test_indices_topk_returns_along_an_unpadded_dim_are_valid_in_the_pad_too(variant, exact):
+    """``topk``/``argmax`` along the experts' dim (4) give integers in [0, 4) whatever the padded rows hold: a valid
+    index into the experts' weights (4 of them), so the routing is per token and exact; not into 3 experts, not
+    once shifted by arithmetic, and a top-k along the padded dim itself ranks the padded rows."""
+    torch.manual_seed(0)
+    module = Routing(variant)
+    report, _ = _report(module.forward, (torch.randn(4, 4),), [(0, 0)])
+    assert (report.mixing == []) == exact, report.mixing
+    if variant in ("smaller", "shifted"):
+        assert any("not a valid position" in f.why for f in report.mixing), report.mixing

@@ -4,7 +4,7 @@ A tensor node's value is a :class:`TensorValue`: its dims as factors (padding_fa
 (its real rows may differ from eager's: an :class:`Origin` names the op that made them so), the storage it views
 (a :class:`Storage` per base node: its pad and how often it was written), and its :class:`Pad`, what its pad region
 (the elements past the real size of a padded dim) holds: a constant (gearcache/gears/pad_values.py), positions
-(:class:`Positions`, ``arange`` over a padded size), values gathered from a tensor (:class:`Gathered`), copies of real
+(:class:`Positions`, ``arange`` over a padded size), indices in a range (:class:`InRange`), values gathered from a tensor (:class:`Gathered`), copies of real
 rows (:data:`REAL_ROW_COPIES`) or UNKNOWN (real data). A size node's value is a :class:`SizeValue`. Also here: the
 small readers the walk and the rules share (:func:`tensors_in`, :func:`covers`, :func:`source_line`, ...).
 """
@@ -40,6 +40,14 @@ class Positions:
 
 
 @dataclasses.dataclass(frozen=True)
+class InRange:
+    """A pad region of integers in ``[low, high)``, whatever the padded rows' data: the indices ``topk``, ``sort`` and
+    ``argmax`` return along an unpadded dim of size ``high`` (``low`` 0); a valid index into a dim of that size."""
+    low: int
+    high: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Gathered:
     """The pad of ``index_select(src, dim, index)`` along a padded index: every element holds ``src``'s value at
     ``index`` along ``dim`` (``src``, ``index``: their nodes; ``writes``: ``src``'s storage's writes then)."""
@@ -57,7 +65,7 @@ class RealRowCopies:
 
 
 REAL_ROW_COPIES = RealRowCopies()
-Held = Union[PadValue, Positions, Gathered, RealRowCopies, None]
+Held = Union[PadValue, Positions, InRange, Gathered, RealRowCopies, None]
 """What a pad region holds: a constant, positions, values gathered from a tensor, copies of real rows, or UNKNOWN."""
 
 
@@ -174,4 +182,6 @@ def describe_held(v: Held) -> str:
         return f"the positions after the real ones ({v.start} + row, {bound})"
     if isinstance(v, Gathered):
         return "values gathered from another tensor"
+    if isinstance(v, InRange):
+        return f"indices from {v.low} to {v.high - 1}"
     return pv.describe(v)

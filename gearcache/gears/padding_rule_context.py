@@ -24,8 +24,8 @@ import torch
 
 from .._torch import aten as torch_aten
 from . import pad_values as pv
-from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, AbstractValue, Gathered, Held, Pad, Positions, SizeValue,
-                               TensorValue, describe_held)
+from .padding_abstract import (NO_PAD, REAL_ROW_COPIES, AbstractValue, Gathered, Held, InRange, Pad, Positions,
+                               SizeValue, TensorValue, describe_held)
 from .padding_factors import Dim, is_padded_dim
 
 Out = tuple[Any, ...]
@@ -144,6 +144,8 @@ def invalid_index(a: RuleContext, index: Any, size: Any, negative: bool) -> Any:
         return None
     if v is REAL_ROW_COPIES:                  # the real rows' positions again: valid where eager's are
         return None
+    if isinstance(v, InRange) and isinstance(size, int) and low <= v.low and v.high <= size:
+        return None                           # topk's / argmax's indices along a dim no larger than this one
     return (f"reads positions from padded rows that hold {describe_held(v)}, which is not a valid position (0 to "
             f"{size if isinstance(size, int) else 'its size'} - 1)", MOVES, p.leaves)
 

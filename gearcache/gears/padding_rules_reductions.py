@@ -5,7 +5,9 @@ A reduction over a padded dim is exact when its input's pad is neutral for it (p
 ``-inf`` (the smallest) before ``max``/``amax``/``argmax``/``logsumexp``; positions (``argmax``) also need the
 padded factor outermost. A softmax along a padded dim is exact with ``-inf`` in its pad; a cumulative op along one
 is exact (the padding comes after every real row) unless its padded factor is not the outermost; ``mean``, ``var``,
-a median, sort and top-k, and a layer, group or training batch norm over a padded dim never are.
+a median, sort and top-k, and a layer, group or training batch norm over a padded dim never are. The indices ``topk``,
+``sort`` and ``argmax`` return along an unpadded dim of size n are integers in ``[0, n)`` in the pad region too
+(``InRange``): a valid index into a dim of at least n (a mixture of experts' routing reads its experts' weights so).
 Rule contract: padding_rule_context.py.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from . import pad_values as pv
 from .pad_values import UNKNOWN
-from .padding_abstract import NO_PAD, Pad, TensorValue
+from .padding_abstract import NO_PAD, InRange, Pad, TensorValue
 from .padding_factors import Dim, canonical, is_padded_dim
 from .padding_rule_context import (MIXES, MOVES, Out, Rule, RuleContext, any_padded, dim_list, needs_neutral, norm_dim,
                                    op_name)
@@ -50,7 +52,7 @@ def _reduce(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
         dims = tuple(() if i in reduced else d for i, d in enumerate(src)) if keep else tuple(
             d for i, d in enumerate(src) if i not in reduced)
         positions = name in ("argmin", "argmax") or k == 1
-        pad = NO_PAD if positions else _reduced_pad(a.pad(x), name, m.dtype)
+        pad = _indices_pad(node, reduced) if positions else _reduced_pad(a.pad(x), name, m.dtype)
         outs.append((dims, (why or moved) if positions else why, pad))
     return outs if isinstance(meta, (list, tuple)) else outs[0]
 
@@ -103,9 +105,22 @@ def _along(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
             why = ("sorts or ranks along a padded dim", MIXES)
     meta = node.meta["val"]
     metas = list(meta) if isinstance(meta, (list, tuple)) else [meta]
-    outs = [(src[:dim] + (a.dims_of(m.shape)[dim],) + src[dim + 1:] if m.dim() == len(src) else None, why, pad)
-            for m in metas]
+    indices = _indices_pad(node, [dim]) if name in ("sort", "topk", "argsort") else NO_PAD
+    outs = [(src[:dim] + (a.dims_of(m.shape)[dim],) + src[dim + 1:] if m.dim() == len(src) else None, why,
+             indices if k == 1 or name == "argsort" else pad) for k, m in enumerate(metas)]
     return outs if isinstance(meta, (list, tuple)) else outs[0]
+
+
+def _indices_pad(node: torch.fx.Node, dims: list[int]) -> Pad:
+    """The pad of indices an op returns along ``dims`` of its input (``topk``, ``sort``, ``argmax``): integers in
+    ``[0, n)`` whatever the data, ``n`` the size of that one dim when it is a number (an unpadded dim); else
+    unknown."""
+    source = node.args[0] if node.args else None
+    value = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if len(dims) != 1 or not isinstance(value, torch.Tensor) or dims[0] >= value.dim():
+        return NO_PAD
+    size = value.shape[dims[0]]
+    return Pad(InRange(0, size)) if isinstance(size, int) and size > 0 else NO_PAD
 
 
 def _normalise(src: tuple[Dim, ...], reduced: list[int]) -> Any:
