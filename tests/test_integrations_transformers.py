@@ -317,7 +317,7 @@ def test_a_layer_forward_replaced_on_the_instance_is_never_served_padded(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma2", "mixtral_batched_mm", "mixtral_grouped_mm"])
-def test_an_attention_written_out_and_experts_routed_per_token_are_proved_and_served_padded_like_eager(tmp_path, family):
+def test_written_out_attention_and_per_token_experts_are_served_padded_like_eager(tmp_path, family):
     """``attn_implementation="eager"`` (transformers' ``eager_attention_forward``: matmul, the additive mask, softmax,
     matmul; Gemma 2 with its soft cap, the only attention it has) is proved (gearcache/gears/padding_cache.py:
     ``written_out_attention``) and served padded: a left-padded batch of 3 (batch gear 4) of a 7-token prompt
