@@ -5,8 +5,9 @@ A tensor node's value is a :class:`TensorValue`: its dims as factors (padding_fa
 (a :class:`Storage` per base node: its pad and how often it was written), and its :class:`Pad`, what its pad region
 (the elements past the real size of a padded dim) holds: a constant (gearcache/gears/pad_values.py), positions
 (:class:`Positions`, ``arange`` over a padded size), indices in a range (:class:`InRange`), values gathered from a
-tensor (:class:`Gathered`), copies of real rows (:data:`REAL_ROW_COPIES`) or UNKNOWN (real data). A size node's value is a :class:`SizeValue`. Also here: the
-small readers the walk and the rules share (:func:`tensors_in`, :func:`covers`, :func:`source_line`, ...).
+tensor (:class:`Gathered`), copies of real rows (:data:`REAL_ROW_COPIES`) or UNKNOWN (real data). A size node's
+value is a :class:`SizeValue`. Also here: the small readers the walk and the rules share (:func:`tensors_in`,
+:func:`covers`, :func:`source_line`, ...).
 """
 from __future__ import annotations
 
