@@ -78,19 +78,22 @@ class SubmoduleWatch:
     """The handle :func:`watch_submodules` returns: ``remove()`` stops setting its flag."""
 
     def __init__(self, modules: list[torch.nn.Module], changed: list[bool]) -> None:
-        self._modules = weakref.WeakSet(modules)
+        self._ids = [id(m) for m in modules]
         self._changed = changed
 
     def remove(self) -> None:
         """Stop watching (idempotent)."""
-        for module in list(self._modules):
-            flags = _WATCHED.get(module)
-            if flags is not None and any(f is self._changed for f in flags):
+        for key in self._ids:
+            flags = _WATCHED.get(key)
+            if flags is not None:
                 flags[:] = [f for f in flags if f is not self._changed]
-        self._modules = weakref.WeakSet()
+        self._ids = []
 
 
-_WATCHED: "weakref.WeakKeyDictionary[torch.nn.Module, list[list[bool]]]" = weakref.WeakKeyDictionary()
+_WATCHED: dict[int, list[list[bool]]] = {}
+"""id of a watched module -> the flags of its watches; an entry goes when its module is freed (``weakref.finalize``),
+before its id can be reused. Keyed by id, not weakly by module: the hook runs at every module registration of the
+process (transformers slices its layers' ModuleList at every eager forward), and an id look-up is the cheapest."""
 _HOOK: list[int] = []        # HOOK_KEY, once the hook is installed in this process
 HOOK_KEY = -0x6765617263
 """The key of gearcache's hook in torch's dict of global module registration hooks. torch keys a hook by its handle's
@@ -106,8 +109,14 @@ def _on_module_registration(module: torch.nn.Module, name: str, submodule: Any) 
     state read), which is the same in every process; a module built inside a trace is no watched module."""
     if torch.compiler.is_compiling():
         return
-    for flag in _WATCHED.get(module, ()):
-        flag[0] = True
+    flags = _WATCHED.get(id(module))
+    if flags:
+        for flag in flags:
+            flag[0] = True
+
+
+def _forget(key: int) -> None:
+    _WATCHED.pop(key, None)
 
 
 def install_registration_hook() -> None:
@@ -124,9 +133,12 @@ def install_registration_hook() -> None:
 def watch_submodules(modules: list[torch.nn.Module], changed: list[bool]) -> SubmoduleWatch:
     """Set ``changed[0]`` when a submodule of one of ``modules`` is set or registered (``module.mlp = ...``: torch's
     global module registration hook, ``register_module_module_registration_hook``, installed once per process and
-    never removed: a graph traced with it guards on it); returns the watch's handle (``.remove()``). Modules are held
-    weakly."""
+    never removed: a graph traced with it guards on it); returns the watch's handle (``.remove()``). The modules are
+    not kept alive."""
     install_registration_hook()
     for module in modules:
-        _WATCHED.setdefault(module, []).append(changed)
+        if id(module) not in _WATCHED:
+            _WATCHED[id(module)] = []
+            weakref.finalize(module, _forget, id(module))
+        _WATCHED[id(module)].append(changed)
     return SubmoduleWatch(modules, changed)
