@@ -279,9 +279,18 @@ def _mixing_attention(lm, monkeypatch):
     lm.set_attn_implementation("mixing_sdpa")
 
 
-CHANGES_AFTER_THE_PROOF = [_set_mlp_through_modules, _shadow_mlp, _reclass_mlp, _reclass_layer, _patch_mlp_class,
-                           _patch_mlp_code, _patch_rotary, _hook_glue, _hook_layer_submodule, _replace_glue_forward,
-                           _patch_glue_class, _mixing_attention]
+def _replace_layer_through_modules(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    class MixingLayer(modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states + hidden_states.mean(1, keepdim=True), *args, **kwargs)
+    lm.model.layers._modules["1"] = MixingLayer(lm.config, 1)
+
+
+CHANGES_AFTER_THE_PROOF = [_replace_layer_through_modules, _set_mlp_through_modules, _shadow_mlp, _reclass_mlp,
+                           _reclass_layer, _patch_mlp_class, _patch_mlp_code, _patch_rotary, _hook_glue,
+                           _hook_layer_submodule, _replace_glue_forward, _patch_glue_class, _mixing_attention]
 
 
 @pytest.mark.parametrize("change", CHANGES_AFTER_THE_PROOF, ids=lambda f: f.__name__.strip("_"))

@@ -273,6 +273,8 @@ class ServedLM(torch.nn.Module):
         bypass = self._layers_bypassing_the_proof()
         if bypass is None and self._swapped[0]:
             bypass = "a submodule of it was replaced (the proof read the modules it had then)"
+        if bypass is None and not _same_layers(self.model, self._proof_layers):
+            bypass = "its decoder layers were replaced (the proof read the layers it had then)"
         if bypass is None and self._proof_snapshot is not None and self._proof_snapshot.changed() is None:
             self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)     # a false alarm
             return
@@ -338,6 +340,15 @@ class ServedLM(torch.nn.Module):
                 self.register_buffer(name, getattr(layer, attr), persistent=False)
                 self._cache_names.append(name)
         self._active = backing
+
+
+def _same_layers(model: torch.nn.Module, proved: list[torch.nn.Module]) -> bool:
+    """Whether ``model``'s decoder layers are the ``proved`` ones (the same objects, in order)."""
+    try:
+        layers = hf_regions.decoder_layers(model)
+    except ConfigError:         # a layer of a class the model does not list
+        return False
+    return len(layers) == len(proved) and all(a is b for a, b in zip(layers, proved))
 
 
 def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerConfig | None, cache_dir: str | None,
