@@ -313,3 +313,20 @@ def test_a_change_that_mixes_positions_after_the_proof_is_refused_at_the_next_ca
             hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
     with pytest.raises(ConfigError, match="since enable\\(\\) proved its padding.*disable\\(model\\), then enable"):
         lm(**call)
+
+
+def _replace_mlp_forward(lm, monkeypatch):
+    mlp = lm.model.layers[1].mlp
+    mlp.forward = _mixing_mlp_forward.__get__(mlp)
+
+
+@pytest.mark.parametrize("change", [_hook_layer_submodule, _shadow_mlp, _replace_mlp_forward],
+                         ids=["hook", "shadow", "instance_forward"])
+def test_a_proof_record_is_not_read_for_a_layer_submodule_that_mixes_through_what_its_key_lacks(tmp_path, change):
+    """The store's record of the plain model's proof was read for a model of the same classes whose layer's MLP had a
+    hook, an instance forward or a shadowing attribute (set before enable()): none is in the proof key, and the
+    padded generate() differed from eager (logits by 1e-2). Such a model is proved, not read: exact sizes."""
+    assert enable(_tiny_llama(layers=2), cache_dir=str(tmp_path)).prove_padding() is None
+    lm = _tiny_llama(layers=2)
+    change(lm, None)
+    assert "decoder layer 1" in _exact(lm, tmp_path, "decoder layer 1")
