@@ -87,7 +87,7 @@ def _keyed(layers: list[torch.nn.Module]) -> bool:
             own = vars(module)
             if module is not layer and (torch_nn_modules.has_forward_hooks(module) or "forward" in own):
                 return False
-            if any(name in own for name in module._modules):
+            if any(name in own for name in torch_nn_modules.submodule_dict(module)):
                 return False
     return True
 

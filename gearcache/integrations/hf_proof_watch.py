@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .._torch import nn_modules as torch_nn_modules
 from ..keys import fingerprints, guard_watch
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_forward_hooks_with_kwargs",
@@ -89,10 +90,11 @@ def _module(hops: guard_watch.Hops, module: torch.nn.Module) -> None:
     hops.instance_class(module)
     hops.type_(cls)
     own: dict[str, Any] = _OBJECT_GETATTRIBUTE(module, "__dict__")
-    for name in ("forward", *module._modules):
+    submodules = torch_nn_modules.submodule_dict(module)
+    for name in ("forward", *submodules):
         hops.dict_item(own, name, own.get(name, guard_watch.ABSENT))
-    if module._modules:                 # a leaf's forward calls no submodule: one set on it changes nothing
-        hops.dict_item(module._modules, None, None)
+    if submodules:                      # a leaf's forward calls no submodule: one set on it changes nothing
+        hops.dict_item(submodules, None, None)
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] in ("torch", "builtins"):
             continue
