@@ -197,6 +197,56 @@ def test_changed_inlined_helper_is_never_a_stale_hit(tmp_path, monkeypatch):
     sys.modules.pop("gc_helper_mod", None)
 
 
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+class _Doubled(_Inner):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _tripled(self, x):
+    return (x @ self.weight) * 3
+
+
+def test_changes_that_set_no_dict_or_class_attribute_are_never_a_stale_hit(tmp_path, monkeypatch):
+    """Three changes after the first call that set no dict the watch read and no class attribute; each was served the
+    old graph before: a submodule's ``__class__`` assigned, its class's ``forward.__code__`` replaced (the watch read
+    no code, and the class's digest was cached by its dict's identities), a registered submodule shadowed by an
+    instance attribute (``object.__setattr__``: ``_modules`` unchanged, the guards read through it). Each call
+    equals eager."""
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = _Inner()
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=tmp_path)
+
+        def fwd(self, x):
+            return self.inner(x) + 1
+
+    m, x = Outer(), torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        m.inner.__class__ = _Doubled
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        m.inner.__class__ = _Inner
+        monkeypatch.setattr(_Inner.forward, "__code__", _tripled.__code__)
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        monkeypatch.undo()
+        shadow = _Inner()
+        object.__setattr__(m, "inner", shadow)
+        with pytest.raises(gearcache.errors.UnsupportedInputError, match="neither an argument nor a parameter"):
+            m.cached(x)         # the shadowing module's weight is no tensor of the module: refused, not stale
+        object.__delattr__(m, "inner")
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
 def test_in_place_update_of_an_input_happens_once_on_the_compiling_call(tmp_path):
     class Bump(torch.nn.Module):
         def __init__(self):

@@ -136,7 +136,9 @@ def test_hops_follow_a_modules_paths():
     assert (id(model[1].__dict__), "eps") in watched
     assert (id(scope.globals), "SCALE") in watched
     assert type(model) in hops.types and torch.nn.LayerNorm in hops.types
-    assert [(op, key) for op, _, key, _ in hops.checked] == [("item", 1)]
+    assert [(op, key) for op, _, key, _ in hops.checked if op not in ("class", "code")] == [("item", 1)]
+    assert {(id(parent), expected) for op, parent, _, expected in hops.checked if op == "class"} >= {
+        (id(model), torch.nn.Sequential), (id(model[1]), torch.nn.LayerNorm)}, "each module's class is re-read"
     w = guard_watch.watch([gs], scope)
     assert w.valid()
     model[1].eps = 0.5
@@ -256,7 +258,7 @@ def test_hops_cover_what_a_guard_reads_of_its_leaf():
     assert (id(model.table), None) in {(id(d), k) for d, k, _ in hops.dicts}
     assert (id(model.__dict__), "extra") in {(id(d), k) for d, k, _ in hops.dicts}
     assert hops.tensors == [model.weight]
-    assert [(op, key) for op, _, key, _ in hops.checked] == [("attr", "cell_contents")]
+    assert [(op, key) for op, _, key, _ in hops.checked if op != "class"] == [("attr", "cell_contents")]
     for change in (lambda: setattr(model, "extra", 1), lambda: model.table.__setitem__("b", 2),
                    lambda: setattr(model.weight, "data", model.weight.data.double())):
         w = guard_watch.watch([gs], scope)
@@ -307,3 +309,47 @@ def test_attr_eq_compares_plain_values_with_their_types(make):
     assert not w.valid()
     holder.flags = [False, True, False]
     assert not w.valid()
+
+
+class _Scaled(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_changes_that_set_no_dict_or_class_are_seen(native):
+    """Three changes that set no watched dict and no class attribute, each seen by the watch (C and Python): a
+    module's ``__class__`` assigned, the code of a function of a watched class replaced in place (``f.__code__``), a
+    registered submodule shadowed by an instance attribute (``object.__setattr__``: ``_modules`` is unchanged)."""
+    def forward(self, x):
+        return self.inner(x)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(2, 2)
+    Block.forward = forward
+    make = (guard_watch.GuardWatch if native else guard_watch.PyGuardWatch)
+
+    def new_watch(block):
+        scope = guard_paths.Scope(block, {})
+        gs = guard_sets.GuardSet([
+            value_guard.ValueGuard("type", ("self", ("attr", "_modules"), ("item", "inner")), None, None),
+            value_guard.ValueGuard("type", ("self",), None, None)])
+        hops = guard_watch.hops_for([gs], scope)
+        meta = None
+        return make(hops.dicts, hops.types, hops.checked, guard_watch.ABSENT, meta)
+
+    def scale(self, x):
+        return self.inner(x) * 3
+
+    changes = [lambda b: setattr(b.inner, "__class__", _Scaled),
+               lambda b: setattr(Block.forward, "__code__", scale.__code__),
+               lambda b: object.__setattr__(b, "inner", torch.nn.Linear(2, 2))]
+    for change in changes:
+        block = Block()
+        Block.forward.__code__ = forward.__code__
+        w = new_watch(block)
+        assert w.valid()
+        change(block)
+        assert not w.valid(), change

@@ -191,3 +191,155 @@ def test_an_attention_written_out_is_proved(tmp_path):
         lm = LlamaForCausalLM(config).to(dtype).eval()
         assert lm.config._attn_implementation == "eager"
         assert enable(lm, cache_dir=str(tmp_path / str(dtype))).prove_padding() is None
+
+
+def _mixing_mlp_class():
+    from transformers.models.llama import modeling_llama
+
+    class MixingMLP(modeling_llama.LlamaMLP):
+        def forward(self, x):
+            out = super().forward(x)
+            return out + out.mean(1, keepdim=True)
+    return MixingMLP
+
+
+def _mixing_mlp_forward(self, x):
+    out = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    return out + out.mean(1, keepdim=True)
+
+
+def _mix_positions(module, args, out):
+    return out + out.mean(1, keepdim=True)
+
+
+def _set_mlp_through_modules(lm, monkeypatch):
+    lm.model.layers[1]._modules["mlp"] = _mixing_mlp_class()(lm.config)
+
+
+def _shadow_mlp(lm, monkeypatch):
+    object.__setattr__(lm.model.layers[1], "mlp", _mixing_mlp_class()(lm.config))
+
+
+def _reclass_mlp(lm, monkeypatch):
+    lm.model.layers[0].mlp.__class__ = _mixing_mlp_class()
+
+
+def _reclass_layer(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    class MixingLayer(modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states + hidden_states.mean(1, keepdim=True), *args, **kwargs)
+    lm.model.layers[0].__class__ = MixingLayer
+
+
+def _patch_mlp_class(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", _mixing_mlp_forward)
+
+
+def _patch_mlp_code(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP.forward, "__code__", _mixing_mlp_forward.__code__)
+
+
+def _patch_rotary(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.apply_rotary_pos_emb
+
+    def mixing(q, k, *args, **kwargs):
+        q, k = original(q, k, *args, **kwargs)
+        return q + q.mean(2, keepdim=True), k
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", mixing)
+
+
+def _hook_glue(lm, monkeypatch):
+    lm.model.norm.register_forward_hook(_mix_positions)
+
+
+def _hook_layer_submodule(lm, monkeypatch):
+    lm.model.layers[1].mlp.register_forward_hook(_mix_positions)
+
+
+def _replace_glue_forward(lm, monkeypatch):
+    import types
+
+    norm = lm.model.norm
+    norm.forward = types.MethodType(lambda self, x: _mix_positions(self, (x,), type(self).forward(self, x)), norm)
+
+
+def _patch_glue_class(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaRMSNorm.forward
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward",
+                        lambda self, x: _mix_positions(self, (x,), original(self, x)))
+
+
+def _mixing_attention(lm, monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def mixing(module, *args, **kwargs):
+        out, weights = sdpa_attention_forward(module, *args, **kwargs)
+        return out + out.mean(1, keepdim=True), weights
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "mixing_sdpa", mixing)
+    assert "mixing_sdpa" in AttentionInterface._global_mapping
+    lm.set_attn_implementation("mixing_sdpa")
+
+
+def _replace_layer_through_modules(lm, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    class MixingLayer(modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states, *args, **kwargs):
+            return super().forward(hidden_states + hidden_states.mean(1, keepdim=True), *args, **kwargs)
+    lm.model.layers._modules["1"] = MixingLayer(lm.config, 1)
+
+
+CHANGES_AFTER_THE_PROOF = [_replace_layer_through_modules, _set_mlp_through_modules, _shadow_mlp, _reclass_mlp,
+                           _reclass_layer, _patch_mlp_class, _patch_mlp_code, _patch_rotary, _hook_glue,
+                           _hook_layer_submodule, _replace_glue_forward, _patch_glue_class, _mixing_attention]
+
+
+@pytest.mark.parametrize("change", CHANGES_AFTER_THE_PROOF, ids=lambda f: f.__name__.strip("_"))
+def test_a_change_that_mixes_positions_after_the_proof_is_refused_at_the_next_call(tmp_path, monkeypatch, change):
+    """The proof is an answer about the model as it was. Each change after it makes a position read the pads (each
+    was served padded and differed from eager ``generate()``: a re-traced graph served on the proof's old answer, or
+    the old graph itself for the changes no watch saw: ``__class__``, ``__code__``, an instance attribute shadowing a
+    submodule). Something the proof read changed, so the next call proves the model again (hf_proof_watch.py), and
+    that proof fails: the call is refused with the fix, before any compile."""
+    from transformers import StaticCache
+
+    from gearcache.errors import ConfigError
+    from gearcache.integrations import hf_compat
+
+    lm = _tiny_llama(layers=2)
+    served = enable(lm, cache_dir=str(tmp_path))
+    assert served.prove_padding() is None
+    change(lm, monkeypatch)
+    call = {"input_ids": torch.ones(3, 5, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
+    with pytest.raises(ConfigError, match="since enable\\(\\) proved its padding.*disable\\(model\\), then enable"):
+        lm(**call)
+
+
+def _replace_mlp_forward(lm, monkeypatch):
+    mlp = lm.model.layers[1].mlp
+    mlp.forward = _mixing_mlp_forward.__get__(mlp)
+
+
+@pytest.mark.parametrize("change", [_hook_layer_submodule, _shadow_mlp, _replace_mlp_forward],
+                         ids=["hook", "shadow", "instance_forward"])
+def test_a_proof_record_is_not_read_for_a_layer_submodule_that_mixes_through_what_its_key_lacks(tmp_path, change):
+    """The store's record of the plain model's proof was read for a model of the same classes whose layer's MLP had a
+    hook, an instance forward or a shadowing attribute (set before enable()): none is in the proof key, and the
+    padded generate() differed from eager (logits by 1e-2). Such a model is proved, not read: exact sizes."""
+    assert enable(_tiny_llama(layers=2), cache_dir=str(tmp_path)).prove_padding() is None
+    lm = _tiny_llama(layers=2)
+    change(lm, None)
+    assert "decoder layer 1" in _exact(lm, tmp_path, "decoder layer 1")

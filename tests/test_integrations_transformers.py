@@ -40,8 +40,8 @@ def _tiny_llama(**overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, **overrides)
+    config = LlamaConfig(**{"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 2, **overrides})
     return LlamaForCausalLM(config).eval()
 
 
@@ -359,3 +359,57 @@ def test_written_out_attention_and_per_token_experts_are_served_padded_like_eage
         assert served.padding_refused is None and served.padded_calls >= 1, "proved, and served padded"
     assert torch.equal(got.sequences, want.sequences)
     assert max((a - b).abs().max().item() for a, b in zip(got.logits, want.logits)) <= 1e-4
+
+
+def _generate(model, ids, mask):
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, cache_implementation="static",
+                         pad_token_id=0, return_dict_in_generate=True, output_logits=True)
+    return out.sequences, torch.stack(out.logits)
+
+
+def _assert_generate_equals_eager(model, twin, ids, mask):
+    with torch.inference_mode():
+        (tokens, logits), (want_tokens, want_logits) = _generate(model, ids, mask), _generate(twin, ids, mask)
+    assert torch.equal(tokens, want_tokens)
+    assert float((logits - want_logits).abs().max()) <= 1e-4
+
+
+@pytest.mark.slow
+def test_changes_no_dict_records_are_served_like_eager_never_from_the_old_graph(tmp_path, monkeypatch):
+    """A batch of 3 left-padded prompts of 5 tokens (batch gear 4, prompt gear 16), served padded; then changes that
+    set no dict and no class attribute, each followed by generate() equal to eager's (tokens and every step's logits)
+    on the changed model. Each was served from the old graph before (a wrong answer): ``mlp.__class__ = Scaled`` (the
+    entries' watch read no class identity), ``LlamaMLP.forward.__code__ = ...`` (no watch read the code, and the
+    class's digest was cached by its dict's identities). Both re-trace; the padding proof, proved again, holds (a
+    scale mixes nothing). A change that mixes positions is refused at the next call."""
+    import copy
+
+    from transformers.models.llama import modeling_llama
+
+    class ScaledMLP(modeling_llama.LlamaMLP):
+        def forward(self, x):
+            return super().forward(x) * 1.5
+
+    def scaled(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) * 0.5
+
+    def mixing(self, x):
+        out = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return out + out.mean(1, keepdim=True)
+
+    model = _tiny_llama(num_hidden_layers=2)
+    twin = copy.deepcopy(model)
+    served = enable(model, cache_dir=str(tmp_path))
+    ids = torch.randint(1, 64, (3, 5))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    _assert_generate_equals_eager(model, twin, ids * mask, mask)
+    for m in (model, twin):
+        m.model.layers[0].mlp.__class__ = ScaledMLP
+    _assert_generate_equals_eager(model, twin, ids * mask, mask)
+    monkeypatch.setattr(modeling_llama.LlamaMLP.forward, "__code__", scaled.__code__)
+    _assert_generate_equals_eager(model, twin, ids * mask, mask)
+    assert served.padded_calls >= 6 and served.padding_refused is None, "served padded throughout"
+    monkeypatch.setattr(modeling_llama.LlamaMLP.forward, "__code__", mixing.__code__)
+    with torch.inference_mode(), pytest.raises(ConfigError, match="no longer proved.*aten.mean"):
+        _generate(model, ids * mask, mask)

@@ -61,6 +61,11 @@ _LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attri
 
 
 
+def submodule_dict(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
+    """``module``'s own dict of registered submodules (``_modules``: the dict itself, which a watch may watch)."""
+    return module._modules
+
+
 def has_forward_hooks(module: torch.nn.Module) -> bool:
     """Whether ``module`` has forward or forward-pre hooks of its own (the global ones are not counted)."""
     return bool(module._forward_hooks or module._forward_pre_hooks)

@@ -409,7 +409,9 @@ static PyTypeObject RunnerType = {
  *   types    [type]: any change of the class (an attribute set, its bases) counts
  *   checked  [(op, parent, key, expected)], re-read at every valid(): op "attr": getattr(parent, key) is `expected`;
  *            "item": parent[key] is `expected`; "len": len(parent) == `expected`; "contains": (key in parent) is
- *            `expected` (True or False); "seq": the list `parent` holds the items of the tuple `expected`, by identity
+ *            `expected` (True or False); "seq": the list `parent` holds the items of the tuple `expected`, by identity;
+ *            "class": type(parent) is `expected` (a pointer compare: `obj.__class__ = Other` sets no watched dict or
+ *            type); "code": the function `parent`'s __code__ is `expected` (`f.__code__ = ...` keeps the function)
  *   meta     None, or a callable holds() -> bool (module tensors' metadata as at its construction: a `.data` swap keeps
  *            the tensor object); meta_holds: None, or gearcache.native's META_HOLDS capsule, the same check in C
  * valid() is 1 until a change is seen; it never turns back to 1 (the caller re-checks the guards and makes a new
@@ -438,8 +440,8 @@ typedef struct {
     int changed;                /* a change was seen: valid() stays 0 */
 } GuardWatch;
 
-enum { CHECK_ATTR, CHECK_ITEM, CHECK_LEN, CHECK_CONTAINS, CHECK_SEQ, CHECK_ATTR_EQ };
-static const char *check_ops[] = {"attr", "item", "len", "contains", "seq", "attr_eq", NULL};
+enum { CHECK_ATTR, CHECK_ITEM, CHECK_LEN, CHECK_CONTAINS, CHECK_SEQ, CHECK_ATTR_EQ, CHECK_CLASS, CHECK_CODE };
+static const char *check_ops[] = {"attr", "item", "len", "contains", "seq", "attr_eq", "class", "code", NULL};
 
 static unsigned long long guard_generation = 0;
 static PyObject *guard_filters = NULL;     /* {address of a watched dict: set of keys, or None: every key} */
@@ -727,6 +729,8 @@ static int checked_holds(GuardWatch *self, Py_ssize_t i) {
         return r;
     }
     case CHECK_ITEM: return reads_expected(PyObject_GetItem(parent, key), expected, self->absent);
+    case CHECK_CLASS: return (PyObject *)Py_TYPE(parent) == expected;
+    case CHECK_CODE: return PyFunction_Check(parent) && PyFunction_GET_CODE(parent) == expected;
     case CHECK_LEN: {
         Py_ssize_t n = PyObject_Length(parent);
         if (n < 0) { PyErr_Clear(); return 0; }

@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import torch
 
+from .._torch import nn_modules as torch_nn_modules
 from .._torch import versions as torch_versions
 from ..call import signature
 from ..compiling.capture import dependencies_changed, symbolic_shapes
@@ -56,14 +57,16 @@ METHOD = "ServedLM.padding_proof"
 def proved(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module], store: Store | None,
            folder: str) -> str | None:
     """:func:`prove`'s answer, read from ``store`` when a record of this model's proof key (:func:`proof_key`) is
-    there and the functions its traces ran are unchanged (``capture.dependencies_changed``), else proved and
-    recorded: a warm process traces nothing. The glue and the masking utilities the proof takes as given are checked
-    first, in every process (hf_glue.py)."""
+    there, the functions its traces ran are unchanged (``capture.dependencies_changed``) and nothing the key lacks is
+    set on the layers' modules (:func:`_keyed`), else proved and recorded: a warm process traces nothing. The glue
+    and the masking utilities the proof takes as given are checked first, in every process (hf_glue.py)."""
     glue = hf_glue.glue_finding(model, layers)
     if glue is not None:
         return glue
     key = proof_key(model, layers)
-    record = store.entries.read_gear_plan(folder, METHOD, key) if store is not None else None
+    record = None
+    if store is not None and _keyed(layers):
+        record = store.entries.read_gear_plan(folder, METHOD, key)
     if record is not None and "refused" in record and not dependencies_changed(record.get("dependencies", [])):
         refused: str | None = record["refused"]
         return refused
@@ -72,6 +75,21 @@ def proved(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module],
         store.entries.write_gear_plan(folder, METHOD, key, {"format": FORMAT_VERSION, "pkey": key,
                                                             "refused": refused, "dependencies": dependencies})
     return refused
+
+
+def _keyed(layers: list[torch.nn.Module]) -> bool:
+    """Whether what the layers' traces read is all in :func:`proof_key`: no module inside a layer has forward hooks,
+    a forward replaced on its instance or an instance attribute shadowing a submodule (none is in the key: a record
+    of the same classes would be read for a layer whose submodule mixes positions through them; the layers' own are
+    ``ServedLM._layers_bypassing_the_proof``'s)."""
+    for layer in layers:
+        for module in layer.modules():
+            own = vars(module)
+            if module is not layer and (torch_nn_modules.has_forward_hooks(module) or "forward" in own):
+                return False
+            if any(name in own for name in torch_nn_modules.submodule_dict(module)):
+                return False
+    return True
 
 
 def proof_key(model: torch.nn.Module, layers: list[torch.nn.Module]) -> str:

@@ -60,10 +60,11 @@ from .._torch import nn_modules as torch_nn_modules
 from ..api import cache_compile
 from ..config import CompilerConfig, normalise_sizes
 from ..errors import ConfigError
+from ..keys.guard_watch import Watch
 from ..ranks.topology import resolve_topology
 from ..regions import serve_block
 from ..store import Store
-from . import hf_cache, hf_compat, hf_prepare, hf_regions
+from . import hf_cache, hf_compat, hf_prepare, hf_proof_watch, hf_regions
 
 DEFAULT_BATCH_GEARS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_PROMPT_GEARS = tuple(2 ** k for k in range(4, 14))          # 16 .. 8192
@@ -160,6 +161,8 @@ class ServedLM(torch.nn.Module):
         self._proof_layers: list[torch.nn.Module] = []   # the decoder layers the proof read (checked at every call)
         self._swapped = [False]                          # a submodule of the model was set since the proof
         self._watch: torch_nn_modules.SubmoduleWatch | None = None   # what sets it (removed by disable)
+        self._proof_watch: Watch | None = None          # what the proof read, watched (hf_proof_watch.py)
+        self._proof_snapshot: hf_proof_watch.Snapshot | None = None     # and what it read, as it was
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
             self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
@@ -197,8 +200,9 @@ class ServedLM(torch.nn.Module):
             raise ConfigError("model is in training mode; gearcache serves inference. Fix: model.eval()")
         batch, tokens = input_ids.shape
         backing = self.bind(cache, batch, need=0)
-        if self.padding_refused is None:
-            self._check_layers_as_proved()
+        watch = self._proof_watch
+        if self.padding_refused is None and (self._swapped[0] or watch is None or not watch.valid()):
+            self._check_layers_as_proved()      # O(1) per call: a flag and a GuardWatch (hf_proof_watch.py)
         first = cache.layers[0]
         start = first.served_length
         if not first.grows and start + tokens > first.max_cache_len:
@@ -259,14 +263,30 @@ class ServedLM(torch.nn.Module):
         return None
 
     def _check_layers_as_proved(self) -> None:
-        """Refuse a call after a decoder layer got a hook or a replaced forward since the proof (its padding was
-        proved for the layers as they were): a padded call could then mix positions or rows the proof never saw."""
+        """After something the proof read changed (``self._proof_watch``, hf_proof_watch.py): refuse a call after a
+        decoder layer got a hook or a replaced forward, or a submodule was set, since the proof; else prove the model
+        as it is now, and refuse the call if that proof fails (its padding was proved for the model as it was: a
+        padded call could mix positions or rows the proof never saw, and the cache bound now is padded), or watch it
+        again if it holds (a change that mixes nothing: served padded)."""
+        from . import hf_glue, hf_proof
+
         bypass = self._layers_bypassing_the_proof()
         if bypass is None and self._swapped[0]:
             bypass = "a submodule of it was replaced (the proof read the modules it had then)"
+        if bypass is None and not _same_layers(self.model, self._proof_layers):
+            bypass = "its decoder layers were replaced (the proof read the layers it had then)"
+        if bypass is None and self._proof_snapshot is not None and self._proof_snapshot.changed() is None:
+            self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)     # a false alarm
+            return
+        if bypass is None:
+            layers = self._proof_layers
+            found = hf_glue.glue_finding(self.model, layers) or hf_proof.prove(self.model, self._cache_kw, layers)[0]
+            bypass = None if found is None else f"the model changed and its padding is no longer proved: {found}"
         if bypass is not None:
             raise ConfigError(f"{type(self.model).__qualname__}: since enable() proved its padding, {bypass}. Fix: "
-                              f"disable(model), then enable(model) again (the proof then sees the layers as they are)")
+                              f"disable(model), then enable(model) again (the proof then sees the model as it is; "
+                              f"one it refuses is served at exact sizes)")
+        self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)
 
     def prove_padding(self) -> str | None:
         """Run the padding proof of the model's decoder layers (hf_proof.py) once, before the first call picks a
@@ -294,6 +314,8 @@ class ServedLM(torch.nn.Module):
                               f"sizes would not be eager's either). Fix: disable(model); serve it with torch.compile")
         if self.padding_refused is None and self._watch is None:    # a submodule set from now on: refused
             self._watch = torch_nn_modules.watch_submodules(list(self.model.modules()), self._swapped)
+        if self.padding_refused is None:                            # anything else the proof read: proved again
+            self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)
         if self.padding_refused is not None:
             self.gears = ServeGears((), (), ())         # every size exact: pick returns it
             warnings.warn(f"gearcache: {type(self.model).__qualname__}: padding a prompt or a batch is not proved "
@@ -318,6 +340,15 @@ class ServedLM(torch.nn.Module):
                 self.register_buffer(name, getattr(layer, attr), persistent=False)
                 self._cache_names.append(name)
         self._active = backing
+
+
+def _same_layers(model: torch.nn.Module, proved: list[torch.nn.Module]) -> bool:
+    """Whether ``model``'s decoder layers are the ``proved`` ones (the same objects, in order)."""
+    try:
+        layers = hf_regions.decoder_layers(model)
+    except ConfigError:         # a layer of a class the model does not list
+        return False
+    return len(layers) == len(proved) and all(a is b for a, b in zip(layers, proved))
 
 
 def _serve_regions(served: ServedLM, model: torch.nn.Module, config: CompilerConfig | None, cache_dir: str | None,

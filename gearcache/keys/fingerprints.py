@@ -17,9 +17,9 @@ name and code), so a digest is a pure function of the objects (the same in every
 first, and finite for a function whose closure holds itself); classes by name (what a graph reads from a class it
 reaches that way, Dynamo guards on a path of its own). Digests are cached per process: a function's while its code,
 defaults, keyword defaults and closure cells' contents are the same objects; each class's own attributes while every
-value in its ``__dict__`` is the same object (a snapshot of identities: a fraction of the digest's cost). So a
-function changed in place (``f.__code__ = ...``) inside a class counts once the class itself changes, or in a fresh
-process.
+value in its ``__dict__`` is the same object and its functions' code too (a snapshot of identities: a fraction of the
+digest's cost). So a function's defaults changed in place inside a class count once the class itself changes, or in
+a fresh process.
 """
 from __future__ import annotations
 
@@ -129,8 +129,9 @@ _EMPTY_CELL = _EmptyCell()
 
 
 # --------------------------------------------------------------------------------------------------- classes
-_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, tuple[tuple[Any, Any], ...], str]]" = (
-    weakref.WeakKeyDictionary())   # class -> (version tag or ids snapshot, (closure cell, contents) pairs, digest)
+_OWN_DIGESTS: "weakref.WeakKeyDictionary[type, tuple[Any, tuple[tuple[Any, Any], ...], str, tuple[Any, ...]]]" = (
+    weakref.WeakKeyDictionary())   # class -> (version tag or ids snapshot, (closure cell, contents) pairs, digest,
+#                                    (function, code) pairs)
 _CLASS_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}    # the own digests of an MRO -> its class digest
 
 
@@ -149,15 +150,17 @@ def class_digest(cls: type) -> str:
 def own_digest(cls: type) -> str:
     """sha256 of the attributes ``cls`` itself defines ("" for a built-in class). Cached while the class's version tag
     (``_callpath.type_version``: it changes whenever an attribute of the class is set or deleted) is the same and its
-    functions' closure cells hold the same objects (a factory's class whose ``scale`` is rebound by ``nonlocal``);
-    without a version tag, while every value of its ``__dict__`` is the same object too. A function whose code or
-    defaults are replaced in place (``f.__code__ = ...``) counts once the class changes, or in a fresh process."""
+    functions' closure cells hold the same objects (a factory's class whose ``scale`` is rebound by ``nonlocal``) and
+    the same code (``f.__code__ = ...``); without a version tag, while every value of its ``__dict__`` is the same
+    object too. A function whose defaults are replaced in place counts once the class changes, or in a fresh
+    process."""
     if is_builtin_class(cls):
         return ""
     tag = type_version(cls) if type_version is not None else 0
     snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
     cached = _OWN_DIGESTS.get(cls)
-    if cached is not None and cached[0] == snapshot and all(_cell_contents(c) is v for c, v in cached[1]):
+    if (cached is not None and cached[0] == snapshot and all(_cell_contents(c) is v for c, v in cached[1])
+            and all(f.__code__ is code for f, code in cached[3])):
         return cached[2]
     members = []
     for name, value in cls.__dict__.items():
@@ -166,8 +169,14 @@ def own_digest(cls: type) -> str:
             members.append((name, member_fp(value, _DEPTH)))
     members.sort()
     digest = _digest([list(m) for m in members])
-    _OWN_DIGESTS[cls] = (snapshot, _closure_cells(cls), digest)
+    _OWN_DIGESTS[cls] = (snapshot, _closure_cells(cls), digest, _codes(cls))
     return digest
+
+
+def _codes(cls: type) -> tuple[tuple[types.FunctionType, types.CodeType], ...]:
+    """``(function, its code)`` of every function ``cls`` defines (``f.__code__ = ...`` sets no class attribute)."""
+    functions = (getattr(value, "__func__", value) for value in cls.__dict__.values())
+    return tuple((fn, fn.__code__) for fn in functions if isinstance(fn, types.FunctionType))
 
 
 def _closure_cells(cls: type) -> tuple[tuple[Any, Any], ...]:

@@ -93,9 +93,29 @@ def evaluate(path: GuardPath, scope: Scope, values: PathValues | None = None) ->
             obj = MISSING_OBJECT
     else:
         obj = step(evaluate(path[:-1], scope, values), path[-1])
+        if obj is not MISSING_OBJECT and _shadowed(path, scope, values):
+            obj = MISSING_OBJECT
     if values is not None:
         values[path] = obj
     return obj
+
+
+_MODULE_STORES = ("_modules", "_parameters", "_buffers")
+
+
+def _shadowed(path: GuardPath, scope: Scope, values: PathValues | None) -> bool:
+    """Whether ``path`` reads a name from an ``nn.Module``'s ``_modules``, ``_parameters`` or ``_buffers`` that an
+    attribute of the module's instance ``__dict__`` shadows (``object.__setattr__(layer, "mlp", other)``: the forward
+    reads ``other``), so that a guard on it does not hold."""
+    if len(path) < 3 or path[-1][0] != "item" or path[-2][0] not in ("attr", "generic_attr"):
+        return False
+    if path[-2][1] not in _MODULE_STORES:
+        return False
+    owner = evaluate(path[:-2], scope, values)
+    if not isinstance(owner, torch.nn.Module):
+        return False
+    own = object.__getattribute__(owner, "__dict__")
+    return isinstance(own, dict) and path[-1][1] in own
 
 
 class _Missing:

@@ -23,9 +23,16 @@ and drops the entries that no longer hold). What counts as a change (``hops``):
   hook through torch's API makes a handle, which advances a class attribute (a module's hooks written into its
   private dicts by hand are seen at the next load).
 
+* the class of an object on a path (``obj.__class__ = Other``, which sets no dict and no class: a pointer compare per
+  object per call), and the code of the functions a graph may have inlined from it (``Cls.f.__code__ = g.__code__``
+  keeps the function object, so the class is unchanged: a pointer compare per function of the object's classes, those
+  of torch and Python's own left out) and of a function a guard holds by identity (a module's global function);
+* a name an ``nn.Module`` attribute path reads from ``_modules``, ``_parameters`` or ``_buffers`` is watched in the
+  instance ``__dict__`` too (``object.__setattr__(layer, "mlp", other)`` shadows the registered module).
+
 An object whose class customises ``__getattribute__`` (transformers' configs do) is assumed to answer from its
-instance ``__dict__`` and its class: any change of that dict counts. Not noticed: ``obj.__class__ = Other`` and a
-custom ``__getattribute__`` that reads other state; such changes are seen at the next miss or load.
+instance ``__dict__`` and its class: any change of that dict counts. Not noticed: a custom ``__getattribute__`` that
+reads other state; such changes are seen at the next miss or load.
 
 ``GuardWatch`` is ``gearcache.call._callpath.GuardWatch`` (C) where the extension is built, else :class:`PyGuardWatch`,
 which re-reads every hop at every call.
@@ -62,8 +69,9 @@ class Hops:
     is expected``; ``"attr_eq"``: a property's plain value equals ``expected``, of the same types; ``"item"``:
     ``parent[key] is expected``; ``"len"``: ``len(parent) == expected``; ``"contains"``:
     ``(key in parent) is expected``; ``"seq"``: the list ``parent`` holds the items of the tuple ``expected``, by
-    identity) and ``tensors``, whose dtype, device, sizes, strides and alignment must stay as they are (a parameter
-    whose ``.data`` is swapped keeps its Python object)."""
+    identity; ``"class"``: ``type(parent) is expected``; ``"code"``: ``parent.__code__ is expected``) and
+    ``tensors``, whose dtype, device, sizes, strides and alignment must stay as they are (a parameter whose ``.data``
+    is swapped keeps its Python object)."""
 
     def __init__(self) -> None:
         self.dicts: list[tuple[dict[Any, Any], Any, Any]] = []     # the user's dicts, keys and values
@@ -72,6 +80,7 @@ class Hops:
         self.tensors: list[torch.Tensor] = []
         self._seen: set[tuple[object, ...]] = set()
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
+        self.stores: dict[int, dict[str, Any]] = {}     # id of a module's _modules/_parameters/_buffers: its __dict__
 
     def dict_item(self, d: dict[Any, Any], key: Any, expected: Any) -> None:
         self._once(("d", id(d), hashable(key)), lambda: self.dicts.append((d, key, expected)))
@@ -82,6 +91,27 @@ class Hops:
     def check(self, op: str, parent: Any, key: Any, expected: Any) -> None:
         mark = ("c", op, id(parent), hashable(key))
         self._once(mark, lambda: self.checked.append((op, parent, key, expected)))
+
+    def instance_class(self, obj: Any) -> None:
+        """``obj``'s class stays its class (``obj.__class__ = Other`` is seen), and its class's functions their code."""
+        cls = type(obj)
+        if not fingerprints.is_builtin_class(cls):
+            self.check("class", obj, None, cls)
+            self.class_code(cls)
+
+    def class_code(self, cls: type) -> None:
+        """The code of every function of ``cls`` and its bases, torch's and Python's own classes left out (a function
+        changed in place, ``f.__code__ = g.__code__``, keeps the class's dict as it was)."""
+        for klass in cls.__mro__:
+            if fingerprints.is_builtin_class(klass) or klass.__module__.split(".")[0] == "torch":
+                continue
+            for value in vars(klass).values():
+                func = getattr(value, "__func__", value)            # staticmethod, classmethod
+                if isinstance(func, types.FunctionType):
+                    self.function_code(func)
+
+    def function_code(self, func: types.FunctionType) -> None:
+        self.check("code", func, None, func.__code__)
 
     def tensor(self, t: torch.Tensor) -> None:
         self._once(("x", id(t)), lambda: self.tensors.append(t))
@@ -133,6 +163,12 @@ def _add_leaf(hops: Hops, g: ValueGuard, leaf: Any) -> None:
         cls = leaf if isinstance(leaf, type) else type(leaf)
         if kind != "identity" or isinstance(leaf, (type, torch.nn.Module)):
             _watch_class(hops, cls)
+            if isinstance(leaf, type):
+                hops.class_code(leaf)
+            else:
+                hops.instance_class(leaf)
+        elif isinstance(leaf, types.FunctionType):
+            hops.function_code(leaf)
     elif kind == "hasattr":
         _add_attr(hops, leaf, g.arg, getattr(leaf, g.arg, ABSENT))
         _watch_class(hops, type(leaf))
@@ -212,9 +248,14 @@ def _add_step(hops: Hops, parent: Any, step: PathStep, child: Any) -> None:
         return
     if op in ("attr", "generic_attr"):
         _add_attr(hops, parent, step[1], child)
+        if step[1] in _MODULE_STORES and isinstance(parent, torch.nn.Module) and isinstance(child, dict):
+            hops.stores[id(child)] = _OBJECT_GETATTRIBUTE(parent, "__dict__")
     elif op == "item":
         if isinstance(parent, dict):
             hops.dict_item(parent, step[1], child)
+            owner = hops.stores.get(id(parent))
+            if owner is not None:           # a name read from _modules/_parameters/_buffers: not shadowed
+                hops.dict_item(owner, step[1], owner.get(step[1], ABSENT))
         elif not isinstance(parent, (tuple, str, bytes, frozenset, types.MappingProxyType)):
             hops.check("item", parent, step[1], child)
     elif isinstance(parent, dict):                          # item_at / key_at: any change of the dict
@@ -247,17 +288,21 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
         hops.check("attr", parent, name, child)             # slots, properties, functions' __defaults__, cells
         return
     hops.type_(cls)
+    hops.instance_class(parent)
     if cls.__getattribute__ not in (_OBJECT_GETATTRIBUTE, _MODULE_GETATTRIBUTE):
         hops.dict_item(d, None, None)                       # answers from its __dict__ (see the module docstring)
         return
     hops.dict_item(d, name, d.get(name, ABSENT))
     if name not in d and isinstance(parent, torch.nn.Module):
-        for store in ("_parameters", "_buffers", "_modules"):   # nn.Module.__getattr__ reads these
+        for store in _MODULE_STORES:                        # nn.Module.__getattr__ reads these
             held = d.get(store)
             if isinstance(held, dict):
                 hops.dict_item(held, name, held.get(name, ABSENT))
     elif name not in d and getattr(cls, "__getattr__", None) is not None:
         hops.check("attr", parent, name, child)
+
+
+_MODULE_STORES = ("_modules", "_parameters", "_buffers")     # what nn.Module.__getattr__ reads
 
 
 _PLAIN_SCALARS = (bool, int, float, str, bytes, type(None))
@@ -331,6 +376,11 @@ class PyGuardWatch:
         return self._meta is None or bool(self._meta())
 
 
+def holds(op: str, parent: Any, key: Any, expected: Any) -> bool:
+    """One checked row of :class:`Hops` (``Hops.checked``): whether it reads as it did."""
+    return _holds(op, parent, key, expected, ABSENT)
+
+
 def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
     """One checked hop (see :class:`Hops`), as the C watch reads it."""
     try:
@@ -338,6 +388,10 @@ def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
             return getattr(parent, key) is expected
         if op == "attr_eq":
             return _plain_equal(getattr(parent, key), expected)
+        if op == "class":
+            return type(parent) is expected
+        if op == "code":
+            return getattr(parent, "__code__", None) is expected
         if op == "item":
             return parent[key] is expected
         if op == "len":
