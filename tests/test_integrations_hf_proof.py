@@ -306,7 +306,12 @@ CHANGES_AFTER_THE_PROOF = [_replace_layer_through_modules, _set_mlp_through_modu
                            _hook_layer_submodule, _replace_glue_forward, _patch_glue_class, _mixing_attention]
 
 
-@pytest.mark.parametrize("change", CHANGES_AFTER_THE_PROOF, ids=lambda f: f.__name__.strip("_"))
+FAST_CHANGES = {_set_mlp_through_modules, _reclass_mlp, _patch_mlp_code, _hook_glue, _mixing_attention}
+"""One change of each kind in the README's test line (~2 s each); the others in the slow tier."""
+
+
+@pytest.mark.parametrize("change", [c if c in FAST_CHANGES else pytest.param(c, marks=pytest.mark.slow)
+                                    for c in CHANGES_AFTER_THE_PROOF], ids=lambda f: f.__name__.strip("_"))
 def test_a_change_that_mixes_positions_after_the_proof_is_refused_at_the_next_call(tmp_path, monkeypatch, change):
     """The proof is an answer about the model as it was. Each change after it makes a position read the pads (each
     was served padded and differed from eager ``generate()``: a re-traced graph served on the proof's old answer, or
