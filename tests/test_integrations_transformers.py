@@ -413,3 +413,21 @@ def test_changes_no_dict_records_are_served_like_eager_never_from_the_old_graph(
     monkeypatch.setattr(modeling_llama.LlamaMLP.forward, "__code__", mixing.__code__)
     with torch.inference_mode(), pytest.raises(ConfigError, match="no longer proved.*aten.mean"):
         _generate(model, ids * mask, mask)
+
+
+def test_a_config_field_the_forward_ignores_but_generate_masks_with_is_refused(tmp_path):
+    """``generate()`` with a static cache builds the 4D mask from the config (``create_masks_for_generate``): a
+    ``sliding_window`` set on a Llama makes it a sliding mask, while ``LlamaModel.forward`` (what enable() serves, from
+    the 2D mask) builds a causal one; served, its logits differed from eager ``generate()``'s by 0.40 at every size
+    (found 2026-11-27). Refused at enable() with the field and the fix; a model whose forward honours the field
+    (Mistral) is served."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    with pytest.raises(ConfigError, match=r"config.sliding_window=2: generate\(\) masks with "
+                                          r"create_sliding_window_causal_mask.*LlamaModel.forward"):
+        enable(_tiny_llama(sliding_window=2), cache_dir=str(tmp_path))
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                                               sliding_window=2)).eval()
+    disable_after = enable(mistral, cache_dir=str(tmp_path))
+    assert disable_after.model is mistral

@@ -70,6 +70,38 @@ def text_config(model: torch.nn.Module) -> Any:
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+GENERATE_MASKS = (("sliding_window", "create_sliding_window_causal_mask"),
+                  ("attention_chunk_size", "create_chunked_causal_mask"))
+"""The config fields with which transformers' ``create_masks_for_generate`` builds another 4D mask than the causal one
+(when the config has no ``layer_types``), and the masking function a model's forward must call to build the same."""
+
+
+def generate_mask_mismatch(model: torch.nn.Module) -> str | None:
+    """Why ``generate()`` would mask ``model`` otherwise than its forward does from a 2D mask (which is what
+    ``enable()`` serves), or None. ``generate()`` with a static cache builds the 4D mask itself from the config
+    (``create_masks_for_generate``: a sliding window when ``config.sliding_window`` is set, ...); the forward builds it
+    from the 2D mask with the masking functions its code names. A config field the forward's code ignores (a
+    ``sliding_window`` set on a Llama) makes eager ``generate()`` attend otherwise than the forward. Read from the
+    names the base model's forward calls (through decorators); None when its code cannot be read."""
+    config = text_config(model)
+    if getattr(config, "layer_types", None):
+        return None
+    field = next((f for f, _ in GENERATE_MASKS if getattr(config, f, None) is not None), None)
+    if field is None:
+        return None
+    base = getattr(model, "base_model", model)
+    forward: Any = getattr(type(base), "forward", None)
+    while hasattr(forward, "__wrapped__"):
+        forward = forward.__wrapped__
+    names = set(getattr(getattr(forward, "__code__", None), "co_names", ()))
+    needed = dict(GENERATE_MASKS)[field]
+    if "create_causal_mask" not in names or needed in names:
+        return None
+    return (f"config.{field}={getattr(config, field)!r}: generate() masks with {needed} for it, while "
+            f"{type(base).__qualname__}.forward builds its masks without it (create_causal_mask only), so eager "
+            f"generate() and the forward gearcache serves would attend to other keys")
+
+
 REVIEWED_PREPARE_SOURCES = frozenset({
     "1956c1944594e3113c56e5fbb7c785098ebb29c94b39381d49cfe4452e04d6c6",      # transformers 5.17.0
     "018a76f42a134e27245c17b3ac03d798a29b224522ae5a273e270e3389b7dc5c",      # transformers 5.24.0
