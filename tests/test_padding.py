@@ -465,6 +465,8 @@ class Routing(torch.nn.Module):
             ids = logits.topk(2, dim=-1).indices
         if self.variant == "shifted":                 # arithmetic on the indices: no longer known in range
             ids = ids + 1
+        if self.variant == "aminmax":                 # aminmax's second output is a maximum, not an index: 7 where
+            ids = torch.aminmax(torch.where(x[:, :2] == 0, 7, ids), dim=-1, keepdim=True).max     # a row is 0
         weights = self.experts[ids.reshape(-1)]                            # [B * k, 4, 4]
         rows = x.repeat_interleave(ids.shape[-1], dim=0)
         out = torch.bmm(weights, rows.unsqueeze(-1)).squeeze(-1)
@@ -472,14 +474,21 @@ class Routing(torch.nn.Module):
 
 
 @pytest.mark.parametrize("variant, exact", [("topk", True), ("argmax", True), ("smaller", False), ("shifted", False),
-                                            ("over_rows", False)])
+                                            ("over_rows", False), ("aminmax", False)])
 def test_indices_topk_returns_along_an_unpadded_dim_are_valid_in_the_pad_too(variant, exact):
     """``topk``/``argmax`` along the experts' dim (4) give integers in [0, 4) whatever the padded rows hold: a valid
     index into the experts' weights (4 of them), so the routing is per token and exact; not into 3 experts, not
-    once shifted by arithmetic, and a top-k along the padded dim itself ranks the padded rows."""
+    once shifted by arithmetic, and a top-k along the padded dim itself ranks the padded rows. ``aminmax``'s second
+    output is values (a maximum, 7 in rows of zeros: the padded rows), not indices: run padded, it reads out of
+    range."""
     torch.manual_seed(0)
     module = Routing(variant)
     report, _ = _report(module.forward, (torch.randn(4, 4),), [(0, 0)])
     assert (report.mixing == []) == exact, report.mixing
-    if variant in ("smaller", "shifted"):
+    if variant in ("smaller", "shifted", "aminmax"):
         assert any("not a valid position" in f.why for f in report.mixing), report.mixing
+    if variant == "aminmax":                           # the real rows (random) route; the padded rows (0) do not
+        x = torch.randn(3, 4)
+        assert module(x).shape == (3, 4)
+        with pytest.raises(IndexError):
+            module(torch.cat([x, torch.zeros(1, 4)]))
