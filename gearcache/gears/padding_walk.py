@@ -26,8 +26,8 @@ import torch
 from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument, mask_from_leaf,
-                            written_out_attention)
+from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument,
+                            mask_from_leaf, written_out_attention)
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
@@ -361,9 +361,12 @@ class GraphWalk:
         if not any(self._dirt(t) is CACHE_PADS for t in reads):
             return True
         kv = node.args[1:3]
-        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv):
+        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv) or \
+                not self._no_cache_pads(node.args[0]):       # a query made from the cache sees its pads
             return False
         mask = mask_argument(node)
+        if _keys_at(mask, -1) != _keys_at(kv[0], -2):               # a mask of 1 key broadcast over every key
+            return False
         if is_causal or self._causal_mask_written() or not mask_from_leaf(mask, self.placeholder_leaf,
                                                                             self.roles.causal):
             return False
@@ -374,7 +377,11 @@ class GraphWalk:
         """Whether ``node``, reading a cache storage that holds the pads' keys, is a step of an attention written out
         that drops that dirt (padding_cache.written_out_attention), the causal mask unchanged in the graph."""
         return (any(self._dirt(t) is CACHE_PADS for t in tensors_in(args)) and not self._causal_mask_written()
-                and written_out_attention(node, self.placeholder_leaf, self.roles))
+                and written_out_attention(node, self.placeholder_leaf, self.roles, self._no_cache_pads))
+
+    def _no_cache_pads(self, node: Any) -> bool:
+        """Whether ``node``'s value does not carry the cache's pads (:data:`CACHE_PADS`): an attention's query."""
+        return not isinstance(node, torch.fx.Node) or self._dirt(self.env.get(node)) is not CACHE_PADS
 
     def _causal_mask_written(self) -> bool:
         """Whether the graph wrote a causal mask leaf in place (so far): it is no longer the mask transformers built."""
@@ -450,3 +457,9 @@ class GraphWalk:
         if recipe[0] == "leaf":
             return f"argument {self.names.get(recipe[1], f'input {recipe[1]}')}"
         return "a graph input"
+
+
+def _keys_at(node: Any, dim: int) -> str | None:
+    """The size of dim ``dim`` of ``node``'s value as text (as padding_cache compares sizes), or None."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return str(value.shape[dim]) if isinstance(value, torch.Tensor) and value.dim() >= abs(dim) else None
