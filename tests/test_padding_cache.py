@@ -55,6 +55,15 @@ class Attend(torch.nn.Module):
             mask = mask[..., :1]
         if self.variant == "written_keyone":
             mask = mask[..., :1].expand(mask.shape)
+        if self.variant in ("cloned", "written_cloned"):   # a copy of the mask, keys 5 to 7 shown in it after
+            mask = mask if mask.is_floating_point() else torch.where(mask.logical_not(), float("-inf"), 0.0)
+            mask = mask.clone()
+            mask[..., 5:8] = 0.0
+        if self.variant in ("kcopy", "written_kcopy"):     # a copy of the keys, a pad's (position 6) put at 0
+            keys = keys.clone()
+            keys[:, :, 0] = keys[:, :, 6]
+        if self.variant == "boolfill":              # zeros_like of a bool mask stays bool: True where it hid
+            mask = torch.zeros_like(mask).masked_fill_(mask.logical_not(), float("-inf"))
         if self.variant in ("qcache", "written_qcache"):   # a query made from the cache: it reads the pads' keys
             q = q + keys.sum(2, keepdim=True)
         if self.variant == "kview":                 # positions regrouped: [L, H] seen as [L / 2, 2 H]
@@ -105,7 +114,9 @@ def _args(variant, t, seed=0):
                                             ("padright", False), ("rebool", False), ("keyone", False),
                                             ("qcache", False), ("kview", False), ("written_padright", False),
                                             ("written_rebool", False), ("written_keyone", False),
-                                            ("written_qcache", False), ("written_alpha", False)])
+                                            ("written_qcache", False), ("written_alpha", False),
+                                            ("cloned", False), ("kcopy", False), ("written_cloned", False),
+                                            ("written_kcopy", False), ("boolfill", False)])
 def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(variant, exact):
     """The cache's own writes are no finding; the attention reading the pads' keys is exact with the mask argument
     (its causality is the caller's: enable()'s masks), and refused with a mask built, moved or written in the layer,
@@ -117,7 +128,8 @@ def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(varian
     path's alignment (a pad on the right, sliced back from 0) and casts of an additive mask keep the mask; a weak fill,
     a pad on the left or a bool mask added as numbers do not. Nor do a mask whose keys leave their place (a pad on the
     right of a slice of them, one key's column broadcast over all), an additive mask cast to bool (it keeps what it
-    hid), a query made from the cache, keys whose positions a view regroups, or the mask subtracted (``alpha=-1``)."""
+    hid), a query made from the cache, keys whose positions a view regroups, the mask subtracted (``alpha=-1``), or a
+    copy of the mask or keys written in place after the copy."""
     module = Attend(variant)
     args = _args(variant, T)
     leaves, key = signature.call_key(args, {})
@@ -134,7 +146,8 @@ def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(varian
 
 @pytest.mark.parametrize("variant", ["causal", "written", "padright", "rebool", "keyone", "qcache", "kview",
                                      "written_padright", "written_rebool", "written_keyone", "written_qcache",
-                                     "written_alpha"])
+                                     "written_alpha", "cloned", "kcopy", "written_cloned", "written_kcopy",
+                                     "boolfill"])
 def test_the_attentions_refused_read_the_pads_keys_into_real_rows(variant):
     """The refusals above are needed: run eagerly on the real prompt (5 tokens) and padded to 8 tokens (other data in
     the padded rows, the real rows' the same), the real rows' outputs differ; the layers proved exact agree."""

@@ -23,7 +23,7 @@ weights changed per key) keeps it, and the dirt reaching an output is a finding 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -48,6 +48,17 @@ class Roles:
     """The leaves the walk takes as a KV cache and as a causal mask (leaf indices)."""
     cache: frozenset[int] = frozenset()
     causal: frozenset[int] = frozenset()
+
+
+class Reads(Protocol):
+    """What the walk tells the proof of an attention about a node it reads (padding_walk.GraphWalk is one)."""
+
+    def no_cache_pads(self, node: Any) -> bool:
+        """Whether ``node``'s value does not carry the cache's pads (:data:`CACHE_PADS`)."""
+
+    def untouched(self, node: Any) -> bool:
+        """Whether no tensor ``node`` is computed from was written in place by a node it is not computed from (a KV
+        cache's own writes aside): the mask, keys and values the proof traced are the ones the attention reads."""
 
 
 def mask_argument(node: torch.fx.Node) -> Any:
@@ -113,7 +124,8 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
             return False
         if name in ("masked_fill", "masked_fill_"):     # zeros_like(m).masked_fill_(m.logical_not(), -inf): CUDA's
             base, cond = mask.args[0], mask.args[1]
-            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and _hides(mask.args[2])):
+            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and _hides(mask.args[2])
+                    and _floating(mask)):           # zeros_like of a bool mask: -inf filled in as True
                 return False
             mask = cast(torch.fx.Node, cond).args[0]
             continue
@@ -218,30 +230,32 @@ PROBS_STEPS = {"_to_copy", "clone", "expand", "view", "_unsafe_view", "alias", "
 
 
 def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles,
-                          clean: Callable[[Any], bool]) -> bool:
+                          reads: Reads) -> bool:
     """Whether ``node`` is a step of an attention written out that drops the cache's dirt (:data:`WRITTEN_OUT_STEPS`):
 
     * a ``_softmax`` over the last dim of ``S + M``: ``M`` a floating causal leaf (:func:`mask_from_leaf`) whose last
       dim is the keys', ``S`` = ``bmm(Q, Kᵀ)`` through :data:`SCORE_STEPS`, ``Kᵀ`` the transpose of the last two dims
       of a cache leaf's keys (:func:`cache_from_leaf`, the positions at dim -2 on the way): every key the mask hides
       gets a weight of exactly 0 (its fill, ``finfo.min`` or ``-inf``, underflows ``exp``), so the weights equal
-      eager's, whose hidden keys are the cache's empty slots; ``Q`` is ``clean`` (it does not read the cache's pads
-      itself: a query made from the cache sees them whatever the mask), the add has no ``alpha``;
+      eager's, whose hidden keys are the cache's empty slots; ``Q`` does not carry the cache's pads (a query made
+      from the cache sees them whatever the mask), the add has no ``alpha``, ``M`` and ``K`` are ``reads.untouched``
+      (a copy of them written in place after is not what the proof traced);
     * a ``bmm(P, V)``: ``P`` such a softmax through :data:`PROBS_STEPS`, ``V`` a cache leaf's values (positions at dim
       -2, the product's contraction): a pad's value counts with a weight of 0 (the pads' values are finite: the same
       condition as sdpa's, see :data:`HIDING`)."""
     if _op(node) == "_softmax":
-        return _masked_scores_softmax(node, placeholder_leaf, roles, clean)
+        return _masked_scores_softmax(node, placeholder_leaf, roles, reads)
     if _op(node) != "bmm":
         return False
     probs = _through(node.args[0], PROBS_STEPS, _keys(node.args[0]))
     return (isinstance(probs, torch.fx.Node) and _op(probs) == "_softmax"
-            and _masked_scores_softmax(probs, placeholder_leaf, roles, clean)
-            and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False))
+            and _masked_scores_softmax(probs, placeholder_leaf, roles, reads)
+            and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False)
+            and reads.untouched(node.args[1]))
 
 
 def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles,
-                           clean: Callable[[Any], bool]) -> bool:
+                           reads: Reads) -> bool:
     """The first case of :func:`written_out_attention`."""
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or node.args[1] not in (-1, value.dim() - 1):
@@ -252,11 +266,12 @@ def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.
             added.kwargs.get("alpha", 1) != 1:         # scores - mask (alpha -1) shows what the mask hides
         return False
     for mask, scores in (added.args, added.args[::-1]):
-        if (_floating(mask) and _last(mask) == keys
+        if (_floating(mask) and _last(mask) == keys and reads.untouched(mask)
                 and mask_from_leaf(mask, placeholder_leaf, roles.causal)):
             product = _through(scores, SCORE_STEPS, keys)
-            if (isinstance(product, torch.fx.Node) and _op(product) == "bmm" and clean(product.args[0])
-                    and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)):
+            if (isinstance(product, torch.fx.Node) and _op(product) == "bmm" and reads.no_cache_pads(product.args[0])
+                    and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)
+                    and reads.untouched(product.args[1])):
                 return True
     return False
 
