@@ -89,7 +89,11 @@ class Attend(torch.nn.Module):
             mask = mask > 0
         dim = -2 if self.variant == "written_dim" else -1
         added = torch.add(scores, mask, alpha=-1) if self.variant == "written_alpha" else scores + mask
+        if self.variant == "written_scorewrite":          # scores written at the pads' keys after the mask's add
+            added[..., 5:8] = 1000.0
         probs = torch.softmax(added.float(), dim).to(q.dtype)
+        if self.variant == "written_probwrite":           # weights written at the pads' keys after the softmax
+            probs[..., 5:8] = 0.3
         if self.variant == "written_scaled":              # the weights changed per key after the softmax
             probs = probs * torch.arange(probs.shape[-1])
         return probs @ (values.flip(2) if self.variant == "written_flip" else values)
@@ -116,7 +120,8 @@ def _args(variant, t, seed=0):
                                             ("written_rebool", False), ("written_keyone", False),
                                             ("written_qcache", False), ("written_alpha", False),
                                             ("cloned", False), ("kcopy", False), ("written_cloned", False),
-                                            ("written_kcopy", False), ("boolfill", False)])
+                                            ("written_kcopy", False), ("boolfill", False),
+                                            ("written_scorewrite", False), ("written_probwrite", False)])
 def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(variant, exact):
     """The cache's own writes are no finding; the attention reading the pads' keys is exact with the mask argument
     (its causality is the caller's: enable()'s masks), and refused with a mask built, moved or written in the layer,
@@ -129,7 +134,8 @@ def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(varian
     a pad on the left or a bool mask added as numbers do not. Nor do a mask whose keys leave their place (a pad on the
     right of a slice of them, one key's column broadcast over all), an additive mask cast to bool (it keeps what it
     hid), a query made from the cache, keys whose positions a view regroups, the mask subtracted (``alpha=-1``), or a
-    copy of the mask or keys written in place after the copy."""
+    copy of the mask or keys written in place after the copy, or the scores or weights written in place at the pads'
+    keys."""
     module = Attend(variant)
     args = _args(variant, T)
     leaves, key = signature.call_key(args, {})
@@ -147,7 +153,7 @@ def test_an_attention_over_the_cache_is_exact_only_with_its_mask_argument(varian
 @pytest.mark.parametrize("variant", ["causal", "written", "padright", "rebool", "keyone", "qcache", "kview",
                                      "written_padright", "written_rebool", "written_keyone", "written_qcache",
                                      "written_alpha", "cloned", "kcopy", "written_cloned", "written_kcopy",
-                                     "boolfill"])
+                                     "boolfill", "written_scorewrite", "written_probwrite"])
 def test_the_attentions_refused_read_the_pads_keys_into_real_rows(variant):
     """The refusals above are needed: run eagerly on the real prompt (5 tokens) and padded to 8 tokens (other data in
     the padded rows, the real rows' the same), the real rows' outputs differ; the layers proved exact agree."""

@@ -238,11 +238,13 @@ def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.N
       of a cache leaf's keys (:func:`cache_from_leaf`, the positions at dim -2 on the way): every key the mask hides
       gets a weight of exactly 0 (its fill, ``finfo.min`` or ``-inf``, underflows ``exp``), so the weights equal
       eager's, whose hidden keys are the cache's empty slots; ``Q`` does not carry the cache's pads (a query made
-      from the cache sees them whatever the mask), the add has no ``alpha``, ``M`` and ``K`` are ``reads.untouched``
-      (a copy of them written in place after is not what the proof traced);
+      from the cache sees them whatever the mask), the add has no ``alpha``, the softmax's input is
+      ``reads.untouched`` (scores, a mask or keys written in place after they were made are not what the proof
+      traced);
     * a ``bmm(P, V)``: ``P`` such a softmax through :data:`PROBS_STEPS`, ``V`` a cache leaf's values (positions at dim
-      -2, the product's contraction): a pad's value counts with a weight of 0 (the pads' values are finite: the same
-      condition as sdpa's, see :data:`HIDING`)."""
+      -2, the product's contraction), both ``reads.untouched`` (weights written at a pad's key after the softmax):
+      a pad's value counts with a weight of 0 (the pads' values are finite: the same condition as sdpa's, see
+      :data:`HIDING`)."""
     if _op(node) == "_softmax":
         return _masked_scores_softmax(node, placeholder_leaf, roles, reads)
     if _op(node) != "bmm":
@@ -251,7 +253,7 @@ def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.N
     return (isinstance(probs, torch.fx.Node) and _op(probs) == "_softmax"
             and _masked_scores_softmax(probs, placeholder_leaf, roles, reads)
             and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False)
-            and reads.untouched(node.args[1]))
+            and reads.untouched(node.args[0]) and reads.untouched(node.args[1]))
 
 
 def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles,
@@ -261,17 +263,18 @@ def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.
     if not isinstance(value, torch.Tensor) or node.args[1] not in (-1, value.dim() - 1):
         return False
     keys = _keys(node)
+    if not reads.untouched(node.args[0]):      # scores (or mask, keys) written in place after: not what is traced
+        return False
     added = _through(node.args[0], FLOAT_COPIES, keys)
     if not isinstance(added, torch.fx.Node) or _op(added) != "add" or len(added.args) != 2 or \
             added.kwargs.get("alpha", 1) != 1:         # scores - mask (alpha -1) shows what the mask hides
         return False
     for mask, scores in (added.args, added.args[::-1]):
-        if (_floating(mask) and _last(mask) == keys and reads.untouched(mask)
+        if (_floating(mask) and _last(mask) == keys
                 and mask_from_leaf(mask, placeholder_leaf, roles.causal)):
             product = _through(scores, SCORE_STEPS, keys)
             if (isinstance(product, torch.fx.Node) and _op(product) == "bmm" and reads.no_cache_pads(product.args[0])
-                    and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)
-                    and reads.untouched(product.args[1])):
+                    and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)):
                 return True
     return False
 
