@@ -492,3 +492,31 @@ def test_indices_topk_returns_along_an_unpadded_dim_are_valid_in_the_pad_too(var
         assert module(x).shape == (3, 4)
         with pytest.raises(IndexError):
             module(torch.cat([x, torch.zeros(1, 4)]))
+
+
+class Scatter(torch.nn.Module):
+    """A mixture of experts' routing mask: ``zeros.scatter(1, ids, 1)`` at each token's top-2 of 4 experts; x is
+    [B, 4] (B padded). ``zero_rows``: rows of zeros (the padded rows with a pad of 0) scatter at 7 instead."""
+
+    def __init__(self, variant):
+        super().__init__()
+        self.variant = variant
+
+    def forward(self, x):
+        ids = x.topk(2, dim=-1).indices
+        if self.variant == "zero_rows":
+            ids = torch.where(x[:, :2] == 0, 7, ids)
+        return torch.zeros_like(x).scatter(1, ids, 1.0) * x
+
+
+@pytest.mark.parametrize("variant", ["topk", "zero_rows"])
+def test_a_scatter_at_a_padded_index_needs_a_pad_that_is_a_valid_position(variant):
+    """A scatter's padded rows (in line with its target's) write at their index's pad: it must be a valid position
+    (topk's indices are; 7 is not, so the pad search takes a pad for x whose rows are not zeros). Run padded with the
+    pad values the report chose, the real rows equal eager's (with a pad of 0 the padded run read out of range)."""
+    module = Scatter(variant)
+    x = torch.randn(3, 4)
+    report, _ = _report(module.forward, (x,), [(0, 0)])
+    assert report.mixing == [], report.mixing
+    padded = torch.cat([x, torch.full((2, 4), report.pad_values.get(0, 0.0))])
+    assert torch.equal(module(padded)[:3], module(x))
