@@ -23,7 +23,7 @@ weights changed per key) keeps it, and the dirt reaching an output is a finding 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -50,6 +50,17 @@ class Roles:
     causal: frozenset[int] = frozenset()
 
 
+class Reads(Protocol):
+    """What the walk tells the proof of an attention about a node it reads (padding_walk.GraphWalk is one)."""
+
+    def no_cache_pads(self, node: Any) -> bool:
+        """Whether ``node``'s value does not carry the cache's pads (:data:`CACHE_PADS`)."""
+
+    def untouched(self, node: Any) -> bool:
+        """Whether no tensor ``node`` is computed from was written in place by a node it is not computed from (a KV
+        cache's own writes aside): the mask, keys and values the proof traced are the ones the attention reads."""
+
+
 def mask_argument(node: torch.fx.Node) -> Any:
     """The node an attention op takes as its mask (``attn_mask``, positional or keyword), or None."""
     schema = getattr(node.target, "_schema", None)
@@ -69,25 +80,56 @@ cache), copies that keep every key at its place (``repeat_kv``'s expand and resh
 
 def cache_from_leaf(node: Any, placeholder_leaf: dict[torch.fx.Node, int], cache: frozenset[int]) -> bool:
     """Whether ``node`` (an attention's keys or values) is a cache leaf through :data:`KEEPS_PLACES` views and
-    :data:`COPIES` only, every slice from 0: the keys at the cache's positions, the pads' after the real ones."""
-    return mask_from_leaf(node, placeholder_leaf, cache, COPIES)
+    :data:`COPIES` only, every slice from 0, each step keeping the positions (dim -2) and the head dim (dim -1) as
+    they are (:func:`_positions_in_place`): the keys at the cache's positions, the pads' after the real ones."""
+    return _positions_in_place(node) and mask_from_leaf(node, placeholder_leaf, cache, COPIES, keys_last=False)
+
+
+def _positions_in_place(node: Any) -> bool:
+    """Whether every step from ``node`` back to its leaf (following first arguments) keeps its input's last two
+    sizes, except a slice of the positions (dim -2, a prefix: each kept position stays at its place) and a pad of the
+    head dim (a ``constant_pad_nd`` of the last dim): a view regrouping positions and head dims (``[L, H]`` seen as
+    ``[L / 2, 2 H]``) moves a pad's key next to a real one's."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        src, out = node.args[0], _trailing(node)
+        if not isinstance(src, torch.fx.Node) or out is None or _trailing(src) is None:
+            return False
+        before = cast(tuple[str, ...], _trailing(src))
+        rank = node.meta["val"].dim()
+        if _op(node) == "slice" and node.args[1] in (-2, rank - 2):
+            ok = before[1] == out[1]
+        elif _op(node) == "constant_pad_nd":
+            ok = before[0] == out[0]
+        else:
+            ok = before == out
+        if not ok:
+            return False
+        node = src
+    return True
 
 
 def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal: frozenset[int],
-                   also: frozenset[str] | set[str] = frozenset()) -> bool:
+                   also: frozenset[str] | set[str] = frozenset(), keys_last: bool = True) -> bool:
     """Whether ``mask`` (a node) is a causal leaf through :data:`KEEPS_PLACES` views (and ``also``) only, every
-    slice from 0."""
+    slice from 0. ``keys_last`` (a mask: its keys along the last dim): every key of ``mask`` is the leaf's key at the
+    same place, so each step keeps its input's last size (:func:`_keys_kept`: no key broadcast from a size of 1, no
+    view regrouping keys), except a slice of the last dim from 0 and a pad on its right of an input that holds every
+    key ``mask`` has (sdpa's alignment, sliced back): a pad's new keys (an additive 0) would show what was hidden."""
+    final = _keys(mask)
     while isinstance(mask, torch.fx.Node):
         if mask.op == "placeholder":
             return placeholder_leaf.get(mask) in causal
         name = _op(mask)
+        if keys_last and not _keys_kept(mask, final):
+            return False
         if name in ("masked_fill", "masked_fill_"):     # zeros_like(m).masked_fill_(m.logical_not(), -inf): CUDA's
             base, cond = mask.args[0], mask.args[1]
-            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and _hides(mask.args[2])):
+            if not (_op(base) == "zeros_like" and _op(cond) == "logical_not" and _hides(mask.args[2])
+                    and _floating(mask)):           # zeros_like of a bool mask: -inf filled in as True
                 return False
             mask = cast(torch.fx.Node, cond).args[0]
             continue
-        if name in FLOAT_COPIES and mask.op == "call_function" and _floating(mask.args[0]):
+        if name in FLOAT_COPIES and mask.op == "call_function" and _floating(mask.args[0]) and _floating(mask):
             mask = mask.args[0]         # an additive mask cast or copied: 0 stays 0, -inf -inf, -65504 below -65000
             continue
         if mask.op != "call_function" or (name not in KEEPS_PLACES and name not in also):
@@ -117,7 +159,28 @@ def mask_from_leaf(mask: Any, placeholder_leaf: dict[torch.fx.Node, int], causal
 
 FLOAT_COPIES = {"_to_copy", "clone", "contiguous"}
 """Copies a mask may pass through when it is additive already (a floating tensor): a dtype cast or a copy keeps every
-key's place and hides what it hid. A bool mask cast to a number is refused (1 and 0 added to scores hide nothing)."""
+key's place and hides what it hid. A bool mask cast to a number is refused (1 and 0 added to scores hide nothing), so is
+an additive mask cast to bool (its hidden keys, non-zero, become the ones a bool mask keeps)."""
+
+
+def _keys_kept(node: torch.fx.Node, final: str | None) -> bool:
+    """Whether the step ``node`` of a mask's path (see :func:`mask_from_leaf`) keeps every key of the mask at the
+    last dim's place in its input (``where``'s and ``masked_fill``'s: their condition): the same last size, or a slice
+    of the last dim from 0 (checked by the caller), or a pad on its right of an input holding the mask's ``final``
+    keys."""
+    if node.op != "call_function":
+        return True
+    name = _op(node)
+    src = node.args[1] if name in ("masked_fill", "masked_fill_") else node.args[0]
+    if name in ("masked_fill", "masked_fill_"):
+        src = cast(torch.fx.Node, src).args[0] if _op(src) == "logical_not" else src
+    if name == "slice":
+        return True
+    if name == "constant_pad_nd":
+        before = _keys(src)
+        return before == final or (before is not None and final is not None and before.isdigit()
+                                   and final.isdigit() and int(before) >= int(final))
+    return _keys(src) == _keys(node)
 
 
 def _floating(node: Any) -> bool:
@@ -166,41 +229,51 @@ PROBS_STEPS = {"_to_copy", "clone", "expand", "view", "_unsafe_view", "alias", "
 ``matmul``'s broadcast and batch views, each keeping the last (key) dim."""
 
 
-def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles) -> bool:
+def written_out_attention(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles,
+                          reads: Reads) -> bool:
     """Whether ``node`` is a step of an attention written out that drops the cache's dirt (:data:`WRITTEN_OUT_STEPS`):
 
     * a ``_softmax`` over the last dim of ``S + M``: ``M`` a floating causal leaf (:func:`mask_from_leaf`) whose last
       dim is the keys', ``S`` = ``bmm(Q, Kᵀ)`` through :data:`SCORE_STEPS`, ``Kᵀ`` the transpose of the last two dims
       of a cache leaf's keys (:func:`cache_from_leaf`, the positions at dim -2 on the way): every key the mask hides
       gets a weight of exactly 0 (its fill, ``finfo.min`` or ``-inf``, underflows ``exp``), so the weights equal
-      eager's, whose hidden keys are the cache's empty slots;
+      eager's, whose hidden keys are the cache's empty slots; ``Q`` does not carry the cache's pads (a query made
+      from the cache sees them whatever the mask), the add has no ``alpha``, the softmax's input is
+      ``reads.untouched`` (scores, a mask or keys written in place after they were made are not what the proof
+      traced);
     * a ``bmm(P, V)``: ``P`` such a softmax through :data:`PROBS_STEPS`, ``V`` a cache leaf's values (positions at dim
-      -2, the product's contraction): a pad's value counts with a weight of 0 (the pads' values are finite: the same
-      condition as sdpa's, see :data:`HIDING`)."""
+      -2, the product's contraction), both ``reads.untouched`` (weights written at a pad's key after the softmax):
+      a pad's value counts with a weight of 0 (the pads' values are finite: the same condition as sdpa's, see
+      :data:`HIDING`)."""
     if _op(node) == "_softmax":
-        return _masked_scores_softmax(node, placeholder_leaf, roles)
+        return _masked_scores_softmax(node, placeholder_leaf, roles, reads)
     if _op(node) != "bmm":
         return False
     probs = _through(node.args[0], PROBS_STEPS, _keys(node.args[0]))
     return (isinstance(probs, torch.fx.Node) and _op(probs) == "_softmax"
-            and _masked_scores_softmax(probs, placeholder_leaf, roles)
-            and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False))
+            and _masked_scores_softmax(probs, placeholder_leaf, roles, reads)
+            and _cache_positions(node.args[1], placeholder_leaf, roles.cache, transposed=False)
+            and reads.untouched(node.args[0]) and reads.untouched(node.args[1]))
 
 
-def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles) -> bool:
+def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.Node, int], roles: Roles,
+                           reads: Reads) -> bool:
     """The first case of :func:`written_out_attention`."""
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or node.args[1] not in (-1, value.dim() - 1):
         return False
     keys = _keys(node)
+    if not reads.untouched(node.args[0]):      # scores (or mask, keys) written in place after: not what is traced
+        return False
     added = _through(node.args[0], FLOAT_COPIES, keys)
-    if not isinstance(added, torch.fx.Node) or _op(added) != "add" or len(added.args) != 2:
+    if not isinstance(added, torch.fx.Node) or _op(added) != "add" or len(added.args) != 2 or \
+            added.kwargs.get("alpha", 1) != 1:         # scores - mask (alpha -1) shows what the mask hides
         return False
     for mask, scores in (added.args, added.args[::-1]):
         if (_floating(mask) and _last(mask) == keys
                 and mask_from_leaf(mask, placeholder_leaf, roles.causal)):
             product = _through(scores, SCORE_STEPS, keys)
-            if (isinstance(product, torch.fx.Node) and _op(product) == "bmm"
+            if (isinstance(product, torch.fx.Node) and _op(product) == "bmm" and reads.no_cache_pads(product.args[0])
                     and _cache_positions(product.args[1], placeholder_leaf, roles.cache, transposed=True)):
                 return True
     return False

@@ -135,7 +135,8 @@ def _kept_pad(a: RuleContext, target: TensorValue, values: Any, region: tuple[An
 
 
 def _index_copy(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Out:
-    """index_copy, index_add, index_fill, scatter*: rows of ``dim`` chosen by an index."""
+    """index_copy, index_add, index_fill, scatter*: rows of ``dim`` chosen by an index, whose pad must be a valid
+    position (a scatter's padded rows, in line with the target's, write there)."""
     src = args["self"].dims
     dim = norm_dim(args["dim"], len(src))
     index = args.get("index")
@@ -147,6 +148,8 @@ def _index_copy(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Ou
             op_name(node).startswith("index_") or len(index.dims) <= 1) and not _writes_back(a, node, args):
         leaves = a.pad(index).leaves | (a.pad(source).leaves if isinstance(source, TensorValue) else frozenset())
         why = ("writes at positions taken from padded rows", MOVES, leaves)
+    if why is None and isinstance(index, TensorValue):    # scatter's padded rows write at their own index's pad
+        why = invalid_index(a, index, dim_size(src[dim]), negative=False)
     if why is None and isinstance(source, TensorValue):
         for k, (s, d) in enumerate(zip(source.dims, src)):
             if k != dim and s != () and not a.aligned(s, d):

@@ -32,6 +32,11 @@ NEVER_NEUTRAL = {"mean": "a mean divides by the padded count", "var": "a varianc
                  "kthvalue": "a k-th value ranks the padded rows", "aminmax": "no one pad is neutral for min and max"}
 
 
+WITH_INDICES = {"max", "min", "median", "nanmedian", "mode", "kthvalue"}
+"""Reductions whose second output is the indices of the first (``max(dim)``); ``aminmax``'s and ``var_mean``'s is a
+value (a maximum, a mean), not a position in ``[0, n)``."""
+
+
 def _reduce(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
     """Reductions (sum, mean, amax, var, argmax, norm, ...): exact over a padded dim when the pad is neutral for the
     op (pad_values.REDUCTIONS); a mean or variance never is. Positions (argmax, ``max(dim)``'s indices) are exact
@@ -51,7 +56,7 @@ def _reduce(a: RuleContext, node: torch.fx.Node, args: dict[str, Any]) -> Any:
         keep = m.dim() == len(src)
         dims = tuple(() if i in reduced else d for i, d in enumerate(src)) if keep else tuple(
             d for i, d in enumerate(src) if i not in reduced)
-        positions = name in ("argmin", "argmax") or k == 1
+        positions = name in ("argmin", "argmax") or (k == 1 and name in WITH_INDICES)
         pad = _indices_pad(node, reduced) if positions else _reduced_pad(a.pad(x), name, m.dtype)
         outs.append((dims, (why or moved) if positions else why, pad))
     return outs if isinstance(meta, (list, tuple)) else outs[0]

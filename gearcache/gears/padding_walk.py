@@ -26,8 +26,8 @@ import torch
 from .._torch import aten as torch_aten
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
-from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument, mask_from_leaf,
-                            written_out_attention)
+from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument,
+                            mask_from_leaf, written_out_attention)
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
                                graph_constant, source_line, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
@@ -57,6 +57,7 @@ class GraphWalk:
         self.sensitive: set[int] = set()                # padded leaves whose pad values a finding depends on
         self.pad_origins: set[Origin] = set()          # ops other pad values could make exact
         self.report = PaddingReport()
+        self.writers: dict[str, list[torch.fx.Node]] = {}     # base name -> the nodes that wrote it in place
 
     def run(self) -> PaddingReport:
         """Walk every node in program order, then return the report (findings deduplicated, written indices sorted)."""
@@ -320,6 +321,7 @@ class GraphWalk:
         """An in-place write into ``target`` (see padding.py's docstring, "Findings", and this module's)."""
         if not isinstance(target, TensorValue):
             return
+        self.writers.setdefault(target.base, []).append(node)
         result = value[0] if isinstance(value, list) else value
         written = result if isinstance(result, TensorValue) and result.base == target.base else None
         dirty = self._dirt(result) if isinstance(result, TensorValue) else self._dirt(list(args.values()))
@@ -361,9 +363,12 @@ class GraphWalk:
         if not any(self._dirt(t) is CACHE_PADS for t in reads):
             return True
         kv = node.args[1:3]
-        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) for n in kv):
+        if not all(cache_from_leaf(n, self.placeholder_leaf, self.roles.cache) and self.untouched(n) for n in kv) \
+                or not self.no_cache_pads(node.args[0]):         # a query made from the cache sees its pads
             return False
         mask = mask_argument(node)
+        if _keys_at(mask, -1) != _keys_at(kv[0], -2) or not self.untouched(mask):     # 1 key broadcast to all
+            return False
         if is_causal or self._causal_mask_written() or not mask_from_leaf(mask, self.placeholder_leaf,
                                                                             self.roles.causal):
             return False
@@ -374,7 +379,25 @@ class GraphWalk:
         """Whether ``node``, reading a cache storage that holds the pads' keys, is a step of an attention written out
         that drops that dirt (padding_cache.written_out_attention), the causal mask unchanged in the graph."""
         return (any(self._dirt(t) is CACHE_PADS for t in tensors_in(args)) and not self._causal_mask_written()
-                and written_out_attention(node, self.placeholder_leaf, self.roles))
+                and written_out_attention(node, self.placeholder_leaf, self.roles, self))
+
+    def no_cache_pads(self, node: Any) -> bool:
+        """Whether ``node``'s value does not carry the cache's pads (:data:`CACHE_PADS`): an attention's query."""
+        return not isinstance(node, torch.fx.Node) or self._dirt(self.env.get(node)) is not CACHE_PADS
+
+    def untouched(self, node: Any) -> bool:
+        """Whether no tensor ``node`` is computed from (itself included) was written in place, so far, by a node it
+        is not computed from (``mask = mask.clone(); mask[..., 5:] = 0``), a KV cache's storage aside (its writes are
+        the cache's): what padding_cache traced back to a leaf is what the attention reads. O(its ancestors)."""
+        seen: set[torch.fx.Node] = set()
+        todo = [node] if isinstance(node, torch.fx.Node) else []
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(n.all_input_nodes)
+        return not any(isinstance(v, TensorValue) and not self.is_cache(v) and
+                       any(w not in seen for w in self.writers.get(v.base, ())) for v in map(self.env.get, seen))
 
     def _causal_mask_written(self) -> bool:
         """Whether the graph wrote a causal mask leaf in place (so far): it is no longer the mask transformers built."""
@@ -450,3 +473,9 @@ class GraphWalk:
         if recipe[0] == "leaf":
             return f"argument {self.names.get(recipe[1], f'input {recipe[1]}')}"
         return "a graph input"
+
+
+def _keys_at(node: Any, dim: int) -> str | None:
+    """The size of dim ``dim`` of ``node``'s value as text (as padding_cache compares sizes), or None."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return str(value.shape[dim]) if isinstance(value, torch.Tensor) and value.dim() >= abs(dim) else None
