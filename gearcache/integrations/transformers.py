@@ -484,8 +484,7 @@ def _check_model(model: torch.nn.Module, config: CompilerConfig | None) -> None:
     if "chunked_attention" in types:
         raise ConfigError("model: layer_types has 'chunked_attention' (chunked masks offset by left padding), "
                           "which gearcache does not serve yet. Fix: serve it with torch.compile")
-    mismatch = hf_compat.generate_mask_mismatch(model)
-    if mismatch is not None:
+    if (mismatch := hf_compat.generate_mask_mismatch(model)) is not None:
         raise ConfigError(f"model: {mismatch}. Fix: remove that config field, or use a model class whose forward "
                           f"honours it")
     from transformers import StaticCache
