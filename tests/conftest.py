@@ -134,6 +134,10 @@ def ahead_jobs(request, tmp_path_factory, native_checks) -> AheadJobs:
     first = {name: next((i for i, item in enumerate(items) if used(item)), None)
              for name, (_, used) in AHEAD.items()}
     queued = sorted((n for n in first if first[n] is not None), key=lambda n: first[n])
+    # the session's temporary folder made here, before the thread: pytest makes it at the first getbasetemp(), and
+    # two threads making it at once each make one (the second replaces the first under the other thread's mktemp,
+    # whose check then fails: "cli is not a normalized and relative path", CI 2026-11-27)
+    tmp_path_factory.getbasetemp()
     jobs = AheadJobs(tmp_path_factory, queued)
     stop = threading.Event()
 
