@@ -270,7 +270,7 @@ def _masked_scores_softmax(node: torch.fx.Node, placeholder_leaf: dict[torch.fx.
             added.kwargs.get("alpha", 1) != 1:         # scores - mask (alpha -1) shows what the mask hides
         return False
     for mask, scores in (added.args, added.args[::-1]):
-        if (_floating(mask) and _last(mask) == keys
+        if (_floating(mask) and _keys(mask) == keys
                 and mask_from_leaf(mask, placeholder_leaf, roles.causal)):
             product = _through(scores, SCORE_STEPS, keys)
             if (isinstance(product, torch.fx.Node) and _op(product) == "bmm" and reads.no_cache_pads(product.args[0])
@@ -316,10 +316,10 @@ def _through(node: Any, steps: set[str], keys: str | None) -> Any:
     """The first node back from ``node`` (following first arguments) that is not one of ``steps``, each step keeping
     the last dim's size ``keys`` and scaling by numbers only; None when a step breaks that."""
     while isinstance(node, torch.fx.Node) and _op(node) in steps:
-        if _last(node) != keys or (_op(node) in ("mul", "div") and not isinstance(node.args[1], (int, float))):
+        if _keys(node) != keys or (_op(node) in ("mul", "div") and not isinstance(node.args[1], (int, float))):
             return None
         node = node.args[0]
-    return node if isinstance(node, torch.fx.Node) and _last(node) == keys else None
+    return node if isinstance(node, torch.fx.Node) and _keys(node) == keys else None
 
 
 def _keys(node: Any) -> str | None:
@@ -327,8 +327,6 @@ def _keys(node: Any) -> str | None:
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return str(value.shape[-1]) if isinstance(value, torch.Tensor) and value.dim() else None
 
-
-_last = _keys
 
 
 def _trailing(node: Any) -> tuple[str, ...] | None:

@@ -95,13 +95,8 @@ def _module(hops: guard_watch.Hops, module: torch.nn.Module) -> None:
         hops.dict_item(own, name, own.get(name, guard_watch.ABSENT))
     if submodules:                      # a leaf's forward calls no submodule: one set on it changes nothing
         hops.dict_item(submodules, None, None)
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in ("torch", "builtins"):
-            continue
-        for value in vars(klass).values():
-            func = getattr(value, "__func__", value)
-            if isinstance(func, types.FunctionType):
-                _globals_called(hops, func)
+    for func in guard_watch.own_functions(cls):
+        _globals_called(hops, func)
 
 
 def _globals_called(hops: guard_watch.Hops, func: types.FunctionType) -> None:

@@ -40,7 +40,7 @@ which re-reads every hop at every call.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -100,15 +100,10 @@ class Hops:
             self.class_code(cls)
 
     def class_code(self, cls: type) -> None:
-        """The code of every function of ``cls`` and its bases, torch's and Python's own classes left out (a function
-        changed in place, ``f.__code__ = g.__code__``, keeps the class's dict as it was)."""
-        for klass in cls.__mro__:
-            if fingerprints.is_builtin_class(klass) or klass.__module__.split(".")[0] == "torch":
-                continue
-            for value in vars(klass).values():
-                func = getattr(value, "__func__", value)            # staticmethod, classmethod
-                if isinstance(func, types.FunctionType):
-                    self.function_code(func)
+        """The code of every function of ``cls`` and its bases (:func:`own_functions`: a function changed in place,
+        ``f.__code__ = g.__code__``, keeps the class's dict as it was)."""
+        for func in own_functions(cls):
+            self.function_code(func)
 
     def function_code(self, func: types.FunctionType) -> None:
         self.check("code", func, None, func.__code__)
@@ -374,6 +369,18 @@ class PyGuardWatch:
             if t.__dict__.keys() != copy.keys() or any(t.__dict__[k] is not v for k, v in copy.items()):
                 return False
         return self._meta is None or bool(self._meta())
+
+
+def own_functions(cls: type) -> Iterator[types.FunctionType]:
+    """The functions of ``cls`` and its bases (static and class methods' too), torch's and Python's own classes left
+    out: the code a program's class brings."""
+    for klass in cls.__mro__:
+        if fingerprints.is_builtin_class(klass) or klass.__module__.split(".")[0] == "torch":
+            continue
+        for value in vars(klass).values():
+            func = getattr(value, "__func__", value)            # staticmethod, classmethod
+            if isinstance(func, types.FunctionType):
+                yield func
 
 
 def holds(op: str, parent: Any, key: Any, expected: Any) -> bool:
