@@ -34,7 +34,7 @@ from .call import signature
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
 from .recompiles import RecompileWatch
-from .compiling.background import Compiling
+from .compiling.background import StandIn
 from .compiling.entry_life import EntryLife, Loaded
 from .config import CompilerConfig
 from .counters import counters
@@ -123,7 +123,7 @@ class CachedFunction(Dispatcher):
         try:
             matcher = self._matchers[key]
         except KeyError:
-            if isinstance(entry, Compiling):    # served eagerly until its background compile is loaded: ask again
+            if isinstance(entry, StandIn):      # served eagerly until its background compile is loaded: ask again
                 self._set_shortcut(None)
                 return
             matcher = self._matchers[key] = signature.matcher(
