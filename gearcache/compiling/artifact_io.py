@@ -104,8 +104,8 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
                 run_plan: dict[str, Any] | None = None) -> Callable[..., Any] | None:
     """Load the store's artifact ``akey`` for CUDA device ``device_index`` through ``runplan.load_artifact`` (raises
     ``WrongDevice`` when it runs only on another GPU); None when it vanished or changed since it was verified.
-    ``run_plan``: :func:`verified_run_plan`'s (the caller has verified what it reads); the whole artifact is verified here
-    before torch's loader would read it.
+    ``run_plan``: :func:`verified_run_plan`'s (the caller has verified what it reads); the whole artifact is verified
+    here before torch's loader would read it.
 
     A run plan's load only reads the folder. Torch's loader writes into the folder it loads from: an artifact it
     loads from a folder this process cannot write (a read-only mount, another user's files) is loaded through a
