@@ -157,7 +157,8 @@ class CachedFunction(Dispatcher):
             reading = guard_sets.Reading()          # the entries share most paths: each is read once
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
-                mismatch = guards.mismatch(self._scope, reading) if guards is not None else None
+                mismatch = (guards.mismatch(self._scope, reading) if isinstance(guards, guard_sets.GuardSet)
+                            else None)
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
