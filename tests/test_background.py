@@ -328,3 +328,31 @@ def test_a_block_whose_attributes_change_its_code_waits_then_compiles_its_own(tm
     assert gearcache.compiling.background.in_flight() == 0
     with counters.expect(traces=0, compiles=0, eager_calls=0):
         _same(model, twin, x)
+
+
+@pytest.mark.slow
+def test_a_waiter_whose_owner_is_freed_compiles_its_own(tmp_path):
+    """Two models of identical blocks sharing one store: model B's blocks wait for model A's block 0 compile, then A's
+    regions are removed and A is freed mid-compile (no one can settle that compile now). B's blocks must not run
+    eagerly forever: B's first block captures and compiles the entry itself, the others wait for it, then all load it.
+    Equal to eager throughout (outputs and every block's buffer); the workers close once nothing is in flight."""
+    import gc
+
+    store = tmp_path / "store"
+    a, _, regions_a = _stack([False] * 3, store)
+    b, twin, _ = _stack([False] * 3, store)
+    x = torch.randn(4, 6)
+    with torch.inference_mode():
+        a(x)                                    # A's block 0 compiles; its blocks 1-2 wait for it
+    with counters.expect(traces=0, eager_calls=3):
+        _same(b, twin, x)                       # B's blocks wait for A's compile too
+    regions_a.remove()
+    del a, regions_a
+    gc.collect()
+    with counters.expect(traces=1, eager_calls=3):
+        _same(b, twin, x)                       # the orphaned compile is not waited for: B's block 0 captures its own
+    assert gearcache.wait_for_background_compiles() == 1
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(b, twin, x)
+    assert gearcache.compiling.background.in_flight() == 0
+    assert gearcache.compiling.background.worker_pids() == []

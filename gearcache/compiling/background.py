@@ -25,7 +25,9 @@ the background already captures nothing: it is served eagerly by a :class:`Waiti
 settled, then looks the stored entry up as any miss does (its own value guards checked: a block whose attributes
 change the code captures and compiles its own then). Settling is the compiling method's; a waiter whose compile is
 done but not settled settles it when that method's lock is free (:meth:`BackgroundOwner.try_settle`, never a wait
-on another method's lock).
+on another method's lock). A compile whose method is freed before settling it (its model dropped, or its regions
+removed) is settled by no one: its waiters stop waiting and the first to miss again compiles the entry itself
+(:func:`compiling_elsewhere` no longer names it; its scratch folder goes with the handle).
 
 The artifact lock is taken only when settling: processes sharing a folder that miss the same new signature at once
 may each compile it in a worker (the first to settle publishes it; the others find it published and load it: no
@@ -200,9 +202,14 @@ class Waiting(StandIn):
 
 def compiling_elsewhere(shared_as: Hashable) -> Compiling[Any] | None:
     """The background compile in flight of the entry ``shared_as`` names (the store's folder, the topology's folder,
-    the entry key: ``EntryLife.shared_as``), started by any method of this process; None when there is none."""
+    the entry key: ``EntryLife.shared_as``), started by any method of this process; None when there is none, or its
+    owner was freed before settling it (no one settles it then: a waiter must not wait for it forever)."""
     with _WORKERS.lock:
-        return _WORKERS.shared.get(shared_as)
+        handle = _WORKERS.shared.get(shared_as)
+        if handle is not None and handle.owner() is None:
+            del _WORKERS.shared[shared_as]      # its owner was freed: nothing settles it, the caller compiles its own
+            return None
+        return handle
 
 
 class Launcher:
@@ -225,6 +232,8 @@ class Launcher:
         scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
         future = self.threads.submit(self.pool.compile, {**job, "folder": str(scratch / "inductor")})
         handle = Compiling(method, name, pending, graph, future, scratch, owner, shared_as)
+        # a handle dropped unsettled (its owner freed) removes its folder; not at exit, where ``_at_exit`` settles
+        weakref.finalize(handle, shutil.rmtree, scratch, True).atexit = False
         _WORKERS.handles.add(handle)
         if shared_as is not None:
             with _WORKERS.lock:
