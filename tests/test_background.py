@@ -356,3 +356,36 @@ def test_a_waiter_whose_owner_is_freed_compiles_its_own(tmp_path):
         _same(b, twin, x)
     assert gearcache.compiling.background.in_flight() == 0
     assert gearcache.compiling.background.worker_pids() == []
+
+
+@pytest.mark.slow
+def test_threads_capturing_identical_blocks_at_once_run_like_eager(tmp_path):
+    """Two models of identical blocks (two stores), each served by a thread of its own, both called at once with a
+    new signature: their first blocks capture the same code object at the same time (Dynamo's cache entries on it
+    are per code object, not per thread). Every call must equal eager (outputs and every block's buffer), with no
+    error and no crash; the compiles then settle and serve both."""
+    import threading
+
+    pairs = [_stack([False] * 3, tmp_path / f"store{i}")[:2] for i in range(2)]
+    barrier, errors = threading.Barrier(2), []
+
+    def serve(model, twin):
+        try:
+            for rows in (3, 5):
+                x = torch.randn(rows, 6)
+                barrier.wait(timeout=60)
+                _same(model, twin, x)
+        except BaseException as exc:            # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=serve, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert gearcache.wait_for_background_compiles() == 4
+    for model, twin in pairs:
+        with counters.expect(traces=0, eager_calls=0):
+            _same(model, twin, torch.randn(5, 6))
