@@ -389,3 +389,27 @@ def test_threads_capturing_identical_blocks_at_once_run_like_eager(tmp_path):
     for model, twin in pairs:
         with counters.expect(traces=0, eager_calls=0):
             _same(model, twin, torch.randn(5, 6))
+
+
+def test_a_wait_in_another_thread_does_not_hold_up_the_calls_it_waits_for(tmp_path):
+    """``wait_for_background_compiles()`` in a thread of its own while identical blocks compile: the serving thread's
+    calls are still served eagerly at once (not held until the compile is done, as a wait holding the compiling
+    method's lock would), equal to eager; the wait then settles the one compile and the blocks load it."""
+    import threading
+    import time
+
+    model, twin, _ = _stack([False] * 3, tmp_path / "store")
+    x = torch.randn(4, 6)
+    with counters.expect(traces=1, eager_calls=3):
+        _same(model, twin, x)
+    settled = []
+    waiter = threading.Thread(target=lambda: settled.append(gearcache.wait_for_background_compiles()))
+    waiter.start()
+    time.sleep(0.5)                             # the waiter is waiting for the worker now
+    with counters.expect(traces=0, eager_calls=3):
+        _same(model, twin, x)                   # served eagerly at once, while the worker still compiles
+    assert gearcache.compiling.background.in_flight() == 1
+    waiter.join(timeout=300)
+    assert settled == [1]
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(model, twin, x)
