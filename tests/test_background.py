@@ -413,3 +413,26 @@ def test_a_wait_in_another_thread_does_not_hold_up_the_calls_it_waits_for(tmp_pa
     assert settled == [1]
     with counters.expect(traces=0, compiles=0, eager_calls=0):
         _same(model, twin, x)
+
+
+def test_a_stand_in_never_gets_the_shortcut_of_its_settled_signature(tmp_path):
+    """Two threads calling one compiling signature: thread A's miss returns the eager stand-in, then thread B settles
+    the compile and its next call sets the signature's shortcut (its matcher is now known), then A sets the shortcut
+    for its own call. That interleaving, replayed here in one thread (A's ``_shortcut_to`` after B's call): the
+    shortcut must not carry the stand-in, or every later call of the signature runs eagerly while counted as a hit."""
+    from gearcache.call import signature
+
+    torch.manual_seed(4)
+    model, twin = Counter(tmp_path / "store"), Counter()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(3, 6)
+    _call_both(model, twin, x)                      # compiling: thread A's call gets the stand-in
+    with torch.inference_mode():
+        leaves, key = signature.call_key((x,), {})
+    stand_in = model.cached.life.compiling[key]
+    assert gearcache.wait_for_background_compiles() == 1
+    _call_both(model, twin, x)                      # thread B: loaded, the shortcut set (its matcher known)
+    model.cached._shortcut_to(key, leaves, stand_in)    # thread A, after its miss returned the stand-in
+    with counters.expect(eager_calls=0, hits=2):
+        _call_both(model, twin, x)
+        _call_both(model, twin, x)
