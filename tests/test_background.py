@@ -436,3 +436,31 @@ def test_a_stand_in_never_gets_the_shortcut_of_its_settled_signature(tmp_path):
     with counters.expect(eager_calls=0, hits=2):
         _call_both(model, twin, x)
         _call_both(model, twin, x)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_for_the_next_background_compile(tmp_path):
+    """SIGKILL the worker while one signature compiles, then call a new signature while that compile is still in
+    flight (the pool stays open): the new compile must run in a fresh worker, not fail at once on the dead one and
+    fall to an in-process compile in a serving call. Every call equals eager; both entries are then loaded."""
+    import os
+    import signal
+
+    from gearcache.call import signature
+
+    torch.manual_seed(5)
+    model, twin = Counter(tmp_path / "store"), Counter()
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(3, 6), torch.randn(5, 6)
+    _call_both(model, twin, x)
+    for pid in gearcache.compiling.background.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    _call_both(model, twin, y)                      # a new signature: compiled in the background too
+    with torch.inference_mode():
+        key = signature.call_key((y,), {})[1]
+    handle = model.cached.life.compiling[key]
+    assert handle.wait(300) and handle.reply() is not None, "compiled by a worker"
+    assert gearcache.wait_for_background_compiles() == 2
+    with counters.expect(eager_calls=0, traces=0):
+        for z in (x, y):
+            _call_both(model, twin, z)
