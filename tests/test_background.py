@@ -464,3 +464,17 @@ def test_a_killed_worker_is_replaced_for_the_next_background_compile(tmp_path):
     with counters.expect(eager_calls=0, traces=0):
         for z in (x, y):
             _call_both(model, twin, z)
+
+
+@pytest.mark.slow
+def test_an_exiting_process_whose_worker_was_killed_still_publishes_its_compiles(tmp_path):
+    """The worker SIGKILLed right before the process exits with gears 4 and 8 compiling: the exit compiles them in
+    this process (at interpreter exit, where Inductor's thread pool takes no new work), so a fresh process loads both
+    entries, compiling nothing; equal to eager in both."""
+    store = str(tmp_path / "store")
+    cold = run_script("run_background.py", store, "kill", env=empty_caches_env(tmp_path / "cold"), timeout=600)
+    assert cold["equal"]
+    warm = run_script("run_background.py", store, "warm", env=empty_caches_env(tmp_path / "warm"))
+    assert warm["equal"]
+    assert warm["counters"]["loads"] == 2
+    assert warm["counters"]["traces"] == warm["counters"]["compiles"] == warm["counters"]["eager_calls"] == 0

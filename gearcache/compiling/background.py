@@ -34,8 +34,10 @@ may each compile it in a worker (the first to settle publishes it; the others fi
 wrong or half-written artifact, only a compile spent twice). ``warmup()`` is the way to compile once per fleet.
 
 A process exiting with compiles in flight waits for them and settles them (``atexit``), so the next process loads
-them instead of starting over. A worker that fails leaves the compile to the settling call (in this process,
-as the serial path compiles). A graph that cannot travel to a worker (it calls collectives, or torch cannot pickle
+them instead of starting over (a failed worker's compile then runs here without Inductor's thread pool, which takes no
+new work at interpreter exit: ``inductor.serial_compiles``). A worker that fails leaves the compile to the settling
+call (in this process, as the serial path compiles); a worker found dead is replaced for the next compile
+(``WorkerPool.compile``). A graph that cannot travel to a worker (it calls collectives, or torch cannot pickle
 it) is compiled at once in the calling thread, as ``on_new_signature="compile"`` does.
 
 One pool of worker processes serves the whole process (``inference_config.warmup_workers`` of the first method
@@ -331,7 +333,8 @@ def _at_exit() -> None:
     try:
         if in_flight():
             log.info("waiting for %d background compile(s) before exit", in_flight())
-            wait()
+            with torch_inductor.serial_compiles():      # a failed worker's compile runs here, where no pool can
+                wait()
     except Exception:                                       # noqa: BLE001 - at exit: logged, never raised
         log.exception("background compiles could not be settled at exit")
     finally:
