@@ -120,13 +120,15 @@ class CachedFunction(Dispatcher):
         return entry(leaves)
 
     def _shortcut_to(self, key: tuple[Hashable, ...], leaves: tuple[Any, ...], entry: Loaded) -> None:
-        """Serve the next calls with ``key`` through the base class's shortcut (none where ``key`` has no matcher)."""
+        """Serve the next calls with ``key`` through the base class's shortcut (none where ``key`` has no matcher, nor
+        for an eager stand-in: its background compile is to be loaded, so every call asks again; checked before the
+        matchers, which another thread's call may have filled for ``key`` once that compile was settled)."""
+        if isinstance(entry, StandIn):
+            self._set_shortcut(None)
+            return
         try:
             matcher = self._matchers[key]
         except KeyError:
-            if isinstance(entry, StandIn):      # served eagerly until its background compile is loaded: ask again
-                self._set_shortcut(None)
-                return
             matcher = self._matchers[key] = signature.matcher(
                 leaves, key, distinct_storages=writes_a_leaf(entry)) if isinstance(entry, Entry) else None
         if matcher is None:

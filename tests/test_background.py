@@ -328,3 +328,153 @@ def test_a_block_whose_attributes_change_its_code_waits_then_compiles_its_own(tm
     assert gearcache.compiling.background.in_flight() == 0
     with counters.expect(traces=0, compiles=0, eager_calls=0):
         _same(model, twin, x)
+
+
+@pytest.mark.slow
+def test_a_waiter_whose_owner_is_freed_compiles_its_own(tmp_path):
+    """Two models of identical blocks sharing one store: model B's blocks wait for model A's block 0 compile, then A's
+    regions are removed and A is freed mid-compile (no one can settle that compile now). B's blocks must not run
+    eagerly forever: B's first block captures and compiles the entry itself, the others wait for it, then all load it.
+    Equal to eager throughout (outputs and every block's buffer); the workers close once nothing is in flight."""
+    import gc
+
+    store = tmp_path / "store"
+    a, _, regions_a = _stack([False] * 3, store)
+    b, twin, _ = _stack([False] * 3, store)
+    x = torch.randn(4, 6)
+    with torch.inference_mode():
+        a(x)                                    # A's block 0 compiles; its blocks 1-2 wait for it
+    with counters.expect(traces=0, eager_calls=3):
+        _same(b, twin, x)                       # B's blocks wait for A's compile too
+    regions_a.remove()
+    del a, regions_a
+    gc.collect()
+    with counters.expect(traces=1, eager_calls=3):
+        _same(b, twin, x)                       # the orphaned compile is not waited for: B's block 0 captures its own
+    assert gearcache.wait_for_background_compiles() == 1
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(b, twin, x)
+    assert gearcache.compiling.background.in_flight() == 0
+    assert gearcache.compiling.background.worker_pids() == []
+
+
+@pytest.mark.slow
+def test_threads_capturing_identical_blocks_at_once_run_like_eager(tmp_path):
+    """Two models of identical blocks (two stores), each served by a thread of its own, both called at once with a
+    new signature: their first blocks capture the same code object at the same time (Dynamo's cache entries on it
+    are per code object, not per thread). Every call must equal eager (outputs and every block's buffer), with no
+    error and no crash; the compiles then settle and serve both."""
+    import threading
+
+    pairs = [_stack([False] * 3, tmp_path / f"store{i}")[:2] for i in range(2)]
+    barrier, errors = threading.Barrier(2), []
+
+    def serve(model, twin):
+        try:
+            for rows in (3, 5):
+                x = torch.randn(rows, 6)
+                barrier.wait(timeout=60)
+                _same(model, twin, x)
+        except BaseException as exc:            # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=serve, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert gearcache.wait_for_background_compiles() == 4
+    for model, twin in pairs:
+        with counters.expect(traces=0, eager_calls=0):
+            _same(model, twin, torch.randn(5, 6))
+
+
+def test_a_wait_in_another_thread_does_not_hold_up_the_calls_it_waits_for(tmp_path):
+    """``wait_for_background_compiles()`` in a thread of its own while identical blocks compile: the serving thread's
+    calls are still served eagerly at once (not held until the compile is done, as a wait holding the compiling
+    method's lock would), equal to eager; the wait then settles the one compile and the blocks load it."""
+    import threading
+    import time
+
+    model, twin, _ = _stack([False] * 3, tmp_path / "store")
+    x = torch.randn(4, 6)
+    with counters.expect(traces=1, eager_calls=3):
+        _same(model, twin, x)
+    settled = []
+    waiter = threading.Thread(target=lambda: settled.append(gearcache.wait_for_background_compiles()))
+    waiter.start()
+    time.sleep(0.5)                             # the waiter is waiting for the worker now
+    with counters.expect(traces=0, eager_calls=3):
+        _same(model, twin, x)                   # served eagerly at once, while the worker still compiles
+    assert gearcache.compiling.background.in_flight() == 1
+    waiter.join(timeout=300)
+    assert settled == [1]
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(model, twin, x)
+
+
+def test_a_stand_in_never_gets_the_shortcut_of_its_settled_signature(tmp_path):
+    """Two threads calling one compiling signature: thread A's miss returns the eager stand-in, then thread B settles
+    the compile and its next call sets the signature's shortcut (its matcher is now known), then A sets the shortcut
+    for its own call. That interleaving, replayed here in one thread (A's ``_shortcut_to`` after B's call): the
+    shortcut must not carry the stand-in, or every later call of the signature runs eagerly while counted as a hit."""
+    from gearcache.call import signature
+
+    torch.manual_seed(4)
+    model, twin = Counter(tmp_path / "store"), Counter()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(3, 6)
+    _call_both(model, twin, x)                      # compiling: thread A's call gets the stand-in
+    with torch.inference_mode():
+        leaves, key = signature.call_key((x,), {})
+    stand_in = model.cached.life.compiling[key]
+    assert gearcache.wait_for_background_compiles() == 1
+    _call_both(model, twin, x)                      # thread B: loaded, the shortcut set (its matcher known)
+    model.cached._shortcut_to(key, leaves, stand_in)    # thread A, after its miss returned the stand-in
+    with counters.expect(eager_calls=0, hits=2):
+        _call_both(model, twin, x)
+        _call_both(model, twin, x)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_for_the_next_background_compile(tmp_path):
+    """SIGKILL the worker while one signature compiles, then call a new signature while that compile is still in
+    flight (the pool stays open): the new compile must run in a fresh worker, not fail at once on the dead one and
+    fall to an in-process compile in a serving call. Every call equals eager; both entries are then loaded."""
+    import os
+    import signal
+
+    from gearcache.call import signature
+
+    torch.manual_seed(5)
+    model, twin = Counter(tmp_path / "store"), Counter()
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(3, 6), torch.randn(5, 6)
+    _call_both(model, twin, x)
+    for pid in gearcache.compiling.background.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    _call_both(model, twin, y)                      # a new signature: compiled in the background too
+    with torch.inference_mode():
+        key = signature.call_key((y,), {})[1]
+    handle = model.cached.life.compiling[key]
+    assert handle.wait(300) and handle.reply() is not None, "compiled by a worker"
+    assert gearcache.wait_for_background_compiles() == 2
+    with counters.expect(eager_calls=0, traces=0):
+        for z in (x, y):
+            _call_both(model, twin, z)
+
+
+@pytest.mark.slow
+def test_an_exiting_process_whose_worker_was_killed_still_publishes_its_compiles(tmp_path):
+    """The worker SIGKILLed right before the process exits with gears 4 and 8 compiling: the exit compiles them in
+    this process (at interpreter exit, where Inductor's thread pool takes no new work), so a fresh process loads both
+    entries, compiling nothing; equal to eager in both."""
+    store = str(tmp_path / "store")
+    cold = run_script("run_background.py", store, "kill", env=empty_caches_env(tmp_path / "cold"), timeout=600)
+    assert cold["equal"]
+    warm = run_script("run_background.py", store, "warm", env=empty_caches_env(tmp_path / "warm"))
+    assert warm["equal"]
+    assert warm["counters"]["loads"] == 2
+    assert warm["counters"]["traces"] == warm["counters"]["compiles"] == warm["counters"]["eager_calls"] == 0

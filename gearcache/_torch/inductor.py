@@ -39,6 +39,15 @@ def mode_options(mode: str) -> dict[str, Any]:
     return opts
 
 
+def serial_compiles() -> contextlib.AbstractContextManager[None]:
+    """Inductor compiling in the calling thread only (``compile_threads=1``: no thread pool): at interpreter exit,
+    where ``concurrent.futures`` takes no new work ("cannot schedule new futures after interpreter shutdown"), a
+    compile that would submit its C++ or Triton builds to Inductor's pool fails. Changes no generated code."""
+    from torch.utils._config_module import ConfigModule
+
+    return cast(ConfigModule, torch._inductor.config).patch({"compile_threads": 1})     # a config module
+
+
 def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
                          decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
     """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).

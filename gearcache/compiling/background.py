@@ -25,15 +25,19 @@ the background already captures nothing: it is served eagerly by a :class:`Waiti
 settled, then looks the stored entry up as any miss does (its own value guards checked: a block whose attributes
 change the code captures and compiles its own then). Settling is the compiling method's; a waiter whose compile is
 done but not settled settles it when that method's lock is free (:meth:`BackgroundOwner.try_settle`, never a wait
-on another method's lock).
+on another method's lock). A compile whose method is freed before settling it (its model dropped, or its regions
+removed) is settled by no one: its waiters stop waiting and the first to miss again compiles the entry itself
+(:func:`compiling_elsewhere` no longer names it; its scratch folder goes with the handle).
 
 The artifact lock is taken only when settling: processes sharing a folder that miss the same new signature at once
 may each compile it in a worker (the first to settle publishes it; the others find it published and load it: no
 wrong or half-written artifact, only a compile spent twice). ``warmup()`` is the way to compile once per fleet.
 
 A process exiting with compiles in flight waits for them and settles them (``atexit``), so the next process loads
-them instead of starting over. A worker that fails leaves the compile to the settling call (in this process,
-as the serial path compiles). A graph that cannot travel to a worker (it calls collectives, or torch cannot pickle
+them instead of starting over (a failed worker's compile then runs here without Inductor's thread pool, which takes no
+new work at interpreter exit: ``inductor.serial_compiles``). A worker that fails leaves the compile to the settling
+call (in this process, as the serial path compiles); a worker found dead is replaced for the next compile
+(``WorkerPool.compile``). A graph that cannot travel to a worker (it calls collectives, or torch cannot pickle
 it) is compiled at once in the calling thread, as ``on_new_signature="compile"`` does.
 
 One pool of worker processes serves the whole process (``inference_config.warmup_workers`` of the first method
@@ -200,9 +204,14 @@ class Waiting(StandIn):
 
 def compiling_elsewhere(shared_as: Hashable) -> Compiling[Any] | None:
     """The background compile in flight of the entry ``shared_as`` names (the store's folder, the topology's folder,
-    the entry key: ``EntryLife.shared_as``), started by any method of this process; None when there is none."""
+    the entry key: ``EntryLife.shared_as``), started by any method of this process; None when there is none, or its
+    owner was freed before settling it (no one settles it then: a waiter must not wait for it forever)."""
     with _WORKERS.lock:
-        return _WORKERS.shared.get(shared_as)
+        handle = _WORKERS.shared.get(shared_as)
+        if handle is not None and handle.owner() is None:
+            del _WORKERS.shared[shared_as]      # its owner was freed: nothing settles it, the caller compiles its own
+            return None
+        return handle
 
 
 class Launcher:
@@ -225,6 +234,8 @@ class Launcher:
         scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
         future = self.threads.submit(self.pool.compile, {**job, "folder": str(scratch / "inductor")})
         handle = Compiling(method, name, pending, graph, future, scratch, owner, shared_as)
+        # a handle dropped unsettled (its owner freed) removes its folder; not at exit, where ``_at_exit`` settles
+        weakref.finalize(handle, shutil.rmtree, scratch, True).atexit = False
         _WORKERS.handles.add(handle)
         if shared_as is not None:
             with _WORKERS.lock:
@@ -322,7 +333,8 @@ def _at_exit() -> None:
     try:
         if in_flight():
             log.info("waiting for %d background compile(s) before exit", in_flight())
-            wait()
+            with torch_inductor.serial_compiles():      # a failed worker's compile runs here, where no pool can
+                wait()
     except Exception:                                       # noqa: BLE001 - at exit: logged, never raised
         log.exception("background compiles could not be settled at exit")
     finally:

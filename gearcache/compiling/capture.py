@@ -68,26 +68,27 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
     """The call ``method(*args, **kwargs)`` (``leaves``: its flattened arguments) as one Dynamo graph, recorded and
     not run (see the module docstring): a :class:`Captured`. Nothing stays installed in Dynamo. Raises
     ``GraphBreakError`` listing every break, and the eager method's own error for an input it refuses."""
-    state: dict[str, Any] = {}
-    record = _recording_backend(state, _empty_like_example)
-    code = method.__func__.__code__
-    recording = torch_guards.GuardRecording()
-    compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
-                             options=torch_guards.guard_recording_options(recording, method.__func__.__globals__))
-    torch_capture.forget_dynamo_cache(code)
-    try:
-        with torch_capture.dynamo_capture_config(), torch_capture.without_dynamic_marks(leaves):
-            result = compiled(*args, **kwargs)
-    except Exception as exc:
-        if torch_capture.is_graph_break(exc):
-            torch_capture.forget_dynamo_cache(code)
-            _raise_op_type_error(method, exc)
-            breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
-            raise GraphBreakError(_qualname(method), breaks) from None
-        _raise_op_runtime_error(method, exc)
-        raise
-    finally:
+    with torch_capture.DYNAMO_LOCK:        # one trace at a time in the process (see its docstring)
+        state: dict[str, Any] = {}
+        record = _recording_backend(state, _empty_like_example)
+        code = method.__func__.__code__
+        recording = torch_guards.GuardRecording()
+        compiled = torch.compile(method, fullgraph=True, dynamic=False, backend=record,
+                                 options=torch_guards.guard_recording_options(recording, method.__func__.__globals__))
         torch_capture.forget_dynamo_cache(code)
+        try:
+            with torch_capture.dynamo_capture_config(), torch_capture.without_dynamic_marks(leaves):
+                result = compiled(*args, **kwargs)
+        except Exception as exc:
+            if torch_capture.is_graph_break(exc):
+                torch_capture.forget_dynamo_cache(code)
+                _raise_op_type_error(method, exc)
+                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+                raise GraphBreakError(_qualname(method), breaks) from None
+            _raise_op_runtime_error(method, exc)
+            raise
+        finally:
+            torch_capture.forget_dynamo_cache(code)
     if "gm" not in state:           # no tensor work at all (it returns constants): an empty graph serves it
         state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
     state_names = _state_names(module)
@@ -329,7 +330,8 @@ def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure
 
     clones = _dynamic_clones(leaves, marked)
     args, kwargs = unflatten(structure, tuple(clones))
-    state, result, recording = _trace_symbolically(method, module, args, kwargs)
+    with torch_capture.DYNAMO_LOCK:        # one trace at a time in the process (see its docstring)
+        state, result, recording = _trace_symbolically(method, module, args, kwargs)
     gm, state_names = state["gm"], _state_names(module)
     guards = torch_shapes.shape_guards(gm)
     same = size_classes(guards)

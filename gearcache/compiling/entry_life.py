@@ -217,14 +217,19 @@ class EntryLife:
 
     def settle_all(self, deadline: float | None = None) -> int:
         """Wait for this method's background compiles (until ``deadline``, a ``time.monotonic()``: the compiles not
-        done by then stay in flight) and settle them; returns how many were settled."""
+        done by then stay in flight) and settle them; returns how many of those in flight when it began are settled
+        (here, or meanwhile by a call). The waits hold no lock: the method's calls, in other threads, are served
+        eagerly meanwhile; only the settling takes the lock."""
         settled = 0
         with self.lock:
-            for key, handle in list(self.compiling.items()):
-                if not handle.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
-                    continue
-                self.settle(key, handle, wait=True)
-                settled += 1
+            todo = list(self.compiling.items())
+        for key, handle in todo:
+            if not handle.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                continue
+            with self.lock:
+                if self.compiling.get(key) is handle:
+                    self.settle(key, handle, wait=True)
+            settled += handle.closed
         return settled
 
     # ---------------------------------------------------------------------------------------------------- find

@@ -146,13 +146,17 @@ class WorkerPool:
         threads = str(compile_threads(n, os.cpu_count() or 1))
         env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads}
         env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_parent(), env.get("PYTHONPATH")] if p)
+        self._env = env
         self._idle: "queue.Queue[subprocess.Popen[bytes]]" = queue.Queue()
         self._all: list[subprocess.Popen[bytes]] = []
         for _ in range(n):
-            proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            proc = self._spawn()
             self._all.append(proc)
             self._idle.put(proc)
+
+    def _spawn(self) -> "subprocess.Popen[bytes]":
+        return subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env=self._env)
 
     @property
     def size(self) -> int:
@@ -166,18 +170,23 @@ class WorkerPool:
 
     def compile(self, job: dict[str, Any]) -> dict[str, Any]:
         """Run ``job`` in a worker; returns its reply (``seconds``, ``times``, see the module docstring) with
-        ``worker`` (its index in the pool) added. ``WorkerError`` if the worker failed or died."""
+        ``worker`` (its index in the pool) added. ``WorkerError`` if the worker failed or died during the job; a
+        worker found dead before it (killed, out of memory, since its last job) is replaced by a fresh one first, so
+        one death does not fail every later job of a pool that stays open (background compiles)."""
         proc = self._idle.get()
+        if proc.poll() is not None:
+            log.warning("worker pid %s exited with code %s; starting a fresh one", proc.pid, proc.returncode)
+            fresh = self._spawn()
+            self._all[self._all.index(proc)] = fresh
+            proc = fresh
         try:
-            if proc.poll() is not None:
-                raise WorkerError(f"worker pid {proc.pid} exited with code {proc.returncode}", proc.pid)
             _send(_pipe(proc.stdin), job)
             reply = _receive(_pipe(proc.stdout))
         except (OSError, EOFError) as exc:
             raise WorkerError(f"worker pid {proc.pid} died ({type(exc).__name__}: {exc}; exit code "
                               f"{proc.poll()})", proc.pid) from None
         finally:
-            self._idle.put(proc)                # a dead one answers the next job at once with WorkerError
+            self._idle.put(proc)                # a dead one is replaced when it is next taken
         if not reply["ok"]:
             raise WorkerError(reply["error"], proc.pid)
         return {**reply, "worker": self._all.index(proc)}

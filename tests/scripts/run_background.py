@@ -1,6 +1,7 @@
 """A geared module whose method updates a buffer in place, under ``on_new_signature="background"``, called beside
-an eager twin. ``run_background.py STORE cold|warm``: cold exits right after its calls (the exit settles the
-compiles in flight); warm installs the compiler hooks first. Prints a JSON report."""
+an eager twin. ``run_background.py STORE cold|kill|warm``: cold exits right after its calls (the exit settles the
+compiles in flight); kill too, after killing the worker (SIGKILL: the exit compiles them in this process); warm
+installs the compiler hooks first. Prints a JSON report."""
 import json
 import os
 import sys
@@ -41,6 +42,13 @@ with torch.inference_mode():
         out, want = model.cached(x), twin.fwd(x)
         equal &= out.shape == want.shape and bool(torch.allclose(out, want, atol=1e-5))
         equal &= bool(torch.allclose(model.steps, twin.steps, atol=1e-5))
+if sys.argv[2] == "kill":
+    import signal
+
+    from gearcache.compiling import background
+
+    for pid in background.worker_pids():
+        os.kill(pid, signal.SIGKILL)
 hooks = compile_hooks.COUNTS if sys.argv[2] == "warm" else {}
 print(json.dumps({"equal": equal, "hooks": hooks, "counters": {k: getattr(counters, k) for k in (
     "traces", "compiles", "loads", "eager_calls", "hits")}}))
