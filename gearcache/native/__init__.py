@@ -61,8 +61,8 @@ def native_dir() -> str:
 
 
 def build_key_parts() -> list[tuple[str, str]]:
-    """What the compiled module depends on, in order: its sources (SOURCES), the torch build whose headers and libraries it
-    is compiled against, and the Python ABI it is loaded into."""
+    """What the compiled module depends on, in order: its sources (SOURCES), the torch build whose headers and
+    libraries it is compiled against, and the Python ABI it is loaded into."""
     import torch
 
     digest = hashlib.sha256()
