@@ -316,9 +316,9 @@ class CudaGraphs:
         fill_buffers(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
         graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
-        if wait and isinstance(graphed.entry, StandIn):        # compiling in the background: wait, then load it
-            if isinstance(graphed.entry, Compiling):
-                background.wait_for(self.life)
+        while wait and isinstance(graphed.entry, StandIn):     # compiling in the background: wait, then load it
+            if isinstance(graphed.entry, Compiling):            # (a waiter's look-up after the wait may start a
+                background.wait_for(self.life)                  # compile of its own: waited for in turn)
             else:                                               # an identical block's compile: wait for every one
                 background.wait()
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
