@@ -219,17 +219,28 @@ def choose(read: Callable[[str], dict[str, Any] | None], key: str, scope: Scope,
     first = read(key)
     if first is None:
         return Choice(None, None, key)
-    first_guards = GuardSet.from_json(first.get("guards"))
+    first_guards = _guards_of(first)
     mismatch = first_guards.mismatch(scope, reading)
     if mismatch is None:
         return Choice(first, first_guards, key)
     vkey = variant_key(key, first_guards, scope)
     variant = read(vkey)
     if variant is not None:
-        variant_guards = GuardSet.from_json(variant.get("guards"))
+        variant_guards = _guards_of(variant)
         if variant_guards.mismatch(scope, reading) is None:
             return Choice(variant, variant_guards, vkey)
     return Choice(None, None, vkey, mismatch)
+
+
+def _guards_of(record: dict[str, Any]) -> GuardSet:
+    """The guard set of a record just read (``GuardSet.from_json``); where that set was parsed from another record's
+    equal JSON, the record's ``"guards"`` becomes that JSON (the same values), so that the gears of a method keep one
+    copy of their guards between them, not one each (a 8-layer decoder's: ~800 guards, ~10^4 objects a copy)."""
+    raw = record.get("guards")
+    guards = GuardSet.from_json(raw)
+    if isinstance(raw, list) and guards._source is not raw:
+        record["guards"] = guards._source
+    return guards
 
 
 def _show(fp: Any) -> str:
