@@ -94,16 +94,21 @@ def test_a_warm_start_hashes_its_artifacts_once_then_loads_them_by_their_stamps(
 
 
 def test_look_ups_run_side_by_side_only_after_a_first_one_that_mostly_waited(monkeypatch):
-    """``driver.lookup_threads``: the first look-up's wall and CPU seconds decide. Mostly on the CPU (Python holding
-    the GIL): one after another. Mostly waiting (a remote store, a lock held elsewhere): the load threads.
+    """``driver.lookup_threads``: what the first look-up spent decides. Mostly on the CPU (Python holding the GIL):
+    one after another. Mostly off it, blocked (a remote store, a lock held elsewhere): the load threads; off it
+    because other processes had the cores (preempted more often than blocked): one after another.
     ``GEARCACHE_LOAD_THREADS`` decides instead where set."""
     from gearcache.warmup import driver
 
     monkeypatch.delenv("GEARCACHE_LOAD_THREADS", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert driver.lookup_threads(wall=0.020, cpu=0.019) == 1
-    assert driver.lookup_threads(wall=0.020, cpu=0.011) == 1
+    assert driver.lookup_threads(wall=0.020, cpu=0.011, blocks=30, preemptions=0) == 1
     assert driver.lookup_threads(wall=0.200, cpu=0.020) == driver.load_threads()
+    assert driver.lookup_threads(wall=0.200, cpu=0.020, blocks=12, preemptions=3) == driver.load_threads()
+    assert driver.lookup_threads(wall=0.200, cpu=0.020, blocks=2, preemptions=9) == 1
+    spent = driver._spent_since(driver._thread_clock())
+    assert spent.wall >= 0 and spent.cpu >= 0 and spent.preemptions >= 0
     monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "4")
     assert driver.lookup_threads(wall=0.020, cpu=0.019) == 4
     monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "1")

@@ -59,6 +59,12 @@ from ..compiling.workers import WorkerPool, default_workers, job_for
 if TYPE_CHECKING:
     from ..compiling.entry_life import EntryLife, Found, Pending
 
+try:
+    import resource
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)     # Linux
+except ImportError:                 # pragma: no cover - not on Windows
+    _RUSAGE_THREAD = None
+
 log = logging.getLogger("gearcache.warmup.driver")
 LOAD_THREADS = 8        # at most this many look-up threads (find_all): the GIL gains nothing from more
 WAITED = 0.5            # look-ups side by side when the first one's CPU time was below this share of its wall time
@@ -184,9 +190,9 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     try:
         for gear in gears:
             if not results:
-                cpu = time.thread_time()
+                before = _thread_clock()
                 results.append((gear, *_find(life, gear, timeline, reading)))
-                n, t0 = lookup_threads(results[0][2], time.thread_time() - cpu), time.time()
+                n, t0 = lookup_threads(*_spent_since(before)), time.time()
             elif n == 1:
                 results.append((gear, *_find(life, gear, timeline, reading)))
             else:
@@ -210,17 +216,42 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     return results
 
 
-def lookup_threads(wall: float, cpu: float) -> int:
-    """The threads of a warm-up's look-ups after its first, which took ``wall`` seconds of which ``cpu`` on this
-    thread's CPU: ``$GEARCACHE_LOAD_THREADS`` where set (:func:`load_threads`); else :func:`load_threads` when that
-    look-up spent most of its time waiting (``cpu`` below :data:`WAITED` of ``wall``: a remote store's fetch, a lock
-    held elsewhere, a cold disk), where threads overlap the waits; else 1, one after another in the calling thread.
-    A look-up's own work is Python (manifest and guards, the wrapper's module code), which holds the GIL: side by side
-    each took 10-15x longer than alone on 4 H100 ranks (0.20-0.29 s against 0.02 s, the step 0.26-0.29 s for 6
-    gears) and 2-3x on CPU, where the step never got shorter (docs/BENCHMARKS.md)."""
-    if _fixed_threads() is not None or cpu < WAITED * wall:
-        return load_threads()
-    return 1
+def lookup_threads(wall: float, cpu: float, blocks: int | None = None, preemptions: int = 0) -> int:
+    """The threads of a warm-up's look-ups after its first, which took ``wall`` seconds, ``cpu`` of them on this
+    thread's CPU, and left its CPU ``blocks`` times to wait (voluntary context switches) and ``preemptions`` times
+    for other work (involuntary ones; None and 0 where not counted): ``$GEARCACHE_LOAD_THREADS`` where set
+    (:func:`load_threads`); else :func:`load_threads` when that look-up mostly waited (``cpu`` below :data:`WAITED`
+    of ``wall``, and blocked more often than it was preempted: a remote store's fetch, a lock held elsewhere, a cold
+    disk), where threads overlap the waits; else 1, one after another in the calling thread (a look-up kept off its
+    CPU by other processes would keep its threads off too). A look-up's own work is Python (manifest and guards, the
+    wrapper's module code), which holds the GIL: side by side each took 10-15x longer than alone on 4 H100 ranks
+    (0.20-0.29 s against 0.02 s, the step 0.26-0.29 s for 6 gears) and 2-3x on CPU, where the step never got
+    shorter (docs/BENCHMARKS.md)."""
+    waited = cpu < WAITED * wall and (blocks is None or blocks > preemptions)
+    return load_threads() if _fixed_threads() is not None or waited else 1
+
+
+class _Clock(NamedTuple):
+    """A thread's clocks (:func:`_thread_clock`), or what it spent between two readings (:func:`_spent_since`)."""
+    wall: float
+    cpu: float
+    blocks: int | None      # voluntary context switches (None: not counted per thread here)
+    preemptions: int        # involuntary ones
+
+
+def _thread_clock() -> _Clock:
+    """This thread's wall and CPU clocks, and its context switches so far where the system counts them per thread."""
+    if _RUSAGE_THREAD is None:
+        return _Clock(time.perf_counter(), time.thread_time(), None, 0)
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return _Clock(time.perf_counter(), time.thread_time(), usage.ru_nvcsw, usage.ru_nivcsw)
+
+
+def _spent_since(before: _Clock) -> _Clock:
+    """What this thread spent since ``before`` (:func:`lookup_threads`' arguments)."""
+    now = _thread_clock()
+    blocks = None if now.blocks is None or before.blocks is None else now.blocks - before.blocks
+    return _Clock(now.wall - before.wall, now.cpu - before.cpu, blocks, now.preemptions - before.preemptions)
 
 
 class _CallerState(NamedTuple):
