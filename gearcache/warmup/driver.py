@@ -7,7 +7,7 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
 1. look every gear's entry up (a stored entry is loaded, as on a miss): the first in rank order alone in the calling
-   thread, the others after it there, or side by side in up to :data:`LOAD_THREADS` threads when the first spent
+   thread, the others after it there, or side by side in up to :data:`LOAD_THREADS` threads when the second spent
    most of its time waiting (:func:`find_all`, :func:`lookup_threads`; this step alone for any ``n``: a warm
    start's loads);
 2. if several are missing, start ``n`` worker processes (``gearcache/compiling/workers.py``) before the first capture:
@@ -172,8 +172,9 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     """``life.find`` of each gear call of ``gears`` (its stored entry looked up, its guards
     checked, its artifact verified and loaded; a miss: ``entry`` None): ``(gear, found, seconds)`` in ``gears``'
     order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once); the
-    others follow it there, one after another, unless it spent most of its time waiting (:func:`lookup_threads`):
-    then they run side by side in :func:`load_threads` threads as ``gears`` yields them, under the caller's CUDA
+    others follow it there, one after another, unless the second (the first that pays no first use) spent most of
+    its time waiting (:func:`lookup_threads`; ``$GEARCACHE_LOAD_THREADS`` decides instead where set): then the rest
+    run side by side in :func:`load_threads` threads as ``gears`` yields them, under the caller's CUDA
     device, grad and inference mode and global torch state (autocast, ...: an entry key's factor; a gear whose
     thread cannot take that state on is looked up in the calling thread instead). Nothing in a look-up
     talks to other ranks (the run plan's group check reads this process's own groups). The gears' value guards are
@@ -189,17 +190,18 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     n, t0 = 1, time.time()
     try:
         for gear in gears:
-            if not results:
-                before = _thread_clock()
-                results.append((gear, *_find(life, gear, timeline, reading)))
-                n, t0 = lookup_threads(*_spent_since(before)), time.time()
-            elif n == 1:
-                results.append((gear, *_find(life, gear, timeline, reading)))
-            else:
+            if n > 1:
                 if threads is None:
                     threads = concurrent.futures.ThreadPoolExecutor(n, "gearcache-load", _adopt_device,
                                                                     (_caller_device(),))
                 futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
+                continue
+            before = _thread_clock()
+            results.append((gear, *_find(life, gear, timeline, reading)))
+            if len(results) == 1:
+                n, t0 = (load_threads() if _fixed_threads() is not None else 1), time.time()
+            elif len(results) == 2 and _fixed_threads() is None:
+                n = lookup_threads(*_spent_since(before))
         for gear, future in futures:
             found = future.result()
             results.append((gear, *(found if found is not None else _find(life, gear, timeline, reading))))
@@ -217,7 +219,7 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
 
 
 def lookup_threads(wall: float, cpu: float, blocks: int | None = None, preemptions: int = 0) -> int:
-    """The threads of a warm-up's look-ups after its first, which took ``wall`` seconds, ``cpu`` of them on this
+    """The threads of a warm-up's look-ups after its second, which took ``wall`` seconds, ``cpu`` of them on this
     thread's CPU, and left its CPU ``blocks`` times to wait (voluntary context switches) and ``preemptions`` times
     for other work (involuntary ones; None and 0 where not counted): ``$GEARCACHE_LOAD_THREADS`` where set
     (:func:`load_threads`); else :func:`load_threads` when that look-up mostly waited (``cpu`` below :data:`WAITED`
