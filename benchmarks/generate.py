@@ -18,7 +18,9 @@ configs, batch 1, static cache):
                store's entries);
   step_loop_ms a bare greedy decode loop's per-token time through the served forward (gearcache variants);
   regions      with --regions, gearcache with ``enable(model, regions="blocks")`` too (a store of its own: one entry
-               per distinct decoder layer and gear), cold and warm, beside the whole-step gearcache;
+               per distinct decoder layer and gear), cold and warm, beside the whole-step gearcache; with --regions
+               --background also regions under on_new_signature="background" (the sweep eager while one entry per
+               distinct layer and gear compiles in the workers, side by side: gearcache-regions-background);
   --layers N   the models built with N decoder layers (cold time against the layer count); --sweep-only: the cold
                sweeps and first generate() only (no warm, eager or per-token runs).
   step_phases_us  with --breakdown: where a decode step's host time goes, per step, through generate() and through
@@ -72,9 +74,11 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
         config = {"gearcache-graphs": CompilerConfig(mode="reduce-overhead"),
                   "gearcache-background": CompilerConfig(on_new_signature="background"),
                   "gearcache-background-graphs": CompilerConfig(on_new_signature="background",
-                                                                mode="reduce-overhead")}.get(variant)
+                                                                mode="reduce-overhead"),
+                  "gearcache-regions-background": CompilerConfig(on_new_signature="background")}.get(variant)
         try:
-            enable(lm, cache_dir=store, config=config, regions="blocks" if variant == "gearcache-regions" else "whole")
+            regions = "blocks" if variant.startswith("gearcache-regions") else "whole"
+            enable(lm, cache_dir=store, config=config, regions=regions)
         except Exception as exc:                       # noqa: BLE001 - reported, e.g. graphs refused for now
             return {"error": f"{type(exc).__name__}: {exc}"[:300]}
     elif variant == "torch.compile":
@@ -106,7 +110,7 @@ def child(name: str, variant: str, store: str, device: str, dtype: str, size: st
     else:
         out = {"first_generate_s": generate(*SWEEP[0])}
     out["sweep_s"] = out["first_generate_s"] + sum(generate(*call) for call in SWEEP[1:])
-    if variant.startswith("gearcache-background"):    # the sweep was served; now wait until every entry is compiled
+    if "background" in variant:    # the sweep was served; now wait until every entry is compiled
         from gearcache import wait_for_background_compiles
 
         from gearcache import counters as served
@@ -238,9 +242,10 @@ def main(argv=None) -> int:
     ap.add_argument("--regions", action="store_true", help="also gearcache with regions='blocks'")
     ap.add_argument("--layers", type=int, help="build the models with this many decoder layers")
     ap.add_argument("--sweep-only", action="store_true", help="cold sweeps and first generate() only")
-    ap.add_argument("--cold-variants", help="the whole-step cold runs to make, of gearcache,torch.compile "
-                                            "(default both; e.g. torch.compile with --regions --sweep-only: the layer "
-                                            "count's growth without the whole step's long compiles)")
+    ap.add_argument("--cold-variants", help="the whole-step cold runs to make, of gearcache,torch.compile,"
+                                            "gearcache-background (default all; e.g. torch.compile with --regions "
+                                            "--sweep-only: the layer count's growth without the whole step's long "
+                                            "compiles)")
     ap.add_argument("--breakdown", action="store_true", help="where a decode step's host time goes (step_phases_us)")
     ap.add_argument("--per-token-only", action="store_true",
                     help="per token, the step loop and the breakdown only (no sweeps, no cold/warm starts)")
@@ -273,8 +278,12 @@ def main(argv=None) -> int:
             if opts.regions:        # cold too: a store of its own
                 runs["gearcache-regions"] = start(name, "gearcache-regions", store + "-regions", opts, work)
                 runs["gearcache-regions"]["entries"] = entry_compile_times(store + "-regions")
-            if opts.background:     # cold too: a store of its own
+            if opts.background and wanted("gearcache-background"):     # cold too: a store of its own
                 runs["gearcache-background"] = start(name, "gearcache-background", store + "-background", opts, work)
+            if opts.background:
+                if opts.regions:
+                    runs["gearcache-regions-background"] = start(name, "gearcache-regions-background",
+                                                                 store + "-regions-background", opts, work)
                 if opts.graphs:
                     runs["gearcache-background-graphs"] = start(name, "gearcache-background-graphs",
                                                                 store + "-background-graphs", opts, work)
@@ -294,6 +303,10 @@ def main(argv=None) -> int:
                                      "gearcache-background_all_compiled": get("gearcache-background",
                                                                               "all_compiled_s")}
                                     if opts.background else {}),
+                                 **({"gearcache-regions-background": get("gearcache-regions-background", "sweep_s"),
+                                     "gearcache-regions-background_all_compiled": get(
+                                         "gearcache-regions-background", "all_compiled_s")}
+                                    if opts.background and opts.regions else {}),
                                  **({"gearcache-background-graphs": get("gearcache-background-graphs", "sweep_s"),
                                      "gearcache-background-graphs_all_compiled": get("gearcache-background-graphs",
                                                                                      "all_compiled_s")}
@@ -302,7 +315,7 @@ def main(argv=None) -> int:
                 "regions_entries": runs.get("gearcache-regions", {}).get("entries"),
                 "cold_counters": {v: runs[v].get("counters_after_sweep") for v in runs
                                   if v in ("gearcache", "gearcache-regions", "gearcache-background",
-                                           "gearcache-background-graphs")},
+                                           "gearcache-background-graphs", "gearcache-regions-background")},
                 "first_generate_s": {"gearcache_warm": get("gearcache-warm", "first_generate_s"),
                                      "eager": get("eager", "first_generate_s"),
                                      **({"gearcache_regions_warm": get("gearcache-regions-warm", "first_generate_s"),

@@ -5,7 +5,7 @@
 ``DIR``: a filled store (``benchmarks/warm_loads.py --cache-dir DIR`` makes one). Each round, each process opens a
 new ``Store`` of ``DIR`` (so every lease is taken again, as in a new process) and, for every artifact in it, takes
 its lease and checks what a load through its run plan reads (``runplan.files_read``), as a warm start's look-up does
-(``Entries.read_for_load``, then ``artifact_io.verified_plan``); ``--threads`` look-ups side by side, as
+(``Entries.read_for_load``, then ``artifact_io.verified_run_plan``); ``--threads`` look-ups side by side, as
 ``warmup.driver.find_all``'s. ``--procs 4``: four processes at once from a barrier, as the ranks of a TP=4 job load the
 same artifacts. Prints the median microseconds per load of each step over the rounds (the first round apart: it may
 be the one that stamps the artifacts) and a JSON line last.

@@ -34,7 +34,7 @@ from .call import signature
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
 from .recompiles import RecompileWatch
-from .compiling.background import Compiling
+from .compiling.background import StandIn
 from .compiling.entry_life import EntryLife, Loaded
 from .config import CompilerConfig
 from .counters import counters
@@ -79,7 +79,8 @@ class CachedFunction(Dispatcher):
                                       scope=self._scope, entries=self.life)     # its gear plan
         self.graphs = CudaGraphs(self, self.life) if config.mode == "reduce-overhead" else None
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
-        self._watch: Any = None         # GuardWatch over the value guards of the table's entries and the gear plan
+        self._watch: guard_watch.Watch | None = None    # over the value guards of the table's entries and the
+        #                                                 gear plan
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
         #                                                                       value or size (None: the caller pads)
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
@@ -123,7 +124,7 @@ class CachedFunction(Dispatcher):
         try:
             matcher = self._matchers[key]
         except KeyError:
-            if isinstance(entry, Compiling):    # served eagerly until its background compile is loaded: ask again
+            if isinstance(entry, StandIn):      # served eagerly until its background compile is loaded: ask again
                 self._set_shortcut(None)
                 return
             matcher = self._matchers[key] = signature.matcher(
@@ -156,7 +157,8 @@ class CachedFunction(Dispatcher):
             reading = guard_sets.Reading()          # the entries share most paths: each is read once
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
-                mismatch = guards.mismatch(self._scope, reading) if guards is not None else None
+                mismatch = (guards.mismatch(self._scope, reading) if isinstance(guards, guard_sets.GuardSet)
+                            else None)
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
@@ -181,8 +183,8 @@ class CachedFunction(Dispatcher):
 
     def _rewatch(self) -> None:
         """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
-        self._watch = self._watcher.watch([getattr(e, "guards", None) for e in self._table.values()] +
-                                          [self.gear_life.guards])
+        sets = [g for e in self._table.values() if isinstance(g := getattr(e, "guards", None), guard_sets.GuardSet)]
+        self._watch = self._watcher.watch(sets + [self.gear_life.guards])
 
     def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                         served: bool = False) -> Any:

@@ -39,7 +39,7 @@ from ._torch import nn_modules as torch_nn_modules
 from .cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
-from .ranks.topology import resolve_topology
+from .ranks.topology import Topology, resolve_topology
 from .store import Store
 
 
@@ -153,7 +153,7 @@ class BlockForward(CachedFunction):
         return successor
 
 
-def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store, topology: Any,
+def serve_block(block: torch.nn.Module, *, config: CompilerConfig, store: Store, topology: Topology,
                 method: str = "forward") -> CachedFunction:
     """One block's cached method (``type(block).<method>`` bound to it), sharing loads of identical artifacts; for
     ``forward``, installed as the block's ``forward`` (what ``block(...)`` calls)."""
@@ -176,7 +176,7 @@ def check_block(block: torch.nn.Module, where: str = "") -> None:
 
 
 def block_function(block: torch.nn.Module, method: str, *, config: CompilerConfig, store: Store,
-                   topology: Any) -> CachedFunction:
+                   topology: Topology) -> CachedFunction:
     """The cached method :func:`serve_block` installs (a :class:`BlockForward` for ``forward``), not installed."""
     bound = types.MethodType(getattr(type(block), method), block)
     kind = BlockForward if method == "forward" else CachedFunction
@@ -187,7 +187,7 @@ def block_function(block: torch.nn.Module, method: str, *, config: CompilerConfi
 
 
 def _unpickle_block(block: torch.nn.Module, method: str, config: CompilerConfig, root: str,
-                    topology: Any) -> CachedFunction:
+                    topology: Topology) -> CachedFunction:
     """Rebuild a pickled :class:`BlockForward` (only the block's class is read: pickle sets its state later)."""
     return block_function(block, method, config=config, store=Store.from_config(root, config), topology=topology)
 

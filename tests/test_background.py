@@ -3,6 +3,8 @@ process compiles it, then compiled; an exiting process publishes its compiles, a
 nothing. Every call is compared with an eager twin: outputs and the buffer the method updates in place."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -256,3 +258,73 @@ def test_a_background_compile_is_a_handle_its_owner_keeps_polls_and_closes(tmp_p
     assert handle.manifest == {"method": "m", "ekey": "e" * 40, "eager": True, "compiling": True}
     handle.close()
     assert not scratch.exists() and background.in_flight() == before
+
+
+class Layer(torch.nn.Module):
+    """A repeated block that writes a buffer of its own in place; ``flip`` (a Python attribute) changes its code."""
+
+    def __init__(self, flip=False):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.register_buffer("seen", torch.zeros(6))
+        self.flip = flip
+
+    def forward(self, x):
+        self.seen.add_(x.sum(0))
+        y = torch.tanh(self.lin(x))
+        return -y if self.flip else y
+
+
+def _stack(flips, store=None):
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(*(Layer(f) for f in flips))
+    twin = copy.deepcopy(model)
+    regions = None
+    if store is not None:
+        config = CompilerConfig(on_new_signature="background", inference_config=InferenceConfig(warmup_workers=1))
+        regions = gearcache.compile_blocks(model, cache_dir=store, config=config)
+    return model, twin, regions
+
+
+def _same(model, twin, x):
+    with torch.inference_mode():
+        out, want = model(x), twin(x)
+    torch.testing.assert_close(out, want)
+    for mine, theirs in zip(model, twin):
+        torch.testing.assert_close(mine.seen, theirs.seen)
+
+
+def test_identical_blocks_capture_and_compile_one_background_entry(tmp_path):
+    """Three identical blocks by region (one entry key) under background compiles: the first block's miss captures
+    and compiles; the others capture nothing and run eagerly until it is settled, then load the stored entry. Equal
+    to eager (outputs, each block's buffer written in place) at every call; 1 trace, 1 compile in all."""
+    model, twin, _ = _stack([False] * 3, tmp_path / "store")
+    x = torch.randn(4, 6)
+    compiles = counters.compiles
+    with counters.expect(traces=1, compiles=0, eager_calls=3):
+        _same(model, twin, x)
+    with counters.expect(traces=0):
+        _same(model, twin, x)            # still compiling (eager), or settled by block 0 and loaded by the others
+    assert gearcache.wait_for_background_compiles() <= 1
+    assert gearcache.compiling.background.in_flight() == 0
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(model, twin, x)
+        _same(model, twin, x)
+    assert counters.compiles == compiles + 1
+
+
+@pytest.mark.slow
+def test_a_block_whose_attributes_change_its_code_waits_then_compiles_its_own(tmp_path):
+    """Blocks 0-1 plain, block 2 with ``flip`` (same entry key, other value guards): block 2 waits for block 0's
+    compile, then finds its guards fail and compiles its own; equal to eager throughout, 2 traces in all."""
+    model, twin, _ = _stack([False, False, True], tmp_path / "store")
+    x = torch.randn(4, 6)
+    traces = counters.traces
+    for _ in range(3):
+        _same(model, twin, x)
+        gearcache.wait_for_background_compiles()
+    _same(model, twin, x)
+    assert counters.traces == traces + 2
+    assert gearcache.compiling.background.in_flight() == 0
+    with counters.expect(traces=0, compiles=0, eager_calls=0):
+        _same(model, twin, x)

@@ -53,6 +53,47 @@ def test_none_where_a_tensor_goes_is_the_type_error_eager_raises_not_a_graph_bre
         torch.testing.assert_close(m.cached(torch.ones(2, 4)), m.fwd(torch.ones(2, 4)))     # then served as usual
 
 
+
+class TwoInputs(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        return self.lin(x) + self.lin(y)
+
+
+def test_none_where_a_tensor_goes_beside_a_geared_tensor_is_the_type_error_eager_raises(tmp_path):
+    """The same through the gear plan's symbolic trace (a marked tensor beside the None), at a call and at warmup()."""
+    m = TwoInputs(tmp_path)
+    x = torch.ones(3, 4)
+    gearcache.set_dim_gears(x, {0: [2, 4]})
+    with torch.inference_mode():
+        with pytest.raises(TypeError) as eager:
+            m.fwd(x, None)
+        for run in (m.cached, m.cached.warmup):
+            with pytest.raises(TypeError, match="TwoInputs.fwd") as cached:
+                run(x, None)
+            assert str(eager.value) in str(cached.value)
+        y = torch.randn(3, 4)
+        gearcache.set_dim_gears(y, {0: [2, 4]})
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))         # then served as usual, padded to gear 4
+
+
+def test_a_dim_that_must_equal_a_marked_one_but_is_not_marked_is_refused_naming_the_fix(tmp_path):
+    """Eager runs the call at its own sizes; padded, ``x`` (marked) and ``y`` (not) no longer add up. A ConfigError
+    naming the op's error and the fix, not Dynamo's report; once ``y`` is marked too, the call is served as eager."""
+    m = TwoInputs(tmp_path)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    gearcache.set_dim_gears(x, {0: [2, 4]})
+    with torch.inference_mode():
+        expected = m.fwd(x, y)
+        with pytest.raises(gearcache.ConfigError, match=r"must match the size.*Fix: mark every tensor dim"):
+            m.cached(x, y)
+        gearcache.set_dim_gears(y, {0: [2, 4]})
+        torch.testing.assert_close(m.cached(x, y), expected)
+
 def test_method_returning_nested_structures_round_trips(tmp_path):
     class Nested(torch.nn.Module):
         def __init__(self):

@@ -1,10 +1,14 @@
 import dataclasses
+import logging
+import shutil
+import threading
 
 import pytest
 import torch
 
 import gearcache
 from gearcache.counters import Counters
+from gearcache.store import Store
 
 
 def test_expect_passes_on_right_deltas():
@@ -87,3 +91,57 @@ def test_an_entry_whose_artifact_another_built_counts_a_load_not_a_compile(tmp_p
         with gearcache.counters.expect(traces=1, compiles=0, loads=1):
             torch.testing.assert_close(second.cached(x), second.fwd(x))
     assert len(list((tmp_path / "artifacts").iterdir())) == 1
+
+
+class _SeesTheWait(logging.Handler):
+    """Sets ``waiting`` when the store logs that this process waits for another's artifact lock."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.waiting = threading.Event()
+
+    def emit(self, record):
+        if "another process holds its lock" in record.getMessage():
+            self.waiting.set()
+
+
+def test_a_process_that_waited_for_anothers_compile_and_loaded_its_artifact_counts_a_load(tmp_path):
+    """Issue #37's edge: the waiter's publish finds the artifact only after the lock it waited on is released (the
+    other process published it meanwhile). It loads that artifact: a load, not a compile, and not nothing."""
+    x = torch.randn(2, 4)
+    built, waiter = tmp_path / "built", tmp_path / "waiter"
+    with torch.inference_mode():
+        torch.testing.assert_close(_Twin(str(built)).cached(x), _Twin(str(built)).fwd(x))
+    [artifact] = (built / "artifacts").iterdir()            # what "another process" compiles, while this one waits
+    other = Store(str(waiter))
+    other.first_use.ensure()
+    other.layout.mkdir(other.layout.locks)
+    sees = _SeesTheWait()
+    store_log = logging.getLogger("gearcache")
+    level = store_log.level
+    store_log.addHandler(sees)
+    store_log.setLevel(logging.INFO)
+    holding = threading.Event()
+
+    def compile_elsewhere():
+        with other.locks.held(other.locks.path(artifact.name), 60):
+            holding.set()
+            sees.waiting.wait(120)
+            shutil.copytree(artifact, other.layout.artifact(artifact.name))
+
+    thread = threading.Thread(target=compile_elsewhere)
+    thread.start()
+    try:
+        assert holding.wait(60)
+        with torch.inference_mode():
+            m = _Twin(str(waiter))
+            with gearcache.counters.expect(traces=1, compiles=0, loads=1):
+                out = m.cached(x)
+            assert sees.waiting.is_set(), "the call waited on the other process's lock"
+            torch.testing.assert_close(out, m.fwd(x))
+    finally:
+        sees.waiting.set()
+        thread.join()
+        store_log.removeHandler(sees)
+        store_log.setLevel(level)
+    assert [a.name for a in (waiter / "artifacts").iterdir()] == [artifact.name]

@@ -48,8 +48,8 @@ class Entry:
                  native: bool = True):
         self.manifest = manifest
         # its value guards (keys/guard_sets.py's GuardSet: keys/ imports call/, so not named here), set by whoever
-        # loaded or compiled it
-        self.guards: Any = None
+        # loaded or compiled it; held, never read, on the call path
+        self.guards: object = None
         self.hits = 0               # calls served in this process (flushed to the index at exit: diagnostics)
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)

@@ -6,7 +6,7 @@ rename). A compile error is thus told from a store error, and a compiled folder 
 compile. An artifact that another process published into a folder this process cannot write is loaded from a
 verified private copy (:func:`loadable_folder`), because torch's loader writes into the folder it loads from.
 
-Load: :func:`verified_plan` reads the artifact's run plan once and verifies what loading through it reads;
+Load: :func:`verified_run_plan` reads the artifact's run plan once and verifies what loading through it reads;
 :func:`load_stored` hands that plan to ``runplan.load_artifact``, the one loader entry point, which runs the plan or
 falls back to torch's loader (the rest of the artifact is verified just before).
 
@@ -84,7 +84,7 @@ def persisted(store: Store, akey: str, folder: pathlib.Path | None) -> bool:
     return folder is not None and pathlib.Path(folder) == store.layout.artifact(akey)
 
 
-def verified_plan(store: Store, akey: str) -> dict[str, Any] | None:
+def verified_run_plan(store: Store, akey: str) -> dict[str, Any] | None:
     """The stored artifact's run plan (``runplan.read_plan``), read once here, after verifying what loading through
     it reads (``runplan.files_read``; the whole artifact when it has no usable plan). Hand it to
     :func:`load_stored`. None: ``plan.json`` could not be read (yet the artifact verified): :func:`load_stored` reads
@@ -93,19 +93,19 @@ def verified_plan(store: Store, akey: str) -> dict[str, Any] | None:
 
     The plan is parsed before it is verified, only to choose what to verify, which includes ``plan.json`` itself."""
     try:
-        plan: dict[str, Any] | None = runplan.read_plan(store.layout.artifact(akey))
+        run_plan: dict[str, Any] | None = runplan.read_plan(store.layout.artifact(akey))
     except (OSError, ValueError):
-        plan = None                             # unreadable: the whole artifact is verified (and found corrupt)
-    store.artifacts.verify_for_load(akey, runplan.files_read(plan))
-    return plan
+        run_plan = None                         # unreadable: the whole artifact is verified (and found corrupt)
+    store.artifacts.verify_for_load(akey, runplan.files_read(run_plan))
+    return run_plan
 
 
 def load_stored(store: Store, akey: str, device_index: int | None = None,
-                plan: dict[str, Any] | None = None) -> Callable[..., Any] | None:
+                run_plan: dict[str, Any] | None = None) -> Callable[..., Any] | None:
     """Load the store's artifact ``akey`` for CUDA device ``device_index`` through ``runplan.load_artifact`` (raises
     ``WrongDevice`` when it runs only on another GPU); None when it vanished or changed since it was verified.
-    ``plan``: :func:`verified_plan`'s (the caller has verified what it reads); the whole artifact is verified here
-    before torch's loader would read it.
+    ``run_plan``: :func:`verified_run_plan`'s (the caller has verified what it reads); the whole artifact is verified
+    here before torch's loader would read it.
 
     A run plan's load only reads the folder. Torch's loader writes into the folder it loads from: an artifact it
     loads from a folder this process cannot write (a read-only mount, another user's files) is loaded through a
@@ -119,9 +119,9 @@ def load_stored(store: Store, akey: str, device_index: int | None = None,
 
     try:
         try:
-            return runplan.load_artifact(folder, device_index, before_torch_loader, plan=plan)
+            return runplan.load_artifact(folder, device_index, before_torch_loader, plan=run_plan)
         except ReadOnlyArtifactFolder:
-            return runplan.load_artifact(private_copy(store, akey), device_index, plan=plan)   # verified whole
+            return runplan.load_artifact(private_copy(store, akey), device_index, plan=run_plan)   # verified whole
     except Exception as exc:
         if store.layout.artifact(akey).is_dir() and not isinstance(exc, CacheCorruptionError) or \
                 isinstance(exc, runplan.WrongDevice):

@@ -19,6 +19,14 @@ a graph of the stand-in would replay one eager run), and its graph is captured o
 Nothing compiled touches CUDA in this process outside the calling thread: the threads here only wait for the
 workers' pipes.
 
+Identical blocks compiled by region (gearcache/regions.py: one cached method per block, one entry key for them all)
+compile one graph: a block that misses a signature whose entry key another method of the same store compiles in
+the background already captures nothing: it is served eagerly by a :class:`Waiting` stand-in until that compile is
+settled, then looks the stored entry up as any miss does (its own value guards checked: a block whose attributes
+change the code captures and compiles its own then). Settling is the compiling method's; a waiter whose compile is
+done but not settled settles it when that method's lock is free (:meth:`BackgroundOwner.try_settle`, never a wait
+on another method's lock).
+
 The artifact lock is taken only when settling: processes sharing a folder that miss the same new signature at once
 may each compile it in a worker (the first to settle publishes it; the others find it published and load it: no
 wrong or half-written artifact, only a compile spent twice). ``warmup()`` is the way to compile once per fleet.
@@ -45,7 +53,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterator, Protocol, TypeVar
 
 import torch
 
@@ -80,26 +88,43 @@ class BackgroundOwner(Protocol):
         """Wait for its compiles (until ``deadline``, a ``time.monotonic()``) and settle them; how many were."""
         ...
 
+    def try_settle(self, handle: "Compiling[Any]") -> bool:
+        """Settle ``handle`` (one of its compiles, done) now if its lock is free; whether it is settled."""
+        ...
 
-class Compiling(EagerEntry, Generic[PendingT]):
+
+class StandIn(EagerEntry):
+    """An eager stand-in while a background compile runs (:class:`Compiling`, :class:`Waiting`): the method run
+    uncompiled (``EagerEntry``), without ``EagerEntry``'s warning (nothing failed: this is the design until
+    compiled). CUDA graphs capture nothing of a stand-in (a graph of it would replay one eager run)."""
+
+    __slots__ = ()
+
+    def _stand_in(self, method: Callable[..., Any], name: str, ekey: str, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+        self.method = method
+        self.structure = signature.call_key(args, kwargs)[1][0]
+        self.manifest = {"method": name, "ekey": ekey, "eager": True, "compiling": True}
+        self.hits = self.real_elements = self.padded_elements = 0
+        self.out_structure = None
+
+
+class Compiling(StandIn, Generic[PendingT]):
     """The handle of one background compile, which serves its signature eagerly meanwhile (see the module
     docstring): the ``pending`` capture, the ``graph`` the worker compiles, the worker's ``future`` and its build
     folder ``scratch``, the ``owner`` (held weakly) and the calling thread's grad mode, inference mode and global
     state, which the settling compile runs under. The owner keeps it, polls it (:meth:`done`, :meth:`wait`), fills
     the published build folder with it (:meth:`fill`) and then closes it (:meth:`close`)."""
 
-    __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state")
+    __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state", "shared_as",
+                 "closed")
 
     def __init__(self, method: Callable[..., Any], name: str, pending: PendingT, graph: torch.fx.GraphModule,
-                 future: concurrent.futures.Future[dict[str, Any]], scratch: pathlib.Path, owner: BackgroundOwner):
-        # not EagerEntry.__init__: nothing failed, so nothing is warned; the stand-in is the design until compiled
-        self.method = method
-        self.structure = signature.call_key(pending.args, pending.kwargs)[1][0]
-        self.manifest = {"method": name, "ekey": pending.ekey, "eager": True,
-                         "compiling": True}
-        self.hits = self.real_elements = self.padded_elements = 0
-        self.out_structure = None
+                 future: concurrent.futures.Future[dict[str, Any]], scratch: pathlib.Path, owner: BackgroundOwner,
+                 shared_as: Hashable | None = None):
+        self._stand_in(method, name, pending.ekey, pending.args, pending.kwargs)
         self.pending, self.graph, self.future, self.scratch = pending, graph, future, scratch
+        self.shared_as, self.closed = shared_as, False
         self.owner: Callable[[], BackgroundOwner | None] = weakref.ref(owner)
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self.state = torch_state.global_state()
@@ -141,9 +166,43 @@ class Compiling(EagerEntry, Generic[PendingT]):
 
     def close(self) -> None:
         """The compile is settled (or given up): remove its scratch folder, and close the workers if idle."""
+        self.closed = True
         shutil.rmtree(self.scratch, ignore_errors=True)
         _WORKERS.handles.discard(self)
+        with _WORKERS.lock:
+            if self.shared_as is not None and _WORKERS.shared.get(self.shared_as) is self:
+                del _WORKERS.shared[self.shared_as]
         _WORKERS.close_if_idle()
+
+    def settled(self) -> bool:
+        """Whether the compile is settled (its entry published by its owner, or given up); a done compile whose owner
+        is not busy is settled here first (:meth:`BackgroundOwner.try_settle`)."""
+        if not self.closed and self.done() and (owner := self.owner()) is not None:
+            owner.try_settle(self)
+        return self.closed or self.owner() is None
+
+
+class Waiting(StandIn):
+    """The stand-in of a signature whose entry another method of the same store compiles in the background (an
+    identical block's: see the module docstring): eager until that compile is :meth:`Compiling.settled`."""
+
+    __slots__ = ("compiling",)
+
+    def __init__(self, method: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 compiling: Compiling[Any]):
+        self._stand_in(method, name, compiling.pending.ekey, args, kwargs)
+        self.compiling = compiling
+
+    def over(self) -> bool:
+        """Whether the compile waited for is settled: the signature is then looked up in the store again."""
+        return self.compiling.settled()
+
+
+def compiling_elsewhere(shared_as: Hashable) -> Compiling[Any] | None:
+    """The background compile in flight of the entry ``shared_as`` names (the store's folder, the topology's folder,
+    the entry key: ``EntryLife.shared_as``), started by any method of this process; None when there is none."""
+    with _WORKERS.lock:
+        return _WORKERS.shared.get(shared_as)
 
 
 class Launcher:
@@ -153,18 +212,23 @@ class Launcher:
         self.pool, self.threads = pool, threads
 
     def launch(self, owner: BackgroundOwner, method: Callable[..., Any], name: str, pending: PendingT,
-               graph: torch.fx.GraphModule, patches: dict[str, Any]) -> Compiling[PendingT] | None:
+               graph: torch.fx.GraphModule, patches: dict[str, Any],
+               shared_as: Hashable | None = None) -> Compiling[PendingT] | None:
         """Compile ``graph`` (the capture ``pending``'s, decompositions applied) under Inductor's ``patches`` in a
         worker: the :class:`Compiling` handle, for ``owner`` to keep; None when the graph cannot travel to a worker
-        (the caller compiles it in this process)."""
+        (the caller compiles it in this process). ``shared_as``: the name under which other methods find it in flight
+        (:func:`compiling_elsewhere`)."""
         torch_inductor.import_torch_loader()           # settling may happen at exit, when Inductor can no longer import
         job = job_for(graph, pending.captured.example_inputs, patches, f"{name}: entry {pending.ekey}")
         if job is None:
             return None
         scratch = pathlib.Path(tempfile.mkdtemp(prefix="gearcache-background-"))
         future = self.threads.submit(self.pool.compile, {**job, "folder": str(scratch / "inductor")})
-        handle = Compiling(method, name, pending, graph, future, scratch, owner)
+        handle = Compiling(method, name, pending, graph, future, scratch, owner, shared_as)
         _WORKERS.handles.add(handle)
+        if shared_as is not None:
+            with _WORKERS.lock:
+                _WORKERS.shared.setdefault(shared_as, handle)
         return handle
 
 
@@ -188,6 +252,8 @@ class _Workers:
         self.pool: WorkerPool | None = None
         self.threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.handles: "weakref.WeakSet[Compiling[Any]]" = weakref.WeakSet()    # in flight (their owners hold them)
+        # in flight by the entry they compile, for identical blocks' misses (compiling_elsewhere); held weakly
+        self.shared: "weakref.WeakValueDictionary[Hashable, Compiling[Any]]" = weakref.WeakValueDictionary()
         self.starting = 0       # misses between ``start`` and ``started`` (capturing: not in flight yet)
         self.exit_registered = False
 

@@ -27,7 +27,7 @@ import torch
 from .._torch import capture as torch_capture, guards as torch_guards, shapes as torch_shapes
 from .snapshot import kept
 from ..keys import guard_sets, guards_from_dynamo
-from ..errors import GearcacheError, GraphBreakError, UnsupportedInputError
+from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
 from ..gears.plan import SymbolicTrace
 from ..keys.key import sha256_text
 
@@ -202,6 +202,19 @@ def _raise_op_runtime_error(method: types.MethodType, exc: BaseException) -> Non
                            f"torch traced it, as the method does when it runs uncompiled)") from error
 
 
+def _refuse_unmarked_partner(method: types.MethodType, exc: BaseException) -> None:
+    """An op refused the gear plan's trace (the marked dims symbolic, at the largest gear; ``exc`` Dynamo's report of
+    the op's ``RuntimeError`` on the fake tensors): a size the op needs equal to a marked dim is not marked (the
+    method, at the call's own sizes, may run it), or the method refuses these inputs at any size. ``ConfigError``
+    naming the op's error and the fix, instead of Dynamo's report (whose hint blames the eager code)."""
+    error = torch_capture.op_runtime_error(exc)
+    if error is not None:
+        raise ConfigError(f"{_qualname(method)}: traced with its marked dims at their largest gear, an op refuses the "
+                          f"call ({error}): a size that must equal a marked dim is not marked, or the method refuses "
+                          f"these inputs at any size. Fix: mark every tensor dim that goes with a marked one with the "
+                          f"same gears (set_dim_gears), or call it without gears") from error
+
+
 def _state_names(module: torch.nn.Module) -> dict[int, str]:
     names: dict[int, str] = {}
     for name, t in list(module.named_buffers(remove_duplicate=False)) + list(
@@ -370,6 +383,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
                 f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "
                 f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
                 f"that size") from None
+        _refuse_unmarked_partner(method, exc)
         raise
     finally:
         torch_capture.forget_dynamo_cache(code)

@@ -101,6 +101,8 @@ class EntryLife:
         self.table: dict[tuple[Hashable, ...], Loaded] = {}
         # on_new_signature="background": the handles of compiles in flight (eager stand-ins until settled)
         self.compiling: dict[tuple[Hashable, ...], background.Compiling[Pending]] = {}
+        # ... and of those another method compiles (an identical block's: background.Waiting)
+        self.waiting: dict[tuple[Hashable, ...], background.Waiting] = {}
         self.communicates: bool | None = None   # whether its graphs call collectives (None: not known yet)
         self.lock = threading.RLock()
         # called with each entry ``remember`` puts in the table; held weakly, so the owner (a CachedFunction holding
@@ -133,13 +135,18 @@ class EntryLife:
             stand_in = self.compiling.get(key)
             if stand_in is not None:                # compiling in the background: the entry once done, else eager
                 return self.settle(key, stand_in)
+            waiting = self.waiting.get(key)
+            if waiting is not None:                 # another method compiles its entry: eager until settled
+                if not waiting.over():
+                    return waiting
+                del self.waiting[key]               # settled: looked up in the store below
             found = self.find(leaves, key)
             entry: Loaded | None = found.entry
             if entry is None:
                 args, kwargs = call if call is not None else signature.unflatten(key[0], leaves)
                 if self.config.on_new_signature == "background":
                     entry = self.start_background(key, args, kwargs, leaves, found)
-                    if isinstance(entry, background.Compiling):
+                    if isinstance(entry, background.StandIn):
                         return entry            # served eagerly until settled; remembered then
                 else:
                     entry = self.new_entry(args, kwargs, leaves, found)
@@ -151,13 +158,20 @@ class EntryLife:
                          leaves: tuple[Any, ...], found: Found) -> Loaded:
         """A miss the store cannot serve, under ``on_new_signature="background"`` (under the lock): captured here,
         compiled in a worker (gearcache/compiling/background.py); returns the :class:`background.Compiling` handle
-        (kept in ``compiling``, not in the table), or the entry itself when the graph must compile in this process."""
+        (kept in ``compiling``, not in the table), or the entry itself when the graph must compile in this process.
+        When another method of this store compiles the same entry key already (an identical block), nothing is
+        captured: a :class:`background.Waiting` stand-in (kept in ``waiting``) serves it until that is settled."""
+        elsewhere = background.compiling_elsewhere(self.shared_as(found.ekey))
+        if elsewhere is not None and elsewhere.owner() is not self:
+            waiting = background.Waiting(self.method, self.name, args, kwargs, elsewhere)
+            self.waiting[key] = waiting
+            return waiting
         tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *self.module.parameters(),
                    *self.module.buffers()]
         with background.starting(tensors, self.config.inference_config.warmup_workers) as launcher:
             pending = self.capture(args, kwargs, leaves, found)
             handle = launcher.launch(self, self.method, self.name, pending, self.graph_to_compile(pending.captured),
-                                     self.compile_patches())
+                                     self.compile_patches(), self.shared_as(found.ekey))
             if handle is None:                  # cannot travel to a worker: compiled here
                 folder, built = self.publish(pending)
                 return self.finish(pending, folder, built)
@@ -181,6 +195,25 @@ class EntryLife:
             handle.close()
         self.remember(key, entry)
         return entry
+
+    def shared_as(self, ekey: str) -> tuple[str, str, str]:
+        """The name of entry ``ekey``'s background compile among every method of this process
+        (``background.compiling_elsewhere``): the store's folder, the topology's folder, the entry key."""
+        return str(self.store.root), self.topology.folder, ekey
+
+    def try_settle(self, handle: background.Compiling[Any]) -> bool:
+        """Settle ``handle`` (one of this method's background compiles, done) now, unless another thread holds this
+        method's lock (a waiter never waits for another method's lock: ``background.Waiting``); whether it was."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            key = next((k for k, h in self.compiling.items() if h is handle), None)
+            if key is None:
+                return False
+            self.settle(key, handle, wait=True)
+            return True
+        finally:
+            self.lock.release()
 
     def settle_all(self, deadline: float | None = None) -> int:
         """Wait for this method's background compiles (until ``deadline``, a ``time.monotonic()``: the compiles not

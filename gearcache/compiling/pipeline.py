@@ -136,7 +136,7 @@ class ArtifactPipeline:
         if shared is not None:                                # loaded already (another block of the same graph)
             return shared, 0.0
         try:        # what its run plan reads; artifact_io.load_stored verifies the rest if torch's loader is needed
-            run_plan = artifact_io.verified_plan(self.store, akey)
+            run_plan = artifact_io.verified_run_plan(self.store, akey)
         except FileNotFoundError:
             log.info("%s: entry %s has no artifact %s; recompiling", name, ekey, akey)
             return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Hashable, Protocol
 
 if TYPE_CHECKING:
+    from ..compiling.background import Compiling
     from ..compiling.entry_life import Loaded
     from ..config import CompilerConfig
     from ..compiling.gear_plan_life import GearPlanLife
@@ -40,3 +41,5 @@ class EntryStages(Protocol):
     def get_or_miss(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...], count: bool = True) -> Loaded: ...
 
     def settle_all(self, deadline: float | None = None) -> int: ...
+
+    def try_settle(self, handle: Compiling[Any]) -> bool: ...

@@ -37,7 +37,7 @@ from .._torch import cuda_graphs as torch_cuda_graphs, distributed as torch_dist
 from ..call import signature
 from ..compiling.snapshot import snapshot
 from ..compiling import background
-from ..compiling.background import Compiling
+from ..compiling.background import Compiling, StandIn
 from ..counters import counters
 from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
@@ -271,7 +271,7 @@ class CudaGraphs:
         Only the warm-up and the capture are counted in ``counters.capture_seconds`` (a load is in ``load_seconds``).
         """
         graphed, static_leaves = self._prepare(gear_plan, leaves, key, targets, wait)
-        if isinstance(graphed.entry, Compiling):
+        if isinstance(graphed.entry, StandIn):
             return None
         return self._capture_prepared(graphed, leaves, static_leaves)
 
@@ -316,8 +316,11 @@ class CudaGraphs:
         fill_buffers(graphed, leaves)      # a compile runs the graph on these buffers: they must hold this call's data
         skey = signature.rekey(key, static_leaves)
         graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
-        if wait and isinstance(graphed.entry, Compiling):      # compiling in the background: wait, then load it
-            background.wait_for(self.life)
+        if wait and isinstance(graphed.entry, StandIn):        # compiling in the background: wait, then load it
+            if isinstance(graphed.entry, Compiling):
+                background.wait_for(self.life)
+            else:                                               # an identical block's compile: wait for every one
+                background.wait()
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         graphed.written = written_copies(graphed.entry, copies)
         return graphed, static_leaves

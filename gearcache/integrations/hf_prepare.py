@@ -20,20 +20,30 @@ difference turns the direct path off for the model (a second line of defence, no
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-from . import hf_compat
+from . import hf_cache, hf_compat
 
 _DECODE_KEYS = frozenset({"next_sequence_length", "attention_mask", "position_ids", "logits_to_keep", "use_cache"})
+
+
+class Served(Protocol):
+    """What :class:`Prepare` calls back into: the served model (transformers.py's ``ServedLM``), which imports this
+    module."""
+
+    @property
+    def cache_kw(self) -> str: ...
+
+    def bind(self, cache: Any, batch: int, need: int) -> hf_cache.Backing: ...
 
 
 class Prepare:
     """The model's ``prepare_inputs_for_generation`` after ``enable`` (see the module docstring)."""
 
-    def __init__(self, served: Any, model: torch.nn.Module, original: Callable[..., Any]):
-        self.served = served                        # the ServedLM: bind(cache, batch, need), cache_kw
+    def __init__(self, served: Served, model: torch.nn.Module, original: Callable[..., Any]):
+        self.served = served                        # bind(cache, batch, need), cache_kw
         self.original = original
         self.cache_kw: str = served.cache_kw
         self.keys = _DECODE_KEYS | {self.cache_kw}

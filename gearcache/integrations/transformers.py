@@ -105,11 +105,10 @@ def enable(model: torch.nn.Module, *, cache_dir: str | None = None, config: Comp
            cache_len_gears: Sequence[int] | None = None, regions: str = "whole",
            **cache_compile_kwargs: Any) -> "ServedLM":
     """Route every forward of ``model`` with a StaticCache through gearcache (``generate()`` included); returns the
-    :class:`ServedLM` (its ``cached_step`` is the cached method). ``config`` and ``cache_compile_kwargs`` (global_rank,
-    ...) are ``cache_compile``'s. ``generate()`` needs ``cache_implementation="static"`` or ``cache=StaticCache(...)``
-    (its default, a DynamicCache, is refused with that fix). ``regions``: ``"whole"`` (one graph of the whole step
-    per gear) or ``"blocks"`` (one graph per distinct decoder layer and gear, shared by every layer: hf_regions.py;
-    docs/CONFIG.md says when each is chosen)."""
+    :class:`ServedLM`. ``config``, ``cache_compile_kwargs`` (global_rank, ...): ``cache_compile``'s. ``generate()``
+    needs ``cache_implementation="static"`` or ``cache=StaticCache(...)`` (its default DynamicCache is refused with
+    that fix). ``regions``: ``"whole"`` (a graph of the whole step per gear) or ``"blocks"`` (a graph per distinct
+    decoder layer and gear, shared by the layers: hf_regions.py; CONFIG.md says when each is chosen)."""
     if regions not in ("whole", "blocks"):
         raise ConfigError(f"regions={regions!r}: expected 'whole' or 'blocks'")
     if getattr(model, "_gearcache", None) is not None:
@@ -165,11 +164,12 @@ class ServedLM(torch.nn.Module):
         self._proof_snapshot: hf_proof_watch.Snapshot | None = None     # and what it read, as it was
         self.layers: list[torch.nn.Module] = []          # the decoder layers served by region (regions="blocks")
         if regions == "blocks":
-            self.cached_step: Any = self.step                   # eager glue; each layer's region is cached
+            self.cached_step: Callable[..., torch.Tensor] = self.step     # eager glue; each layer's region cached
             self.regions = _serve_regions(self, model, config, cache_dir, **cache_compile_kwargs)
             return
-        self.cached_step = cache_compile(self.step, config=config, cache_dir=cache_dir, **cache_compile_kwargs)
-        self.cached_step.sizes_chosen_by_caller()        # the step's sizes are this module's gears
+        self.cached_step = self.cached_whole = cache_compile(self.step, config=config, cache_dir=cache_dir,
+                                                             **cache_compile_kwargs)
+        self.cached_whole.sizes_chosen_by_caller()        # the step's sizes are this module's gears
 
     def step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
              pad: torch.Tensor, keep_last: int) -> torch.Tensor:
@@ -305,9 +305,9 @@ class ServedLM(torch.nn.Module):
         if bypass is not None:
             self.padding_refused = bypass
         elif self.padding_refused is None:
-            cached = self.regions[0] if self.layers else self.cached_step
-            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, getattr(cached, "store", None),
-                                                   getattr(getattr(cached, "topology", None), "folder", ""))
+            cached = self.regions[0] if self.layers else self.cached_whole
+            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, cached.store,
+                                                   cached.topology.folder)
         if self.padding_refused is not None and "(KV cache)" in self.padding_refused:
             raise ConfigError(f"{type(self.model).__qualname__}: its attention over the KV cache does not take the "
                               f"layer's causal mask: {self.padding_refused}. gearcache serves causal LMs (exact "

@@ -11,7 +11,7 @@ building off.
 On disk (``native_dir()``: ``$GEARCACHE_NATIVE_DIR``, else ``$XDG_CACHE_HOME/gearcache/native``, else
 ``~/.cache/gearcache/native``)::
 
-    <key>/                          key: sha256 of build_key_parts() (this source, torch's build, Python's ABI), 24 hex
+    <key>/                          key: sha256 of build_key_parts() (its sources, torch's build, Python's ABI), 24 hex
         gearcache_native_guards.so  the module; published last (os.replace); its BUILD_KEY must equal <key>
         build.log                   the compiler's command and output of the last try
         failed                      the last try failed: no automatic retry
@@ -40,6 +40,7 @@ MODULE_NAME = "gearcache_native_guards"
 MODULE_FILE = MODULE_NAME + ".so"
 LOG_FILE, FAILED_FILE, LOCK_FILE = "build.log", "failed", ".lock"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guards.cpp")
+SOURCES = (SOURCE, os.path.join(os.path.dirname(SOURCE), "guards_state.h"))   # what it is compiled from (the key)
 ENV_SWITCH = "GEARCACHE_NATIVE"
 ENV_DIR = "GEARCACHE_NATIVE_DIR"
 
@@ -60,12 +61,15 @@ def native_dir() -> str:
 
 
 def build_key_parts() -> list[tuple[str, str]]:
-    """What the compiled module depends on, in order: its source, the torch build whose headers and libraries it
+    """What the compiled module depends on, in order: its sources (SOURCES), the torch build whose headers and libraries it
     is compiled against, and the Python ABI it is loaded into."""
     import torch
 
-    with open(SOURCE, "rb") as f:
-        source = hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    for path in SOURCES:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    source = digest.hexdigest()
     return [("source", source),
             ("torch", f"{torch.__version__} {getattr(torch.version, 'git_version', '')} "
                       f"cxx11abi={torch.compiled_with_cxx11_abi()}"),
