@@ -240,14 +240,16 @@ class CachedFunction(Dispatcher):
         self._recompiles.miss(self._method, args, kwargs, leaves, geared=geared,
                                 gear_plans_stored=self.gear_life.any_stored)
 
-    def gear_plan(self, call: MarkedCall, again: bool = False) -> GearPlan | None:
+    def gear_plan(self, call: MarkedCall, again: bool = False,
+                  found: guard_sets.Choice | None = None) -> GearPlan | None:
         """The gear plan of this call's marks (``GearPlanLife.plan_for``: built or loaded on the first marked call;
         None when nothing is marked); the value guards of its trace are watched with the entries'. ``again``: look
-        for marks on this call too when an earlier call had none."""
+        for marks on this call too when an earlier call had none. ``found``: the store's plan record for this call,
+        looked up already (``GearPlanLife.stored``: a warm-up's, before it starts its workers)."""
         with self._lock:
             guards = self.gear_life.guards
             try:
-                return self.gear_life.plan_for(call, again)
+                return self.gear_life.plan_for(call, again, found)
             finally:
                 if self.gear_life.guards is not guards:
                     self._rewatch()

@@ -47,6 +47,9 @@ class Counters:
     digests: int = 0           # artifact files whose sha256 an artifact check computed (store/artifacts.py)
     stamped_checks: int = 0    # artifact checks passed by the artifact's stamp, no digest computed (store/stamps.py)
     lease_waits: int = 0       # lease locks found held by an evictor, waited for (store/leases.py)
+    guard_parses: int = 0      # value-guard sets parsed from a manifest's JSON (an equal one held already is shared)
+    guard_checks: int = 0      # value-guard sets checked guard by guard on live objects (keys/guard_sets.py)
+    guard_watches: int = 0     # guard watches built over the value guards' paths (keys/guard_watch.py)
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     capture_seconds: float = 0.0

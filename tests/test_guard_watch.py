@@ -180,6 +180,29 @@ def test_a_watcher_reads_replaced_objects_again_after_a_change():
     assert not watched.valid()
 
 
+def test_a_watcher_given_no_new_set_keeps_its_watch_which_still_notices_changes():
+    """Issue #38: the gears of one method share one parsed guard set, and ``remember`` re-watches at every gear: a
+    call that adds no set returns the watch it has (no watch built: ``counters.guard_watches``) while that watch holds;
+    the watch kept still notices a change, and the call after it builds one anew over the objects there now."""
+    from gearcache.counters import counters
+
+    model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
+    watcher = guard_watch.Watcher(guard_paths.Scope(model, {}))
+    shared = _eps_guards("0", "1")
+    before = counters.guard_watches
+    first = watcher.watch([shared, None])
+    assert counters.guard_watches == before + 1
+    for _ in range(5):                              # five more gears with the same set
+        assert watcher.watch([shared, shared, None]) is first
+    assert counters.guard_watches == before + 1, "no watch built for a set already watched"
+    model[1].eps = 0.5
+    assert not first.valid()
+    again = watcher.watch([shared, shared])
+    assert again is not first and again.valid() and counters.guard_watches == before + 2
+    model[0] = torch.nn.LayerNorm(2)                # a replaced object on a path: noticed by the new watch
+    assert not again.valid()
+
+
 def test_a_watcher_forgets_dropped_sets():
     model = torch.nn.Sequential(torch.nn.LayerNorm(2), torch.nn.LayerNorm(2))
     watcher = guard_watch.Watcher(guard_paths.Scope(model, {}))

@@ -1,6 +1,6 @@
-"""A warm start's look-ups and loads side by side (gearcache/warmup/driver.py ``find_all``): the stored entries are
-served as the serial path served them (nothing compiled in a fresh process, outputs equal to eager), and a gear whose
-load fails is named in the error."""
+"""A warm start's look-ups and loads (gearcache/warmup/driver.py ``find_all``, one after another or side by side):
+the stored entries are served as the serial path served them (nothing compiled in a fresh process, outputs equal
+to eager), and a gear whose load fails is named in the error."""
 import json
 import shutil
 import time
@@ -17,9 +17,15 @@ def _copy(gears_cache: tuple[Path, dict], tmp_path: Path) -> Path:
     return cache
 
 
-def test_a_warm_starts_gears_load_side_by_side_and_serve_the_stored_entries(gears_cache, tmp_path,
-                                                                            empty_torch_caches):
-    warm = run_script("run_gear_loads.py", str(_copy(gears_cache, tmp_path)), env=empty_torch_caches)
+@pytest.mark.parametrize("threads", [None, "3"])
+def test_a_warm_starts_gears_are_looked_up_and_serve_the_stored_entries(gears_cache, tmp_path, empty_torch_caches,
+                                                                        threads):
+    """By default the look-ups run one after another in the calling thread (on a local store a look-up is Python
+    holding the GIL: ``driver.lookup_threads``); ``GEARCACHE_LOAD_THREADS=3`` runs the others side by side in load
+    threads. Either way every gear's stored entry is served, and the gears' one guard set is parsed, checked and
+    watched once."""
+    env = {**empty_torch_caches, **({"GEARCACHE_LOAD_THREADS": threads} if threads else {})}
+    warm = run_script("run_gear_loads.py", str(_copy(gears_cache, tmp_path)), env=env)
     assert "error" not in warm and warm["gears"] == 3 and warm["equal"]
     c = warm["counters"]
     assert c["compiles"] == 0 and c["traces"] == 0 and warm["compiles_after_warmup"] == 0
@@ -29,7 +35,12 @@ def test_a_warm_starts_gears_load_side_by_side_and_serve_the_stored_entries(gear
     where = dict((batch, thread) for thread, batch in warm["finds"])
     assert len(warm["finds"]) == 3 and sorted(where) == [2, 4, 8]
     assert sorted(where.values())[0] == "MainThread", "the first look-up runs alone in the calling thread"
-    assert sum(t.startswith("gearcache-load") for t in where.values()) == 2, "the others in the load threads"
+    loading = sum(t.startswith("gearcache-load") for t in where.values())
+    assert loading == (2 if threads else 0), where
+    assert warm["guards"]["entries_sharing_a_set"] == 3, "the gears' equal guards are one parsed set"
+    assert c["guard_parses"] <= 2, "the entries' one set, and the gear plan's if it differs"
+    assert c["guard_checks"] <= 3, "the gear plan's set at its two look-ups, the entries' once for the three gears"
+    assert c["guard_watches"] <= 2, "one watch for the gear plan, then one for the entries: none rebuilt per gear"
 
 
 def test_a_gear_whose_load_fails_is_named_in_the_error(gears_cache, tmp_path):
@@ -80,6 +91,28 @@ def test_a_warm_start_hashes_its_artifacts_once_then_loads_them_by_their_stamps(
     c = second["counters"]
     assert c["loads"] == 3 and c["direct_loads"] == 3 and c["compiles"] == 0, c
     assert c["digests"] == 0 and c["stamped_checks"] == 3 and c["lease_waits"] == 0, c
+
+
+def test_look_ups_run_side_by_side_only_after_a_first_one_that_mostly_waited(monkeypatch):
+    """``driver.lookup_threads``: what the first look-up spent decides. Mostly on the CPU (Python holding the GIL):
+    one after another. Mostly off it, blocked (a remote store, a lock held elsewhere): the load threads; off it
+    because other processes had the cores (preempted more often than blocked): one after another.
+    ``GEARCACHE_LOAD_THREADS`` decides instead where set."""
+    from gearcache.warmup import driver
+
+    monkeypatch.delenv("GEARCACHE_LOAD_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert driver.lookup_threads(wall=0.020, cpu=0.019) == 1
+    assert driver.lookup_threads(wall=0.020, cpu=0.011, blocks=30, preemptions=0) == 1
+    assert driver.lookup_threads(wall=0.200, cpu=0.020) == driver.load_threads()
+    assert driver.lookup_threads(wall=0.200, cpu=0.020, blocks=12, preemptions=3) == driver.load_threads()
+    assert driver.lookup_threads(wall=0.200, cpu=0.020, blocks=2, preemptions=9) == 1
+    spent = driver._spent_since(driver._thread_clock())
+    assert spent.wall >= 0 and spent.cpu >= 0 and spent.preemptions >= 0
+    monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "4")
+    assert driver.lookup_threads(wall=0.020, cpu=0.019) == 4
+    monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "1")
+    assert driver.lookup_threads(wall=0.200, cpu=0.020) == 1
 
 
 def test_the_look_up_threads_can_be_set_to_compare(monkeypatch):

@@ -15,6 +15,8 @@ The glue is built once at load so a call does no interpretation:
 """
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -52,7 +54,7 @@ class Entry:
         self.real_elements = self.padded_elements = 0     # of geared calls (GearPlan.record_padding), flushed too
         self.native = native and NATIVE     # False: Python per-call path even where the C one is built (tests)
         self._recipe = _recipe(manifest["inputs"], module)
-        self._bound = _state_dicts(manifest, module)
+        self._bound = _bound_dicts(self._recipe, manifest, module)
         self._addresses = _addresses(self._recipe)
         self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
@@ -136,6 +138,14 @@ def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]
     return [id(torch_nn_modules.state_slot(module, ref)[0]) for ref in refs]
 
 
+def _bound_dicts(recipe: Recipe, manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:
+    """:func:`_state_dicts` of an entry whose ``recipe`` was just resolved from ``manifest["inputs"]`` (its slots are
+    the inputs' module tensors, in order: they are not resolved a second time)."""
+    refs = [ref for kind, ref in manifest["outputs"]["leaves"] if kind == "state"]
+    return ([id(item[0]) for item in recipe if not isinstance(item, int)]
+            + [id(torch_nn_modules.state_slot(module, ref)[0]) for ref in refs])
+
+
 def _make_gather(recipe: Recipe) -> Callable[[tuple[Any, ...]], list[Any]]:
     """``gather(L)`` in generated Python from the recipe of :func:`_recipe` (the dicts already resolved)."""
     dicts: list[dict[str, Any]] = []
@@ -210,9 +220,16 @@ def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) 
 
 def _compile(src: str, name: str, env: dict[str, Any]) -> Callable[..., Any]:
     namespace = dict(env)
-    exec(compile(src, f"<gearcache {name}>", "exec"), namespace)   # noqa: S102 - generated from a recipe above
+    exec(_code(src, name), namespace)   # noqa: S102 - generated from a recipe above
     fn: Callable[..., Any] = namespace[name]
     return fn
+
+
+@functools.lru_cache(maxsize=256)
+def _code(src: str, name: str) -> types.CodeType:
+    """The compiled code of a generated ``gather`` or ``build`` source (the gears of one method load the same
+    recipes: compiled once; the values it reads are bound per entry by ``_compile``'s namespace)."""
+    return compile(src, f"<gearcache {name}>", "exec")
 
 
 def writes_a_leaf(entry: Entry) -> bool:

@@ -27,7 +27,7 @@ import threading
 import time
 import types
 import weakref
-from typing import Any, Callable, Hashable, Union, cast
+from typing import Any, Callable, Hashable, NamedTuple, Union, cast
 
 import torch
 
@@ -240,13 +240,16 @@ class EntryLife:
         warm-up's gears: ``warmup.driver.find_all``)."""
         counters.add(misses=1)
         diagnostics.track_hits(self)
-        desc, ekey, factors = self.describe(leaves, key)
+        module = self.module
+        tensors = (ModuleTensors.read(module) if reading is None else
+                   reading.once(("module tensors", id(module)), lambda: ModuleTensors.read(module)))
+        desc, ekey, factors = self.describe(leaves, key, tensors)
         found = self.choose(ekey, reading)
         if found.mismatch is not None:
             factors = {**factors, "guard_miss": str(found.mismatch)}
         entry = None
         if found.record is not None:
-            entry = self.load(found.record, found.key, found.guards, cuda_index(leaves, self.module))
+            entry = self.load(found.record, found.key, found.guards, cuda_index(leaves, module, tensors))
         return Found(desc, found.key, factors, entry)
 
     def choose(self, ekey: str, reading: guard_sets.Reading | None = None) -> guard_sets.Choice:
@@ -255,19 +258,21 @@ class EntryLife:
         return guard_sets.choose(lambda k: self.store.entries.read_for_load(folder, name, k), ekey, self.scope,
                                  reading)
 
-    def describe(self, leaves: tuple[Any, ...],
-                 key: tuple[Hashable, ...]) -> tuple[dict[str, Any], str, dict[str, Any]]:
-        """The signature's description, its entry key and the key's factors."""
+    def describe(self, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
+                 tensors: "ModuleTensors | None" = None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """The signature's description, its entry key and the key's factors (``tensors``: as ``entry_key``'s)."""
         desc = signature.describe(leaves, key)
-        ekey, factors = self.entry_key(desc, leaves)
+        ekey, factors = self.entry_key(desc, leaves, tensors)
         return desc, ekey, factors
 
-    def entry_key(self, desc: dict[str, Any], leaves: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
-        """The entry key of the signature ``desc`` (everything its entry depends on) and its factors."""
-        devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} |
-                         {str(p.device) for p in self.module.parameters()}) or ["cpu"]
+    def entry_key(self, desc: dict[str, Any], leaves: tuple[Any, ...],
+                  tensors: "ModuleTensors | None" = None) -> tuple[str, dict[str, Any]]:
+        """The entry key of the signature ``desc`` (everything its entry depends on) and its factors. ``tensors``:
+        the module's tensors as this pass of look-ups read them (None: read now)."""
+        tensors = tensors if tensors is not None else ModuleTensors.read(self.module)
+        devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} | tensors.devices) or ["cpu"]
         return cache_keys.entry_key(method_name=self.name, method_digest=self.method_digest, signature=desc,
-                                    module_state=module_state(self.module), config=self.config.compile_factors(),
+                                    module_state=tensors.rows, config=self.config.compile_factors(),
                                     environment=cache_keys.environment_factors(devices, self.decompositions))
 
     # ---------------------------------------------------------------------------------------------------- load
@@ -426,14 +431,29 @@ def _weak(hook: Callable[[Loaded], None] | None) -> Callable[[], Callable[[Loade
     return lambda: hook
 
 
-def cuda_index(leaves: tuple[Any, ...], module: torch.nn.Module) -> int | None:
+class ModuleTensors(NamedTuple):
+    """What a look-up reads of a module's parameters and buffers (:meth:`read`): once per pass of look-ups under the
+    method's lock (``guard_sets.Reading.once``: a warm-up's gears), as the pass reads each guarded value once."""
+    rows: list[list[Any]]           # module_state's
+    devices: frozenset[str]         # the parameters' devices (an entry key's)
+    cuda: frozenset[int | None]     # the GPU index of each parameter and buffer on a GPU (cuda_index's)
+
+    @staticmethod
+    def read(module: torch.nn.Module) -> "ModuleTensors":
+        params = list(module.parameters())
+        on_gpu = [t.device.index for t in [*params, *module.buffers()] if t.is_cuda]
+        return ModuleTensors(module_state(module), frozenset(str(p.device) for p in params), frozenset(on_gpu))
+
+
+def cuda_index(leaves: tuple[Any, ...], module: torch.nn.Module, tensors: ModuleTensors | None = None) -> int | None:
     """The index of the one GPU a call's tensors and the module's parameters and buffers are on; None when none is
-    on a GPU, or they are on several (their artifact keeps every index)."""
-    tensors = [*(x for x in leaves if isinstance(x, torch.Tensor)), *module.parameters(), *module.buffers()]
-    indexes = {t.device.index for t in tensors if t.is_cuda}
+    on a GPU, or they are on several (their artifact keeps every index). ``tensors``: the module's, as a pass of
+    look-ups read them (None: read now)."""
+    tensors = tensors if tensors is not None else ModuleTensors.read(module)
+    indexes = {x.device.index for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda} | tensors.cuda
     if len(indexes) != 1 or None in indexes:
         return None
-    return indexes.pop()
+    return next(iter(indexes))
 
 
 def module_state(module: torch.nn.Module) -> list[list[Any]]:

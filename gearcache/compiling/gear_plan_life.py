@@ -74,14 +74,15 @@ class GearPlanLife:
         self.guards: guard_sets.GuardSet | None = None    # the plan's trace's value guards
 
     # --------------------------------------------------------------------------------------------- the plan
-    def plan_for(self, call: MarkedCall, again: bool = False) -> GearPlan | None:
+    def plan_for(self, call: MarkedCall, again: bool = False,
+                 found: guard_sets.Choice | None = None) -> GearPlan | None:
         """The gear plan, built (or loaded) from the first call's marks; None when nothing is marked. ``again``: look
-        for marks on this call too when an earlier call had none."""
+        for marks on this call too when an earlier call had none. ``found``: as ``load_or_build``'s."""
         with self.lock:
             if self.checked and not (again and self.plan is None):
                 return self.plan
             if call.marks:
-                self.plan = self.load_or_build(call)
+                self.plan = self.load_or_build(call, found)
             self.checked = True
             return self.plan
 
@@ -112,12 +113,15 @@ class GearPlanLife:
         """Whether the store holds any gear plan of this method (``Entries.gear_plans_in_method``)."""
         return bool(self.store.entries.gear_plans_in_method(self.topology.folder, self.name))
 
-    def load_or_build(self, call: MarkedCall) -> GearPlan:
+    def load_or_build(self, call: MarkedCall, found: guard_sets.Choice | None = None) -> GearPlan:
         """The stored gear plan for the call's marks, else one built (``build``) and stored; either way checked
-        against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError)."""
+        against ``padding_check`` (padding_check.apply: may raise PaddingUnsafeError). ``found``: ``stored(call)``
+        already looked up (a warm-up's, before its workers start): not read from the store again, its record's
+        value guards checked again here (a record whose guards no longer hold is looked up anew)."""
         ic = self.config.inference_config
         check_marks(call.marks, ic.dynamic_gears_merge_policy)
-        found = self.stored(call)
+        if found is None or (found.guards is not None and found.guards.mismatch(self.scope) is not None):
+            found = self.stored(call)
         saved, pkey = found.record, found.key
         if saved is not None and not dependencies_changed(saved.get("dependencies", [])):
             self.guards = found.guards

@@ -26,13 +26,18 @@ import dataclasses
 import hashlib
 import json
 import sys
+import threading
 import warnings
-from typing import Any, Callable
+import weakref
+from typing import Any, Callable, TypeVar
 
+from ..counters import counters
 from ..errors import Unpersistable
 from .guard_fingerprints import hashable, live_fingerprint
 from .guard_paths import GuardPath, PathValues, Scope
 from .value_guard import LiveObject, ValueGuard
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +53,13 @@ class Mismatch:
 
 class GuardSet:
     """The value guards of one capture. ``local`` (a message) when one of them cannot be checked in another process:
-    the entry is then served in this process only."""
+    the entry is then served in this process only. Never changed once made (sets parsed from equal JSON are one
+    object: :meth:`from_json`)."""
 
     def __init__(self, guards: list[ValueGuard], local: str | None = None):
         self.guards = guards
         self.local = local
+        self._source: list[Any] | None = None     # the JSON it was parsed from (from_json): compared, never changed
 
     def __len__(self) -> int:
         return len(self.guards)
@@ -64,19 +71,50 @@ class GuardSet:
 
     @classmethod
     def from_json(cls, data: list[Any] | None) -> "GuardSet":
-        return cls([ValueGuard.from_json(g) for g in data or []])
+        """The set of a manifest's ``"guards"``. JSON equal to that of a set parsed before in this process, and still
+        held, gives that set itself (the gears of one method store the same guards: each distinct set is parsed once,
+        and checked and watched once per pass, :meth:`mismatch`, ``guard_watch.Watcher``). The JSON is kept by the
+        set to compare with (a manifest's lists are never changed after it is read). Counts
+        ``counters.guard_parses``."""
+        data = data or []
+        with _INTERNED_LOCK:
+            same = _INTERNED.get(len(data), [])
+            for ref in same:
+                held = ref()
+                if held is not None and (held._source is data or held._source == data):
+                    return held
+        parsed = cls([ValueGuard.from_json(g) for g in data])
+        parsed._source = data
+        counters.add(guard_parses=1)
+        with _INTERNED_LOCK:
+            same = _INTERNED.setdefault(len(data), [])
+            same[:] = [ref for ref in same if ref() is not None]
+            same.append(weakref.ref(parsed))
+        return parsed
 
     def mismatch(self, scope: Scope, reading: "Reading | None" = None) -> Mismatch | None:
         """The first guard that does not hold on the live objects, or None. ``reading``: objects and fingerprints
-        already read in this pass (several guard sets checked at once share the paths they have in common)."""
+        already read in this pass (several guard sets checked at once share the paths they have in common; a set
+        checked already in the pass is answered from it: :meth:`Reading.checked`). Counts ``counters.guard_checks``
+        (the sets checked guard by guard)."""
+        if reading is not None:
+            known = reading.checked(self, scope)
+            if known is not None:
+                return known[0]
         reading = reading if reading is not None else Reading()
+        counters.add(guard_checks=1)
+        skipped: list[ValueGuard] = []
+        found: Mismatch | None = None
         for g in self.guards:
             if unloaded_torch_module(g):
+                skipped.append(g)
                 continue
             live = reading.fingerprint(g, scope)
             if live != g.expected:
-                return Mismatch(g, live)
-        return None
+                found = Mismatch(g, live)
+                break
+        reading.remember(self, scope, found, skipped)
+        return found
 
     def live_fingerprints(self, scope: Scope) -> list[Any]:
         reading = Reading()
@@ -92,6 +130,9 @@ class Reading:
     def __init__(self) -> None:
         self.values: PathValues = {}
         self._fps: dict[tuple[str, GuardPath, object], Any] = {}   # (kind, path, arg) -> fingerprint (JSON)
+        # id of a guard set checked in this pass -> (the set, its scope, its first mismatch, the guards it skipped)
+        self._sets: dict[int, tuple[GuardSet, Scope, Mismatch | None, list[ValueGuard]]] = {}
+        self._once: dict[tuple[str, int], Any] = {}
 
     def fingerprint(self, guard: ValueGuard, scope: Scope) -> Any:
         mark = (guard.kind, guard.path, hashable(guard.arg))
@@ -100,6 +141,42 @@ class Reading:
         except KeyError:
             fp = self._fps[mark] = live_fingerprint(guard, scope, self.values)
             return fp
+
+    def once(self, mark: tuple[str, int], read: Callable[[], _T]) -> _T:
+        """``read()`` the first time ``mark`` (a name and an object's id, alive through the pass) is asked for in this
+        pass, its value after: something else a pass of look-ups reads of live objects once for all (the module's
+        tensors: ``entry_life.ModuleTensors``)."""
+        try:
+            held: _T = self._once[mark]
+            return held
+        except KeyError:
+            value = self._once[mark] = read()
+            return value
+
+    def remember(self, guards: GuardSet, scope: Scope, found: Mismatch | None, skipped: list[ValueGuard]) -> None:
+        """``guards.mismatch(scope)`` of this pass was ``found``, with the ``skipped`` guards left unchecked (they read
+        a module of torch's own this process had not imported: ``unloaded_torch_module``)."""
+        self._sets[id(guards)] = (guards, scope, found, skipped)
+
+    def checked(self, guards: GuardSet, scope: Scope) -> tuple[Mismatch | None] | None:
+        """``(mismatch,)`` when ``guards`` was checked on ``scope`` in this pass already (None otherwise): what that
+        check found, as checking again would (every fingerprint it read is this pass's), except that a guard it
+        skipped whose torch module has been imported since is checked now."""
+        known = self._sets.get(id(guards))
+        if known is None or known[0] is not guards or known[1] is not scope:
+            return None
+        found = known[2]
+        if found is None:
+            for g in known[3]:
+                if not unloaded_torch_module(g):
+                    live = self.fingerprint(g, scope)
+                    if live != g.expected:
+                        return (Mismatch(g, live),)
+        return (found,)
+
+
+_INTERNED: dict[int, list["weakref.ref[GuardSet]"]] = {}   # GuardSet.from_json's sets still held, by guard count
+_INTERNED_LOCK = threading.Lock()
 
 
 def unloaded_torch_module(guard: ValueGuard) -> bool:
@@ -142,17 +219,28 @@ def choose(read: Callable[[str], dict[str, Any] | None], key: str, scope: Scope,
     first = read(key)
     if first is None:
         return Choice(None, None, key)
-    first_guards = GuardSet.from_json(first.get("guards"))
+    first_guards = _guards_of(first)
     mismatch = first_guards.mismatch(scope, reading)
     if mismatch is None:
         return Choice(first, first_guards, key)
     vkey = variant_key(key, first_guards, scope)
     variant = read(vkey)
     if variant is not None:
-        variant_guards = GuardSet.from_json(variant.get("guards"))
+        variant_guards = _guards_of(variant)
         if variant_guards.mismatch(scope, reading) is None:
             return Choice(variant, variant_guards, vkey)
     return Choice(None, None, vkey, mismatch)
+
+
+def _guards_of(record: dict[str, Any]) -> GuardSet:
+    """The guard set of a record just read (``GuardSet.from_json``); where that set was parsed from another record's
+    equal JSON, the record's ``"guards"`` becomes that JSON (the same values), so that the gears of a method keep one
+    copy of their guards between them, not one each (a 8-layer decoder's: ~800 guards, ~10^4 objects a copy)."""
+    raw = record.get("guards")
+    guards = GuardSet.from_json(raw)
+    if isinstance(raw, list) and guards._source is not raw:
+        record["guards"] = guards._source
+    return guards
 
 
 def _show(fp: Any) -> str:

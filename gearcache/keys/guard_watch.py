@@ -46,6 +46,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .._torch import tensor_checks as torch_tensor_checks
+from ..counters import counters
 from . import fingerprints
 from .guard_fingerprints import hashable
 from .guard_paths import MISSING_OBJECT, GuardPath, PathStep, PathValues, Scope, evaluate
@@ -434,16 +435,22 @@ class Watcher:
 
     def watch(self, guard_sets: Iterable[GuardSet | None]) -> Watch | None:
         """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked);
-        None when there is nothing to watch."""
+        None when there is nothing to watch. The previous watch itself when it still holds and ``guard_sets`` adds
+        no set to its sets (the gears of one method share one parsed set: ``GuardSet.from_json``)."""
         sets = [gs for gs in guard_sets if gs is not None and len(gs)]
         if not self._extends(sets):
             self._sets, self._hops, self._values, self._done = [], Hops(), {}, set()
+            self._watch = None
         known = {id(gs) for gs in self._sets}
+        added = False
         for gs in sets:
             if id(gs) not in known:
+                known.add(id(gs))
+                added = True
                 _add_guards(self._hops, gs, self._scope, self._values, self._done)
         self._sets = sets
-        self._watch = make_watch(self._hops)
+        if added or self._watch is None:
+            self._watch = make_watch(self._hops)
         return self._watch
 
     def _extends(self, sets: list[GuardSet]) -> bool:
@@ -457,6 +464,7 @@ def make_watch(hops: Hops) -> Watch | None:
     """A ``GuardWatch`` over ``hops`` as they are now; None when they are empty."""
     if not (hops.dicts or hops.types or hops.checked or hops.tensors):
         return None
+    counters.add(guard_watches=1)
     meta, meta_holds = torch_tensor_checks.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
     order = {id(d): n for n, (d, _, _) in reversed(list(enumerate(hops.dicts)))}    # a dict's first row
     dicts = sorted(hops.dicts, key=lambda row: order[id(row[0])])                  # its rows together (stable)

@@ -88,7 +88,7 @@ class Entries:
         if why is not None:
             return self._bad_entry(path, f"not trusted: {why}", quarantine)
         try:
-            data = json.loads(raw)
+            data = fs.read_json(raw)
         except ValueError as exc:
             return self._bad_entry(path, f"unreadable ({exc})", quarantine)
         if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION or data.get("ekey") != ekey:
@@ -144,8 +144,7 @@ class Entries:
         """A gear plan written by :meth:`write_gear_plan`, or None (missing, unreadable, other format, bad
         signature)."""
         try:
-            with open(self.layout.gear_plan(topology_folder, method, pkey), encoding="utf-8") as f:
-                data = json.load(f)
+            data = fs.read_json(self.layout.gear_plan(topology_folder, method, pkey).read_bytes())
         except (OSError, ValueError):
             return None
         ok = isinstance(data, dict) and data.get("format") == FORMAT_VERSION and data.get("pkey") == pkey

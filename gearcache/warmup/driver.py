@@ -7,8 +7,9 @@ same artifact lock; the artifact lock still decides who compiles what (never twi
 How (:func:`compile_missing`), with ``n = inference_config.warmup_workers`` (default :func:`default_workers`) > 1:
 
 1. look every gear's entry up (a stored entry is loaded, as on a miss): the first in rank order alone in the calling
-   thread, the others side by side in up to :data:`LOAD_THREADS` threads (:func:`find_all`; this step alone for
-   any ``n``: a warm start's loads);
+   thread, the others after it there, or side by side in up to :data:`LOAD_THREADS` threads when the second spent
+   most of its time waiting (:func:`find_all`, :func:`lookup_threads`; this step alone for any ``n``: a warm
+   start's loads);
 2. if several are missing, start ``n`` worker processes (``gearcache/compiling/workers.py``) before the first capture:
    their start (importing torch and Inductor, starting Inductor's compile pool) overlaps step 3. When no gear plan is
    stored yet (a first warm-up), they are started even earlier, before the plan's trace (:func:`start_workers`,
@@ -58,18 +59,26 @@ from ..compiling.workers import WorkerPool, default_workers, job_for
 if TYPE_CHECKING:
     from ..compiling.entry_life import EntryLife, Found, Pending
 
+try:
+    import resource
+    _RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)     # Linux
+except ImportError:                 # pragma: no cover - not on Windows
+    _RUSAGE_THREAD = None
+
 log = logging.getLogger("gearcache.warmup.driver")
 LOAD_THREADS = 8        # at most this many look-up threads (find_all): the GIL gains nothing from more
+WAITED = 0.5            # look-ups side by side when the first one's CPU time was below this share of its wall time
 
 
 def load_threads() -> int:
-    """The threads of a warm-up's look-ups (:func:`find_all`): the cores this process may use, shared by the ranks of
-    its host (torchrun's ``LOCAL_WORLD_SIZE``), at most :data:`LOAD_THREADS`, at least 1. More threads than cores
-    only trade the GIL back and forth (on 2 cores: 12 gears' look-ups end ~20 % later with 8 threads than with 2).
-    ``$GEARCACHE_LOAD_THREADS`` (a positive integer) sets it instead, up to :data:`LOAD_THREADS` (to compare)."""
-    fixed = os.environ.get("GEARCACHE_LOAD_THREADS", "")
-    if fixed.isdigit() and int(fixed) > 0:
-        return min(LOAD_THREADS, int(fixed))
+    """The threads of a warm-up's look-ups when they run side by side (:func:`find_all`, :func:`lookup_threads`):
+    the cores this process may use, shared by the ranks of its host (torchrun's ``LOCAL_WORLD_SIZE``), at most
+    :data:`LOAD_THREADS`, at least 1. More threads than cores only trade the GIL back and forth (on 2 cores: 12
+    gears' look-ups end ~20 % later with 8 threads than with 2). ``$GEARCACHE_LOAD_THREADS`` (a positive integer)
+    sets it instead, up to :data:`LOAD_THREADS` (to compare; 1: one after another)."""
+    fixed = _fixed_threads()
+    if fixed is not None:
+        return fixed
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:                      # (not on Linux)
@@ -79,6 +88,12 @@ def load_threads() -> int:
     except ValueError:
         local = 1
     return max(1, min(LOAD_THREADS, cores // local))
+
+def _fixed_threads() -> int | None:
+    """``$GEARCACHE_LOAD_THREADS`` (a positive integer, at most :data:`LOAD_THREADS`); None: unset or not one."""
+    fixed = os.environ.get("GEARCACHE_LOAD_THREADS", "")
+    return min(LOAD_THREADS, int(fixed)) if fixed.isdigit() and int(fixed) > 0 else None
+
 
 def rank_order(n: int, world_size: int, rank: int) -> list[int]:
     """Gear indices ``0..n-1``, this rank's share (index ≡ rank mod world size) first, then the rest in order."""
@@ -156,11 +171,12 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
              timeline: Timeline) -> list[tuple[GearCall, "Found", float]]:
     """``life.find`` of each gear call of ``gears`` (its stored entry looked up, its guards
     checked, its artifact verified and loaded; a miss: ``entry`` None): ``(gear, found, seconds)`` in ``gears``'
-    order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once), the
-    others side by side in :func:`load_threads` threads as ``gears`` yields them (their file reads, digests
-    and kernel loads release the GIL), under the caller's CUDA device, grad and inference mode and global torch state
-    (autocast, ...: an entry key's factor; a gear whose thread cannot take that state on is looked up in the calling
-    thread instead). Nothing in a look-up
+    order. The first runs alone in the calling thread (the store's first use and any lazy set-up happen once); the
+    others follow it there, one after another, unless the second (the first that pays no first use) spent most of
+    its time waiting (:func:`lookup_threads`; ``$GEARCACHE_LOAD_THREADS`` decides instead where set): then the rest
+    run side by side in :func:`load_threads` threads as ``gears`` yields them, under the caller's CUDA
+    device, grad and inference mode and global torch state (autocast, ...: an entry key's factor; a gear whose
+    thread cannot take that state on is looked up in the calling thread instead). Nothing in a look-up
     talks to other ranks (the run plan's group check reads this process's own groups). The gears' value guards are
     checked in one pass (one ``guard_sets.Reading``: the method's lock is held throughout, as ``_revalidate`` checks
     every entry's guards in one). A failure raises
@@ -171,17 +187,21 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     threads: concurrent.futures.ThreadPoolExecutor | None = None
     caller = _CallerState(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch_state.global_state())
     reading = guard_sets.Reading()      # one pass under the method's lock: each live value read once for all gears
-    t0 = time.time()
+    n, t0 = 1, time.time()
     try:
         for gear in gears:
-            if not results:
-                results.append((gear, *_find(life, gear, timeline, reading)))
+            if n > 1:
+                if threads is None:
+                    threads = concurrent.futures.ThreadPoolExecutor(n, "gearcache-load", _adopt_device,
+                                                                    (_caller_device(),))
+                futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
                 continue
-            if threads is None:
-                t0 = time.time()
-                threads = concurrent.futures.ThreadPoolExecutor(load_threads(), "gearcache-load", _adopt_device,
-                                                                (_caller_device(),))
-            futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
+            before = _thread_clock()
+            results.append((gear, *_find(life, gear, timeline, reading)))
+            if len(results) == 1:
+                n, t0 = (load_threads() if _fixed_threads() is not None else 1), time.time()
+            elif len(results) == 2 and _fixed_threads() is None:
+                n = lookup_threads(*_spent_since(before))
         for gear, future in futures:
             found = future.result()
             results.append((gear, *(found if found is not None else _find(life, gear, timeline, reading))))
@@ -192,8 +212,48 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
     finally:
         if threads is not None:
             threads.shutdown(wait=True)
-            timeline.add("all", "look up the other gears side by side", t0, time.time())
+        if len(results) > 1 or futures:
+            how = "side by side" if threads is not None else "one by one"
+            timeline.add("all", f"look up the other gears {how}", t0, time.time())
     return results
+
+
+def lookup_threads(wall: float, cpu: float, blocks: int | None = None, preemptions: int = 0) -> int:
+    """The threads of a warm-up's look-ups after its second, which took ``wall`` seconds, ``cpu`` of them on this
+    thread's CPU, and left its CPU ``blocks`` times to wait (voluntary context switches) and ``preemptions`` times
+    for other work (involuntary ones; None and 0 where not counted): ``$GEARCACHE_LOAD_THREADS`` where set
+    (:func:`load_threads`); else :func:`load_threads` when that look-up mostly waited (``cpu`` below :data:`WAITED`
+    of ``wall``, and blocked more often than it was preempted: a remote store's fetch, a lock held elsewhere, a cold
+    disk), where threads overlap the waits; else 1, one after another in the calling thread (a look-up kept off its
+    CPU by other processes would keep its threads off too). A look-up's own work is Python (manifest and guards, the
+    wrapper's module code), which holds the GIL: side by side each took 10-15x longer than alone on 4 H100 ranks
+    (0.20-0.29 s against 0.02 s, the step 0.26-0.29 s for 6 gears) and 2-3x on CPU, where the step never got
+    shorter (docs/BENCHMARKS.md)."""
+    waited = cpu < WAITED * wall and (blocks is None or blocks > preemptions)
+    return load_threads() if _fixed_threads() is not None or waited else 1
+
+
+class _Clock(NamedTuple):
+    """A thread's clocks (:func:`_thread_clock`), or what it spent between two readings (:func:`_spent_since`)."""
+    wall: float
+    cpu: float
+    blocks: int | None      # voluntary context switches (None: not counted per thread here)
+    preemptions: int        # involuntary ones
+
+
+def _thread_clock() -> _Clock:
+    """This thread's wall and CPU clocks, and its context switches so far where the system counts them per thread."""
+    if _RUSAGE_THREAD is None:
+        return _Clock(time.perf_counter(), time.thread_time(), None, 0)
+    usage = resource.getrusage(_RUSAGE_THREAD)
+    return _Clock(time.perf_counter(), time.thread_time(), usage.ru_nvcsw, usage.ru_nivcsw)
+
+
+def _spent_since(before: _Clock) -> _Clock:
+    """What this thread spent since ``before`` (:func:`lookup_threads`' arguments)."""
+    now = _thread_clock()
+    blocks = None if now.blocks is None or before.blocks is None else now.blocks - before.blocks
+    return _Clock(now.wall - before.wall, now.cpu - before.cpu, blocks, now.preemptions - before.preemptions)
 
 
 class _CallerState(NamedTuple):

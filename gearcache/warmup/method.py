@@ -39,6 +39,7 @@ from ..compiling.snapshot import kept
 from ..config import CompilerConfig
 from ..gears.plan import GearCall, GearPlan, MarkedCall
 from ..gears import padding_check
+from ..keys import guard_sets
 from ..graphs import cuda_graphs, graphed_entry
 from ..ranks import phases as ranks
 from . import driver
@@ -65,7 +66,8 @@ class CachedMethod(Protocol):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    def gear_plan(self, call: MarkedCall, again: bool = False) -> GearPlan | None: ...
+    def gear_plan(self, call: MarkedCall, again: bool = False,
+                  found: guard_sets.Choice | None = None) -> GearPlan | None: ...
 
     def call_geared(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                     served: bool = False) -> Any: ...
@@ -80,9 +82,10 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
     try:
         with timeline.span("all", "signature and gears"):
             call = cached.gear_life.marked_call(args, kwargs)
+            found = None                    # the store's plan record, when looked up for the early workers
             if not cached.gear_life.checked:
-                early = _early_workers(cached, call, timeline)
-            gear_plan: GearPlan | None = cached.gear_plan(call)
+                early, found = _early_workers(cached, call, timeline)
+            gear_plan: GearPlan | None = cached.gear_plan(call, found=found)
             if gear_plan is None and call.tagged:    # an earlier call had no marks, these do
                 gear_plan = cached.gear_plan(call, again=True)
         if gear_plan is not None:
@@ -144,17 +147,20 @@ def capture_order(gears: list[GearCall]) -> list[GearCall]:
     return sorted(gears, key=lambda gear: (math.prod(gear.sizes), gear.sizes), reverse=True)
 
 
-def _early_workers(cached: CachedMethod, call: MarkedCall, timeline: Timeline) -> WorkerPool | None:
+def _early_workers(cached: CachedMethod, call: MarkedCall,
+                   timeline: Timeline) -> tuple[WorkerPool | None, guard_sets.Choice | None]:
     """Worker processes started before the gear plan is traced, when no plan is stored for these marks yet: such
     a warm-up has gears to compile, and the workers' start (importing torch and Inductor: ~10 s each on the H200
     host) then overlaps the trace (~7 s there) instead of following it. None when the plan is stored, nothing is
-    marked, or warm-up is serial."""
+    marked, or warm-up is serial. Beside them, the store's plan record where it was looked up (``GearPlanLife.stored``,
+    handed to ``gear_plan``: a plan's JSON, as large as an entry's, read once), else None."""
     ic = cached.config.inference_config
     if not call.marks or ic.warmup_workers == 1:
-        return None
-    if cached.gear_life.stored(call).record is not None:
-        return None
-    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline)
+        return None, None
+    found = cached.gear_life.stored(call)
+    if found.record is not None:
+        return None, found
+    return driver.start_workers(cached.life, call, ic.dynamic_gears_merge_policy, ic.warmup_workers, timeline), found
 
 
 def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded | None], timeline: Timeline) -> None:

@@ -57,6 +57,8 @@ with torch.inference_mode(), torch.autocast(device, torch.bfloat16) if autocast 
             report["equal"] &= bool(torch.allclose(out.float(), ref.float(), atol=atol))
             report["equal"] &= bool(torch.allclose(total.float(), ref_total.float(), atol=atol))
         report["compiles_after_warmup"] = counters.compiles + counters.traces - before
+entries = [e for e in model.cached.life.table.values() if getattr(e, "guards", None) is not None]
+report["guards"] = {"entries_sharing_a_set": max([sum(e.guards is f.guards for f in entries) for e in entries] or [0])}
 report["counters"] = dict(vars(counters))
 report["finds"] = finds
 report["hooks"] = compile_hooks.COUNTS
