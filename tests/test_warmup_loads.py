@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_script
+from gearcache import CompilerConfig, cache_compile
+from gearcache.compiling.entry_life import EntryLife
 
 
 def _copy(gears_cache: tuple[Path, dict], tmp_path: Path) -> Path:
@@ -126,3 +129,55 @@ def test_the_look_up_threads_can_be_set_to_compare(monkeypatch):
     for value, want in [("1", 1), ("3", 3), ("64", driver.LOAD_THREADS), ("0", default), ("x", default)]:
         monkeypatch.setenv("GEARCACHE_LOAD_THREADS", value)
         assert driver.load_threads() == want, value
+
+
+class Flip(torch.nn.Module):
+    """A graph specialised on a module's bool attribute (``self.flip``): compiled for False, negated when True."""
+
+    def __init__(self, cache_dir, config=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.flip = False
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        h = self.lin(x)
+        return -h if self.flip else h
+
+
+def _flip(cache_dir) -> Flip:
+    config = CompilerConfig()
+    config.inference_config.dim_gears = {"x": {0: [2, 4]}}
+    config.inference_config.warmup_workers = 1
+    torch.manual_seed(0)
+    return Flip(cache_dir, config).eval()
+
+
+@pytest.fixture(scope="module")
+def flip_cache(tmp_path_factory) -> Path:
+    """Flip's two gears (2, 4) stored with ``flip=False`` (compiled in this process)."""
+    cache = tmp_path_factory.mktemp("flip")
+    with torch.inference_mode():
+        assert _flip(cache).cached.warmup(torch.zeros(4, 4)) == 2
+    return cache
+
+
+def test_a_value_changed_between_a_warm_ups_look_ups_is_never_served_from_the_old_graph(flip_cache, monkeypatch):
+    """Another thread sets ``model.flip = True`` while a warm-up looks its gears up (here: right after the first
+    look-up). The gears' one guard set was checked, for the pass, on ``flip=False``; the watch is built after the
+    look-ups, on ``flip=True``: the entries loaded for False must not serve the calls after the warm-up."""
+    model = _flip(flip_cache)
+    real_find = EntryLife.find
+
+    def find(self, leaves, key, *rest):
+        found = real_find(self, leaves, key, *rest)
+        model.flip = True                       # as another thread would, mid-pass
+        return found
+
+    monkeypatch.setattr(EntryLife, "find", find)
+    with torch.inference_mode():
+        model.cached.warmup(torch.zeros(4, 4))
+        monkeypatch.setattr(EntryLife, "find", real_find)
+        for n in (1, 2, 3, 4):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
