@@ -184,9 +184,24 @@ class CachedFunction(Dispatcher):
             self._rewatch()
 
     def _rewatch(self) -> None:
-        """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now."""
+        """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now.
+
+        A new watch sees the values as they are when it is built, which may be later than the check of the guards
+        it watches (a warm-up checks its gears' guards in one pass, then watches them; a value set in between, by
+        another thread, was seen by neither). So every set a new watch covers is checked again once it is built,
+        and a set that no longer holds drops what it guards (``_revalidate``). A watch kept (``Watcher.watch``: no
+        set added, nothing changed since it was built and its sets checked) needs no check. Cost: one check per
+        distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path."""
         sets = [g for e in self._table.values() if isinstance(g := getattr(e, "guards", None), guard_sets.GuardSet)]
-        self._watch = self._watcher.watch(sets + [self.gear_life.guards])
+        plan_guards = self.gear_life.guards
+        previous = self._watch
+        self._watch = self._watcher.watch(sets + [plan_guards])
+        if self._watch is None or self._watch is previous:
+            return
+        reading = guard_sets.Reading()
+        watched = {id(gs): gs for gs in [*sets, plan_guards] if gs is not None}
+        if any(gs.mismatch(self._scope, reading) is not None for gs in watched.values()):
+            self._revalidate()
 
     def call_uncaptured(self, gear_plan: GearPlan | None, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                         served: bool = False) -> Any:
