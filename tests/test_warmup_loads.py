@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from gearcache import CompilerConfig, cache_compile
+from gearcache import CompilerConfig, cache_compile, counters
 from gearcache.compiling.entry_life import EntryLife
 
 
@@ -25,8 +25,8 @@ def test_a_warm_starts_gears_are_looked_up_and_serve_the_stored_entries(gears_ca
                                                                         threads):
     """By default the look-ups run one after another in the calling thread (on a local store a look-up is Python
     holding the GIL: ``driver.lookup_threads``); ``GEARCACHE_LOAD_THREADS=3`` runs the others side by side in load
-    threads. Either way every gear's stored entry is served, and the gears' one guard set is parsed, checked and
-    watched once."""
+    threads. Either way every gear's stored entry is served, and the gears' one guard set is parsed and watched
+    once, and checked once for the look-ups and once after its watch is built."""
     env = {**empty_torch_caches, **({"GEARCACHE_LOAD_THREADS": threads} if threads else {})}
     warm = run_script("run_gear_loads.py", str(_copy(gears_cache, tmp_path)), env=env)
     assert "error" not in warm and warm["gears"] == 3 and warm["equal"]
@@ -42,7 +42,9 @@ def test_a_warm_starts_gears_are_looked_up_and_serve_the_stored_entries(gears_ca
     assert loading == (2 if threads else 0), where
     assert warm["guards"]["entries_sharing_a_set"] == 3, "the gears' equal guards are one parsed set"
     assert c["guard_parses"] <= 2, "the entries' one set, and the gear plan's if it differs"
-    assert c["guard_checks"] <= 3, "the gear plan's set at its two look-ups, the entries' once for the three gears"
+    assert c["guard_checks"] <= 5, ("the gear plan's set at its two look-ups, the entries' once for the three gears, "
+                                    "then each new watch's sets once it is built (CachedFunction._rewatch: the "
+                                    "plan's, then the entries' and the plan's where they differ)")
     assert c["guard_watches"] <= 2, "one watch for the gear plan, then one for the entries: none rebuilt per gear"
 
 
@@ -178,6 +180,73 @@ def test_a_value_changed_between_a_warm_ups_look_ups_is_never_served_from_the_ol
     with torch.inference_mode():
         model.cached.warmup(torch.zeros(4, 4))
         monkeypatch.setattr(EntryLife, "find", real_find)
+        for n in (1, 2, 3, 4):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
+
+
+def _flip_on(m: Flip) -> None:
+    m.flip = True
+
+
+@pytest.mark.parametrize("when", ["after warm-up", "between calls"])
+def test_a_value_changed_after_a_warm_up_is_never_served_from_the_old_graph(flip_cache, when):
+    """The gears' shared guard set was checked and watched at the warm-up: ``flip = True`` set after it (before the
+    first call, or between two calls) is seen at the next call, which compiles for it; every output equals eager."""
+    model = _flip(flip_cache)
+    with torch.inference_mode():
+        with counters.expect(compiles=0, loads=2):
+            model.cached.warmup(torch.zeros(4, 4))
+        x = torch.randn(3, 4)
+        if when == "between calls":
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
+        _flip_on(model)
+        for n in (3, 1, 4):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
+
+
+def test_two_modules_sharing_a_parsed_guard_set_are_each_checked_on_their_own_values(flip_cache):
+    """Two instances warm up from the same stored gears: their manifests' guards are byte-equal, one parsed set
+    shared by both. Changing one instance's value is checked against that instance only: it compiles for its value,
+    the other keeps serving its loaded gears; each equals its own eager."""
+    a, b = _flip(flip_cache), _flip(flip_cache)
+    with torch.inference_mode():
+        a.cached.warmup(torch.zeros(4, 4))
+        b.cached.warmup(torch.zeros(4, 4))
+        entries = [e for m in (a, b) for e in m.cached.life.table.values()]
+        assert len({id(e.guards) for e in entries}) == 1, "one parsed set for both instances' gears"
+        b.flip = True
+        for n in (2, 3):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(b.cached(x), b.fwd(x))
+            with counters.expect(compiles=0, loads=0):
+                torch.testing.assert_close(a.cached(x), a.fwd(x))
+
+
+def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards(flip_cache, tmp_path):
+    """This process parsed the gears' guard set already; one manifest edited on disk to claim ``flip=True`` is a set
+    of its own, checked on the live ``flip=False``: refused (its gear compiled again), never served because an equal
+    set was parsed before."""
+    first = _flip(flip_cache)
+    with torch.inference_mode():
+        first.cached.warmup(torch.zeros(4, 4))          # the stored set parsed, and held (by first's entries)
+    cache = tmp_path / "cache"
+    shutil.copytree(flip_cache, cache, ignore=shutil.ignore_patterns("locks", "leases"))
+    edited = 0
+    for path in cache.glob("entries/*/*/*.json"):
+        manifest = json.loads(path.read_text())
+        if manifest["signature"]["leaves"][0]["shape"] == [2, 4]:
+            for guard in manifest["guards"]:
+                if guard[1][-1] == ["attr", "flip"] and guard[3] == ["bool", False]:
+                    guard[3] = ["bool", True]
+                    edited += 1
+            path.write_text(json.dumps(manifest))
+    assert edited == 1
+    model = _flip(cache)
+    with torch.inference_mode():
+        with counters.expect(loads=1):
+            model.cached.warmup(torch.zeros(4, 4))
         for n in (1, 2, 3, 4):
             x = torch.randn(n, 4)
             torch.testing.assert_close(model.cached(x), model.fwd(x))
