@@ -245,8 +245,10 @@ def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards
     assert edited == 1
     model = _flip(cache)
     with torch.inference_mode():
-        with counters.expect(loads=1):
+        with counters.expect(traces=1, guard_parses=1):     # the edited set parsed; its gear traced again
             model.cached.warmup(torch.zeros(4, 4))
+        scope = model.cached.life.scope
+        assert all(e.guards.mismatch(scope) is None for e in model.cached.life.table.values())
         for n in (1, 2, 3, 4):
             x = torch.randn(n, 4)
             torch.testing.assert_close(model.cached(x), model.fwd(x))
