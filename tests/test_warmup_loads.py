@@ -252,3 +252,24 @@ def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards
         for n in (1, 2, 3, 4):
             x = torch.randn(n, 4)
             torch.testing.assert_close(model.cached(x), model.fwd(x))
+
+
+def test_gears_stored_for_other_values_are_two_sets_each_served_only_where_it_holds(tmp_path):
+    """Gear 2 stored with ``flip=False``, gear 4 with ``flip=True`` (the value changed between the cold process's
+    calls): their guards differ in one value, two parsed sets. A warm-up with either value loads the gear stored for
+    it and compiles the other; every output equals eager."""
+    cold = _flip(tmp_path)
+    with torch.inference_mode():
+        torch.testing.assert_close(cold.cached(torch.ones(2, 4)), cold.fwd(torch.ones(2, 4)))
+        cold.flip = True
+        torch.testing.assert_close(cold.cached(torch.ones(4, 4)), cold.fwd(torch.ones(4, 4)))
+        for flip in (False, True):
+            model = _flip(tmp_path)
+            model.flip = flip
+            with counters.expect(traces=1):           # the other gear's entry holds for the other value
+                model.cached.warmup(torch.zeros(4, 4))
+            sets = {id(e.guards) for e in model.cached.life.table.values()}
+            assert len(model.cached.life.table) == 2 and len(sets) == 2, "a set per value, never one shared"
+            for n in (1, 2, 3, 4):
+                x = torch.randn(n, 4)
+                torch.testing.assert_close(model.cached(x), model.fwd(x))
