@@ -17,6 +17,20 @@ class PairMLP(torch.nn.Module):
         return h, h.sum(-1)
 
 
+class Flip(torch.nn.Module):
+    """A graph specialised on a module's bool attribute (``self.flip``): compiled for False, negated when True."""
+
+    def __init__(self, cache_dir, config=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.flip = False
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        h = self.lin(x)
+        return -h if self.flip else h
+
+
 class Mixed(torch.nn.Module):
     """x and y meet (x + y: their batch dims must stay equal); z's length is independent."""
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import run_script
-from gearcache import CompilerConfig, cache_compile, counters
+from gearcache import CompilerConfig, counters
 from gearcache.compiling.entry_life import EntryLife
+from gear_models import Flip
 
 
 def _copy(gears_cache: tuple[Path, dict], tmp_path: Path) -> Path:
@@ -133,20 +134,6 @@ def test_the_look_up_threads_can_be_set_to_compare(monkeypatch):
         assert driver.load_threads() == want, value
 
 
-class Flip(torch.nn.Module):
-    """A graph specialised on a module's bool attribute (``self.flip``): compiled for False, negated when True."""
-
-    def __init__(self, cache_dir, config=None):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 3)
-        self.flip = False
-        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
-
-    def fwd(self, x):
-        h = self.lin(x)
-        return -h if self.flip else h
-
-
 def _flip(cache_dir) -> Flip:
     config = CompilerConfig()
     config.inference_config.dim_gears = {"x": {0: [2, 4]}}
@@ -161,7 +148,13 @@ def flip_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("flip")
     with torch.inference_mode():
         assert _flip(cache).cached.warmup(torch.zeros(4, 4)) == 2
+    shutil.copytree(cache, _pristine(cache), ignore=shutil.ignore_patterns("locks", "leases"))
     return cache
+
+
+def _pristine(flip_cache: Path) -> Path:
+    """A copy of ``flip_cache`` as its fixture left it (tests add entries for ``flip=True`` to the cache itself)."""
+    return flip_cache.parent / f"{flip_cache.name}_pristine"
 
 
 def test_a_value_changed_between_a_warm_ups_look_ups_is_never_served_from_the_old_graph(flip_cache, monkeypatch):
@@ -232,7 +225,7 @@ def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards
     with torch.inference_mode():
         first.cached.warmup(torch.zeros(4, 4))          # the stored set parsed, and held (by first's entries)
     cache = tmp_path / "cache"
-    shutil.copytree(flip_cache, cache, ignore=shutil.ignore_patterns("locks", "leases"))
+    shutil.copytree(_pristine(flip_cache), cache)
     edited = 0
     for path in cache.glob("entries/*/*/*.json"):
         manifest = json.loads(path.read_text())
@@ -245,7 +238,7 @@ def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards
     assert edited == 1
     model = _flip(cache)
     with torch.inference_mode():
-        with counters.expect(traces=1, guard_parses=1):     # the edited set parsed; its gear traced again
+        with counters.expect(traces=1):                  # the edited set is one of its own: its gear traced again
             model.cached.warmup(torch.zeros(4, 4))
         scope = model.cached.life.scope
         assert all(e.guards.mismatch(scope) is None for e in model.cached.life.table.values())
@@ -273,3 +266,15 @@ def test_gears_stored_for_other_values_are_two_sets_each_served_only_where_it_ho
             for n in (1, 2, 3, 4):
                 x = torch.randn(n, 4)
                 torch.testing.assert_close(model.cached(x), model.fwd(x))
+
+
+@pytest.mark.parametrize("how", ["warm", "mid-pass"])
+def test_a_warm_process_with_another_value_re_traces_its_gears(flip_cache, tmp_path, how):
+    """Fresh processes on the gears stored for ``flip=False``: one that starts with ``flip=True``, one whose value
+    changes after its first gear's look-up. Each traces its gears for True (nothing loaded for False serves it) and
+    every output equals eager."""
+    cache = tmp_path / "cache"
+    shutil.copytree(_pristine(flip_cache), cache)
+    out = run_script("run_flip.py", str(cache), "True", *(["--mid-pass"] if how == "mid-pass" else []))
+    assert out["gears"] == 2 and out["equal"], out
+    assert out["counters"]["traces"] >= 2, "both gears traced for flip=True"
