@@ -278,3 +278,30 @@ def test_a_warm_process_with_another_value_re_traces_its_gears(flip_cache, tmp_p
     out = run_script("run_flip.py", str(cache), "True", *(["--mid-pass"] if how == "mid-pass" else []))
     assert out["gears"] == 2 and out["equal"], out
     assert out["counters"]["traces"] >= 2, "both gears traced for flip=True"
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_submodule_replaced_between_a_warm_ups_look_ups_is_read_by_every_gear(flip_cache, monkeypatch, after):
+    """``model.lin`` replaced by another ``Linear(4, 3)`` (same class and shapes: every value guard still holds) right
+    after the warm-up's ``after``-th gear look-up, as another thread would. A gear looked up before holds the old
+    submodule's tensors: it must read the new ones (rebound), as eager does, whether the watch is built after the
+    change (first gear) or kept from it (a later gear of the same guard set)."""
+    model = _flip(flip_cache)
+    real_find = EntryLife.find
+    looked_up = []
+
+    def find(self, leaves, key, *rest):
+        found = real_find(self, leaves, key, *rest)
+        looked_up.append(leaves[0].shape[0])
+        if len(looked_up) == after:
+            model.lin = torch.nn.Linear(4, 3)
+        return found
+
+    monkeypatch.setattr(EntryLife, "find", find)
+    with torch.inference_mode():
+        model.cached.warmup(torch.zeros(4, 4))
+        monkeypatch.setattr(EntryLife, "find", real_find)
+        assert len(looked_up) == 2
+        for n in (1, 2, 3, 4):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
