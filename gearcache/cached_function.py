@@ -177,10 +177,15 @@ class CachedFunction(Dispatcher):
 
     def _remembered(self, entry: Loaded) -> None:
         """``EntryLife.remember`` put ``entry`` in the table: the first entry serves unchecked calls
-        (``check_signature=False``); its value guards are watched."""
+        (``check_signature=False``); its value guards are watched. An entry bound, at its look-up, to module tensors
+        the module no longer holds there (a submodule replaced since, by another thread during a warm-up's look-ups:
+        the watch, built or kept after the change, never sees it) is bound anew (``_revalidate``). Cost: the entry's
+        state slots resolved once more per entry remembered, none on the call path."""
         if self._first is None:
             self._first = entry
-        if getattr(entry, "guards", None) is not None:
+        if isinstance(entry, Entry) and entry.state_moved(self._module):
+            self._revalidate()
+        elif getattr(entry, "guards", None) is not None:
             self._rewatch()
 
     def _rewatch(self) -> None:
