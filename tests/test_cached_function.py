@@ -577,3 +577,26 @@ def test_inputs_sharing_memory_are_served_as_eager_in_any_order_and_refused_wher
     with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError,
                                         match="arguments x, y are one tensor or views of one storage"):
         geared.cached(big[:], big[:])
+
+
+def test_a_submodule_replaced_while_a_miss_compiles_is_read_by_the_calls_after_it(tmp_path, monkeypatch):
+    """``m.lin`` replaced (same class and shapes) by another thread while a call's miss compiles: the entry, bound to
+    the old submodule's tensors, is bound anew when remembered, and the calls after it (through the shortcut too)
+    read the new weights, as eager does."""
+    from gearcache.compiling.entry_life import EntryLife
+
+    m = Affine(tmp_path)
+    real_new_entry = EntryLife.new_entry
+
+    def new_entry(self, *args):
+        entry = real_new_entry(self, *args)
+        m.lin = torch.nn.Linear(4, 4)           # as another thread would, before the entry is remembered
+        return entry
+
+    monkeypatch.setattr(EntryLife, "new_entry", new_entry)
+    with torch.no_grad():
+        m.cached(torch.randn(3, 4))
+        monkeypatch.setattr(EntryLife, "new_entry", real_new_entry)
+        for _ in range(3):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(m.cached(x), m.fwd(x))
