@@ -113,6 +113,9 @@ class CachedFunction(Dispatcher):
                     return self.call_geared(gear_plan, leaves, key, served=True)
             self._note_miss(args, kwargs, leaves, geared=False)
             entry = self.life.miss(leaves, key, (args, kwargs))
+            if self._table.get(key) is not entry:   # dropped as it was remembered (a value changed meanwhile), or
+                self._set_shortcut(None)            # a stand-in: serves this call, never the next ones
+                return entry(leaves)
         else:                               # (EntryLife.get_or_miss counts a hit alike; inline on this hot path)
             counters.hits += 1
             entry.hits += 1

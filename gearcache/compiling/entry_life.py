@@ -150,8 +150,7 @@ class EntryLife:
                         return entry            # served eagerly until settled; remembered then
                 else:
                     entry = self.new_entry(args, kwargs, leaves, found)
-            self.remember(key, entry)
-            return entry
+            return self.remember(key, entry)
 
     # ------------------------------------------------------------------------------------------------ background
     def start_background(self, key: tuple[Hashable, ...], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -193,8 +192,7 @@ class EntryLife:
         finally:
             del self.compiling[key]
             handle.close()
-        self.remember(key, entry)
-        return entry
+        return self.remember(key, entry)
 
     def shared_as(self, ekey: str) -> tuple[str, str, str]:
         """The name of entry ``ekey``'s background compile among every method of this process
@@ -415,12 +413,15 @@ class EntryLife:
         return folder, built, None if folder is None else self.pipeline.load_published(folder, built, p.index)
 
     # ------------------------------------------------------------------------------------------------ remember
-    def remember(self, key: tuple[Hashable, ...], entry: Loaded) -> None:
-        """Put ``entry`` in the table under signature key ``key`` (and tell the owner: ``remembered``)."""
+    def remember(self, key: tuple[Hashable, ...], entry: Loaded) -> Loaded:
+        """Put ``entry`` in the table under signature key ``key`` (and tell the owner: ``remembered``); returns the
+        entry the table holds for ``key`` then (the owner may have bound it anew to where the module holds its tensors
+        now), else ``entry`` itself (the owner dropped it: its value guards no longer hold)."""
         self.table[key] = entry
         hook = self._remembered()
         if hook is not None:
             hook(entry)
+        return self.table.get(key, entry)
 
 
 def _weak(hook: Callable[[Loaded], None] | None) -> Callable[[], Callable[[Loaded], None] | None]:
