@@ -305,3 +305,34 @@ def test_a_submodule_replaced_between_a_warm_ups_look_ups_is_read_by_every_gear(
         for n in (1, 2, 3, 4):
             x = torch.randn(n, 4)
             torch.testing.assert_close(model.cached(x), model.fwd(x))
+
+
+def test_a_value_changed_after_the_warm_ups_plan_look_up_is_looked_up_again(flip_cache, monkeypatch):
+    """A warm-up with workers looks the stored gear plan up before starting them and hands that record to the plan's
+    load, which checks its guards again: ``flip`` set to True in between (as another thread would) makes the plan
+    be looked up anew, and the gears stored for True serve; every output equals eager."""
+    from gearcache.compiling.gear_plan_life import GearPlanLife
+
+    with torch.inference_mode():
+        other = _flip(flip_cache)
+        other.flip = True
+        other.cached.warmup(torch.zeros(4, 4))          # the gears and plan for True stored (or loaded) first
+    model = _flip(flip_cache)
+    model.cached.config.inference_config.warmup_workers = 2
+    real_stored = GearPlanLife.stored
+    found = []
+
+    def stored(self, call):
+        record = real_stored(self, call)
+        found.append(record.record is not None)
+        model.flip = True
+        return record
+
+    monkeypatch.setattr(GearPlanLife, "stored", stored)
+    with torch.inference_mode():
+        with counters.expect(traces=0, compiles=0):
+            model.cached.warmup(torch.zeros(4, 4))
+        assert found == [True, True], "the plan looked up for the workers, then again for its value"
+        for n in (1, 2, 3, 4):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(model.cached(x), model.fwd(x))
