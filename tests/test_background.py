@@ -391,6 +391,7 @@ def test_threads_capturing_identical_blocks_at_once_run_like_eager(tmp_path):
             _same(model, twin, torch.randn(5, 6))
 
 
+@pytest.mark.slow
 def test_a_wait_in_another_thread_does_not_hold_up_the_calls_it_waits_for(tmp_path):
     """``wait_for_background_compiles()`` in a thread of its own while identical blocks compile: the serving thread's
     calls are still served eagerly at once (not held until the compile is done, as a wait holding the compiling
@@ -415,6 +416,7 @@ def test_a_wait_in_another_thread_does_not_hold_up_the_calls_it_waits_for(tmp_pa
         _same(model, twin, x)
 
 
+@pytest.mark.slow
 def test_a_stand_in_never_gets_the_shortcut_of_its_settled_signature(tmp_path):
     """Two threads calling one compiling signature: thread A's miss returns the eager stand-in, then thread B settles
     the compile and its next call sets the signature's shortcut (its matcher is now known), then A sets the shortcut

@@ -21,7 +21,7 @@ def _copy(gears_cache: tuple[Path, dict], tmp_path: Path) -> Path:
     return cache
 
 
-@pytest.mark.parametrize("threads", [None, "3"])
+@pytest.mark.parametrize("threads", [None, pytest.param("3", marks=pytest.mark.slow)])
 def test_a_warm_starts_gears_are_looked_up_and_serve_the_stored_entries(gears_cache, tmp_path, empty_torch_caches,
                                                                         threads):
     """By default the look-ups run one after another in the calling thread (on a local store a look-up is Python
@@ -77,6 +77,7 @@ def test_a_warm_start_under_autocast_never_serves_the_entries_stored_without_it(
     assert warm["counters"]["loads"] == 0, "no gear's entry stored without autocast is loaded"
 
 
+@pytest.mark.slow
 def test_a_warm_start_hashes_its_artifacts_once_then_loads_them_by_their_stamps(gears_cache, tmp_path,
                                                                                   empty_torch_caches):
     """Issue #38: the look-ups' store work is counted, not timed. A copied store (every file a new inode and ctime:
@@ -247,6 +248,7 @@ def test_a_manifest_whose_guards_are_edited_on_disk_is_checked_on_its_own_guards
             torch.testing.assert_close(model.cached(x), model.fwd(x))
 
 
+@pytest.mark.slow
 def test_gears_stored_for_other_values_are_two_sets_each_served_only_where_it_holds(tmp_path):
     """Gear 2 stored with ``flip=False``, gear 4 with ``flip=True`` (the value changed between the cold process's
     calls): their guards differ in one value, two parsed sets. A warm-up with either value loads the gear stored for
@@ -268,7 +270,7 @@ def test_gears_stored_for_other_values_are_two_sets_each_served_only_where_it_ho
                 torch.testing.assert_close(model.cached(x), model.fwd(x))
 
 
-@pytest.mark.parametrize("how", ["warm", "mid-pass"])
+@pytest.mark.parametrize("how", [pytest.param("warm", marks=pytest.mark.slow), "mid-pass"])
 def test_a_warm_process_with_another_value_re_traces_its_gears(flip_cache, tmp_path, how):
     """Fresh processes on the gears stored for ``flip=False``: one that starts with ``flip=True``, one whose value
     changes after its first gear's look-up. Each traces its gears for True (nothing loaded for False serves it) and
