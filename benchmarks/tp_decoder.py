@@ -35,6 +35,7 @@ raises an error naming the ranks it waited for and what they report (gearcache/r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -85,6 +86,8 @@ def phase(args) -> dict:
     ex = _example()
     device, dtype = ex.setup(args.device)
     _dump_stacks_after(args)
+    if args.no_cudnn_attention:     # the SDPA backends are a key factor: entries of their own
+        torch.backends.cuda.enable_cudnn_sdp(False)
     sizes = ex.SIZES["toy" if args.toy else "reference"]
     mode = "reduce-overhead" if device.startswith("cuda") else "default"
     model, _ = ex.build(sizes, cache_dir=args.cache_dir, mode=mode, gears=args.gears, device=device, dtype=dtype,
@@ -106,6 +109,8 @@ def phase(args) -> dict:
     reports = [None] * dist.get_world_size()
     dist.all_gather_object(reports, out)
     ended, seconds = _destroy_process_group()
+    if not ended:
+        _native_stacks(args)
     _progress(f"{args.phase}: destroy_process_group " + (f"returned in {seconds:.2f} s" if ended else
                                                          "did not return in 30 s"))
     _no_hang()
@@ -227,10 +232,42 @@ def _teardown(device: str, how: str) -> dict:
     elif device.startswith("cuda"):
         torch.cuda.synchronize()
     out["release_s"] = time.perf_counter() - t0
+    gc.collect()
+    graphs = [o for o in gc.get_objects() if isinstance(o, torch.cuda.CUDAGraph)] if device.startswith("cuda") else []
+    out["cuda_graph_objects_alive"] = len(graphs)       # Python objects still referenced (destroyed or not)
+    out["cuda_graphs_replayable"] = sum(_replayable(g) for g in graphs)
     t0 = time.perf_counter()
     dist.barrier()
     out["barrier_s"] = time.perf_counter() - t0
     return out
+
+
+def _replayable(graph) -> bool:
+    """Whether a CUDA graph still holds a captured graph (torch refuses to replay a destroyed one). Diagnostic of
+    the teardown only: not called on a graph in use."""
+    try:
+        graph.replay()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _native_stacks(args) -> None:
+    """``py-spy dump --native`` of this process into ``<out-dir>/native-<phase>-rank<r>.txt`` (when py-spy is on the
+    PATH and may trace its parent): where a hung ``destroy_process_group`` waits."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy")
+    if not spy or not args.out_dir:
+        return
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(0x59616d61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER_ANY
+    path = os.path.join(args.out_dir, f"native-{args.phase}-rank{os.environ.get('RANK', 0)}.txt")
+    with open(path, "w") as f:
+        subprocess.run([spy, "dump", "--native", "--pid", str(os.getpid())], stdout=f, stderr=subprocess.STDOUT,
+                       timeout=60, check=False)
 
 
 def _destroy_process_group() -> tuple[bool, float]:
@@ -350,6 +387,7 @@ def child_flags(args) -> list[str]:
              "--step-rounds", str(args.step_rounds)]
     flags += ["--toy"] if args.toy else []
     flags += ["--teardown", args.teardown]
+    flags += ["--no-cudnn-attention"] if args.no_cudnn_attention else []
     flags += ["--padding-check", args.padding_check] if args.padding_check else []
     flags += ["--warmup-workers", str(args.warmup_workers)] if args.warmup_workers else []
     return flags
@@ -495,6 +533,9 @@ def parse_args():
                     help="every rank still in a phase after this long writes its threads' stacks to --out-dir")
     ap.add_argument("--phase-timeout-s", type=float, default=900.0, help="the parent stops a phase after this long")
     ap.add_argument("--step-rounds", type=int, default=3, help="alternating rounds of the B=1 step comparison")
+    ap.add_argument("--no-cudnn-attention", action="store_true",
+                    help="torch.backends.cuda.enable_cudnn_sdp(False) on every rank (SDPA then takes another backend): "
+                         "what a warm start costs without cuDNN's per-shape attention plans")
     ap.add_argument("--teardown", choices=["full", "gearcache", "none"], default="full",
                     help="before destroy_process_group, release torch.compile's and gearcache's CUDA graphs (full), "
                          "only gearcache's, or neither (the old teardown), to see which held NCCL")

@@ -444,6 +444,34 @@ def test_a_call_like_the_last_replays_its_graph_through_the_shortcut(tmp_path):
         check(2.0, 1)
 
 
+@needs_cuda
+def test_release_graphs_destroys_every_graph_even_one_still_referenced(tmp_path):
+    """release_graphs() destroys each CUDA graph, not only its reference in the method: the last replayed graph and
+    the dispatcher's shortcut still point at one (a graph that captured NCCL collectives and stays alive makes
+    destroy_process_group wait forever: the TP=4 benchmark's start-only jobs hung there, 2026-11-27). The method
+    captures again afterwards and still equals eager."""
+    torch.manual_seed(0)
+    m = Scaled(tmp_path).cuda()
+    cached = m.cached
+    with torch.inference_mode():
+        for _ in range(3):                        # captured, replayed, then through the shortcut
+            x = torch.randn(2, 8, device="cuda")
+            torch.testing.assert_close(cached(x, 2), m.fwd(x, 2))
+        assert cached.shortcut_calls >= 1
+        held = [g.graph for g in cached.graphs.graphs.values()]
+        assert len(held) == 1
+        held[0].replay()                          # alive before
+        assert gearcache.release_graphs() >= 1
+        for graph in held:
+            with pytest.raises(RuntimeError):
+                graph.replay()                    # destroyed: torch refuses to replay it
+        assert cached.graphs.replayed is None and not cached.graphs.graphs
+        with counters.expect(graph_captures=1, compiles=0):
+            for _ in range(2):
+                x = torch.randn(2, 8, device="cuda")
+                torch.testing.assert_close(cached(x, 2), m.fwd(x, 2))
+
+
 def test_a_graph_shortcut_matcher_says_false_once_the_full_path_would_not_replay_that_graph():
     """graph_matcher (on CPU tensors: no graph is replayed): True for a call like the captured one; False once the graph
     is retired, a parameter it reads is replaced, its static-address input is another tensor or unmarked, or a copied

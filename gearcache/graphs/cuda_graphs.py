@@ -118,8 +118,9 @@ class CudaGraphs:
     def reset(self) -> None:
         """Drop every captured graph (they are captured again on their next call)."""
         self._retire_views()
+        self.replayed = None
         for graphed in self.graphs.values():
-            graphed.retired = True
+            graphed.retire()
         self.graphs.clear()
         self.pool = None
 
@@ -129,8 +130,9 @@ class CudaGraphs:
         stale = [g for g, graphed in self.graphs.items() if id(graphed.entry) not in entry_ids]
         if stale:
             self._retire_views()
+            self.replayed = None
             for gkey in stale:
-                self.graphs.pop(gkey).retired = True
+                self.graphs.pop(gkey).retire()
             if not self.graphs:
                 # torch keeps a pool whose graphs are all gone while its memory is in use (outputs handed out), and
                 # refuses a capture into it: the next capture starts a pool of its own
@@ -167,6 +169,7 @@ class CudaGraphs:
             # is alive while its memory is in use
             graphed.retired = True
             captured = self._capture(gear_plan, leaves, key, targets)
+            graphed.retire()
             if captured is None:    # its entry was dropped and compiles in the background: eager until loaded
                 del self.graphs[gkey]
                 return self.cached.call_uncaptured(gear_plan, leaves, key, served)

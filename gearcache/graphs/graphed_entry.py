@@ -53,6 +53,17 @@ class GraphedEntry:
         self.retired = False        # dropped from its method's graphs (reset, its entry dropped, captured again)
         self.shortcuts: dict[Any, tuple[Any, GraphShortcut] | None] = {}   # call key -> CudaGraphs.shortcut
 
+    def retire(self) -> None:
+        """Take the graph out of service for good: no shortcut or call replays it again (``graph_matcher``), and its
+        CUDA graph is destroyed now rather than when the last reference goes (a shortcut, the method's last replayed
+        graph, a caller's frame). A destroyed graph that captured NCCL collectives no longer holds its communicator:
+        NCCL's teardown (``destroy_process_group``) waits until every such graph is gone. An in-flight replay
+        completes (CUDA frees an executing graph when it ends); the static outputs stay valid while referenced."""
+        self.retired = True
+        self.shortcuts.clear()
+        if self.graph is not None:      # (a gear still being recorded has none yet)
+            self.graph.reset()
+
     def state_replaced(self) -> bool:
         """Whether a parameter or buffer the graph reads was replaced by another tensor since its capture (a new KV
         cache bound to the module, ``module.weight = Parameter(...)``): its replays would read and write the old
