@@ -96,6 +96,28 @@ def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
 
 
 @pytest.mark.slow
+def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
+    """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
+    rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
+    (its ``dist.get_rank()`` folded to 0: output off by one) when the folder was fixed at construction."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_spawned_ranks.py"), str(tmp_path / "cache"), str(out),
+                           port], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["folder"] for r in reports] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
+    assert all(r["equal"] for r in reports), reports
+    assert [r["compiles"] for r in reports] == [1, 1], "each rank's graph is its own (the rank is a constant in it)"
+
+
+@pytest.mark.slow
 def test_eight_processes_racing_on_one_empty_folder(tmp_path):
     cache = tmp_path / "cache"
     procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "race_compile.py"), str(cache)],

@@ -33,6 +33,16 @@ def process_groups() -> dict[str, dict[str, Any]]:
     return groups
 
 
+def default_group_place() -> tuple[int, int] | None:
+    """``(world size, global rank)`` of the default process group, or None while ``torch.distributed`` is not
+    initialised (public API; cheap enough to ask at every miss)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.get_world_size(), dist.get_rank()
+
+
 def default_store() -> Store | None:
     """The key-value store of the default process group (c10d's ``_get_default_store()``: a ``PrefixStore`` over the
     job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences

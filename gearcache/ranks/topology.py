@@ -1,7 +1,8 @@
 """Where a process sits in a distributed job, and the folder name that keys its cache entries.
 
-Resolution order for ``global_rank`` and ``world_size``: the argument, else ``torch.distributed`` when it is
-initialised, else torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables, else 0 and 1. ``tp_rank`` and
+Resolution order for ``global_rank`` and ``world_size``, each time they are read: the argument, else
+``torch.distributed`` when it is initialised, else torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables (as at
+construction), else 0 and 1. ``tp_rank`` and
 ``pp_rank`` are as passed (0 when not). :func:`process_groups_factor` describes the process groups for the keys.
 """
 from __future__ import annotations
@@ -16,15 +17,39 @@ from ..errors import ConfigError
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    world_size: int
-    global_rank: int
+    """Where the process sits. ``world_size`` and ``global_rank`` are read when asked, not fixed at construction:
+    ``torch.distributed``'s once its default group exists (a model built before ``init_process_group``, as jobs
+    started by ``torch.multiprocessing.spawn`` often are, takes its rank from the group by its first call), else the
+    environment's as it was at construction (``env_world``, ``env_rank``); a rank passed as an argument
+    (``given_rank``) wins. A rank's graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()``), so
+    two ranks must never share a folder because one of them asked too early."""
     tp_rank: int
     pp_rank: int
+    given_rank: int | None = None
+    env_world: int = 1
+    env_rank: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self._resolved()[0]
+
+    @property
+    def global_rank(self) -> int:
+        return self._resolved()[1]
 
     @property
     def folder(self) -> str:
         """``world{W}_rank{g}_tp{t}_pp{p}``: the per-rank folder of entry manifests (torchair's layout)."""
-        return f"world{self.world_size}_rank{self.global_rank}_tp{self.tp_rank}_pp{self.pp_rank}"
+        world, rank = self._resolved()
+        return f"world{world}_rank{rank}_tp{self.tp_rank}_pp{self.pp_rank}"
+
+    def _resolved(self) -> tuple[int, int]:
+        """``(world_size, global_rank)`` now (the world grows to hold a given rank)."""
+        group = torch_distributed.default_group_place()
+        world, rank = group if group is not None else (self.env_world, self.env_rank)
+        if self.given_rank is not None:
+            rank = self.given_rank
+        return max(world, rank + 1), rank
 
 
 def _check_rank(name: str, value: object) -> int:
@@ -44,21 +69,15 @@ def _from_env(var: str, default: int) -> int:
 
 
 def resolve_topology(global_rank: int | None, tp_rank: int | None, pp_rank: int | None) -> Topology:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        world, rank = dist.get_world_size(), dist.get_rank()
-    else:
-        world, rank = _from_env("WORLD_SIZE", 1), _from_env("RANK", 0)
-        if world < 1 or rank < 0:
-            raise ConfigError(f"environment WORLD_SIZE={world} / RANK={rank}: expected WORLD_SIZE >= 1 and RANK >= 0")
-    if global_rank is not None:
-        rank = _check_rank("global_rank", global_rank)
+    """The caller's ranks checked, with the environment's ``WORLD_SIZE`` / ``RANK`` as they are now (used until a
+    process group exists: :class:`Topology`)."""
+    world, rank = _from_env("WORLD_SIZE", 1), _from_env("RANK", 0)
+    if world < 1 or rank < 0:
+        raise ConfigError(f"environment WORLD_SIZE={world} / RANK={rank}: expected WORLD_SIZE >= 1 and RANK >= 0")
+    given = None if global_rank is None else _check_rank("global_rank", global_rank)
     tp = 0 if tp_rank is None else _check_rank("tp_rank", tp_rank)
     pp = 0 if pp_rank is None else _check_rank("pp_rank", pp_rank)
-    if rank >= world:
-        world = rank + 1
-    return Topology(world_size=world, global_rank=rank, tp_rank=tp, pp_rank=pp)
+    return Topology(tp_rank=tp, pp_rank=pp, given_rank=given, env_world=world, env_rank=rank)
 
 
 def process_groups_factor() -> list[list[Any]]:
