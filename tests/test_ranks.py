@@ -95,23 +95,46 @@ def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 1 for r in warm)
 
 
-@pytest.mark.slow
-def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
-    """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
-    rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
-    (its ``dist.get_rank()`` folded to 0: output off by one) when the folder was fixed at construction."""
+def _spawned(tmp_path: Path, *mode: str) -> list[dict]:
+    """A job of tests/scripts/run_spawned_ranks.py (2 ranks by mp.spawn, gloo) on ``tmp_path/cache``: the ranks'
+    reports."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     proc = subprocess.run([sys.executable, str(SCRIPTS / "run_spawned_ranks.py"), str(tmp_path / "cache"), str(out),
-                           port], capture_output=True, text=True, timeout=600,
+                           port, *mode], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_a_given_global_rank_that_disagrees_with_the_group_is_refused(tmp_path):
+    """``global_rank=int(os.environ.get("RANK", 0))`` in a job started by mp.spawn (no RANK): both ranks passed 0,
+    filed their entries under world2_rank0, and a warm job served rank 1 rank 0's graph (its ``dist.get_rank()``
+    folded to 0: output off by one). Now the rank whose given rank disagrees with the group's is refused at its
+    first call, naming the argument, the group's rank and the fix; rank 0 (whose given rank agrees) is served."""
+    for _ in range(2):                                  # cold, then warm on the same folder
+        ranks = _spawned(tmp_path, "given-env-rank")
+        assert ranks[0]["error"] is None and ranks[0]["equal"], ranks[0]
+        assert ranks[0]["folder"] == "world2_rank0_tp0_pp0"
+        error = ranks[1]["error"]
+        assert error is not None and error["type"] == "ConfigError", ranks[1]
+        assert "global_rank=0: this process is rank 1 of 2" in error["message"]
+        assert "global_rank=dist.get_rank()" in error["message"]
+        assert ranks[1]["compiles"] == ranks[1]["loads"] == 0
+
+
+@pytest.mark.slow
+def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
+    """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
+    rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
+    (its ``dist.get_rank()`` folded to 0: output off by one) when the folder was fixed at construction."""
+    reports = _spawned(tmp_path)
     assert [r["folder"] for r in reports] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
     assert all(r["equal"] for r in reports), reports
     assert [r["compiles"] for r in reports] == [1, 1], "each rank's graph is its own (the rank is a constant in it)"

@@ -1,7 +1,12 @@
 """Two ranks started by ``torch.multiprocessing.spawn`` (no ``RANK`` / ``WORLD_SIZE`` in the environment), each
 building its model *before* ``init_process_group``, as such jobs often do; the method reads the rank
 (``dist.get_rank()``, which Dynamo folds into the graph as a constant). Rank ``first`` compiles first, then the other
-calls. Writes ``<out>/rank{r}.json``: whether the output equals eager, the folder its entries went to."""
+calls. Writes ``<out>/rank{r}.json``: whether the output equals eager, the folder its entries went to, the error its
+call raised (``{"type", "message"}``, else None).
+
+usage: run_spawned_ranks.py CACHE OUT PORT [given-env-rank]
+``given-env-rank``: ``cache_compile(..., global_rank=int(os.environ.get("RANK", 0)))``, torchrun code copied into a
+spawned job, where ``RANK`` is not set: every rank passes 0."""
 import json
 import os
 import sys
@@ -15,31 +20,36 @@ from gearcache import counters
 
 
 class ByRank(torch.nn.Module):
-    def __init__(self, cache: str):
+    def __init__(self, cache: str, given_env_rank: bool):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
-        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache)
+        kwargs = {"global_rank": int(os.environ.get("RANK", 0))} if given_env_rank else {}
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache, **kwargs)
 
     def fwd(self, x):
         return self.lin(x) + dist.get_rank()
 
 
-def run(rank: int, cache: str, out: str, port: str) -> None:
+def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(var, None)
     torch.manual_seed(0)
-    model = ByRank(cache)                      # before the process group exists
+    model = ByRank(cache, mode == "given-env-rank")      # before the process group exists
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     x = torch.ones(2, 4)
     with torch.no_grad():
         if rank == 1:
             dist.barrier()                     # rank 0's entry is stored before rank 1 looks
-        got = model.cached(x)
+        try:
+            got, error = model.cached(x), None
+        except Exception as exc:
+            got, error = None, {"type": type(exc).__name__, "message": str(exc)}
         if rank == 0:
             dist.barrier()
         want = model.fwd(x)
-    report = {"rank": rank, "equal": bool(torch.equal(got, want)), "folder": model.cached.topology.folder,
+    report = {"rank": rank, "equal": got is not None and bool(torch.equal(got, want)), "error": error,
+              "folder": None if error else model.cached.topology.folder,
               "compiles": counters.compiles, "loads": counters.loads}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
@@ -48,4 +58,4 @@ def run(rank: int, cache: str, out: str, port: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=tuple(sys.argv[1:4]), nprocs=2)
+    mp.spawn(run, args=(*sys.argv[1:4], sys.argv[4] if len(sys.argv) > 4 else ""), nprocs=2)
