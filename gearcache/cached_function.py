@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, cast
 
 import torch
 
+from ._torch import distributed as torch_distributed
 from .call import signature
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
@@ -160,10 +161,14 @@ class CachedFunction(Dispatcher):
         anew."""
         with self._lock:
             reading = guard_sets.Reading()          # the entries share most paths: each is read once
+            folder = self.topology.folder           # the rank folder now (the process group may be new)
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
-                mismatch = (guards.mismatch(self._scope, reading) if isinstance(guards, guard_sets.GuardSet)
-                            else None)
+                mismatch: object = (guards.mismatch(self._scope, reading)
+                                    if isinstance(guards, guard_sets.GuardSet) else None)
+                filed = entry.manifest.get("topology", folder)
+                if mismatch is None and filed != folder:
+                    mismatch = f"filed under rank folder {filed}, this process is now {folder}"
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
@@ -188,7 +193,7 @@ class CachedFunction(Dispatcher):
             self._first = entry
         if isinstance(entry, Entry) and entry.state_moved(self._module):
             self._revalidate()
-        elif getattr(entry, "guards", None) is not None:
+        elif getattr(entry, "guards", None) is not None or self._watch is None:
             self._rewatch()
 
     def _rewatch(self) -> None:
@@ -199,11 +204,18 @@ class CachedFunction(Dispatcher):
         another thread, was seen by neither). So every set a new watch covers is checked again once it is built,
         and a set that no longer holds drops what it guards (``_revalidate``). A watch kept (``Watcher.watch``: no
         set added, nothing changed since it was built and its sets checked) needs no check. Cost: one check per
-        distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path."""
+        distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path.
+
+        The default process group's slot is watched too (``_revalidate`` drops the entries of another rank folder):
+        a graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()`` and ``dist.is_initialized()``), so
+        an entry served before ``init_process_group`` (or before the group was replaced) must not serve after it.
+        Cost on the call path: one more dict item of the watch (on 3.11 a version tag compare of c10d's
+        ``_world.__dict__``, which changes only when a group is made or destroyed)."""
         sets = [g for e in self._table.values() if isinstance(g := getattr(e, "guards", None), guard_sets.GuardSet)]
         plan_guards = self.gear_life.guards
         previous = self._watch
-        self._watch = self._watcher.watch(sets + [plan_guards])
+        slot = torch_distributed.default_group_slot()
+        self._watch = self._watcher.watch(sets + [plan_guards], [] if slot is None else [slot])
         if self._watch is None or self._watch is previous:
             return
         reading = guard_sets.Reading()

@@ -130,6 +130,20 @@ def test_a_given_global_rank_that_disagrees_with_the_group_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_entries_served_before_the_process_group_are_not_served_after_it(tmp_path):
+    """Each rank calls the method once before init_process_group (a smoke test; ``dist.get_rank() if
+    dist.is_initialized() else 0`` folds to 0), then after it: the entry in the method's table was served again, and
+    rank 1 got rank 0's answer (off by one), in the cold job and in a warm one. The default group's slot is watched
+    with the entries' value guards: once it changes, entries filed under another rank folder are dropped, and the
+    next call looks up the rank's own folder."""
+    for _ in range(2):                                  # cold, then warm on the same folder
+        ranks = _spawned(tmp_path, "smoke-before-group")
+        assert all(r["smoke_equal"] for r in ranks), ranks
+        assert all(r["error"] is None and r["equal"] for r in ranks), ranks
+        assert [r["folder"] for r in ranks] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
+
+
+@pytest.mark.slow
 def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
     """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
     rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph

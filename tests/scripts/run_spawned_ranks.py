@@ -4,9 +4,11 @@ building its model *before* ``init_process_group``, as such jobs often do; the m
 calls. Writes ``<out>/rank{r}.json``: whether the output equals eager, the folder its entries went to, the error its
 call raised (``{"type", "message"}``, else None).
 
-usage: run_spawned_ranks.py CACHE OUT PORT [given-env-rank]
+usage: run_spawned_ranks.py CACHE OUT PORT [given-env-rank | smoke-before-group]
 ``given-env-rank``: ``cache_compile(..., global_rank=int(os.environ.get("RANK", 0)))``, torchrun code copied into a
-spawned job, where ``RANK`` is not set: every rank passes 0."""
+spawned job, where ``RANK`` is not set: every rank passes 0. ``smoke-before-group``: the method reads
+``dist.get_rank() if dist.is_initialized() else 0`` and each rank calls it once before ``init_process_group`` (a
+smoke test of the model; ``smoke_equal`` in the report), then as above."""
 import json
 import os
 import sys
@@ -27,7 +29,7 @@ class ByRank(torch.nn.Module):
         self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache, **kwargs)
 
     def fwd(self, x):
-        return self.lin(x) + dist.get_rank()
+        return self.lin(x) + (dist.get_rank() if dist.is_initialized() else 0)
 
 
 def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
@@ -35,9 +37,13 @@ def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
         os.environ.pop(var, None)
     torch.manual_seed(0)
     model = ByRank(cache, mode == "given-env-rank")      # before the process group exists
+    x = torch.ones(2, 4)
+    smoke_equal = None
+    if mode == "smoke-before-group":
+        with torch.no_grad():
+            smoke_equal = bool(torch.equal(model.cached(x), model.fwd(x)))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    x = torch.ones(2, 4)
     with torch.no_grad():
         if rank == 1:
             dist.barrier()                     # rank 0's entry is stored before rank 1 looks
@@ -49,6 +55,7 @@ def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
             dist.barrier()
         want = model.fwd(x)
     report = {"rank": rank, "equal": got is not None and bool(torch.equal(got, want)), "error": error,
+              "smoke_equal": smoke_equal,
               "folder": None if error else model.cached.topology.folder,
               "compiles": counters.compiles, "loads": counters.loads}
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
