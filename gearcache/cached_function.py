@@ -46,7 +46,7 @@ from .graphs.cuda_graphs import CudaGraphs
 from .keys import guard_watch
 from .keys import guard_paths, guard_sets
 from .keys.naming import importable_module
-from .ranks.topology import Topology
+from .ranks.topology import Topology, process_groups_factor
 from .store import Store
 from .warmup.method import warm_up
 from .timeline import Timeline
@@ -161,14 +161,13 @@ class CachedFunction(Dispatcher):
         anew."""
         with self._lock:
             reading = guard_sets.Reading()          # the entries share most paths: each is read once
-            folder = self.topology.folder           # the rank folder now (the process group may be new)
+            place = self.topology.folder, process_groups_factor()   # the process group may be new
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
                 mismatch: object = (guards.mismatch(self._scope, reading)
                                     if isinstance(guards, guard_sets.GuardSet) else None)
-                filed = entry.manifest.get("topology", folder)
-                if mismatch is None and filed != folder:
-                    mismatch = f"filed under rank folder {filed}, this process is now {folder}"
+                if mismatch is None:
+                    mismatch = _filed_elsewhere(entry.manifest, place)
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
@@ -353,3 +352,16 @@ def _entry_point_name(method: types.MethodType) -> str:
     cls = type(method.__self__)
     raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _filed_elsewhere(manifest: dict[str, Any], place: tuple[str, list[list[Any]]]) -> str | None:
+    """Why the entry of ``manifest`` no longer serves this process, whose rank folder and process groups
+    (``process_groups_factor``) are ``place`` now, or None: it was filed under another rank folder or with other
+    process groups (looked up before ``init_process_group``, or before the groups were replaced), and its graph may
+    hold what ``dist.get_rank()`` / ``dist.is_initialized()`` said then."""
+    folder, groups = place
+    filed = manifest.get("topology", folder)
+    filed_groups = manifest.get("factors", {}).get("values", {}).get("process_groups", groups)
+    if filed != folder or filed_groups != groups:
+        return f"filed under {filed} with process groups {filed_groups}; this process is {folder} with {groups}"
+    return None

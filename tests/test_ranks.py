@@ -130,14 +130,16 @@ def test_a_given_global_rank_that_disagrees_with_the_group_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_entries_served_before_the_process_group_are_not_served_after_it(tmp_path):
+@pytest.mark.parametrize("env", ["", "torchrun-env"], ids=["spawn", "torchrun-env"])
+def test_entries_served_before_the_process_group_are_not_served_after_it(tmp_path, env):
     """Each rank calls the method once before init_process_group (a smoke test; ``dist.get_rank() if
     dist.is_initialized() else 0`` folds to 0), then after it: the entry in the method's table was served again, and
-    rank 1 got rank 0's answer (off by one), in the cold job and in a warm one. The default group's slot is watched
-    with the entries' value guards: once it changes, entries filed under another rank folder are dropped, and the
-    next call looks up the rank's own folder."""
+    rank 1 got rank 0's answer (off by one), in the cold job and in a warm one; with torchrun's RANK set, the entry
+    was filed under the rank's own folder, only its process groups ([] then) differ. The default group's slot is
+    watched with the entries' value guards: once it changes, entries filed under another rank folder or other
+    process groups are dropped, and the next call looks up the rank's own entry."""
     for _ in range(2):                                  # cold, then warm on the same folder
-        ranks = _spawned(tmp_path, "smoke-before-group")
+        ranks = _spawned(tmp_path, "smoke-before-group", env)
         assert all(r["smoke_equal"] for r in ranks), ranks
         assert all(r["error"] is None and r["equal"] for r in ranks), ranks
         assert [r["folder"] for r in ranks] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]

@@ -4,11 +4,12 @@ building its model *before* ``init_process_group``, as such jobs often do; the m
 calls. Writes ``<out>/rank{r}.json``: whether the output equals eager, the folder its entries went to, the error its
 call raised (``{"type", "message"}``, else None).
 
-usage: run_spawned_ranks.py CACHE OUT PORT [given-env-rank | smoke-before-group]
+usage: run_spawned_ranks.py CACHE OUT PORT [given-env-rank | smoke-before-group [torchrun-env]]
 ``given-env-rank``: ``cache_compile(..., global_rank=int(os.environ.get("RANK", 0)))``, torchrun code copied into a
 spawned job, where ``RANK`` is not set: every rank passes 0. ``smoke-before-group``: the method reads
 ``dist.get_rank() if dist.is_initialized() else 0`` and each rank calls it once before ``init_process_group`` (a
-smoke test of the model; ``smoke_equal`` in the report), then as above."""
+smoke test of the model; ``smoke_equal`` in the report), then as above. ``torchrun-env``: ``RANK`` and ``WORLD_SIZE``
+set as torchrun sets them, so that the rank folder before the group is already the rank's own."""
 import json
 import os
 import sys
@@ -32,9 +33,11 @@ class ByRank(torch.nn.Module):
         return self.lin(x) + (dist.get_rank() if dist.is_initialized() else 0)
 
 
-def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
+def run(rank: int, cache: str, out: str, port: str, mode: str, env: str) -> None:
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         os.environ.pop(var, None)
+    if env == "torchrun-env":
+        os.environ.update(RANK=str(rank), WORLD_SIZE="2")
     torch.manual_seed(0)
     model = ByRank(cache, mode == "given-env-rank")      # before the process group exists
     x = torch.ones(2, 4)
@@ -65,4 +68,4 @@ def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(run, args=(*sys.argv[1:4], sys.argv[4] if len(sys.argv) > 4 else ""), nprocs=2)
+    mp.spawn(run, args=(*sys.argv[1:4], *(sys.argv[4:6] + ["", ""])[:2]), nprocs=2)
