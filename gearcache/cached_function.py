@@ -82,6 +82,7 @@ class CachedFunction(Dispatcher):
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
         self._watch: guard_watch.Watch | None = None    # over the value guards of the table's entries and the
         #                                                 gear plan
+        self._place: tuple[str, list[list[Any]]] | None = None   # rank folder and process groups at the last watch
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
         #                                                                       value or size (None: the caller pads)
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
@@ -175,7 +176,7 @@ class CachedFunction(Dispatcher):
                     self._matchers.pop(key, None)
                 elif isinstance(entry, Entry) and entry.state_moved(self._module):
                     self._table[key] = entry.rebound(self._module)
-            self.gear_life.revalidate(reading)
+            self.gear_life.revalidate(reading, moved=self._place not in (None, place))
             self._first = next(iter(self._table.values()), None)
             self._set_shortcut(None)
             if self.graphs is not None:
@@ -205,14 +206,16 @@ class CachedFunction(Dispatcher):
         set added, nothing changed since it was built and its sets checked) needs no check. Cost: one check per
         distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path.
 
-        The default process group's slot is watched too (``_revalidate`` drops the entries of another rank folder):
-        a graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()`` and ``dist.is_initialized()``), so
-        an entry served before ``init_process_group`` (or before the group was replaced) must not serve after it.
+        The default process group's slot is watched too (``_revalidate`` drops the entries filed under another rank
+        folder or other process groups, and the gear plan when the place it was watched at, ``_place``, changed): a
+        graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()`` and ``dist.is_initialized()``), so an
+        entry or plan made before ``init_process_group`` (or before the group was replaced) must not serve after it.
         Cost on the call path: one more dict item of the watch (on 3.11 a version tag compare of c10d's
         ``_world.__dict__``, which changes only when a group is made or destroyed)."""
         sets = [g for e in self._table.values() if isinstance(g := getattr(e, "guards", None), guard_sets.GuardSet)]
         plan_guards = self.gear_life.guards
         previous = self._watch
+        self._place = self.topology.folder, process_groups_factor()
         slot = torch_distributed.default_group_slot()
         self._watch = self._watcher.watch(sets + [plan_guards], [] if slot is None else [slot])
         if self._watch is None or self._watch is previous:

@@ -95,9 +95,8 @@ def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 1 for r in warm)
 
 
-def _spawned(tmp_path: Path, *mode: str) -> list[dict]:
-    """A job of tests/scripts/run_spawned_ranks.py (2 ranks by mp.spawn, gloo) on ``tmp_path/cache``: the ranks'
-    reports."""
+def _spawned(tmp_path: Path, *mode: str, script: str = "run_spawned_ranks.py") -> list[dict]:
+    """A job of ``tests/scripts/<script>`` (2 ranks by mp.spawn, gloo) on ``tmp_path/cache``: the ranks' reports."""
     import socket
 
     with socket.socket() as s:
@@ -105,8 +104,8 @@ def _spawned(tmp_path: Path, *mode: str) -> list[dict]:
         port = str(s.getsockname()[1])
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_spawned_ranks.py"), str(tmp_path / "cache"), str(out),
-                           port, *mode], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, str(SCRIPTS / script), str(tmp_path / "cache"), str(out), port, *mode],
+                          capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
@@ -143,6 +142,22 @@ def test_entries_served_before_the_process_group_are_not_served_after_it(tmp_pat
         assert all(r["smoke_equal"] for r in ranks), ranks
         assert all(r["error"] is None and r["equal"] for r in ranks), ranks
         assert [r["folder"] for r in ranks] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
+
+
+@pytest.mark.slow
+def test_a_gear_plan_proved_before_the_process_group_is_not_served_after_it(tmp_path):
+    """A geared method whose graph gains an all_to_all_single of the padded batch once ``dist.is_initialized()``
+    (folded by Dynamo, unguarded): its gear plan, proved on the graph traced before init_process_group, was served
+    after it, in that job (the plan kept in memory) and in a later job that never called before the group (the plan
+    stored under the same key): rows of the padding crossed ranks (a wrong answer on both ranks). Now the plan's key
+    holds the process groups and a plan made before the group is dropped once it exists: the call is refused, naming
+    the op, as in a job that never called before the group."""
+    smoke = _spawned(tmp_path, "smoke", script="run_spawned_gear_plan.py")
+    warm = _spawned(tmp_path, script="run_spawned_gear_plan.py")
+    assert all(r["smoke_equal"] for r in smoke), smoke
+    for r in smoke + warm:
+        assert r["outcome"] == "refused", r
+        assert "_c10d_functional.all_to_all_single" in r["error"] and "padded dim 0" in r["error"], r["error"]
 
 
 @pytest.mark.slow
