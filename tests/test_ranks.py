@@ -161,6 +161,32 @@ def test_a_gear_plan_proved_before_the_process_group_is_not_served_after_it(tmp_
 
 
 @pytest.mark.slow
+def test_a_process_that_joins_another_group_as_another_rank_is_served_that_rank(tmp_path):
+    """Two processes, two process groups in turn (destroy_process_group, then init_process_group with the ranks
+    swapped): each process's second group was served the entry of its first rank from the method's table (both
+    outputs wrong). The default group's slot is watched: the entries of the other rank are dropped, and the second
+    group's call looks up its own rank's folder."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(str(s.getsockname()[1]))
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_regrouped_ranks.py"), str(tmp_path / "cache"), str(out),
+                           *ports], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for p in range(2):
+        report = json.loads((out / f"proc{p}.json").read_text())
+        assert [r["rank"] for r in report] == [p, 1 - p]
+        assert [r["folder"] for r in report] == [f"world2_rank{p}_tp0_pp0", f"world2_rank{1 - p}_tp0_pp0"]
+        assert all(r["equal"] for r in report), report
+
+
+@pytest.mark.slow
 def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
     """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
     rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
