@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, cast
 
 import torch
 
+from ._torch import distributed as torch_distributed
 from .call import signature
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
@@ -45,7 +46,7 @@ from .graphs.cuda_graphs import CudaGraphs
 from .keys import guard_watch
 from .keys import guard_paths, guard_sets
 from .keys.naming import importable_module
-from .ranks.topology import Topology
+from .ranks.topology import Topology, process_groups_factor
 from .store import Store
 from .warmup.method import warm_up
 from .timeline import Timeline
@@ -81,6 +82,7 @@ class CachedFunction(Dispatcher):
         self._watcher = guard_watch.Watcher(self._scope)     # grows self._watch as entries are added
         self._watch: guard_watch.Watch | None = None    # over the value guards of the table's entries and the
         #                                                 gear plan
+        self._place: tuple[str, list[list[Any]]] | None = None   # rank folder and process groups at the last watch
         self._recompiles: RecompileWatch | None = RecompileWatch(self.name)   # warns when an argument compiles per
         #                                                                       value or size (None: the caller pads)
         self.warmup_timeline: Timeline | None = None    # the last warmup()'s phases (gearcache/timeline.py)
@@ -160,10 +162,13 @@ class CachedFunction(Dispatcher):
         anew."""
         with self._lock:
             reading = guard_sets.Reading()          # the entries share most paths: each is read once
+            place = self.topology.folder, process_groups_factor()   # the process group may be new
             for key, entry in list(self._table.items()):
                 guards = getattr(entry, "guards", None)
-                mismatch = (guards.mismatch(self._scope, reading) if isinstance(guards, guard_sets.GuardSet)
-                            else None)
+                mismatch: object = (guards.mismatch(self._scope, reading)
+                                    if isinstance(guards, guard_sets.GuardSet) else None)
+                if mismatch is None:
+                    mismatch = _filed_elsewhere(entry.manifest, place)
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
@@ -171,7 +176,7 @@ class CachedFunction(Dispatcher):
                     self._matchers.pop(key, None)
                 elif isinstance(entry, Entry) and entry.state_moved(self._module):
                     self._table[key] = entry.rebound(self._module)
-            self.gear_life.revalidate(reading)
+            self.gear_life.revalidate(reading, moved=self._place not in (None, place))
             self._first = next(iter(self._table.values()), None)
             self._set_shortcut(None)
             if self.graphs is not None:
@@ -188,7 +193,7 @@ class CachedFunction(Dispatcher):
             self._first = entry
         if isinstance(entry, Entry) and entry.state_moved(self._module):
             self._revalidate()
-        elif getattr(entry, "guards", None) is not None:
+        elif getattr(entry, "guards", None) is not None or self._watch is None:
             self._rewatch()
 
     def _rewatch(self) -> None:
@@ -199,11 +204,20 @@ class CachedFunction(Dispatcher):
         another thread, was seen by neither). So every set a new watch covers is checked again once it is built,
         and a set that no longer holds drops what it guards (``_revalidate``). A watch kept (``Watcher.watch``: no
         set added, nothing changed since it was built and its sets checked) needs no check. Cost: one check per
-        distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path."""
+        distinct set when the watch is rebuilt (an entry or plan added or dropped), none on the call path.
+
+        The default process group's slot is watched too (``_revalidate`` drops the entries filed under another rank
+        folder or other process groups, and the gear plan when the place it was watched at, ``_place``, changed): a
+        graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()`` and ``dist.is_initialized()``), so an
+        entry or plan made before ``init_process_group`` (or before the group was replaced) must not serve after it.
+        Cost on the call path: one more dict item of the watch (on 3.11 a version tag compare of c10d's
+        ``_world.__dict__``, which changes only when a group is made or destroyed)."""
         sets = [g for e in self._table.values() if isinstance(g := getattr(e, "guards", None), guard_sets.GuardSet)]
         plan_guards = self.gear_life.guards
         previous = self._watch
-        self._watch = self._watcher.watch(sets + [plan_guards])
+        self._place = self.topology.folder, process_groups_factor()
+        slot = torch_distributed.default_group_slot()
+        self._watch = self._watcher.watch(sets + [plan_guards], [] if slot is None else [slot])
         if self._watch is None or self._watch is previous:
             return
         reading = guard_sets.Reading()
@@ -341,3 +355,16 @@ def _entry_point_name(method: types.MethodType) -> str:
     cls = type(method.__self__)
     raw = f"{importable_module(cls.__module__)}.{cls.__qualname__}.{method.__name__}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def _filed_elsewhere(manifest: dict[str, Any], place: tuple[str, list[list[Any]]]) -> str | None:
+    """Why the entry of ``manifest`` no longer serves this process, whose rank folder and process groups
+    (``process_groups_factor``) are ``place`` now, or None: it was filed under another rank folder or with other
+    process groups (looked up before ``init_process_group``, or before the groups were replaced), and its graph may
+    hold what ``dist.get_rank()`` / ``dist.is_initialized()`` said then."""
+    folder, groups = place
+    filed = manifest.get("topology", folder)
+    filed_groups = manifest.get("factors", {}).get("values", {}).get("process_groups", groups)
+    if filed != folder or filed_groups != groups:
+        return f"filed under {filed} with process groups {filed_groups}; this process is {folder} with {groups}"
+    return None

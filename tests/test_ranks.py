@@ -95,23 +95,103 @@ def test_ranks_with_another_shard_shape_get_their_own_artifact(tmp_path):
     assert all(r["counters"]["compiles"] == 0 and r["counters"]["loads"] == 1 for r in warm)
 
 
-@pytest.mark.slow
-def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
-    """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
-    rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
-    (its ``dist.get_rank()`` folded to 0: output off by one) when the folder was fixed at construction."""
+def _spawned(tmp_path: Path, *mode: str, script: str = "run_spawned_ranks.py") -> list[dict]:
+    """A job of ``tests/scripts/<script>`` (2 ranks by mp.spawn, gloo) on ``tmp_path/cache``: the ranks' reports."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     out = tmp_path / "out"
-    out.mkdir()
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_spawned_ranks.py"), str(tmp_path / "cache"), str(out),
-                           port], capture_output=True, text=True, timeout=600,
+    out.mkdir(exist_ok=True)
+    proc = subprocess.run([sys.executable, str(SCRIPTS / script), str(tmp_path / "cache"), str(out), port, *mode],
+                          capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_a_given_global_rank_that_disagrees_with_the_group_is_refused(tmp_path):
+    """``global_rank=int(os.environ.get("RANK", 0))`` in a job started by mp.spawn (no RANK): both ranks passed 0,
+    filed their entries under world2_rank0, and a warm job served rank 1 rank 0's graph (its ``dist.get_rank()``
+    folded to 0: output off by one). Now the rank whose given rank disagrees with the group's is refused at its
+    first call, naming the argument, the group's rank and the fix; rank 0 (whose given rank agrees) is served."""
+    for _ in range(2):                                  # cold, then warm on the same folder
+        ranks = _spawned(tmp_path, "given-env-rank")
+        assert ranks[0]["error"] is None and ranks[0]["equal"], ranks[0]
+        assert ranks[0]["folder"] == "world2_rank0_tp0_pp0"
+        error = ranks[1]["error"]
+        assert error is not None and error["type"] == "ConfigError", ranks[1]
+        assert "global_rank=0: this process is rank 1 of 2" in error["message"]
+        assert "global_rank=dist.get_rank()" in error["message"]
+        assert ranks[1]["compiles"] == ranks[1]["loads"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["", "torchrun-env"], ids=["spawn", "torchrun-env"])
+def test_entries_served_before_the_process_group_are_not_served_after_it(tmp_path, env):
+    """Each rank calls the method once before init_process_group (a smoke test; ``dist.get_rank() if
+    dist.is_initialized() else 0`` folds to 0), then after it: the entry in the method's table was served again, and
+    rank 1 got rank 0's answer (off by one), in the cold job and in a warm one; with torchrun's RANK set, the entry
+    was filed under the rank's own folder, only its process groups ([] then) differ. The default group's slot is
+    watched with the entries' value guards: once it changes, entries filed under another rank folder or other
+    process groups are dropped, and the next call looks up the rank's own entry."""
+    for _ in range(2):                                  # cold, then warm on the same folder
+        ranks = _spawned(tmp_path, "smoke-before-group", env)
+        assert all(r["smoke_equal"] for r in ranks), ranks
+        assert all(r["error"] is None and r["equal"] for r in ranks), ranks
+        assert [r["folder"] for r in ranks] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
+
+
+@pytest.mark.slow
+def test_a_gear_plan_proved_before_the_process_group_is_not_served_after_it(tmp_path):
+    """A geared method whose graph gains an all_to_all_single of the padded batch once ``dist.is_initialized()``
+    (folded by Dynamo, unguarded): its gear plan, proved on the graph traced before init_process_group, was served
+    after it, in that job (the plan kept in memory) and in a later job that never called before the group (the plan
+    stored under the same key): rows of the padding crossed ranks (a wrong answer on both ranks). Now the plan's key
+    holds the process groups and a plan made before the group is dropped once it exists: the call is refused, naming
+    the op, as in a job that never called before the group."""
+    smoke = _spawned(tmp_path, "smoke", script="run_spawned_gear_plan.py")
+    warm = _spawned(tmp_path, script="run_spawned_gear_plan.py")
+    assert all(r["smoke_equal"] for r in smoke), smoke
+    for r in smoke + warm:
+        assert r["outcome"] == "refused", r
+        assert "_c10d_functional.all_to_all_single" in r["error"] and "padded dim 0" in r["error"], r["error"]
+
+
+@pytest.mark.slow
+def test_a_process_that_joins_another_group_as_another_rank_is_served_that_rank(tmp_path):
+    """Two processes, two process groups in turn (destroy_process_group, then init_process_group with the ranks
+    swapped): each process's second group was served the entry of its first rank from the method's table (both
+    outputs wrong). The default group's slot is watched: the entries of the other rank are dropped, and the second
+    group's call looks up its own rank's folder."""
+    import socket
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(str(s.getsockname()[1]))
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "run_regrouped_ranks.py"), str(tmp_path / "cache"), str(out),
+                           *ports], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for p in range(2):
+        report = json.loads((out / f"proc{p}.json").read_text())
+        assert [r["rank"] for r in report] == [p, 1 - p]
+        assert [r["folder"] for r in report] == [f"world2_rank{p}_tp0_pp0", f"world2_rank{1 - p}_tp0_pp0"]
+        assert all(r["equal"] for r in report), report
+
+
+@pytest.mark.slow
+def test_ranks_built_before_the_process_group_keep_their_own_entries(tmp_path):
+    """Ranks started by mp.spawn (no RANK in the environment) that build the model before init_process_group: each
+    rank's entries go to its own folder, read from the group at the first call. Rank 1 was served rank 0's graph
+    (its ``dist.get_rank()`` folded to 0: output off by one) when the folder was fixed at construction."""
+    reports = _spawned(tmp_path)
     assert [r["folder"] for r in reports] == ["world2_rank0_tp0_pp0", "world2_rank1_tp0_pp0"]
     assert all(r["equal"] for r in reports), reports
     assert [r["compiles"] for r in reports] == [1, 1], "each rank's graph is its own (the rank is a constant in it)"

@@ -43,6 +43,20 @@ def default_group_place() -> tuple[int, int] | None:
     return dist.get_world_size(), dist.get_rank()
 
 
+def default_group_slot() -> tuple[dict[str, Any], str] | None:
+    """The dict and key that hold the default process group (c10d's ``_world.__dict__["_default_pg"]``, set by
+    ``init_process_group`` and cleared by ``destroy_process_group``; 2.11 and 2.13), for a guard watch to notice the
+    group being created or replaced; None where torch.distributed is not available."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    state = vars(c10d._world)
+    return (state, "_default_pg") if "_default_pg" in state else None
+
+
 def default_store() -> Store | None:
     """The key-value store of the default process group (c10d's ``_get_default_store()``: a ``PrefixStore`` over the
     job's TCPStore), or None without an initialised ``torch.distributed``. gearcache's fences

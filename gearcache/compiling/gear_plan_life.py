@@ -43,6 +43,7 @@ from ..counters import counters
 from ..errors import PastLargestGearError
 from ..keys import guard_paths, guard_sets
 from ..keys.key import FORMAT_VERSION, gear_plan_key
+from ..ranks.topology import process_groups_factor
 from ..runplan.collectives import communicates
 from ..gears import padding_check
 from ..gears.plan import (PLAN_FORMAT, GearPlan, MarkedCall, MarkedDim, build_plan, check_marks, find_marks, has_marks,
@@ -102,7 +103,8 @@ class GearPlanLife:
         return gear_plan_key(method_name=self.name, method_digest=self.entries.method_digest, structure=repr(key[0]),
                              plan_format=PLAN_FORMAT, marks=[[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks],
                              merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self.module),
-                             global_state=torch_state.global_state(), software=torch_versions.software_versions())
+                             global_state=torch_state.global_state(), software=torch_versions.software_versions(),
+                             process_groups=process_groups_factor())
 
     def stored(self, call: MarkedCall) -> guard_sets.Choice:
         """The store's plan record for the call's marks whose value guards hold here (``record`` None: none stored)."""
@@ -160,9 +162,11 @@ class GearPlanLife:
                                "dependencies": trace.dependencies, "guards": trace.plan_guards.to_json()})
         return gear_plan
 
-    def revalidate(self, reading: guard_sets.Reading) -> None:
-        """Drop the plan when its trace's value guards no longer hold (the next call looks for marks anew)."""
-        if self.guards is not None and self.guards.mismatch(self.scope, reading) is not None:
+    def revalidate(self, reading: guard_sets.Reading, moved: bool = False) -> None:
+        """Drop the plan when its trace's value guards no longer hold, or when ``moved`` (the process's rank folder
+        or process groups changed since it was made: its trace may hold what ``dist.is_initialized()`` or
+        ``dist.get_rank()`` said then); the next call looks for marks anew."""
+        if moved or (self.guards is not None and self.guards.mismatch(self.scope, reading) is not None):
             self.plan, self.checked, self.guards = None, False, None
 
     # ------------------------------------------------------------------------------------------ on a call

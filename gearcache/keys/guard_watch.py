@@ -83,8 +83,9 @@ class Hops:
         self._frozen: set[int] = set()          # objects covered by a watched type (a class's __dict__, __mro__)
         self.stores: dict[int, dict[str, Any]] = {}     # id of a module's _modules/_parameters/_buffers: its __dict__
 
-    def dict_item(self, d: dict[Any, Any], key: Any, expected: Any) -> None:
-        self._once(("d", id(d), hashable(key)), lambda: self.dicts.append((d, key, expected)))
+    def dict_item(self, d: dict[Any, Any], key: Any, expected: Any) -> bool:
+        """Watch ``d[key]`` (``key`` None: all of ``d``); whether it was not watched yet."""
+        return self._once(("d", id(d), hashable(key)), lambda: self.dicts.append((d, key, expected)))
 
     def type_(self, t: type) -> None:
         self._once(("t", id(t)), lambda: self.types.append(t))
@@ -122,10 +123,12 @@ class Hops:
                 obj, (tuple, str, bytes, frozenset, types.MappingProxyType, range, torch.Tensor))):
             self.check("len", obj, None, len(obj))
 
-    def _once(self, mark: tuple[object, ...], add: Callable[[], None]) -> None:
-        if mark not in self._seen:
-            self._seen.add(mark)
-            add()
+    def _once(self, mark: tuple[object, ...], add: Callable[[], None]) -> bool:
+        if mark in self._seen:
+            return False
+        self._seen.add(mark)
+        add()
+        return True
 
 
 def hops_for(guard_sets: Iterable[GuardSet], scope: Scope) -> Hops:
@@ -433,14 +436,19 @@ class Watcher:
         self._done: set[GuardPath] = set()
         self._watch: Watch | None = None
 
-    def watch(self, guard_sets: Iterable[GuardSet | None]) -> Watch | None:
+    def watch(self, guard_sets: Iterable[GuardSet | None],
+              items: Iterable[tuple[dict[Any, Any], Any]] = ()) -> Watch | None:
         """A watch over the paths of ``guard_sets`` as they are now (call it right after the guards were checked);
         None when there is nothing to watch. The previous watch itself when it still holds and ``guard_sets`` adds
-        no set to its sets (the gears of one method share one parsed set: ``GuardSet.from_json``)."""
+        no set to its sets (the gears of one method share one parsed set: ``GuardSet.from_json``). ``items``: dict
+        items watched besides, by identity, as they are now (the default process group's slot)."""
         sets = [gs for gs in guard_sets if gs is not None and len(gs)]
         if not self._extends(sets):
             self._sets, self._hops, self._values, self._done = [], Hops(), {}, set()
             self._watch = None
+        for d, key in items:
+            if self._hops.dict_item(d, key, d.get(key, ABSENT)):
+                self._watch = None
         known = {id(gs) for gs in self._sets}
         added = False
         for gs in sets:

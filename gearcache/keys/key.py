@@ -211,11 +211,16 @@ def device_bound_artifact_key(shared_key: str, device_index: int | None) -> tupl
 
 def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_format: int, marks: list[Any],
                   merge_policy: str, module_state: list[Any], global_state: dict[str, Any],
-                  software: dict[str, str]) -> str:
+                  software: dict[str, str], process_groups: list[list[Any]] | None = None) -> str:
     """The key of a cached method's gear plan: everything its symbolic trace depends on. ``structure``: the repr of
     the call's structure (the signature key's first part); ``plan_format``: ``gears.plan.PLAN_FORMAT``; ``marks``:
     ``[[leaf, dim, gear sizes, pad value], ...]``; ``merge_policy``: ``dynamic_gears_merge_policy``;
-    ``global_state`` and ``software``: ``_torch.state.global_state()`` and ``software_versions()``."""
+    ``global_state`` and ``software``: ``_torch.state.global_state()`` and ``software_versions()``;
+    ``process_groups``: :func:`process_groups_factor`, a factor only when there are any (a key without groups is as
+    before): the trace may hold what ``dist.is_initialized()`` said (Dynamo folds it, unguarded), and a plan proved
+    on a graph traced before ``init_process_group`` (no collectives) served the graph after it, whose
+    ``all_to_all_single`` moved rows of the padded dim between ranks (a wrong answer instead of a refusal)."""
+    groups = [("process_groups", process_groups)] if process_groups else []
     key, _ = build_key("gear plan", [
         ("format", FORMAT_VERSION),
         ("method", {"name": method_name, "source_sha256": method_digest}),
@@ -226,5 +231,6 @@ def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_
         ("module_state", module_state),
         ("global_state", global_state),
         ("software", software),
+        *groups,
     ])
     return key

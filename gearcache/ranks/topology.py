@@ -1,6 +1,7 @@
 """Where a process sits in a distributed job, and the folder name that keys its cache entries.
 
-Resolution order for ``global_rank`` and ``world_size``, each time they are read: the argument, else
+Resolution order for ``global_rank`` and ``world_size``, each time they are read: the argument (which must equal the
+group's rank once a group exists), else
 ``torch.distributed`` when it is initialised, else torchrun's ``RANK`` / ``WORLD_SIZE`` environment variables (as at
 construction), else 0 and 1. ``tp_rank`` and
 ``pp_rank`` are as passed (0 when not). :func:`process_groups_factor` describes the process groups for the keys.
@@ -21,8 +22,11 @@ class Topology:
     ``torch.distributed``'s once its default group exists (a model built before ``init_process_group``, as jobs
     started by ``torch.multiprocessing.spawn`` often are, takes its rank from the group by its first call), else the
     environment's as it was at construction (``env_world``, ``env_rank``); a rank passed as an argument
-    (``given_rank``) wins. A rank's graph may hold its rank as a constant (Dynamo folds ``dist.get_rank()``), so
-    two ranks must never share a folder because one of them asked too early."""
+    (``given_rank``) is used, and must equal the group's. A rank's graph may hold its rank as a constant (Dynamo
+    folds ``dist.get_rank()``), so two ranks must never share a folder because one of them asked too early, nor
+    because a given rank disagrees with the group's (``ConfigError`` once the group exists:
+    ``global_rank=int(os.environ.get("RANK", 0))`` under ``torch.multiprocessing.spawn`` gave every rank 0, and
+    rank 1 was served rank 0's graph)."""
     tp_rank: int
     pp_rank: int
     given_rank: int | None = None
@@ -48,6 +52,12 @@ class Topology:
         group = torch_distributed.default_group_place()
         world, rank = group if group is not None else (self.env_world, self.env_rank)
         if self.given_rank is not None:
+            if group is not None and self.given_rank != rank:
+                raise ConfigError(
+                    f"global_rank={self.given_rank}: this process is rank {rank} of {world} in torch.distributed's "
+                    f"default group, and a rank's graph may hold its rank (Dynamo folds dist.get_rank()), so its "
+                    f"entries must be filed under that rank; pass global_rank=dist.get_rank(), or leave it None "
+                    f"(read from the group; RANK is not set under torch.multiprocessing.spawn)")
             rank = self.given_rank
         return max(world, rank + 1), rank
 
