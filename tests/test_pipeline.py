@@ -44,3 +44,26 @@ def test_a_compiling_call_draws_the_numbers_eager_draws_and_leaves_the_generator
             loaded, loaded_after = _seeded(warm.cached, x, 1)
         torch.testing.assert_close(loaded, want, rtol=0, atol=1e-6)
         torch.testing.assert_close(loaded_after, want_after, rtol=0, atol=0)
+
+
+def test_settling_a_background_compile_leaves_the_generator_as_it_was(tmp_path):
+    """A background compile is settled in the serving process (``finish_artifact``: the run plan written from the
+    example inputs, a run of the graph), by ``wait_for_background_compiles`` or by a later call of its key: it leaves
+    the caller's generator where it was, and the compiled calls after it draw what eager draws."""
+    torch.manual_seed(0)
+    m = Noisy(tmp_path)
+    m.cached = gearcache.cache_compile(m.fwd, cache_dir=str(tmp_path), config=CompilerConfig(
+        on_new_signature="background", inductor_options={"fallback_random": True}))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        _seeded(m.cached, x, 1)                     # served eagerly while a worker compiles
+        torch.manual_seed(2)
+        assert gearcache.wait_for_background_compiles() == 1
+        settled_after = torch.rand(3)
+        torch.manual_seed(2)
+        torch.testing.assert_close(settled_after, torch.rand(3), rtol=0, atol=0)
+        with counters.expect(eager_calls=0):        # compiled from now on
+            got, got_after = _seeded(m.cached, x, 3)
+        want, want_after = _seeded(m.fwd, x, 3)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got_after, want_after, rtol=0, atol=0)
