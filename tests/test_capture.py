@@ -160,3 +160,33 @@ def test_none_and_constant_returns_are_served_and_load_in_another_object(tmp_pat
             assert Returns(tmp_path, kind).cached(x) == want
         with gearcache.counters.expect(compiles=0, traces=0, loads=1):
             assert Returns(tmp_path, kind).cached(x) == want
+
+
+class BumpsBuffer(torch.nn.Module):
+    """Writes its buffer, then reads its argument: eager sees the write through an argument that is the buffer."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.register_buffer("buf", torch.arange(8.).reshape(2, 4))
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        self.buf.add_(1)
+        return torch.nn.functional.linear(x, torch.eye(4) * 3)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["the-buffer", "a-view-of-it"])
+def test_an_argument_sharing_memory_with_a_buffer_is_refused_at_capture_not_compiled_in(tmp_path, view):
+    """A first call with the module's buffer (or a view of it) as the argument compiled a graph whose input ``x`` was
+    the buffer: a later call with another tensor of that shape hit it and read the buffer for ``x`` (6 where eager
+    gives 3), in this process and a warm one. Such a call is refused at capture; other calls compile as usual."""
+    m = BumpsBuffer(tmp_path)
+    with torch.no_grad():
+        with pytest.raises(gearcache.UnsupportedInputError, match="buffer buf"):
+            m.cached(m.buf[:, :] if view else m.buf)
+        torch.testing.assert_close(m.buf, torch.arange(8.).reshape(2, 4))      # the refused call wrote nothing
+        x = torch.ones(2, 4)
+        got, buf = m.cached(x), m.buf.clone()
+        m.buf.sub_(1)
+        torch.testing.assert_close(got, m.fwd(x))
+        torch.testing.assert_close(buf, m.buf)

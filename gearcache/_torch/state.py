@@ -1,9 +1,11 @@
 """The thread's global torch state: what of it changes the compiled code (:func:`global_state`, a cache key factor),
 a cheap check that it has not changed (:func:`state_guard`), reproducing it in another thread or process
-(:func:`global_state_applied`), and autocast switches for running compiled code.
+(:func:`global_state_applied`), autocast switches for running compiled code, and the random generators kept
+across a compile (:func:`generators_kept`).
 
 Consumers: gearcache/call/ (signature.py, entry.py, cached_function.py), gearcache/compiling/ (background.py,
-workers.py, entry_life.py, torch_compile_backend.py), gearcache/warmup/driver.py, gearcache/runplan/runner.py.
+pipeline.py, workers.py, entry_life.py, torch_compile_backend.py), gearcache/warmup/driver.py,
+gearcache/runplan/runner.py.
 """
 from __future__ import annotations
 
@@ -200,3 +202,15 @@ disable_autocast: Callable[[], contextlib.AbstractContextManager[None]] = torch.
 """Autocast off for every device type within the block: compiled code runs so, as its casts are already in the graph
 (AOTAutograd's runtime wrapper does the same: ``disable_amp``)."""
 
+
+
+@contextlib.contextmanager
+def generators_kept() -> Iterator[None]:
+    """The CPU generator's state, and that of every GPU's generator where CUDA is initialized, as they were on entry
+    (``torch.random.fork_rng``): compiling runs the graph (the run plan's check) and may draw Inductor's seeds, which
+    must not move the numbers the caller's later draws get. A copy of each state in and out (a compile's cost, never a
+    call's)."""
+    initialized = torch.cuda.is_initialized()       # type: ignore[no-untyped-call]  # torch leaves it untyped
+    devices = list(range(torch.cuda.device_count())) if initialized else []
+    with torch.random.fork_rng(devices=devices):
+        yield

@@ -68,6 +68,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
     """The call ``method(*args, **kwargs)`` (``leaves``: its flattened arguments) as one Dynamo graph, recorded and
     not run (see the module docstring): a :class:`Captured`. Nothing stays installed in Dynamo. Raises
     ``GraphBreakError`` listing every break, and the eager method's own error for an input it refuses."""
+    _refuse_arguments_sharing_state(method, module, leaves)
     with torch_capture.DYNAMO_LOCK:        # one trace at a time in the process (see its docstring)
         state: dict[str, Any] = {}
         record = _recording_backend(state, _empty_like_example)
@@ -222,6 +223,35 @@ def _state_names(module: torch.nn.Module) -> dict[int, str]:
             module.named_parameters(remove_duplicate=False)):
         names.setdefault(id(t), name)
     return names
+
+
+def _refuse_arguments_sharing_state(method: types.MethodType, module: torch.nn.Module,
+                                    leaves: tuple[Any, ...]) -> None:
+    """Raise ``UnsupportedInputError`` for a call one of whose tensors is a parameter or buffer of ``module`` or shares
+    its memory (a view of one): Dynamo makes the graph read that argument where the method reads the module's tensor
+    (one graph input for both), so the entry, keyed by the call's shapes, would read an unrelated tensor of a later
+    call in the module's place. Cost: one storage address per tensor, on a capture only."""
+    owners: dict[int, str] = {}
+    named = [("buffer", n, t) for n, t in module.named_buffers(remove_duplicate=False)]
+    named += [("parameter", n, t) for n, t in module.named_parameters(remove_duplicate=False)]
+    for kind, name, t in named:
+        if _storage_address(t):
+            owners.setdefault(_storage_address(t), f"{kind} {name}")
+    for i, leaf in enumerate(leaves):
+        owner = owners.get(_storage_address(leaf)) if isinstance(leaf, torch.Tensor) else None
+        if owner is not None:
+            raise UnsupportedInputError(
+                f"{_qualname(method)}: argument at flattened position {i} is the module's {owner} or a view of its "
+                f"memory; the compiled graph would read that argument in the module's tensor's place, also for a later "
+                f"call passing another tensor. Fix: pass a .clone() of it, or read it through the module in the method")
+
+
+def _storage_address(t: torch.Tensor) -> int:
+    """Where ``t``'s storage starts; 0 for a tensor without one (meta, empty)."""
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _input_recipe(t: Any, leaves: tuple[Any, ...], state_names: dict[int, str], index: int) -> list[Any]:

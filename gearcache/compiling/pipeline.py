@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 from .._torch import inductor as torch_inductor
+from .._torch import state as torch_state
 from .. import runplan
 from ..runplan import write_run_plan
 from ..config import CompilerConfig
@@ -175,13 +176,18 @@ def _own_runner(loaded: Callable[..., Any]) -> Callable[..., Any]:
 def compile_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
                      config_patches: dict[str, Any]) -> None:
     """Write the artifact whose Inductor folder is ``folder`` (``<artifact>/inductor``) and its run plan
-    (``<artifact>/runplan``; this runs the graph on ``example_inputs``, in-place updates going to copies)."""
-    torch_inductor.compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
-    finish_artifact(folder, example_inputs)
+    (``<artifact>/runplan``; this runs the graph on ``example_inputs``, in-place updates going to copies). The
+    process's random generators are left as they were (``torch_state.generators_kept``): the call that compiles
+    draws what eager and a warm process draw from the same seed."""
+    with torch_state.generators_kept():
+        torch_inductor.compile_unloaded(gm, example_inputs, folder, config_patches=config_patches)
+        finish_artifact(folder, example_inputs)
 
 
 def finish_artifact(folder: pathlib.Path, example_inputs: list[Any]) -> None:
     """The second half of :func:`compile_artifact`, for an Inductor folder compiled elsewhere (a warm-up worker
-    process, ``_torch.inductor.compile_unloaded``): a first load, then the run plan from the real ``example_inputs``."""
-    loaded = torch_inductor.load_folder(folder)
-    write_run_plan(pathlib.Path(folder).parent, loaded, example_inputs)
+    process, ``_torch.inductor.compile_unloaded``): a first load, then the run plan from the real ``example_inputs``,
+    the random generators left as they were (a background compile settles between the caller's calls)."""
+    with torch_state.generators_kept():
+        loaded = torch_inductor.load_folder(folder)
+        write_run_plan(pathlib.Path(folder).parent, loaded, example_inputs)
