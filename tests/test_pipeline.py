@@ -1,4 +1,5 @@
 """compiling/pipeline.py: a compile in the calling process leaves the process as eager would (compiles in-process)."""
+import pytest
 import torch
 
 import gearcache
@@ -46,6 +47,7 @@ def test_a_compiling_call_draws_the_numbers_eager_draws_and_leaves_the_generator
         torch.testing.assert_close(loaded_after, want_after, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_settling_a_background_compile_leaves_the_generator_as_it_was(tmp_path):
     """A background compile is settled in the serving process (``finish_artifact``: the run plan written from the
     example inputs, a run of the graph), by ``wait_for_background_compiles`` or by a later call of its key: it leaves
