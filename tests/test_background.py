@@ -294,6 +294,7 @@ def _same(model, twin, x):
         torch.testing.assert_close(mine.seen, theirs.seen)
 
 
+@pytest.mark.slow
 def test_identical_blocks_capture_and_compile_one_background_entry(tmp_path):
     """Three identical blocks by region (one entry key) under background compiles: the first block's miss captures
     and compiles; the others capture nothing and run eagerly until it is settled, then load the stored entry. Equal
