@@ -235,21 +235,10 @@ def _teardown(device: str, how: str) -> dict:
     gc.collect()
     graphs = [o for o in gc.get_objects() if isinstance(o, torch.cuda.CUDAGraph)] if device.startswith("cuda") else []
     out["cuda_graph_objects_alive"] = len(graphs)       # Python objects still referenced (destroyed or not)
-    out["cuda_graphs_replayable"] = sum(_replayable(g) for g in graphs)
     t0 = time.perf_counter()
     dist.barrier()
     out["barrier_s"] = time.perf_counter() - t0
     return out
-
-
-def _replayable(graph) -> bool:
-    """Whether a CUDA graph still holds a captured graph (torch refuses to replay a destroyed one). Diagnostic of
-    the teardown only: not called on a graph in use."""
-    try:
-        graph.replay()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _native_stacks(args) -> None:

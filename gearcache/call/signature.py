@@ -141,7 +141,7 @@ def shared_storages(leaves: Any) -> dict[int, int]:
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, _Tensor) and id(leaf) not in objects:
             objects.add(id(leaf))
-            on.setdefault(_storage_address(leaf), []).append(i)
+            on.setdefault(storage_address(leaf), []).append(i)
     return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
 
 
@@ -192,7 +192,7 @@ def inputs_meta(inputs: Any) -> list[Any]:
     return meta
 
 
-def _storage_address(t: torch.Tensor) -> int:
+def storage_address(t: torch.Tensor) -> int:
     """Where ``t``'s storage starts (meta and other storage-less tensors: by object, never shared)."""
     try:
         address = t.untyped_storage().data_ptr()
@@ -289,7 +289,7 @@ def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
             return False
         seen = set()
         for a in args:
-            address = _storage_address(a)
+            address = storage_address(a)
             if address in seen:
                 return False
             seen.add(address)

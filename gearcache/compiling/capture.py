@@ -26,6 +26,7 @@ import torch
 
 from .._torch import capture as torch_capture, guards as torch_guards, shapes as torch_shapes
 from .snapshot import kept
+from ..call.signature import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
 from ..gears.plan import SymbolicTrace
@@ -235,23 +236,14 @@ def _refuse_arguments_sharing_state(method: types.MethodType, module: torch.nn.M
     named = [("buffer", n, t) for n, t in module.named_buffers(remove_duplicate=False)]
     named += [("parameter", n, t) for n, t in module.named_parameters(remove_duplicate=False)]
     for kind, name, t in named:
-        if _storage_address(t):
-            owners.setdefault(_storage_address(t), f"{kind} {name}")
+        owners.setdefault(storage_address(t), f"{kind} {name}")
     for i, leaf in enumerate(leaves):
-        owner = owners.get(_storage_address(leaf)) if isinstance(leaf, torch.Tensor) else None
+        owner = owners.get(storage_address(leaf)) if isinstance(leaf, torch.Tensor) else None
         if owner is not None:
             raise UnsupportedInputError(
                 f"{_qualname(method)}: argument at flattened position {i} is the module's {owner} or a view of its "
                 f"memory; the compiled graph would read that argument in the module's tensor's place, also for a later "
                 f"call passing another tensor. Fix: pass a .clone() of it, or read it through the module in the method")
-
-
-def _storage_address(t: torch.Tensor) -> int:
-    """Where ``t``'s storage starts; 0 for a tensor without one (meta, empty)."""
-    try:
-        return int(t.untyped_storage().data_ptr())
-    except (RuntimeError, NotImplementedError):
-        return 0
 
 
 def _input_recipe(t: Any, leaves: tuple[Any, ...], state_names: dict[int, str], index: int) -> list[Any]:
