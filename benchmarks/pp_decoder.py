@@ -1,7 +1,7 @@
 """Pipeline-parallel decoder benchmark on 4 GPUs: 2 pipeline stages x TP 2, cold start, warm start of all 4 ranks.
 
     python benchmarks/pp_decoder.py                          # both phases; prints the targets and a JSON summary last
-    python benchmarks/pp_decoder.py --device cpu --toy --gears 1,2 --prompt-len 4 --new-tokens 3   # CPU smoke run
+    python benchmarks/pp_decoder.py --device cpu --toy --gears 1,2,4 --prompt-len 4 --new-tokens 3   # CPU smoke run
 
 The model and one start are examples/pp_decoder.py's: the reference decoder (hidden 1024, 16 heads, 8 layers, bf16)
 cut into 2 stages of 4 layers, each sharded over a TP group of 2, activations sent between stages, each stage's
@@ -11,7 +11,9 @@ cut into 2 stages of 4 layers, each sharded over a TP group of 2, activations se
 - cold: every gear of both methods of each stage compiled (each stage's graphs once for its two TP ranks) and
   captured, then ``--new-tokens`` tokens generated through the pipeline;
 - warm: per rank, from a barrier, the stage's first decode call at B=1 and every gear of both methods loaded and
-  captured (the warm start), then the same generation.
+  captured (the warm start), then the same generation;
+- eager start: the floor under the warm start, a third fresh job in which the same calls are made by each stage's
+  eager methods (the first uses of cuBLAS, the attention and every kernel that any process pays).
 
 Targets (issue #38): warm start (every gear loaded and captured) <= 0.3 s on every rank, the tokens equal to the
 unsplit eager model's (also reported: equal to the split eager model's, which differs from the unsplit one only by
@@ -58,14 +60,14 @@ def child(argv: list[str]) -> None:
         print(json.dumps(out), flush=True)
 
 
-def run_phase(ex, args, label: str, out_dir: str, stack_s: float) -> dict:
+def run_phase(ex, args, label: str, out_dir: str, stack_s: float, extra: tuple[str, ...] = ()) -> dict:
     from fresh_process import run_fresh
 
     stacks = os.path.join(out_dir, label.replace(" ", "-"))
     os.makedirs(stacks, exist_ok=True)
     os.environ.update(GEARCACHE_BENCH_STACKS=stacks, GEARCACHE_BENCH_STACK_S=str(stack_s))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           os.path.abspath(__file__), "--child", *ex.child_flags(args)]
+           os.path.abspath(__file__), "--child", *ex.child_flags(args), *extra]
     report = run_fresh(cmd, label)
     for name in os.listdir(stacks):          # an empty file: that rank never hung
         if os.path.getsize(os.path.join(stacks, name)) == 0:
@@ -73,10 +75,12 @@ def run_phase(ex, args, label: str, out_dir: str, stack_s: float) -> dict:
     return report
 
 
-def summarize(args, cold: dict, warm: dict) -> dict:
+def summarize(args, cold: dict, warm: dict, eager: dict) -> dict:
     w = warm["ranks"]
+    floor = {x["rank"]: x for x in eager["ranks"]}
     per_rank = [{"rank": x["rank"], "pp": x["pp"], "tp": x["tp"], "warm_first_call_s": x["first_call_s"],
-                 "warm_start_s": x["all_gears_s"], "tokens_equal_eager": x["tokens_equal_eager"],
+                 "warm_start_s": x["all_gears_s"], "eager_first_call_s": floor[x["rank"]]["eager_first_call_s"],
+                 "eager_start_s": floor[x["rank"]]["eager_all_gears_s"], "tokens_equal_eager": x["tokens_equal_eager"],
                  "tokens_equal_split_eager": x["tokens_equal_split_eager"], "warm_compiles": x["counters"]["compiles"],
                  "cold_compiles": c["counters"]["compiles"]} for x, c in zip(w, cold["ranks"])]
     summary = {"benchmark": "pp_decoder", "nproc": args.nproc, "pp": args.pp, "device": w[0]["device"],
@@ -116,13 +120,15 @@ def main() -> None:
     try:
         cold = run_phase(ex, args, "cold start", out, stack_s)
         warm = run_phase(ex, args, "warm start", out, stack_s)
+        eager = run_phase(ex, args, "eager start", out, stack_s, ("--eager-start",))
     finally:
         for folder in temp:
             shutil.rmtree(folder, ignore_errors=True)
-    s = summarize(args, cold, warm)
+    s = summarize(args, cold, warm, eager)
     for row in s["per_rank"]:
         print(f"  rank {row['rank']} (pp {row['pp']}, tp {row['tp']}): warm first call {row['warm_first_call_s']:.3f}"
-              f" s, warm start {row['warm_start_s']:.3f} s, cold compiles {row['cold_compiles']}, tokens equal eager "
+              f" s, warm start {row['warm_start_s']:.3f} s (eager's same calls in a fresh job: first "
+              f"{row['eager_first_call_s']:.3f} s, all {row['eager_start_s']:.3f} s), cold compiles {row['cold_compiles']}, tokens equal eager "
               f"{row['tokens_equal_eager']} (split eager {row['tokens_equal_split_eager']})")
     for name, ok in s["targets"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")

@@ -219,6 +219,31 @@ def warm_start(stage: Stage, layout: Layout, sizes: dict, args, device: str, dty
                           "prefill": stage.cached_prefill.warmup_timeline.summary()}}
 
 
+def eager_start(stage: Stage, layout: Layout, sizes: dict, args, device: str) -> dict:
+    """The floor under a warm start: from a barrier, in a fresh job that has run nothing, the same calls as
+    :func:`warm_start` made by the stage's eager methods (its first decode call at B=1, then decode and prefill at
+    every gear once): the first uses of the device's libraries and kernels that any process pays. Seconds from the
+    barrier."""
+    dtype = stage.blocks[0].qkv.weight.dtype
+    x_one = (torch.zeros(1, 1, dtype=torch.long, device=device) if stage.first else
+             torch.zeros(1, 1, sizes["d"], device=device, dtype=dtype))
+    pos1, prompt_pos = torch.tensor([args.prompt_len], device=device), torch.arange(args.prompt_len, device=device)
+    dist.barrier()
+    sync(device)
+    t0 = time.perf_counter()
+    stage.decode(x_one, stage_kv(sizes, layout, 1, device, dtype), pos1)
+    sync(device)
+    first = time.perf_counter() - t0
+    for g in args.gears:
+        stage.decode(x_one.expand(g, *x_one.shape[1:]).contiguous(), stage_kv(sizes, layout, g, device, dtype), pos1)
+    for g in args.gears:
+        x = (torch.zeros(g, args.prompt_len, dtype=torch.long, device=device) if stage.first else
+             torch.zeros(g, args.prompt_len, sizes["d"], device=device, dtype=dtype))
+        stage.prefill(x, stage_kv(sizes, layout, g, device, dtype), prompt_pos)
+    sync(device)
+    return {"eager_first_call_s": first, "eager_all_gears_s": time.perf_counter() - t0}
+
+
 def one_start(args) -> dict:
     from gearcache import counters, release_graphs
 
@@ -229,6 +254,15 @@ def one_start(args) -> dict:
     mode = "reduce-overhead" if device.startswith("cuda") else "default"
     stage, full = build(sizes, layout, cache_dir=args.cache_dir, mode=mode, gears=args.gears, device=device,
                         dtype=dtype, padding_check=args.padding_check)
+    if args.eager_start:
+        with torch.inference_mode():
+            report = {"rank": dist.get_rank(), "pp": layout.pp, "tp": layout.tp_rank, "device": device,
+                      **eager_start(stage, layout, sizes, args, device)}
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report)
+        dist.barrier()
+        dist.destroy_process_group()
+        return {"ranks": reports}
     prompt = torch.randint(0, sizes["vocab"], (args.batch, args.prompt_len),
                            generator=torch.Generator().manual_seed(1)).to(device)
     with torch.inference_mode():
@@ -297,6 +331,8 @@ def parse_args(argv: list[str] | None = None):
                     help="the model's dtype (default: bf16 on GPU, fp32 on CPU; in bf16 the sharded sums round "
                          "differently from the unsplit model's, which can flip a near-tied greedy token)")
     ap.add_argument("--child", action="store_true", help="one start, under torchrun")
+    ap.add_argument("--eager-start", action="store_true",
+                    help="with --child: time the stage's eager methods' first calls instead (the floor of a start)")
     return ap.parse_args(argv)
 
 
