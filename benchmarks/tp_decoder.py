@@ -21,7 +21,10 @@ Megatron-style over the ranks, all-reduces inside the cached ``prefill`` and ``d
   against ``torch.compile(mode="reduce-overhead")`` of the same sharded method, in ``--step-rounds`` alternating
   rounds (per step = median over 10 repeats of (CUDA-event time of 20 back-to-back steps) / 20; the median round per
   rank, the max over ranks), and eager.
-- teardown of both jobs: every CUDA graph released (``gearcache.release_graphs()``, ``torch._dynamo.reset()``), a
+- eager: the floor under the warm start, a third fresh job: the same first calls (B=1, then every gear of decode
+  and prefill) made by the sharded model's eager methods: the first uses of cuBLAS, cuDNN's per-shape attention plans
+  and every kernel, which any process pays.
+- teardown of the jobs: every CUDA graph released (``gearcache.release_graphs()``, ``torch._dynamo.reset()``), a
   barrier, then ``destroy_process_group`` bounded to 30 s, per rank (``--teardown gearcache|none``: less released,
   to see what held NCCL: the warm job's torch.compile comparison, or gearcache's graphs).
 
@@ -98,7 +101,7 @@ def phase(args) -> dict:
                  "device_name": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"}
     with torch.inference_mode():
         one = decode_inputs(ex, sizes, 1, device, dtype)
-        out.update(start(ex, model, sizes, device, dtype, one, args))
+        out.update((eager_start if args.phase == "eager" else start)(ex, model, sizes, device, dtype, one, args))
         if args.phase == "warm" and not os.environ.get("GEARCACHE_BENCH_START_ONLY"):
             out.update(sweep(ex, model, sizes, device, dtype, args))
             _progress(f"sweep: failures {out['sweep_failures']}, compiles {out['sweep_compiles']}")
@@ -117,6 +120,35 @@ def phase(args) -> dict:
     mine = {**out, "destroy_process_group_returned": ended, "destroy_process_group_s": seconds}
     _write(args, f"{args.phase}-rank{out['rank']}.json", json.dumps(mine))
     return {"phase": args.phase, "ranks": reports, "destroy_process_group_returned": ended}
+
+
+def eager_start(ex, model, sizes, device: str, dtype, one, args) -> dict:
+    """The floor under a warm start (phase ``eager``, a fresh job that has run nothing): from a barrier, the same calls
+    as :func:`start` made by the model's eager methods: the first decode call at B=1, then decode and prefill at every
+    gear once (the first uses of cuBLAS, cuDNN's per-shape attention plans and every kernel, which any process pays)."""
+    import torch.distributed as dist
+
+    from gearcache import counters
+
+    inputs = [decode_inputs(ex, sizes, g, device, dtype) for g in args.gears]
+    prompts = [prefill_inputs(ex, sizes, g, args.prompt_len, device, dtype) for g in args.gears]
+    dist.barrier()
+    ex.sync(device)
+    t0 = time.perf_counter()
+    model.decode(*one)
+    ex.sync(device)
+    out = {"first_call_s": time.perf_counter() - t0}
+    for args_g in inputs:
+        model.decode(*args_g)
+    ex.sync(device)
+    out["decode_all_gears_s"] = time.perf_counter() - t0
+    for args_g in prompts:
+        model.prefill(*args_g)
+    ex.sync(device)
+    out["all_gears_s"] = time.perf_counter() - t0
+    _progress(f"eager: first call {out['first_call_s']:.3f} s, every gear {out['all_gears_s']:.2f} s")
+    out["counters_after_warmup"] = dict(vars(counters))
+    return out
 
 
 def start(ex, model, sizes, device: str, dtype, one, args) -> dict:
@@ -487,6 +519,10 @@ def print_summary(args, s: dict) -> None:
     print(f"warm: first call {s['warm']['first_call_s_max']:.3f} s (max over ranks), every gear loaded+captured "
           f"{s['warm']['all_gears_s_max']:.3f} s (decode's {s['warm']['decode_all_gears_s_max']:.3f} s), "
           f"{s['warm']['compiles']} compiles, {s['warm']['direct_loads']}/{s['warm']['loads']} loads by run plan")
+    if "eager_start" in s:
+        e = s["eager_start"]
+        print(f"eager's same first calls in a fresh job (the floor): first call {e['first_call_s_max']:.3f} s, "
+              f"every gear {e['all_gears_s_max']:.3f} s (decode's {e['decode_all_gears_s_max']:.3f} s)")
     print(f"decode B=1 (us, max over ranks): gearcache {st['gearcache']:.1f} (copied outputs), "
           f"{st['gearcache view-checked']:.1f} (view-checked), torch.compile reduce-overhead "
           f"{st['torch.compile reduce-overhead']:.1f}, eager {st['eager']:.0f}")
@@ -503,7 +539,8 @@ def print_summary(args, s: dict) -> None:
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=4)
-    ap.add_argument("--phase", choices=["cold", "warm"], default=None, help="one phase, under torchrun")
+    ap.add_argument("--phase", choices=["cold", "warm", "eager"], default=None,
+                    help="one phase, under torchrun (eager: the same first calls by the eager methods, the floor)")
     ap.add_argument("--cache-dir", default=None, help="the store (default: a temporary one, removed afterwards)")
     ap.add_argument("--out-dir", default=None, help="per-rank reports and hang stacks (default: a temporary folder)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
@@ -553,10 +590,14 @@ def main() -> None:
         cold = run_phase(args, "cold")
         artifacts = len(os.listdir(os.path.join(args.cache_dir, "artifacts")))
         warm = run_phase(args, "warm")
+        eager = run_phase(args, "eager")
     finally:
         for folder in temp:
             shutil.rmtree(folder, ignore_errors=True)
     s = summarize(args, cold, warm, artifacts)
+    s["eager_start"] = {"first_call_s_max": max(x["first_call_s"] for x in eager["ranks"]),
+                        "decode_all_gears_s_max": max(x["decode_all_gears_s"] for x in eager["ranks"]),
+                        "all_gears_s_max": max(x["all_gears_s"] for x in eager["ranks"])}
     print_summary(args, s)
     if args.out_dir not in temp:
         with open(os.path.join(args.out_dir, "summary.json"), "w") as f:

@@ -14,7 +14,7 @@ rm -rf "$cache" "$cache-nocudnn"
 timeout 290 python3 benchmarks/tp_decoder.py --nproc 4 --device cuda --cache-dir "$cache" --out-dir "$out/tp4" \
     >"$out/tp4.log" 2>&1
 echo "tp4 rc=$?" >>"$out/tp4.log"
-for p in cold warm; do
+for p in cold warm eager; do
     mkdir -p "$out/tp4_nocudnn_$p"
     GEARCACHE_BENCH_START_ONLY=1 timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node 4 \
         benchmarks/tp_decoder.py --phase "$p" --cache-dir "$cache-nocudnn" --device cuda --no-cudnn-attention \
@@ -23,7 +23,7 @@ for p in cold warm; do
 done
 python3 - "$out" <<'PY'
 import glob, json, sys
-for p in ("cold", "warm"):
+for p in ("cold", "warm", "eager"):
     rs = [json.load(open(f)) for f in glob.glob(f"{sys.argv[1]}/tp4_nocudnn_{p}/*-rank*.json")]
     if rs:
         print(f"no-cudnn {p}: first call {max(r['first_call_s'] for r in rs):.3f} s, decode gears "
