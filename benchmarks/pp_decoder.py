@@ -128,7 +128,8 @@ def main() -> None:
     for row in s["per_rank"]:
         print(f"  rank {row['rank']} (pp {row['pp']}, tp {row['tp']}): warm first call {row['warm_first_call_s']:.3f}"
               f" s, warm start {row['warm_start_s']:.3f} s (eager's same calls in a fresh job: first "
-              f"{row['eager_first_call_s']:.3f} s, all {row['eager_start_s']:.3f} s), cold compiles {row['cold_compiles']}, tokens equal eager "
+              f"{row['eager_first_call_s']:.3f} s, all {row['eager_start_s']:.3f} s), cold compiles "
+              f"{row['cold_compiles']}, tokens equal eager "
               f"{row['tokens_equal_eager']} (split eager {row['tokens_equal_split_eager']})")
     for name, ok in s["targets"].items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
