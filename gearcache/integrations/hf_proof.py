@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import types
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +45,9 @@ from ..keys.fingerprints import class_digest
 from ..keys.key import FORMAT_VERSION, sha256_text
 from ..store import Store
 from . import hf_cache, hf_compat, hf_glue, hf_regions
+
+if TYPE_CHECKING:
+    from ..keys.guard_sets import GuardSet
 
 ROWS, WIDTH, LENGTH = 2, 5, 32
 """The tiny call the proof records: 2 rows of a 5-token prompt in a 32-position cache (sizes no weight has)."""
@@ -130,7 +133,7 @@ def prove(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]) 
     except Exception as exc:       # noqa: BLE001 - a forward the proof cannot run is not proved
         return f"the model's forward could not be recorded ({type(exc).__name__}: {str(exc)[:200]})", []
     dependencies: list[Any] = []
-    traced: list[tuple[Any, Any]] = []         # (kind and phase, the trace's value guards)
+    traced: list[tuple[Any, GuardSet | None]] = []         # (kind and phase, the trace's value guards)
     for (phase, index), call in calls.items():
         kind = (phase, _kind(model, layers, index))
         if any(k == kind and _guards_hold(guards, layers[index], cache_kw, call) for k, guards in traced):
@@ -151,7 +154,7 @@ def _kind(model: torch.nn.Module, layers: list[torch.nn.Module], index: int) -> 
     return type(layers[index]), types_[index] if index < len(types_) else None
 
 
-def _guards_hold(guards: Any, layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...]) -> bool:
+def _guards_hold(guards: GuardSet | None, layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...]) -> bool:
     """Whether an earlier trace's value guards (all checkable here) hold on ``layer``'s region with its call's
     constants: Dynamo would run that trace's graph for it."""
     from ..keys.guard_paths import Scope
@@ -207,7 +210,7 @@ def _record(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]
 
 
 def _prove_layer(layer: torch.nn.Module, cache_kw: str, call: tuple[Any, ...], cache_layer: Any,
-                 dependencies: list[Any]) -> tuple[str | None, Any]:
+                 dependencies: list[Any]) -> tuple[str | None, GuardSet | None]:
     """The proof of one recorded layer call: ``(None, the trace's value guards)`` when proved, else ``(the first
     finding, None)``; the functions its trace ran are added to ``dependencies``."""
     from ..gears import padding  # the analysis (and sympy) only where a proof runs, never on a warm read
