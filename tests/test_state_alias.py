@@ -95,7 +95,7 @@ def test_the_refusal_names_the_argument_the_module_tensor_and_the_fix():
 
 
 @pytest.mark.parametrize("distinct", [False, True], ids=["reads-arguments", "writes-an-argument"])
-def test_the_shortcut_matcher_passes_a_call_sharing_a_module_tensor_to_the_key_path(distinct):
+def test_the_shortcut_matcher_passes_a_call_sharing_a_module_tensor_to_the_key_path(distinct, checks):
     """The matcher answers False for such a call (the key's path refuses it), True for a plain one; the rules'
     leaf indices are renumbered among the tensors where a scalar sits between them."""
     net = Net()
@@ -107,9 +107,32 @@ def test_the_shortcut_matcher_passes_a_call_sharing_a_module_tensor_to_the_key_p
         assert matcher is not None
         assert matcher((torch.ones(2), 3, torch.ones(2)))
         assert not matcher((torch.ones(2), 3, net.count[2:4]))
+        assert not matcher((torch.ones(2), 3, beyond_count(net)))
         assert matcher((net.count[2:4], 3, torch.ones(2)))                 # leaf 0 has no rule here
+        assert matcher((torch.ones(2), 3, net.count[2:4].clone()))
         shared = torch.ones(4)
         assert matcher((shared[:2], 3, shared[2:])) is not distinct     # two arguments on one storage
+        empty = torch.ones(0)
+        assert matcher((torch.ones(2), 3, empty.new_ones(2)))
+
+
+@pytest.mark.parametrize("distinct", [False, True], ids=["reads-arguments", "writes-an-argument"])
+def test_the_native_storage_check_answers_as_the_python_one(distinct, checks):
+    """Tensors only: the C++ check (native) or the Python one around Dynamo's, on calls with a forbidden storage
+    at each place, two tensors on one storage, and none."""
+    net = Net()
+    entry = entry_for(net, [1])                                     # writes y: y must not be on any module tensor
+    with torch.no_grad():
+        leaves, key = signature.call_key((torch.ones(2), torch.ones(2)), {})
+        matcher = signature.matcher(leaves, key, distinct_storages=distinct, state_rules=entry.state_aliases)
+        assert (type(matcher.check).__name__ == "TensorMatch") is (checks == "native")
+        one = torch.ones(2)
+        assert matcher((one, torch.ones(2)))
+        assert matcher((net.table[:2], torch.ones(2)))                  # x only read
+        for on in (net.table[2:], net.w[:2].detach(), net.count[:2], beyond_count(net)):
+            assert not matcher((one, on))
+        shared = torch.ones(4)
+        assert matcher((shared[:2], shared[2:])) is not distinct
 
 
 def test_a_rebound_entry_has_the_rules_of_the_module_tensors_where_they_are_now():

@@ -241,19 +241,35 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
-    check = torch_tensor_checks.tensor_match(tensors)
+    check = _storages_check(leaves, tensors, distinct_storages and len(tensors) > 1, state_rules)
     if check is None:
         return None
-    if state_rules:
-        place = {i: k for k, i in enumerate(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))}
-        check = _and_storages(check, tuple((place[i], forbidden) for i, forbidden in state_rules),
-                              distinct_storages and len(tensors) > 1)
-    elif distinct_storages and len(tensors) > 1:
-        check = _and_distinct_storages(check)
     if len(tensors) < len(leaves):
         check = _and_scalars(check, leaves)
     inference = None if torch_state.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
     return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not torch_state.any_autocast_enabled())
+
+
+def _storages_check(leaves: tuple[Any, ...], tensors: tuple[_Tensor, ...], distinct: bool,
+                    state_rules: StateRules) -> Callable[..., bool] | None:
+    """The matcher's check of the call's tensors (``tensors``, the tensor ``leaves``): their metadata, and where
+    asked their storages (``distinct``: no two on one; ``state_rules``, by leaf index: none on a storage its rule
+    forbids), in one C++ call where gearcache's native module is built, else in Python around the C++ metadata
+    check. None where torch has no such check."""
+    place = {i: k for k, i in enumerate(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))}
+    rules = tuple((place[i], forbidden) for i, forbidden in state_rules)
+    if distinct or rules:
+        by_place: dict[int, dict[int, str]] = dict(rules)
+        forbidden = tuple(tuple(by_place[k]) if k in by_place else None for k in range(len(tensors))) if rules else None
+        native = torch_tensor_checks.tensor_storage_match(tensors, forbidden, distinct)
+        if native is not None:
+            return native
+    check = torch_tensor_checks.tensor_match(tensors)
+    if check is None:
+        return None
+    if rules:
+        return _and_storages(check, rules, distinct)
+    return _and_distinct_storages(check) if distinct else check
 
 
 def _flat_with_scalars(structure: Any, leaves: tuple[Any, ...]) -> bool:
