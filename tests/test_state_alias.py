@@ -200,7 +200,8 @@ def test_module_tensors_passed_as_arguments_are_refused_cold_warm_and_geared(tmp
     buffer, a view with an offset, another view past its elements), or ``y`` on ``table``'s, is refused with nothing
     written, after a plain call that set the shortcut; also after ``count`` is replaced and ``table``'s ``.data``
     swapped. ``x`` on ``table`` (both only read) and clones equal eager. The same in a fresh process loading the entry
-    (which compiles nothing), and with gears (padded copies are copied back: no safer). Before, ``y=table`` gave
+    (which compiles nothing), and with gears (padded copies are copied back: no safer; a call past the largest gear
+    served by an entry of its own, ``past_largest_gear="compile"``, too). Before, ``y=table`` gave
     [69, 71] where eager gives [90, 92], and with gears ``x=count`` [51, 54] for [54, 57]."""
     from conftest import Script
 

@@ -9,7 +9,8 @@ The method writes ``count`` and the argument ``y`` and reads ``x``, ``table`` an
 storage, or ``y`` on ``table``'s, shares memory with a module tensor the entry writes, or reads where it writes the
 argument; ``x`` on ``table``'s storage only reads memory the entry only reads (served). Each shared call comes right
 after a plain call of the same signature, which set the dispatcher's shortcut: its matcher must pass the call on to
-the key's path. ``gears``: x and y padded to 4 rows (a padded argument is a copy, copied back after the run).
+the key's path. ``gears``: x and y padded to 4 rows (a padded argument is a copy, copied back after the run), and
+8 rows served by an entry of their own (``past_largest_gear="compile"``).
 """
 import json
 import sys
@@ -50,6 +51,10 @@ SHARED = {            # name: (x, y) of module m
     "x=table": lambda m: (m.table[:2], torch.ones(2)),              # read-only on both sides: served
     "clones": lambda m: (m.count[:2].clone(), m.table[:2].clone()),
 }
+PAST_LARGEST = {      # 8 rows, past a largest gear of 4 (gears only)
+    "x=count's storage, 8 rows": lambda m: (torch.empty(0).set_(m.count.untyped_storage(), 0, (8,), (1,)),
+                                            torch.ones(8)),
+}
 
 
 def state(m, args):
@@ -61,9 +66,10 @@ def one(m, e, name, report, label=None):
     with eager on the twin ``e``. Returns the shortcut's calls before the plain one."""
     label = label or name
     plain_before = m.cached.shortcut_calls
-    report[f"{label}: plain"] = bool(torch.equal(m.cached(torch.ones(2), torch.ones(2)),
-                                                e.step(torch.ones(2), torch.ones(2))))
-    args, eager_args = SHARED[name](m), SHARED[name](e)
+    rows = 8 if name in PAST_LARGEST else 2
+    report[f"{label}: plain"] = bool(torch.equal(m.cached(torch.ones(rows), torch.ones(rows)),
+                                                e.step(torch.ones(rows), torch.ones(rows))))
+    args, eager_args = {**SHARED, **PAST_LARGEST}[name](m), {**SHARED, **PAST_LARGEST}[name](e)
     before = state(m, args)
     try:
         out = m.cached(*args)
@@ -83,6 +89,7 @@ def main():
     if sys.argv[2:] == ["gears"]:
         config = CompilerConfig()
         config.inference_config.dim_gears = {"x": {0: [4]}, "y": {0: [4]}}
+        config.inference_config.past_largest_gear = "compile"       # 8 rows: an entry of their own
     m, e = StepWithState(sys.argv[1], config), StepWithState()
     report = {}
     with torch.no_grad():
@@ -97,6 +104,8 @@ def main():
         e.table.data = torch.arange(4.) + 20
         one(m, e, "y=table", report, "swapped: y=table")
         one(m, e, "clones", report, "after: clones")
+        for name in PAST_LARGEST if config is not None else ():
+            one(m, e, name, report)
     print(json.dumps({"calls": report, "shortcut_served_plain": shortcut, "compiles": counters.compiles,
                       "loads": counters.loads, "traces": counters.traces}))
 
