@@ -194,6 +194,7 @@ def test_a_view_of_a_buffer_the_entry_writes_is_refused_through_the_shortcut_and
             unchecked.cached(unchecked.buf[:2])
 
 
+@pytest.mark.slow
 def test_module_tensors_passed_as_arguments_are_refused_cold_warm_and_geared(tmp_path):
     """tests/scripts/run_state_alias.py: a method writing the buffer ``count`` and the argument ``y``, reading ``x``
     and the buffer ``table``, captured with plain tensors. Every call passing an argument on ``count``'s storage (the
