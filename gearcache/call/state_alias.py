@@ -23,9 +23,10 @@ The storages are those of the module tensors where the entry was bound: a module
 swapped, changes what the method's value-guard watch reads (its ``tensor`` guard, its ``_buffers`` item), so the next
 call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) and with it these rules.
 
-Cost per call, for an entry with rules: one storage address per leaf a rule names and one set lookup (in the
-shortcut, ``signature.matcher``, the addresses an entry writing a leaf computes already to tell its arguments
-apart are reused).
+Cost per call, for an entry with rules: one storage address per leaf a rule names and one look-up. In the
+shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
+``TensorMatch``, which also tells the arguments of an entry writing one apart), else in Python around Dynamo's check
+(~0.2-0.3 us on CPU, reusing the addresses computed to tell the arguments apart).
 """
 from __future__ import annotations
 
