@@ -217,3 +217,56 @@ def test_module_tensors_passed_as_arguments_are_refused_cold_warm_and_geared(tmp
         assert all(v == "refused" for k, v in calls.items() if not (k.endswith(": plain") or k in served)), report
     assert cold["compiles"] == 1 and all(cold["shortcut_served_plain"][1:]), cold
     assert warm["compiles"] == 0 and warm["loads"] == 1 and all(warm["shortcut_served_plain"][1:]), warm
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+
+
+class WritesStateAndArgument(torch.nn.Module):
+    """Writes the buffer ``count`` and the argument ``y``; reads ``x``, ``y`` and the buffer ``table``."""
+
+    def __init__(self, cache_dir=None, config=None):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+        self.register_buffer("table", torch.arange(4.) + 10)
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.step, cache_dir=cache_dir, config=config)
+
+    def step(self, x, y):
+        self.count.add_(1)
+        y.mul_(2)
+        return x * 3 + y + self.table.sum()
+
+
+@needs_cuda
+@pytest.mark.parametrize("geared", [False, True], ids=["graph-shortcut", "gears"])
+def test_under_cuda_graphs_a_module_tensor_argument_is_refused_before_a_replay_or_a_capture(tmp_path, geared):
+    """mode="reduce-overhead": a graph reads and writes the module's tensors in place and copies its inputs in before
+    and back after a replay, so a call passing a view of ``count`` (or ``y`` on ``table``) is refused like on CPU:
+    after plain calls that replay through the shortcut (its matcher passes the call on), and, with gears, on the
+    first call of a gear whose entry and graph do not exist yet (before the capture's warm-up run). Nothing written;
+    plain calls equal eager before and after."""
+    cfg = gearcache.CompilerConfig(mode="reduce-overhead")
+    if geared:
+        cfg.inference_config.dim_gears = {"x": {0: [2, 4]}, "y": {0: [2, 4]}}
+    m, e = WritesStateAndArgument(tmp_path, cfg).cuda(), WritesStateAndArgument().cuda()
+
+    def plain(rows):
+        args = [torch.randn(rows, device="cuda") for _ in range(2)]
+        torch.testing.assert_close(m.cached(*[a.clone() for a in args]), e.step(*args))
+        torch.testing.assert_close(m.count, e.count)
+        torch.testing.assert_close(m.table, e.table)
+
+    with torch.inference_mode():
+        for _ in range(3):
+            plain(2)
+        assert geared or m.cached.shortcut_calls == 2
+        rows = 3 if geared else 2                   # gears: 3 rows pad to the gear 4, not captured yet
+        for x, y in ((m.count[:rows], torch.ones(rows, device="cuda")),
+                     (torch.ones(rows, device="cuda"), m.table[:rows])):
+            before = [t.clone() for t in (m.count, m.table, x, y)]
+            with pytest.raises(gearcache.UnsupportedInputError, match="shares memory with the module's buffer"):
+                m.cached(x, y)
+            assert all(torch.equal(a, b) for a, b in zip(before, (m.count, m.table, x, y)))
+        plain(rows)
+        plain(2)
