@@ -231,7 +231,8 @@ def _python_path(fn, key, entry):
         _call = staticmethod(fn._call)
 
     caller = PythonPath()
-    matcher = fn._matchers.get(key)
+    made = fn._matchers.get(key)                # (the entry it was made for, the matcher)
+    matcher = made[1] if made is not None else None
     if matcher is not None:
         caller._set_shortcut(matcher, entry, counters)
     return caller

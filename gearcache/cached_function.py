@@ -31,7 +31,7 @@ from typing import Any, Callable, Hashable, cast
 import torch
 
 from ._torch import distributed as torch_distributed
-from .call import signature
+from .call import signature, state_alias
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
 from .recompiles import RecompileWatch
@@ -75,7 +75,8 @@ class CachedFunction(Dispatcher):
         self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
         self._lock = self.life.lock
         self._first: Loaded | None = None
-        self._matchers: dict[tuple[Hashable, ...], signature.Matcher | None] = {}   # per key, for the shortcut
+        # per key, for the shortcut: the entry it was made for, and its matcher
+        self._matchers: dict[tuple[Hashable, ...], tuple[Loaded, signature.Matcher | None]] = {}
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
                                       scope=self._scope, entries=self.life)     # its gear plan
         self.graphs = CudaGraphs(self, self.life) if config.mode == "reduce-overhead" else None
@@ -93,8 +94,11 @@ class CachedFunction(Dispatcher):
         if watch is not None and not watch.valid():
             self._revalidate()
         gear_life = self.gear_life
-        if not self.config.check_signature and self._first is not None and gear_life.plan is None:
-            return self._first(args)
+        first = self._first
+        if not self.config.check_signature and first is not None and gear_life.plan is None:
+            if isinstance(first, Entry) and first.state_aliases:
+                state_alias.refuse(self.name, self._method, first.state_aliases, args, None)
+            return first(args)
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
@@ -115,12 +119,16 @@ class CachedFunction(Dispatcher):
                     return self.call_geared(gear_plan, leaves, key, served=True)
             self._note_miss(args, kwargs, leaves, geared=False)
             entry = self.life.miss(leaves, key, (args, kwargs))
+            if isinstance(entry, Entry) and entry.state_aliases:
+                state_alias.refuse(self.name, self._method, entry.state_aliases, leaves, key)
             if self._table.get(key) is not entry:   # dropped as it was remembered (a value changed meanwhile), or
                 self._set_shortcut(None)            # a stand-in: serves this call, never the next ones
                 return entry(leaves)
         else:                               # (EntryLife.get_or_miss counts a hit alike; inline on this hot path)
             counters.hits += 1
             entry.hits += 1
+            if isinstance(entry, Entry) and entry.state_aliases:
+                state_alias.refuse(self.name, self._method, entry.state_aliases, leaves, key)
         self._shortcut_to(key, leaves, entry)
         return entry(leaves)
 
@@ -131,11 +139,13 @@ class CachedFunction(Dispatcher):
         if isinstance(entry, StandIn):
             self._set_shortcut(None)
             return
-        try:
-            matcher = self._matchers[key]
-        except KeyError:
-            matcher = self._matchers[key] = signature.matcher(
-                leaves, key, distinct_storages=writes_a_leaf(entry)) if isinstance(entry, Entry) else None
+        made = self._matchers.get(key)
+        if made is not None and made[0] is entry:
+            matcher = made[1]
+        else:                       # (another entry than the matcher's: one bound anew has rules of its own)
+            matcher = signature.matcher(leaves, key, distinct_storages=writes_a_leaf(entry),
+                                        state_rules=entry.state_aliases) if isinstance(entry, Entry) else None
+            self._matchers[key] = entry, matcher
         if matcher is None:
             self._set_shortcut(None)
         else:
@@ -230,7 +240,10 @@ class CachedFunction(Dispatcher):
         """The call path without CUDA graphs (used by mode="reduce-overhead" for CPU inputs)."""
         if gear_plan is not None:
             return self.call_geared(gear_plan, leaves, key, served=served)
-        return self.life.get_or_miss(leaves, key)(leaves)
+        entry = self.life.get_or_miss(leaves, key)
+        if isinstance(entry, Entry) and entry.state_aliases:
+            state_alias.refuse(self.name, self._method, entry.state_aliases, leaves, key)
+        return entry(leaves)
 
     def call_geared(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...],
                     served: bool = False) -> Any:
@@ -254,6 +267,8 @@ class CachedFunction(Dispatcher):
         else:                               # (as EntryLife.get_or_miss counts a hit; inline on this hot path)
             counters.hits += 1
             entry.hits += 1
+        if isinstance(entry, Entry) and entry.state_aliases:   # the call's own leaves: a padded copy is copied back
+            state_alias.refuse(self.name, self._method, entry.state_aliases, leaves, key)
         outs = entry.run(padded)
         if served:
             gear_plan.record_padding(entry, leaves, targets)

@@ -75,6 +75,24 @@ def test_tensor_match_checks_its_arguments(module):
         module.TensorMatch.__new__(module.TensorMatch)(a)
 
 
+def test_tensor_match_compares_storages_where_asked(module):
+    """``distinct``: no two arguments on one storage; ``forbidden``: none on a storage named for its place (by the
+    address signature.storage_address gives); the metadata is checked as without them."""
+    from gearcache.call.signature import storage_address
+
+    base, other = torch.zeros(8), torch.zeros(8)
+    distinct = module.TensorMatch((torch.ones(2), torch.ones(2)), distinct=True)
+    assert distinct(torch.ones(2), torch.ones(2)) and not distinct(base[:2], base[4:6])
+    assert not distinct(torch.ones(3), torch.ones(2))
+    forbidden = module.TensorMatch((torch.ones(2), torch.ones(2)), forbidden=(None, (storage_address(base), -5)))
+    assert not forbidden(torch.ones(2), base[6:]) and forbidden(base[6:], torch.ones(2))
+    assert forbidden(base[:2], base[2:4].clone()) and forbidden(torch.ones(2), other[:2])
+    with pytest.raises(TypeError, match="an item per tensor"):
+        module.TensorMatch((torch.ones(2),), forbidden=(None, None))
+    with pytest.raises(TypeError):
+        module.TensorMatch((torch.ones(2),), forbidden=(("x",),))
+
+
 def test_a_sparse_tensor_gets_dynamos_check(module):
     sparse = torch.eye(3).to_sparse()
     check = torch_tensor_checks.tensor_match((sparse,))

@@ -43,6 +43,22 @@ def tensor_match(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
         return None
 
 
+def tensor_storage_match(tensors: tuple[torch.Tensor, ...], forbidden: tuple[tuple[int, ...] | None, ...] | None,
+                         distinct: bool) -> Callable[..., bool] | None:
+    """:func:`tensor_match`'s predicate that also answers False for a call with two tensors on one storage
+    (``distinct``) or a tensor on a storage ``forbidden`` names for its place (one item per tensor: None, or storage
+    addresses as ``signature.storage_address`` gives them), in the same C++ call. None where gearcache's native module
+    is not built (the caller then wraps :func:`tensor_match`'s predicate in Python: ~0.2-0.3 us more per call)."""
+    native = gearcache_native.guards()
+    if native is None:
+        return None
+    try:
+        match: Callable[..., bool] = native.TensorMatch(tuple(tensors), forbidden=forbidden, distinct=distinct)
+        return match
+    except (TypeError, RuntimeError):     # not all plain strided tensors, or a module without these checks
+        return None
+
+
 def tensor_meta_match(tensors: tuple[torch.Tensor, ...]) -> tuple[Callable[[], bool], object | None]:
     """``(holds, capsule)``: ``holds() -> bool`` is True while every tensor of ``tensors`` (held) has the dtype, device,
     layout, sizes, strides and data address it has now; ``capsule`` (None without gearcache's native module) is

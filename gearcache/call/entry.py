@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .._torch import nn_modules as torch_nn_modules, state as torch_state, tensor_checks as torch_tensor_checks
+from . import state_alias
 
 try:
     from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
@@ -42,7 +43,7 @@ class Entry:
     """A loaded entry (see the module docstring): ``entry(leaves)`` is ``build(run(leaves), leaves)``, the method's
     result for the call's flattened arguments ``leaves``."""
     __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs",
-                 "manifest", "hits", "guards", "real_elements", "padded_elements")
+                 "manifest", "hits", "guards", "real_elements", "padded_elements", "state_aliases")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
@@ -77,9 +78,12 @@ class Entry:
         """Whether ``rebound`` must bind this entry anew: a module tensor it reads (as a graph input or an output)
         lives in another dict of ``module`` than the one it was bound to, one is gone, or one it reads as a graph input
         has another data address than when it was bound (a ``.data`` swap keeps the tensor object: the C runner
-        checks the alignment of a new object only, and a CUDA graph of this entry holds the old address)."""
+        checks the alignment of a new object only, and a CUDA graph of this entry holds the old address), or another
+        storage (``state_aliases`` names the storages where it was bound)."""
         try:
-            return _state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
+            return (_state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
+                    or state_alias.rules(self._recipe, self.manifest["inputs"], mutated_inputs(self._compiled))
+                    != self.state_aliases)
         except (KeyError, AttributeError):
             return True
 
@@ -97,6 +101,10 @@ class Entry:
     def compiled(self, fn: Callable[..., Any]) -> None:
         self._compiled = fn
         self.run = _make_run(fn, self._recipe, self.gather, self.native)
+        # the call leaves that must not share memory with the module tensors the graph reads or writes, where it is
+        # bound now (call/state_alias.py: the key's path refuses such a call, the shortcut's matcher passes it on)
+        self.state_aliases: state_alias.Rules = state_alias.rules(self._recipe, self.manifest["inputs"],
+                                                                  mutated_inputs(fn))
 
     def __call__(self, leaves: tuple[Any, ...]) -> Any:
         """The method's result for the call's flattened arguments ``leaves``: the graph run, its result built."""
@@ -235,10 +243,17 @@ def _code(src: str, name: str) -> types.CodeType:
 def writes_a_leaf(entry: Entry) -> bool:
     """Whether ``entry``'s graph may write one of the call's inputs in place: its run plan's ``mutated_inputs`` name
     a call leaf, or the plan cannot tell (torch's loader without a readable plan: True)."""
-    plan = getattr(entry.compiled, "plan", None)
-    mutated = plan.get("mutated_inputs") if isinstance(plan, dict) else None
-    if not isinstance(mutated, list):
+    mutated = mutated_inputs(entry.compiled)
+    if mutated is None:
         return True
     inputs = entry.manifest["inputs"]
     return any(inputs[j][0] == "leaf" for j in mutated)
+
+
+def mutated_inputs(compiled: Callable[..., Any]) -> list[int] | None:
+    """The graph inputs the loaded artifact ``compiled`` writes in place, as its run plan says (an unsupported plan
+    too, where its writer could read them); None when unknown."""
+    plan = getattr(compiled, "plan", None)
+    mutated = plan.get("mutated_inputs") if isinstance(plan, dict) else None
+    return [int(j) for j in mutated] if isinstance(mutated, list) else None
 

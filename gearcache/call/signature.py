@@ -25,6 +25,8 @@ from .._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from ..errors import UnsupportedInputError
 
 _Tensor = torch.Tensor
+StateRules = tuple[tuple[int, dict[int, str]], ...]
+"""An entry's ``state_alias.Rules``: ``((leaf index, {storage address: module tensor}), ...)``."""
 _SCALARS = (int, float, bool, str, type(None))
 
 
@@ -217,7 +219,8 @@ class Matcher(NamedTuple):
                 and self.check(*args))
 
 
-def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bool = False) -> Matcher | None:
+def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bool = False,
+            state_rules: StateRules = ()) -> Matcher | None:
     """``matches(args) -> bool`` for a call with positional arguments only: True only if ``call_key(args, {})`` would
     return ``key``: as many tensors, each with the sizes, strides, dtype and device of ``leaves``' tensor at its place,
     grad off, the same inference mode and the same global state. Call it in the state ``key`` was computed in (the
@@ -227,7 +230,8 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     when ``key`` is not of that kind (keyword arguments, nested or other non-tensors, no tensor, grad on, tensors
     sharing memory), its state is not the thread's, or torch has no C++ check. ``distinct_storages``: the entry
     writes an input, so the matcher also answers False for a call whose tensors share a storage (such a call takes
-    the key's path)."""
+    the key's path). ``state_rules``: the entry's ``state_alias.rules`` (by leaf index): the matcher also answers False
+    for a call with a leaf on a storage its rule forbids (a module tensor's: the key's path refuses it)."""
     tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
     if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
                                         _flat_with_scalars(key[0], leaves)):
@@ -237,15 +241,35 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None
-    check = torch_tensor_checks.tensor_match(tensors)
+    check = _storages_check(leaves, tensors, distinct_storages and len(tensors) > 1, state_rules)
     if check is None:
         return None
-    if distinct_storages and len(tensors) > 1:
-        check = _and_distinct_storages(check)
     if len(tensors) < len(leaves):
         check = _and_scalars(check, leaves)
     inference = None if torch_state.state_guard_covers_inference_mode(same_state) else torch.is_inference_mode_enabled
     return Matcher(check, len(leaves), bool(key[1][1]), same_state, inference, not torch_state.any_autocast_enabled())
+
+
+def _storages_check(leaves: tuple[Any, ...], tensors: tuple[_Tensor, ...], distinct: bool,
+                    state_rules: StateRules) -> Callable[..., bool] | None:
+    """The matcher's check of the call's tensors (``tensors``, the tensor ``leaves``): their metadata, and where
+    asked their storages (``distinct``: no two on one; ``state_rules``, by leaf index: none on a storage its rule
+    forbids), in one C++ call where gearcache's native module is built, else in Python around the C++ metadata
+    check. None where torch has no such check."""
+    place = {i: k for k, i in enumerate(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))}
+    rules = tuple((place[i], forbidden) for i, forbidden in state_rules)
+    if distinct or rules:
+        by_place: dict[int, dict[int, str]] = dict(rules)
+        forbidden = tuple(tuple(by_place[k]) if k in by_place else None for k in range(len(tensors))) if rules else None
+        native = torch_tensor_checks.tensor_storage_match(tensors, forbidden, distinct)
+        if native is not None:
+            return native
+    check = torch_tensor_checks.tensor_match(tensors)
+    if check is None:
+        return None
+    if rules:
+        return _and_storages(check, rules, distinct)
+    return _and_distinct_storages(check) if distinct else check
 
 
 def _flat_with_scalars(structure: Any, leaves: tuple[Any, ...]) -> bool:
@@ -295,6 +319,31 @@ def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
             seen.add(address)
         return True
     return matches
+
+
+def _and_storages(check: Callable[..., bool], rules: StateRules, distinct: bool) -> Callable[..., bool]:
+    """``check`` (over a call's tensors), and no tensor on a storage its rule in ``rules`` (by place among the
+    tensors) forbids; with ``distinct``, also no two tensors on one storage (as :func:`_and_distinct_storages`: the
+    addresses are computed once for both)."""
+    def matches(*args: Any) -> bool:
+        if not check(*args):
+            return False
+        addresses = [storage_address(a) for a in args]
+        if len(set(addresses)) != len(addresses):
+            return False
+        for k, forbidden in rules:
+            if addresses[k] in forbidden:
+                return False
+        return True
+
+    def matches_rules(*args: Any) -> bool:
+        if not check(*args):
+            return False
+        for k, forbidden in rules:
+            if storage_address(args[k]) in forbidden:
+                return False
+        return True
+    return matches if distinct else matches_rules
 
 
 def describe(leaves: tuple[Any, ...], key: tuple[Any, ...]) -> dict[str, Any]:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Hashable, cast
 import torch
 
 from .._torch import state as torch_state, versions as torch_versions
-from ..call import signature
+from ..call import signature, state_alias
+from ..call.entry import Entry
 from .capture import dependencies_changed, symbolic_shapes
 from .entry_life import module_state
 from ..config import CompilerConfig
@@ -204,7 +205,10 @@ class GearPlanLife:
                               f"uncompiled (warned once; counted in gearcache.counters.eager_calls)", stacklevel=3)
             args, kwargs = signature.unflatten(key[0], leaves)
             return self.method(*args, **kwargs)
-        return self.entries.get_or_miss(leaves, key)(leaves)
+        entry = self.entries.get_or_miss(leaves, key)
+        if isinstance(entry, Entry) and entry.state_aliases:       # (call/state_alias.py)
+            state_alias.refuse(self.name, self.method, entry.state_aliases, leaves, key)
+        return entry(leaves)
 
     # ------------------------------------------------------------------------------------------ the store
     def _read(self, pkey: str) -> dict[str, Any] | None:

@@ -43,8 +43,8 @@ from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
 from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
-                            mutated_leaves, state_watch_of, target_shape, write_refused_message, written_copies,
-                            written_tensors)
+                            mutated_leaves, refuse_state_aliases, state_rules_of, state_watch_of, target_shape,
+                            write_refused_message, written_copies, written_tensors)
 
 Leaves = tuple[Any, ...]
 """A call's flattened arguments (``signature.call_key``'s leaves): the caller's tensors and Python values."""
@@ -176,6 +176,7 @@ class CudaGraphs:
             graphed = self.graphs[gkey] = captured
         else:
             counters.hits += 1
+        refuse_state_aliases(self.cached, graphed.entry, leaves, key)
         self.replayed = graphed
         return self._replay(graphed, gear_plan, leaves, targets, served)
 
@@ -208,7 +209,7 @@ class CudaGraphs:
             return graphed.shortcuts[key]
         except KeyError:
             pass
-        matcher = signature.matcher(leaves, key, distinct_storages)
+        matcher = signature.matcher(leaves, key, distinct_storages, state_rules=state_rules_of(graphed.entry))
         made = None
         if matcher is not None:
             run = lambda args: self._replay(graphed, None, args, None, False)     # noqa: E731
@@ -325,6 +326,7 @@ class CudaGraphs:
             else:                                               # an identical block's compile: wait for every one
                 background.wait()
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
+        refuse_state_aliases(self.cached, graphed.entry, leaves, key)    # before a warm-up run or a capture runs it
         graphed.written = written_copies(graphed.entry, copies)
         return graphed, static_leaves
 

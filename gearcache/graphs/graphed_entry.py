@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..keys import guard_watch
-from ..call.entry import Entry
+from ..call import state_alias
+from ..call.entry import Entry, mutated_inputs
 from ..errors import ConfigError, UnsupportedInputError
 
 if TYPE_CHECKING:
+    from .callbacks import UncapturedPath
     from ..compiling.entry_life import Loaded
     from ..gears.plan import GearPlan
 
@@ -124,9 +126,7 @@ def mutated_leaves(entry: Loaded) -> list[int] | None:
 def _plan_mutated(entry: Loaded) -> list[int] | None:
     """The graph inputs the entry writes in place, as its run plan says (an unsupported plan too, where its writer
     could read them: ``runplan.loader.TorchLoaded``); None when unknown."""
-    run_plan = getattr(entry.compiled, "plan", None)
-    mutated = run_plan.get("mutated_inputs") if isinstance(run_plan, dict) else None
-    return [int(j) for j in mutated] if isinstance(mutated, list) else None
+    return mutated_inputs(entry.compiled)
 
 
 def written_tensors(entry: Loaded, static_leaves: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -143,6 +143,21 @@ def written_tensors(entry: Loaded, static_leaves: tuple[Any, ...]) -> list[torch
     kinds = entry.manifest["inputs"]
     return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
         (kind == "leaf" and is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]
+
+
+def refuse_state_aliases(cached: UncapturedPath, entry: Loaded, leaves: tuple[Any, ...],
+                         key: tuple[Any, ...]) -> None:
+    """``UnsupportedInputError`` for a call (``leaves``, keyed ``key``) of ``cached`` with an argument sharing memory
+    with a module tensor ``entry`` reads or writes (gearcache/call/state_alias.py); nothing for any other call. A
+    graph reads and writes the module tensors in place, and its copies of the inputs are filled before the replay and
+    copied back after it: the compiled order shows as with the entry."""
+    if isinstance(entry, Entry) and entry.state_aliases:
+        state_alias.refuse(cached.name, cached.gear_life.method, entry.state_aliases, leaves, key)
+
+
+def state_rules_of(entry: Loaded) -> state_alias.Rules:
+    """``entry``'s ``state_aliases`` (none for an eager stand-in): what a graph shortcut's matcher also checks."""
+    return entry.state_aliases if isinstance(entry, Entry) else state_alias.NO_RULES
 
 
 def state_watch_of(entry: Loaded) -> guard_watch.Watch | None:

@@ -4,10 +4,15 @@
 // build, and loaded only into a process whose torch has the same build key (BUILD_KEY below). Two types, drop-ins
 // for what gearcache used from Dynamo (torch._C._dynamo.guards) before, and a C function for gearcache.call._callpath:
 //
-//   TensorMatch(tensors)     match(*others) -> bool, as TensorGuards(...).check with every size and stride given:
+//   TensorMatch(tensors, forbidden=None, distinct=False)
+//                            match(*others) -> bool, as TensorGuards(...).check with every size and stride given:
 //                            each argument has the same Python type, dispatch keys under the thread's dispatch
 //                            state, dtype, device index, requires_grad, sizes and strides as the tensor at its
 //                            place, and no argument is passed twice. Another argument count raises TypeError.
+//                            `distinct`: also no two arguments on one storage; `forbidden` (a tuple, per tensor None
+//                            or storage addresses): no argument on a storage named for its place (an entry that
+//                            writes an argument or a module tensor: gearcache/call/state_alias.py). A storage is
+//                            told by the address of its first byte, as signature.storage_address does.
 //   StateSnapshot()          same() -> bool: True while the calling thread's torch state is as at construction:
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
@@ -41,6 +46,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <new>
@@ -75,7 +81,40 @@ struct TensorMatch {
     PyObject_HEAD
     std::vector<Expected>* expected;
     std::vector<int64_t>* dims;
+    // per tensor, the storage addresses it must not be on (sorted; empty: none); nullptr without `forbidden`
+    std::vector<std::vector<uintptr_t>>* forbidden;
+    bool distinct;                  // no two tensors on one storage
 };
+
+// the address of the first byte of a tensor's storage (storage_address in gearcache/call/signature.py); 0 for one
+// without storage or data (which shares memory with nothing)
+uintptr_t storage_address(const c10::TensorImpl* impl) {
+    const c10::StorageImpl* storage = impl->unsafe_storage().unsafeGetStorageImpl();
+    return storage ? reinterpret_cast<uintptr_t>(storage->data_ptr().get()) : 0;
+}
+
+// `forbidden`: None, or a tuple with an item per tensor: None or an iterable of ints (storage addresses)
+bool read_forbidden(PyObject* forbidden, Py_ssize_t n, std::vector<std::vector<uintptr_t>>& out) {
+    if (!PyTuple_Check(forbidden) || PyTuple_GET_SIZE(forbidden) != n) {
+        PyErr_SetString(PyExc_TypeError, "TensorMatch: forbidden must be a tuple with an item per tensor");
+        return false;
+    }
+    out.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* item = PyTuple_GET_ITEM(forbidden, i);
+        if (item == Py_None) continue;
+        PyObject* fast = PySequence_Fast(item, "TensorMatch: forbidden items are None or sequences of ints");
+        if (!fast) return false;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); k++) {
+            const long long a = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
+            if (a == -1 && PyErr_Occurred()) { Py_DECREF(fast); return false; }
+            if (a > 0) out[static_cast<size_t>(i)].push_back(static_cast<uintptr_t>(a));    // <= 0: no storage
+        }
+        Py_DECREF(fast);
+        std::sort(out[static_cast<size_t>(i)].begin(), out[static_cast<size_t>(i)].end());
+    }
+    return true;
+}
 
 bool plain_strided(const c10::TensorImpl* impl) {
     return impl->layout() == c10::kStrided && !impl->has_symbolic_sizes_strides() && !impl->is_nested();
@@ -83,9 +122,14 @@ bool plain_strided(const c10::TensorImpl* impl) {
 
 int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
     PyObject* tensors = nullptr;
-    static const char* kwlist[] = {"tensors", nullptr};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", const_cast<char**>(kwlist), &PyTuple_Type, &tensors))
+    PyObject* forbidden = Py_None;
+    int distinct = 0;
+    static const char* kwlist[] = {"tensors", "forbidden", "distinct", nullptr};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|Op", const_cast<char**>(kwlist), &PyTuple_Type, &tensors,
+                                     &forbidden, &distinct))
         return -1;
+    auto storages = std::vector<std::vector<uintptr_t>>();
+    if (forbidden != Py_None && !read_forbidden(forbidden, PyTuple_GET_SIZE(tensors), storages)) return -1;
     try {
         auto expected = std::vector<Expected>();
         auto dims = std::vector<int64_t>();
@@ -112,6 +156,9 @@ int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
         }
         self->expected = new std::vector<Expected>(std::move(expected));
         self->dims = new std::vector<int64_t>(std::move(dims));
+        self->forbidden = forbidden == Py_None ? nullptr
+                                               : new std::vector<std::vector<uintptr_t>>(std::move(storages));
+        self->distinct = distinct != 0;
     } catch (const std::exception& e) {
         PyErr_Format(PyExc_RuntimeError, "TensorMatch: %s", e.what());
         return -1;
@@ -122,7 +169,35 @@ int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
 void tensor_match_dealloc(TensorMatch* self) {
     delete self->expected;
     delete self->dims;
+    delete self->forbidden;
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+// no two arguments on one storage (with `distinct`), none on a storage `forbidden` names for its place
+bool storages_apart(const TensorMatch* self, PyObject* args) {
+    const Py_ssize_t n = PyTuple_GET_SIZE(args);
+    std::array<uintptr_t, 16> small{};
+    std::vector<uintptr_t> large;
+    uintptr_t* seen = small.data();
+    if (n > static_cast<Py_ssize_t>(small.size())) {
+        large.resize(static_cast<size_t>(n));
+        seen = large.data();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uintptr_t a = storage_address(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)).unsafeGetTensorImpl());
+        seen[i] = a;
+        if (a == 0) continue;
+        if (self->distinct) {
+            for (Py_ssize_t j = 0; j < i; j++) {
+                if (seen[j] == a) return false;
+            }
+        }
+        if (self->forbidden) {
+            const auto& no = (*self->forbidden)[static_cast<size_t>(i)];
+            if (!no.empty() && std::binary_search(no.begin(), no.end(), a)) return false;
+        }
+    }
+    return true;
 }
 
 bool matches(const TensorMatch* self, PyObject* args) {
@@ -150,7 +225,7 @@ bool matches(const TensorMatch* self, PyObject* args) {
             if (sizes[d] != want[d] || strides[d] != want[e.ndim + d]) return false;
         }
     }
-    return true;
+    return (!self->distinct && !self->forbidden) || storages_apart(self, args);
 }
 
 PyObject* tensor_match_call(TensorMatch* self, PyObject* args, PyObject* kwargs) {

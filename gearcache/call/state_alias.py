@@ -1,0 +1,107 @@
+"""Calls whose arguments share memory with the module tensors an entry reads or writes: refused, never served in
+compiled order (docs/CONCEPTS.md, "Arguments that are the module's own tensors").
+
+Dynamo makes each parameter and buffer a graph input of its own, and Inductor orders a graph's reads and writes
+assuming that inputs share no memory unless its example inputs did. An entry captured with plain tensors, then called
+with (a view of) a module tensor, would run ``self.buf.add_(1); return x * 3`` with ``x`` read before the write.
+A capture of such a call is refused (``compiling/capture._refuse_arguments_sharing_state``); this module refuses the
+call of an entry captured without, on every path that runs an entry: the key's path (``CachedFunction._call``,
+``call_geared``, ``call_uncaptured``), the CUDA-graph path (``CudaGraphs.call``, before a capture or a replay) and
+the dispatcher's shortcut (the matcher answers False for such a call, which then takes the key's path and is refused
+there). Padding does not make such a call safe: a padded argument is a copy, but what the graph writes into it is
+copied back after the run, and what it reads was copied before the method's write to the module tensor. Refused
+rather than served eagerly: the same call, made first, is refused at capture, so a call is refused whatever the order
+of calls, as a padded call of arguments sharing memory is (``UnsupportedInputError``, the call path's policy for
+inputs no entry can serve).
+
+The rules (:func:`rules`), derived once per binding of an entry from its recipe and its run plan's
+``mutated_inputs``: a call leaf the graph writes must share no storage with a module tensor the graph reads or
+writes; a call leaf the graph only reads must share none with a module tensor the graph writes. Sharing where both
+only read is harmless (two reads of one memory give eager's values), so an entry that writes nothing has no rules
+and costs nothing per call; one whose writes are unknown (torch's loader, no plan) is taken to write every input.
+The storages are those of the module tensors where the entry was bound: a module tensor replaced, or its ``.data``
+swapped, changes what the method's value-guard watch reads (its ``tensor`` guard, its ``_buffers`` item), so the next
+call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) and with it these rules.
+
+Cost per call, for an entry with rules: one storage address per leaf a rule names and one look-up. In the
+shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
+``TensorMatch``, which also tells the arguments of an entry writing one apart), else in Python around Dynamo's check
+(~0.2-0.3 us on CPU, reusing the addresses computed to tell the arguments apart).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..errors import UnsupportedInputError
+from .signature import StateRules, leaf_names, storage_address, unflatten
+
+Rules = StateRules
+"""``((leaf index, {storage address: "buffer buf"}), ...)``: the storages each named call leaf must not be on."""
+
+NO_RULES: Rules = ()
+
+
+def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+          mutated: list[int] | None) -> Rules:
+    """The rules of an entry whose graph inputs are ``recipe`` (a leaf index, or a module tensor's (dict, name) slot,
+    as ``Entry`` resolved them; ``inputs`` the manifest's ``[kind, ref]`` of each, naming the module tensors) and
+    whose graph writes the inputs ``mutated`` (None: unknown, every input). Empty when the graph writes nothing or
+    reads no module tensor."""
+    written = set(range(len(recipe))) if mutated is None else set(mutated)
+    if not written:
+        return NO_RULES
+    every: dict[int, str] = {}
+    written_state: dict[int, str] = {}
+    for j, item in enumerate(recipe):
+        if isinstance(item, int):
+            continue
+        tensor = item[0][item[1]]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        name = f"{'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
+        address = storage_address(tensor)
+        every.setdefault(address, name)
+        if j in written:
+            written_state.setdefault(address, name)
+    if not every:
+        return NO_RULES
+    found = []
+    for j, item in enumerate(recipe):
+        if isinstance(item, int):
+            forbidden = every if j in written else written_state
+            if forbidden:
+                found.append((item, forbidden))
+    return tuple(found)
+
+
+def first_alias(rules_: Rules, leaves: Sequence[Any]) -> tuple[int, str] | None:
+    """``(leaf index, module tensor)`` of the first call leaf on a storage its rule forbids; None for most calls."""
+    for i, forbidden in rules_:
+        leaf = leaves[i]
+        if isinstance(leaf, torch.Tensor):
+            owner = forbidden.get(storage_address(leaf))
+            if owner is not None:
+                return i, owner
+    return None
+
+
+def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: tuple[Any, ...],
+           key: tuple[Any, ...] | None) -> None:
+    """Raise ``UnsupportedInputError`` for a call (flattened ``leaves``, keyed ``key``: its structure names the
+    arguments by ``method``'s parameters; None: by flattened position) that :func:`first_alias` finds sharing memory
+    with a module tensor the entry of ``name`` reads or writes; return for any other call (at once without rules)."""
+    if not rules_:
+        return
+    found = first_alias(rules_, leaves)
+    if found is None:
+        return
+    i, owner = found
+    names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
+    argument = names.get(i, f"at flattened position {i}")
+    raise UnsupportedInputError(
+        f"{name}: argument {argument} shares memory with the module's {owner} (it is that tensor or a view of its "
+        f"storage), which the compiled entry reads or writes as a tensor of its own: it would run the method's reads "
+        f"and writes of that memory in the compiled order, not eager's. Fix: pass a .clone() of it")
+
