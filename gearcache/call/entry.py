@@ -151,16 +151,13 @@ def _addresses(recipe: Recipe) -> list[int]:
 def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool]]:
     """``(i, j, offset, same)`` for each module tensor ``i`` the recipe reads (numbered among them) whose memory is
     that of an earlier one ``j`` (``offset``: its storage offset; ``same``: the same tensor object)."""
-    first: dict[tuple[str, int], tuple[int, torch.Tensor]] = {}
+    first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
     pairs: list[tuple[int, int, int, bool]] = []
     tensors = [item[0][item[1]] for item in recipe if not isinstance(item, int)]
     for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type == "meta":
+        if not isinstance(t, torch.Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
             continue
-        storage = t.untyped_storage()
-        if storage.nbytes() == 0:
-            continue
-        where = (str(t.device), storage.data_ptr())
+        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
         if where in first:
             j, other = first[where]
             pairs.append((i, j, int(t.storage_offset()), t is other))
