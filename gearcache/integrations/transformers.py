@@ -274,8 +274,7 @@ class ServedLM(torch.nn.Module):
         if bypass is None and self._swapped[0]:
             bypass = "a submodule of it was replaced (the proof read the modules it had then)"
         if bypass is None and not _same_layers(self.model, self._proof_layers):
-            bypass = ("its decoder layers were replaced or renumbered (the proof read the layers it had then, each "
-                      "using the cache layer of its place: layer_idx)")
+            bypass = "its decoder layers were replaced or renumbered (layer_idx: the proof read the layers it had then)"
         if bypass is None and self._proof_snapshot is not None and self._proof_snapshot.changed() is None:
             self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)     # a false alarm
             return
