@@ -376,3 +376,20 @@ def test_changes_that_set_no_dict_or_class_are_seen(native):
         assert w.valid()
         change(block)
         assert not w.valid(), change
+
+
+def test_a_value_guard_sees_containers_nested_in_its_value_change_in_place():
+    """A ``value`` guard's fingerprint holds its value's containers element by element (``self.pair = ([1.0, 2.0],)``
+    guarded as a whole): a list, dict or set nested in it changed in place (``m.pair[0].append(5.0)``) is a change.
+    The watch saw the outer tuple only (immutable), so the old graph was served: ``sum(self.pair[0])`` 3 where eager
+    gave 8 (found 2026-11-27)."""
+    model = torch.nn.Linear(2, 2)
+    model.pair = ([1.0, 2.0], {"k": [3.0]}, frozenset({1}))
+    scope = guard_paths.Scope(model, {})
+    gs = guard_sets.GuardSet([value_guard.ValueGuard("value", ("self", ("attr", "pair")), None, None)])
+    for change in (lambda: model.pair[0].append(5.0), lambda: model.pair[1].__setitem__("j", 1.0),
+                   lambda: model.pair[1]["k"].__setitem__(0, 4.0)):
+        w = guard_watch.watch([gs], scope)
+        assert w.valid()
+        change()
+        assert not w.valid()

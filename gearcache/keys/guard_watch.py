@@ -17,7 +17,7 @@ and drops the entries that no longer hold). What counts as a change (``hops``):
   ``__slots__`` attribute) is re-read at every call and compared by identity (a property whose value is plain data,
   a bool or a list of ints say, by value: such a property may build its value anew at every read);
 * what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items and a
-  set's length or members re-read), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
+  set's length or members re-read; a ``value`` guard's nested containers too), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
   the dtype, device, sizes, strides and address of a ``tensor`` guard's tensor (one C++ loop: a ``.data`` swap keeps
   the tensor object). An empty hook dict is covered by ``torch.utils.hooks.RemovableHandle``'s class: registering a
   hook through torch's API makes a handle, which advances a class attribute (a module's hooks written into its
@@ -62,6 +62,7 @@ except ImportError:                 # pragma: no cover - depends on how gearcach
 ABSENT = MISSING_OBJECT      # a key or attribute that is not there (expected so)
 _OBJECT_GETATTRIBUTE: Callable[..., Any] = object.__getattribute__
 _MODULE_GETATTRIBUTE: Callable[..., Any] = torch.nn.Module.__getattribute__
+_NESTED_DEPTH = 16          # containers nested deeper in a guarded value are not watched (seen at the next load)
 
 
 class Hops:
@@ -123,6 +124,16 @@ class Hops:
                 obj, (tuple, str, bytes, frozenset, types.MappingProxyType, range, torch.Tensor))):
             self.check("len", obj, None, len(obj))
 
+    def nested_contents(self, obj: Any, depth: int = 0) -> None:
+        """:meth:`contents` of every container nested in ``obj`` (a ``value`` guard's fingerprint holds them element
+        by element: ``self.pair = ([1.0, 2.0],)`` changes with ``m.pair[0].append(5.0)``). Cost per call: what
+        ``contents`` costs for each nested mutable container (a ``seq`` re-read per list); none for plain values."""
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple, frozenset)) else ()
+        for item in items:
+            if isinstance(item, (dict, list, tuple, set, frozenset, bytearray)) and depth < _NESTED_DEPTH:
+                self.contents(item)
+                self.nested_contents(item, depth + 1)
+
     def _once(self, mark: tuple[object, ...], add: Callable[[], None]) -> bool:
         if mark in self._seen:
             return False
@@ -180,6 +191,8 @@ def _add_leaf(hops: Hops, g: ValueGuard, leaf: Any) -> None:
         #                                     counter, a class attribute, changes (one watch, not a dict per module)
     elif kind in ("length", "keys", "value"):
         hops.contents(leaf)
+        if kind == "value":
+            hops.nested_contents(leaf)
     elif kind == "contains":
         if isinstance(leaf, dict):
             hops.dict_item(leaf, g.arg, leaf.get(g.arg, ABSENT))
