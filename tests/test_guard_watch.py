@@ -393,3 +393,22 @@ def test_a_value_guard_sees_containers_nested_in_its_value_change_in_place():
         assert w.valid()
         change()
         assert not w.valid()
+
+
+def test_a_set_changed_in_place_to_other_members_of_the_same_count_is_a_change():
+    """A ``value`` guard on a set (``self.opts = {"a", "b"}``, read by iterating it) holds its members; the watch
+    re-read its length only, so ``opts.discard("b"); opts.add("a2")`` served the old graph (off by 0.98 from eager,
+    found 2026-11-27), nested in a tuple too. Every member is re-read (``contains``) with the length."""
+    model = torch.nn.Linear(2, 2)
+    model.opts, model.nested = {"a", "b"}, ({"a", "b"},)
+    scope = guard_paths.Scope(model, {})
+    gs = guard_sets.GuardSet([value_guard.ValueGuard("value", ("self", ("attr", "opts")), None, None),
+                              value_guard.ValueGuard("value", ("self", ("attr", "nested")), None, None)])
+    for s in (model.opts, model.nested[0]):
+        w = guard_watch.watch([gs], scope)
+        assert w.valid()
+        s.discard("b")
+        s.add("a2")
+        assert not w.valid()
+        s.discard("a2")
+        s.add("b")
