@@ -369,3 +369,21 @@ def test_decoder_layers_renumbered_after_the_proof_are_refused_at_the_next_call(
             hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
     with torch.inference_mode(), pytest.raises(ConfigError, match="renumbered.*disable\\(model\\), then enable"):
         lm(**call)
+
+
+def test_decoder_layers_renumbered_before_the_first_call_are_refused_by_regions(tmp_path):
+    """``regions="blocks"`` maps each layer to the cache layer of its place at ``enable()``: layers renumbered between
+    ``enable()`` and the first call were served with every cache layer off from eager's by 0.5 (the proof's watch
+    starts at the first call: found 2026-11-27). The first call checks the layers and refuses, with the fix."""
+    from transformers import StaticCache
+
+    from gearcache.errors import ConfigError
+    from gearcache.integrations import hf_compat
+
+    lm = _tiny_llama(layers=2)
+    enable(lm, cache_dir=str(tmp_path), regions="blocks")
+    lm.model.layers[0].self_attn.layer_idx, lm.model.layers[1].self_attn.layer_idx = 1, 0
+    call = {"input_ids": torch.ones(1, 5, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
+    with torch.inference_mode(), pytest.raises(ConfigError, match="renumbered.*disable\\(model\\), then enable"):
+        lm(**call)
