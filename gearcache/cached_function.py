@@ -179,6 +179,8 @@ class CachedFunction(Dispatcher):
                                     if isinstance(guards, guard_sets.GuardSet) else None)
                 if mismatch is None:
                     mismatch = _filed_elsewhere(entry.manifest, place)
+                if mismatch is None and isinstance(entry, Entry):
+                    mismatch = entry.sharing_changed(self._module)
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)

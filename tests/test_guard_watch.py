@@ -376,3 +376,39 @@ def test_changes_that_set_no_dict_or_class_are_seen(native):
         assert w.valid()
         change(block)
         assert not w.valid(), change
+
+
+def test_a_value_guard_sees_containers_nested_in_its_value_change_in_place():
+    """A ``value`` guard's fingerprint holds its value's containers element by element (``self.pair = ([1.0, 2.0],)``
+    guarded as a whole): a list, dict or set nested in it changed in place (``m.pair[0].append(5.0)``) is a change.
+    The watch saw the outer tuple only (immutable), so the old graph was served: ``sum(self.pair[0])`` 3 where eager
+    gave 8 (found 2026-11-27)."""
+    model = torch.nn.Linear(2, 2)
+    model.pair = ([1.0, 2.0], {"k": [3.0]}, frozenset({1}))
+    scope = guard_paths.Scope(model, {})
+    gs = guard_sets.GuardSet([value_guard.ValueGuard("value", ("self", ("attr", "pair")), None, None)])
+    for change in (lambda: model.pair[0].append(5.0), lambda: model.pair[1].__setitem__("j", 1.0),
+                   lambda: model.pair[1]["k"].__setitem__(0, 4.0)):
+        w = guard_watch.watch([gs], scope)
+        assert w.valid()
+        change()
+        assert not w.valid()
+
+
+def test_a_set_changed_in_place_to_other_members_of_the_same_count_is_a_change():
+    """A ``value`` guard on a set (``self.opts = {"a", "b"}``, read by iterating it) holds its members; the watch
+    re-read its length only, so ``opts.discard("b"); opts.add("a2")`` served the old graph (off by 0.98 from eager,
+    found 2026-11-27), nested in a tuple too. Every member is re-read (``contains``) with the length."""
+    model = torch.nn.Linear(2, 2)
+    model.opts, model.nested = {"a", "b"}, ({"a", "b"},)
+    scope = guard_paths.Scope(model, {})
+    gs = guard_sets.GuardSet([value_guard.ValueGuard("value", ("self", ("attr", "opts")), None, None),
+                              value_guard.ValueGuard("value", ("self", ("attr", "nested")), None, None)])
+    for s in (model.opts, model.nested[0]):
+        w = guard_watch.watch([gs], scope)
+        assert w.valid()
+        s.discard("b")
+        s.add("a2")
+        assert not w.valid()
+        s.discard("a2")
+        s.add("b")

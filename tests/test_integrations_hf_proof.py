@@ -348,3 +348,42 @@ def test_a_proof_record_is_not_read_for_a_layer_submodule_that_mixes_through_wha
     lm = _tiny_llama(layers=2)
     change(lm, None)
     assert "decoder layer 1" in _exact(lm, tmp_path, "decoder layer 1")
+
+
+@pytest.mark.parametrize("regions", ["whole", "blocks"])
+def test_decoder_layers_renumbered_after_the_proof_are_refused_at_the_next_call(tmp_path, regions):
+    """A layer's ``layer_idx`` picks the cache layer eager writes; the regions map each layer to the cache layer of
+    its place. Swapped after the proof (``layers[0].self_attn.layer_idx = 1`` and back), eager writes each layer's keys
+    into the other's cache layer: ``regions="blocks"`` served it, its cache off by 0.5 from eager's (found
+    2026-11-27). The proof's watch covers ``layer_idx``: the next call is refused with the fix, before any compile."""
+    from transformers import StaticCache
+
+    from gearcache.errors import ConfigError
+    from gearcache.integrations import hf_compat
+
+    lm = _tiny_llama(layers=2)
+    served = enable(lm, cache_dir=str(tmp_path), regions=regions)
+    assert served.prove_padding() is None
+    lm.model.layers[0].self_attn.layer_idx, lm.model.layers[1].self_attn.layer_idx = 1, 0
+    call = {"input_ids": torch.ones(1, 5, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
+    with torch.inference_mode(), pytest.raises(ConfigError, match="renumbered.*disable\\(model\\), then enable"):
+        lm(**call)
+
+
+def test_decoder_layers_renumbered_before_the_first_call_are_refused_by_regions(tmp_path):
+    """``regions="blocks"`` maps each layer to the cache layer of its place at ``enable()``: layers renumbered between
+    ``enable()`` and the first call were served with every cache layer off from eager's by 0.5 (the proof's watch
+    starts at the first call: found 2026-11-27). The first call checks the layers and refuses, with the fix."""
+    from transformers import StaticCache
+
+    from gearcache.errors import ConfigError
+    from gearcache.integrations import hf_compat
+
+    lm = _tiny_llama(layers=2)
+    enable(lm, cache_dir=str(tmp_path), regions="blocks")
+    lm.model.layers[0].self_attn.layer_idx, lm.model.layers[1].self_attn.layer_idx = 1, 0
+    call = {"input_ids": torch.ones(1, 5, dtype=torch.long),
+            hf_compat.cache_keyword(lm): StaticCache(config=lm.config, max_cache_len=16)}
+    with torch.inference_mode(), pytest.raises(ConfigError, match="renumbered.*disable\\(model\\), then enable"):
+        lm(**call)

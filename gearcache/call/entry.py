@@ -42,8 +42,8 @@ Recipe = tuple[int | Slot, ...]
 class Entry:
     """A loaded entry (see the module docstring): ``entry(leaves)`` is ``build(run(leaves), leaves)``, the method's
     result for the call's flattened arguments ``leaves``."""
-    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "run", "native", "gather", "build", "result_outputs",
-                 "manifest", "hits", "guards", "real_elements", "padded_elements", "state_aliases")
+    __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "_shares", "run", "native", "gather", "build",
+                 "result_outputs", "manifest", "hits", "guards", "real_elements", "padded_elements", "state_aliases")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
@@ -57,6 +57,7 @@ class Entry:
         self._recipe = _recipe(manifest["inputs"], module)
         self._bound = _bound_dicts(self._recipe, manifest, module)
         self._addresses = _addresses(self._recipe)
+        self._shares = _shares(self._recipe)       # as compiled: bound at its look-up, whose key holds the sharing
         self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
         self.result_outputs = _result_outputs(manifest["outputs"])
@@ -70,7 +71,7 @@ class Entry:
         the same class and shapes, ``m.lin = nn.Linear(4, 4)``, holds its weights in dicts of its own): the same
         compiled graph, manifest, guards and counts, new glue (and so a new object: CUDA graphs of the old one go)."""
         entry = Entry(self._compiled, module, self.manifest, self.native)
-        entry.guards, entry.hits = self.guards, self.hits
+        entry.guards, entry.hits, entry._shares = self.guards, self.hits, self._shares
         entry.real_elements, entry.padded_elements = self.real_elements, self.padded_elements
         return entry
 
@@ -86,6 +87,22 @@ class Entry:
                     != self.state_aliases)
         except (KeyError, AttributeError):
             return True
+
+    def sharing_changed(self, module: torch.nn.Module) -> str | None:
+        """What changed in which of the module tensors the graph reads share memory (``model.layers[1] =
+        model.layers[0]``, ``m.count = m.buf[:1]``, ``p.data = q.data``) since the entry was compiled, or None: a graph
+        reads and writes the tensors it was compiled with apart in its own order, so it serves no other sharing
+        (its entry key holds the sharing: ``entry_life.shared_memory_rows``)."""
+        try:
+            live = _shares(_recipe(self.manifest["inputs"], module))
+        except (KeyError, AttributeError):
+            return None                     # a tensor gone: ``state_moved`` rebinds, which finds out
+        if live == self._shares:
+            return None
+        names = [ref for kind, ref in self.manifest["inputs"] if kind == "state"]
+        diff = sorted(set(live) ^ set(self._shares))[0]
+        return (f"module tensors {names[diff[0]]} and {names[diff[1]]} "
+                f"{'share memory now' if diff in live else 'no longer share memory'}")
 
     def state_refs(self) -> list[Slot]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
@@ -137,6 +154,24 @@ def _recipe(inputs: list[list[Any]], module: torch.nn.Module) -> Recipe:
 def _addresses(recipe: Recipe) -> list[int]:
     """The data address of each module tensor the recipe reads, as the dicts hold them now."""
     return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
+
+
+def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool]]:
+    """``(i, j, offset, same)`` for each module tensor ``i`` the recipe reads (numbered among them) whose memory is
+    that of an earlier one ``j`` (``offset``: its storage offset; ``same``: the same tensor object)."""
+    first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
+    pairs: list[tuple[int, int, int, bool]] = []
+    tensors = [item[0][item[1]] for item in recipe if not isinstance(item, int)]
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
+            continue
+        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
+        if where in first:
+            j, other = first[where]
+            pairs.append((i, j, int(t.storage_offset()), t is other))
+        else:
+            first[where] = (i, t)
+    return pairs
 
 
 def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:

@@ -464,6 +464,28 @@ def module_state(module: torch.nn.Module) -> list[list[Any]]:
             module.named_parameters(remove_duplicate=False)]
     rows += [["buffer", n, list(b.shape), str(b.dtype), str(b.device), _strides(b)] for n, b in
              module.named_buffers(remove_duplicate=False)]
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return rows + shared_memory_rows(named)
+
+
+def shared_memory_rows(named: list[tuple[str, torch.Tensor]]) -> list[list[Any]]:
+    """``["shares", name, first, offset, same]`` for each tensor of ``named`` whose memory is that of an earlier one
+    (``first``, the earlier's name; ``offset``, its storage offset; ``same``: the very same tensor object): a graph
+    captured with its module tensors apart reads and writes them in its own order, so an entry compiled for one
+    sharing (``model.layers[1] = model.layers[0]``, ``m.count = m.buf[:1]``, ``p.data = q.data``) must not serve
+    another. No row where nothing is shared (the keys of such modules are those of before). Cost: one storage read
+    per tensor, at a look-up only."""
+    first: dict[tuple[torch.device, int], tuple[str, torch.Tensor]] = {}
+    rows: list[list[Any]] = []
+    for name, t in named:
+        if t.is_meta or t.layout != torch.strided or not t.numel():
+            continue
+        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
+        if where in first:
+            other_name, other = first[where]
+            rows.append(["shares", name, other_name, int(t.storage_offset()), t is other])
+        else:
+            first[where] = (name, t)
     return rows
 
 

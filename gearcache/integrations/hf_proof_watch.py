@@ -14,7 +14,8 @@ proof's old answer: a class method patched to mix positions (``LlamaMLP.forward 
   assigned); the code of every function of its classes but torch's (``f.__code__ = ...``), and the module-level
   functions those name (``apply_rotary_pos_emb`` replaced in its module, or its code);
 * its ``_modules`` (any submodule set, through ``setattr`` or the dict), the names of its submodules and ``forward`` in
-  its instance ``__dict__`` (a submodule shadowed, a forward replaced on the instance);
+  its instance ``__dict__`` (a submodule shadowed, a forward replaced on the instance), and its ``layer_idx`` where it
+  has one (the cache layer eager uses: the regions map each layer to the cache layer of its place);
 
 a hook registered through torch's API on any module (its handle class's counter: one watched class, not four hook
 dicts per module; a hook written into a module's dicts by hand is not seen), torch's global forward hooks,
@@ -91,7 +92,7 @@ def _module(hops: guard_watch.Hops, module: torch.nn.Module) -> None:
     hops.type_(cls)
     own: dict[str, Any] = _OBJECT_GETATTRIBUTE(module, "__dict__")
     submodules = torch_nn_modules.submodule_dict(module)
-    for name in ("forward", *submodules):
+    for name in ("forward", *submodules, *(("layer_idx",) if "layer_idx" in own else ())):
         hops.dict_item(own, name, own.get(name, guard_watch.ABSENT))
     if submodules:                      # a leaf's forward calls no submodule: one set on it changes nothing
         hops.dict_item(submodules, None, None)

@@ -169,6 +169,20 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
                       f"_no_split_modules classes, each using the cache layer of its place. {FIX}")
 
 
+def check_places(model: torch.nn.Module, layers: list[torch.nn.Module]) -> None:
+    """``ConfigError`` unless ``model``'s decoder layers are still the regions' ``layers`` (the same objects in order,
+    each using the cache layer of its place: a region writes the cache layer of its layer's place at ``enable()``,
+    eager the one its ``layer_idx`` names); nothing to check without regions (``layers`` empty)."""
+    try:
+        now = decoder_layers(model) if layers else layers
+    except ConfigError:
+        now = []
+    if len(now) != len(layers) or any(a is not b for a, b in zip(now, layers)):
+        raise ConfigError(f"{type(model).__qualname__}: regions='blocks': its decoder layers were replaced or "
+                          f"renumbered (layer_idx) since enable(); each region writes the cache layer of its place. "
+                          f"Fix: disable(model), then enable(model) again")
+
+
 def _layer_indexes(layer: torch.nn.Module) -> set[int]:
     """The ``layer_idx`` attributes of a decoder layer and its submodules (the cache layer its attention uses)."""
     indexes = (getattr(m, "layer_idx", None) for m in layer.modules())

@@ -274,7 +274,7 @@ class ServedLM(torch.nn.Module):
         if bypass is None and self._swapped[0]:
             bypass = "a submodule of it was replaced (the proof read the modules it had then)"
         if bypass is None and not _same_layers(self.model, self._proof_layers):
-            bypass = "its decoder layers were replaced (the proof read the layers it had then)"
+            bypass = "its decoder layers were replaced or renumbered (layer_idx: the proof read the layers it had then)"
         if bypass is None and self._proof_snapshot is not None and self._proof_snapshot.changed() is None:
             self._proof_watch, self._proof_snapshot = hf_proof_watch.watch(self.model)     # a false alarm
             return
@@ -295,6 +295,7 @@ class ServedLM(torch.nn.Module):
         from . import hf_proof
 
         self._proved = True
+        hf_regions.check_places(self.model, self.layers)        # the regions' cache layers: changed since enable()?
         try:
             layers = self.layers or hf_regions.decoder_layers(self.model)
         except ConfigError as exc:
@@ -305,9 +306,8 @@ class ServedLM(torch.nn.Module):
         if bypass is not None:
             self.padding_refused = bypass
         elif self.padding_refused is None:
-            cached = self.regions[0] if self.layers else self.cached_whole
-            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, cached.store,
-                                                   cached.topology.folder)
+            at = self.regions[0] if self.layers else self.cached_whole
+            self.padding_refused = hf_proof.proved(self.model, self._cache_kw, layers, at.store, at.topology.folder)
         if self.padding_refused is not None and "(KV cache)" in self.padding_refused:
             raise ConfigError(f"{type(self.model).__qualname__}: its attention over the KV cache does not take the "
                               f"layer's causal mask: {self.padding_refused}. gearcache serves causal LMs (exact "

@@ -16,12 +16,12 @@ and drops the entries that no longer hold). What counts as a change (``hops``):
 * every other step (a list item, a closure cell, a function's ``__defaults__``, an attribute behind a property, a
   ``__slots__`` attribute) is re-read at every call and compared by identity (a property whose value is plain data,
   a bool or a list of ints say, by value: such a property may build its value anew at every read);
-* what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items and a
-  set's length or members re-read), the attribute ``hasattr``/``in_dict`` look for, the class of a ``type`` guard,
-  the dtype, device, sizes, strides and address of a ``tensor`` guard's tensor (one C++ loop: a ``.data`` swap keeps
-  the tensor object). An empty hook dict is covered by ``torch.utils.hooks.RemovableHandle``'s class: registering a
-  hook through torch's API makes a handle, which advances a class attribute (a module's hooks written into its
-  private dicts by hand are seen at the next load).
+* what a guard reads of the object at its path: a container's contents (a dict watched whole, a list's items, a set's
+  length and members re-read; for a ``value`` guard its nested containers too), the attribute ``hasattr``/``in_dict``
+  look for, the class of a ``type`` guard, the dtype, device, sizes, strides and address of a ``tensor`` guard's
+  tensor (one C++ loop: a ``.data`` swap keeps the tensor object). An empty hook dict is covered by
+  ``torch.utils.hooks.RemovableHandle``'s class: registering a hook through torch's API makes a handle, which advances
+  a class attribute (a module's hooks written into its private dicts by hand are seen at the next load).
 
 * the class of an object on a path (``obj.__class__ = Other``, which sets no dict and no class: a pointer compare per
   object per call), and the code of the functions a graph may have inlined from it (``Cls.f.__code__ = g.__code__``
@@ -62,6 +62,7 @@ except ImportError:                 # pragma: no cover - depends on how gearcach
 ABSENT = MISSING_OBJECT      # a key or attribute that is not there (expected so)
 _OBJECT_GETATTRIBUTE: Callable[..., Any] = object.__getattribute__
 _MODULE_GETATTRIBUTE: Callable[..., Any] = torch.nn.Module.__getattribute__
+_NESTED_DEPTH = 16          # containers nested deeper in a guarded value are not watched (seen at the next load)
 
 
 class Hops:
@@ -119,9 +120,21 @@ class Hops:
             self.dict_item(obj, None, None)
         elif isinstance(obj, list):
             self.check("seq", obj, None, tuple(obj))
-        elif isinstance(obj, (set, bytearray)) or (hasattr(obj, "__len__") and not isinstance(
+        elif isinstance(obj, set):                  # as long, and every member still in: the same members
+            for check in [("len", None, len(obj)), *(("contains", member, True) for member in obj)]:
+                self.check(check[0], obj, check[1], check[2])
+        elif isinstance(obj, bytearray) or (hasattr(obj, "__len__") and not isinstance(
                 obj, (tuple, str, bytes, frozenset, types.MappingProxyType, range, torch.Tensor))):
             self.check("len", obj, None, len(obj))
+
+    def nested_contents(self, obj: Any, depth: int = 0) -> None:
+        """:meth:`contents` of every container nested in ``obj`` (a ``value`` guard's fingerprint holds them item by
+        item: ``m.pair[0].append(5.0)`` changes ``m.pair = ([1.0],)``). Per call: a ``seq`` re-read per list, ..."""
+        items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple, frozenset)) else ()
+        for item in items:
+            if isinstance(item, (dict, list, tuple, set, frozenset, bytearray)) and depth < _NESTED_DEPTH:
+                self.contents(item)
+                self.nested_contents(item, depth + 1)
 
     def _once(self, mark: tuple[object, ...], add: Callable[[], None]) -> bool:
         if mark in self._seen:
@@ -180,6 +193,8 @@ def _add_leaf(hops: Hops, g: ValueGuard, leaf: Any) -> None:
         #                                     counter, a class attribute, changes (one watch, not a dict per module)
     elif kind in ("length", "keys", "value"):
         hops.contents(leaf)
+        if kind == "value":
+            hops.nested_contents(leaf)
     elif kind == "contains":
         if isinstance(leaf, dict):
             hops.dict_item(leaf, g.arg, leaf.get(g.arg, ABSENT))
