@@ -2,6 +2,9 @@
 rules an entry derives from its run plan's writes, the refusal, the shortcut's matcher, and rules that follow the
 module's tensors. No compile here: entries over hand-written run plans (tests/test_cached_function.py runs compiled
 ones against eager, in the compiling process, a fresh one and with gears)."""
+import importlib.util
+import pathlib
+
 import pytest
 import torch
 
@@ -222,20 +225,14 @@ def test_module_tensors_passed_as_arguments_are_refused_cold_warm_and_geared(tmp
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 
 
-class WritesStateAndArgument(torch.nn.Module):
-    """Writes the buffer ``count`` and the argument ``y``; reads ``x``, ``y`` and the buffer ``table``."""
-
-    def __init__(self, cache_dir=None, config=None):
-        super().__init__()
-        self.register_buffer("count", torch.zeros(4))
-        self.register_buffer("table", torch.arange(4.) + 10)
-        if cache_dir is not None:
-            self.cached = gearcache.cache_compile(self.step, cache_dir=cache_dir, config=config)
-
-    def step(self, x, y):
-        self.count.add_(1)
-        y.mul_(2)
-        return x * 3 + y + self.table.sum()
+def _step_with_state() -> type:
+    """tests/scripts/run_state_alias.py's ``StepWithState``: writes the buffer ``count`` and the argument ``y``; reads
+    ``x``, ``y`` and the buffer ``table``."""
+    path = pathlib.Path(__file__).parent / "scripts" / "run_state_alias.py"
+    spec = importlib.util.spec_from_file_location("run_state_alias", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.StepWithState
 
 
 @needs_cuda
@@ -249,7 +246,8 @@ def test_under_cuda_graphs_a_module_tensor_argument_is_refused_before_a_replay_o
     cfg = gearcache.CompilerConfig(mode="reduce-overhead")
     if geared:
         cfg.inference_config.dim_gears = {"x": {0: [2, 4]}, "y": {0: [2, 4]}}
-    m, e = WritesStateAndArgument(tmp_path, cfg).cuda(), WritesStateAndArgument().cuda()
+    step_with_state = _step_with_state()
+    m, e = step_with_state(tmp_path, cfg).cuda(), step_with_state().cuda()
 
     def plain(rows):
         args = [torch.randn(rows, device="cuda") for _ in range(2)]
