@@ -7,6 +7,7 @@ message, and pickles across processes: each one stores its constructor arguments
 from __future__ import annotations
 
 import errno
+from urllib.parse import urlsplit, urlunsplit
 
 
 class GearcacheError(Exception):
@@ -210,11 +211,26 @@ class CliError(GearcacheError):
 
 
 # ------------------------------------------------------------------------ the remote store (gearcache/store/remote.py)
+def shown_url(url: str) -> str:
+    """``url`` as it may be shown or written anywhere (logs, errors, the index, the CLI): a password in it
+    (``redis://user:PASSWORD@host``, Redis's own auth) replaced by ``***``; only the connection reads the real one."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    except ValueError:                  # not a URL this can read: shown without what follows an "@"
+        return "***@" + url.rpartition("@")[2] if "@" in url else url
+
+
 class RemoteError(OSError):
     """The remote store failed (down, timed out, full, refused a command). Never fails a call: the local folder
-    carries on alone (see docs/RELIABILITY.md, "Remote store")."""
+    carries on alone (see docs/RELIABILITY.md, "Remote store"). ``url`` is the store's, its password hidden."""
 
     def __init__(self, url: str, what: str):
+        url = shown_url(url)
         super().__init__(errno.EIO, what, url)
         self.url, self.what = url, what
 

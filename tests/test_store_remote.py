@@ -486,3 +486,36 @@ def test_a_node_killed_mid_compile_leaves_no_half_entry(redis, tmp_path):
     again = _node_reports(_node(folder, tmp_path / "a_again", redis.url), tmp_path / "a_again")
     assert all(r["equal"] and r["counters"]["compiles"] == 0 for r in again)
     assert sum(r["compile_hooks"]["inductor_compiles"] for r in again) == 0
+
+
+def test_a_password_in_the_remote_url_is_never_shown_or_written(tmp_path, caplog):
+    """``redis://:PASSWORD@host`` (Redis's own auth, beside the signing key): the password reaches the server and
+    nothing else: not the store's repr, its log lines (push, fetch), its errors, the index rows ``gearcache ls``
+    prints (where an artifact came from)."""
+    from redis_server import RedisServer
+
+    from gearcache.store.remote import RemoteError
+
+    server = RedisServer(args=("--requirepass", "pw-s3cret-1")).start()
+    try:
+        url = f"redis://:pw-s3cret-1@127.0.0.1:{server.port}/0"
+        with caplog.at_level(logging.INFO, "gearcache"):
+            a = store_at(tmp_path / "a", server, url=url)
+            assert a.artifacts.publish(AKEY, Builder())[1]
+            b = store_at(tmp_path / "b", server, url=url)
+            builder = Builder()
+            assert b.artifacts.publish(AKEY, builder)[1] is False and builder.calls == 0     # fetched, with auth
+        from gearcache.store.index import flush_index_updates
+
+        flush_index_updates()
+        shown = [repr(a.remote), caplog.text, json.dumps(dict(b.index.db.items()), default=str)]
+        assert "fetched artifact" in caplog.text and "127.0.0.1" in shown[2]
+        server.kill()
+        with pytest.raises(RemoteError) as failed:
+            b.remote.backend.get_many(["x"])
+        shown.append(str(failed.value))
+        for text in shown:
+            assert "pw-s3cret-1" not in text, text
+        assert f"redis://:***@127.0.0.1:{server.port}/0" in shown[0]
+    finally:
+        server.stop()

@@ -77,17 +77,17 @@ def cmd_push(args: argparse.Namespace) -> int:
     if not store.root.is_dir():
         raise CliError(f"no cache folder at {store.root}")
     done = _remote_call(store.sync.push, force=args.force)
-    emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
+    emit(args, {"remote": remote.shown, "cache_dir": str(store.root), **done},
          lambda: f"pushed {done['entries']} entries and {done['artifacts']} artifacts from {store.root} to "
-                 f"{remote.url}" + (f"; skipped {done['skipped']} invalid" if done["skipped"] else ""))
+                 f"{remote.shown}" + (f"; skipped {done['skipped']} invalid" if done["skipped"] else ""))
     return FAILED if done["skipped"] else OK
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
     store, remote = store_for(args)
     done = _remote_call(store.sync.pull, method=args.method)
-    emit(args, {"remote": remote.url, "cache_dir": str(store.root), **done},
-         lambda: f"pulled {done['entries']} entries and {done['artifacts']} artifacts from {remote.url} into "
+    emit(args, {"remote": remote.shown, "cache_dir": str(store.root), **done},
+         lambda: f"pulled {done['entries']} entries and {done['artifacts']} artifacts from {remote.shown} into "
                  f"{store.root}" + (f"; refused {done['refused']} (see the log)" if done["refused"] else ""))
     return FAILED if done["refused"] else OK
 
@@ -118,10 +118,10 @@ def _ls(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
     for r in _entries(remote):
         head = _head(remote, r["akey"]) or {}
         rows.append({k: v for k, v in r.items() if k != "manifest"} | {"bytes": head.get("bytes")})
-    emit(args, {"remote": remote.url, "entries": rows}, lambda: (format_table(
+    emit(args, {"remote": remote.shown, "entries": rows}, lambda: (format_table(
         ["METHOD", "TOPOLOGY", "ENTRY", "ARTIFACT", "SIZE"],
         [[r["method"], r["topology"], r["ekey"][:12], (r["akey"] or "?")[:12], fmt_bytes(r["bytes"])]
-         for r in rows], right=(4,)) + "\n" if rows else "") + f"{len(rows)} entries in {remote.url}")
+         for r in rows], right=(4,)) + "\n" if rows else "") + f"{len(rows)} entries in {remote.shown}")
     return OK
 
 
@@ -131,7 +131,7 @@ def _inspect(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int
         raise CliError(f"entry {args.entry!r}: {'no' if not found else len(found)} remote entries match")
     r = found[0]
     head = _head(remote, r["akey"])
-    doc = {"remote": remote.url, **r, "artifact_head": head and {k: v for k, v in head.items() if k != "manifest"}}
+    doc = {"remote": remote.shown, **r, "artifact_head": head and {k: v for k, v in head.items() if k != "manifest"}}
     emit(args, doc, lambda: json.dumps(doc, indent=2, default=repr))
     return OK
 
@@ -153,9 +153,9 @@ def _verify(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
             problems.append({"ekey": r["ekey"], "problem": why})
     problems += [{"akey": a, "problem": why} for a, why in artifacts.items() if why != "ok"]
     ok = sum(1 for w in artifacts.values() if w == "ok")
-    emit(args, {"remote": remote.url, "artifacts_ok": ok, "problems": problems},
+    emit(args, {"remote": remote.shown, "artifacts_ok": ok, "problems": problems},
          lambda: "\n".join([f"{p.get('ekey') or p.get('akey')}: {p['problem']}" for p in problems] +
-                           [f"{ok} artifacts ok, {len(problems)} problems in {remote.url}"]))
+                           [f"{ok} artifacts ok, {len(problems)} problems in {remote.shown}"]))
     return FAILED if problems else OK
 
 
@@ -163,7 +163,7 @@ def _stats(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
     entries, artifacts = _entries(remote), remote.artifacts()
     total = sum((_head(remote, a) or {}).get("bytes") or 0 for a in artifacts)
     server = remote.backend.describe()
-    doc = {"remote": remote.url, "entries": len(entries), "artifacts": len(artifacts), "total_bytes": total,
+    doc = {"remote": remote.shown, "entries": len(entries), "artifacts": len(artifacts), "total_bytes": total,
            "server": server}
     emit(args, doc, lambda: format_pairs([
         ["entries", len(entries)], ["artifacts", len(artifacts)], ["artifact bytes", fmt_bytes(total)],
@@ -181,7 +181,7 @@ def _prune(args: argparse.Namespace, store: Store, remote: RemoteStore) -> int:
         gone = remote.garbage_keys({a for a in remote.artifacts() if check_artifact(store, remote, a) != "ok"})
     if args.yes:
         remote.backend.delete(gone)
-    emit(args, {"remote": remote.url, "deleted" if args.yes else "would_delete": gone},
+    emit(args, {"remote": remote.shown, "deleted" if args.yes else "would_delete": gone},
          lambda: "\n".join(gone + [f"{'deleted' if args.yes else 'would delete (dry run; --yes deletes)'} "
-                                   f"{len(gone)} keys in {remote.url}"]))
+                                   f"{len(gone)} keys in {remote.shown}"]))
     return OK

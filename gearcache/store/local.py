@@ -30,7 +30,7 @@ import pathlib
 from typing import Any
 
 from ..config import CompilerConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, shown_url
 from .artifacts import Artifacts
 from .config import StoreConfig
 from .entries import Entries
@@ -57,7 +57,7 @@ def _warn_unsigned(url: str) -> None:
         _warned_unsigned.add(url)
         log.warning("remote store %s is used without a signing key (remote_trust='unsigned-ok'): any client of that "
                     "server can make this process execute its code. Set config.signing_key (or $%s) to close this",
-                    url, SIGNING_KEY_ENV)
+                    shown_url(url), SIGNING_KEY_ENV)
 
 
 def _fresh_index(root: str) -> Any:
@@ -121,8 +121,8 @@ class Store:
             raise ConfigError(f"remote_trust={config.remote_trust!r}: expected one of {TRUST}")
         if self._key is None and config.remote_trust != "unsigned-ok":
             raise ConfigError(
-                f"remote={url!r} without a signing key: loading from a remote store executes code any client of "
-                f"that server could have written. Fix: set config.signing_key (or ${SIGNING_KEY_ENV}) to the "
+                f"remote={shown_url(url)!r} without a signing key: loading from a remote store executes code any "
+                f"client of that server could have written. Fix: set config.signing_key (or ${SIGNING_KEY_ENV}) to the "
                 f"fleet's key, or accept the risk with config.remote_trust='unsigned-ok'")
         if self._key is None:
             _warn_unsigned(url)

@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from ..counters import counters
-from ..errors import CacheCorruptionError, ConfigError, RemoteError
+from ..errors import CacheCorruptionError, ConfigError, RemoteError, shown_url
 from ..keys.key import FORMAT_VERSION
 from .artifacts import Artifacts, CheckedFile
 from .files import HOST, MANIFEST, SIGNATURE
@@ -62,7 +62,7 @@ def backend_class(url: str) -> type[RemoteBackend]:
     scheme = urlsplit(url).scheme
     if scheme in REMOTE_BACKENDS:
         return REMOTE_BACKENDS[scheme]
-    raise ConfigError(f"remote={url!r}: unknown scheme {scheme!r}. Fix: use a redis://host:6379/0 URL "
+    raise ConfigError(f"remote={shown_url(url)!r}: unknown scheme {scheme!r}. Fix: use a redis://host:6379/0 URL "
                       f"(rediss:// for TLS, unix:///path/redis.sock)")
 
 
@@ -78,7 +78,8 @@ class RemoteStore:
 
     def __init__(self, url: str, *, trust: str = "signed", signing_key: bytes | None = None, timeout_s: float = 5.0,
                  chunk_bytes: int = 4 << 20, claim_ttl_s: float = 20.0, prefix: str | None = None):
-        self.url, self.trust, self._key = url, trust, signing_key
+        self.url, self.trust, self._key = url, trust, signing_key     # ``url`` connects; nothing shows it
+        self.shown = shown_url(url)                 # what logs, errors, the index and the CLI show: no password
         self.timeout_s, self.chunk_bytes, self.claim_ttl_s = timeout_s, chunk_bytes, claim_ttl_s
         self.prefix = prefix if prefix is not None else f"gearcache:f{FORMAT_VERSION}:"
         self._backend_class = backend_class(url)
@@ -87,7 +88,7 @@ class RemoteStore:
         self._warned: set[str] = set()
 
     def __repr__(self) -> str:
-        return f"RemoteStore({self.url!r}, trust={self.trust!r})"
+        return f"RemoteStore({self.shown!r}, trust={self.trust!r})"
 
     # ----------------------------------------------------------------------------------------------- plumbing
     @property
@@ -111,7 +112,7 @@ class RemoteStore:
 
     def refused(self, what: str, why: str) -> None:
         counters.add(remote_refused=1)
-        log.warning("refused %s from the remote store %s: %s; it is not loaded, and is rebuilt here", what, self.url,
+        log.warning("refused %s from the remote store %s: %s; it is not loaded, and is rebuilt here", what, self.shown,
                     why)
 
     def entry_key(self, topology: str, method: str, ekey: str) -> str:
@@ -171,12 +172,12 @@ class RemoteStore:
         head, bundle = parts
         try:
             files = checked_files(artifacts, akey, head, bundle)
-            artifacts.install(akey, files, head["manifest"], head.get("sig"), origin=self.url, size=head["bytes"])
+            artifacts.install(akey, files, head["manifest"], head.get("sig"), origin=self.shown, size=head["bytes"])
         except (CacheCorruptionError, ValueError) as exc:
             self.refused(f"artifact {akey}", getattr(exc, "reason", None) or str(exc))
             return False
         counters.add(remote_loads=1)
-        log.info("fetched artifact %s (%d bytes, %d chunk(s)) from %s", akey, head["bytes"], head["chunks"], self.url)
+        log.info("fetched artifact %s (%d bytes, %d chunk(s)) from %s", akey, head["bytes"], head["chunks"], self.shown)
         return True
 
     def _read_bundle(self, akey: str) -> tuple[dict[str, Any], bytes] | None:
@@ -232,7 +233,7 @@ class RemoteStore:
         self.backend.commit(self.head_key(akey), json.dumps(head).encode(), keys)
         self.backend.delete(replaced)           # a reader still fetching them sees a missing chunk: a miss
         counters.add(remote_pushes=1)
-        log.info("pushed artifact %s (%d bytes, %d chunk(s)) to %s", akey, len(bundle), n, self.url)
+        log.info("pushed artifact %s (%d bytes, %d chunk(s)) to %s", akey, len(bundle), n, self.shown)
 
     def _old_chunks(self, akey: str, bundle_sha: str) -> list[str]:
         """The chunk keys of the head about to be replaced (a damaged or older bundle of ``akey``)."""
