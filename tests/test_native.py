@@ -76,21 +76,30 @@ def test_tensor_match_checks_its_arguments(module):
 
 
 def test_tensor_match_compares_storages_where_asked(module):
-    """``distinct``: no two arguments on one storage; ``forbidden``: none on a storage named for its place (by the
-    address signature.storage_address gives); the metadata is checked as without them."""
-    from gearcache.call.signature import storage_address
+    """``distinct``: no two arguments on one storage; ``forbidden``: none whose storage overlaps a byte range named
+    for its place (as signature.storage_range gives it; an empty range names nothing); the metadata is checked as
+    without them."""
+    import numpy
+
+    from gearcache.call.signature import storage_range
 
     base, other = torch.zeros(8), torch.zeros(8)
     distinct = module.TensorMatch((torch.ones(2), torch.ones(2)), distinct=True)
     assert distinct(torch.ones(2), torch.ones(2)) and not distinct(base[:2], base[4:6])
     assert not distinct(torch.ones(3), torch.ones(2))
-    forbidden = module.TensorMatch((torch.ones(2), torch.ones(2)), forbidden=(None, (storage_address(base), -5)))
+    forbidden = module.TensorMatch((torch.ones(2), torch.ones(2)), forbidden=(None, (storage_range(base), (7, 7))))
     assert not forbidden(torch.ones(2), base[6:]) and forbidden(base[6:], torch.ones(2))
     assert forbidden(base[:2], base[2:4].clone()) and forbidden(torch.ones(2), other[:2])
+    array = numpy.arange(8, dtype=numpy.float32)
+    over = module.TensorMatch((torch.ones(2),), forbidden=((storage_range(torch.from_numpy(array[2:4])),),))
+    assert not over(torch.from_numpy(array[3:5])) and not over(torch.from_numpy(array[1:3]))
+    assert over(torch.from_numpy(array[:2])) and over(torch.from_numpy(array[4:6]))
     with pytest.raises(TypeError, match="an item per tensor"):
         module.TensorMatch((torch.ones(2),), forbidden=(None, None))
     with pytest.raises(TypeError):
         module.TensorMatch((torch.ones(2),), forbidden=(("x",),))
+    with pytest.raises(TypeError, match="pair"):
+        module.TensorMatch((torch.ones(2),), forbidden=((5,),))
 
 
 def test_a_sparse_tensor_gets_dynamos_check(module):

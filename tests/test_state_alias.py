@@ -49,7 +49,7 @@ def beyond_count(net):
 
 
 def forbidden(entry):
-    return {i: sorted(names.values()) for i, names in entry.state_aliases}
+    return {i: sorted(ranges.names) for i, ranges in entry.state_aliases}
 
 
 def test_an_entry_that_writes_nothing_has_no_rules_and_serves_read_only_sharing():
@@ -268,3 +268,58 @@ def test_under_cuda_graphs_a_module_tensor_argument_is_refused_before_a_replay_o
             assert all(torch.equal(a, b) for a, b in zip(before, (m.count, m.table, x, y)))
         plain(rows)
         plain(2)
+
+
+class NumpyBacked(torch.nn.Module):
+    """A buffer made with ``torch.from_numpy`` over part of an array: another ``from_numpy`` view of the same array
+    is a tensor on a storage of its own (another start address) over the buffer's memory."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        import numpy
+        self.array = numpy.arange(8, dtype=numpy.float32)
+        self.register_buffer("count", torch.from_numpy(self.array[:4]))
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.step, cache_dir=cache_dir)
+
+    def step(self, x):
+        self.count.add_(1)
+        return x * 3
+
+
+def test_an_argument_on_another_storage_over_a_module_tensor_memory_is_refused(checks):
+    """Sharing is told by memory, not by storage object: ``from_numpy(array[1:3])`` overlaps the buffer
+    ``from_numpy(array[:4])`` from a storage that starts elsewhere (the key's path and the shortcut's matcher); one
+    past the buffer's memory is served."""
+    import numpy
+    net = NumpyBacked()
+    entry = Entry(PlanRunner(lambda args: [args[0] * 3], {"num_inputs": 2, "num_outputs": 1, "inputs_to_check": [],
+                                                           "mutated_inputs": [1]}), net,
+                  {"inputs": [["leaf", 0], ["state", "count"]],
+                   "outputs": {"leaves": [["out", 0]], "structure": ["leaf"]}})
+    inside, after = torch.from_numpy(net.array[1:3]), torch.from_numpy(net.array[4:6])
+    assert state_alias.first_alias(entry.state_aliases, (inside,)) == (0, "buffer count")
+    assert state_alias.first_alias(entry.state_aliases, (torch.from_numpy(net.array[3:5]),)) == (0, "buffer count")
+    assert state_alias.first_alias(entry.state_aliases, (after,)) is None
+    assert state_alias.first_alias(entry.state_aliases, (torch.from_numpy(numpy.ones(2, numpy.float32)),)) is None
+    with torch.no_grad():
+        leaves, key = signature.call_key((torch.ones(2),), {})
+        matcher = signature.matcher(leaves, key, state_rules=entry.state_aliases)
+        assert (type(matcher.check).__name__ == "TensorMatch") is (checks == "native")
+        assert matcher((torch.ones(2),)) and matcher((after,)) and not matcher((inside,))
+
+
+def test_a_numpy_view_over_a_buffer_the_entry_writes_is_refused_compiled(tmp_path):
+    """The compiled repro: eager gives [10, 13] (x read after the buffer's write), the entry gave [7, 10]."""
+    import numpy
+    m, e = NumpyBacked(tmp_path), NumpyBacked()
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(m.cached(torch.ones(2)), e.step(torch.ones(2)))
+        with pytest.raises(gearcache.UnsupportedInputError, match="argument x shares memory with the module's "
+                                                                  "buffer count"):
+            m.cached(torch.from_numpy(m.array[1:3]))
+        torch.testing.assert_close(m.count, e.count)
+        outside = m.cached(torch.from_numpy(m.array[4:6]))
+        torch.testing.assert_close(outside, e.step(torch.from_numpy(e.array[4:6])))
+        torch.testing.assert_close(torch.from_numpy(numpy.array(m.array)), torch.from_numpy(numpy.array(e.array)))

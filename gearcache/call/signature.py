@@ -12,6 +12,7 @@ before it.
 """
 from __future__ import annotations
 
+import bisect
 import inspect
 import json
 import math
@@ -25,8 +26,43 @@ from .._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from ..errors import UnsupportedInputError
 
 _Tensor = torch.Tensor
-StateRules = tuple[tuple[int, dict[int, str]], ...]
-"""An entry's ``state_alias.Rules``: ``((leaf index, {storage address: module tensor}), ...)``."""
+
+
+class Forbidden(NamedTuple):
+    """The memory of module tensors a call leaf must not overlap: their storages' byte ranges ``[start, end)``,
+    sorted by start, ``reach[i]`` the largest end among the first ``i + 1`` (storages may overlap: ``from_numpy``
+    views of one array), ``names[i]`` the module tensor of each. Told by memory, not by storage object: a tensor on
+    another storage over the same bytes (``torch.from_numpy(array[1:3])`` beside a buffer ``from_numpy(array[:4])``)
+    overlaps too."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    reach: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def owner(self, start: int, end: int) -> str | None:
+        """The module tensor whose memory ``[start, end)`` overlaps (None for most calls: one bisection)."""
+        i = bisect.bisect_left(self.starts, end) - 1
+        if end <= start or i < 0 or self.reach[i] <= start:
+            return None
+        while self.ends[i] <= start:
+            i -= 1
+        return self.names[i]
+
+
+def forbidden_ranges(ranges: dict[tuple[int, int], str]) -> Forbidden:
+    """:class:`Forbidden` over ``{(start, end): module tensor}`` (empty ranges left out)."""
+    items = sorted((r, name) for r, name in ranges.items() if r[1] > r[0])
+    reach, top = [], 0
+    for (_, end), _ in items:
+        top = max(top, end)
+        reach.append(top)
+    return Forbidden(tuple(r[0] for r, _ in items), tuple(r[1] for r, _ in items), tuple(reach),
+                     tuple(name for _, name in items))
+
+
+StateRules = tuple[tuple[int, Forbidden], ...]
+"""An entry's ``state_alias.Rules``: ``((leaf index, the module tensors' memory it must not overlap), ...)``."""
 _SCALARS = (int, float, bool, str, type(None))
 
 
@@ -203,6 +239,16 @@ def storage_address(t: torch.Tensor) -> int:
     return address if address else -id(t)          # empty storages share no memory
 
 
+def storage_range(t: torch.Tensor) -> tuple[int, int]:
+    """``[first byte, past the last byte)`` of ``t``'s storage; ``(0, 0)`` for one without memory."""
+    try:
+        storage = t.untyped_storage()
+        start = storage.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
+    return (start, start + storage.nbytes()) if start else (0, 0)
+
+
 class Matcher(NamedTuple):
     """``matches(args) -> bool`` (see :func:`matcher`). A tuple, so the C dispatcher reads its fields directly."""
 
@@ -259,8 +305,9 @@ def _storages_check(leaves: tuple[Any, ...], tensors: tuple[_Tensor, ...], disti
     place = {i: k for k, i in enumerate(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))}
     rules = tuple((place[i], forbidden) for i, forbidden in state_rules)
     if distinct or rules:
-        by_place: dict[int, dict[int, str]] = dict(rules)
-        forbidden = tuple(tuple(by_place[k]) if k in by_place else None for k in range(len(tensors))) if rules else None
+        by_place: dict[int, Forbidden] = dict(rules)
+        forbidden = tuple(tuple(zip(by_place[k].starts, by_place[k].ends)) if k in by_place else None
+                          for k in range(len(tensors))) if rules else None
         native = torch_tensor_checks.tensor_storage_match(tensors, forbidden, distinct)
         if native is not None:
             return native
@@ -332,7 +379,7 @@ def _and_storages(check: Callable[..., bool], rules: StateRules, distinct: bool)
         if len(set(addresses)) != len(addresses):
             return False
         for k, forbidden in rules:
-            if addresses[k] in forbidden:
+            if forbidden.owner(*storage_range(args[k])) is not None:
                 return False
         return True
 
@@ -340,7 +387,7 @@ def _and_storages(check: Callable[..., bool], rules: StateRules, distinct: bool)
         if not check(*args):
             return False
         for k, forbidden in rules:
-            if storage_address(args[k]) in forbidden:
+            if forbidden.owner(*storage_range(args[k])) is not None:
                 return False
         return True
     return matches if distinct else matches_rules

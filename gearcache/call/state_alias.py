@@ -23,7 +23,10 @@ The storages are those of the module tensors where the entry was bound: a module
 swapped, changes what the method's value-guard watch reads (its ``tensor`` guard, its ``_buffers`` item), so the next
 call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) and with it these rules.
 
-Cost per call, for an entry with rules: one storage address per leaf a rule names and one look-up. In the
+Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``signature.Forbidden``),
+so a tensor on another storage object over the same bytes (``torch.from_numpy`` views of one array) is refused too.
+
+Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
 ``TensorMatch``, which also tells the arguments of an entry writing one apart), else in Python around Dynamo's check
 (~0.2-0.3 us on CPU, reusing the addresses computed to tell the arguments apart).
@@ -35,10 +38,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import UnsupportedInputError
-from .signature import StateRules, leaf_names, storage_address, unflatten
+from .signature import StateRules, forbidden_ranges, leaf_names, storage_range, unflatten
 
 Rules = StateRules
-"""``((leaf index, {storage address: "buffer buf"}), ...)``: the storages each named call leaf must not be on."""
+"""``((leaf index, signature.Forbidden), ...)``: the module tensors' memory each named call leaf must not overlap."""
 
 NO_RULES: Rules = ()
 
@@ -52,8 +55,8 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[
     written = set(range(len(recipe))) if mutated is None else set(mutated)
     if not written:
         return NO_RULES
-    every: dict[int, str] = {}
-    written_state: dict[int, str] = {}
+    every: dict[tuple[int, int], str] = {}
+    written_state: dict[tuple[int, int], str] = {}
     for j, item in enumerate(recipe):
         if isinstance(item, int):
             continue
@@ -61,7 +64,7 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[
         if not isinstance(tensor, torch.Tensor):
             continue
         name = f"{'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
-        address = storage_address(tensor)
+        address = storage_range(tensor)
         every.setdefault(address, name)
         if j in written:
             written_state.setdefault(address, name)
@@ -72,7 +75,7 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[
         if isinstance(item, int):
             forbidden = every if j in written else written_state
             if forbidden:
-                found.append((item, forbidden))
+                found.append((item, forbidden_ranges(forbidden)))
     return tuple(found)
 
 
@@ -81,7 +84,7 @@ def first_alias(rules_: Rules, leaves: Sequence[Any]) -> tuple[int, str] | None:
     for i, forbidden in rules_:
         leaf = leaves[i]
         if isinstance(leaf, torch.Tensor):
-            owner = forbidden.get(storage_address(leaf))
+            owner = forbidden.owner(*storage_range(leaf))
             if owner is not None:
                 return i, owner
     return None

@@ -10,9 +10,10 @@
 //                            state, dtype, device index, requires_grad, sizes and strides as the tensor at its
 //                            place, and no argument is passed twice. Another argument count raises TypeError.
 //                            `distinct`: also no two arguments on one storage; `forbidden` (a tuple, per tensor None
-//                            or storage addresses): no argument on a storage named for its place (an entry that
-//                            writes an argument or a module tensor: gearcache/call/state_alias.py). A storage is
-//                            told by the address of its first byte, as signature.storage_address does.
+//                            or (start, end) byte ranges): no argument whose storage's bytes overlap a range named for
+//                            its place (an entry that writes an argument or a module tensor:
+//                            gearcache/call/state_alias.py). Told by memory, as signature.Forbidden does: another
+//                            storage over the same bytes (from_numpy views of one array) overlaps too.
 //   StateSnapshot()          same() -> bool: True while the calling thread's torch state is as at construction:
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
@@ -77,12 +78,23 @@ struct Expected {
     size_t ndim;
 };
 
+// byte ranges [start, end) sorted by start; reach[i]: the largest end of the first i + 1 (ranges may overlap)
+struct Ranges {
+    std::vector<uintptr_t> starts, ends, reach;
+
+    bool overlaps(uintptr_t start, uintptr_t end) const {
+        if (starts.empty() || end <= start) return false;
+        const auto it = std::lower_bound(starts.begin(), starts.end(), end);   // ranges before it start below `end`
+        return it != starts.begin() && reach[static_cast<size_t>(it - starts.begin()) - 1] > start;
+    }
+};
+
 struct TensorMatch {
     PyObject_HEAD
     std::vector<Expected>* expected;
     std::vector<int64_t>* dims;
-    // per tensor, the storage addresses it must not be on (sorted; empty: none); nullptr without `forbidden`
-    std::vector<std::vector<uintptr_t>>* forbidden;
+    // per tensor, the byte ranges its storage must not overlap; nullptr without `forbidden`
+    std::vector<Ranges>* forbidden;
     bool distinct;                  // no two tensors on one storage
 };
 
@@ -93,8 +105,8 @@ uintptr_t storage_address(const c10::TensorImpl* impl) {
     return storage ? reinterpret_cast<uintptr_t>(storage->data_ptr().get()) : 0;
 }
 
-// `forbidden`: None, or a tuple with an item per tensor: None or an iterable of ints (storage addresses)
-bool read_forbidden(PyObject* forbidden, Py_ssize_t n, std::vector<std::vector<uintptr_t>>& out) {
+// `forbidden`: None, or a tuple with an item per tensor: None or an iterable of (start, end) int pairs
+bool read_forbidden(PyObject* forbidden, Py_ssize_t n, std::vector<Ranges>& out) {
     if (!PyTuple_Check(forbidden) || PyTuple_GET_SIZE(forbidden) != n) {
         PyErr_SetString(PyExc_TypeError, "TensorMatch: forbidden must be a tuple with an item per tensor");
         return false;
@@ -103,15 +115,32 @@ bool read_forbidden(PyObject* forbidden, Py_ssize_t n, std::vector<std::vector<u
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject* item = PyTuple_GET_ITEM(forbidden, i);
         if (item == Py_None) continue;
-        PyObject* fast = PySequence_Fast(item, "TensorMatch: forbidden items are None or sequences of ints");
+        PyObject* fast = PySequence_Fast(item, "TensorMatch: forbidden items are None or sequences of (start, end)");
         if (!fast) return false;
+        std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
         for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); k++) {
-            const long long a = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
-            if (a == -1 && PyErr_Occurred()) { Py_DECREF(fast); return false; }
-            if (a > 0) out[static_cast<size_t>(i)].push_back(static_cast<uintptr_t>(a));    // <= 0: no storage
+            unsigned long long start = 0, end = 0;
+            PyObject* pair = PySequence_Fast_GET_ITEM(fast, k);
+            if (!PyTuple_Check(pair) || !PyArg_ParseTuple(pair, "KK", &start, &end)) {
+                if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+                    PyErr_Clear();
+                    PyErr_SetString(PyExc_TypeError, "TensorMatch: a forbidden range is a (start, end) int pair");
+                }
+                Py_DECREF(fast);
+                return false;
+            }
+            if (end > start) ranges.emplace_back(start, end);                  // empty: no memory
         }
         Py_DECREF(fast);
-        std::sort(out[static_cast<size_t>(i)].begin(), out[static_cast<size_t>(i)].end());
+        std::sort(ranges.begin(), ranges.end());
+        Ranges& r = out[static_cast<size_t>(i)];
+        uintptr_t top = 0;
+        for (const auto& [start, end] : ranges) {
+            top = std::max(top, end);
+            r.starts.push_back(start);
+            r.ends.push_back(end);
+            r.reach.push_back(top);
+        }
     }
     return true;
 }
@@ -128,7 +157,7 @@ int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|Op", const_cast<char**>(kwlist), &PyTuple_Type, &tensors,
                                      &forbidden, &distinct))
         return -1;
-    auto storages = std::vector<std::vector<uintptr_t>>();
+    auto storages = std::vector<Ranges>();
     if (forbidden != Py_None && !read_forbidden(forbidden, PyTuple_GET_SIZE(tensors), storages)) return -1;
     try {
         auto expected = std::vector<Expected>();
@@ -157,7 +186,7 @@ int tensor_match_init(TensorMatch* self, PyObject* args, PyObject* kwds) {
         self->expected = new std::vector<Expected>(std::move(expected));
         self->dims = new std::vector<int64_t>(std::move(dims));
         self->forbidden = forbidden == Py_None ? nullptr
-                                               : new std::vector<std::vector<uintptr_t>>(std::move(storages));
+                                               : new std::vector<Ranges>(std::move(storages));
         self->distinct = distinct != 0;
     } catch (const std::exception& e) {
         PyErr_Format(PyExc_RuntimeError, "TensorMatch: %s", e.what());
@@ -173,7 +202,8 @@ void tensor_match_dealloc(TensorMatch* self) {
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// no two arguments on one storage (with `distinct`), none on a storage `forbidden` names for its place
+// no two arguments on one storage (with `distinct`), none whose storage overlaps a range `forbidden` names for its
+// place
 bool storages_apart(const TensorMatch* self, PyObject* args) {
     const Py_ssize_t n = PyTuple_GET_SIZE(args);
     std::array<uintptr_t, 16> small{};
@@ -184,7 +214,8 @@ bool storages_apart(const TensorMatch* self, PyObject* args) {
         seen = large.data();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        const uintptr_t a = storage_address(THPVariable_Unpack(PyTuple_GET_ITEM(args, i)).unsafeGetTensorImpl());
+        const c10::TensorImpl* impl = THPVariable_Unpack(PyTuple_GET_ITEM(args, i)).unsafeGetTensorImpl();
+        const uintptr_t a = storage_address(impl);
         seen[i] = a;
         if (a == 0) continue;
         if (self->distinct) {
@@ -193,8 +224,9 @@ bool storages_apart(const TensorMatch* self, PyObject* args) {
             }
         }
         if (self->forbidden) {
-            const auto& no = (*self->forbidden)[static_cast<size_t>(i)];
-            if (!no.empty() && std::binary_search(no.begin(), no.end(), a)) return false;
+            const Ranges& no = (*self->forbidden)[static_cast<size_t>(i)];
+            if (!no.starts.empty() && no.overlaps(a, a + impl->unsafe_storage().unsafeGetStorageImpl()->nbytes()))
+                return false;
         }
     }
     return true;
