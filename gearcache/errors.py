@@ -220,7 +220,7 @@ def shown_url(url: str) -> str:
             return url
         user = parts.username or ""
         host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
     except ValueError:                  # not a URL this can read: shown without what follows an "@"
         return "***@" + url.rpartition("@")[2] if "@" in url else url
 

@@ -9,11 +9,9 @@
 //                            each argument has the same Python type, dispatch keys under the thread's dispatch
 //                            state, dtype, device index, requires_grad, sizes and strides as the tensor at its
 //                            place, and no argument is passed twice. Another argument count raises TypeError.
-//                            `distinct`: also no two arguments on one storage; `forbidden` (a tuple, per tensor None
-//                            or (start, end) byte ranges): no argument whose storage's bytes overlap a range named for
-//                            its place (an entry that writes an argument or a module tensor:
-//                            gearcache/call/state_alias.py). Told by memory, as signature.Forbidden does: another
-//                            storage over the same bytes (from_numpy views of one array) overlaps too.
+//                            `distinct`: also no two arguments on one storage; `forbidden` (per tensor None or
+//                            (start, end) byte ranges): no argument whose storage's bytes overlap its ranges, by memory
+//                            as signature.Forbidden (from_numpy views overlap too; gearcache/call/state_alias.py).
 //   StateSnapshot()          same() -> bool: True while the calling thread's torch state is as at construction:
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
@@ -202,8 +200,7 @@ void tensor_match_dealloc(TensorMatch* self) {
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// no two arguments on one storage (with `distinct`), none whose storage overlaps a range `forbidden` names for its
-// place
+// no two arguments on one storage (with `distinct`), none whose storage overlaps a range `forbidden` names for it
 bool storages_apart(const TensorMatch* self, PyObject* args) {
     const Py_ssize_t n = PyTuple_GET_SIZE(args);
     std::array<uintptr_t, 16> small{};
