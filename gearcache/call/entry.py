@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .._torch import nn_modules as torch_nn_modules, state as torch_state, tensor_checks as torch_tensor_checks
-from . import state_alias
+from . import signature, state_alias
 
 try:
     from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
@@ -157,21 +157,8 @@ def _addresses(recipe: Recipe) -> list[int]:
 
 
 def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool]]:
-    """``(i, j, offset, same)`` for each module tensor ``i`` the recipe reads (numbered among them) whose memory is
-    that of an earlier one ``j`` (``offset``: its storage offset; ``same``: the same tensor object)."""
-    first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
-    pairs: list[tuple[int, int, int, bool]] = []
-    tensors = [item[0][item[1]] for item in recipe if not isinstance(item, int)]
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
-            continue
-        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
-        if where in first:
-            j, other = first[where]
-            pairs.append((i, j, int(t.storage_offset()), t is other))
-        else:
-            first[where] = (i, t)
-    return pairs
+    """``signature.shared_memory`` of the module tensors the recipe reads (numbered among them)."""
+    return signature.shared_memory([item[0][item[1]] for item in recipe if not isinstance(item, int)])
 
 
 def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:

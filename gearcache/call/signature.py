@@ -239,6 +239,25 @@ def storage_address(t: torch.Tensor) -> int:
     return address if address else -id(t)          # empty storages share no memory
 
 
+def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool]]:
+    """``(i, j, offset, same)`` for each tensor ``tensors[i]`` whose storage is that of an earlier ``tensors[j]``
+    (``offset``: its storage offset; ``same``: the very same tensor object); items that are no tensor, meta, sparse or
+    empty are skipped (their places still count). The module tensors' sharing an entry was compiled with
+    (``Entry.sharing_changed``, ``entry_life.shared_memory_rows``)."""
+    first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
+    pairs: list[tuple[int, int, int, bool]] = []
+    for i, t in enumerate(tensors):
+        if not isinstance(t, _Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
+            continue
+        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
+        if where in first:
+            j, other = first[where]
+            pairs.append((i, j, int(t.storage_offset()), t is other))
+        else:
+            first[where] = (i, t)
+    return pairs
+
+
 def storage_range(t: torch.Tensor) -> tuple[int, int]:
     """``[first byte, past the last byte)`` of ``t``'s storage; ``(0, 0)`` for one without memory."""
     try:
@@ -370,27 +389,14 @@ def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
 
 def _and_storages(check: Callable[..., bool], rules: StateRules, distinct: bool) -> Callable[..., bool]:
     """``check`` (over a call's tensors), and no tensor on a storage its rule in ``rules`` (by place among the
-    tensors) forbids; with ``distinct``, also no two tensors on one storage (as :func:`_and_distinct_storages`: the
-    addresses are computed once for both)."""
+    tensors) forbids; with ``distinct``, also no two tensors on one storage (as :func:`_and_distinct_storages`)."""
     def matches(*args: Any) -> bool:
         if not check(*args):
             return False
-        addresses = [storage_address(a) for a in args]
-        if len(set(addresses)) != len(addresses):
+        if distinct and len({storage_address(a) for a in args}) != len(args):
             return False
-        for k, forbidden in rules:
-            if forbidden.owner(*storage_range(args[k])) is not None:
-                return False
-        return True
-
-    def matches_rules(*args: Any) -> bool:
-        if not check(*args):
-            return False
-        for k, forbidden in rules:
-            if forbidden.owner(*storage_range(args[k])) is not None:
-                return False
-        return True
-    return matches if distinct else matches_rules
+        return all(forbidden.owner(*storage_range(args[k])) is None for k, forbidden in rules)
+    return matches
 
 
 def describe(leaves: tuple[Any, ...], key: tuple[Any, ...]) -> dict[str, Any]:

@@ -475,18 +475,8 @@ def shared_memory_rows(named: list[tuple[str, torch.Tensor]]) -> list[list[Any]]
     sharing (``model.layers[1] = model.layers[0]``, ``m.count = m.buf[:1]``, ``p.data = q.data``) must not serve
     another. No row where nothing is shared (the keys of such modules are those of before). Cost: one storage read
     per tensor, at a look-up only."""
-    first: dict[tuple[torch.device, int], tuple[str, torch.Tensor]] = {}
-    rows: list[list[Any]] = []
-    for name, t in named:
-        if t.is_meta or t.layout != torch.strided or not t.numel():
-            continue
-        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
-        if where in first:
-            other_name, other = first[where]
-            rows.append(["shares", name, other_name, int(t.storage_offset()), t is other])
-        else:
-            first[where] = (name, t)
-    return rows
+    return [["shares", named[i][0], named[j][0], offset, same]
+            for i, j, offset, same in signature.shared_memory([t for _, t in named])]
 
 
 def _strides(t: torch.Tensor) -> list[int] | str:
