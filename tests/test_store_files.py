@@ -40,7 +40,8 @@ def test_a_record_is_parsed_as_json_loads_parses_it_and_no_collection_runs_meanw
     assert files.read_json(text.encode()) == json.loads(text)
     assert len(_collections_during(json.loads, text)) > 5, "the parse of such a record makes the collector run"
     paused = _collections_during(files.read_json, text)
-    assert paused in ([], [0]), f"at most one young collection, once the collector is back: {paused}"
+    # Back on, the collector may run once for the objects the parse left (of whichever generation its counts reach).
+    assert len(paused) <= 1, f"at most one collection, once the collector is back: {paused}"
     assert gc.isenabled()
 
 
