@@ -77,11 +77,11 @@ def test_tensor_match_checks_its_arguments(module):
 
 def test_tensor_match_compares_storages_where_asked(module):
     """``distinct``: no two arguments on one storage; ``forbidden``: none whose storage overlaps a byte range named
-    for its place (as signature.storage_range gives it; an empty range names nothing); the metadata is checked as
+    for its place (as memory.storage_range gives it; an empty range names nothing); the metadata is checked as
     without them."""
     import numpy
 
-    from gearcache.call.signature import storage_range
+    from gearcache.call.memory import storage_range
 
     base, other = torch.zeros(8), torch.zeros(8)
     distinct = module.TensorMatch((torch.ones(2), torch.ones(2)), distinct=True)

@@ -46,9 +46,9 @@ def tensor_match(tensors: tuple[torch.Tensor, ...]) -> Callable[..., bool] | Non
 def tensor_storage_match(tensors: tuple[torch.Tensor, ...],
                          forbidden: tuple[tuple[tuple[int, int], ...] | None, ...] | None,
                          distinct: bool) -> Callable[..., bool] | None:
-    """:func:`tensor_match`'s predicate that also answers False for a call with two tensors on one storage
+    """:func:`tensor_match`'s predicate that also answers False for a call with two tensors over overlapping memory
     (``distinct``) or a tensor whose storage overlaps a byte range ``forbidden`` names for its place (one item per
-    tensor: None, or ``(start, end)`` ranges as ``signature.storage_range`` gives them), in the same C++ call. None
+    tensor: None, or ``(start, end)`` ranges as ``call.memory.storage_range`` gives them), in the same C++ call. None
     where gearcache's native module is not built (the caller then wraps :func:`tensor_match`'s predicate in Python:
     ~0.2-0.3 us more per call)."""
     native = gearcache_native.guards()

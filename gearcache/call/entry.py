@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .._torch import nn_modules as torch_nn_modules, state as torch_state, tensor_checks as torch_tensor_checks
-from . import signature, state_alias
+from . import memory, state_alias
 
 try:
     from ._callpath import Runner as _NativeRunner      # built by setup.py (optional: no C compiler, no extension)
@@ -83,7 +83,7 @@ class Entry:
         storage (``state_aliases`` names the storages where it was bound)."""
         try:
             return (_state_dicts(self.manifest, module) != self._bound or _addresses(self._recipe) != self._addresses
-                    or state_alias.rules(self._recipe, self.manifest["inputs"], mutated_inputs(self._compiled))
+                    or state_alias.rules(self._recipe, self.manifest, mutated_inputs(self._compiled))
                     != self.state_aliases)
         except (KeyError, AttributeError):
             return True
@@ -120,7 +120,7 @@ class Entry:
         self.run = _make_run(fn, self._recipe, self.gather, self.native)
         # the call leaves that must not share memory with the module tensors the graph reads or writes, where it is
         # bound now (call/state_alias.py: the key's path refuses such a call, the shortcut's matcher passes it on)
-        self.state_aliases: state_alias.Rules = state_alias.rules(self._recipe, self.manifest["inputs"],
+        self.state_aliases: state_alias.Rules = state_alias.rules(self._recipe, self.manifest,
                                                                   mutated_inputs(fn))
 
     def __call__(self, leaves: tuple[Any, ...]) -> Any:
@@ -157,8 +157,8 @@ def _addresses(recipe: Recipe) -> list[int]:
 
 
 def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool]]:
-    """``signature.shared_memory`` of the module tensors the recipe reads (numbered among them)."""
-    return signature.shared_memory([item[0][item[1]] for item in recipe if not isinstance(item, int)])
+    """``memory.shared_memory`` of the module tensors the recipe reads (numbered among them)."""
+    return memory.shared_memory([item[0][item[1]] for item in recipe if not isinstance(item, int)])
 
 
 def _state_dicts(manifest: dict[str, Any], module: torch.nn.Module) -> list[int]:

@@ -12,7 +12,6 @@ before it.
 """
 from __future__ import annotations
 
-import bisect
 import inspect
 import json
 import math
@@ -24,41 +23,9 @@ import torch
 
 from .._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from ..errors import UnsupportedInputError
+from .memory import Forbidden, memory_groups, ranges_apart, storage_range
 
 _Tensor = torch.Tensor
-
-
-class Forbidden(NamedTuple):
-    """The memory of module tensors a call leaf must not overlap: their storages' byte ranges ``[start, end)``,
-    sorted by start, ``reach[i]`` the largest end among the first ``i + 1`` (storages may overlap: ``from_numpy``
-    views of one array), ``names[i]`` the module tensor of each. Told by memory, not by storage object: a tensor on
-    another storage over the same bytes (``torch.from_numpy(array[1:3])`` beside a buffer ``from_numpy(array[:4])``)
-    overlaps too."""
-
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
-    reach: tuple[int, ...]
-    names: tuple[str, ...]
-
-    def owner(self, start: int, end: int) -> str | None:
-        """The module tensor whose memory ``[start, end)`` overlaps (None for most calls: one bisection)."""
-        i = bisect.bisect_left(self.starts, end) - 1
-        if end <= start or i < 0 or self.reach[i] <= start:
-            return None
-        while self.ends[i] <= start:
-            i -= 1
-        return self.names[i]
-
-
-def forbidden_ranges(ranges: dict[tuple[int, int], str]) -> Forbidden:
-    """:class:`Forbidden` over ``{(start, end): module tensor}`` (empty ranges left out)."""
-    items = sorted((r, name) for r, name in ranges.items() if r[1] > r[0])
-    reach, top = [], 0
-    for (_, end), _ in items:
-        top = max(top, end)
-        reach.append(top)
-    return Forbidden(tuple(r[0] for r, _ in items), tuple(r[1] for r, _ in items), tuple(reach),
-                     tuple(name for _, name in items))
 
 
 StateRules = tuple[tuple[int, Forbidden], ...]
@@ -140,7 +107,7 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
             plain = _snapshot.plain
             if plain is None:
                 plain = _snapshot.plain = torch_tensor_checks.plain_tensors_check()
-            if plain(args) and not shared_storages(args):
+            if plain(args) and not memory_groups(args):
                 return args, key
             return args, (len(args), mode, *_leaf_keys(args))
     leaves: list[Any] = []
@@ -149,13 +116,14 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
 
 
 def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
-    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares its storage with
-    another leaf (a view of the same memory, not the same object) adds ``("storage", j, storage_offset)``, ``j`` the
-    first leaf on that storage: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and
-    the other way round)."""
+    """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares memory with
+    another leaf (not the same object) adds ``("storage", j, storage_offset)``, ``j`` the first leaf on its storage
+    object: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and the other way
+    round); ``("storage", j, storage_offset, c)`` where its bytes overlap leaves on other storage objects too, ``c``
+    the first of them all (memory.memory_groups: torch compiles those as apart)."""
     keys: list[tuple[Any, ...]] = []
     first: dict[int, int] = {}
-    shared = shared_storages(leaves)
+    shared = memory_groups(leaves)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, _Tensor):
             j = first.setdefault(id(leaf), i)
@@ -163,24 +131,15 @@ def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
                 keys.append(("same", j))
                 continue
             if i in shared:
-                keys.append(_leaf_key(leaf) + (("storage", shared[i], leaf.storage_offset()),))
+                keys.append(_leaf_key(leaf) + (_memory_mark(shared[i], leaf.storage_offset()),))
                 continue
         keys.append(_leaf_key(leaf))
     return keys
 
 
-def shared_storages(leaves: Any) -> dict[int, int]:
-    """``{leaf index: index of the first leaf on its storage}`` for the tensor leaves (distinct objects) that share a
-    storage with another one; ``{}`` when none do (the common case: the key is then the leaves' metadata alone)."""
-    if len(leaves) < 2:
-        return {}
-    on: dict[int, list[int]] = {}
-    objects: set[int] = set()
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, _Tensor) and id(leaf) not in objects:
-            objects.add(id(leaf))
-            on.setdefault(storage_address(leaf), []).append(i)
-    return {i: group[0] for group in on.values() if len(group) > 1 for i in group}
+def _memory_mark(group: tuple[int, int | None], offset: Any) -> tuple[Any, ...]:
+    """A shared leaf's mark (see :func:`_leaf_keys`)."""
+    return ("storage", group[0], offset) if group[1] is None else ("storage", group[0], offset, group[1])
 
 
 def on_cuda(leaves: tuple[Any, ...]) -> bool:
@@ -216,9 +175,9 @@ def shared_memory_message(name: str, key: tuple[Any, ...], why: str, method: Cal
 
 def inputs_meta(inputs: Any) -> list[Any]:
     """A graph's example inputs as an artifact key factor: each tensor's shape, stride, dtype and device (plus
-    ``["storage", j, storage_offset]`` where it shares a storage with input ``j``: AOTAutograd compiles aliased inputs
-    as views of one base), ``repr`` of anything else."""
-    shared = shared_storages(inputs)
+    ``["storage", j, storage_offset(, c)]`` as :func:`_leaf_keys` marks it: AOTAutograd compiles aliased inputs as
+    views of one base), ``repr`` of anything else."""
+    shared = memory_groups(inputs)
     meta: list[Any] = []
     for i, t in enumerate(inputs):
         if not isinstance(t, _Tensor):
@@ -226,46 +185,8 @@ def inputs_meta(inputs: Any) -> list[Any]:
             continue
         meta.append([list(t.shape), list(t.stride()), str(t.dtype), str(t.device)])
         if i in shared:
-            meta[-1].append(["storage", shared[i], t.storage_offset()])
+            meta[-1].append(list(_memory_mark(shared[i], t.storage_offset())))
     return meta
-
-
-def storage_address(t: torch.Tensor) -> int:
-    """Where ``t``'s storage starts (meta and other storage-less tensors: by object, never shared)."""
-    try:
-        address = t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return -id(t)
-    return address if address else -id(t)          # empty storages share no memory
-
-
-def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool]]:
-    """``(i, j, offset, same)`` for each tensor ``tensors[i]`` whose storage is that of an earlier ``tensors[j]``
-    (``offset``: its storage offset; ``same``: the very same tensor object); items that are no tensor, meta, sparse or
-    empty are skipped (their places still count). The module tensors' sharing an entry was compiled with
-    (``Entry.sharing_changed``, ``entry_life.shared_memory_rows``)."""
-    first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
-    pairs: list[tuple[int, int, int, bool]] = []
-    for i, t in enumerate(tensors):
-        if not isinstance(t, _Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
-            continue
-        where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
-        if where in first:
-            j, other = first[where]
-            pairs.append((i, j, int(t.storage_offset()), t is other))
-        else:
-            first[where] = (i, t)
-    return pairs
-
-
-def storage_range(t: torch.Tensor) -> tuple[int, int]:
-    """``[first byte, past the last byte)`` of ``t``'s storage; ``(0, 0)`` for one without memory."""
-    try:
-        storage = t.untyped_storage()
-        start = storage.data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return 0, 0
-    return (start, start + storage.nbytes()) if start else (0, 0)
 
 
 class Matcher(NamedTuple):
@@ -294,9 +215,10 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     (int, float, bool, None) beside the tensors are compared by type and value (a served step's ``keep_last``). None
     when ``key`` is not of that kind (keyword arguments, nested or other non-tensors, no tensor, grad on, tensors
     sharing memory), its state is not the thread's, or torch has no C++ check. ``distinct_storages``: the entry
-    writes an input, so the matcher also answers False for a call whose tensors share a storage (such a call takes
-    the key's path). ``state_rules``: the entry's ``state_alias.rules`` (by leaf index): the matcher also answers False
-    for a call with a leaf on a storage its rule forbids (a module tensor's: the key's path refuses it)."""
+    writes an input, so the matcher also answers False for a call two of whose tensors' storages overlap in memory
+    (such a call takes the key's path, whose key tells them apart: ``memory.memory_groups``). ``state_rules``: the
+    entry's ``state_alias.rules`` (by leaf index): the matcher also answers False for a call with a leaf on a storage
+    its rule forbids (a module tensor's: the key's path refuses it)."""
     tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
     if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
                                         _flat_with_scalars(key[0], leaves)):
@@ -372,28 +294,20 @@ def _and_scalars(check: Callable[..., bool], leaves: tuple[Any, ...]) -> Callabl
 
 
 def _and_distinct_storages(check: Callable[..., bool]) -> Callable[..., bool]:
-    """``check``, and no two of the call's tensors on one storage (a matcher for an entry that writes an input: its
-    graph was compiled for inputs that do not share memory, and a write through one would not show through another)."""
+    """``check``, and no two of the call's tensors over overlapping memory (a matcher for an entry that writes an
+    input: its graph was compiled for inputs that do not share memory, and a write through one would not show
+    through another)."""
     def matches(*args: Any) -> bool:
-        if not check(*args):
-            return False
-        seen = set()
-        for a in args:
-            address = storage_address(a)
-            if address in seen:
-                return False
-            seen.add(address)
-        return True
+        return check(*args) and ranges_apart(args)
     return matches
 
 
 def _and_storages(check: Callable[..., bool], rules: StateRules, distinct: bool) -> Callable[..., bool]:
     """``check`` (over a call's tensors), and no tensor on a storage its rule in ``rules`` (by place among the
-    tensors) forbids; with ``distinct``, also no two tensors on one storage (as :func:`_and_distinct_storages`)."""
+    tensors) forbids; with ``distinct``, also no two tensors over overlapping memory (as
+    :func:`_and_distinct_storages`)."""
     def matches(*args: Any) -> bool:
-        if not check(*args):
-            return False
-        if distinct and len({storage_address(a) for a in args}) != len(args):
+        if not check(*args) or (distinct and not ranges_apart(args)):
             return False
         return all(forbidden.owner(*storage_range(args[k])) is None for k, forbidden in rules)
     return matches
@@ -412,8 +326,10 @@ def describe(leaves: tuple[Any, ...], key: tuple[Any, ...]) -> dict[str, Any]:
             if len(leaf_key) >= 7:
                 desc[-1]["type"], desc[-1]["conj"], desc[-1]["neg"] = (
                     f"{type(leaf).__module__}.{type(leaf).__qualname__}", leaf.is_conj(), leaf.is_neg())
-            if len(leaf_key) in (5, 8):                 # ("storage", first leaf on it, storage offset)
+            if len(leaf_key) in (5, 8):                 # ("storage", first leaf on it, storage offset(, cluster))
                 desc[-1]["storage_of"], desc[-1]["storage_offset"] = leaf_key[-1][1], leaf_key[-1][2]
+                if len(leaf_key[-1]) > 3:
+                    desc[-1]["overlaps"] = leaf_key[-1][3]
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
     autocast = json.loads(key[1][2])["autocast"]

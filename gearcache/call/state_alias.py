@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import UnsupportedInputError
-from .signature import StateRules, forbidden_ranges, leaf_names, storage_range, unflatten
+from .memory import everywhere, forbidden_ranges, storage_range
+from .signature import StateRules, leaf_names, unflatten
 
 Rules = StateRules
 """``((leaf index, signature.Forbidden), ...)``: the module tensors' memory each named call leaf must not overlap."""
@@ -46,15 +47,21 @@ Rules = StateRules
 NO_RULES: Rules = ()
 
 
-def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str, Any],
           mutated: list[int] | None) -> Rules:
     """The rules of an entry whose graph inputs are ``recipe`` (a leaf index, or a module tensor's (dict, name) slot,
-    as ``Entry`` resolved them; ``inputs`` the manifest's ``[kind, ref]`` of each, naming the module tensors) and
+    as ``Entry`` resolved them; the ``manifest``'s ``inputs``, ``[kind, ref]`` each, name the module tensors) and
     whose graph writes the inputs ``mutated`` (None: unknown, every input). Empty when the graph writes nothing or
-    reads no module tensor."""
+    reads no module tensor, and its signature has no leaves over memory shared across storage objects."""
     written = set(range(len(recipe))) if mutated is None else set(mutated)
     if not written:
         return NO_RULES
+    return _state_rules(recipe, manifest["inputs"], written) + _overlap_rules(recipe, manifest, written)
+
+
+def _state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                 written: set[int]) -> Rules:
+    """Each leaf's module tensors it must not overlap (see the module docstring)."""
     every: dict[tuple[int, int], str] = {}
     written_state: dict[tuple[int, int], str] = {}
     for j, item in enumerate(recipe):
@@ -63,7 +70,7 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[
         tensor = item[0][item[1]]
         if not isinstance(tensor, torch.Tensor):
             continue
-        name = f"{'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
+        name = f"the module's {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
         address = storage_range(tensor)
         every.setdefault(address, name)
         if j in written:
@@ -76,6 +83,23 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[
             forbidden = every if j in written else written_state
             if forbidden:
                 found.append((item, forbidden_ranges(forbidden)))
+    return tuple(found)
+
+
+def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str, Any],
+                   written: set[int]) -> Rules:
+    """A rule refusing every call for each leaf the graph writes that the entry's signature marks as overlapping
+    leaves on other storage objects (``"overlaps"``: ``memory.memory_groups``): torch compiled them as apart, so the
+    graph's write would not show through the others."""
+    leaves = manifest.get("signature", {}).get("leaves", [])
+    found = []
+    for j in sorted(written):
+        i = recipe[j] if j < len(recipe) else None
+        if isinstance(i, int) and i < len(leaves) and "overlaps" in leaves[i]:
+            others = [k for k, leaf in enumerate(leaves) if k != i and leaf.get("overlaps") == leaves[i]["overlaps"]]
+            found.append((i, everywhere(f"the arguments at flattened positions {others} (tensors on other storage "
+                                        f"objects over the same bytes, as torch.from_numpy views of one array, which "
+                                        f"torch compiles as apart)")))
     return tuple(found)
 
 
@@ -104,7 +128,7 @@ def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: 
     names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
     argument = names.get(i, f"at flattened position {i}")
     raise UnsupportedInputError(
-        f"{name}: argument {argument} shares memory with the module's {owner} (it is that tensor or a view of its "
-        f"storage), which the compiled entry reads or writes as a tensor of its own: it would run the method's reads "
-        f"and writes of that memory in the compiled order, not eager's. Fix: pass a .clone() of it")
+        f"{name}: argument {argument} shares memory with {owner}, which the compiled entry reads or writes as a "
+        f"tensor of its own: it would run the method's reads and writes of that memory in the compiled order, not "
+        f"eager's. Fix: pass a .clone() of it")
 

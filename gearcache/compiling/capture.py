@@ -26,7 +26,7 @@ import torch
 
 from .._torch import capture as torch_capture, guards as torch_guards, shapes as torch_shapes
 from .snapshot import kept
-from ..call.signature import storage_address
+from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
 from ..gears.plan import SymbolicTrace

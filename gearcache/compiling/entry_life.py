@@ -36,7 +36,7 @@ from . import artifact_io, background, faults
 from ..store import diagnostics
 from ..ranks import phases as ranks
 from .. import runplan
-from ..call import signature
+from ..call import memory, signature
 from ..keys import guard_paths, guard_sets
 from .pipeline import ArtifactPipeline, Build
 from .capture import Captured, capture, dependencies_changed
@@ -476,7 +476,7 @@ def shared_memory_rows(named: list[tuple[str, torch.Tensor]]) -> list[list[Any]]
     another. No row where nothing is shared (the keys of such modules are those of before). Cost: one storage read
     per tensor, at a look-up only."""
     return [["shares", named[i][0], named[j][0], offset, same]
-            for i, j, offset, same in signature.shared_memory([t for _, t in named])]
+            for i, j, offset, same in memory.shared_memory([t for _, t in named])]
 
 
 def _strides(t: torch.Tensor) -> list[int] | str:

@@ -9,9 +9,9 @@
 //                            each argument has the same Python type, dispatch keys under the thread's dispatch
 //                            state, dtype, device index, requires_grad, sizes and strides as the tensor at its
 //                            place, and no argument is passed twice. Another argument count raises TypeError.
-//                            `distinct`: also no two arguments on one storage; `forbidden` (per tensor None or
+//                            `distinct`: also no two arguments over overlapping memory; `forbidden` (per tensor None or
 //                            (start, end) byte ranges): no argument whose storage's bytes overlap its ranges, by memory
-//                            as signature.Forbidden (from_numpy views overlap too; gearcache/call/state_alias.py).
+//                            as memory.Forbidden (from_numpy views overlap too; gearcache/call/state_alias.py).
 //   StateSnapshot()          same() -> bool: True while the calling thread's torch state is as at construction:
 //                            grad and inference mode, the thread's local dispatch keys (so autocast on/off for
 //                            every device type), autocast's dtypes and cache where it is on, default dtype,
@@ -93,7 +93,7 @@ struct TensorMatch {
     std::vector<int64_t>* dims;
     // per tensor, the byte ranges its storage must not overlap; nullptr without `forbidden`
     std::vector<Ranges>* forbidden;
-    bool distinct;                  // no two tensors on one storage
+    bool distinct;                  // no two tensors over overlapping memory
 };
 
 // the address of the first byte of a tensor's storage (storage_address in gearcache/call/signature.py); 0 for one
@@ -200,12 +200,13 @@ void tensor_match_dealloc(TensorMatch* self) {
     Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
-// no two arguments on one storage (with `distinct`), none whose storage overlaps a range `forbidden` names for it
+// no two arguments whose storages overlap in memory (with `distinct`), none whose storage overlaps a range
+// `forbidden` names for it
 bool storages_apart(const TensorMatch* self, PyObject* args) {
     const Py_ssize_t n = PyTuple_GET_SIZE(args);
-    std::array<uintptr_t, 16> small{};
-    std::vector<uintptr_t> large;
-    uintptr_t* seen = small.data();
+    std::array<std::pair<uintptr_t, uintptr_t>, 16> small{};
+    std::vector<std::pair<uintptr_t, uintptr_t>> large;
+    auto* seen = small.data();
     if (n > static_cast<Py_ssize_t>(small.size())) {
         large.resize(static_cast<size_t>(n));
         seen = large.data();
@@ -213,17 +214,15 @@ bool storages_apart(const TensorMatch* self, PyObject* args) {
     for (Py_ssize_t i = 0; i < n; i++) {
         const c10::TensorImpl* impl = THPVariable_Unpack(PyTuple_GET_ITEM(args, i)).unsafeGetTensorImpl();
         const uintptr_t a = storage_address(impl);
-        seen[i] = a;
-        if (a == 0) continue;
-        if (self->distinct) {
-            for (Py_ssize_t j = 0; j < i; j++) {
-                if (seen[j] == a) return false;
-            }
+        const uintptr_t end = a ? a + impl->unsafe_storage().unsafeGetStorageImpl()->nbytes() : 0;
+        seen[i] = {a, end};
+        if (a == end) continue;
+        for (Py_ssize_t j = 0; self->distinct && j < i; j++) {
+            if (seen[j].first < end && a < seen[j].second) return false;     // by bytes: from_numpy views too
         }
         if (self->forbidden) {
             const Ranges& no = (*self->forbidden)[static_cast<size_t>(i)];
-            if (!no.starts.empty() && no.overlaps(a, a + impl->unsafe_storage().unsafeGetStorageImpl()->nbytes()))
-                return false;
+            if (!no.starts.empty() && no.overlaps(a, end)) return false;
         }
     }
     return true;

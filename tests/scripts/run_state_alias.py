@@ -15,6 +15,7 @@ the key's path. ``gears``: x and y padded to 4 rows (a padded argument is a copy
 import json
 import sys
 
+import numpy
 import torch
 
 import gearcache
@@ -35,6 +36,18 @@ class StepWithState(torch.nn.Module):
         return x * 3 + y + self.table.sum()
 
 
+def numpy_pair(x_rows, y_rows):
+    """x and y as ``torch.from_numpy`` views of one NumPy array: two storage objects over shared bytes."""
+    array = numpy.arange(1, 5, dtype=numpy.float32)
+    return torch.from_numpy(array[x_rows]), torch.from_numpy(array[y_rows])
+
+
+def one_tensor_pair(_m):
+    """x and y as views of one tensor (one storage object): compiled as views of one base, served."""
+    t = torch.arange(1., 5.)
+    return t[:2], t[1:3]
+
+
 def beyond_count(m):
     """A tensor on ``count``'s storage past its elements (a different view of the same storage)."""
     return torch.empty(0).set_(m.count.untyped_storage(), 4, (2,), (1,))
@@ -50,6 +63,10 @@ SHARED = {            # name: (x, y) of module m
     "x=count[::2]": lambda m: (m.count[::2], torch.ones(2)),       # another stride: refused at its capture
     "x=table": lambda m: (m.table[:2], torch.ones(2)),              # read-only on both sides: served
     "clones": lambda m: (m.count[:2].clone(), m.table[:2].clone()),
+    # arguments over one memory, apart from the module's: y is written, x read
+    "x, y: numpy views": lambda m: numpy_pair(slice(0, 2), slice(1, 3)),          # refused: torch compiles them apart
+    "x, y: numpy views, one start": lambda m: numpy_pair(slice(0, 2), slice(0, 2)),
+    "x, y: one tensor's views": one_tensor_pair,                   # served (padded: refused, as copies)
 }
 PAST_LARGEST = {      # 8 rows, past a largest gear of 4 (gears only)
     "x=count's storage, 8 rows": lambda m: (torch.empty(0).set_(m.count.untyped_storage(), 0, (8,), (1,)),
@@ -62,11 +79,13 @@ def state(m, args):
 
 
 def one(m, e, name, report, label=None):
-    """A plain call (sets the shortcut), then the shared one (reported as ``label``, else ``name``); both compared
-    with eager on the twin ``e``. Returns the shortcut's calls before the plain one."""
+    """Two plain calls (the second served by the shortcut), then the shared one (reported as ``label``, else
+    ``name``); each compared with eager on the twin ``e``. Returns the shortcut's calls before the second plain one."""
     label = label or name
-    plain_before = m.cached.shortcut_calls
     rows = 8 if name in PAST_LARGEST else 2
+    m.cached(torch.ones(rows), torch.ones(rows))    # (the shortcut is set again after a refused call compiled)
+    e.step(torch.ones(rows), torch.ones(rows))
+    plain_before = m.cached.shortcut_calls
     report[f"{label}: plain"] = bool(torch.equal(m.cached(torch.ones(rows), torch.ones(rows)),
                                                 e.step(torch.ones(rows), torch.ones(rows))))
     args, eager_args = {**SHARED, **PAST_LARGEST}[name](m), {**SHARED, **PAST_LARGEST}[name](e)

@@ -1,0 +1,144 @@
+"""Which tensors share memory (gearcache/call/memory.py): groups by storage object and clusters by bytes, the call
+key's marks, the shortcut's check of an entry that writes an argument, and the entry's refusal of a call whose
+written argument overlaps another on another storage object (torch compiles those as apart). No compile here:
+tests/scripts/run_state_alias.py runs compiled entries against eager (slow tier), and the compiled read-only case is
+below."""
+import numpy
+import pytest
+import torch
+
+import gearcache
+from gearcache.call import memory, state_alias
+from gearcache.call.entry import Entry
+from gearcache.call.signature import call_key, describe, matcher
+from gearcache.runplan import PlanRunner
+
+
+def numpy_views(*rows):
+    """``torch.from_numpy`` views of one array: one storage object each, over shared bytes."""
+    array = numpy.arange(8, dtype=numpy.float32)
+    return tuple(torch.from_numpy(array[r]) for r in rows)
+
+
+def test_torch_keeps_one_python_object_per_storage():
+    """The identity memory_groups tells storage objects apart by (on every torch gearcache runs with)."""
+    t = torch.arange(8.)
+    assert t.untyped_storage() is t[2:].untyped_storage() is t.view(2, 4).untyped_storage()
+    a, b = numpy_views(slice(0, 2), slice(0, 2))
+    assert a.untyped_storage() is not b.untyped_storage()
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_memory_groups_by_object_and_by_bytes():
+    t = torch.arange(8.)
+    assert memory.memory_groups((torch.ones(2), torch.ones(2), 3)) == {}
+    assert memory.memory_groups((t[:2], t[4:6])) == {0: (0, None), 1: (0, None)}     # one object: its views
+    assert memory.memory_groups(numpy_views(slice(0, 2), slice(1, 3))) == {0: (0, 0), 1: (1, 0)}
+    assert memory.memory_groups(numpy_views(slice(0, 2), slice(0, 2))) == {0: (0, 0), 1: (1, 0)}
+    assert memory.memory_groups(numpy_views(slice(0, 2), slice(2, 4))) == {}           # apart in memory
+    # a chain: 0 overlaps 2, 2 overlaps 1 (0 and 1 apart): one cluster; 3 on 0's object; 4 elsewhere
+    x, y, z = numpy_views(slice(0, 2), slice(3, 5), slice(1, 4))
+    groups = memory.memory_groups((x, y, z, x[1:], torch.ones(2)))
+    assert groups == {0: (0, 0), 1: (1, 0), 2: (2, 0), 3: (0, 0)}
+    assert memory.memory_groups((t, t)) == {}                   # one object twice: the key's ("same", i)
+    assert memory.memory_groups((torch.empty(0), torch.empty(0))) == {}
+
+
+def test_ranges_apart_tells_overlap_by_bytes():
+    t = torch.arange(8.)
+    assert memory.ranges_apart((torch.ones(2), torch.ones(2), torch.empty(0), torch.empty(0)))
+    assert not memory.ranges_apart((t[:2], t[4:6]))             # one storage: its bytes overlap themselves
+    assert not memory.ranges_apart(numpy_views(slice(0, 2), slice(1, 3)))
+    assert memory.ranges_apart(numpy_views(slice(0, 2), slice(2, 4)))
+
+
+def test_arguments_over_one_memory_on_two_objects_have_a_key_of_their_own():
+    """Before, from_numpy views starting at one address were keyed as views of one storage object (compiled so by
+    gearcache's key, apart by torch), and overlapping ones from other starts as apart tensors."""
+    with torch.no_grad():
+        apart = call_key((torch.ones(2), torch.ones(2)), {})[1]
+        overlapping = call_key(numpy_views(slice(0, 2), slice(1, 3)), {})
+        one_start = call_key(numpy_views(slice(0, 2), slice(0, 2)), {})[1]
+        t = torch.arange(8.)
+        one_object = call_key((t[:2], t[:2]), {})[1]
+    assert len({apart, overlapping[1], one_start, one_object}) == 3 and overlapping[1] == one_start
+    assert overlapping[1][3][-1] == ("storage", 1, 0, 0) and one_object[3][-1] == ("storage", 0, 0)
+    assert describe(*overlapping)["leaves"][1]["overlaps"] == 0
+    assert "overlaps" not in describe((t[:2], t[:2]), one_object)["leaves"][1]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_the_shortcut_of_an_entry_writing_an_argument_passes_on_calls_over_shared_bytes(native, monkeypatch):
+    """``distinct_storages``: by bytes, in the native TensorMatch and in the Python check around Dynamo's."""
+    if not native:
+        monkeypatch.setattr(gearcache.native, "guards", lambda: None)
+    with torch.no_grad():
+        leaves, key = call_key((torch.ones(2), torch.ones(2)), {})
+        writes = matcher(leaves, key, distinct_storages=True)
+        reads = matcher(leaves, key)
+        assert writes((torch.ones(2), torch.ones(2)))
+        assert not writes(numpy_views(slice(0, 2), slice(1, 3)))
+        assert not writes(numpy_views(slice(0, 2), slice(0, 2)))
+        assert writes(numpy_views(slice(0, 2), slice(2, 4)))
+        assert reads(numpy_views(slice(0, 2), slice(1, 3)))     # reads only: served as apart tensors
+
+
+MANIFEST = {"inputs": [["leaf", 0], ["leaf", 1]], "outputs": {"leaves": [["out", 0]], "structure": ["leaf"]}}
+
+
+def entry_for(signature_of, mutated):
+    """An entry over a hand-written run plan for ``x + y``, its manifest's signature that of the call
+    ``signature_of``; its plan says it writes the graph inputs ``mutated``."""
+    plan = {"num_inputs": 2, "num_outputs": 1, "inputs_to_check": [], "mutated_inputs": mutated}
+
+    def call(args):
+        x, y = args
+        args.clear()
+        return [x + y]
+    with torch.no_grad():
+        sig = describe(*call_key(signature_of, {}))
+    return Entry(PlanRunner(call, plan), torch.nn.Module(), {**MANIFEST, "signature": sig})
+
+
+def test_an_entry_writing_an_argument_that_overlaps_another_object_refuses_every_call():
+    overlapping = numpy_views(slice(0, 2), slice(1, 3))
+    written = entry_for(overlapping, [1])
+    assert [i for i, _ in written.state_aliases] == [1]
+    with pytest.raises(gearcache.UnsupportedInputError,
+                       match=r"f: argument y shares memory with the arguments at flattened positions \[0\] .*"
+                             r"other storage objects.*\.clone\(\)"):
+        state_alias.refuse("f", lambda x, y: x, written.state_aliases, overlapping, call_key(overlapping, {})[1])
+    for reads_only in (entry_for(overlapping, []), entry_for((torch.ones(2), torch.ones(2)), [1])):
+        assert reads_only.state_aliases == ()
+        state_alias.refuse("f", None, reads_only.state_aliases, overlapping, None)      # no rule: served
+        torch.testing.assert_close(reads_only(overlapping), overlapping[0] + overlapping[1])
+
+
+@pytest.mark.slow
+def test_compiled_reads_over_shared_bytes_are_served_and_writes_refused(tmp_path):
+    """Compiled: a method reading two arguments over one array's bytes equals eager (its own entry); one writing y
+    is refused (before: eager [2, 6], gearcache [2, 5]), also through the shortcut set by an apart call; the array is
+    left as it was."""
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.reads = gearcache.cache_compile(self.add, cache_dir=str(tmp_path))
+            self.writes = gearcache.cache_compile(self.scale_add, cache_dir=str(tmp_path))
+
+        def add(self, x, y):
+            return x * 2 + y
+
+        def scale_add(self, x, y):
+            y.mul_(2)
+            return x + y
+
+    m = Pair()
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(m.writes(torch.ones(2), torch.ones(2)), torch.full((2,), 3.0))
+        x, y = numpy_views(slice(0, 2), slice(1, 3))
+        torch.testing.assert_close(m.reads(x, y), x * 2 + y)
+        before = x.clone(), y.clone()
+        with pytest.raises(gearcache.UnsupportedInputError, match="argument y shares memory"):
+            m.writes(x, y)
+        assert torch.equal(x, before[0]) and torch.equal(y, before[1])
