@@ -29,7 +29,10 @@ _Tensor = torch.Tensor
 
 
 StateRules = tuple[tuple[int, Forbidden], ...]
-"""An entry's ``state_alias.Rules``: ``((leaf index, the module tensors' memory it must not overlap), ...)``."""
+"""An entry's ``state_alias.Rules``: ``((leaf index, the memory it must not overlap), ...)``; ``CALL`` for every
+call."""
+CALL = -1
+"""The leaf index of a rule that refuses every call of its entry (``state_alias``)."""
 _SCALARS = (int, float, bool, str, type(None))
 
 
@@ -225,6 +228,8 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
         return None
     if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
         return None             # inputs that share memory: every call takes the key's path, which tells them apart
+    if any(i == CALL for i, _ in state_rules):
+        return None             # an entry whose every call is refused, on the key's path
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None

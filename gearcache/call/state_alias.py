@@ -23,8 +23,12 @@ The storages are those of the module tensors where the entry was bound: a module
 swapped, changes what the method's value-guard watch reads (its ``tensor`` guard, its ``_buffers`` item), so the next
 call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) and with it these rules.
 
-Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``signature.Forbidden``),
+Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``memory.Forbidden``),
 so a tensor on another storage object over the same bytes (``torch.from_numpy`` views of one array) is refused too.
+torch compiles tensors on distinct storage objects as apart whatever their bytes (``memory``), so two more rules
+refuse what it would compile wrong: an entry that writes a leaf its signature marks as overlapping leaves on other
+storage objects, and an entry that writes a module tensor overlapping another module tensor's bytes on another
+storage object, refuse every call (a leaf's rule over every byte; the rule ``CALL``).
 
 Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
@@ -38,11 +42,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import UnsupportedInputError
-from .memory import everywhere, forbidden_ranges, storage_range
-from .signature import StateRules, leaf_names, unflatten
+from .memory import everywhere, forbidden_ranges, memory_groups, storage_range
+from .signature import CALL, StateRules, leaf_names, unflatten
 
 Rules = StateRules
-"""``((leaf index, signature.Forbidden), ...)``: the module tensors' memory each named call leaf must not overlap."""
+"""``((leaf index, memory.Forbidden), ...)``: the memory each named call leaf must not overlap (module tensors', or
+every byte); the index ``CALL`` stands for every call (refused: its Forbidden's one name says why)."""
 
 NO_RULES: Rules = ()
 
@@ -56,7 +61,27 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str
     written = set(range(len(recipe))) if mutated is None else set(mutated)
     if not written:
         return NO_RULES
-    return _state_rules(recipe, manifest["inputs"], written) + _overlap_rules(recipe, manifest, written)
+    inputs = manifest["inputs"]
+    return (_state_overlap_rules(recipe, inputs, written) + _state_rules(recipe, inputs, written)
+            + _overlap_rules(recipe, manifest, written))
+
+
+def _state_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                         written: set[int]) -> Rules:
+    """``((CALL, why),)`` where the graph writes a module tensor whose bytes overlap another module tensor's on
+    another storage object (buffers made by ``torch.from_numpy`` of views of one array): torch compiled the two as
+    apart, so a read of the other after the write would see the old values (eager: the new ones). Else empty."""
+    slots = [(j, item[0][item[1]]) for j, item in enumerate(recipe) if not isinstance(item, int)]
+    groups = memory_groups([tensor for _, tensor in slots])
+    for k, (j, _) in enumerate(slots):
+        if j in written and k in groups and groups[k][1] is not None:
+            others = [inputs[slots[o][0]][1] for o, (_, head) in groups.items() if o != k and head == groups[k][1]]
+            return ((CALL, everywhere(
+                f"the module tensor {inputs[j][1]}, which the compiled entry writes, shares memory with the module "
+                f"tensors {others} on other storage objects (as torch.from_numpy views of one array): torch compiles "
+                f"them as apart, so the method's reads of one after its writes to the other would not see them. Fix: "
+                f"make them views of one tensor (one storage object), or .clone() them")),)
+    return NO_RULES
 
 
 def _state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
@@ -104,8 +129,11 @@ def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest:
 
 
 def first_alias(rules_: Rules, leaves: Sequence[Any]) -> tuple[int, str] | None:
-    """``(leaf index, module tensor)`` of the first call leaf on a storage its rule forbids; None for most calls."""
+    """``(leaf index, what it overlaps)`` of the first call leaf on memory its rule forbids (``(CALL, why)`` for an
+    entry whose every call is refused); None for most calls."""
     for i, forbidden in rules_:
+        if i == CALL:
+            return i, forbidden.names[0]
         leaf = leaves[i]
         if isinstance(leaf, torch.Tensor):
             owner = forbidden.owner(*storage_range(leaf))
@@ -125,6 +153,8 @@ def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: 
     if found is None:
         return
     i, owner = found
+    if i == CALL:
+        raise UnsupportedInputError(f"{name}: {owner}")
     names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
     argument = names.get(i, f"at flattened position {i}")
     raise UnsupportedInputError(
