@@ -321,7 +321,6 @@ def test_a_written_module_tensor_over_another_ones_bytes_on_another_storage_refu
     """Buffers ``from_numpy(array[:4])`` and ``from_numpy(array[1:5])``: torch compiles them as apart, so an entry
     writing one refuses every call (the rule ``CALL``: no shortcut matcher either); reading both is served, and so is
     writing one of two views of one tensor (one storage object: views of one base to torch)."""
-    import numpy
     net = NumpyBacked()
     net.register_buffer("shifted", torch.from_numpy(net.array[1:5]))
     manifest = {"inputs": [["leaf", 0], ["state", "count"], ["state", "shifted"]],
