@@ -218,13 +218,16 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     writes an input, so the matcher also answers False for a call two of whose tensors' storages overlap in memory
     (such a call takes the key's path, whose key tells them apart: ``memory.memory_groups``). ``state_rules``: the
     entry's ``state_alias.rules`` (by leaf index): the matcher also answers False for a call with a leaf on a storage
-    its rule forbids (a module tensor's: the key's path refuses it)."""
+    its rule forbids (a module tensor's: the key's path refuses it); None where a rule is on no leaf (one refusing every
+    call)."""
     tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
     if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
                                         _flat_with_scalars(key[0], leaves)):
         return None
     if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
         return None             # inputs that share memory: every call takes the key's path, which tells them apart
+    if any(i < 0 for i, _ in state_rules):
+        return None             # a rule on no leaf (state_alias.EVERY_CALL): every call is refused on the key's path
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None

@@ -26,6 +26,12 @@ call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) a
 Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``signature.Forbidden``),
 so a tensor on another storage object over the same bytes (``torch.from_numpy`` views of one array) is refused too.
 
+Module tensors among themselves: two the graph reads on distinct storage objects over overlapping bytes (buffers made
+with ``torch.from_numpy`` of overlapping views of one array), one of them written, are compiled as apart, so the
+graph read the other before the write (eager 5498501, gearcache 3999001 for ``b1.mul_(2); return b2.sum() + x``).
+Such an entry refuses every call: its rule is on :data:`EVERY_CALL`, not on a leaf (the shortcut has no matcher
+for it). Views of one tensor (one storage object) are compiled as views of one base: served.
+
 Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
 ``TensorMatch``, which also tells the arguments of an entry writing one apart), else in Python around Dynamo's check
@@ -33,7 +39,7 @@ shortcut (``signature.matcher``) they are compared in the same C++ call as the t
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -46,6 +52,10 @@ Rules = StateRules
 
 NO_RULES: Rules = ()
 
+EVERY_CALL = -1
+"""The leaf index of a rule that refuses every call, whatever its leaves (module tensors over one memory on two
+storage objects, one written: :func:`_shared_state_rules`)."""
+
 
 def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str, Any],
           mutated: list[int] | None) -> Rules:
@@ -56,7 +66,45 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str
     written = set(range(len(recipe))) if mutated is None else set(mutated)
     if not written:
         return NO_RULES
-    return _state_rules(recipe, manifest["inputs"], written) + _overlap_rules(recipe, manifest, written)
+    return (_shared_state_rules(recipe, manifest["inputs"], written) + _state_rules(recipe, manifest["inputs"], written)
+            + _overlap_rules(recipe, manifest, written))
+
+
+def _kind(tensor: torch.Tensor) -> str:
+    """``parameter`` or ``buffer``."""
+    return "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
+
+
+class _StateSpan(NamedTuple):
+    start: int
+    end: int
+    j: int                              # its graph input
+    storage: torch.UntypedStorage
+    tensor: torch.Tensor
+
+
+def _shared_state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                        written: set[int]) -> Rules:
+    """One rule on :data:`EVERY_CALL` where two module tensors the graph reads sit on distinct storage objects over
+    overlapping bytes and the graph writes one of them (see the module docstring); else none. Cost: a storage range
+    per module tensor and a sort, at a binding only."""
+    spans = []
+    for j, item in enumerate(recipe):
+        tensor = None if isinstance(item, int) else item[0][item[1]]
+        if isinstance(tensor, torch.Tensor) and (where := storage_range(tensor))[1] > where[0]:
+            spans.append(_StateSpan(*where, j, tensor.untyped_storage(), tensor))
+    spans.sort(key=lambda s: (s.start, s.end, s.j))
+    reaching: list[_StateSpan] = []
+    for span in spans:
+        reaching = [o for o in reaching if o.end > span.start]      # those whose bytes reach this one's start
+        for other in reaching:
+            if other.storage is not span.storage and (other.j in written or span.j in written):
+                first, second = sorted((other, span), key=lambda s: s.j)
+                what = (f"the module's {_kind(first.tensor)} {inputs[first.j][1]} and {_kind(second.tensor)} "
+                        f"{inputs[second.j][1]}")
+                return ((EVERY_CALL, everywhere(what)),)
+        reaching.append(span)
+    return NO_RULES
 
 
 def _state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
@@ -70,7 +118,7 @@ def _state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: lis
         tensor = item[0][item[1]]
         if not isinstance(tensor, torch.Tensor):
             continue
-        name = f"the module's {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
+        name = f"the module's {_kind(tensor)} {inputs[j][1]}"
         address = storage_range(tensor)
         every.setdefault(address, name)
         if j in written:
@@ -106,6 +154,8 @@ def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest:
 def first_alias(rules_: Rules, leaves: Sequence[Any]) -> tuple[int, str] | None:
     """``(leaf index, module tensor)`` of the first call leaf on a storage its rule forbids; None for most calls."""
     for i, forbidden in rules_:
+        if i == EVERY_CALL:
+            return i, forbidden.names[0]
         leaf = leaves[i]
         if isinstance(leaf, torch.Tensor):
             owner = forbidden.owner(*storage_range(leaf))
@@ -125,6 +175,12 @@ def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: 
     if found is None:
         return
     i, owner = found
+    if i == EVERY_CALL:
+        raise UnsupportedInputError(
+            f"{name}: {owner} are tensors on two storage objects over the same bytes (torch.from_numpy views of one "
+            f"array), and the compiled entry writes one of them: torch compiles them as apart, so it would run the "
+            f"method's reads and writes of that memory in the compiled order, not eager's. Fix: make them views of one "
+            f"tensor (one torch.from_numpy of the array, then slices of it), or register a .clone() of one")
     names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
     argument = names.get(i, f"at flattened position {i}")
     raise UnsupportedInputError(
