@@ -142,3 +142,40 @@ def test_compiled_reads_over_shared_bytes_are_served_and_writes_refused(tmp_path
         with pytest.raises(gearcache.UnsupportedInputError, match="argument y shares memory"):
             m.writes(x, y)
         assert torch.equal(x, before[0]) and torch.equal(y, before[1])
+
+
+def test_elements_may_overlap_by_sizes_and_strides():
+    assert not memory.elements_may_overlap((3, 2), (2, 1))
+    assert not memory.elements_may_overlap((2, 3, 4, 5), (60, 1, 15, 3))          # channels-last
+    assert not memory.elements_may_overlap((4, 2), (1, 8))                      # a transpose of a slice
+    assert not memory.elements_may_overlap((0, 3), (0, 0)) and not memory.elements_may_overlap((1, 3), (0, 1))
+    assert memory.elements_may_overlap((3, 2), (1, 1))                          # as_strided windows
+    assert memory.elements_may_overlap((4,), (0,))                              # expand
+    assert memory.elements_may_overlap((2, 2, 2), (2, 1, 1))
+
+
+def test_an_entry_writing_an_argument_whose_elements_overlap_refuses_every_call():
+    """Its graph writes each element of y once, from values read before; eager's in-place op writes them one after
+    another, each seen by the next where they share memory."""
+    windows = torch.arange(6.).as_strided((3, 2), (1, 1))
+    written = entry_for((torch.ones(3, 2), windows), [1])
+    assert [i for i, _ in written.state_aliases] == [1]
+    with pytest.raises(gearcache.UnsupportedInputError, match=r"argument y shares memory with itself.*\.clone\(\)"):
+        state_alias.refuse("f", lambda x, y: x, written.state_aliases, (torch.ones(3, 2), windows),
+                           call_key((torch.ones(3, 2), windows), {})[1])
+    for served in (entry_for((torch.ones(3, 2), windows), []), entry_for((windows, torch.ones(3, 2)), [1])):
+        assert served.state_aliases == ()               # only read, or the written one is apart
+
+
+@pytest.mark.slow
+def test_a_written_argument_over_its_own_memory_is_refused_cold_and_warm(tmp_path):
+    """tests/scripts/run_self_overlap.py: ``x.add_(1); return x * 2`` with ``x`` windows over one tensor
+    (``as_strided((3, 2), (1, 1))``) returned [2, 4, 6, 6, 8, 8] where eager returns [2, 6, 6, 8, 8, 8], in the
+    compiling process and in a fresh one. Refused now, nothing written; contiguous and transposed calls equal eager."""
+    from conftest import Script
+
+    for report in (Script("run_self_overlap.py", str(tmp_path)).result(),
+                   warm := Script("run_self_overlap.py", str(tmp_path)).result()):
+        assert report["calls"] == [["plain", True], ["plain", True], ["windows", "refused"], ["windows", "refused"],
+                                   ["transposed", True]], report
+    assert warm["compiles"] == 0, warm

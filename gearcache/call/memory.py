@@ -95,6 +95,21 @@ def ranges_apart(tensors: tuple[Any, ...]) -> bool:
     return True
 
 
+def elements_may_overlap(sizes: Any, strides: Any) -> bool:
+    """Whether two elements of a tensor of these ``sizes`` and ``strides`` may sit at one address: False where each
+    dim, taken by stride, steps past all that the smaller ones reach (contiguous, channels-last, slices, transposes),
+    True for a stride 0 over more than one element (``expand``) and for interleaved strides (``as_strided`` windows,
+    ``(3, 2)`` over strides ``(1, 1)``); a few layouts whose elements are apart after all are taken to overlap too."""
+    if any(size == 0 for size in sizes):
+        return False
+    reach = 0
+    for stride, size in sorted((abs(st), sz) for sz, st in zip(sizes, strides) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
 Span = tuple[int, int, int, torch.UntypedStorage]
 """``(start, end, leaf index, storage object)`` of a tensor leaf with memory."""
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 from ..errors import UnsupportedInputError
-from .memory import everywhere, forbidden_ranges, storage_range
+from .memory import elements_may_overlap, everywhere, forbidden_ranges, storage_range
 from .signature import StateRules, leaf_names, unflatten
 
 Rules = StateRules
@@ -138,12 +138,18 @@ def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest:
                    written: set[int]) -> Rules:
     """A rule refusing every call for each leaf the graph writes that the entry's signature marks as overlapping
     leaves on other storage objects (``"overlaps"``: ``memory.memory_groups``): torch compiled them as apart, so the
-    graph's write would not show through the others."""
+    graph's write would not show through the others; and for each whose own elements overlap by its sizes and strides
+    (``memory.elements_may_overlap``: eager's in-place op writes them one after another, each seen by the next)."""
     leaves = manifest.get("signature", {}).get("leaves", [])
     found = []
     for j in sorted(written):
         i = recipe[j] if j < len(recipe) else None
-        if isinstance(i, int) and i < len(leaves) and "overlaps" in leaves[i]:
+        if isinstance(i, int) and i < len(leaves) and "shape" in leaves[i] and elements_may_overlap(
+                leaves[i]["shape"], leaves[i]["stride"]):
+            found.append((i, everywhere(f"itself (sizes {leaves[i]['shape']}, strides {leaves[i]['stride']}: its "
+                                        f"elements overlap, and the compiled entry writes each from values read "
+                                        f"before its writes)")))
+        elif isinstance(i, int) and i < len(leaves) and "overlaps" in leaves[i]:
             others = [k for k, leaf in enumerate(leaves) if k != i and leaf.get("overlaps") == leaves[i]["overlaps"]]
             found.append((i, everywhere(f"the arguments at flattened positions {others} (tensors on other storage "
                                         f"objects over the same bytes, as torch.from_numpy views of one array, which "
