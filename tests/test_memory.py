@@ -179,3 +179,62 @@ def test_a_written_argument_over_its_own_memory_is_refused_cold_and_warm(tmp_pat
         assert report["calls"] == [["plain", True], ["plain", True], ["windows", "refused"], ["windows", "refused"],
                                    ["transposed", True]], report
     assert warm["compiles"] == 0, warm
+
+
+class Unchecked(torch.nn.Module):
+    """Cached methods under ``check_signature=False``: every call by the first entry, without a key."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        if cache_dir is not None:
+            config = gearcache.CompilerConfig(check_signature=False)
+            for name in ("scale_add", "keyword", "listed"):
+                setattr(self, f"c_{name}", gearcache.cache_compile(getattr(self, name), cache_dir=cache_dir,
+                                                                   config=config))
+
+    def scale_add(self, x, y):
+        y.mul_(2)
+        return x + y
+
+    def keyword(self, x, *, y):
+        return x * y
+
+    def listed(self, xs):
+        return xs[0] * xs[1]
+
+
+@pytest.mark.slow
+def test_unchecked_calls_sharing_memory_or_with_keywords_are_served_as_eager(tmp_path):
+    """``check_signature=False`` ran the first entry on every call's positional arguments: views of one tensor after
+    an apart first call gave [5, 8] where eager gives [5, 10] (numpy views alike), one tensor passed twice after
+    apart ones gave [3, 6] for eager's [4, 8], apart ones after one passed twice raised AssertionError (Inductor's
+    size check), and a call with keyword or list arguments raised IndexError from its second call. Such calls take
+    the checked path now: served as eager, or refused as there (numpy views of one array written)."""
+    m, e = Unchecked(str(tmp_path)), Unchecked()
+
+    def pair(kind):
+        base = torch.arange(1., 5.)
+        if kind == "apart":
+            return base[:2].clone(), base[1:3].clone()
+        if kind == "views":
+            return base[:2], base[1:3]
+        if kind == "same":
+            return base[:2], base[:2]
+        return tuple(torch.from_numpy(v) for v in (base.numpy()[:2], base.numpy()[1:3]))
+
+    def same_as_eager(kind, cached=None):
+        (x, y), (ex, ey) = pair(kind), pair(kind)
+        out = (cached or m.c_scale_add)(x, y)
+        return torch.equal(out, e.scale_add(ex, ey)) and torch.equal(x, ex) and torch.equal(y, ey)
+
+    with torch.no_grad():
+        assert [same_as_eager(kind) for kind in ("apart", "apart", "views", "apart", "same", "apart")] == [True] * 6
+        x, y = pair("numpy")
+        with pytest.raises(gearcache.UnsupportedInputError, match="argument y shares memory"):
+            m.c_scale_add(x, y)
+        assert torch.equal(y, torch.tensor([2., 3.]))
+        first_same = Unchecked(str(tmp_path)).c_scale_add
+        assert [same_as_eager(kind, first_same) for kind in ("same", "same", "apart", "apart")] == [True] * 4
+        for _ in range(2):
+            torch.testing.assert_close(m.c_keyword(torch.ones(2), y=torch.full((2,), 3.)), torch.full((2,), 3.))
+            torch.testing.assert_close(m.c_listed([torch.ones(2), torch.full((2,), 3.)]), torch.full((2,), 3.))

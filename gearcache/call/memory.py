@@ -85,8 +85,9 @@ def storage_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def ranges_apart(tensors: tuple[Any, ...]) -> bool:
-    """Whether no two of ``tensors``' storages overlap in memory (one storage object twice overlaps itself)."""
-    spans = sorted(r for t in tensors if (r := storage_range(t))[1] > r[0])
+    """Whether no two of ``tensors``' storages overlap in memory (one storage object twice overlaps itself); items that
+    are no tensor are skipped."""
+    spans = sorted(r for t in tensors if isinstance(t, _Tensor) and (r := storage_range(t))[1] > r[0])
     reach = 0
     for start, end in spans:
         if start < reach:
