@@ -30,7 +30,9 @@ Module tensors among themselves: two the graph reads on distinct storage objects
 with ``torch.from_numpy`` of overlapping views of one array), one of them written, are compiled as apart, so the
 graph read the other before the write (eager 5498501, gearcache 3999001 for ``b1.mul_(2); return b2.sum() + x``).
 Such an entry refuses every call: its rule is on :data:`EVERY_CALL`, not on a leaf (the shortcut has no matcher
-for it). Views of one tensor (one storage object) are compiled as views of one base: served.
+for it). Views of one tensor (one storage object) are compiled as views of one base: served. So does an entry writing
+a module tensor whose own elements overlap (``as_strided`` windows as a buffer: eager's in-place op writes them one
+after another, each seen by the next; the graph writes each from values read before).
 
 Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
@@ -86,7 +88,8 @@ class _StateSpan(NamedTuple):
 def _shared_state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
                         written: set[int]) -> Rules:
     """One rule on :data:`EVERY_CALL` where two module tensors the graph reads sit on distinct storage objects over
-    overlapping bytes and the graph writes one of them (see the module docstring); else none. Cost: a storage range
+    overlapping bytes and the graph writes one of them (see the module docstring), or where it writes one whose own
+    elements overlap (``memory.elements_may_overlap``: ``as_strided`` windows); else none. Cost: a storage range
     per module tensor and a sort, at a binding only."""
     spans = []
     for j, item in enumerate(recipe):
@@ -101,9 +104,16 @@ def _shared_state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inpu
             if other.storage is not span.storage and (other.j in written or span.j in written):
                 first, second = sorted((other, span), key=lambda s: s.j)
                 what = (f"the module's {_kind(first.tensor)} {inputs[first.j][1]} and {_kind(second.tensor)} "
-                        f"{inputs[second.j][1]}")
+                        f"{inputs[second.j][1]} are tensors on two storage objects over the same bytes "
+                        f"(torch.from_numpy views of one array), which torch compiles as apart")
                 return ((EVERY_CALL, everywhere(what)),)
         reaching.append(span)
+    for span in spans:
+        if span.j in written and elements_may_overlap(span.tensor.shape, span.tensor.stride()):
+            return ((EVERY_CALL, everywhere(
+                f"the module's {_kind(span.tensor)} {inputs[span.j][1]} has elements over one memory (sizes "
+                f"{list(span.tensor.shape)}, strides {list(span.tensor.stride())}), which the compiled entry writes "
+                f"from values read before its writes")),)
     return NO_RULES
 
 
@@ -183,10 +193,10 @@ def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: 
     i, owner = found
     if i == EVERY_CALL:
         raise UnsupportedInputError(
-            f"{name}: {owner} are tensors on two storage objects over the same bytes (torch.from_numpy views of one "
-            f"array), and the compiled entry writes one of them: torch compiles them as apart, so it would run the "
-            f"method's reads and writes of that memory in the compiled order, not eager's. Fix: make them views of one "
-            f"tensor (one torch.from_numpy of the array, then slices of it), or register a .clone() of one")
+            f"{name}: {owner}; the compiled entry writes that memory, and would run the method's reads and writes of "
+            f"it in the compiled order, not eager's. Fix: register a .clone() of the one written (or, for "
+            f"torch.from_numpy views of one array, make them views of one tensor: one torch.from_numpy of the array, "
+            f"then slices of it)")
     names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
     argument = names.get(i, f"at flattened position {i}")
     raise UnsupportedInputError(
