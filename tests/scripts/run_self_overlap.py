@@ -2,7 +2,11 @@
 (tests/test_memory.py); prints a JSON report: per call, "refused" (UnsupportedInputError, nothing written) or whether it
 equalled eager (output, the tensor under the argument).
 
-usage: run_self_overlap.py CACHE_DIR
+usage: run_self_overlap.py CACHE_DIR [gears]
+
+``gears``: x's dim 0 padded to 4 rows (``dim_gears`` by name): a padded copy is run and its rows copied back into the
+windows, which ended as neither eager's memory nor its output (eager [2, 6, 6, 8, 8, 8], gearcache
+[2, 4, 4, 6, 6, 8]).
 
 Eager's ``x.add_(1)`` writes the windows' elements one after another, each seen by the next where they share memory;
 the compiled graph wrote ``x + 1`` of the values read before (eager [2, 6, 6, 8, 8, 8], gearcache [2, 4, 6, 6, 8, 8]).
@@ -17,10 +21,10 @@ from gearcache import counters
 
 
 class Bump(torch.nn.Module):
-    def __init__(self, cache_dir=None):
+    def __init__(self, cache_dir=None, config=None):
         super().__init__()
         if cache_dir is not None:
-            self.cached = gearcache.cache_compile(self.step, cache_dir=cache_dir)
+            self.cached = gearcache.cache_compile(self.step, cache_dir=cache_dir, config=config)
 
     def step(self, x):
         x.add_(1)
@@ -31,8 +35,12 @@ CALLS = [("plain", (3, 2), (2, 1)), ("plain", (3, 2), (2, 1)), ("windows", (3, 2
          ("windows", (3, 2), (1, 1)), ("transposed", (2, 3), (1, 2))]
 
 report = []
+config = None
+if sys.argv[2:] == ["gears"]:
+    config = gearcache.CompilerConfig()
+    config.inference_config.dim_gears = {"x": {0: [4]}}
 with torch.no_grad():
-    m, e = Bump(sys.argv[1]), Bump()
+    m, e = Bump(sys.argv[1], config), Bump()
     for name, size, stride in CALLS:
         base, eager_base = torch.arange(6.), torch.arange(6.)
         try:
