@@ -241,3 +241,15 @@ def test_unchecked_calls_sharing_memory_or_with_keywords_are_served_as_eager(tmp
         for _ in range(2):
             torch.testing.assert_close(m.c_keyword(torch.ones(2), y=torch.full((2,), 3.)), torch.full((2,), 3.))
             torch.testing.assert_close(m.c_listed([torch.ones(2), torch.full((2,), 3.)]), torch.full((2,), 3.))
+
+
+def test_a_rule_refusing_every_call_forbids_every_tensor_in_the_shortcut_check_too(checks):
+    """``memory.everywhere``'s range reaches the native TensorMatch whole (its end was 1 << 64, read there as 0: an
+    empty range, which let every call through)."""
+    with torch.no_grad():
+        leaves, key = call_key((torch.ones(2), torch.ones(2)), {})
+        check = matcher(leaves, key, state_rules=((1, memory.everywhere("x")),))
+        assert (type(check.check).__name__ == "TensorMatch") is (checks == "native")
+        assert not check((torch.ones(2), torch.ones(2)))
+        assert not check((torch.ones(2), torch.from_numpy(numpy.ones(2, numpy.float32))))
+        assert matcher(leaves, key)((torch.ones(2), torch.ones(2)))

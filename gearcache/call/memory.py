@@ -61,8 +61,10 @@ def forbidden_ranges(ranges: dict[tuple[int, int], str]) -> Forbidden:
 
 
 def everywhere(name: str) -> Forbidden:
-    """A :class:`Forbidden` that every tensor with memory overlaps (a leaf whose every call is refused)."""
-    return forbidden_ranges({(1, 1 << 64): name})
+    """A :class:`Forbidden` that every tensor with memory overlaps (a leaf whose every call is refused). Its end is
+    the largest 64-bit address: the native ``TensorMatch`` reads ranges as unsigned 64-bit ints (``1 << 64`` read as
+    0 there, an empty range, forbade nothing)."""
+    return forbidden_ranges({(1, (1 << 64) - 1): name})
 
 
 def storage_address(t: torch.Tensor) -> int:
