@@ -390,12 +390,15 @@ def test_module_tensors_over_one_memory_on_two_storage_objects_are_refused_cold_
     ``from_numpy`` views of one array (overlapping, or from one start) was served in compiled order, ``b2`` read
     before the write (``b1.mul_(2); return b2.sum() + x``: eager 5498501, gearcache 3999001), in the compiling process
     and in a fresh one; so was ``b1`` as windows whose elements overlap (``b1.sum()`` of values eager's ``mul_`` does
-    not leave). Refused now, nothing written; views of one tensor and apart buffers equal eager."""
+    not leave); and views of one tensor with b1 one element further were served by the entry of b1 at 0 (keyed alike),
+    which wrote the element before b1. Refused now, nothing written; views of one tensor (from either start) and
+    apart buffers equal eager."""
     from conftest import Script
 
     for report in (Script("run_shared_state.py", str(tmp_path)).result(),
                    warm := Script("run_shared_state.py", str(tmp_path)).result()):
         assert report["calls"] == {"numpy overlap": ["refused"] * 3, "numpy one start": ["refused"] * 3,
-                                   "one tensor's views": [True] * 3, "b1's own elements overlap": ["refused"] * 3,
+                                   "one tensor's views": [True] * 3, "one tensor's views, b1 one further": [True] * 3,
+                                   "b1's own elements overlap": ["refused"] * 3,
                                    "apart": [True] * 3}, report
     assert warm["compiles"] == 0, warm

@@ -168,20 +168,21 @@ def _mark(cluster: list[Span], leaves: Any, groups: dict[int, tuple[int, int | N
         groups[i] = (first[id(storage)], head)
 
 
-def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool]]:
-    """``(i, j, offset, same)`` for each tensor ``tensors[i]`` whose storage is that of an earlier ``tensors[j]``
-    (``offset``: its storage offset; ``same``: the very same tensor object); items that are no tensor, meta, sparse or
-    empty are skipped (their places still count). The module tensors' sharing an entry was compiled with
-    (``Entry.sharing_changed``, ``entry_life.shared_memory_rows``)."""
+def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool, int]]:
+    """``(i, j, offset, same, first_offset)`` for each tensor ``tensors[i]`` whose storage is that of an earlier
+    ``tensors[j]`` (``offset``, ``first_offset``: their storage offsets, which with their sizes and strides say where
+    they overlap; ``same``: the very same tensor object); items that are no tensor, meta, sparse or empty are skipped
+    (their places still count). The module tensors' sharing an entry was compiled with (``Entry.sharing_changed``,
+    ``entry_life.shared_memory_rows``)."""
     first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
-    pairs: list[tuple[int, int, int, bool]] = []
+    pairs: list[tuple[int, int, int, bool, int]] = []
     for i, t in enumerate(tensors):
         if not isinstance(t, _Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
             continue
         where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
         if where in first:
             j, other = first[where]
-            pairs.append((i, j, int(t.storage_offset()), t is other))
+            pairs.append((i, j, int(t.storage_offset()), t is other, int(other.storage_offset())))
         else:
             first[where] = (i, t)
     return pairs

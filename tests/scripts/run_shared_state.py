@@ -6,10 +6,10 @@ usage: run_shared_state.py CACHE_DIR
 
 ``numpy overlap`` / ``numpy one start``: ``torch.from_numpy`` views of one array as two buffers, two storage objects
 over shared bytes, which torch compiles as apart (the entry read ``b2`` before its write to ``b1``); ``one tensor's
-views``: views of one tensor (one storage object: torch compiles them as views of one base); ``b1's own elements
-overlap``: ``as_strided`` windows (eager's ``mul_`` writes them one after another, each seen by the next); ``apart``:
-none shared.
-Sizes over 1000 elements, so the compiled reduction runs vector loops.
+views``: views of one tensor (one storage object: torch compiles them as views of one base); ``b1 one further``: the
+same with b1 from element 1 (the entry of b1 at 0, keyed alike, served it and wrote the element before b1); ``b1's
+own elements overlap``: ``as_strided`` windows (eager's ``mul_`` writes them one after another, each seen by the
+next); ``apart``: none shared. Sizes over 1000 elements, so the compiled reduction runs vector loops.
 """
 import json
 import sys
@@ -23,14 +23,16 @@ from gearcache import counters
 N = 2000
 
 
-def one_tensor(t):
-    return t[:N], t[N // 2:N // 2 + N]
+def one_tensor(t, b1_at=0):
+    """b1 and b2 views of one tensor, b1 from ``b1_at``."""
+    return t[b1_at:b1_at + N], t[N // 2:N // 2 + N]
 
 
 WAYS = {
     "numpy overlap": lambda a: (torch.from_numpy(a[:N]), torch.from_numpy(a[N // 2:N // 2 + N])),
     "numpy one start": lambda a: (torch.from_numpy(a[:N]), torch.from_numpy(a[:N])),
     "one tensor's views": lambda a: one_tensor(torch.from_numpy(a)),
+    "one tensor's views, b1 one further": lambda a: one_tensor(torch.from_numpy(a), 1),
     "b1's own elements overlap": lambda a: (torch.from_numpy(a[:N // 2 + 1]).as_strided((N // 2, 2), (1, 1)),
                                             torch.from_numpy(a[N:].copy())),
     "apart": lambda a: (torch.from_numpy(a[:N].copy()), torch.from_numpy(a[N // 2:N // 2 + N].copy())),
