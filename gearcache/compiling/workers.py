@@ -237,7 +237,8 @@ def job_for(gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[s
     cannot travel to a worker (it calls collectives, whose process groups only this process has, or torch cannot
     pickle one of its calls), or two of its inputs share memory (a worker rebuilds each input on a base of its own:
     module tensors that are views of one tensor, one written, were compiled apart there, and the entry read the other
-    before the write: eager [82], gearcache [60]): the caller compiles it in-process. ``who``: names the graph in the
+    before the write: eager [82], gearcache [60]; arguments so under ``on_new_signature="background"``: [5, 10] and
+    [5, 8]): the caller compiles it in-process. ``who``: names the graph in the
     log. Cost: a storage range per input, per gear compiled."""
     if communicates(gm):
         log.info("%s is compiled in this process: its graph calls collectives, whose process groups only this "
