@@ -62,7 +62,7 @@ def test_arguments_over_one_memory_on_two_objects_have_a_key_of_their_own():
         t = torch.arange(8.)
         one_object = call_key((t[:2], t[:2]), {})[1]
     assert len({apart, overlapping[1], one_start, one_object}) == 3 and overlapping[1] == one_start
-    assert overlapping[1][3][-1] == ("storage", 1, 0, 0) and one_object[3][-1] == ("storage", 0, 0)
+    assert overlapping[1][3][-1] == ("storage", 1, 0, 8, 0) and one_object[3][-1] == ("storage", 0, 0, ((8,), (1,), 0))
     assert describe(*overlapping)["leaves"][1]["overlaps"] == 0
     assert "overlaps" not in describe((t[:2], t[:2]), one_object)["leaves"][1]
 
@@ -253,3 +253,43 @@ def test_a_rule_refusing_every_call_forbids_every_tensor_in_the_shortcut_check_t
         assert not check((torch.ones(2), torch.ones(2)))
         assert not check((torch.ones(2), torch.from_numpy(numpy.ones(2, numpy.float32))))
         assert matcher(leaves, key)((torch.ones(2), torch.ones(2)))
+
+
+def test_views_of_one_tensor_are_keyed_by_the_base_torch_compiles_them_over():
+    """AOTAutograd compiles views of one tensor, one written, over their ``_base`` (else the whole storage) as a graph
+    input of its own: views alike over another base were keyed alike, and the entry raised AssertionError (Inductor's
+    size check of that input, "expected size 10==8")."""
+    def views(n, shape=None):
+        base = torch.arange(float(n)) if shape is None else torch.arange(float(n)).view(*shape).clone()
+        flat = base.view(-1)
+        return flat[0:4], flat[2:6]
+
+    with torch.no_grad():
+        key = call_key(views(8), {})[1]
+        assert call_key(views(8), {})[1] == key
+        assert len({key, call_key(views(10), {})[1], call_key(views(8, (2, 4)), {})[1]}) == 3
+        storage = torch.arange(8.).untyped_storage()
+        no_base = tuple(torch.empty(0).set_(storage, at, (4,), (1,)) for at in (0, 2))
+        assert call_key(no_base, {})[1] != key and describe(*call_key(no_base, {}))["leaves"][1]["storage_of"] == 0
+
+
+@pytest.mark.slow
+def test_views_of_one_tensor_over_bases_of_other_sizes_are_served(tmp_path):
+    """``y.mul_(2); return x + y`` with x, y = b[0:4], b[2:6]: b of 8 elements, then of 10 (AssertionError before),
+    then of 8 again; each equals eager."""
+    class ScaleAdd(torch.nn.Module):
+        def __init__(self, cache_dir=None):
+            super().__init__()
+            if cache_dir is not None:
+                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+        def fwd(self, x, y):
+            y.mul_(2)
+            return x + y
+
+    m, e = ScaleAdd(str(tmp_path)), ScaleAdd()
+    with torch.no_grad():
+        for n in (8, 10, 8, 10):
+            b, eager_b = torch.arange(float(n)), torch.arange(float(n))
+            assert torch.equal(m.cached(b[0:4], b[2:6]), e.fwd(eager_b[0:4], eager_b[2:6]))
+            assert torch.equal(b, eager_b)
