@@ -242,10 +242,10 @@ PIN_STATE = [["param", "w", [3, 3], "torch.float32", "cpu", [3, 1]]]
 
 def test_entry_key_value_pinned():
     from gearcache.keys.key import ENTRY_FACTORS, FORMAT_VERSION, entry_key
-    assert FORMAT_VERSION == 6
+    assert FORMAT_VERSION == 7
     key, factors = entry_key(**PIN_METHOD, signature={"leaves": [["tensor", [2, 3], "torch.float32"]]},
                              module_state=PIN_STATE, config=PIN_CONFIG, environment=PIN_ENV)
-    assert key == "9d17fcda4da6961578892f668dec0d7a37ca33ab"
+    assert key == "afaeea75d5ccb35e5fb8ea81f0020d328d344e11"
     assert list(factors["values"]) == list(factors["hashes"]) == list(ENTRY_FACTORS)
 
 
@@ -254,9 +254,9 @@ def test_artifact_keys_values_pinned():
     code = "def forward(self, x):\n    return x.to('cuda:1')\n"
     parts = dict(graph_code=code, graph_constants=[["w", "e" * 64 + "[3]"]],
                  inputs=[[[2, 3], [3, 1], "torch.float32", "cuda:1"]], config=PIN_CONFIG, environment=PIN_ENV)
-    assert artifact_key(**parts)[0] == "0dfeec38a9f882daca355bf0b114c4996ada2ccf"
-    assert artifact_key(**parts, device_index=1)[0] == "0ed1e87ede35ba779902b5adecdb5bb263d5ecee"
-    assert artifact_key(**parts, device_index=0)[0] == "0dfeec38a9f882daca355bf0b114c4996ada2ccf"  # names another GPU
+    assert artifact_key(**parts)[0] == "e60f12a12cee6197245f8e4cc1187a89646976dd"
+    assert artifact_key(**parts, device_index=1)[0] == "4002342a7d7b1c605386d247a071b829d62b7a46"
+    assert artifact_key(**parts, device_index=0)[0] == "e60f12a12cee6197245f8e4cc1187a89646976dd"  # names another GPU
     assert device_bound_artifact_key("f" * 40, 1)[0] == "6c0274e15b6d564b4429cd0f0aae00365230af21"
 
 
@@ -265,4 +265,4 @@ def test_gear_plan_key_value_pinned():
     key = gear_plan_key(**PIN_METHOD, structure="('tuple', 1)", plan_format=3, marks=[[0, 0, [1, 2, 4], None]],
                         merge_policy="merge", module_state=PIN_STATE, global_state={"autocast": False},
                         software={"torch": "2.5.0", "python": "3.11.7"})
-    assert key == "72fdb92c5abd007c387964b46ee33e9d0154929b"
+    assert key == "95ac7641094f90a483fdb0492f33cd4fbfd9331c"

@@ -1,8 +1,7 @@
 """Which tensors share memory (gearcache/call/memory.py): groups by storage object and clusters by bytes, the call
 key's marks, the shortcut's check of an entry that writes an argument, and the entry's refusal of a call whose
-written argument overlaps another on another storage object (torch compiles those as apart). No compile here:
-tests/scripts/run_state_alias.py runs compiled entries against eager (slow tier), and the compiled read-only case is
-below."""
+written argument overlaps another on another storage object (torch compiles those as apart). No compile in the fast
+tier: tests/scripts/run_memory.py and run_state_alias.py run compiled entries against eager (slow tier)."""
 import numpy
 import pytest
 import torch
@@ -115,33 +114,21 @@ def test_an_entry_writing_an_argument_that_overlaps_another_object_refuses_every
 
 
 @pytest.mark.slow
-def test_compiled_reads_over_shared_bytes_are_served_and_writes_refused(tmp_path):
-    """Compiled: a method reading two arguments over one array's bytes equals eager (its own entry); one writing y
-    is refused (before: eager [2, 6], gearcache [2, 5]), also through the shortcut set by an apart call; the array is
-    left as it was."""
-    class Pair(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.reads = gearcache.cache_compile(self.add, cache_dir=str(tmp_path))
-            self.writes = gearcache.cache_compile(self.scale_add, cache_dir=str(tmp_path))
+def test_compiled_over_shared_bytes_reads_are_served_and_writes_refused_cold_and_warm(tmp_path):
+    """tests/scripts/run_memory.py, a compiling process then a fresh one loading its entries: two arguments over one
+    array's bytes read equal eager (an entry of their own); written, refused (before: eager [2, 6], gearcache
+    [2, 5]), also right after apart calls served by the shortcut; buffers over one array's bytes on two storage
+    objects: read, equal; one written between reads of the other, refused (before: eager [32, 32], gearcache
+    [29, 29]); nothing written by a refused call."""
+    from conftest import Script
 
-        def add(self, x, y):
-            return x * 2 + y
-
-        def scale_add(self, x, y):
-            y.mul_(2)
-            return x + y
-
-    m = Pair()
-    with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(m.writes(torch.ones(2), torch.ones(2)), torch.full((2,), 3.0))
-        x, y = numpy_views(slice(0, 2), slice(1, 3))
-        torch.testing.assert_close(m.reads(x, y), x * 2 + y)
-        before = x.clone(), y.clone()
-        with pytest.raises(gearcache.UnsupportedInputError, match="argument y shares memory"):
-            m.writes(x, y)
-        assert torch.equal(x, before[0]) and torch.equal(y, before[1])
+    expected = {"reads": True, "writes apart 0": True, "writes apart 1": True, "writes": "refused",
+                "state writes": "refused", "state reads": True}
+    cold = Script("run_memory.py", str(tmp_path)).result()
+    warm = Script("run_memory.py", str(tmp_path)).result()
+    for report in (cold, warm):
+        assert report["calls"] == expected and report["shortcut_served_apart"], report
+    assert cold["compiles"] == 5 and warm["compiles"] == 0 and warm["loads"] == 5, (cold, warm)
 
 
 def test_elements_may_overlap_by_sizes_and_strides():

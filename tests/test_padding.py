@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from gear_models import Center, KVStep, RunningSum, SeenRows
 from gearcache import ConfigError
 from gearcache.call import signature
-from gearcache.compiling.capture import symbolic_shapes
+from gearcache.compiling.symbolic_trace import symbolic_shapes
 from gearcache.gears import padding
 from gearcache.gears.padding_report import PaddingReport
 from gearcache.gears.plan import MarkedDim, build_plan

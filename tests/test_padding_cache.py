@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gearcache.call import signature
-from gearcache.compiling.capture import symbolic_shapes
+from gearcache.compiling.symbolic_trace import symbolic_shapes
 from gearcache.gears import padding
 from gearcache.gears.padding_cache import Roles
 

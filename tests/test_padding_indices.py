@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gearcache.call import signature
-from gearcache.compiling.capture import symbolic_shapes
+from gearcache.compiling.symbolic_trace import symbolic_shapes
 from gearcache.gears import padding
 
 

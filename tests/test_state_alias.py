@@ -317,6 +317,33 @@ def test_an_argument_on_another_storage_over_a_module_tensor_memory_is_refused(c
         assert matcher((torch.ones(2),)) and matcher((after,)) and not matcher((inside,))
 
 
+def test_a_written_module_tensor_over_another_ones_bytes_on_another_storage_refuses_every_call():
+    """Buffers ``from_numpy(array[:4])`` and ``from_numpy(array[1:5])``: torch compiles them as apart, so an entry
+    writing one refuses every call (the rule ``CALL``: no shortcut matcher either); reading both is served, and so is
+    writing one of two views of one tensor (one storage object: views of one base to torch)."""
+    net = NumpyBacked()
+    net.register_buffer("shifted", torch.from_numpy(net.array[1:5]))
+    manifest = {"inputs": [["leaf", 0], ["state", "count"], ["state", "shifted"]],
+                "outputs": {"leaves": [["out", 0]], "structure": ["leaf"]}}
+
+    def entry(mutated):
+        plan = {"num_inputs": 3, "num_outputs": 1, "inputs_to_check": [], "mutated_inputs": mutated}
+        return Entry(PlanRunner(lambda args: [args[0] * 3], plan), net, manifest)
+
+    writes = entry([1])
+    assert [i for i, _ in writes.state_aliases][:1] == [signature.CALL]
+    with pytest.raises(gearcache.UnsupportedInputError, match=r"N.step: the module tensor count, which the compiled "
+                                                              r"entry writes, shares memory with .*\['shifted'\]"):
+        state_alias.refuse("N.step", None, writes.state_aliases, (torch.ones(2),), None)
+    with torch.no_grad():
+        leaves, key = signature.call_key((torch.ones(2),), {})
+        assert signature.matcher(leaves, key, state_rules=writes.state_aliases) is None
+    assert entry([]).state_aliases == ()
+    base = torch.arange(8.)
+    net.count, net.shifted = base[:4], base[1:5]           # one storage object
+    assert all(i != signature.CALL for i, _ in entry([1]).state_aliases)
+
+
 def test_a_numpy_view_over_a_buffer_the_entry_writes_is_refused_compiled(tmp_path):
     """The compiled repro: eager gives [10, 13] (x read after the buffer's write), the entry gave [7, 10]."""
     import numpy
@@ -360,18 +387,18 @@ def entry_over_state(net, mutated):
                   "outputs": {"leaves": [["out", 0]], "structure": ["leaf"]}})
 
 
-def test_a_written_module_tensor_over_another_ones_memory_on_another_storage_refuses_every_call(checks):
-    """``a`` written, ``b`` read over its bytes from another storage object: every call is refused (the key's path;
-    the shortcut has no matcher), naming both and the fix; so with ``w``, whose own elements overlap, written. Only
-    read, or views of one tensor (``c`` written, ``d`` read: torch compiles them as views of one base): no such
-    rule."""
+def test_a_written_module_tensor_over_its_own_or_another_storage_objects_memory_refuses_every_call(checks):
+    """``a`` written, ``b`` read over its bytes from another storage object, or ``w`` written, whose own elements
+    overlap: every call is refused (``CALL``: the key's path; the shortcut has no matcher), naming the tensor and the
+    fix. Only read, or views of one tensor (``c`` written, ``d`` read: torch compiles them as views of one base): no
+    such rule."""
     net = TwoNumpyBuffers()
-    for written in ([1], [2]):
+    for written, why in (([1], r"a, which the compiled entry writes, shares memory"),
+                         ([5], r"w, which the compiled entry writes, has elements over one memory \(sizes \[3, 2\], "
+                               r"strides \[1, 1\]\)")):
         rules = entry_over_state(net, written).state_aliases
-        assert state_alias.first_alias(rules, (torch.ones(2),))[0] == state_alias.EVERY_CALL
-        with pytest.raises(gearcache.UnsupportedInputError,
-                           match=r"Net.step: the module's buffer a and buffer b are tensors on two storage objects "
-                                 r"over the same bytes.*\.clone\(\)"):
+        assert state_alias.first_alias(rules, (torch.ones(2),))[0] == signature.CALL
+        with pytest.raises(gearcache.UnsupportedInputError, match=rf"Net.step: the module tensor {why}.*\.clone\(\)"):
             state_alias.refuse("Net.step", None, rules, (torch.ones(2),), None)
         with torch.no_grad():
             leaves, key = signature.call_key((torch.ones(2),), {})
@@ -379,9 +406,6 @@ def test_a_written_module_tensor_over_another_ones_memory_on_another_storage_ref
     for reads_or_views in ([], [3], [4]):
         rules = entry_over_state(net, reads_or_views).state_aliases
         assert state_alias.first_alias(rules, (torch.ones(2),)) is None
-    with pytest.raises(gearcache.UnsupportedInputError, match=r"the module's buffer w has elements over one memory "
-                                                              r"\(sizes \[3, 2\], strides \[1, 1\]\).*\.clone\(\)"):
-        state_alias.refuse("Net.step", None, entry_over_state(net, [5]).state_aliases, (torch.ones(2),), None)
 
 
 @pytest.mark.slow

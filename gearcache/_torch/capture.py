@@ -14,11 +14,12 @@ from typing import Callable, Iterator, cast
 import torch
 
 DYNAMO_LOCK = threading.RLock()
-"""Held by every trace gearcache runs (gearcache/compiling/capture.py: ``capture``, ``symbolic_shapes``), one at a
-time in the process: Dynamo's cache entries live on the code object, so two threads tracing one code at once (the
-first calls of two identical blocks, served by threads of their own) free each other's entries
-(``forget_dynamo_cache``: an ``InternalTorchDynamoError``, or a segfault), and the settings below are process-wide.
-Re-entrant (a trace that raises runs ``explain`` under it). Taken once per capture, never on the call path."""
+"""Held by every trace gearcache runs (gearcache/compiling/: capture.py ``capture``, symbolic_trace.py
+``symbolic_shapes``), one at a time in the process: Dynamo's cache entries live on the code object, so two threads
+tracing one code at once (the first calls of two identical blocks, served by threads of their own) free each other's
+entries (``forget_dynamo_cache``: an ``InternalTorchDynamoError``, or a segfault), and the settings below are
+process-wide. Re-entrant (a trace that raises runs ``explain`` under it). Taken once per capture, never on the call
+path."""
 
 
 def dynamo_capture_config() -> contextlib.AbstractContextManager[None]:

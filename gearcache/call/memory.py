@@ -130,9 +130,9 @@ def memory_groups(leaves: Any) -> dict[int, tuple[int, int | None]]:
         if isinstance(leaf, _Tensor):
             try:
                 storage = leaf.untyped_storage()
+                start = storage.data_ptr()
             except (RuntimeError, NotImplementedError):
                 continue
-            start = storage.data_ptr()
             if start:
                 spans.append((start, start + storage.nbytes(), i, storage))
     spans.sort()                        # by start (then end, then leaf index: never by storage)

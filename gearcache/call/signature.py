@@ -29,7 +29,10 @@ _Tensor = torch.Tensor
 
 
 StateRules = tuple[tuple[int, Forbidden], ...]
-"""An entry's ``state_alias.Rules``: ``((leaf index, the module tensors' memory it must not overlap), ...)``."""
+"""An entry's ``state_alias.Rules``: ``((leaf index, the memory it must not overlap), ...)``; ``CALL`` for every
+call."""
+CALL = -1
+"""The leaf index of a rule that refuses every call of its entry (``state_alias``)."""
 _SCALARS = (int, float, bool, str, type(None))
 
 
@@ -142,10 +145,9 @@ def _memory_mark(group: tuple[int, int | None], leaf: torch.Tensor) -> tuple[Any
     """A shared leaf's mark (see :func:`_leaf_keys`): ``("storage", j, storage_offset, base(, c))``. ``base``: what
     AOTAutograd compiles views of one tensor over, one of them written (a graph input of its own, its sizes checked
     by Inductor at every call): the leaf's ``_base`` (its sizes, strides and storage offset), else its storage's
-    bytes; views alike over another base were keyed alike, and the entry raised AssertionError."""
-    base = leaf._base
-    over: Any = (tuple(base.shape), tuple(base.stride()), int(base.storage_offset())) if base is not None else \
-        leaf.untyped_storage().nbytes()
+    bytes (``tensor_checks.aliased_base``); views alike over another base were keyed alike, and the entry raised
+    AssertionError."""
+    over = torch_tensor_checks.aliased_base(leaf)
     offset = leaf.storage_offset()
     return ("storage", group[0], offset, over) if group[1] is None else ("storage", group[0], offset, over, group[1])
 
@@ -226,16 +228,16 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     writes an input, so the matcher also answers False for a call two of whose tensors' storages overlap in memory
     (such a call takes the key's path, whose key tells them apart: ``memory.memory_groups``). ``state_rules``: the
     entry's ``state_alias.rules`` (by leaf index): the matcher also answers False for a call with a leaf on a storage
-    its rule forbids (a module tensor's: the key's path refuses it); None where a rule is on no leaf (one refusing every
-    call)."""
+    its rule forbids (a module tensor's: the key's path refuses it); None where a rule is on ``CALL`` (one refusing
+    every call)."""
     tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
     if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
                                         _flat_with_scalars(key[0], leaves)):
         return None
     if any(leaf_key[0] == "same" for leaf_key in key[2:]) or shares_storage(key):
         return None             # inputs that share memory: every call takes the key's path, which tells them apart
-    if any(i < 0 for i, _ in state_rules):
-        return None             # a rule on no leaf (state_alias.EVERY_CALL): every call is refused on the key's path
+    if any(i == CALL for i, _ in state_rules):
+        return None             # an entry whose every call is refused, on the key's path
     same_state = torch_state.state_guard()
     if same_state is None or torch.is_grad_enabled() or state_tag() != key[1][2]:
         return None

@@ -23,16 +23,15 @@ The storages are those of the module tensors where the entry was bound: a module
 swapped, changes what the method's value-guard watch reads (its ``tensor`` guard, its ``_buffers`` item), so the next
 call rebinds the entry (``CachedFunction._revalidate``, ``Entry.state_moved``) and with it these rules.
 
-Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``signature.Forbidden``),
+Sharing is told by memory: a leaf whose storage's bytes overlap a module tensor's storage's (``memory.Forbidden``),
 so a tensor on another storage object over the same bytes (``torch.from_numpy`` views of one array) is refused too.
-
-Module tensors among themselves: two the graph reads on distinct storage objects over overlapping bytes (buffers made
-with ``torch.from_numpy`` of overlapping views of one array), one of them written, are compiled as apart, so the
-graph read the other before the write (eager 5498501, gearcache 3999001 for ``b1.mul_(2); return b2.sum() + x``).
-Such an entry refuses every call: its rule is on :data:`EVERY_CALL`, not on a leaf (the shortcut has no matcher
-for it). Views of one tensor (one storage object) are compiled as views of one base: served. So does an entry writing
-a module tensor whose own elements overlap (``as_strided`` windows as a buffer: eager's in-place op writes them one
-after another, each seen by the next; the graph writes each from values read before).
+torch compiles tensors on distinct storage objects as apart whatever their bytes (``memory``), so two more rules
+refuse what it would compile wrong: an entry that writes a leaf its signature marks as overlapping leaves on other
+storage objects, and an entry that writes a module tensor overlapping another module tensor's bytes on another
+storage object, refuse every call (a leaf's rule over every byte; the rule ``CALL``). So does an entry that writes a
+leaf or a module tensor whose own elements overlap (``memory.elements_may_overlap``: ``as_strided`` windows): eager's
+in-place op writes them one after another, each seen by the next, the graph each from values read before (``x.add_(1);
+return x * 2``: eager [2, 6, 6, 8, 8, 8], gearcache [2, 4, 6, 6, 8, 8]).
 
 Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
@@ -41,22 +40,19 @@ shortcut (``signature.matcher``) they are compared in the same C++ call as the t
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..errors import UnsupportedInputError
-from .memory import elements_may_overlap, everywhere, forbidden_ranges, storage_range
-from .signature import StateRules, leaf_names, unflatten
+from .memory import elements_may_overlap, everywhere, forbidden_ranges, memory_groups, storage_range
+from .signature import CALL, StateRules, leaf_names, unflatten
 
 Rules = StateRules
-"""``((leaf index, signature.Forbidden), ...)``: the module tensors' memory each named call leaf must not overlap."""
+"""``((leaf index, memory.Forbidden), ...)``: the memory each named call leaf must not overlap (module tensors', or
+every byte); the index ``CALL`` stands for every call (refused: its Forbidden's one name says why)."""
 
 NO_RULES: Rules = ()
-
-EVERY_CALL = -1
-"""The leaf index of a rule that refuses every call, whatever its leaves (module tensors over one memory on two
-storage objects, one written: :func:`_shared_state_rules`)."""
 
 
 def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str, Any],
@@ -68,52 +64,42 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str
     written = set(range(len(recipe))) if mutated is None else set(mutated)
     if not written:
         return NO_RULES
-    return (_shared_state_rules(recipe, manifest["inputs"], written) + _state_rules(recipe, manifest["inputs"], written)
-            + _overlap_rules(recipe, manifest, written))
+    inputs = manifest["inputs"]
+    return (_state_overlap_rules(recipe, inputs, written) + _state_self_overlap_rules(recipe, inputs, written)
+            + _state_rules(recipe, inputs, written) + _overlap_rules(recipe, manifest, written))
 
 
-def _kind(tensor: torch.Tensor) -> str:
-    """``parameter`` or ``buffer``."""
-    return "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
+def _state_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                         written: set[int]) -> Rules:
+    """``((CALL, why),)`` where the graph writes a module tensor whose bytes overlap another module tensor's on
+    another storage object (buffers made by ``torch.from_numpy`` of views of one array): torch compiled the two as
+    apart, so a read of the other after the write would see the old values (eager: the new ones). Else empty."""
+    slots = [(j, item[0][item[1]]) for j, item in enumerate(recipe) if not isinstance(item, int)]
+    groups = memory_groups([tensor for _, tensor in slots])
+    for k, (j, _) in enumerate(slots):
+        if j in written and k in groups and groups[k][1] is not None:
+            others = [inputs[slots[o][0]][1] for o, (_, head) in groups.items() if o != k and head == groups[k][1]]
+            return ((CALL, everywhere(
+                f"the module tensor {inputs[j][1]}, which the compiled entry writes, shares memory with the module "
+                f"tensors {others} on other storage objects (as torch.from_numpy views of one array): torch compiles "
+                f"them as apart, so the method's reads of one after its writes to the other would not see them. Fix: "
+                f"make them views of one tensor (one storage object), or .clone() them")),)
+    return NO_RULES
 
 
-class _StateSpan(NamedTuple):
-    start: int
-    end: int
-    j: int                              # its graph input
-    storage: torch.UntypedStorage
-    tensor: torch.Tensor
-
-
-def _shared_state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
-                        written: set[int]) -> Rules:
-    """One rule on :data:`EVERY_CALL` where two module tensors the graph reads sit on distinct storage objects over
-    overlapping bytes and the graph writes one of them (see the module docstring), or where it writes one whose own
-    elements overlap (``memory.elements_may_overlap``: ``as_strided`` windows); else none. Cost: a storage range
-    per module tensor and a sort, at a binding only."""
-    spans = []
-    for j, item in enumerate(recipe):
-        tensor = None if isinstance(item, int) else item[0][item[1]]
-        if isinstance(tensor, torch.Tensor) and (where := storage_range(tensor))[1] > where[0]:
-            spans.append(_StateSpan(*where, j, tensor.untyped_storage(), tensor))
-    spans.sort(key=lambda s: (s.start, s.end, s.j))
-    reaching: list[_StateSpan] = []
-    for span in spans:
-        reaching = [o for o in reaching if o.end > span.start]      # those whose bytes reach this one's start
-        for other in reaching:
-            if other.storage is not span.storage and (other.j in written or span.j in written):
-                first, second = sorted((other, span), key=lambda s: s.j)
-                what = (f"the module's {_kind(first.tensor)} {inputs[first.j][1]} and {_kind(second.tensor)} "
-                        f"{inputs[second.j][1]} are tensors on two storage objects over the same bytes "
-                        f"(torch.from_numpy views of one array), which torch compiles as apart")
-                return ((EVERY_CALL, everywhere(what)),)
-        reaching.append(span)
-    for span in spans:
-        if span.j in written and elements_may_overlap(span.tensor.shape, span.tensor.stride()):
-            return ((EVERY_CALL, everywhere(
-                f"the module's {_kind(span.tensor)} {inputs[span.j][1]} has elements over one memory (sizes "
-                f"{list(span.tensor.shape)}, strides {list(span.tensor.stride())}), which the compiled entry writes "
-                f"from values read before its writes")),)
+def _state_self_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                              written: set[int]) -> Rules:
+    """``((CALL, why),)`` where the graph writes a module tensor whose own elements overlap (an ``as_strided``
+    buffer): a read of it after the write would see values eager's in-place op does not leave. Else empty."""
+    for j in sorted(written):
+        item = recipe[j] if j < len(recipe) else None
+        tensor = None if item is None or isinstance(item, int) else item[0][item[1]]
+        if isinstance(tensor, torch.Tensor) and elements_may_overlap(tensor.shape, tensor.stride()):
+            return ((CALL, everywhere(
+                f"the module tensor {inputs[j][1]}, which the compiled entry writes, has elements over one memory "
+                f"(sizes {list(tensor.shape)}, strides {list(tensor.stride())}): eager's in-place op writes them one "
+                f"after another, each seen by the next, the compiled entry each from values read before. Fix: "
+                f"register a .clone() of it")),)
     return NO_RULES
 
 
@@ -128,7 +114,7 @@ def _state_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: lis
         tensor = item[0][item[1]]
         if not isinstance(tensor, torch.Tensor):
             continue
-        name = f"the module's {_kind(tensor)} {inputs[j][1]}"
+        name = f"the module's {'parameter' if isinstance(tensor, torch.nn.Parameter) else 'buffer'} {inputs[j][1]}"
         address = storage_range(tensor)
         every.setdefault(address, name)
         if j in written:
@@ -168,9 +154,10 @@ def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest:
 
 
 def first_alias(rules_: Rules, leaves: Sequence[Any]) -> tuple[int, str] | None:
-    """``(leaf index, module tensor)`` of the first call leaf on a storage its rule forbids; None for most calls."""
+    """``(leaf index, what it overlaps)`` of the first call leaf on memory its rule forbids (``(CALL, why)`` for an
+    entry whose every call is refused); None for most calls."""
     for i, forbidden in rules_:
-        if i == EVERY_CALL:
+        if i == CALL:
             return i, forbidden.names[0]
         leaf = leaves[i]
         if isinstance(leaf, torch.Tensor):
@@ -191,12 +178,8 @@ def refuse(name: str, method: Callable[..., Any] | None, rules_: Rules, leaves: 
     if found is None:
         return
     i, owner = found
-    if i == EVERY_CALL:
-        raise UnsupportedInputError(
-            f"{name}: {owner}; the compiled entry writes that memory, and would run the method's reads and writes of "
-            f"it in the compiled order, not eager's. Fix: register a .clone() of the one written (or, for "
-            f"torch.from_numpy views of one array, make them views of one tensor: one torch.from_numpy of the array, "
-            f"then slices of it)")
+    if i == CALL:
+        raise UnsupportedInputError(f"{name}: {owner}")
     names = leaf_names(method, *unflatten(key[0], leaves), leaves) if method is not None and key is not None else {}
     argument = names.get(i, f"at flattened position {i}")
     raise UnsupportedInputError(

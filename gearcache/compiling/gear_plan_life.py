@@ -37,7 +37,8 @@ import torch
 from .._torch import state as torch_state, versions as torch_versions
 from ..call import signature, state_alias
 from ..call.entry import Entry
-from .capture import dependencies_changed, symbolic_shapes
+from .capture import dependencies_changed
+from .symbolic_trace import refuse_views_of_padded, symbolic_shapes
 from .entry_life import module_state
 from ..config import CompilerConfig
 from ..counters import counters
@@ -145,6 +146,7 @@ class GearPlanLife:
         sample = GearPlan(marks, [[i] for i in range(len(marks))], "product", {}, "error").pad(
             narrowed(leaves, marks, largest), list(largest))
         trace = symbolic_shapes(self.method, self.module, key[0], sample, traced)
+        refuse_views_of_padded(self.method, trace, {leaf for leaf, _ in traced})
         self.entries.communicates = communicates(trace.graph)      # warm-up compiles such graphs in this thread
         from ..gears import padding  # the analysis (and sympy) only where a gear plan is built, never on a warm load
 

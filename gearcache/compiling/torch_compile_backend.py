@@ -44,7 +44,7 @@ def _checked_gear_plan(gm: torch.fx.GraphModule, fakes: list[Any], marks: list[A
     ``"verify"``'s test against eager does not run here (its proof does)."""
     from ..gears import padding, padding_check
     from ..gears.plan import SymbolicTrace
-    from .capture import size_classes
+    from .symbolic_trace import size_classes
     from ..keys.guard_sets import GuardSet
 
     ic = config.inference_config

@@ -1,12 +1,12 @@
 """Padding analysis: can padding a geared method's call change its results or its state? Proved from the graph.
 
 A call is padded up to its gear (gears.py): its marked dims get extra rows of a pad value, the gear's entry runs, the
-outputs are cut back. That is exact when the real rows never see the padded ones, or see them only through an op the
-pad value leaves unchanged, and when nothing outside the padded copies is written through them. This module proves
-that, once per gear plan, for every op of the method's graph, from the plan's symbolic trace (capture.symbolic_shapes:
-a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch.aten.aten_graph``), where every op has
-a schema saying which arguments it writes and which it returns a view of. Nothing runs on real data, so a result
-holds for every call, device and dtype: no sample is taken.
+outputs are cut back. That is exact when the real rows never see the padded ones, or see them only through an op the pad
+value leaves unchanged, and when nothing outside the padded copies is written through them. This module proves that,
+once per gear plan, for every op of the method's graph, from the plan's symbolic trace (symbolic_trace.symbolic_shapes:
+a Dynamo graph whose marked dims are SymInts), retraced to ATen ops (``_torch.aten.aten_graph``), where every op has a
+schema saying which arguments it writes and which it returns a view of. Nothing runs on real data, so a result holds for
+every call, device and dtype: no sample is taken.
 
 **Padded values.** A dim whose size involves a marked dim's symbol is *padded*: its first (real size) rows are the
 real ones, the rest are padding. Each tensor value carries its dims as lists of *factors*, outer to inner (a
@@ -87,8 +87,8 @@ MAX_WALKS = 48
 def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int],
             pads: dict[int, PadValue] | None = None, bounds: dict[str, int] | None = None,
             roles: Roles | None = None) -> PaddingReport:
-    """Analyse the gear plan's symbolic trace (capture.symbolic_shapes); ``names``: leaf index -> argument name, for
-    messages; ``padded_leaves``: the leaves with marked dims; ``pads``: the pad values the user gave (exact in the
+    """Analyse the gear plan's symbolic trace (symbolic_trace.symbolic_shapes); ``names``: leaf index -> argument name,
+    for messages; ``padded_leaves``: the leaves with marked dims; ``pads``: the pad values the user gave (exact in the
     leaf's dtype, see ``pad_values.exact``), kept as they are; the others are chosen (``report.pad_values``);
     ``bounds``: each marked dim's symbol (as in ``trace.symbols``) -> its largest gear (positions ``arange`` makes
     over a padded size are valid indices below it); ``roles``: leaves taken as a KV cache and a causal mask

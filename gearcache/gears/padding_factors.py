@@ -24,7 +24,7 @@ Dim = tuple[Factor, ...]
 
 def size_expr(value: Any, same: dict[Any, Any]) -> Any:
     """A size as an int, or a sympy expression when it involves a symbol (each symbol replaced by the one ``same``
-    says it equals: see capture.size_classes)."""
+    says it equals: see symbolic_trace.size_classes)."""
     expr = torch_shapes.sym_expr(value)
     if isinstance(expr, (int, bool)):
         return int(expr)

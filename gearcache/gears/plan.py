@@ -451,7 +451,7 @@ def joined_classes(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 @dataclasses.dataclass
 class SymbolicTrace:
-    """What the gear plan's symbolic trace found (``compiling.capture.symbolic_shapes``): the padding analysis's
+    """What the gear plan's symbolic trace found (``compiling.symbolic_trace.symbolic_shapes``): the padding analysis's
     input."""
     symbols: list[str]                          # the symbol of each marked dim (dims that meet share one)
     output_dims: dict[int, list[tuple[int, str]]]   # method output leaf -> (dim, symbol) for dims equal to a symbol

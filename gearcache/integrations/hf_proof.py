@@ -13,7 +13,7 @@ dropped from the cache after the call: ``hf_regions.drop_pads``). The proof, per
    attributes as that graph assumed);
 2. traces the layer's call as its region makes it (``hf_regions.LayerRegion.layer_call``, the graph ``run`` compiles
    before its pads' drop) with the hidden states' batch and sequence dims symbolic, and the same dims of the mask, the
-   rotary embeddings and the cache's batch dim (capture.symbolic_shapes: Dynamo, no compile);
+   rotary embeddings and the cache's batch dim (symbolic_trace.symbolic_shapes: Dynamo, no compile);
 3. walks that graph with the padding analysis (gearcache/gears/padding.py, the rules of ``set_dim_gears``), the cache
    tensors and the mask given their roles (gearcache/gears/padding_cache.py): every op must keep padded rows and
    positions in line (elementwise, matmuls over hidden, norms over hidden, per-token routing), and the attention
@@ -40,7 +40,8 @@ import torch
 from .._torch import nn_modules as torch_nn_modules
 from .._torch import versions as torch_versions
 from ..call import signature
-from ..compiling.capture import dependencies_changed, symbolic_shapes
+from ..compiling.capture import dependencies_changed
+from ..compiling.symbolic_trace import symbolic_shapes
 from ..keys.fingerprints import class_digest
 from ..keys.key import FORMAT_VERSION, sha256_text
 from ..store import Store
@@ -124,7 +125,7 @@ PROOF_FORMAT = 2     # 2: every layer and a decode step proved (a record of 1 pr
 def prove(model: torch.nn.Module, cache_kw: str, layers: list[torch.nn.Module]) -> tuple[str | None, list[Any]]:
     """``(None, dependencies)`` when every decoder layer of ``layers`` passes the proof (see the module docstring) in
     a prompt's call and in a decode step's, else ``(why not: the layer, the op, where and why, dependencies)``;
-    ``dependencies``: the functions the traces ran (capture.symbolic_shapes). A layer is traced unless an earlier
+    ``dependencies``: the functions the traces ran (symbolic_trace.symbolic_shapes). A layer is traced unless an earlier
     trace of its kind (class and layer type) and phase has value guards that hold on it (Dynamo would reuse that
     graph): a layer whose code branches on its ``layer_idx`` or on an attribute of its own is proved on its own."""
     backing = hf_cache.allocate(model, ROWS, LENGTH)

@@ -34,7 +34,7 @@ from ..ranks.topology import process_groups_factor
 
 log = logging.getLogger("gearcache.keys.key")
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 """gearcache's artifact and manifest format. Bump it whenever what is written or how it is read changes.
 2: artifacts carry a run plan (gearcache/runplan/); the config factor names the mode instead of its options.
 3: run plans also launch the kernels Inductor left to Triton's launcher (long names, clusters, scratch memory).
@@ -44,7 +44,10 @@ FORMAT_VERSION = 6
    first of its signature is stored under a variant key; the global state names the default device.
 6: value guards fingerprint classes by their contents and functions by code, defaults and closure contents, guard
    parameters and buffers (``tensor``) and the cached function's closure cells and defaults; module_state rows carry
-   strides."""
+   strides.
+7: call keys tell tensors on one storage object from tensors on distinct storage objects over shared bytes
+   (``call/memory.py``; an older entry keyed as views of one storage may have been compiled for distinct objects);
+   gear plans refuse a method output that is a view of a padded argument (older stored plans may serve one)."""
 
 
 ENTRY_FACTORS = ("format", "method", "signature", "module_state", "config", "decompositions", "global_state",

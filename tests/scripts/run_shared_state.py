@@ -64,7 +64,7 @@ def call(m, e):
     try:
         out = m.cached(torch.ones(1))
     except gearcache.UnsupportedInputError as exc:
-        assert "buffer b1" in str(exc) and ".clone()" in str(exc), str(exc)
+        assert "b1" in str(exc) and ".clone()" in str(exc), str(exc)
         return "refused" if all(torch.equal(p, q) for p, q in zip(before, state(m))) else "refused, written"
     ref = e.step(torch.ones(1))
     return bool(torch.equal(out, ref) and all(torch.equal(p, q) for p, q in zip(state(m), state(e))))
