@@ -56,35 +56,6 @@ def test_a_new_signature_runs_eagerly_until_its_background_compile_is_loaded(tmp
     assert counters.traces == before["traces"] + 1
 
 
-class ScaleAdd(torch.nn.Module):
-    def __init__(self, store=None):
-        super().__init__()
-        if store is not None:
-            config = CompilerConfig(on_new_signature="background",
-                                    inference_config=InferenceConfig(warmup_workers=1))
-            self.cached = cache_compile(self.fwd, config=config, cache_dir=store)
-
-    def fwd(self, x, y):
-        y.mul_(2)
-        return x + y
-
-
-def test_arguments_that_are_views_of_one_tensor_are_not_compiled_apart_in_a_worker(tmp_path):
-    """x, y = b[:2], b[1:3]: the worker rebuilt each input on a base of its own and compiled them apart; once loaded,
-    the entry returned [5, 8] where eager returns [5, 10]. Such a graph is compiled in the calling thread now (no
-    eager call), and a second instance loading its entry equals eager too."""
-    model, twin = ScaleAdd(tmp_path / "store"), ScaleAdd()
-    eager_before = counters.eager_calls
-    with torch.no_grad():
-        for m in (model, model, ScaleAdd(tmp_path / "store")):
-            for _ in range(2):
-                b, eager_b = torch.arange(1., 5.), torch.arange(1., 5.)
-                assert torch.equal(m.cached(b[:2], b[1:3]), twin.fwd(eager_b[:2], eager_b[1:3]))
-                assert torch.equal(b, eager_b)
-            gearcache.wait_for_background_compiles()
-    assert counters.eager_calls == eager_before
-
-
 @pytest.mark.slow
 def test_a_worker_killed_mid_compile_leaves_the_compile_to_the_settling_call(tmp_path):
     """SIGKILL every worker while the entry compiles: the call was served eagerly, and settling it compiles it in

@@ -1,6 +1,7 @@
 """Parallel warm-up (gearcache/warmup/driver.py, gearcache/compiling/workers.py): rank order, worker-compiled gears
 equal the serial path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the
-gears."""
+gears; a graph whose inputs share memory is compiled in the calling process (a worker would compile them apart), in a
+warm-up and in a background compile."""
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import torch
 
 from conftest import TESTS, run_script
 import gearcache
-from gearcache import CompilerConfig
+from gearcache import CompilerConfig, InferenceConfig, cache_compile, counters
 from gearcache.gears.plan import GearCall, MarkedDim
 from gearcache.warmup.driver import default_workers, most_gears, rank_order
 from gearcache.warmup.method import capture_order
@@ -83,6 +84,37 @@ def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(
     assert cold["equal"] == [True] * 3 and cold["gears"] == 2 and cold["compiles"] == 2, cold
     warm = run_script("run_warmup_views.py", str(tmp_path), "calls")
     assert warm["equal"] == [True] * 3 and warm["compiles"] == 0 and warm["loads"] == 2, warm
+
+
+class ScaleAdd(torch.nn.Module):
+    """Compiles new signatures in the background (gearcache/compiling/background.py), in one worker."""
+
+    def __init__(self, store=None):
+        super().__init__()
+        if store is not None:
+            config = CompilerConfig(on_new_signature="background",
+                                    inference_config=InferenceConfig(warmup_workers=1))
+            self.cached = cache_compile(self.fwd, config=config, cache_dir=store)
+
+    def fwd(self, x, y):
+        y.mul_(2)
+        return x + y
+
+
+def test_arguments_that_are_views_of_one_tensor_are_not_compiled_apart_in_a_worker(tmp_path):
+    """x, y = b[:2], b[1:3]: the worker rebuilt each input on a base of its own and compiled them apart; once loaded,
+    the entry returned [5, 8] where eager returns [5, 10]. Such a graph is compiled in the calling thread now (no
+    eager call), and a second instance loading its entry equals eager too."""
+    model, twin = ScaleAdd(tmp_path / "store"), ScaleAdd()
+    eager_before = counters.eager_calls
+    with torch.no_grad():
+        for m in (model, model, ScaleAdd(tmp_path / "store")):
+            for _ in range(2):
+                b, eager_b = torch.arange(1., 5.), torch.arange(1., 5.)
+                assert torch.equal(m.cached(b[:2], b[1:3]), twin.fwd(eager_b[:2], eager_b[1:3]))
+                assert torch.equal(b, eager_b)
+            gearcache.wait_for_background_compiles()
+    assert counters.eager_calls == eager_before
 
 
 def _summary(root: Path) -> tuple[dict, dict]:
