@@ -135,7 +135,9 @@ class CompilerConfig(BaseModel):
     check_signature: bool = True
     """Look each call's shapes, dtypes and devices up in the entry table. ``False`` skips even that and sends every
     call to the first entry: only for callers that guarantee one fixed signature (and the same grad mode, inference
-    mode and global torch state, e.g. autocast, as that first call)."""
+    mode and global torch state, e.g. autocast, as that first call). Calls with keyword or nested arguments, a first
+    entry compiled for arguments sharing memory, and, for an entry writing an argument, calls whose tensors share
+    memory still take the checked path (their sharing is no part of what a caller guarantees)."""
 
     lock_timeout_s: float = Field(default=900.0, gt=0)
     """How long a process waits for another that is compiling the same artifact."""

@@ -31,6 +31,20 @@ def test_module_tensors_sharing_memory_change_the_module_state_and_apart_add_not
     assert module_state(m) == apart
 
 
+def test_module_tensors_on_one_storage_are_keyed_by_both_offsets():
+    """Buffers ``c = t[1:5]``, ``d = t[2:6]`` were keyed as ``c = t[0:4]``, ``d = t[2:6]`` (the row held ``d``'s
+    offset only): the entry compiled for c at 0 served c at 1 and wrote t[0:4] (eager [40, 60, 80, 50], gearcache
+    [40, 60, 40, 50]). The first one's offset is in the row where it is not 0 (rows of before kept)."""
+    def rows(c_at):
+        m = torch.nn.Module()
+        t = torch.arange(8.)
+        m.register_buffer("c", t[c_at:c_at + 4])
+        m.register_buffer("d", t[2:6])
+        return [r for r in module_state(m) if r[0] == "shares"]
+    assert rows(0) == [["shares", "d", "c", 2, False]]
+    assert rows(1) == [["shares", "d", "c", 2, False, 1]]
+
+
 class _Counting(torch.nn.Module):
     """A block that counts its calls in a buffer it writes in place."""
 

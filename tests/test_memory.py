@@ -61,7 +61,7 @@ def test_arguments_over_one_memory_on_two_objects_have_a_key_of_their_own():
         t = torch.arange(8.)
         one_object = call_key((t[:2], t[:2]), {})[1]
     assert len({apart, overlapping[1], one_start, one_object}) == 3 and overlapping[1] == one_start
-    assert overlapping[1][3][-1] == ("storage", 1, 0, 0) and one_object[3][-1] == ("storage", 0, 0)
+    assert overlapping[1][3][-1] == ("storage", 1, 0, 8, 0) and one_object[3][-1] == ("storage", 0, 0, ((8,), (1,), 0))
     assert describe(*overlapping)["leaves"][1]["overlaps"] == 0
     assert "overlaps" not in describe((t[:2], t[:2]), one_object)["leaves"][1]
 
@@ -129,3 +129,154 @@ def test_compiled_over_shared_bytes_reads_are_served_and_writes_refused_cold_and
     for report in (cold, warm):
         assert report["calls"] == expected and report["shortcut_served_apart"], report
     assert cold["compiles"] == 5 and warm["compiles"] == 0 and warm["loads"] == 5, (cold, warm)
+
+
+def test_elements_may_overlap_by_sizes_and_strides():
+    assert not memory.elements_may_overlap((3, 2), (2, 1))
+    assert not memory.elements_may_overlap((2, 3, 4, 5), (60, 1, 15, 3))          # channels-last
+    assert not memory.elements_may_overlap((4, 2), (1, 8))                      # a transpose of a slice
+    assert not memory.elements_may_overlap((0, 3), (0, 0)) and not memory.elements_may_overlap((1, 3), (0, 1))
+    assert memory.elements_may_overlap((3, 2), (1, 1))                          # as_strided windows
+    assert memory.elements_may_overlap((4,), (0,))                              # expand
+    assert memory.elements_may_overlap((2, 2, 2), (2, 1, 1))
+
+
+def test_an_entry_writing_an_argument_whose_elements_overlap_refuses_every_call():
+    """Its graph writes each element of y once, from values read before; eager's in-place op writes them one after
+    another, each seen by the next where they share memory."""
+    windows = torch.arange(6.).as_strided((3, 2), (1, 1))
+    written = entry_for((torch.ones(3, 2), windows), [1])
+    assert [i for i, _ in written.state_aliases] == [1]
+    with pytest.raises(gearcache.UnsupportedInputError, match=r"argument y shares memory with itself.*\.clone\(\)"):
+        state_alias.refuse("f", lambda x, y: x, written.state_aliases, (torch.ones(3, 2), windows),
+                           call_key((torch.ones(3, 2), windows), {})[1])
+    for served in (entry_for((torch.ones(3, 2), windows), []), entry_for((windows, torch.ones(3, 2)), [1])):
+        assert served.state_aliases == ()               # only read, or the written one is apart
+
+
+@pytest.mark.slow
+def test_a_written_argument_over_its_own_memory_is_refused_cold_and_warm(tmp_path):
+    """tests/scripts/run_self_overlap.py: ``x.add_(1); return x * 2`` with ``x`` windows over one tensor
+    (``as_strided((3, 2), (1, 1))``) returned [2, 4, 6, 6, 8, 8] where eager returns [2, 6, 6, 8, 8, 8], in the
+    compiling process and in a fresh one; with gears (x padded to 4 rows: a copy, its rows copied back into the
+    windows) [2, 4, 4, 6, 6, 8]. Refused now, nothing written; contiguous and transposed calls equal eager."""
+    from conftest import Script
+
+    for gears in ([], ["gears"]):
+        cache = str(tmp_path / "-".join(["cache", *gears]))
+        for report in (Script("run_self_overlap.py", cache, *gears).result(),
+                       warm := Script("run_self_overlap.py", cache, *gears).result()):
+            assert report["calls"] == [["plain", True], ["plain", True], ["windows", "refused"],
+                                       ["windows", "refused"], ["transposed", True]], (gears, report)
+        assert warm["compiles"] == 0, warm
+
+
+class Unchecked(torch.nn.Module):
+    """Cached methods under ``check_signature=False``: every call by the first entry, without a key."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        if cache_dir is not None:
+            config = gearcache.CompilerConfig(check_signature=False)
+            for name in ("scale_add", "keyword", "listed"):
+                setattr(self, f"c_{name}", gearcache.cache_compile(getattr(self, name), cache_dir=cache_dir,
+                                                                   config=config))
+
+    def scale_add(self, x, y):
+        y.mul_(2)
+        return x + y
+
+    def keyword(self, x, *, y):
+        return x * y
+
+    def listed(self, xs):
+        return xs[0] * xs[1]
+
+
+@pytest.mark.slow
+def test_unchecked_calls_sharing_memory_or_with_keywords_are_served_as_eager(tmp_path):
+    """``check_signature=False`` ran the first entry on every call's positional arguments: views of one tensor after
+    an apart first call gave [5, 8] where eager gives [5, 10] (numpy views alike), one tensor passed twice after
+    apart ones gave [3, 6] for eager's [4, 8], apart ones after one passed twice raised AssertionError (Inductor's
+    size check), and a call with keyword or list arguments raised IndexError from its second call. Such calls take
+    the checked path now: served as eager, or refused as there (numpy views of one array written)."""
+    m, e = Unchecked(str(tmp_path)), Unchecked()
+
+    def pair(kind):
+        base = torch.arange(1., 5.)
+        if kind == "apart":
+            return base[:2].clone(), base[1:3].clone()
+        if kind == "views":
+            return base[:2], base[1:3]
+        if kind == "same":
+            return base[:2], base[:2]
+        return tuple(torch.from_numpy(v) for v in (base.numpy()[:2], base.numpy()[1:3]))
+
+    def same_as_eager(kind, cached=None):
+        (x, y), (ex, ey) = pair(kind), pair(kind)
+        out = (cached or m.c_scale_add)(x, y)
+        return torch.equal(out, e.scale_add(ex, ey)) and torch.equal(x, ex) and torch.equal(y, ey)
+
+    with torch.no_grad():
+        assert [same_as_eager(kind) for kind in ("apart", "apart", "views", "apart", "same", "apart")] == [True] * 6
+        x, y = pair("numpy")
+        with pytest.raises(gearcache.UnsupportedInputError, match="argument y shares memory"):
+            m.c_scale_add(x, y)
+        assert torch.equal(y, torch.tensor([2., 3.]))
+        first_same = Unchecked(str(tmp_path)).c_scale_add
+        assert [same_as_eager(kind, first_same) for kind in ("same", "same", "apart", "apart")] == [True] * 4
+        for _ in range(2):
+            torch.testing.assert_close(m.c_keyword(torch.ones(2), y=torch.full((2,), 3.)), torch.full((2,), 3.))
+            torch.testing.assert_close(m.c_listed([torch.ones(2), torch.full((2,), 3.)]), torch.full((2,), 3.))
+
+
+def test_a_rule_refusing_every_call_forbids_every_tensor_in_the_shortcut_check_too(checks):
+    """``memory.everywhere``'s range reaches the native TensorMatch whole (its end was 1 << 64, read there as 0: an
+    empty range, which let every call through)."""
+    with torch.no_grad():
+        leaves, key = call_key((torch.ones(2), torch.ones(2)), {})
+        check = matcher(leaves, key, state_rules=((1, memory.everywhere("x")),))
+        assert (type(check.check).__name__ == "TensorMatch") is (checks == "native")
+        assert not check((torch.ones(2), torch.ones(2)))
+        assert not check((torch.ones(2), torch.from_numpy(numpy.ones(2, numpy.float32))))
+        assert matcher(leaves, key)((torch.ones(2), torch.ones(2)))
+
+
+def test_views_of_one_tensor_are_keyed_by_the_base_torch_compiles_them_over():
+    """AOTAutograd compiles views of one tensor, one written, over their ``_base`` (else the whole storage) as a graph
+    input of its own: views alike over another base were keyed alike, and the entry raised AssertionError (Inductor's
+    size check of that input, "expected size 10==8")."""
+    def views(n, shape=None):
+        base = torch.arange(float(n)) if shape is None else torch.arange(float(n)).view(*shape).clone()
+        flat = base.view(-1)
+        return flat[0:4], flat[2:6]
+
+    with torch.no_grad():
+        key = call_key(views(8), {})[1]
+        assert call_key(views(8), {})[1] == key
+        assert len({key, call_key(views(10), {})[1], call_key(views(8, (2, 4)), {})[1]}) == 3
+        storage = torch.arange(8.).untyped_storage()
+        no_base = tuple(torch.empty(0).set_(storage, at, (4,), (1,)) for at in (0, 2))
+        assert call_key(no_base, {})[1] != key and describe(*call_key(no_base, {}))["leaves"][1]["storage_of"] == 0
+
+
+@pytest.mark.slow
+def test_views_of_one_tensor_over_bases_of_other_sizes_are_served(tmp_path):
+    """``y.mul_(2); return x + y`` with x, y = b[0:4], b[2:6]: b of 8 elements, then of 10 (AssertionError before),
+    then of 8 again; each equals eager."""
+    class ScaleAdd(torch.nn.Module):
+        def __init__(self, cache_dir=None):
+            super().__init__()
+            if cache_dir is not None:
+                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+        def fwd(self, x, y):
+            y.mul_(2)
+            return x + y
+
+    m, e = ScaleAdd(str(tmp_path)), ScaleAdd()
+    with torch.no_grad():
+        for n in (8, 10, 8, 10):
+            b, eager_b = torch.arange(float(n)), torch.arange(float(n))
+            assert torch.equal(m.cached(b[0:4], b[2:6]), e.fwd(eager_b[0:4], eager_b[2:6]))
+            assert torch.equal(b, eager_b)

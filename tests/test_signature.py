@@ -289,7 +289,7 @@ def test_the_state_tag_is_per_thread():
 
 
 def test_views_of_one_storage_are_keyed_by_where_they_sit_and_get_no_shortcut():
-    """Distinct tensors on one storage add ("storage", first leaf on it, storage offset) to their keys (Dynamo
+    """Distinct tensors on one storage add ("storage", first leaf on it, storage offset, base) to their keys (Dynamo
     compiles them as views of one base), so equal views, overlapping ones, disjoint ones and separate tensors have
     four keys; such calls get no shortcut matcher, and a matcher for an entry that writes an input refuses a later
     call whose tensors share a storage."""
@@ -299,7 +299,9 @@ def test_views_of_one_storage_are_keyed_by_where_they_sit_and_get_no_shortcut():
     with torch.no_grad():
         keys = {name: call_key(args, {})[1] for name, args in calls.items()}
         assert len(set(keys.values())) == 4
-        assert keys["overlapping"][3][-1] == ("storage", 0, 16) and keys["disjoint"][3][-1] == ("storage", 0, 32)
+        over = ((8, 8), (8, 1), 0)                                  # big: the base of the views
+        assert keys["overlapping"][3][-1] == ("storage", 0, 16, over) and keys["disjoint"][3][-1] == \
+            ("storage", 0, 32, over)
         assert describe(calls["overlapping"], keys["overlapping"])["leaves"][1]["storage_offset"] == 16
         assert matcher(calls["overlapping"], keys["overlapping"]) is None
         separate = calls["separate"]

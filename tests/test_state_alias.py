@@ -358,3 +358,71 @@ def test_a_numpy_view_over_a_buffer_the_entry_writes_is_refused_compiled(tmp_pat
         outside = m.cached(torch.from_numpy(m.array[4:6]))
         torch.testing.assert_close(outside, e.step(torch.from_numpy(e.array[4:6])))
         torch.testing.assert_close(torch.from_numpy(numpy.array(m.array)), torch.from_numpy(numpy.array(e.array)))
+
+
+class TwoNumpyBuffers(torch.nn.Module):
+    """Buffers ``a`` and ``b`` made with ``torch.from_numpy`` of overlapping views of one array (two storage objects
+    over shared bytes: torch compiles them as apart), ``c`` and ``d`` views of one tensor (one storage object), ``w``
+    windows whose elements overlap."""
+
+    def __init__(self):
+        super().__init__()
+        import numpy
+        self.array = numpy.arange(8, dtype=numpy.float32)
+        self.register_buffer("a", torch.from_numpy(self.array[:4]))
+        self.register_buffer("b", torch.from_numpy(self.array[2:6]))
+        t = torch.arange(8.)
+        self.register_buffer("c", t[:4])
+        self.register_buffer("d", t[2:6])
+        self.register_buffer("w", torch.arange(6.).as_strided((3, 2), (1, 1)))    # windows over 4 floats
+
+
+def entry_over_state(net, mutated):
+    """An entry reading the argument x and the module tensors a, b, c, d, w (graph inputs 1..5), writing
+    ``mutated``."""
+    plan = {"num_inputs": 6, "num_outputs": 1, "inputs_to_check": [], "mutated_inputs": mutated}
+    return Entry(PlanRunner(lambda args: [args[0] * 3], plan), net,
+                 {"inputs": [["leaf", 0], ["state", "a"], ["state", "b"], ["state", "c"], ["state", "d"],
+                             ["state", "w"]],
+                  "outputs": {"leaves": [["out", 0]], "structure": ["leaf"]}})
+
+
+def test_a_written_module_tensor_over_its_own_or_another_storage_objects_memory_refuses_every_call(checks):
+    """``a`` written, ``b`` read over its bytes from another storage object, or ``w`` written, whose own elements
+    overlap: every call is refused (``CALL``: the key's path; the shortcut has no matcher), naming the tensor and the
+    fix. Only read, or views of one tensor (``c`` written, ``d`` read: torch compiles them as views of one base): no
+    such rule."""
+    net = TwoNumpyBuffers()
+    for written, why in (([1], r"a, which the compiled entry writes, shares memory"),
+                         ([5], r"w, which the compiled entry writes, has elements over one memory \(sizes \[3, 2\], "
+                               r"strides \[1, 1\]\)")):
+        rules = entry_over_state(net, written).state_aliases
+        assert state_alias.first_alias(rules, (torch.ones(2),))[0] == signature.CALL
+        with pytest.raises(gearcache.UnsupportedInputError, match=rf"Net.step: the module tensor {why}.*\.clone\(\)"):
+            state_alias.refuse("Net.step", None, rules, (torch.ones(2),), None)
+        with torch.no_grad():
+            leaves, key = signature.call_key((torch.ones(2),), {})
+            assert signature.matcher(leaves, key, state_rules=rules) is None
+    for reads_or_views in ([], [3], [4]):
+        rules = entry_over_state(net, reads_or_views).state_aliases
+        assert state_alias.first_alias(rules, (torch.ones(2),)) is None
+
+
+@pytest.mark.slow
+def test_module_tensors_over_one_memory_on_two_storage_objects_are_refused_cold_and_warm(tmp_path):
+    """tests/scripts/run_shared_state.py: ``b1.mul_(2); return b2.sum() + b1.sum() + x`` with the buffers
+    ``from_numpy`` views of one array (overlapping, or from one start) was served in compiled order, ``b2`` read
+    before the write (``b1.mul_(2); return b2.sum() + x``: eager 5498501, gearcache 3999001), in the compiling process
+    and in a fresh one; so was ``b1`` as windows whose elements overlap (``b1.sum()`` of values eager's ``mul_`` does
+    not leave); and views of one tensor with b1 one element further were served by the entry of b1 at 0 (keyed alike),
+    which wrote the element before b1. Refused now, nothing written; views of one tensor (from either start) and
+    apart buffers equal eager."""
+    from conftest import Script
+
+    for report in (Script("run_shared_state.py", str(tmp_path)).result(),
+                   warm := Script("run_shared_state.py", str(tmp_path)).result()):
+        assert report["calls"] == {"numpy overlap": ["refused"] * 3, "numpy one start": ["refused"] * 3,
+                                   "one tensor's views": [True] * 3, "one tensor's views, b1 one further": [True] * 3,
+                                   "b1's own elements overlap": ["refused"] * 3,
+                                   "apart": [True] * 3}, report
+    assert warm["compiles"] == 0, warm

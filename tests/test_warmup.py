@@ -1,6 +1,7 @@
 """Parallel warm-up (gearcache/warmup/driver.py, gearcache/compiling/workers.py): rank order, worker-compiled gears
 equal the serial path's, load in a fresh process with nothing compiled, and two ranks sharing a folder split the
-gears."""
+gears; a graph whose inputs share memory is compiled in the calling process (a worker would compile them apart), in a
+warm-up and in a background compile."""
 import json
 import os
 import subprocess
@@ -12,11 +13,11 @@ import torch
 
 from conftest import TESTS, run_script
 import gearcache
-from gearcache import CompilerConfig
+from gearcache import CompilerConfig, InferenceConfig, cache_compile, counters
 from gearcache.gears.plan import GearCall, MarkedDim
 from gearcache.warmup.driver import default_workers, most_gears, rank_order
 from gearcache.warmup.method import capture_order
-from gearcache.compiling.workers import build_input, input_spec
+from gearcache.compiling.workers import build_input, input_spec, job_for
 
 
 def test_rank_order_starts_with_the_ranks_share():
@@ -63,6 +64,57 @@ def test_worker_inputs_keep_the_metadata():
                (x.shape, x.stride(), x.storage_offset(), x.dtype, x.device)
         assert (type(y), y.requires_grad, y.is_inference()) == (type(x), x.requires_grad, x.is_inference())
     assert build_input(input_spec(3)) == 3
+
+
+def test_inputs_sharing_memory_do_not_travel_to_a_worker():
+    """A worker rebuilds each input on a base of its own: views of one tensor would be compiled apart there."""
+    gm = torch.fx.symbolic_trace(lambda x, y: x + y)
+    t = torch.arange(8.)
+    assert job_for(gm, [t[0:4], t[2:6]], {}, "f") is None
+    assert job_for(gm, [t[0:4], t[4:8]], {}, "f") is None          # one storage: the graph's aliasing is AOT's call
+    assert job_for(gm, [t[0:4], t[2:6].clone()], {}, "f") is not None
+
+
+@pytest.mark.slow
+def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(tmp_path):
+    """tests/scripts/run_warmup_views.py: ``c.mul_(2); return d.sum() + x``, ``c`` and ``d`` views of one tensor,
+    warmed up with 2 workers, gave [60] where eager gives [82] (the workers compiled them apart), and so did a fresh
+    process loading those entries. Such gears are compiled in the calling process now: equal to eager, warm too."""
+    cold = run_script("run_warmup_views.py", str(tmp_path), "warmup", "2")
+    assert cold["equal"] == [True] * 3 and cold["gears"] == 2 and cold["compiles"] == 2, cold
+    warm = run_script("run_warmup_views.py", str(tmp_path), "calls")
+    assert warm["equal"] == [True] * 3 and warm["compiles"] == 0 and warm["loads"] == 2, warm
+
+
+class ScaleAdd(torch.nn.Module):
+    """Compiles new signatures in the background (gearcache/compiling/background.py), in one worker."""
+
+    def __init__(self, store=None):
+        super().__init__()
+        if store is not None:
+            config = CompilerConfig(on_new_signature="background",
+                                    inference_config=InferenceConfig(warmup_workers=1))
+            self.cached = cache_compile(self.fwd, config=config, cache_dir=store)
+
+    def fwd(self, x, y):
+        y.mul_(2)
+        return x + y
+
+
+def test_arguments_that_are_views_of_one_tensor_are_not_compiled_apart_in_a_worker(tmp_path):
+    """x, y = b[:2], b[1:3]: the worker rebuilt each input on a base of its own and compiled them apart; once loaded,
+    the entry returned [5, 8] where eager returns [5, 10]. Such a graph is compiled in the calling thread now (no
+    eager call), and a second instance loading its entry equals eager too."""
+    model, twin = ScaleAdd(tmp_path / "store"), ScaleAdd()
+    eager_before = counters.eager_calls
+    with torch.no_grad():
+        for m in (model, model, ScaleAdd(tmp_path / "store")):
+            for _ in range(2):
+                b, eager_b = torch.arange(1., 5.), torch.arange(1., 5.)
+                assert torch.equal(m.cached(b[:2], b[1:3]), twin.fwd(eager_b[:2], eager_b[1:3]))
+                assert torch.equal(b, eager_b)
+            gearcache.wait_for_background_compiles()
+    assert counters.eager_calls == eager_before
 
 
 def _summary(root: Path) -> tuple[dict, dict]:

@@ -119,3 +119,14 @@ def native_data_ptr() -> object | None:
     native = gearcache_native.guards()
     return getattr(native, "DATA_PTR", None) if native is not None else None
 
+
+
+def aliased_base(t: torch.Tensor) -> object:
+    """What AOTAutograd compiles ``t`` over where it and another input on its storage are views one of which the graph
+    writes (``merge_view_inputs``: a graph input of its own, its sizes checked by Inductor at every call): ``t``'s
+    autograd base (``_base``) as its sizes, strides and storage offset, else its storage's bytes. A key factor of such
+    calls (gearcache/call/signature.py ``_memory_mark``)."""
+    base = t._base
+    if base is None:
+        return t.untyped_storage().nbytes()
+    return tuple(base.shape), tuple(base.stride()), int(base.storage_offset())

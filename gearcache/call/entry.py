@@ -156,7 +156,7 @@ def _addresses(recipe: Recipe) -> list[int]:
     return [item[0][item[1]].data_ptr() for item in recipe if not isinstance(item, int)]
 
 
-def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool]]:
+def _shares(recipe: Recipe) -> list[tuple[int, int, int, bool, int]]:
     """``memory.shared_memory`` of the module tensors the recipe reads (numbered among them)."""
     return memory.shared_memory([item[0][item[1]] for item in recipe if not isinstance(item, int)])
 

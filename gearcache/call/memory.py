@@ -61,8 +61,10 @@ def forbidden_ranges(ranges: dict[tuple[int, int], str]) -> Forbidden:
 
 
 def everywhere(name: str) -> Forbidden:
-    """A :class:`Forbidden` that every tensor with memory overlaps (a leaf whose every call is refused)."""
-    return forbidden_ranges({(1, 1 << 64): name})
+    """A :class:`Forbidden` that every tensor with memory overlaps (a leaf whose every call is refused). Its end is
+    the largest 64-bit address: the native ``TensorMatch`` reads ranges as unsigned 64-bit ints (``1 << 64`` read as
+    0 there, an empty range, forbade nothing)."""
+    return forbidden_ranges({(1, (1 << 64) - 1): name})
 
 
 def storage_address(t: torch.Tensor) -> int:
@@ -85,14 +87,30 @@ def storage_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def ranges_apart(tensors: tuple[Any, ...]) -> bool:
-    """Whether no two of ``tensors``' storages overlap in memory (one storage object twice overlaps itself)."""
-    spans = sorted(r for t in tensors if (r := storage_range(t))[1] > r[0])
+    """Whether no two of ``tensors``' storages overlap in memory (one storage object twice overlaps itself); items that
+    are no tensor are skipped."""
+    spans = sorted(r for t in tensors if isinstance(t, _Tensor) and (r := storage_range(t))[1] > r[0])
     reach = 0
     for start, end in spans:
         if start < reach:
             return False
         reach = max(reach, end)
     return True
+
+
+def elements_may_overlap(sizes: Any, strides: Any) -> bool:
+    """Whether two elements of a tensor of these ``sizes`` and ``strides`` may sit at one address: False where each
+    dim, taken by stride, steps past all that the smaller ones reach (contiguous, channels-last, slices, transposes),
+    True for a stride 0 over more than one element (``expand``) and for interleaved strides (``as_strided`` windows,
+    ``(3, 2)`` over strides ``(1, 1)``); a few layouts whose elements are apart after all are taken to overlap too."""
+    if any(size == 0 for size in sizes):
+        return False
+    reach = 0
+    for stride, size in sorted((abs(st), sz) for sz, st in zip(sizes, strides) if sz > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 Span = tuple[int, int, int, torch.UntypedStorage]
@@ -150,20 +168,21 @@ def _mark(cluster: list[Span], leaves: Any, groups: dict[int, tuple[int, int | N
         groups[i] = (first[id(storage)], head)
 
 
-def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool]]:
-    """``(i, j, offset, same)`` for each tensor ``tensors[i]`` whose storage is that of an earlier ``tensors[j]``
-    (``offset``: its storage offset; ``same``: the very same tensor object); items that are no tensor, meta, sparse or
-    empty are skipped (their places still count). The module tensors' sharing an entry was compiled with
-    (``Entry.sharing_changed``, ``entry_life.shared_memory_rows``)."""
+def shared_memory(tensors: list[Any]) -> list[tuple[int, int, int, bool, int]]:
+    """``(i, j, offset, same, first_offset)`` for each tensor ``tensors[i]`` whose storage is that of an earlier
+    ``tensors[j]`` (``offset``, ``first_offset``: their storage offsets, which with their sizes and strides say where
+    they overlap; ``same``: the very same tensor object); items that are no tensor, meta, sparse or empty are skipped
+    (their places still count). The module tensors' sharing an entry was compiled with (``Entry.sharing_changed``,
+    ``entry_life.shared_memory_rows``)."""
     first: dict[tuple[torch.device, int], tuple[int, torch.Tensor]] = {}
-    pairs: list[tuple[int, int, int, bool]] = []
+    pairs: list[tuple[int, int, int, bool, int]] = []
     for i, t in enumerate(tensors):
         if not isinstance(t, _Tensor) or t.is_meta or t.layout != torch.strided or not t.numel():
             continue
         where = (t.device, t.data_ptr() - int(t.storage_offset()) * t.element_size())    # its storage's address
         if where in first:
             j, other = first[where]
-            pairs.append((i, j, int(t.storage_offset()), t is other))
+            pairs.append((i, j, int(t.storage_offset()), t is other, int(other.storage_offset())))
         else:
             first[where] = (i, t)
     return pairs

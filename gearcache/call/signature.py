@@ -120,10 +120,11 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
 
 def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
     """Each leaf's key; a tensor seen before at place ``i``: ``("same", i)``; a tensor that shares memory with
-    another leaf (not the same object) adds ``("storage", j, storage_offset)``, ``j`` the first leaf on its storage
-    object: Dynamo compiles such inputs as views of one base, which distinct tensors are not (and the other way
-    round); ``("storage", j, storage_offset, c)`` where its bytes overlap leaves on other storage objects too, ``c``
-    the first of them all (memory.memory_groups: torch compiles those as apart)."""
+    another leaf (not the same object) adds ``("storage", j, storage_offset, base)``, ``j`` the first leaf on its
+    storage object, ``base`` what AOTAutograd compiles it over (:func:`_memory_mark`): Dynamo compiles such inputs as
+    views of one base, which distinct tensors are not (and the other way round); ``("storage", j, storage_offset,
+    base, c)`` where its bytes overlap leaves on other storage objects too, ``c`` the first of them all
+    (memory.memory_groups: torch compiles those as apart)."""
     keys: list[tuple[Any, ...]] = []
     first: dict[int, int] = {}
     shared = memory_groups(leaves)
@@ -134,15 +135,21 @@ def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
                 keys.append(("same", j))
                 continue
             if i in shared:
-                keys.append(_leaf_key(leaf) + (_memory_mark(shared[i], leaf.storage_offset()),))
+                keys.append(_leaf_key(leaf) + (_memory_mark(shared[i], leaf),))
                 continue
         keys.append(_leaf_key(leaf))
     return keys
 
 
-def _memory_mark(group: tuple[int, int | None], offset: Any) -> tuple[Any, ...]:
-    """A shared leaf's mark (see :func:`_leaf_keys`)."""
-    return ("storage", group[0], offset) if group[1] is None else ("storage", group[0], offset, group[1])
+def _memory_mark(group: tuple[int, int | None], leaf: torch.Tensor) -> tuple[Any, ...]:
+    """A shared leaf's mark (see :func:`_leaf_keys`): ``("storage", j, storage_offset, base(, c))``. ``base``: what
+    AOTAutograd compiles views of one tensor over, one of them written (a graph input of its own, its sizes checked
+    by Inductor at every call): the leaf's ``_base`` (its sizes, strides and storage offset), else its storage's
+    bytes (``tensor_checks.aliased_base``); views alike over another base were keyed alike, and the entry raised
+    AssertionError."""
+    over = torch_tensor_checks.aliased_base(leaf)
+    offset = leaf.storage_offset()
+    return ("storage", group[0], offset, over) if group[1] is None else ("storage", group[0], offset, over, group[1])
 
 
 def on_cuda(leaves: tuple[Any, ...]) -> bool:
@@ -178,7 +185,7 @@ def shared_memory_message(name: str, key: tuple[Any, ...], why: str, method: Cal
 
 def inputs_meta(inputs: Any) -> list[Any]:
     """A graph's example inputs as an artifact key factor: each tensor's shape, stride, dtype and device (plus
-    ``["storage", j, storage_offset(, c)]`` as :func:`_leaf_keys` marks it: AOTAutograd compiles aliased inputs as
+    ``["storage", j, storage_offset, base(, c)]`` as :func:`_leaf_keys` marks it: AOTAutograd compiles aliased inputs as
     views of one base), ``repr`` of anything else."""
     shared = memory_groups(inputs)
     meta: list[Any] = []
@@ -188,7 +195,7 @@ def inputs_meta(inputs: Any) -> list[Any]:
             continue
         meta.append([list(t.shape), list(t.stride()), str(t.dtype), str(t.device)])
         if i in shared:
-            meta[-1].append(list(_memory_mark(shared[i], t.storage_offset())))
+            meta[-1].append(list(_memory_mark(shared[i], t)))
     return meta
 
 
@@ -221,7 +228,8 @@ def matcher(leaves: tuple[Any, ...], key: tuple[Any, ...], distinct_storages: bo
     writes an input, so the matcher also answers False for a call two of whose tensors' storages overlap in memory
     (such a call takes the key's path, whose key tells them apart: ``memory.memory_groups``). ``state_rules``: the
     entry's ``state_alias.rules`` (by leaf index): the matcher also answers False for a call with a leaf on a storage
-    its rule forbids (a module tensor's: the key's path refuses it)."""
+    its rule forbids (a module tensor's: the key's path refuses it); None where a rule is on ``CALL`` (one refusing
+    every call)."""
     tensors = tuple(leaf for leaf in leaves if isinstance(leaf, _Tensor))
     if key[1][0] or not tensors or not (type(key[0]) is int and len(tensors) == len(leaves) or
                                         _flat_with_scalars(key[0], leaves)):
@@ -331,10 +339,11 @@ def describe(leaves: tuple[Any, ...], key: tuple[Any, ...]) -> dict[str, Any]:
             if len(leaf_key) >= 7:
                 desc[-1]["type"], desc[-1]["conj"], desc[-1]["neg"] = (
                     f"{type(leaf).__module__}.{type(leaf).__qualname__}", leaf.is_conj(), leaf.is_neg())
-            if len(leaf_key) in (5, 8):                 # ("storage", first leaf on it, storage offset(, cluster))
+            if len(leaf_key) in (5, 8):         # ("storage", first leaf on it, storage offset, base(, cluster))
                 desc[-1]["storage_of"], desc[-1]["storage_offset"] = leaf_key[-1][1], leaf_key[-1][2]
-                if len(leaf_key[-1]) > 3:
-                    desc[-1]["overlaps"] = leaf_key[-1][3]
+                desc[-1]["base"] = leaf_key[-1][3]
+                if len(leaf_key[-1]) > 4:
+                    desc[-1]["overlaps"] = leaf_key[-1][4]
         else:
             desc.append({"type": type(leaf).__qualname__, "value": repr(leaf)})
     autocast = json.loads(key[1][2])["autocast"]

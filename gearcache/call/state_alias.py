@@ -28,7 +28,10 @@ so a tensor on another storage object over the same bytes (``torch.from_numpy`` 
 torch compiles tensors on distinct storage objects as apart whatever their bytes (``memory``), so two more rules
 refuse what it would compile wrong: an entry that writes a leaf its signature marks as overlapping leaves on other
 storage objects, and an entry that writes a module tensor overlapping another module tensor's bytes on another
-storage object, refuse every call (a leaf's rule over every byte; the rule ``CALL``).
+storage object, refuse every call (a leaf's rule over every byte; the rule ``CALL``). So does an entry that writes a
+leaf or a module tensor whose own elements overlap (``memory.elements_may_overlap``: ``as_strided`` windows): eager's
+in-place op writes them one after another, each seen by the next, the graph each from values read before (``x.add_(1);
+return x * 2``: eager [2, 6, 6, 8, 8, 8], gearcache [2, 4, 6, 6, 8, 8]).
 
 Cost per call, for an entry with rules: one storage range per leaf a rule names and one bisection. In the
 shortcut (``signature.matcher``) they are compared in the same C++ call as the tensors' metadata (gearcache's native
@@ -42,7 +45,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import UnsupportedInputError
-from .memory import everywhere, forbidden_ranges, memory_groups, storage_range
+from .memory import elements_may_overlap, everywhere, forbidden_ranges, memory_groups, storage_range
 from .signature import CALL, StateRules, leaf_names, unflatten
 
 Rules = StateRules
@@ -62,8 +65,8 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str
     if not written:
         return NO_RULES
     inputs = manifest["inputs"]
-    return (_state_overlap_rules(recipe, inputs, written) + _state_rules(recipe, inputs, written)
-            + _overlap_rules(recipe, manifest, written))
+    return (_state_overlap_rules(recipe, inputs, written) + _state_self_overlap_rules(recipe, inputs, written)
+            + _state_rules(recipe, inputs, written) + _overlap_rules(recipe, manifest, written))
 
 
 def _state_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
@@ -81,6 +84,22 @@ def _state_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inp
                 f"tensors {others} on other storage objects (as torch.from_numpy views of one array): torch compiles "
                 f"them as apart, so the method's reads of one after its writes to the other would not see them. Fix: "
                 f"make them views of one tensor (one storage object), or .clone() them")),)
+    return NO_RULES
+
+
+def _state_self_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                              written: set[int]) -> Rules:
+    """``((CALL, why),)`` where the graph writes a module tensor whose own elements overlap (an ``as_strided``
+    buffer): a read of it after the write would see values eager's in-place op does not leave. Else empty."""
+    for j in sorted(written):
+        item = recipe[j] if j < len(recipe) else None
+        tensor = None if item is None or isinstance(item, int) else item[0][item[1]]
+        if isinstance(tensor, torch.Tensor) and elements_may_overlap(tensor.shape, tensor.stride()):
+            return ((CALL, everywhere(
+                f"the module tensor {inputs[j][1]}, which the compiled entry writes, has elements over one memory "
+                f"(sizes {list(tensor.shape)}, strides {list(tensor.stride())}): eager's in-place op writes them one "
+                f"after another, each seen by the next, the compiled entry each from values read before. Fix: "
+                f"register a .clone() of it")),)
     return NO_RULES
 
 
@@ -115,12 +134,18 @@ def _overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest:
                    written: set[int]) -> Rules:
     """A rule refusing every call for each leaf the graph writes that the entry's signature marks as overlapping
     leaves on other storage objects (``"overlaps"``: ``memory.memory_groups``): torch compiled them as apart, so the
-    graph's write would not show through the others."""
+    graph's write would not show through the others; and for each whose own elements overlap by its sizes and strides
+    (``memory.elements_may_overlap``: eager's in-place op writes them one after another, each seen by the next)."""
     leaves = manifest.get("signature", {}).get("leaves", [])
     found = []
     for j in sorted(written):
         i = recipe[j] if j < len(recipe) else None
-        if isinstance(i, int) and i < len(leaves) and "overlaps" in leaves[i]:
+        if isinstance(i, int) and i < len(leaves) and "shape" in leaves[i] and elements_may_overlap(
+                leaves[i]["shape"], leaves[i]["stride"]):
+            found.append((i, everywhere(f"itself (sizes {leaves[i]['shape']}, strides {leaves[i]['stride']}: its "
+                                        f"elements overlap, and the compiled entry writes each from values read "
+                                        f"before its writes)")))
+        elif isinstance(i, int) and i < len(leaves) and "overlaps" in leaves[i]:
             others = [k for k, leaf in enumerate(leaves) if k != i and leaf.get("overlaps") == leaves[i]["overlaps"]]
             found.append((i, everywhere(f"the arguments at flattened positions {others} (tensors on other storage "
                                         f"objects over the same bytes, as torch.from_numpy views of one array, which "

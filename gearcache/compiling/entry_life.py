@@ -469,14 +469,17 @@ def module_state(module: torch.nn.Module) -> list[list[Any]]:
 
 
 def shared_memory_rows(named: list[tuple[str, torch.Tensor]]) -> list[list[Any]]:
-    """``["shares", name, first, offset, same]`` for each tensor of ``named`` whose memory is that of an earlier one
-    (``first``, the earlier's name; ``offset``, its storage offset; ``same``: the very same tensor object): a graph
+    """``["shares", name, first, offset, same(, first_offset)]`` for each tensor of ``named`` whose memory is that of an
+    earlier one (``first``, the earlier's name; ``offset``, its storage offset; ``same``: the very same tensor object;
+    ``first_offset``, the earlier's storage offset, where not 0: without it, ``c = t[1:5]`` beside ``d = t[2:6]`` was
+    keyed as ``c = t[0:4]``, and the entry compiled for that wrote ``t[0:4]``; rows with the earlier at 0 are those of
+    before, so their entries keep their keys): a graph
     captured with its module tensors apart reads and writes them in its own order, so an entry compiled for one
     sharing (``model.layers[1] = model.layers[0]``, ``m.count = m.buf[:1]``, ``p.data = q.data``) must not serve
     another. No row where nothing is shared (the keys of such modules are those of before). Cost: one storage read
     per tensor, at a look-up only."""
-    return [["shares", named[i][0], named[j][0], offset, same]
-            for i, j, offset, same in memory.shared_memory([t for _, t in named])]
+    return [["shares", named[i][0], named[j][0], offset, same, *([first_offset] if first_offset else [])]
+            for i, j, offset, same, first_offset in memory.shared_memory([t for _, t in named])]
 
 
 def _strides(t: torch.Tensor) -> list[int] | str:

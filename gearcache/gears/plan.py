@@ -34,10 +34,10 @@ from typing import Any, Hashable, NamedTuple, Protocol
 import torch
 
 from .._torch import capture as torch_capture
-from ..call import signature
+from ..call import memory, signature
 from ..config import normalise_dim_gears
 from ..counters import counters
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsupportedInputError
 from ..keys.guard_sets import GuardSet
 from .pad_values import PadValue, exact
 from .padding_report import PaddingReport
@@ -208,7 +208,9 @@ class GearPlan:
             return None
 
     def pad(self, leaves: tuple[Any, ...], targets: list[int]) -> tuple[Any, ...]:
-        """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects)."""
+        """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects).
+        A written leaf whose own elements overlap (``as_strided`` windows: ``memory.elements_may_overlap``) is refused
+        (``UnsupportedInputError``) before anything runs. Cost: an ``is_contiguous()`` per written leaf padded."""
         by_leaf: dict[int, dict[int, int]] = {}
         for d, t in zip(self.dims, targets):
             if leaves[d.leaf].shape[d.dim] != t:
@@ -218,6 +220,13 @@ class GearPlan:
         new = list(leaves)
         for leaf, dims in by_leaf.items():
             src = leaves[leaf]
+            if leaf in self.written_padded and not src.is_contiguous() and memory.elements_may_overlap(
+                    src.shape, src.stride()):
+                raise UnsupportedInputError(
+                    f"a padded argument (flattened position {leaf}; sizes {list(src.shape)}, strides "
+                    f"{list(src.stride())}) has elements over one memory, and the method writes it: its padded copy "
+                    f"is written from values read before the writes and copied back, not as eager's in-place op "
+                    f"writes them one after another. Fix: pass a .clone() of it")
             shape = [dims.get(i, s) for i, s in enumerate(src.shape)]
             pad_value = next(d.pad_value for d in self.dims if d.leaf == leaf)
             out = src.new_full(shape, 0 if pad_value is None else pad_value)
