@@ -46,8 +46,10 @@ FORMAT_VERSION = 7
    parameters and buffers (``tensor``) and the cached function's closure cells and defaults; module_state rows carry
    strides.
 7: call keys tell tensors on one storage object from tensors on distinct storage objects over shared bytes
-   (``call/memory.py``; an older entry keyed as views of one storage may have been compiled for distinct objects);
-   gear plans refuse a method output that is a view of a padded argument (older stored plans may serve one)."""
+   (``call/memory.py``; an older entry keyed as views of one storage may have been compiled for distinct objects),
+   and key views of one tensor by the base torch compiles them over; module_state's shares rows hold the first
+   tensor's offset too; gear plans refuse a method output that is a view of a padded argument (older stored plans
+   may serve one)."""
 
 
 ENTRY_FACTORS = ("format", "method", "signature", "module_state", "config", "decompositions", "global_state",

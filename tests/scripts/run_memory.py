@@ -8,7 +8,9 @@ usage: run_memory.py CACHE_DIR
 Cases: ``reads``: ``x * 2 + y`` over two ``from_numpy`` views of one array (served: its own entry); ``writes``:
 ``y.mul_(2); return x + y`` so (refused; before: [2, 5] for eager's [2, 6]), after an apart call that set the
 shortcut; ``state writes``: buffers ``a``, ``b`` from ``from_numpy`` views of one array, ``a.add_(1)`` between two
-reads of ``b`` (refused; before: [29, 29] for eager's [32, 32]); ``state reads``: the same buffers only read (served).
+reads of ``b`` (refused; before: [29, 29] for eager's [32, 32]); ``state reads``: the same buffers only read
+(served); ``unchecked``: ``writes`` with ``check_signature=False`` after an apart call: views of one tensor served
+by an entry of their own (before: the first entry, [5, 8] for eager's [5, 10]), ``from_numpy`` views refused.
 """
 import json
 import sys
@@ -29,6 +31,11 @@ class Shared(torch.nn.Module):
         if cache_dir is not None:
             for name in ("reads", "writes", "state_writes", "state_reads"):
                 setattr(self, f"cached_{name}", gearcache.cache_compile(getattr(self, name), cache_dir=cache_dir))
+            self.cached_unchecked = gearcache.cache_compile(self.writes, cache_dir=cache_dir,
+                                                            config=gearcache.CompilerConfig(check_signature=False))
+
+    def unchecked(self, x, y):
+        return self.writes(x, y)
 
     def reads(self, x, y):
         return x * 2 + y
@@ -50,6 +57,12 @@ def views(module):
     """x, y: ``from_numpy`` views of one new array, overlapping by one element."""
     module.scratch = numpy.arange(1, 5, dtype=numpy.float32)
     return torch.from_numpy(module.scratch[:2]), torch.from_numpy(module.scratch[1:3])
+
+
+def one_tensor_views(module):
+    """x, y: overlapping views of one tensor (one storage object: compiled as views of one base)."""
+    t = torch.arange(1., 5.)
+    return t[:2], t[1:3]
 
 
 def case(m, e, name, make):
@@ -78,6 +91,10 @@ def main():
         report["writes"] = case(m, e, "writes", views)
         report["state writes"] = case(m, e, "state_writes", lambda _m: (torch.ones(2),))
         report["state reads"] = case(m, e, "state_reads", lambda _m: (torch.ones(4),))
+        # check_signature=False: the first entry serves unkeyed calls, not arguments over one memory it writes
+        report["unchecked apart"] = case(m, e, "unchecked", lambda _m: (torch.ones(2), torch.ones(2)))
+        report["unchecked: one tensor's views"] = case(m, e, "unchecked", one_tensor_views)
+        report["unchecked: numpy views"] = case(m, e, "unchecked", views)
     print(json.dumps({"calls": report, "compiles": counters.compiles, "loads": counters.loads,
                       "shortcut_served_apart": shortcut > 0}))
 
