@@ -190,3 +190,17 @@ def test_an_argument_sharing_memory_with_a_buffer_is_refused_at_capture_not_comp
         m.buf.sub_(1)
         torch.testing.assert_close(got, m.fwd(x))
         torch.testing.assert_close(buf, m.buf)
+
+
+@pytest.mark.slow
+def test_a_method_returning_its_inputs_as_they_are_is_served_as_eager_cold_and_warm(tmp_path):
+    """``return x``: a graph whose every output is an input compiles to nothing Inductor saves (before: RuntimeError
+    "CompiledArtifact.save failed ... no artifact to save"); such outputs are read from the inputs: the caller's
+    tensor, the module's buffer, the argument written in place, as the very objects eager returns."""
+    from conftest import Script
+
+    cold = Script("run_returns_inputs.py", str(tmp_path)).result()
+    warm = Script("run_returns_inputs.py", str(tmp_path)).result()
+    for report in (cold, warm):
+        assert report["calls"] == {"same": True, "bumped": True, "state": True, "pair": True}, report
+    assert (cold["compiles"], warm["compiles"], warm["loads"]) == (4, 0, 4), (cold, warm)

@@ -93,12 +93,14 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
         state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
     state_names = _state_names(module)
     outputs = _output_recipe(result, state.get("flat_out", []), leaves, state_names)
+    inputs = [_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])]
+    _inputs_returned_as_they_are(state["gm"], outputs, inputs)
     _ensure_an_output(state["gm"], state["inputs"])
     passed = passed_names(method, args, kwargs)
     return Captured(
         graph=state["gm"],
         example_inputs=state["inputs"],
-        inputs=[_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])],
+        inputs=inputs,
         outputs=outputs,
         dependencies=_dependencies(state["code"]),
         guards=guards_from_dynamo.from_dynamo(recording, method, passed),
@@ -119,6 +121,19 @@ def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:     # FX output argume
     if out is None:
         return []
     return list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+
+
+def _inputs_returned_as_they_are(gm: torch.fx.GraphModule, outputs: dict[str, Any], inputs: list[list[Any]]) -> None:
+    """A graph whose every output is one of its inputs (``return x``) compiles to nothing Inductor saves: read such
+    outputs from the inputs instead (the call's leaf or the module's tensor, the very object eager returns; the
+    ``inputs`` recipes) and leave the graph without outputs (``_ensure_an_output`` then gives it an empty one)."""
+    nodes = _output_nodes(gm)
+    if not nodes or not all(isinstance(n, torch.fx.Node) and n.op == "placeholder" for n in nodes):
+        return
+    places = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs["leaves"] = [list(inputs[places.index(nodes[r[1]])]) if r[0] == "out" else r for r in outputs["leaves"]]
+    gm.graph.erase_node(next(n for n in gm.graph.nodes if n.op == "output"))
+    gm.recompile()
 
 
 def _ensure_an_output(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
