@@ -284,3 +284,28 @@ def test_views_of_one_tensor_over_bases_of_other_sizes_are_served(tmp_path):
             b, eager_b = torch.arange(float(n)), torch.arange(float(n))
             assert torch.equal(m.cached(b[0:4], b[2:6]), e.fwd(eager_b[0:4], eager_b[2:6]))
             assert torch.equal(b, eager_b)
+
+
+@pytest.mark.slow
+def test_views_of_one_storage_with_other_autograd_bases_are_served(tmp_path):
+    """``y.mul_(2); return x + y`` with x = b[0:4] and y = b.detach()[2:6]: one storage object, two autograd bases
+    (``b``, ``b.detach()``). Its first call raised AOTAutograd's AssertionError ("non-differentiable view input
+    mutations") at the compile; views of one base, x = b.detach(), y = b[2:6], and a repeat each equal eager."""
+    class ScaleAdd(torch.nn.Module):
+        def __init__(self, cache_dir=None):
+            super().__init__()
+            if cache_dir is not None:
+                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+        def fwd(self, x, y):
+            y.mul_(2)
+            return x + y[0] if x.shape != y.shape else x + y
+
+    calls = {"other bases": lambda b: (b[0:4], b.detach()[2:6]), "one base": lambda b: (b[0:4], b[2:6]),
+             "no base for x": lambda b: (b.detach(), b[2:6])}
+    m, e = ScaleAdd(str(tmp_path)), ScaleAdd()
+    with torch.no_grad():
+        for name in ("other bases", "one base", "other bases", "no base for x", "no base for x"):
+            b, eager_b = torch.arange(8.), torch.arange(8.)
+            assert torch.equal(m.cached(*calls[name](b)), e.fwd(*calls[name](eager_b))), name
+            assert torch.equal(b, eager_b), name

@@ -69,6 +69,32 @@ def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folde
     return load_folder(folder)
 
 
+def views_of_one_base(example_inputs: list[Any]) -> list[Any]:
+    """``example_inputs`` where the tensors on one storage object have autograd bases AOTAutograd cannot merge (two
+    distinct ``_base`` objects, or a tensor with none that is not the others' base: ``b[0:4]`` beside
+    ``b.detach()[2:6]``): each of them but that base rebuilt as an ``as_strided`` view of the first ``_base`` among
+    them in input order, the one AOTAutograd's runtime wrapper merges a call's views over (``_synthetic_base_wrapper``:
+    the first non-None ``_base`` of the group), over the same memory. Was: AssertionError "non-differentiable view
+    input mutations" at the compile of a graph writing one of them. Others are returned as they are (the list
+    itself where nothing changes; views of a dtype other than the base's are left to AOTAutograd). Cost: a storage
+    per tensor input, at a compile only."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_meta:
+            groups.setdefault(id(t.untyped_storage()), []).append(i)
+    rebuilt = list(example_inputs)
+    for indices in groups.values():
+        tensors = [example_inputs[i] for i in indices]
+        bases = [t._base for t in tensors if t._base is not None]
+        if len(tensors) < 2 or not bases or any(t.dtype != bases[0].dtype for t in tensors) or all(
+                (t._base if t._base is not None else t) is bases[0] for t in tensors):
+            continue                    # one base already, or views of another dtype (left to AOTAutograd)
+        for i, t in zip(indices, tensors):
+            if t is not bases[0] and t._base is not bases[0]:
+                rebuilt[i] = bases[0].as_strided(t.size(), t.stride(), t.storage_offset())
+    return rebuilt
+
+
 def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
                      config_patches: dict[str, Any]) -> None:
     """The compile of :func:`compile_to_folder` without its first load (a warm-up worker process runs it; the caller
@@ -83,6 +109,7 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
     options: dict[str, Any] = {"config_patches": dict(config_patches)}
     if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in example_inputs):
         _probe_cpu_isa()
+    example_inputs = views_of_one_base(example_inputs)
     with _INDUCTOR_LOCK, tempfile.TemporaryDirectory(prefix="gearcache-compile-") as scratch:
         with temporary_cache_dir(scratch), _load_patches():
             artifact = standalone_compile(gm, example_inputs, dynamic_shapes="from_example_inputs", options=options)
