@@ -262,3 +262,43 @@ def test_a_change_the_watch_cannot_see_between_two_gears_loads_is_caught_at_the_
             x, y = torch.randn(3, 4), torch.randn(3, 4)
             with pytest.raises(gearcache.SignatureMismatchError):
                 model.cached(x, y)                  # gear 4's first load: its guards read, the stored entry refused
+
+
+class CacheViews(torch.nn.Module):
+    """A decode step over a KV cache passed as views of one tensor (``kv[0]``, ``kv[1]``), the key cache scaled in
+    place; gears on the batch of ``x`` only (the caches are not padded)."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(8, 8)
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, k_cache, v_cache):
+        k_cache.mul_(0.5)
+        return torch.softmax(self.lin(x) @ k_cache.T, -1) @ v_cache
+
+
+@pytest.mark.slow
+def test_unpadded_arguments_that_are_views_of_one_tensor_are_served_with_a_padded_call(tmp_path):
+    """Padding copies only the padded arguments: caches passed as ``kv[0]``, ``kv[1]`` beside a padded ``x`` equal
+    eager (output and cache), in the compiling module and in a second one loading its entries; rows 0-3 and 2-5 of
+    ``kv.view(-1, 8)`` (overlapping, the first written) too, by an entry of their own. Was: every padded call
+    refused ("arguments k_cache, v_cache are one tensor or views of one storage; padding copies the padded ones")."""
+    views = {"disjoint": lambda kv: (kv[0], kv[1]), "overlapping": lambda kv: (kv.view(-1, 8)[0:4],
+                                                                                 kv.view(-1, 8)[2:6])}
+    compiles = 0
+    for attempt in ("cold", "loaded"):
+        m, e = CacheViews(str(tmp_path)), CacheViews()
+        with torch.no_grad():
+            m.cached.warmup(set_dim_gears(torch.randn(4, 8), {0: [2, 4]}), *views["disjoint"](torch.randn(3, 4, 8)))
+            for name in ("disjoint", "overlapping", "disjoint"):
+                x, kv = torch.randn(3, 8), torch.randn(3, 4, 8)
+                eager_kv = kv.clone()
+                out = m.cached(x, *views[name](kv))
+                torch.testing.assert_close(out, e.fwd(x, *views[name](eager_kv)), rtol=0, atol=1e-6)
+                assert torch.equal(kv, eager_kv), (attempt, name)
+        if attempt == "loaded":
+            assert gearcache.counters.compiles == compiles, "the second module loads every entry"
+        compiles = gearcache.counters.compiles

@@ -367,10 +367,14 @@ def short(desc: dict[str, Any]) -> str:
     return f"({', '.join(parts)}) grad={'on' if desc['grad_enabled'] else 'off'}{autocast}"
 
 
-def rekey(key: tuple[Any, ...], leaves: tuple[Any, ...]) -> tuple[Any, ...]:
+def rekey(key: tuple[Any, ...], leaves: tuple[Any, ...], before: tuple[Any, ...] = ()) -> tuple[Any, ...]:
     """The key of a call with the same argument structure and mode as ``key`` but other leaves (padded ones); a leaf
-    keyed as a repeat of an earlier one (``("same", i)``) stays so (its graph reads leaf ``i`` for both)."""
-    return (key[0], key[1], *[old if old[0] == "same" else _leaf_key(leaf) for old, leaf in zip(key[2:], leaves)])
+    keyed as a repeat of an earlier one (``("same", i)``) stays so (its graph reads leaf ``i`` for both), and so
+    does a leaf that is the very object at its place in ``before`` (the leaves ``key`` was made from: an argument
+    padding left as it was keeps its memory mark, :func:`_memory_mark`)."""
+    kept = len(before) == len(leaves)
+    return (key[0], key[1], *[old if old[0] == "same" or kept and leaf is before[i] else _leaf_key(leaf)
+                              for i, (old, leaf) in enumerate(zip(key[2:], leaves))])
 
 
 def rebuild(node: Any, leaves: Any) -> Any:

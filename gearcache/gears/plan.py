@@ -312,7 +312,7 @@ class GearPlan:
         gears = []
         for sizes in self.combinations():
             leaves = self.pad(narrowed(call.leaves, self.dims, sizes), sizes)
-            key = signature.rekey(call.key, leaves)
+            key = signature.rekey(call.key, leaves, call.leaves)
             gears.append(GearCall(sizes, leaves, key, *signature.unflatten(key[0], leaves)))
         return gears
 
