@@ -302,3 +302,21 @@ def test_unpadded_arguments_that_are_views_of_one_tensor_are_served_with_a_padde
         if attempt == "loaded":
             assert gearcache.counters.compiles == compiles, "the second module loads every entry"
         compiles = gearcache.counters.compiles
+
+
+@pytest.mark.slow
+def test_a_warm_up_over_views_of_one_tensor_does_not_serve_separate_tensors(tmp_path):
+    """A warm-up whose example passes ``k``, ``v`` as overlapping views of one tensor (``k`` written, not padded):
+    each gear's entry is keyed as views (``GearPlan.gear_calls`` keeps the marks of the leaves it leaves as they
+    are), so later calls with separate tensors get an entry of their own and equal eager. Was: the gear's key
+    dropped the marks, and a call with separate tensors at that gear ran the entry compiled over one base
+    (AssertionError in Inductor's size check, 'wrong number of dimensions')."""
+    m, e = CacheViews(str(tmp_path)), CacheViews()
+    with torch.no_grad():
+        base = torch.randn(6, 8)
+        m.cached.warmup(set_dim_gears(torch.randn(4, 8), {0: [2, 4]}), base[0:4], base[2:6])
+        for n in (4, 3):
+            x, k, v = torch.randn(n, 8), torch.randn(4, 8), torch.randn(4, 8)
+            eager_k, eager_v = k.clone(), v.clone()
+            torch.testing.assert_close(m.cached(x, k, v), e.fwd(x, eager_k, eager_v), rtol=0, atol=1e-6)
+            assert torch.equal(k, eager_k) and torch.equal(v, eager_v), n
