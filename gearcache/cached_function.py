@@ -272,7 +272,7 @@ class CachedFunction(Dispatcher):
         if gear_plan.verify_first:
             self.gear_life.verify_first_use(gear_plan, leaves, key, targets)
         padded = gear_plan.pad(leaves, targets)
-        if padded is not leaves and any(padded[i] is not leaves[i] for i in signature.shares_memory(key)):
+        if padded is not leaves and memory.copies_split(leaves, padded, signature.shares_memory(key)):
             raise UnsupportedInputError(signature.shared_memory_message(
                 self.name, key, "padding copies the padded ones to tensors of their own", self.gear_life.method,
                 leaves))

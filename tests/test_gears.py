@@ -320,3 +320,43 @@ def test_a_warm_up_over_views_of_one_tensor_does_not_serve_separate_tensors(tmp_
             eager_k, eager_v = k.clone(), v.clone()
             torch.testing.assert_close(m.cached(x, k, v), e.fwd(x, eager_k, eager_v), rtol=0, atol=1e-6)
             assert torch.equal(k, eager_k) and torch.equal(v, eager_v), n
+
+
+class UnbindCache(torch.nn.Module):
+    """A decode step writing its KV cache at ``pos``: caches ``[B, T, 8]``, gears on the batch of all three."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv = torch.nn.Linear(8, 24)
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, k_cache, v_cache, pos):
+        q, k, v = self.qkv(x).split(8, -1)
+        k_cache.index_copy_(1, pos, k)
+        v_cache.index_copy_(1, pos, v)
+        return torch.softmax(q @ k_cache.transpose(1, 2), -1) @ v_cache
+
+
+@pytest.mark.slow
+def test_padded_arguments_that_are_apart_views_of_one_tensor_are_served(tmp_path):
+    """Caches ``kv.unbind(0)`` (views of one tensor, elements apart), padded on the batch beside ``x`` and written:
+    each padded copy is written and copied back apart, as eager writes them; equal eager, output and cache. Views
+    whose elements overlap stay refused. Was: every padded call refused ("arguments k_cache, v_cache are one tensor
+    or views of one storage")."""
+    gears = {0: [2, 4]}
+    m, e = UnbindCache(str(tmp_path)), UnbindCache()
+    with torch.no_grad():
+        k0, v0 = torch.zeros(2, 4, 6, 8).unbind(0)
+        m.cached.warmup(set_dim_gears(torch.randn(4, 1, 8), gears), set_dim_gears(k0, gears),
+                        set_dim_gears(v0, gears), torch.tensor([0]))
+        kv, eager_kv = torch.zeros(2, 3, 6, 8), torch.zeros(2, 3, 6, 8)
+        for t in range(3):
+            x, pos = torch.randn(3, 1, 8), torch.tensor([t])
+            out = m.cached(x, *kv.unbind(0), pos)
+            torch.testing.assert_close(out, e.fwd(x, *eager_kv.unbind(0), pos), rtol=0, atol=1e-6)
+            torch.testing.assert_close(kv, eager_kv, rtol=0, atol=1e-6)      # a Linear's rounding, compiled
+        flat = torch.zeros(4, 6, 8)
+        with pytest.raises(gearcache.UnsupportedInputError, match="k_cache, v_cache are one tensor or views"):
+            m.cached(torch.randn(3, 1, 8), flat[0:3], flat[1:4], torch.tensor([0]))

@@ -309,3 +309,18 @@ def test_views_of_one_storage_with_other_autograd_bases_are_served(tmp_path):
             b, eager_b = torch.arange(8.), torch.arange(8.)
             assert torch.equal(m.cached(*calls[name](b)), e.fwd(*calls[name](eager_b))), name
             assert torch.equal(b, eager_b), name
+
+
+def test_copies_split_memory_only_where_a_copied_leaf_overlaps_another():
+    """Padding copies apart only leaves whose elements no other leaf reaches (``memory.copies_split``)."""
+    kv = torch.zeros(2, 3, 4)
+    k, v = kv.unbind(0)
+    assert memory.element_span(k)[1] == memory.element_span(v)[0] and memory.element_span(k[:0]) == (0, 0)
+    assert not memory.copies_split((k, v), (k.clone(), v.clone()), [0, 1])
+    flat = torch.zeros(10)
+    a, b = flat[0:6], flat[4:10]
+    assert memory.copies_split((a, b), (a.clone(), b), [0, 1])
+    assert not memory.copies_split((a, b), (a, b), [0, 1])
+    assert memory.copies_split((a, a), (a.clone(), a), [0, 1])       # one tensor twice
+    cols = torch.zeros(4, 2)
+    assert memory.copies_split((cols[:, 0], cols[:, 1]), (cols[:, 0].clone(), cols[:, 1]), [0, 1])   # interleaved

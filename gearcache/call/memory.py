@@ -98,6 +98,32 @@ def ranges_apart(tensors: tuple[Any, ...]) -> bool:
     return True
 
 
+def element_span(t: torch.Tensor) -> tuple[int, int]:
+    """``[first byte, past the last byte)`` of ``t``'s elements by address (``(0, 0)`` for none): every element lies
+    inside, so tensors whose spans are apart share no element (views ``kv.unbind(0)`` of one tensor)."""
+    if not t.numel():
+        return 0, 0
+    start = t.data_ptr()
+    extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return start, start + (extent + 1) * t.element_size()
+
+
+def copies_split(leaves: tuple[Any, ...], copied: tuple[Any, ...], shared: list[int]) -> bool:
+    """Whether copying splits memory a call shares: a leaf of ``shared`` (leaf indices, ``signature.shares_memory``)
+    that ``copied`` replaces (a padded copy: ``copied[i] is not leaves[i]``) whose elements' span overlaps another
+    shared leaf's (the same tensor twice overlaps itself). False where the copies cover memory no other leaf reaches:
+    each copy is written, read and copied back apart, as eager's writes to its elements are. Cost: a span per shared
+    leaf, for calls sharing memory only."""
+    spans = {i: element_span(leaves[i]) for i in shared if isinstance(leaves[i], _Tensor)}
+    for i in shared:
+        if copied[i] is leaves[i] or i not in spans:
+            continue
+        start, end = spans[i]
+        if any(j != i and start < other[1] and other[0] < end for j, other in spans.items()):
+            return True
+    return False
+
+
 def elements_may_overlap(sizes: Any, strides: Any) -> bool:
     """Whether two elements of a tensor of these ``sizes`` and ``strides`` may sit at one address: False where each
     dim, taken by stride, steps past all that the smaller ones reach (contiguous, channels-last, slices, transposes),
