@@ -324,3 +324,29 @@ def test_copies_split_memory_only_where_a_copied_leaf_overlaps_another():
     assert memory.copies_split((a, a), (a.clone(), a), [0, 1])       # one tensor twice
     cols = torch.zeros(4, 2)
     assert memory.copies_split((cols[:, 0], cols[:, 1]), (cols[:, 0].clone(), cols[:, 1]), [0, 1])   # interleaved
+
+
+@pytest.mark.slow
+def test_buffers_that_are_views_of_one_tensor_over_other_autograd_bases_are_served(tmp_path):
+    """Buffers ``k = kv[0]`` and ``v = kv.detach()[1]`` (one storage object, two autograd bases), both written, then
+    ``kv`` read: each call equals eager, output and buffers. Was: AssertionError "non-differentiable view input
+    mutations" at the first call's compile."""
+    class Cache(torch.nn.Module):
+        def __init__(self, cache_dir=None):
+            super().__init__()
+            self.register_buffer("kv", torch.zeros(2, 3))
+            self.register_buffer("k", self.kv[0])
+            self.register_buffer("v", self.kv.detach()[1])
+            if cache_dir is not None:
+                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+        def fwd(self, x):
+            self.k.add_(x)
+            self.v.mul_(2).add_(x)
+            return self.kv.sum(0) * x
+
+    m, e = Cache(str(tmp_path)), Cache()
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.arange(1.0, 4.0) + step
+            assert torch.equal(m.cached(x), e.fwd(x)) and torch.equal(m.kv, e.kv), step
