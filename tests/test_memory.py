@@ -264,20 +264,23 @@ def test_views_of_one_tensor_are_keyed_by_the_base_torch_compiles_them_over():
         assert call_key(no_base, {})[1] != key and describe(*call_key(no_base, {}))["leaves"][1]["storage_of"] == 0
 
 
+class ScaleAdd(torch.nn.Module):
+    """``y.mul_(2); return x + y`` (``x + y[0]`` where their shapes differ), cached where a folder is given."""
+
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        y.mul_(2)
+        return x + y[0] if x.shape != y.shape else x + y
+
+
 @pytest.mark.slow
 def test_views_of_one_tensor_over_bases_of_other_sizes_are_served(tmp_path):
     """``y.mul_(2); return x + y`` with x, y = b[0:4], b[2:6]: b of 8 elements, then of 10 (AssertionError before),
     then of 8 again; each equals eager."""
-    class ScaleAdd(torch.nn.Module):
-        def __init__(self, cache_dir=None):
-            super().__init__()
-            if cache_dir is not None:
-                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
-
-        def fwd(self, x, y):
-            y.mul_(2)
-            return x + y
-
     m, e = ScaleAdd(str(tmp_path)), ScaleAdd()
     with torch.no_grad():
         for n in (8, 10, 8, 10):
@@ -291,16 +294,6 @@ def test_views_of_one_storage_with_other_autograd_bases_are_served(tmp_path):
     """``y.mul_(2); return x + y`` with x = b[0:4] and y = b.detach()[2:6]: one storage object, two autograd bases
     (``b``, ``b.detach()``). Its first call raised AOTAutograd's AssertionError ("non-differentiable view input
     mutations") at the compile; views of one base, x = b.detach(), y = b[2:6], and a repeat each equal eager."""
-    class ScaleAdd(torch.nn.Module):
-        def __init__(self, cache_dir=None):
-            super().__init__()
-            if cache_dir is not None:
-                self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
-
-        def fwd(self, x, y):
-            y.mul_(2)
-            return x + y[0] if x.shape != y.shape else x + y
-
     calls = {"other bases": lambda b: (b[0:4], b.detach()[2:6]), "one base": lambda b: (b[0:4], b[2:6]),
              "no base for x": lambda b: (b.detach(), b[2:6])}
     m, e = ScaleAdd(str(tmp_path)), ScaleAdd()
