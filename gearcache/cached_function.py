@@ -272,6 +272,8 @@ class CachedFunction(Dispatcher):
         if gear_plan.verify_first:
             self.gear_life.verify_first_use(gear_plan, leaves, key, targets)
         padded = gear_plan.pad(leaves, targets)
+        if padded is not leaves and gear_plan.written_padded:
+            gear_plan.refuse_overlapping_written(leaves, padded)
         if padded is not leaves and memory.copies_split(leaves, padded, signature.shares_memory(key)):
             raise UnsupportedInputError(signature.shared_memory_message(
                 self.name, key, "padding copies the padded ones to tensors of their own", self.gear_life.method,

@@ -208,9 +208,7 @@ class GearPlan:
             return None
 
     def pad(self, leaves: tuple[Any, ...], targets: list[int]) -> tuple[Any, ...]:
-        """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects).
-        A written leaf whose own elements overlap (``as_strided`` windows: ``memory.elements_may_overlap``) is refused
-        (``UnsupportedInputError``) before anything runs. Cost: an ``is_contiguous()`` per written leaf padded."""
+        """The call's leaves with every marked dim padded up to its target (untouched leaves are the same objects)."""
         by_leaf: dict[int, dict[int, int]] = {}
         for d, t in zip(self.dims, targets):
             if leaves[d.leaf].shape[d.dim] != t:
@@ -220,19 +218,27 @@ class GearPlan:
         new = list(leaves)
         for leaf, dims in by_leaf.items():
             src = leaves[leaf]
-            if leaf in self.written_padded and not src.is_contiguous() and memory.elements_may_overlap(
-                    src.shape, src.stride()):
-                raise UnsupportedInputError(
-                    f"a padded argument (flattened position {leaf}; sizes {list(src.shape)}, strides "
-                    f"{list(src.stride())}) has elements over one memory, and the method writes it: its padded copy "
-                    f"is written from values read before the writes and copied back, not as eager's in-place op "
-                    f"writes them one after another. Fix: pass a .clone() of it")
             shape = [dims.get(i, s) for i, s in enumerate(src.shape)]
             pad_value = next(d.pad_value for d in self.dims if d.leaf == leaf)
             out = src.new_full(shape, 0 if pad_value is None else pad_value)
             out[tuple(slice(0, s) for s in src.shape)] = src
             new[leaf] = out
         return tuple(new)
+
+    def refuse_overlapping_written(self, leaves: tuple[Any, ...], padded: tuple[Any, ...]) -> None:
+        """``UnsupportedInputError`` where a written leaf that padding copied (``padded[i] is not leaves[i]``) has
+        elements over one memory (``as_strided`` windows: ``memory.elements_may_overlap``): its padded copy is written
+        from values read before the writes and copied back, not as eager's in-place op writes them one after
+        another. Call it before the run. Cost: an ``is_contiguous()`` per written leaf padded."""
+        for leaf in self.written_padded:
+            src = leaves[leaf]
+            if padded[leaf] is not src and not src.is_contiguous() and memory.elements_may_overlap(src.shape,
+                                                                                                    src.stride()):
+                raise UnsupportedInputError(
+                    f"a padded argument (flattened position {leaf}; sizes {list(src.shape)}, strides "
+                    f"{list(src.stride())}) has elements over one memory, and the method writes it: its padded copy "
+                    f"is written from values read before the writes and copied back, not as eager's in-place op "
+                    f"writes them one after another. Fix: pass a .clone() of it")
 
     def copy_back(self, padded: tuple[Any, ...], leaves: tuple[Any, ...]) -> None:
         """Copy the real rows of each padded input the method wrote in place back into the caller's tensor."""
