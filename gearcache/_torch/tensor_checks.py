@@ -120,7 +120,6 @@ def native_data_ptr() -> object | None:
     return getattr(native, "DATA_PTR", None) if native is not None else None
 
 
-
 def aliased_base(t: torch.Tensor) -> object:
     """What AOTAutograd compiles ``t`` over where it and another input on its storage are views one of which the graph
     writes (``merge_view_inputs``: a graph input of its own, its sizes checked by Inductor at every call): ``t``'s
