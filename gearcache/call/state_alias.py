@@ -65,36 +65,29 @@ def rules(recipe: Sequence[int | tuple[dict[str, Any], str]], manifest: dict[str
     if not written:
         return NO_RULES
     inputs = manifest["inputs"]
-    return (_state_overlap_rules(recipe, inputs, written) + _state_self_overlap_rules(recipe, inputs, written)
-            + _state_rules(recipe, inputs, written) + _overlap_rules(recipe, manifest, written))
+    return (_state_call_rules(recipe, inputs, written) + _state_rules(recipe, inputs, written)
+            + _overlap_rules(recipe, manifest, written))
 
 
-def _state_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
-                         written: set[int]) -> Rules:
+def _state_call_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
+                      written: set[int]) -> Rules:
     """``((CALL, why),)`` where the graph writes a module tensor whose bytes overlap another module tensor's on
-    another storage object (buffers made by ``torch.from_numpy`` of views of one array): torch compiled the two as
-    apart, so a read of the other after the write would see the old values (eager: the new ones). Else empty."""
+    another storage object (buffers made by ``torch.from_numpy`` of views of one array: torch compiled the two as
+    apart, so a read of the other after the write would see the old values), or whose own elements overlap (an
+    ``as_strided`` buffer: a read after the write would see values eager's in-place op does not leave). Else empty."""
     slots = [(j, item[0][item[1]]) for j, item in enumerate(recipe) if not isinstance(item, int)]
     groups = memory_groups([tensor for _, tensor in slots])
-    for k, (j, _) in enumerate(slots):
-        if j in written and k in groups and groups[k][1] is not None:
+    for k, (j, tensor) in enumerate(slots):
+        if j not in written or not isinstance(tensor, torch.Tensor):
+            continue
+        if k in groups and groups[k][1] is not None:
             others = [inputs[slots[o][0]][1] for o, (_, head) in groups.items() if o != k and head == groups[k][1]]
             return ((CALL, everywhere(
                 f"the module tensor {inputs[j][1]}, which the compiled entry writes, shares memory with the module "
                 f"tensors {others} on other storage objects (as torch.from_numpy views of one array): torch compiles "
                 f"them as apart, so the method's reads of one after its writes to the other would not see them. Fix: "
                 f"make them views of one tensor (one storage object), or .clone() them")),)
-    return NO_RULES
-
-
-def _state_self_overlap_rules(recipe: Sequence[int | tuple[dict[str, Any], str]], inputs: list[list[Any]],
-                              written: set[int]) -> Rules:
-    """``((CALL, why),)`` where the graph writes a module tensor whose own elements overlap (an ``as_strided``
-    buffer): a read of it after the write would see values eager's in-place op does not leave. Else empty."""
-    for j in sorted(written):
-        item = recipe[j] if j < len(recipe) else None
-        tensor = None if item is None or isinstance(item, int) else item[0][item[1]]
-        if isinstance(tensor, torch.Tensor) and elements_may_overlap(tensor.shape, tensor.stride()):
+        if elements_may_overlap(tensor.shape, tensor.stride()):
             return ((CALL, everywhere(
                 f"the module tensor {inputs[j][1]}, which the compiled entry writes, has elements over one memory "
                 f"(sizes {list(tensor.shape)}, strides {list(tensor.stride())}): eager's in-place op writes them one "
