@@ -343,3 +343,23 @@ def test_buffers_that_are_views_of_one_tensor_over_other_autograd_bases_are_serv
         for step in range(3):
             x = torch.arange(1.0, 4.0) + step
             assert torch.equal(m.cached(x), e.fwd(x)) and torch.equal(m.kv, e.kv), step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
+def test_under_cuda_graphs_inputs_sharing_memory_are_refused_or_equal_eager_cold_and_warm(tmp_path):
+    """tests/scripts/run_memory_graphs.py (mode="reduce-overhead"): a graph copies each input into a static buffer
+    and back, so overlapping views of one tensor with one written, a written argument whose own elements overlap
+    (``as_strided`` windows) and KV views of one tensor padded and written are each refused with nothing written, or
+    equal eager (outputs and the memory under the arguments); calls sharing no memory equal eager (apart views of one
+    tensor are refused: one storage, copied apart); a fresh process compiles nothing."""
+    from conftest import Script
+
+    cache = str(tmp_path / "cache")
+    cold = Script("run_memory_graphs.py", cache).result()
+    for report in (cold, warm := Script("run_memory_graphs.py", cache).result()):
+        calls = {(name, arg): [] for name, arg, _ in report["calls"]}
+        for name, arg, result in report["calls"]:
+            calls[name, arg].append(result)
+        assert all(r is True for k in [("windows", "plain"), ("kv", "2")] for r in calls[k]), report
+        assert all(r in (True, "refused") for rs in calls.values() for r in rs), report
+    assert warm["compiles"] == 0, warm

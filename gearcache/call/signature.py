@@ -101,21 +101,26 @@ def call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, 
     ``("same", i)`` at its second place, ``i`` its first (a graph captured with it reads one input for both); a tensor
     subclass, or a complex tensor with its conjugate or negative bit set, adds its type and bits to its key."""
     mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), state_tag())
-    if not kwargs:
-        try:
-            key = (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
-        except AttributeError:
-            pass                # not all plain tensors: take the general path
-        else:
-            plain = _snapshot.plain
-            if plain is None:
-                plain = _snapshot.plain = torch_tensor_checks.plain_tensors_check()
-            if plain(args) and not memory_groups(args):
-                return args, key
-            return args, (len(args), mode, *_leaf_keys(args))
-    leaves: list[Any] = []
-    structure = (flatten(args, leaves), flatten(kwargs, leaves))
-    return tuple(leaves), (structure, mode, *_leaf_keys(leaves))
+    if kwargs:
+        return _nested_call_key(args, kwargs, mode)
+    try:
+        key = (len(args), mode, *[(a.shape, a.stride(), a.dtype, a.device) for a in args])
+    except AttributeError:          # not all plain tensors
+        return _nested_call_key(args, kwargs, mode)
+    plain = _snapshot.plain
+    if plain is None:
+        plain = _snapshot.plain = torch_tensor_checks.plain_tensors_check()
+    if plain(args) and not memory_groups(args):
+        return args, key
+    return args, (len(args), mode, *_leaf_keys(args))
+
+
+def _nested_call_key(args: tuple[Any, ...], kwargs: dict[str, Any],
+                     mode: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``call_key``'s general path: keyword arguments, or arguments that are not all tensors (lists, scalars...)."""
+    found: list[Any] = []
+    structure = (flatten(args, found), flatten(kwargs, found))
+    return tuple(found), (structure, mode, *_leaf_keys(found))
 
 
 def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
@@ -124,20 +129,15 @@ def _leaf_keys(leaves: Any) -> list[tuple[Any, ...]]:
     storage object, ``base`` what AOTAutograd compiles it over (:func:`_memory_mark`): Dynamo compiles such inputs as
     views of one base, which distinct tensors are not (and the other way round); ``("storage", j, storage_offset,
     base, c)`` where its bytes overlap leaves on other storage objects too, ``c`` the first of them all
-    (memory.memory_groups: torch compiles those as apart)."""
+    (memory.memory_groups: torch compiles those as apart). The memory marks are added last, in a pass of their own."""
     keys: list[tuple[Any, ...]] = []
     first: dict[int, int] = {}
-    shared = memory_groups(leaves)
     for i, leaf in enumerate(leaves):
-        if isinstance(leaf, _Tensor):
-            j = first.setdefault(id(leaf), i)
-            if j != i:
-                keys.append(("same", j))
-                continue
-            if i in shared:
-                keys.append(_leaf_key(leaf) + (_memory_mark(shared[i], leaf),))
-                continue
-        keys.append(_leaf_key(leaf))
+        j = first.setdefault(id(leaf), i) if isinstance(leaf, _Tensor) else i
+        keys.append(("same", j) if j != i else _leaf_key(leaf))
+    for i, group in memory_groups(leaves).items():
+        if keys[i][0] != "same":
+            keys[i] = keys[i] + (_memory_mark(group, leaves[i]),)
     return keys
 
 
@@ -396,8 +396,14 @@ def unflatten(structure: Any, leaves: tuple[Any, ...]) -> tuple[tuple[Any, ...],
 
 
 def leaf_names(method: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               leaves: tuple[Any, ...]) -> dict[int, str]:
-    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument)."""
+               leaves: tuple[Any, ...] | None = None) -> dict[int, str]:
+    """Leaf index -> argument name for tensor arguments (``x``, or ``kv[1]`` for an item of a list argument).
+    ``leaves``: the call's (``call_key``'s); None: flattened here."""
+    if leaves is None:
+        found: list[Any] = []
+        flatten(args, found)
+        flatten(kwargs, found)
+        leaves = tuple(found)
     try:
         bound = inspect.signature(method).bind(*args, **kwargs)
     except TypeError:

@@ -94,8 +94,8 @@ class GearPlanLife:
         of its tensor arguments, its gear marks (``set_dim_gears`` on its tensors, or the config's ``dim_gears`` by
         name), and whether ``set_dim_gears`` marked it."""
         ic = self.config.inference_config
+        names = signature.leaf_names(self.method, args, kwargs)
         leaves, key = signature.call_key(args, kwargs)
-        names = signature.leaf_names(self.method, args, kwargs, leaves)
         marks = find_marks(leaves, names, ic.dim_gears, ic.pad_values)
         return MarkedCall(args, kwargs, leaves, key, names, marks, has_marks(leaves))
 
