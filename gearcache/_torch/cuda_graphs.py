@@ -3,6 +3,7 @@ handle's type, and outputs whose storage can be made unreadable after a replay, 
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,11 +27,14 @@ def forbid_storage_access(tensor: torch.Tensor, message: str) -> None:
         forbid(tensor, message)
 
 
-def fresh_copies(values: list[Any]) -> list[Any]:
-    """``values`` with each tensor replaced by a copy in memory of its own (as ``clone()``: same dtype, device and,
-    where dense, strides), the copies made by one ``torch._foreach_copy_`` (one kernel launch per dtype for dense
-    CUDA tensors instead of one per tensor: a graph replay's outputs are copied on every call); other values as
-    they are."""
+def fresh_copies(values: list[Any], kept: Collection[int] = ()) -> list[Any]:
+    """``values`` with each tensor (but those at the places ``kept``) replaced by a copy in memory of its own (as
+    ``clone()``: same dtype, device and, where dense, strides), the copies made by one ``torch._foreach_copy_`` (one
+    kernel launch per dtype for dense CUDA tensors instead of one per tensor: a graph replay's outputs are copied on
+    every call); other values as they are."""
+    if kept:
+        copied = fresh_copies([None if k in kept else v for k, v in enumerate(values)])
+        return [values[k] if k in kept else c for k, c in enumerate(copied)]
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if len(tensors) < 2:
         return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]

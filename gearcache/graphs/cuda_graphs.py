@@ -5,24 +5,22 @@ serialisable: each process captures its own, from the kernels it loaded (no comp
 first call; the capture time is counted (``counters.graph_captures``, ``counters.capture_seconds``) and logged.
 
 Per graph, every tensor input that is not a weight gets a static buffer. A call copies (and pads) its inputs into the
-buffers in one step per input (a fill of the pad value, then the copy of the real rows), replays, cuts the outputs
-back to the call's sizes and returns copies of them (``inference_config.graph_outputs = "copy"``, the default), or
-views into the graph's static outputs (``"view"``). Such views hold until the method's next call, whatever its gear:
-the gears' graphs share one memory pool, so a gear captured after another may keep its static outputs in memory the
-other's graph uses for its intermediates, and a replay of either can overwrite the other's outputs. ``"view-checked"``
-catches misuse of such views: each call hands out views through storages of their own, and the method's next call
-makes every earlier one raise on any access (torch's CUDA-graph trees check their outputs the same way).
+buffers in one step per input (a fill of the pad value, then the copy of the real rows), replays, cuts the outputs back
+to the call's sizes and returns copies of them (``inference_config.graph_outputs = "copy"``, the default), or views into
+the graph's static outputs (``"view"``). Such views hold until the method's next call, whatever its gear: the gears'
+graphs share one memory pool, so a gear captured after another may keep its static outputs in memory the other's graph
+uses for its intermediates, and a replay of either can overwrite the other's outputs. ``"view-checked"`` catches misuse
+of such views: each call hands out views through storages of their own, and the method's next call makes every earlier
+one raise on any access (torch's CUDA-graph trees check their outputs the same way). In every mode an output that views
+an input or a module tensor is returned as eager returns it, a view of the caller's tensor (``GraphedEntry.aliases``).
 
-Inputs updated in place (a KV cache, ``mark_static_address``) and inputs the graph writes: see
-gearcache/graphs/graphed_entry.py.
-All graphs of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are
-read and written at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need
-nothing; a parameter or buffer replaced by another tensor is noticed (a watch over the module's ``_parameters`` and
-``_buffers`` items, ``GraphedEntry.state_watch``) and the gear's graph is captured again at its next call.
-The warm-up run before a capture writes what the graph writes (a KV cache, a position counter): every such tensor
-(the run plan's ``mutated_inputs``, module state included) is saved before it and restored after, so each call
-updates the state once, as eager.
-"""
+Inputs updated in place (a KV cache, ``mark_static_address``) and inputs the graph writes: graphed_entry.py. All graphs
+of a method share one memory pool. Parameters and buffers (weights, a KV cache bound to the module) are read and written
+at the addresses they had at capture: updates in place (``load_state_dict``, ``.copy_()``) need nothing; a parameter or
+buffer replaced by another tensor is noticed (a watch over the module's ``_parameters`` and ``_buffers`` items,
+``GraphedEntry.state_watch``) and the gear's graph is captured again at its next call. The warm-up run before a capture
+writes what the graph writes (a KV cache, a position counter): every such tensor (the run plan's ``mutated_inputs``,
+module state included) is saved before it and restored after, so each call updates the state once, as eager."""
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +41,8 @@ from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
 from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
-                            mutated_leaves, refuse_state_aliases, state_rules_of, state_watch_of, target_shape,
-                            write_refused_message, written_copies, written_tensors)
+                            mutated_leaves, refuse_split_memory, refuse_state_aliases, state_rules_of, state_watch_of,
+                            target_shape, write_refused_message, written_copies, written_tensors)
 
 Leaves = tuple[Any, ...]
 """A call's flattened arguments (``signature.call_key``'s leaves): the caller's tensors and Python values."""
@@ -142,11 +140,7 @@ class CudaGraphs:
         """Run the call on its gear's graph (captured on first use). ``served``: a caller's call, not a warm-up's
         (its padding is counted: ``GearPlan.record_padding``). ``self.replayed``: the graph it replayed, or None."""
         self.replayed = None
-        if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
-                signature.on_cuda(leaves):
-            raise UnsupportedInputError(signature.shared_memory_message(
-                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own",
-                self.cached.gear_life.method, leaves))
+        refuse_split_memory(self.cached, gear_plan is not None, leaves, key)
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         if gear_plan is not None and targets is None:
             return self.cached.gear_life.past_largest(gear_plan, leaves, key)
@@ -187,15 +181,16 @@ class CudaGraphs:
         outs = graphed.replay()
         graphed.copy_back(leaves)   # (before the views are retired: a written input may be one of them)
         self._retire_views()
+        outs = graphed.over_callers(outs, leaves) if graphed.aliases else outs
         if gear_plan is not None:
             outs = gear_plan.cut(graphed.entry, outs, leaves)
             if served:
                 gear_plan.record_padding(graphed.entry, leaves, targets)  # type: ignore[arg-type]
         mode = self.cached.config.inference_config.graph_outputs
         if mode == "copy":
-            outs = torch_cuda_graphs.fresh_copies(outs)
+            outs = torch_cuda_graphs.fresh_copies(outs, graphed.aliases)
         elif mode == "view-checked":
-            outs = self._checked_views(outs)
+            outs = self._checked_views(outs, graphed.aliases)
         return graphed.entry.build(outs, leaves)
 
     def shortcut(self, leaves: Leaves, key: CallKey, distinct_storages: bool) -> tuple[Any, GraphShortcut] | None:
@@ -217,10 +212,11 @@ class CudaGraphs:
         graphed.shortcuts[key] = made
         return made
 
-    def _checked_views(self, outs: list[Any]) -> list[Any]:
-        """``"view-checked"``: views of ``outs`` through storages of their own, retired by the method's next call."""
-        views = [torch_cuda_graphs.storage_alias(o) if isinstance(o, torch.Tensor) else o for o in outs]
-        self.handed_out = [v for v in views if isinstance(v, torch.Tensor)]
+    def _checked_views(self, outs: list[Any], kept: dict[int, int | None]) -> list[Any]:
+        """``"view-checked"``: views of ``outs`` (but ``kept``'s) through storages of their own, retired next call."""
+        views = [torch_cuda_graphs.storage_alias(o) if isinstance(o, torch.Tensor) and k not in kept else o
+                 for k, o in enumerate(outs)]
+        self.handed_out = [v for k, v in enumerate(views) if isinstance(v, torch.Tensor) and k not in kept]
         return views
 
     def _retire_views(self) -> None:
@@ -255,11 +251,7 @@ class CudaGraphs:
 
     def prepare(self, gear_plan: GearPlan | None, leaves: Leaves, key: CallKey) -> Loaded:
         """Find (load, or compile) the entry of this call's gear without capturing it (lazy capture's warm-up)."""
-        if (signature.shares_memory(key) if gear_plan is not None else signature.shares_storage(key)) and \
-                signature.on_cuda(leaves):
-            raise UnsupportedInputError(signature.shared_memory_message(
-                self.cached.name, key, "a CUDA graph copies each input into a static buffer of its own",
-                self.cached.gear_life.method, leaves))
+        refuse_split_memory(self.cached, gear_plan is not None, leaves, key)
         targets = gear_plan.targets(leaves) if gear_plan is not None else None
         static_leaves = gear_plan.pad(leaves, targets) if targets is not None else leaves  # type: ignore[union-attr]
         skey = signature.rekey(key, static_leaves)
@@ -285,7 +277,7 @@ class CudaGraphs:
         counters.graph_warmups += 1
         self._warm_up_undone(graphed, leaves, static_leaves)
         with self.phase(static_leaves, "graph record"):
-            graphed.graph, graphed.outs = self.record(graphed.entry, static_leaves)
+            graphed.recorded(*self.record(graphed.entry, static_leaves), static_leaves)
         graphed.state_watch = state_watch_of(graphed.entry)
         self._captured(graphed, time.perf_counter() - t0)
         return graphed
@@ -386,8 +378,8 @@ class CudaGraphs:
 
         recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
-        for (gkey, _, graphed, _), (graph, outs) in zip(prepared, recorded):
-            graphed.graph, graphed.outs = graph, outs
+        for (gkey, _, graphed, static_leaves), (graph, outs) in zip(prepared, recorded):
+            graphed.recorded(graph, outs, static_leaves)
             graphed.state_watch = state_watch_of(graphed.entry)
             self.graphs[gkey] = graphed
             counters.graph_warmups += 1

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..keys import guard_watch
-from ..call import state_alias
+from ..call import memory, signature, state_alias
 from ..call.entry import Entry, mutated_inputs
 from ..errors import ConfigError, UnsupportedInputError
 
@@ -49,6 +49,9 @@ class GraphedEntry:
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
         self.written: list[tuple[int, torch.Tensor]] = []   # [(leaf index, static buffer)] the graph writes
+        # output index -> the copied input's leaf index it is a view of (rebuilt over the caller's tensor), or None:
+        # a view of memory outside the graph's pool (a parameter, a buffer, a static-address input), kept as it is
+        self.aliases: dict[int, int | None] = {}
         # valid() while every parameter and buffer the graph reads is the same tensor as at its capture
         # (``state_watch_of``)
         self.state_watch: guard_watch.Watch | None = None
@@ -72,9 +75,28 @@ class GraphedEntry:
         one's memory, so the graph must be captured again."""
         return self.state_watch is not None and not self.state_watch.valid()
 
+    def recorded(self, graph: torch.cuda.CUDAGraph, outs: list[Any], static_leaves: tuple[Any, ...]) -> None:
+        """Keep the graph recorded on ``static_leaves`` and its static outputs; find which outputs view memory outside
+        the graph's pool (``aliases``): eager returns such an output as a view of the caller's argument or of the
+        module's tensor, through which later writes show, so it is never copied (``graph_outputs``) nor left a view of
+        a static buffer. Raises nothing: a graph dropped once recorded would leave its pool unusable (torch asserts
+        at the next capture into it); a call whose view cannot be rebuilt is refused by ``fill``."""
+        self.graph, self.outs = graph, outs
+        self.aliases = output_aliases(outs, self.copies, static_leaves, state_tensors(self.entry))
+
     def fill(self, leaves: tuple[Any, ...]) -> None:
-        """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs."""
+        """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs, and the
+        inputs an output is a view of (``aliases``: rebuilt over the caller's tensor, which must be laid out as its
+        static buffer, contiguous and not padded, and of the view's dtype), before the caller's memory is touched."""
         fill_buffers(self, leaves)
+        for k, i in self.aliases.items():
+            if i is not None and not (leaves[i].is_contiguous() and leaves[i].shape == self.static_buffer(i).shape
+                                      and leaves[i].dtype == self.outs[k].dtype):
+                raise UnsupportedInputError(
+                    f"under CUDA graphs the method's output {k} is a view of its input {i}, which this call passes "
+                    f"non-contiguous or padded (or the view has another dtype): eager returns a view of the caller's "
+                    f"tensor, which the view of the graph's copy of the input cannot be rebuilt as. Fix: pass input "
+                    f"{i} contiguous (.contiguous()) and unpadded, or return a .clone() of the view")
         for i, ptr in self.static_ptrs:
             if leaves[i].data_ptr() != ptr:
                 raise UnsupportedInputError(
@@ -87,11 +109,49 @@ class GraphedEntry:
         self.graph.replay()
         return self.outs
 
+    def static_buffer(self, i: int) -> torch.Tensor:
+        """The static buffer of the copied input ``i``."""
+        return next(buf for j, buf, _ in self.copies if j == i)
+
+    def over_callers(self, outs: list[Any], leaves: tuple[Any, ...]) -> list[Any]:
+        """``outs`` with each view of a copied input's static buffer rebuilt as the same view of the caller's tensor
+        (after ``copy_back``: it holds what the replay wrote)."""
+        outs = list(outs)
+        for k, i in self.aliases.items():
+            if i is not None:
+                o, leaf = outs[k], leaves[i]
+                offset = leaf.storage_offset() + o.storage_offset() - self.static_buffer(i).storage_offset()
+                outs[k] = leaf.as_strided(o.shape, o.stride(), offset)
+        return outs
+
     def copy_back(self, leaves: tuple[Any, ...]) -> None:
         """Copy what the replay wrote into copied inputs back into the caller's tensors (their real rows)."""
         for i, buf in self.written:
             dst = leaves[i]
             dst.copy_(buf if buf.shape == dst.shape else buf[tuple(slice(0, n) for n in dst.shape)])
+
+
+def output_aliases(outs: list[Any], copies: list[tuple[int, torch.Tensor, float]], static_leaves: tuple[Any, ...],
+                   state: list[torch.Tensor]) -> dict[int, int | None]:
+    """``GraphedEntry.aliases`` of a graph's static ``outs``: by storage, the copied input each output views (its
+    leaf index), or None for a view of a module tensor or a static-address input (memory outside the pool)."""
+    copied = {memory.storage_address(buf): i for i, buf, _ in copies}
+    outside = {memory.storage_address(t) for t in state}
+    outside |= {memory.storage_address(x) for x in static_leaves if is_static_address(x)}
+    found: dict[int, int | None] = {}
+    for k, o in enumerate(outs):
+        if isinstance(o, torch.Tensor):
+            address = memory.storage_address(o)
+            if address in copied:
+                found[k] = copied[address]
+            elif address in outside:
+                found[k] = None
+    return found
+
+
+def state_tensors(entry: Loaded) -> list[torch.Tensor]:
+    """The parameters and buffers ``entry``'s graph reads (none for an eager stand-in)."""
+    return [d[name] for d, name in entry.state_refs()] if isinstance(entry, Entry) else []
 
 
 def fill_buffers(graphed: GraphedEntry, leaves: tuple[Any, ...]) -> None:
@@ -143,6 +203,19 @@ def written_tensors(entry: Loaded, static_leaves: tuple[Any, ...]) -> list[torch
     kinds = entry.manifest["inputs"]
     return [x for (kind, ref), x in zip(kinds, inputs) if isinstance(x, torch.Tensor) and (
         (kind == "leaf" and is_static_address(x)) or (kind == "state" and not isinstance(x, torch.nn.Parameter)))]
+
+
+def refuse_split_memory(cached: UncapturedPath, geared: bool, leaves: tuple[Any, ...], key: tuple[Any, ...]) -> None:
+    """``UnsupportedInputError`` for a CUDA call whose inputs share memory (``signature.shares_storage``; with a gear
+    plan ``shares_memory``, the same tensor twice too) that the static buffers' copies would split: a copied input
+    overlapping another's memory (``memory.copies_split``; static-address inputs are not copied). Inputs over apart
+    parts of one storage (``kv[0]``, ``kv[1]``) are copied, written and copied back apart, as eager writes them."""
+    shared = signature.shares_memory(key) if geared else signature.shares_storage(key)
+    if shared and signature.on_cuda(leaves) and memory.copies_split(
+            leaves, tuple(x if is_static_address(x) else None for x in leaves), shared):
+        raise UnsupportedInputError(signature.shared_memory_message(
+            cached.name, key, "a CUDA graph copies each input into a static buffer of its own", cached.gear_life.method,
+            leaves))
 
 
 def refuse_state_aliases(cached: UncapturedPath, entry: Loaded, leaves: tuple[Any, ...],
