@@ -171,6 +171,7 @@ class CudaGraphs:
         else:
             counters.hits += 1
         refuse_state_aliases(self.cached, graphed.entry, leaves, key)
+        graphed.refuse_overlapping_written(leaves)
         self.replayed = graphed
         return self._replay(graphed, gear_plan, leaves, targets, served)
 

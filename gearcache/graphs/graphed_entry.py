@@ -124,6 +124,20 @@ class GraphedEntry:
                 outs[k] = leaf.as_strided(o.shape, o.stride(), offset)
         return outs
 
+    def refuse_overlapping_written(self, leaves: tuple[Any, ...]) -> None:
+        """UnsupportedInputError for a call passing, where the graph writes a copied input, a tensor whose own
+        elements overlap (``as_strided`` windows: ``memory.elements_may_overlap``): eager's in-place op writes them one
+        after another on CPU and in an undefined order on CUDA, the copy back from the static buffer in its own; no
+        order is proved equal. Checked on the full call path (the graph shortcut's matcher holds the strides of the
+        call it was made for); a contiguous input costs one ``is_contiguous``."""
+        for i, _ in self.written:
+            leaf = leaves[i]
+            if not leaf.is_contiguous() and memory.elements_may_overlap(leaf.shape, leaf.stride()):
+                raise UnsupportedInputError(
+                    f"the method writes its input {i} in place, and this call passes a tensor whose elements overlap "
+                    f"in memory (sizes {tuple(leaf.shape)}, strides {leaf.stride()}): under CUDA graphs it is written "
+                    f"through a copy, in an order eager's in-place writes need not follow. Fix: pass a .clone() of it")
+
     def copy_back(self, leaves: tuple[Any, ...]) -> None:
         """Copy what the replay wrote into copied inputs back into the caller's tensors (their real rows)."""
         for i, buf in self.written:
