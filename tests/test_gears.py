@@ -125,6 +125,36 @@ def test_calls_whose_tensors_lost_their_marks_are_padded_all_the_same(pair_cache
             torch.testing.assert_close(total, ref_total)
 
 
+def test_a_call_during_a_torch_fx_trace_keeps_the_gear_plan_and_its_entries(pair_cache):
+    """A call whose watch fires while ``torch.fx``'s tracer has ``nn.Module.__call__`` and ``__getattr__`` patched (a
+    trace in any thread: ``make_fx`` under every compile in the process) re-checks its guards on the patched class:
+    the gear plan and the entries hold, and this call and the next are padded, with nothing compiled or traced. Was:
+    the guard on the module's class failed, both were dropped, and later unmarked calls compiled an entry per size,
+    unpadded (a warm-up compiling a gear in a thread of its own: overlapping padded views were then served instead of
+    refused, ``test_padded_arguments_that_are_apart_views_of_one_tensor_are_served``)."""
+    torch.manual_seed(0)
+    m = PairMLP(pair_cache)
+    x, y = set_dim_gears(torch.randn(4, 4), {0: [2, 4]}), set_dim_gears(torch.randn(4, 4), {0: [2, 4]})
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    served = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, t):
+            with counters.expect(compiles=0, traces=0, pads=1):
+                served.append(m.cached(a, b))
+            return t
+
+    with torch.no_grad():
+        m.cached.warmup(x, y)
+        torch.fx.symbolic_trace(Probe())
+        with counters.expect(compiles=0, traces=0, pads=1):
+            served.append(m.cached(a, b))
+        ref = m.fwd(a, b)
+    assert m.cached.entries == 2
+    for out in served:
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_marks_on_a_call_after_an_unmarked_first_call_build_the_gear_plan(pair_cache):
     torch.manual_seed(0)
     gears = {0: [2, 4]}
