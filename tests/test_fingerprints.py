@@ -98,6 +98,26 @@ def test_runtime_noise_and_dynamos_own_patch_do_not_change_a_digest():
     assert fingerprints.class_digest(Fresh) == before
 
 
+def test_a_class_digest_read_during_a_torch_fx_trace_is_the_one_read_outside():
+    """``torch.fx``'s tracer (``make_fx`` under every AOTAutograd compile, in whatever thread compiles) sets wrappers
+    of ``nn.Module.__call__`` and ``__getattr__`` on the class while it traces: a module class's digest read meanwhile
+    (another thread's guard check) must be the one read outside. Was: it differed, and the guards of a cached method
+    naming its module's class failed, dropping its gear plan and entries (a warm-up compiling a gear in a thread of
+    its own process: ``test_gears``' overlapping padded views, served unpadded instead of refused, 1 run in 3)."""
+    before = fingerprints.class_digest(Child)
+    own = torch.nn.Module.__dict__["__call__"]
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((torch.nn.Module.__dict__["__call__"] is not own, fingerprints.class_digest(Child)))
+            return x
+
+    torch.fx.symbolic_trace(Probe())
+    assert seen == [(True, before)]
+    assert fingerprints.class_digest(Child) == before
+
+
 def test_built_in_classes_are_named_only():
     assert fingerprints.class_fp(dict) == ["class", "builtins.dict"]
     assert fingerprints.class_digest(int) == ""

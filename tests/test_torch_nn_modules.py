@@ -1,6 +1,9 @@
 """gearcache/_torch/nn_modules.py: the submodule watch behind enable()'s padding proof (a submodule set after the
 proof is refused at the next call) and what a traced graph sees of it."""
 import gc
+import json
+import subprocess
+import sys
 import weakref
 
 import torch
@@ -60,3 +63,37 @@ def test_a_traced_modulelist_slice_runs_the_hook_as_a_no_op():
     x = torch.randn(1, 2)
     torch.testing.assert_close(compiled(x), forward(x))
     assert flag == [False]
+
+
+
+FX_PROBE = """
+import json, torch
+from gearcache._torch import nn_modules
+torch.compile(lambda x: x * 2, backend=lambda gm, example: gm)(torch.ones(2))   # Dynamo wraps fx.Tracer.trace
+own = {name: torch.nn.Module.__dict__[name] for name in ("__call__", "__getattr__")}
+seen = []
+
+class Probe(torch.nn.Module):
+    def forward(self, x):
+        for name, method in own.items():
+            patched = torch.nn.Module.__dict__[name]
+            seen.append([patched is not method,
+                         nn_modules.unpatched_class_attribute(torch.nn.Module, name, patched) is method])
+        return x
+
+torch.fx.symbolic_trace(Probe())
+print(json.dumps([seen, all(torch.nn.Module.__dict__[name] is method for name, method in own.items())]))
+"""
+
+
+def test_torch_fx_wrappers_of_nn_module_read_as_torchs_own_methods():
+    """``torch.fx``'s tracer (``symbolic_trace``, and ``make_fx`` under every AOTAutograd compile and Inductor pattern
+    pass) sets wrappers of ``nn.Module.__call__`` and ``__getattr__`` on the class for the length of a trace, seen by
+    every thread: ``unpatched_class_attribute`` answers the methods they wrap, torch's own; in a fresh process that
+    compiled first, as a warm-up's does (Dynamo then wraps ``Tracer.trace``, which the wrappers are found in: once,
+    told from a process that had not compiled, they were not found)."""
+    out = subprocess.run([sys.executable, "-c", FX_PROBE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen, restored = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == [[True, True], [True, True]]      # (patched while tracing, read as torch's own)
+    assert restored

@@ -1,9 +1,12 @@
 """``torch.nn.Module`` internals gearcache reads: where a parameter or buffer lives (gearcache/call/entry.py holds
-slots, never tensors), and a class attribute as torch defines it, whatever Dynamo or transformers patched into
-``nn.Module`` (gearcache/keys/fingerprints.py).
+slots, never tensors), and a class attribute as torch defines it, whatever Dynamo, torch.fx's tracer or transformers
+patched into ``nn.Module`` (gearcache/keys/fingerprints.py).
 """
 from __future__ import annotations
 
+import functools
+import inspect
+import types
 import weakref
 from typing import Any
 
@@ -31,8 +34,12 @@ def unpatched_class_attribute(cls: type, name: str, value: Any) -> Any:
     ``___needs_generation_tag_patch``; a class's fingerprint must not depend on whether this process ran Dynamo.
     transformers adds ``nn.Module.smart_apply`` the first time a ``PreTrainedModel`` initialises its weights (no
     forward reads it): every other class's fingerprint must not depend on whether this process built such a model
-    (a process that had was served none of the entries a fresh one compiled). Returns the wrapped original for the
-    Dynamo patches, ``NOT_TORCHS`` for the mark and transformers' method, ``value`` otherwise."""
+    (a process that had was served none of the entries a fresh one compiled). ``torch.fx``'s tracer
+    (``Tracer.trace``: ``symbolic_trace``, and ``make_fx`` under every AOTAutograd compile and Inductor pattern pass)
+    sets wrappers of ``__call__`` and ``__getattr__`` for the length of a trace, seen by every thread: a guard
+    checked meanwhile (another thread's call, or a warm-up's look-up beside a gear compiled in its own thread) must
+    read the class as outside a trace, else it fails and drops what it guards. Returns the wrapped original for the
+    Dynamo and torch.fx patches, ``NOT_TORCHS`` for the mark and transformers' method, ``value`` otherwise."""
     if cls is not torch.nn.Module:
         return value
     library = _LIBRARY_MODULE_METHODS.get(name)
@@ -44,6 +51,8 @@ def unpatched_class_attribute(cls: type, name: str, value: Any) -> Any:
             and getattr(value, "__module__", None) == "torch._dynamo.mutation_guard"
             and patch[1] in value.__code__.co_freevars):
         return value.__closure__[value.__code__.co_freevars.index(patch[1])].cell_contents
+    if name in _FX_MODULE_PATCHES and isinstance(value, types.FunctionType) and value.__code__ in _fx_wrapper_codes():
+        return getattr(value, "__wrapped__", value)   # (functools.wraps) the method torch.fx saved at its import
     return value
 
 
@@ -59,6 +68,18 @@ _DYNAMO_MODULE_PATCHES = {
 
 _LIBRARY_MODULE_METHODS = {"smart_apply": "transformers."}     # nn.Module attribute -> the library that adds it
 
+# nn.Module attribute -> the name of the wrapper torch.fx's Tracer.trace sets on it for a trace's length
+_FX_MODULE_PATCHES = {"__call__": "module_call_wrapper", "__getattr__": "module_getattr_wrapper"}
+
+
+@functools.cache
+def _fx_wrapper_codes() -> frozenset[types.CodeType]:
+    """The code objects of ``torch.fx.Tracer.trace``'s wrappers of ``nn.Module`` methods (the nested functions it
+    defines at every trace share them): a patched attribute is told by its code's identity, not its name. Read from
+    the function under Dynamo's wrapper (its first compile in a process disables itself on ``Tracer.trace``)."""
+    trace = inspect.unwrap(torch.fx.Tracer.trace)
+    return frozenset(c for c in trace.__code__.co_consts
+                     if isinstance(c, types.CodeType) and c.co_name in _FX_MODULE_PATCHES.values())
 
 
 def submodule_dict(module: torch.nn.Module) -> dict[str, torch.nn.Module | None]:
