@@ -204,3 +204,34 @@ def test_a_method_returning_its_inputs_as_they_are_is_served_as_eager_cold_and_w
     for report in (cold, warm):
         assert report["calls"] == {"same": True, "bumped": True, "state": True, "pair": True}, report
     assert (cold["compiles"], warm["compiles"], warm["loads"]) == (4, 0, 4), (cold, warm)
+
+
+class VarArgs(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, *rest, **named):
+        out = x
+        for r in rest:
+            out = out + r
+        for value in named.values():
+            out = out * value
+        return out
+
+
+@pytest.mark.parametrize("call", ["no-named", "no-rest", "both"])
+def test_a_method_with_star_args_and_star_kwargs_is_served_as_eager_when_either_is_empty(tmp_path, call):
+    """``*rest`` and ``**named`` are always bound (an empty tuple or dict), never defaults: a call leaving either
+    empty was a KeyError at the first call (Dynamo's guard on ``L['named']`` read as a default); the signature key
+    has their structure, so the entry is served, and stored."""
+    x, b = torch.randn(3, 4), torch.randn(4)
+    args, kwargs = {"no-named": ((x, b), {}), "no-rest": ((x,), {"w": 2.0}), "both": ((x, b), {"w": 2.0})}[call]
+    with torch.no_grad():
+        model = VarArgs(tmp_path)
+        got = model.cached(*args, **kwargs)
+        again = VarArgs(tmp_path).cached(*args, **kwargs)        # another object: a load of the stored entry
+    want = model.fwd(*args, **kwargs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+    assert any((tmp_path / "entries").rglob("*")), "the entry is stored (its guards persist)"

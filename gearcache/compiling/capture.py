@@ -109,11 +109,15 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
 
 def passed_names(method: types.MethodType, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str] | None:
     """The names of the parameters a call of the bound ``method`` passes (the others take their defaults); None where
-    the call does not bind (Dynamo then raised already)."""
+    the call does not bind (Dynamo then raised already). ``*args`` and ``**kwargs`` parameters are always passed (an
+    empty tuple or dict where the call gives them nothing: they have no default, and the signature key holds their
+    structure)."""
     try:
-        return set(inspect.signature(method).bind(*args, **kwargs).arguments)
+        sig = inspect.signature(method)
+        names = set(sig.bind(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         return None
+    return names | {p.name for p in sig.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:     # FX output arguments (nodes): torch's Argument union
