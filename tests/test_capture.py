@@ -235,3 +235,32 @@ def test_a_method_with_star_args_and_star_kwargs_is_served_as_eager_when_either_
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(again, want, rtol=0, atol=0)
     assert any((tmp_path / "entries").rglob("*")), "the entry is stored (its guards persist)"
+
+
+class CallsCached(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.inner_cached = gearcache.cache_compile(self.inner, cache_dir=cache_dir)
+        self.cached = gearcache.cache_compile(self.outer, cache_dir=cache_dir)
+
+    def inner(self, x):
+        return self.lin(x)
+
+    def outer(self, x):
+        return self.inner_cached(x) + 1
+
+
+def test_a_cached_method_calling_another_is_one_break_naming_the_line_and_the_fix(tmp_path):
+    """Dynamo cannot trace a ``CachedFunction``'s call: the error names the user's line and the fix (call the plain
+    method), and nothing of the inner method is compiled meanwhile (it was, under ``torch._dynamo.explain``, which
+    traced gearcache's own compile and listed its internals as the breaks)."""
+    model = CallsCached(tmp_path)
+    with pytest.raises(gearcache.GraphBreakError) as info, torch.no_grad():
+        model.cached(torch.randn(3, 4))
+    text = str(info.value)
+    assert len(info.value.breaks) == 1
+    assert "test_capture.py" in text and "self.inner_cached(x)" in text
+    assert "plain method" in text and "gearcache/" not in text.split("How to fix")[0]
+    artifacts = tmp_path / "artifacts"
+    assert not artifacts.exists() or not any(artifacts.iterdir()), "the inner method was not compiled"

@@ -109,6 +109,18 @@ def op_runtime_error(exc: BaseException) -> RuntimeError | None:
     return None
 
 
+def untraceable_call(exc: BaseException, class_name: str) -> str | None:
+    """Where the capture stopped at a call of an instance of ``class_name`` that Dynamo cannot trace (its C
+    ``__call__``), as ``"file:line in name: source"`` (the innermost user frame); None for any other break. Checked on
+    2.13: ``Unsupported`` says "method `__call__` of class `<name>`" and carries ``innermost_user_frame_summary``."""
+    if not isinstance(exc, torch._dynamo.exc.Unsupported):
+        return None
+    if f"`__call__` of class `{class_name}`" not in str(getattr(exc, "msg", exc)):
+        return None
+    f = getattr(exc, "innermost_user_frame_summary", None)
+    return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f is not None else "(source unknown)"
+
+
 def explain_graph_breaks(method: types.MethodType, args: tuple[object, ...], kwargs: dict[str, object],
                          exc: BaseException) -> list[tuple[str, str]]:
     """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the

@@ -83,6 +83,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
             if torch_capture.is_graph_break(exc):
                 torch_capture.forget_dynamo_cache(code)
                 _raise_op_type_error(method, exc)
+                _raise_cached_call(method, exc)
                 breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
                 raise GraphBreakError(_qualname(method), breaks) from None
             _raise_op_runtime_error(method, exc)
@@ -105,6 +106,18 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
         dependencies=_dependencies(state["code"]),
         guards=guards_from_dynamo.from_dynamo(recording, method, passed),
     )
+
+
+def _raise_cached_call(method: types.MethodType, exc: BaseException) -> None:
+    """A cached method calling another cached method (a ``CachedFunction``, whose call Dynamo cannot trace): one break
+    naming the line and the fix, raised before ``torch._dynamo.explain``, which would run the other method's miss,
+    compile and all, under Dynamo and list gearcache's own lines as the breaks."""
+    where = torch_capture.untraceable_call(exc, "CachedFunction")
+    if where is not None:
+        raise GraphBreakError(_qualname(method), [(
+            "it calls a cache_compile'd method, which cannot run inside another's capture. Fix: call the plain "
+            "method there (self._forward, not the cached self.cached_forward): its ops become part of this graph",
+            where)]) from None
 
 
 def passed_names(method: types.MethodType, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str] | None:
