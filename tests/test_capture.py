@@ -264,3 +264,31 @@ def test_a_cached_method_calling_another_is_one_break_naming_the_line_and_the_fi
     assert "plain method" in text and "gearcache/" not in text.split("How to fix")[0]
     artifacts = tmp_path / "artifacts"
     assert not artifacts.exists() or not any(artifacts.iterdir()), "the inner method was not compiled"
+
+
+class BreaksAfterWrites(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        self.count.add_(1)
+        y.add_(1)
+        if x.sum().item() > 0:          # a graph break
+            return x * 2
+        return x
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_call_refused_for_a_graph_break_writes_nothing(tmp_path, mode):
+    """Listing the breaks runs the method under ``torch._dynamo.explain``, eagerly between its graphs: the refused
+    call wrote its buffer and its argument once (a caller falling back to eager then counted twice). Both are as
+    before the call (inference tensors too, which keep no version counter)."""
+    model = BreaksAfterWrites(tmp_path)
+    with getattr(torch, mode)():
+        x, y = torch.ones(3), torch.zeros(3)
+        with pytest.raises(gearcache.GraphBreakError, match="item"):
+            model.cached(x, y)
+    assert torch.equal(model.count, torch.zeros(3)) and torch.equal(y, torch.zeros(3))
+    assert torch.equal(x, torch.ones(3))
