@@ -292,3 +292,37 @@ def test_a_call_refused_for_a_graph_break_writes_nothing(tmp_path, mode):
             model.cached(x, y)
     assert torch.equal(model.count, torch.zeros(3)) and torch.equal(y, torch.zeros(3))
     assert torch.equal(x, torch.ones(3))
+
+
+class WritesPython(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.calls, self.seen, self.last = 0, [], None
+        self.counting = gearcache.cache_compile(self.count, cache_dir=cache_dir)
+        self.appending = gearcache.cache_compile(self.append, cache_dir=cache_dir)
+        self.storing = gearcache.cache_compile(self.store, cache_dir=cache_dir)
+
+    def count(self, x):
+        self.calls += 1
+        return x * 2
+
+    def append(self, x):
+        self.seen.append(1)
+        return x * 3
+
+    def store(self, x):
+        self.last = x * 5
+        return x + 1
+
+
+@pytest.mark.parametrize("method, written", [("counting", "self"), ("appending", "self.seen"),
+                                             ("storing", "self")])
+def test_a_method_writing_python_state_is_refused_naming_it_and_writes_nothing(tmp_path, method, written):
+    """A compiled entry runs the graph only: ``self.calls += 1`` counted 1 after 3 calls, ``self.seen.append`` grew
+    once, and ``self.last = x * 5`` held the capture's uninitialised tensor (eager: 5s). Refused at the first call,
+    naming what it writes and the fix; nothing is written."""
+    model = WritesPython(tmp_path)
+    with pytest.raises(gearcache.GearcacheError, match=rf"writes Python state .*\({written}\).*register_buffer"):
+        with torch.no_grad():
+            getattr(model, method)(torch.ones(3))
+    assert model.calls == 0 and model.seen == [] and model.last is None

@@ -27,7 +27,8 @@ def dynamo_capture_config() -> contextlib.AbstractContextManager[None]:
     graph inputs (``inline_inbuilt_nn_modules``, always on in 2.11 and 2.13), so a loaded entry reads live weights."""
     from torch.utils._config_module import ConfigModule
 
-    return cast(ConfigModule, torch._dynamo.config).patch({"automatic_dynamic_shapes": False})   # a config module
+    return cast(ConfigModule, torch._dynamo.config).patch({"automatic_dynamic_shapes": False,   # a config module
+                                                           "side_effect_replay_policy": "error"})
 
 
 def symbolic_capture_config() -> contextlib.AbstractContextManager[None]:
@@ -106,6 +107,19 @@ def op_runtime_error(exc: BaseException) -> RuntimeError | None:
         inner = inner.__cause__ or inner.__context__ if inner is not None else None
         if isinstance(inner, RuntimeError) and not isinstance(inner, torch._dynamo.exc.TorchDynamoException):
             return inner
+    return None
+
+
+def side_effect_sources(exc: BaseException) -> list[str] | None:
+    """The Python objects a refused capture would have written outside its graph (``["L['self'].seen"]``: Dynamo's
+    sources, under ``side_effect_replay_policy="error"``, which ``dynamo_capture_config`` sets), or None for any other
+    error. Checked on 2.13: a ``RuntimeError`` saying "side effects happened", as raised or as the cause of Dynamo's
+    ``InternalTorchDynamoError``."""
+    for error in (exc, exc.__cause__):
+        text = str(error) if isinstance(error, RuntimeError) else ""
+        if "found certain side effects happened" in text:
+            listed = text.split("double check:", 1)[-1].split("\n", 1)[0].strip()
+            return [part.strip().strip("'\"") for part in listed.strip("[]").split(",") if part.strip()]
     return None
 
 

@@ -27,7 +27,7 @@ import torch
 from .._torch import capture as torch_capture, guards as torch_guards
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
-from ..errors import ConfigError, GraphBreakError, UnsupportedInputError
+from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
 from ..keys.key import sha256_text
 from .snapshot import kept
 
@@ -88,6 +88,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
                 with kept([*leaves, *module.buffers()]):      # explain runs the method: its writes are undone
                     breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
                 raise GraphBreakError(_qualname(method), breaks) from None
+            _raise_side_effects(method, exc)
             _raise_op_runtime_error(method, exc)
             raise
         finally:
@@ -226,6 +227,27 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
+
+
+def _raise_side_effects(method: types.MethodType, exc: BaseException) -> None:
+    """The method writes Python state outside its graph (``self.calls += 1``, ``self.seen.append(...)``,
+    ``self.last = x * 5``): a compiled entry runs the graph only, so those writes would happen at no call (eager makes
+    them at every call; the capture left ``self.last`` holding an uninitialised tensor). Refused, naming what it
+    writes and the fix; nothing was written."""
+    sources = torch_capture.side_effect_sources(exc)
+    if sources is not None:
+        written = ", ".join(_readable_source(s) for s in sources) or "Python objects"
+        raise GearcacheError(
+            f"{_qualname(method)} writes Python state outside its tensors ({written}): a compiled entry runs only the "
+            f"graph, so the write would be made at no call. Fix: keep such state in a buffer updated in place "
+            f"(self.register_buffer(...), then .add_() / .copy_()), or make the write outside the cached method, "
+            f"from its outputs") from None
+
+
+def _readable_source(source: str) -> str:
+    """``L['self'].seen`` as ``self.seen``; ``L['x']`` as ``x``."""
+    text = source.replace("L['", "").replace("G['", "")
+    return text.replace("']", "", 1) if "']" in text else text
 
 
 def _raise_op_runtime_error(method: types.MethodType, exc: BaseException) -> None:
