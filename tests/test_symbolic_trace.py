@@ -98,3 +98,22 @@ def test_a_geared_call_refused_for_a_graph_break_writes_nothing(tmp_path):
     with pytest.raises(gearcache.GraphBreakError, match="item"), torch.no_grad():
         model.cached(x, y)
     assert torch.equal(model.count, torch.zeros(3)) and torch.equal(y, torch.zeros(3))
+
+
+class GearedCounting(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.calls = 0
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        self.calls += 1
+        return x * 2
+
+
+def test_a_geared_method_writing_python_state_is_refused_at_the_plan_and_writes_nothing(tmp_path):
+    """The gear plan's trace refuses ``self.calls += 1`` as the capture does (a compiled entry would skip it)."""
+    model = GearedCounting(tmp_path)
+    with pytest.raises(GearcacheError, match=r"writes Python state .*\(self\)"), torch.no_grad():
+        model.cached(gearcache.set_dim_gears(torch.ones(3, 2), {0: [2, 4]}))
+    assert model.calls == 0

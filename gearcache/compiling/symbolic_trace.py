@@ -17,7 +17,7 @@ from ..errors import GearcacheError, GraphBreakError
 from ..gears.plan import SymbolicTrace
 from ..keys import guards_from_dynamo
 from .capture import (_dependencies, _output_nodes, _output_recipe, _qualname, _raise_op_type_error,
-                      _recording_backend, _refuse_unmarked_partner, _state_names, passed_names)
+                      _raise_side_effects, _recording_backend, _refuse_unmarked_partner, _state_names, passed_names)
 from .snapshot import kept
 
 
@@ -99,6 +99,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
                 f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "
                 f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
                 f"that size") from None
+        _raise_side_effects(method, exc)
         _refuse_unmarked_partner(method, exc)
         raise
     finally:
