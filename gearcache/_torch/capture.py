@@ -27,8 +27,7 @@ def dynamo_capture_config() -> contextlib.AbstractContextManager[None]:
     graph inputs (``inline_inbuilt_nn_modules``, always on in 2.11 and 2.13), so a loaded entry reads live weights."""
     from torch.utils._config_module import ConfigModule
 
-    return cast(ConfigModule, torch._dynamo.config).patch({"automatic_dynamic_shapes": False,   # a config module
-                                                           "side_effect_replay_policy": "error"})
+    return cast(ConfigModule, torch._dynamo.config).patch({"automatic_dynamic_shapes": False})   # a config module
 
 
 def symbolic_capture_config() -> contextlib.AbstractContextManager[None]:
@@ -110,16 +109,21 @@ def op_runtime_error(exc: BaseException) -> RuntimeError | None:
     return None
 
 
-def side_effect_sources(exc: BaseException) -> list[str] | None:
-    """The Python objects a refused capture would have written outside its graph (``["L['self'].seen"]``: Dynamo's
-    sources, under ``side_effect_replay_policy="error"``, which ``dynamo_capture_config`` sets), or None for any other
-    error. Checked on 2.13: a ``RuntimeError`` saying "side effects happened", as raised or as the cause of Dynamo's
-    ``InternalTorchDynamoError``."""
-    for error in (exc, exc.__cause__):
-        text = str(error) if isinstance(error, RuntimeError) else ""
-        if "found certain side effects happened" in text:
-            listed = text.split("double check:", 1)[-1].split("\n", 1)[0].strip()
-            return [part.strip().strip("'\"") for part in listed.strip("[]").split(",") if part.strip()]
+def local_side_effects() -> list[str]:
+    """Inside a Dynamo backend's call: the sources of the Python objects reachable from the traced frame's locals (the
+    module ``self``, the arguments) that the trace writes outside its graph and Dynamo would replay after it
+    (``["L['self'].seen"]``); writes to globals and other modules (a library's own context state) are not listed.
+    Checked on 2.13 (``OutputGraph.get_replayed_side_effect_source_refs``)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    refs = InstructionTranslator.current_tx().output.get_replayed_side_effect_source_refs()
+    return [r for r in refs if r.startswith("L[")]
+
+
+def backend_error(exc: BaseException) -> BaseException | None:
+    """The exception a backend raised, out of Dynamo's ``BackendCompilerFailed`` (None for any other error)."""
+    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
+        return exc.inner_exception
     return None
 
 

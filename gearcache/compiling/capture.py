@@ -51,6 +51,9 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
     The outputs it gives Dynamo to build the result are ``empty_like(node)`` per output node, kept as
     ``state["flat_out"]``."""
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., list[Any]]:
+        written = torch_capture.local_side_effects()
+        if written:                 # raised before Dynamo replays them: nothing is written
+            raise SideEffects(written)
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
 
         def run(*flat: Any) -> list[Any]:
@@ -229,14 +232,23 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
                         f"traced it, as the method does when it runs uncompiled)") from error
 
 
+class SideEffects(Exception):
+    """Raised by the recording backend: the sources of the Python state the trace writes outside its graph."""
+
+    def __init__(self, sources: list[str]):
+        super().__init__(sources)
+        self.sources = sources
+
+
 def _raise_side_effects(method: types.MethodType, exc: BaseException) -> None:
-    """The method writes Python state outside its graph (``self.calls += 1``, ``self.seen.append(...)``,
-    ``self.last = x * 5``): a compiled entry runs the graph only, so those writes would happen at no call (eager makes
-    them at every call; the capture left ``self.last`` holding an uninitialised tensor). Refused, naming what it
-    writes and the fix; nothing was written."""
-    sources = torch_capture.side_effect_sources(exc)
-    if sources is not None:
-        written = ", ".join(_readable_source(s) for s in sources) or "Python objects"
+    """The method writes Python state reachable from its module or arguments outside its graph (``self.calls += 1``,
+    ``self.seen.append(...)``, ``self.last = x * 5``): a compiled entry runs the graph only, so those writes would
+    happen at no call (eager makes them at every call; the capture left ``self.last`` holding an uninitialised
+    tensor). Refused, naming what it writes and the fix; nothing was written (the backend raised before Dynamo
+    replays them). Writes to globals and other modules (a library's context state, set and reset) pass as before."""
+    inner = torch_capture.backend_error(exc)
+    if isinstance(inner, SideEffects):
+        written = ", ".join(_readable_source(s) for s in inner.sources)
         raise GearcacheError(
             f"{_qualname(method)} writes Python state outside its tensors ({written}): a compiled entry runs only the "
             f"graph, so the write would be made at no call. Fix: keep such state in a buffer updated in place "
