@@ -214,7 +214,8 @@ class CachedFunction(Dispatcher):
 
     def _set_first(self, entry: Loaded | None) -> None:
         """Make ``entry`` the first entry, which serves the calls of ``check_signature=False`` without a key (and with
-        no gear plan) where it can: its signature is positional leaves only, none sharing memory with another
+        no gear plan) where it can: its signature is positional tensors only (a Python scalar's value is compiled in:
+        a call passing one is keyed), none sharing memory with another
         (a call's arguments are its leaves, and their sharing is no part of what its caller guarantees); one whose
         graph writes a leaf serves only calls whose tensors are apart in memory (``memory.ranges_apart``). Other
         calls take the checked path, which keys their sharing: as eager, or refused. Cost per unchecked call: a
@@ -393,13 +394,14 @@ def _entry_point_name(method: types.MethodType) -> str:
 
 
 def _positional_apart(desc: object) -> bool:
-    """Whether a signature (``signature.describe``) is of positional leaves only (no keyword, list, tuple or dict
-    arguments), none the same tensor as another nor on another's storage."""
+    """Whether a signature (``signature.describe``) is of positional tensor leaves only (no keyword, list, tuple or
+    dict arguments, no Python scalar: its value is compiled into the graph, and an unkeyed call would run the first
+    entry's value), none the same tensor as another nor on another's storage."""
     if not isinstance(desc, dict) or not isinstance(desc.get("leaves"), list):
         return False
     leaves = desc["leaves"]
     flat = desc.get("structure") in (str(len(leaves)), str(((tuple, *[None] * len(leaves)), (dict, ()))))
-    return flat and not any("same_as" in leaf or "storage_of" in leaf for leaf in leaves)
+    return flat and all("shape" in leaf and "storage_of" not in leaf for leaf in leaves)
 
 
 def _filed_elsewhere(manifest: dict[str, Any], place: tuple[str, list[list[Any]]]) -> str | None:

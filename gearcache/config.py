@@ -135,7 +135,8 @@ class CompilerConfig(BaseModel):
     check_signature: bool = True
     """Look each call's shapes, dtypes and devices up in the entry table. ``False`` skips even that and sends every
     call to the first entry: only for callers that guarantee one fixed signature (and the same grad mode, inference
-    mode and global torch state, e.g. autocast, as that first call). Calls with keyword or nested arguments, a first
+    mode and global torch state, e.g. autocast, as that first call). Calls with keyword, nested or Python scalar
+    arguments (a scalar's value is compiled into the graph: each value keys its own entry), a first
     entry compiled for arguments sharing memory, and, for an entry writing an argument, calls whose tensors share
     memory still take the checked path (their sharing is no part of what a caller guarantees)."""
 

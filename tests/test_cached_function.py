@@ -144,8 +144,8 @@ def test_dynamic_false_pins_the_first_signature(affine_cache):
     m = Affine(affine_cache, dynamic=False)
     with torch.no_grad():
         m.cached(torch.randn(2, 4))
-        with pytest.raises(gearcache.SignatureMismatchError):
-            m.cached(torch.randn(2, 4, dtype=torch.float64))
+        with pytest.raises(gearcache.SignatureMismatchError, match=r"dynamic=True"):     # the fix that works:
+            m.cached(torch.randn(2, 4, dtype=torch.float64))        # on_new_signature alone is overridden
 
 
 def test_new_shape_compiles_a_new_entry_and_is_right(affine_cache):
@@ -352,6 +352,31 @@ def test_a_fixed_signature_method_is_guarded_too(settings_cache):
         m.cached(x)
         m.ln.eps = 1e-1
         torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
+class ScaledBy(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir,
+                                              config=CompilerConfig(check_signature=False))
+
+    def fwd(self, x, scale, mode):
+        y = self.lin(x) * scale
+        return y if mode == "plain" else -y
+
+
+def test_a_fixed_signature_method_still_keys_its_python_scalar_arguments(tmp_path):
+    """``check_signature=False`` skips the look-up of shapes, dtypes and devices; a Python scalar argument's value is
+    compiled into the graph, so a call with another value must not be served by the first entry (it was: ``scale=3.0``
+    returned ``lin(x) * 2.0``). Its calls take the checked path, and each value gets its own entry."""
+    m = ScaledBy(tmp_path)
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        torch.testing.assert_close(m.cached(x, 2.0, "plain"), m.fwd(x, 2.0, "plain"))
+        torch.testing.assert_close(m.cached(x, 3.0, "plain"), m.fwd(x, 3.0, "plain"))
+        torch.testing.assert_close(m.cached(x, 2.0, "neg"), m.fwd(x, 2.0, "neg"))
+        torch.testing.assert_close(m.cached(x, 2.0, "plain"), m.fwd(x, 2.0, "plain"))
 
 
 @pytest.mark.slow

@@ -204,3 +204,125 @@ def test_a_method_returning_its_inputs_as_they_are_is_served_as_eager_cold_and_w
     for report in (cold, warm):
         assert report["calls"] == {"same": True, "bumped": True, "state": True, "pair": True}, report
     assert (cold["compiles"], warm["compiles"], warm["loads"]) == (4, 0, 4), (cold, warm)
+
+
+class VarArgs(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, *rest, **named):
+        out = x
+        for r in rest:
+            out = out + r
+        for value in named.values():
+            out = out * value
+        return out
+
+
+@pytest.mark.parametrize("call", ["no-named", "no-rest", "both"])
+def test_a_method_with_star_args_and_star_kwargs_is_served_as_eager_when_either_is_empty(tmp_path, call):
+    """``*rest`` and ``**named`` are always bound (an empty tuple or dict), never defaults: a call leaving either
+    empty was a KeyError at the first call (Dynamo's guard on ``L['named']`` read as a default); the signature key
+    has their structure, so the entry is served, and stored."""
+    x, b = torch.randn(3, 4), torch.randn(4)
+    args, kwargs = {"no-named": ((x, b), {}), "no-rest": ((x,), {"w": 2.0}), "both": ((x, b), {"w": 2.0})}[call]
+    with torch.no_grad():
+        model = VarArgs(tmp_path)
+        got = model.cached(*args, **kwargs)
+        again = VarArgs(tmp_path).cached(*args, **kwargs)        # another object: a load of the stored entry
+    want = model.fwd(*args, **kwargs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+    assert any((tmp_path / "entries").rglob("*")), "the entry is stored (its guards persist)"
+
+
+class CallsCached(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.inner_cached = gearcache.cache_compile(self.inner, cache_dir=cache_dir)
+        self.cached = gearcache.cache_compile(self.outer, cache_dir=cache_dir)
+
+    def inner(self, x):
+        return self.lin(x)
+
+    def outer(self, x):
+        return self.inner_cached(x) + 1
+
+
+def test_a_cached_method_calling_another_is_one_break_naming_the_line_and_the_fix(tmp_path):
+    """Dynamo cannot trace a ``CachedFunction``'s call: the error names the user's line and the fix (call the plain
+    method), and nothing of the inner method is compiled meanwhile (it was, under ``torch._dynamo.explain``, which
+    traced gearcache's own compile and listed its internals as the breaks)."""
+    model = CallsCached(tmp_path)
+    with pytest.raises(gearcache.GraphBreakError) as info, torch.no_grad():
+        model.cached(torch.randn(3, 4))
+    text = str(info.value)
+    assert len(info.value.breaks) == 1
+    assert "test_capture.py" in text and "self.inner_cached(x)" in text
+    assert "plain method" in text and "gearcache/" not in text.split("How to fix")[0]
+    artifacts = tmp_path / "artifacts"
+    assert not artifacts.exists() or not any(artifacts.iterdir()), "the inner method was not compiled"
+
+
+class BreaksAfterWrites(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        self.count.add_(1)
+        y.add_(1)
+        if x.sum().item() > 0:          # a graph break
+            return x * 2
+        return x
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_call_refused_for_a_graph_break_writes_nothing(tmp_path, mode):
+    """Listing the breaks runs the method under ``torch._dynamo.explain``, eagerly between its graphs: the refused
+    call wrote its buffer and its argument once (a caller falling back to eager then counted twice). Both are as
+    before the call (inference tensors too, which keep no version counter)."""
+    model = BreaksAfterWrites(tmp_path)
+    with getattr(torch, mode)():
+        x, y = torch.ones(3), torch.zeros(3)
+        with pytest.raises(gearcache.GraphBreakError, match="item"):
+            model.cached(x, y)
+    assert torch.equal(model.count, torch.zeros(3)) and torch.equal(y, torch.zeros(3))
+    assert torch.equal(x, torch.ones(3))
+
+
+class WritesPython(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.calls, self.seen, self.last = 0, [], None
+        self.counting = gearcache.cache_compile(self.count, cache_dir=cache_dir)
+        self.appending = gearcache.cache_compile(self.append, cache_dir=cache_dir)
+        self.storing = gearcache.cache_compile(self.store, cache_dir=cache_dir)
+
+    def count(self, x):
+        self.calls += 1
+        return x * 2
+
+    def append(self, x):
+        self.seen.append(1)
+        return x * 3
+
+    def store(self, x):
+        self.last = x * 5
+        return x + 1
+
+
+@pytest.mark.parametrize("method, written", [("counting", "self"), ("appending", "self.seen"),
+                                             ("storing", "self")])
+def test_a_method_writing_python_state_is_refused_naming_it_and_writes_nothing(tmp_path, method, written):
+    """A compiled entry runs the graph only: ``self.calls += 1`` counted 1 after 3 calls, ``self.seen.append`` grew
+    once, and ``self.last = x * 5`` held the capture's uninitialised tensor (eager: 5s). Refused at the first call,
+    naming what it writes and the fix; nothing is written."""
+    model = WritesPython(tmp_path)
+    with pytest.raises(gearcache.GearcacheError, match=rf"writes Python state .*\({written}\).*register_buffer"):
+        with torch.no_grad():
+            getattr(model, method)(torch.ones(3))
+    assert model.calls == 0 and model.seen == [] and model.last is None

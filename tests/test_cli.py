@@ -296,6 +296,17 @@ def test_console_script_help(reads):
         assert sub in proc.stdout
 
 
+def test_python_m_gearcache_is_the_command(tmp_path):
+    """``python -m gearcache VERB`` runs the command (it was "No module named gearcache.__main__")."""
+    helped = subprocess.run(_cmd(["--help"], [sys.executable, "-m", "gearcache"]), capture_output=True, text=True,
+                            env=_env(), timeout=120)
+    assert helped.returncode == 0, helped.stderr
+    assert all(verb in helped.stdout for verb in ("ls", "verify", "prune", "warmup"))
+    missing = subprocess.run(_cmd(["ls", "--cache-dir", tmp_path / "none"], [sys.executable, "-m", "gearcache"]),
+                             capture_output=True, text=True, env=_env(), timeout=120)
+    assert missing.returncode == 2 and "no cache folder" in missing.stderr
+
+
 # -------------------------------------------------------------------------------------------------------- writes
 @pytest.fixture()
 def cache_copy(populated, tmp_path) -> Path:

@@ -394,3 +394,37 @@ def test_padded_arguments_that_are_apart_views_of_one_tensor_are_served(tmp_path
         with pytest.raises(gearcache.UnsupportedInputError, match="k_cache, v_cache are one tensor or views"):
             m.cached(torch.randn(3, 1, 8), flat[0:3], flat[1:4], torch.tensor([0]))
         assert not flat.any()
+
+
+def test_an_example_narrowed_to_a_gear_has_the_strides_of_a_call_at_that_gear():
+    """``narrowed`` cut (2, 5, 8) to (1, 4, 8) with ``.contiguous()``, which kept stride 40 in the size-1 dim (torch
+    calls it contiguous): a signature other than a real call's padded (1, 4, 8) tensor, stride 32, so warmup()'s
+    entry for that gear served no call and the first call at it compiled."""
+    from gearcache.gears.plan import MarkedDim, narrowed
+
+    x = torch.randn(2, 5, 8)
+    dims = [MarkedDim(0, 0, [1, 4], "x"), MarkedDim(0, 1, [4, 8], "x")]
+    (cut,) = narrowed((x,), dims, [1, 4])
+    assert cut.shape == (1, 4, 8) and cut.stride() == torch.empty(1, 4, 8).stride()
+    torch.testing.assert_close(cut, x[:1, :4])
+
+
+class RowScale(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return x * 2
+
+
+@pytest.mark.slow
+def test_after_warmup_a_call_padded_to_a_gear_with_a_size_one_dim_compiles_nothing(tmp_path):
+    """Gears on two dims, the smallest gear (1, 4): warmup()'s example at that gear must key as a real call there."""
+    model = RowScale(tmp_path)
+    with torch.no_grad():
+        assert model.cached.warmup(set_dim_gears(torch.randn(2, 5), {0: [1, 2], 1: [4, 8]})) == 2
+        x = set_dim_gears(torch.randn(1, 3), {0: [1, 2], 1: [4, 8]})
+        with counters.expect(compiles=0):
+            out = model.cached(x)
+    torch.testing.assert_close(out, x * 2)

@@ -132,3 +132,23 @@ def test_a_second_backend_over_the_same_folder_loads_each_gear(tmp_path):
         torch.testing.assert_close(first, second)
     with torch.no_grad():
         torch.testing.assert_close(outs[1][1], model(a, b))
+
+
+class ReturnsAView(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x), x[:, :2]
+
+
+def test_an_output_viewing_a_geared_input_is_refused_as_on_the_cached_method_route(tmp_path):
+    """A padded call copies its geared input, so an output that views it would be a view of the copy: eager's later
+    writes to ``x`` did not show in it (served silently; ``cache_compile`` refuses it: symbolic_trace's
+    ``refuse_views_of_padded``). Refused here too, at the first call, naming the output and the fix."""
+    from gearcache.errors import GearcacheError
+
+    with torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
+        with pytest.raises(GearcacheError, match=r"output 1 is a view of graph input \d+.*\.clone\(\)"):
+            _geared_compile(ReturnsAView(), tmp_path)(set_dim_gears(torch.randn(3, 4), {0: [2, 4]}))

@@ -109,6 +109,36 @@ def op_runtime_error(exc: BaseException) -> RuntimeError | None:
     return None
 
 
+def local_side_effects() -> list[str]:
+    """Inside a Dynamo backend's call: the sources of the Python objects reachable from the traced frame's locals (the
+    module ``self``, the arguments) that the trace writes outside its graph and Dynamo would replay after it
+    (``["L['self'].seen"]``); writes to globals and other modules (a library's own context state) are not listed.
+    Checked on 2.13 (``OutputGraph.get_replayed_side_effect_source_refs``)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    refs = InstructionTranslator.current_tx().output.get_replayed_side_effect_source_refs()
+    return [r for r in refs if r.startswith("L[")]
+
+
+def backend_error(exc: BaseException) -> BaseException | None:
+    """The exception a backend raised, out of Dynamo's ``BackendCompilerFailed`` (None for any other error)."""
+    if isinstance(exc, torch._dynamo.exc.BackendCompilerFailed):
+        return exc.inner_exception
+    return None
+
+
+def untraceable_call(exc: BaseException, class_name: str) -> str | None:
+    """Where the capture stopped at a call of an instance of ``class_name`` that Dynamo cannot trace (its C
+    ``__call__``), as ``"file:line in name: source"`` (the innermost user frame); None for any other break. Checked on
+    2.13: ``Unsupported`` says "method `__call__` of class `<name>`" and carries ``innermost_user_frame_summary``."""
+    if not isinstance(exc, torch._dynamo.exc.Unsupported):
+        return None
+    if f"`__call__` of class `{class_name}`" not in str(getattr(exc, "msg", exc)):
+        return None
+    f = getattr(exc, "innermost_user_frame_summary", None)
+    return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f is not None else "(source unknown)"
+
+
 def explain_graph_breaks(method: types.MethodType, args: tuple[object, ...], kwargs: dict[str, object],
                          exc: BaseException) -> list[tuple[str, str]]:
     """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the

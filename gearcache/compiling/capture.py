@@ -27,8 +27,9 @@ import torch
 from .._torch import capture as torch_capture, guards as torch_guards
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
-from ..errors import ConfigError, GraphBreakError, UnsupportedInputError
+from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
 from ..keys.key import sha256_text
+from .snapshot import kept
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -50,6 +51,9 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
     The outputs it gives Dynamo to build the result are ``empty_like(node)`` per output node, kept as
     ``state["flat_out"]``."""
     def record(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., list[Any]]:
+        written = torch_capture.local_side_effects()
+        if written:                 # raised before Dynamo replays them: nothing is written
+            raise SideEffects(written)
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
 
         def run(*flat: Any) -> list[Any]:
@@ -83,8 +87,11 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
             if torch_capture.is_graph_break(exc):
                 torch_capture.forget_dynamo_cache(code)
                 _raise_op_type_error(method, exc)
-                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+                _raise_cached_call(method, exc)
+                with kept([*leaves, *module.buffers()]):      # explain runs the method: its writes are undone
+                    breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
                 raise GraphBreakError(_qualname(method), breaks) from None
+            _raise_side_effects(method, exc)
             _raise_op_runtime_error(method, exc)
             raise
         finally:
@@ -107,13 +114,29 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
     )
 
 
+def _raise_cached_call(method: types.MethodType, exc: BaseException) -> None:
+    """A cached method calling another cached method (a ``CachedFunction``, whose call Dynamo cannot trace): one break
+    naming the line and the fix, raised before ``torch._dynamo.explain``, which would run the other method's miss,
+    compile and all, under Dynamo and list gearcache's own lines as the breaks."""
+    where = torch_capture.untraceable_call(exc, "CachedFunction")
+    if where is not None:
+        raise GraphBreakError(_qualname(method), [(
+            "it calls a cache_compile'd method, which cannot run inside another's capture. Fix: call the plain "
+            "method there (self._forward, not the cached self.cached_forward): its ops become part of this graph",
+            where)]) from None
+
+
 def passed_names(method: types.MethodType, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[str] | None:
     """The names of the parameters a call of the bound ``method`` passes (the others take their defaults); None where
-    the call does not bind (Dynamo then raised already)."""
+    the call does not bind (Dynamo then raised already). ``*args`` and ``**kwargs`` parameters are always passed (an
+    empty tuple or dict where the call gives them nothing: they have no default, and the signature key holds their
+    structure)."""
     try:
-        return set(inspect.signature(method).bind(*args, **kwargs).arguments)
+        sig = inspect.signature(method)
+        names = set(sig.bind(*args, **kwargs).arguments)
     except (TypeError, ValueError):
         return None
+    return names | {p.name for p in sig.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
 def _output_nodes(gm: torch.fx.GraphModule) -> list[Any]:     # FX output arguments (nodes): torch's Argument union
@@ -207,6 +230,36 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
+
+
+class SideEffects(Exception):
+    """Raised by the recording backend: the sources of the Python state the trace writes outside its graph."""
+
+    def __init__(self, sources: list[str]):
+        super().__init__(sources)
+        self.sources = sources
+
+
+def _raise_side_effects(method: types.MethodType, exc: BaseException) -> None:
+    """The method writes Python state reachable from its module or arguments outside its graph (``self.calls += 1``,
+    ``self.seen.append(...)``, ``self.last = x * 5``): a compiled entry runs the graph only, so those writes would
+    happen at no call (eager makes them at every call; the capture left ``self.last`` holding an uninitialised
+    tensor). Refused, naming what it writes and the fix; nothing was written (the backend raised before Dynamo
+    replays them). Writes to globals and other modules (a library's context state, set and reset) pass as before."""
+    inner = torch_capture.backend_error(exc)
+    if isinstance(inner, SideEffects):
+        written = ", ".join(_readable_source(s) for s in inner.sources)
+        raise GearcacheError(
+            f"{_qualname(method)} writes Python state outside its tensors ({written}): a compiled entry runs only the "
+            f"graph, so the write would be made at no call. Fix: keep such state in a buffer updated in place "
+            f"(self.register_buffer(...), then .add_() / .copy_()), or make the write outside the cached method, "
+            f"from its outputs") from None
+
+
+def _readable_source(source: str) -> str:
+    """``L['self'].seen`` as ``self.seen``; ``L['x']`` as ``x``."""
+    text = source.replace("L['", "").replace("G['", "")
+    return text.replace("']", "", 1) if "']" in text else text
 
 
 def _raise_op_runtime_error(method: types.MethodType, exc: BaseException) -> None:

@@ -304,11 +304,13 @@ class EntryLife:
         if self.config.on_new_signature == "error":
             known = self.store.entries.in_method(self.topology.folder, self.name)
             if known or self.table:
-                fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or set "
-                       "config.on_new_signature='compile'")
+                compile_new = ("set config.on_new_signature='compile' with cache_compile(..., dynamic=True), the "
+                               "default (dynamic=False pins the method to its first signature whatever the config)")
+                fix = ("call with one of the known signatures, pad to a gear (gearcache.set_dim_gears), or "
+                       + compile_new)
                 if "guard_miss" in found.factors:
                     fix = (f"the entry of this signature was compiled for other values ({found.factors['guard_miss']});"
-                           f" restore them, or set config.on_new_signature='compile' to compile one for these")
+                           f" restore them, or {compile_new} to compile one for these")
                 raise SignatureMismatchError(
                     self.name, signature.short(found.desc), [signature.short(k["signature"]) for k in known], fix)
         diagnostics.record_miss(self.store, self.topology.folder, self.name, found.ekey, found.factors)

@@ -12,11 +12,12 @@ from typing import Any
 import torch
 
 from .._torch import capture as torch_capture, guards as torch_guards, shapes as torch_shapes
+from ..call import signature
 from ..errors import GearcacheError, GraphBreakError
 from ..gears.plan import SymbolicTrace
 from ..keys import guards_from_dynamo
 from .capture import (_dependencies, _output_nodes, _output_recipe, _qualname, _raise_op_type_error,
-                      _recording_backend, _refuse_unmarked_partner, _state_names, passed_names)
+                      _raise_side_effects, _recording_backend, _refuse_unmarked_partner, _state_names, passed_names)
 from .snapshot import kept
 
 
@@ -61,6 +62,13 @@ def _dynamic_clones(leaves: tuple[Any, ...], marked: list[tuple[int, int]]) -> l
     return clones
 
 
+def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The call's flattened arguments (``signature.flatten``)."""
+    leaves: list[Any] = []
+    signature.flatten((args, kwargs), leaves)
+    return leaves
+
+
 def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> tuple[dict[str, Any], Any, torch_guards.GuardRecording]:
     """Trace ``method(*args, **kwargs)`` with Dynamo without compiling or running its graph: returns ``(state, result,
@@ -83,13 +91,15 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
     except Exception as exc:
         if torch_capture.is_graph_break(exc):
             _raise_op_type_error(method, exc)
-            breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+            with kept([*_leaves(args, kwargs), *module.buffers()]):    # explain runs the method
+                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
             raise GraphBreakError(_qualname(method), breaks) from None
         if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
             raise GearcacheError(
                 f"{_qualname(method)}: a dim marked with gears cannot vary: the method specialises on its size "
                 f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
                 f"that size") from None
+        _raise_side_effects(method, exc)
         _refuse_unmarked_partner(method, exc)
         raise
     finally:

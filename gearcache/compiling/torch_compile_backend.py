@@ -17,7 +17,7 @@ from ..gears import plan as gears
 from ..call import signature
 from ..config import CompilerConfig
 from ..counters import counters
-from ..errors import ConfigError, PastLargestGearError
+from ..errors import ConfigError, GearcacheError, PastLargestGearError
 from ..keys import key as cache_keys
 from ..store import Store
 from .pipeline import ArtifactPipeline
@@ -69,6 +69,22 @@ def _expr(size: Any) -> str | None:
     return str(size.node.expr) if isinstance(size, torch.SymInt) else None
 
 
+def _views_of_geared(fakes: list[Any], marks: list[gears.MarkedDim], outputs: Any) -> str | None:
+    """Why the graph cannot be served geared where an output views an input with gears (their example values share
+    a storage): a padded call copies that input, so the output would view the copy and eager's later writes through
+    either would not show in the other (as ``symbolic_trace.refuse_views_of_padded`` on the cached-method route);
+    None where no output does."""
+    storages = {id(fakes[m.leaf].untyped_storage()): m.leaf for m in marks if isinstance(fakes[m.leaf], torch.Tensor)}
+    for j, node in enumerate(outputs):
+        value = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor) and id(value.untyped_storage()) in storages:
+            return (f"torch.compile(backend=gearcache.get_backend(...)): output {j} is a view of graph input "
+                    f"{storages[id(value.untyped_storage())]}, whose dims have gears: a padded call copies that input, "
+                    f"so the output would be a view of the copy (in eager, writes through either show in the other). "
+                    f"Fix: return a .clone() of it, or remove the gears of that input")
+    return None
+
+
 class GearedGraph:
     """One Dynamo graph; one static compiled entry per gear."""
 
@@ -95,11 +111,14 @@ class GearedGraph:
         # the gear plan is made at the first call: its padding analysis retraces the graph, which it cannot do
         # inside Dynamo's backend call (under Dynamo's fake mode)
         self._gear_plan_parts = (fakes, marks, symbols, output_dims) if marks else None
+        self._view_error = _views_of_geared(fakes, marks, outputs)
         self.gear_plan: gears.GearPlan | None = None
         self._entries: dict[tuple[object, ...], Callable[..., Any]] = {}
 
     def __call__(self, *flat: Any) -> Any:
         if self._gear_plan_parts is not None:
+            if self._view_error is not None:
+                raise GearcacheError(self._view_error)
             self.gear_plan = _checked_gear_plan(self.gm, *self._gear_plan_parts, self.config)
             self._gear_plan_parts = None
         gear_plan = self.gear_plan

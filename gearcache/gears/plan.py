@@ -365,8 +365,9 @@ def find_marks(leaves: tuple[Any, ...], names: dict[int, str], by_name: dict[str
 
 
 def narrowed(leaves: tuple[Any, ...], dims: list[MarkedDim], sizes: Any) -> tuple[Any, ...]:
-    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (contiguous copies, as a real call's
-    inputs usually are: a strided view would key another entry; padding is separate)."""
+    """``leaves`` with each marked dim cut down to ``sizes`` where it is larger (copies with a fresh tensor's strides,
+    as a real call's inputs and padded copies have: a strided view would key another entry, and so would
+    ``.contiguous()``'s, which keeps a size-1 dim's old stride; padding is separate)."""
     new = list(leaves)
     cut = set()
     for d, s in zip(dims, sizes):
@@ -374,7 +375,8 @@ def narrowed(leaves: tuple[Any, ...], dims: list[MarkedDim], sizes: Any) -> tupl
             new[d.leaf] = new[d.leaf].narrow(d.dim, 0, s)
             cut.add(d.leaf)
     for leaf in cut:
-        new[leaf] = new[leaf].contiguous()
+        t = new[leaf]
+        new[leaf] = torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
     return tuple(new)
 
 
