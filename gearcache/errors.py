@@ -254,6 +254,16 @@ class NoPlan(Exception):
     recorded as the plan's ``reason`` (the artifact then loads through torch's loader)."""
 
 
+class SideEffects(Exception):
+    """Raised by the capture's recording backend (gearcache/compiling/capture.py) before Dynamo replays the Python
+    writes of a trace: the sources of the Python state it writes outside its graph; caught there and raised as a
+    ``GearcacheError`` naming them."""
+
+    def __init__(self, sources: list[str]):
+        super().__init__(sources)
+        self.sources = sources
+
+
 class ReadOnlyArtifactFolder(Exception):
     """Torch's loader would write into a store folder this process cannot write. Raised just before it would be used
     (``compiling.artifact_io.load_stored``), caught there: the artifact is loaded from a verified private copy."""

@@ -189,8 +189,8 @@ class Ops(torch.nn.Module):
         return values * 2
 
     def train_batch_norm(self, x):              # x [B, 4, 8]: the running statistics take in the pad rows
-        self.bn.train()
-        return self.bn(x)
+        bn = self.bn                            # batch norm as in training, the module left as it is (eval)
+        return torch.nn.functional.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, training=True)
 
 
 OPS = Ops().eval()

@@ -27,7 +27,7 @@ import torch
 from .._torch import capture as torch_capture, guards as torch_guards
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
-from ..errors import ConfigError, GearcacheError, GraphBreakError, UnsupportedInputError
+from ..errors import ConfigError, GearcacheError, GraphBreakError, SideEffects, UnsupportedInputError
 from ..keys.key import sha256_text
 from .snapshot import kept
 
@@ -230,14 +230,6 @@ def _raise_op_type_error(method: types.MethodType, exc: BaseException) -> None:
     if error is not None:
         raise TypeError(f"{_qualname(method)}: {error} (an op of the method refused the call's arguments while torch "
                         f"traced it, as the method does when it runs uncompiled)") from error
-
-
-class SideEffects(Exception):
-    """Raised by the recording backend: the sources of the Python state the trace writes outside its graph."""
-
-    def __init__(self, sources: list[str]):
-        super().__init__(sources)
-        self.sources = sources
 
 
 def _raise_side_effects(method: types.MethodType, exc: BaseException) -> None:
