@@ -75,24 +75,13 @@ def test_the_first_call_of_a_method_returning_a_view_of_a_geared_argument_is_ref
     assert torch.equal(x, torch.arange(6.).view(3, 2))
 
 
-class GearedBreak(torch.nn.Module):
-    def __init__(self, cache_dir):
-        super().__init__()
-        self.register_buffer("count", torch.zeros(3))
-        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
-
-    def fwd(self, x, y):
-        self.count.add_(1)
-        y.add_(1)
-        if x.sum().item() > 0:          # a graph break, found by the gear plan's trace
-            return x * 2
-        return x
-
-
 def test_a_geared_call_refused_for_a_graph_break_writes_nothing(tmp_path):
     """The gear plan's trace lists the breaks with ``torch._dynamo.explain``, which runs the method: the refused call
-    wrote the buffer and the argument once. Both are as before the call."""
-    model = GearedBreak(tmp_path)
+    wrote the buffer and the argument once. Both are as before the call (the model: test_capture's, its break found
+    here by the gear plan's trace)."""
+    from test_capture import BreaksAfterWrites
+
+    model = BreaksAfterWrites(tmp_path)
     x, y = torch.ones(3, 2), torch.zeros(3)
     gearcache.set_dim_gears(x, {0: [2, 4]})
     with pytest.raises(gearcache.GraphBreakError, match="item"), torch.no_grad():
