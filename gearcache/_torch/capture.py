@@ -130,10 +130,12 @@ def backend_error(exc: BaseException) -> BaseException | None:
 def untraceable_call(exc: BaseException, class_name: str) -> str | None:
     """Where the capture stopped at a call of an instance of ``class_name`` that Dynamo cannot trace (its C
     ``__call__``), as ``"file:line in name: source"`` (the innermost user frame); None for any other break. Checked on
-    2.13: ``Unsupported`` says "method `__call__` of class `<name>`" and carries ``innermost_user_frame_summary``."""
+    2.13: ``Unsupported`` says "method `__call__` of class `<name>`"; 2.14: "no traceable __call__", the object's repr
+    (``<gearcache.<name> ...>``) in its debug context; both carry ``innermost_user_frame_summary``."""
     if not isinstance(exc, torch._dynamo.exc.Unsupported):
         return None
-    if f"`__call__` of class `{class_name}`" not in str(getattr(exc, "msg", exc)):
+    text = f"{getattr(exc, 'msg', '')}\n{exc}"
+    if f"`__call__` of class `{class_name}`" not in text and f"object=<gearcache.{class_name} " not in text:
         return None
     f = getattr(exc, "innermost_user_frame_summary", None)
     return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f is not None else "(source unknown)"
