@@ -75,8 +75,9 @@ class CachedFunction(Dispatcher):
         self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
         self._lock = self.life.lock
         self._first: Loaded | None = None
-        # the first entry and whether it writes a call leaf, where it can serve calls without a key (_set_first)
-        self._unchecked: tuple[Loaded, bool] | None = None
+        # the first entry, whether it writes a call leaf, and the (grad, inference mode, global state tag) of its key,
+        # where it can serve calls without a key (_set_first)
+        self._unchecked: tuple[Loaded, bool, Hashable] | None = None
         # per key, for the shortcut: the entry it was made for, and its matcher
         self._matchers: dict[tuple[Hashable, ...], tuple[Loaded, signature.Matcher | None]] = {}
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
@@ -98,6 +99,7 @@ class CachedFunction(Dispatcher):
         gear_life = self.gear_life
         unchecked = self._unchecked
         if (unchecked is not None and not self.config.check_signature and not kwargs and gear_life.plan is None
+                and (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), signature.state_tag()) == unchecked[2]
                 and (not unchecked[1] or memory.ranges_apart(args))):
             first = unchecked[0]
             if isinstance(first, Entry) and first.state_aliases:
@@ -217,13 +219,18 @@ class CachedFunction(Dispatcher):
         no gear plan) where it can: its signature is positional tensors only (a Python scalar's value is compiled in:
         a call passing one is keyed), none sharing memory with another
         (a call's arguments are its leaves, and their sharing is no part of what its caller guarantees); one whose
-        graph writes a leaf serves only calls whose tensors are apart in memory (``memory.ranges_apart``). Other
+        graph writes a leaf serves only calls whose tensors are apart in memory (``memory.ranges_apart``); it serves
+        only calls made under the grad mode, inference mode and global state (``signature.state_tag``: autocast,
+        default dtype, ...) of its key, since a caller's one signature is its tensors', not the thread's state (it
+        served a call under autocast float32 outputs, and one with grad enabled outputs without ``grad_fn``). Other
         calls take the checked path, which keys their sharing: as eager, or refused. Cost per unchecked call: a
-        test of keywords, and for an entry writing a leaf a storage range per tensor (2 tensors: ~1.2 us on CPU)."""
+        test of keywords, the mode's (two C calls and the state tag's C++ snapshot check: ~0.3-0.5 us), and for an
+        entry writing a leaf a storage range per tensor (2 tensors: ~1.2 us on CPU)."""
         self._first = entry
         self._unchecked = None
-        if entry is not None and _positional_apart(entry.manifest.get("signature")):
-            self._unchecked = entry, isinstance(entry, Entry) and writes_a_leaf(entry)
+        mode = next((key[1] for key, e in self._table.items() if e is entry), None)
+        if entry is not None and mode is not None and _positional_apart(entry.manifest.get("signature")):
+            self._unchecked = entry, isinstance(entry, Entry) and writes_a_leaf(entry), mode
 
     def _rewatch(self) -> None:
         """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now.

@@ -354,6 +354,26 @@ def test_a_fixed_signature_method_is_guarded_too(settings_cache):
         torch.testing.assert_close(m.cached(x), m.fwd(x))
 
 
+def test_a_fixed_signature_method_serves_its_first_entry_only_under_that_entrys_grad_mode_and_global_state(
+        settings_cache):
+    """``check_signature=False`` skips the look-up of shapes, not the state the first entry was compiled under: its
+    unkeyed path served the entry compiled with autocast off to a call under ``torch.autocast("cpu", bfloat16)``
+    (float32 out where eager gives bfloat16, max |diff| 5e-3) and to a call with grad enabled and parameters requiring
+    grad (an output without ``grad_fn``: gradients silently dropped, where the checked path raises
+    ``GradModeError``). Such calls take the checked path."""
+    m = settings(settings_cache, config=CompilerConfig(check_signature=False))
+    x = torch.randn(2, 8)
+    with torch.inference_mode():
+        m.cached(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, ref = m.cached(x), m.fwd(x)
+        assert out.dtype == ref.dtype == torch.bfloat16
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(m.cached(x), m.fwd(x))       # the first entry again, autocast off
+    with pytest.raises(gearcache.GradModeError):
+        m.cached(x)
+
+
 class ScaledBy(torch.nn.Module):
     def __init__(self, cache_dir):
         super().__init__()
