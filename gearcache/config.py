@@ -208,13 +208,22 @@ class CompilerConfig(BaseModel):
 
     def compile_factors(self) -> dict[str, Any]:
         """What changes the compiled code, in a stable JSON-able form (a cache key factor): the mode as compiled plus
-        ``inductor_options`` (computed without importing torch's compiler: a warm start must not).
-        ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process), so the two share
-        entries."""
+        ``inductor_options`` (computed without importing torch's compiler: a warm start must not), and, where this
+        process set any in code, the Inductor and AOTAutograd settings the compile runs under
+        (``"compiler_settings"``: ``_torch.inductor.changed_compiler_settings``; left out when there is none, so
+        keys without are as before). Without them, a process that set ``torch._inductor.config.
+        emulate_precision_casts = True`` loaded an entry compiled without it (1.7e-3 off eager where its own compile
+        gives 6e-8). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process),
+        so the two share entries. A setting changed after a signature was served is seen at its next miss, not by
+        the signatures already in the process's table."""
         from ._torch import inductor as torch_inductor
 
-        return {"mode": torch_inductor.compiled_mode(self.mode),
-                "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
+        factors: dict[str, Any] = {"mode": torch_inductor.compiled_mode(self.mode),
+                                   "inductor_options": {k: repr(v) for k, v in sorted(self.inductor_options.items())}}
+        settings = torch_inductor.changed_compiler_settings()
+        if settings:
+            factors["compiler_settings"] = settings
+        return factors
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "CompilerConfig":

@@ -374,6 +374,37 @@ def test_a_fixed_signature_method_serves_its_first_entry_only_under_that_entrys_
         m.cached(x)
 
 
+class Rounded(torch.nn.Module):
+    """Rounds through bfloat16: Inductor keeps the rounding only with ``emulate_precision_casts``."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 16)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return (self.lin(x).to(torch.bfloat16).float() * 1.0001).sin()
+
+
+@pytest.mark.slow
+def test_an_inductor_setting_set_in_code_gets_entries_of_its_own(tmp_path):
+    """A process that set ``torch._inductor.config.emulate_precision_casts = True`` (to match eager's bfloat16
+    rounding) loaded the entry compiled without it: 1.7e-3 off eager, where its own compile (and torch.compile's) is
+    6e-8 off. The settings set in code are a factor of the keys: it compiles its own entry, equal to eager; without
+    the setting, the first entry loads again."""
+    import torch._inductor.config as inductor_config
+
+    x = torch.randn(8, 16)
+    with torch.inference_mode():
+        Rounded(tmp_path).cached(x)
+        with inductor_config.patch(emulate_precision_casts=True), counters.expect(compiles=1, loads=0):
+            m = Rounded(tmp_path)
+            torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=1e-6)
+        with counters.expect(compiles=0, loads=1):
+            Rounded(tmp_path).cached(x)
+
+
 class ScaledBy(torch.nn.Module):
     def __init__(self, cache_dir):
         super().__init__()

@@ -121,6 +121,29 @@ def test_compile_factors_change_with_mode_and_inductor_options():
     json.dumps(base)        # JSON-able
 
 
+def test_compile_factors_hold_the_inductor_and_aot_settings_set_in_code():
+    """A compile runs under the process's Inductor and AOTAutograd settings: one set in code to another value than
+    it has without is a factor (named, its value's repr); set back, or set to the value it has without, it is not
+    (and the factors are as before: no ``compiler_settings`` field). Settings torch's caches ignore (thread counts)
+    and those gearcache patches around a compile are never factors."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    base = CompilerConfig().compile_factors()
+    assert "compiler_settings" not in base
+    with inductor_config.patch(emulate_precision_casts=not inductor_config.emulate_precision_casts):
+        changed = CompilerConfig().compile_factors()
+    assert changed["compiler_settings"] == {"inductor": {
+        "emulate_precision_casts": repr(not inductor_config.emulate_precision_casts)}}
+    assert {k: v for k, v in changed.items() if k != "compiler_settings"} == base
+    with functorch_config.patch(view_replay_for_aliased_outputs=not functorch_config.view_replay_for_aliased_outputs):
+        assert set(CompilerConfig().compile_factors()["compiler_settings"]) == {"functorch"}
+    with inductor_config.patch(emulate_precision_casts=inductor_config.emulate_precision_casts, compile_threads=1,
+                               cpp_cache_precompile_headers=not inductor_config.cpp_cache_precompile_headers):
+        assert CompilerConfig().compile_factors() == base
+    assert CompilerConfig().compile_factors() == base
+
+
 def test_compile_factors_ignore_runtime_fields():
     base = CompilerConfig().compile_factors()
     other = CompilerConfig(lock_timeout_s=1.0, on_new_signature="error", check_signature=False,

@@ -207,6 +207,65 @@ def load_folder(folder: pathlib.Path) -> Callable[..., Any]:
     return artifact
 
 
+_SETTINGS_GEARCACHE_PATCHES = {"compile_threads", "cpp_cache_precompile_headers", "cpp.vec_isa_ok"}
+
+
+def changed_compiler_settings() -> dict[str, dict[str, str]]:
+    """The Inductor and AOTAutograd settings this process set in code to other values than they have without
+    (``torch._inductor.config.emulate_precision_casts = True``): ``{"inductor": {name: repr(value)}, "functorch":
+    {...}}``, modules without such a setting left out; ``{}`` for none. A compile runs under them (and a worker's
+    under the caller's: ``worker_compile.compiler_settings``), so they change the compiled code, as a
+    ``CompilerConfig.inductor_options`` does.
+
+    Read without importing torch's compiler (a warm start must not): a setting can only have been set in code where
+    its config module is imported, so a module not imported has none. Left out: settings torch's own caches ignore
+    (private ones, ``_cache_config_ignore_prefix``: paths, thread counts, cache switches) and those gearcache patches
+    itself around a compile or load. Settings changed through ``TORCHINDUCTOR_*`` environment variables are not read
+    (interpreting them needs the config module). Cost: a walk over ~600 settings, at an entry key (a miss), never on
+    the call path."""
+    import sys
+
+    changed: dict[str, dict[str, str]] = {}
+    for label, name in (("inductor", "torch._inductor.config"), ("functorch", "torch._functorch.config")):
+        module = sys.modules.get(name)
+        entries = getattr(module, "_config", None)
+        if not isinstance(entries, dict):
+            continue
+        ignored = ("_", *getattr(module, "_cache_config_ignore_prefix", []))
+        found = {}
+        for key, entry in entries.items():
+            if key.startswith(ignored) or key in _SETTINGS_GEARCACHE_PATCHES or getattr(entry, "alias", None):
+                continue
+            value = _overridden(entry)
+            if value is not _NOT_OVERRIDDEN:
+                found[key] = repr(value)
+        if found:
+            changed[label] = dict(sorted(found.items()))
+    return changed
+
+
+_NOT_OVERRIDDEN = object()
+
+
+def _overridden(entry: Any) -> Any:
+    """A torch config entry's value set in code, where it differs from the value it has without
+    (``_NOT_OVERRIDDEN`` otherwise, or where torch's ``_ConfigEntry`` lacks the fields read here)."""
+    from torch.utils import _config_module
+
+    unset = getattr(_config_module, "_UNSET_SENTINEL", None)
+    get = getattr(getattr(entry, "user_override", None), "get", None)
+    if unset is None or get is None:
+        return _NOT_OVERRIDDEN
+    value = get()
+    if value is unset:
+        return _NOT_OVERRIDDEN
+    force, env_default = getattr(entry, "env_value_force", unset), getattr(entry, "env_value_default", unset)
+    if force is not unset:
+        return _NOT_OVERRIDDEN                  # the environment forces the value: the setting in code is ignored
+    without = env_default if env_default is not unset else getattr(entry, "default", unset)
+    return _NOT_OVERRIDDEN if value == without else value
+
+
 def inductor_setting_names() -> set[str]:
     """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
     compiler)."""
