@@ -221,8 +221,9 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
     its config module is imported, so a module not imported has none. Left out: settings torch's own caches ignore
     (private ones, ``_cache_config_ignore_prefix``: paths, thread counts, cache switches) and those gearcache patches
     itself around a compile or load. Settings changed through ``TORCHINDUCTOR_*`` environment variables are not read
-    (interpreting them needs the config module). Cost: a walk over ~600 settings, at an entry key (a miss), never on
-    the call path."""
+    (interpreting them needs the config module). Cost, at an entry key (a miss or a warm-up's look-up), never on
+    the call path: ~0.5 ms where the config modules are imported (a walk over ~600 settings), none where not (a warm
+    process)."""
     import sys
 
     changed: dict[str, dict[str, str]] = {}
