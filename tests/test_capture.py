@@ -152,6 +152,40 @@ def test_a_python_number_computed_from_a_tensor_is_a_clear_error(tmp_path, kind,
     assert not artifacts.exists() or not any(artifacts.iterdir()), "nothing is compiled for it"
 
 
+GLOBAL_TENSOR = torch.full((4,), 2.0)
+DEFAULT_BIAS = torch.ones(4)
+
+
+class ReadsForeignTensors(torch.nn.Module):
+    """Reads a tensor that is neither an argument nor a parameter or buffer: a plain attribute, a global, or the
+    tensor default of a parameter the call does not pass."""
+
+    def __init__(self, cache_dir, kind):
+        super().__init__()
+        self.kind = kind
+        self.plain = torch.full((4,), 3.0)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, bias=DEFAULT_BIAS):
+        if self.kind == "attribute":
+            return x * self.plain
+        return x * GLOBAL_TENSOR if self.kind == "global" else x + bias
+
+
+@pytest.mark.parametrize("kind, named", [("attribute", "self.plain, a plain attribute"),
+                                         ("global", "GLOBAL_TENSOR, a global"),
+                                         ("default", "bias, the default of a parameter the call does not pass")])
+def test_a_tensor_read_from_outside_the_arguments_and_the_module_state_is_refused_naming_where_it_is_read(
+        tmp_path, kind, named):
+    """The refusal said only "graph input 1 (Tensor[4]) is neither an argument nor a parameter or buffer", and told a
+    method reading a tensor default to register a buffer: it names the method and where the tensor is read from."""
+    with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError) as info:
+        ReadsForeignTensors(tmp_path, kind).cached(torch.randn(2, 4))
+    text = str(info.value)
+    assert "ReadsForeignTensors.fwd" in text and f"({named})" in text, text
+    assert "Fix: " in text
+
+
 @pytest.mark.parametrize("kind, want", [("none", None), ("constants", (3.5, None, "tag"))])
 def test_none_and_constant_returns_are_served_and_load_in_another_object(tmp_path, kind, want):
     x = torch.randn(2, 4)

@@ -71,6 +71,20 @@ def traced_code() -> list[types.CodeType]:
     return list(torch._guards.TracingContext.get_traced_code() or [])
 
 
+def input_sources(gm: torch.fx.GraphModule) -> list[str | None]:
+    """Where Dynamo read each input of its graph ``gm``, as its source names it (``L['self'].t``, ``G['SCALE']``,
+    ``L['bias']``), in placeholder order; None where a placeholder has no source (for messages only)."""
+    names: list[str | None] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = getattr(source, "name", None)
+        name = name() if callable(name) else name
+        names.append(name if isinstance(name, str) else None)
+    return names
+
+
 def forget_dynamo_cache(code: types.CodeType) -> None:
     """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
     nothing of the capture stays installed on the user's function."""

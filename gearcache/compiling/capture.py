@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import types
 from typing import Any, Callable
 
@@ -46,7 +47,8 @@ class Captured:
 
 def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
                        ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., list[Any]]]:
-    """A Dynamo backend that records the graph into ``state`` (``"gm"``, ``"inputs"``, ``"code"``) and does not run
+    """A Dynamo backend that records the graph into ``state`` (``"gm"``, ``"inputs"``, ``"code"``, ``"sources"``: where
+    Dynamo read each input, for messages) and does not run
     it: the call's real run is the compiled entry's, once (an in-place update of an input must not happen twice).
     The outputs it gives Dynamo to build the result are ``empty_like(node)`` per output node, kept as
     ``state["flat_out"]``."""
@@ -55,6 +57,7 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
         if written:                 # raised before Dynamo replays them: nothing is written
             raise SideEffects(written)
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
+        state["sources"] = torch_capture.input_sources(gm)      # Dynamo drops them from the graph after this call
 
         def run(*flat: Any) -> list[Any]:
             nodes = _output_nodes(gm)
@@ -100,7 +103,9 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
         state["gm"], state["inputs"], state["code"] = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [], []
     state_names = _state_names(module)
     outputs = _output_recipe(result, state.get("flat_out", []), leaves, state_names)
-    inputs = [_input_recipe(t, leaves, state_names, i) for i, t in enumerate(state["inputs"])]
+    sources = state.get("sources", [])
+    inputs = [_input_recipe(t, leaves, state_names, i, method, sources[i] if i < len(sources) else None)
+              for i, t in enumerate(state["inputs"])]
     _inputs_returned_as_they_are(state["gm"], outputs, inputs)
     _ensure_an_output(state["gm"], state["inputs"])
     passed = passed_names(method, args, kwargs)
@@ -304,16 +309,42 @@ def _refuse_arguments_sharing_state(method: types.MethodType, module: torch.nn.M
                 f"call passing another tensor. Fix: pass a .clone() of it, or read it through the module in the method")
 
 
-def _input_recipe(t: Any, leaves: tuple[Any, ...], state_names: dict[int, str], index: int) -> list[Any]:
+def _input_recipe(t: Any, leaves: tuple[Any, ...], state_names: dict[int, str], index: int,
+                  method: types.MethodType, source: str | None) -> list[Any]:
+    """Graph input ``index`` (``t``, read from Dynamo's ``source``) as a call leaf or a module tensor; else
+    ``UnsupportedInputError`` naming the method, where the tensor is read from and the fix."""
     for i, leaf in enumerate(leaves):
         if leaf is t:
             return ["leaf", i]
     if id(t) in state_names:
         return ["state", state_names[id(t)]]
+    where = _foreign_tensor(source, method)
     raise UnsupportedInputError(
-        f"graph input {index} ({type(t).__qualname__}{list(getattr(t, 'shape', []))}) is neither an argument nor a "
-        f"parameter or buffer of the module. Fix: register tensors the method reads as buffers "
-        f"(self.register_buffer(name, tensor)) instead of plain attributes or globals.")
+        f"{_qualname(method)}: graph input {index}, {type(t).__qualname__}{list(getattr(t, 'shape', []))}"
+        f"{f' ({where})' if where else ''}, is neither an argument nor a parameter or buffer of the module, so a "
+        f"compiled entry could not read it at a later call. Fix: register tensors the method reads as buffers "
+        f"(self.register_buffer(name, tensor)) instead of plain attributes or globals, and pass a tensor default "
+        f"explicitly (or default to None and build the tensor in the method).")
+
+
+def _foreign_tensor(source: str | None, method: types.MethodType) -> str | None:
+    """Where a tensor ``_input_recipe`` refuses is read from, for its message (``self.plain, a plain attribute``),
+    from Dynamo's ``source`` (``L['self'].plain``); None without one."""
+    if source is None:
+        return None
+    readable = _readable_source(source)
+    local = re.fullmatch(r"L\['(\w+)'\]", source)
+    if source.startswith("G['"):
+        kind = "a global"
+    elif source.startswith("L['self']"):
+        kind = "a plain attribute"
+    elif local and local.group(1) in inspect.signature(method).parameters:
+        kind = "the default of a parameter the call does not pass"
+    elif local:
+        kind = "a variable of the method's closure"
+    else:
+        kind = "read by the method"
+    return f"{readable}, {kind}"
 
 
 def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
