@@ -264,6 +264,16 @@ class SideEffects(Exception):
         self.sources = sources
 
 
+class DataDependentShape(Exception):
+    """Raised by the capture's recording backend (gearcache/compiling/capture.py) for a graph with a size computed
+    from tensor values (``x[x > 0]``, ``nonzero``): the op and the user's source line that made it; caught there and
+    raised as a ``GraphBreakError`` naming them and the fix."""
+
+    def __init__(self, op: str, where: str):
+        super().__init__(op, where)
+        self.op, self.where = op, where
+
+
 class ReadOnlyArtifactFolder(Exception):
     """Torch's loader would write into a store folder this process cannot write. Raised just before it would be used
     (``compiling.artifact_io.load_stored``), caught there: the artifact is loaded from a verified private copy."""

@@ -186,6 +186,35 @@ def test_a_tensor_read_from_outside_the_arguments_and_the_module_state_is_refuse
     assert "Fix: " in text
 
 
+class DataDependent(torch.nn.Module):
+    def __init__(self, cache_dir, kind):
+        super().__init__()
+        self.kind = kind
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        if self.kind == "output":
+            return x[x > 0]
+        return x[x > 0].sum() + x.sum()
+
+
+@pytest.mark.parametrize("kind, geared", [("output", False), ("inside", False), ("output", True)])
+def test_a_shape_that_depends_on_tensor_values_is_a_graph_break_naming_the_line_and_the_fix(tmp_path, kind, geared):
+    """Boolean-mask indexing (nonzero, unique, ...) makes a size from the values: Dynamo captures it, then the capture
+    failed with torch's "SymIntArrayRef expected to contain only concrete integers" (returned) or Inductor's
+    "u0 possible memo disaster" (inside), retraced and recompiled at every call; with gears, Dynamo's
+    BackendCompilerFailed. It is refused at the capture (the gear plan's trace too), naming the op, the user's line
+    and the fix; nothing is compiled."""
+    x = torch.randn(3, 5)
+    with torch.no_grad(), pytest.raises(gearcache.GraphBreakError) as info:
+        DataDependent(tmp_path, kind).cached(gearcache.set_dim_gears(x, {0: [4]}) if geared else x)
+    text = str(info.value)
+    assert "depends on the values" in text and "test_capture.py" in text and "x[x > 0]" in text, text
+    assert "Fix: " in text and "torch.where" in text
+    artifacts = tmp_path / "artifacts"
+    assert not artifacts.exists() or not any(artifacts.iterdir()), "nothing is compiled for it"
+
+
 @pytest.mark.parametrize("kind, want", [("none", None), ("constants", (3.5, None, "tag"))])
 def test_none_and_constant_returns_are_served_and_load_in_another_object(tmp_path, kind, want):
     x = torch.randn(2, 4)

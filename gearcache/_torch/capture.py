@@ -85,6 +85,17 @@ def input_sources(gm: torch.fx.GraphModule) -> list[str | None]:
     return names
 
 
+def first_data_dependent(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node of Dynamo's graph ``gm`` whose value has a size (or is a number) computed from tensor values (an
+    unbacked symbol: ``nonzero``, boolean-mask indexing, ``unique``), or None. Inside a backend's call (the nodes'
+    ``example_value``)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    nodes: list[torch.fx.Node] = list(gm.graph.nodes)
+    return next((n for n in nodes if n.op == "call_function" and free_unbacked_symbols(n.meta.get("example_value"))),
+                None)
+
+
 def forget_dynamo_cache(code: types.CodeType) -> None:
     """Drop Dynamo's cache entries for ``code`` so captures of new shapes never count towards its recompile limit and
     nothing of the capture stays installed on the user's function."""

@@ -28,7 +28,9 @@ import torch
 from .._torch import capture as torch_capture, guards as torch_guards
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
-from ..errors import ConfigError, GearcacheError, GraphBreakError, SideEffects, UnsupportedInputError
+from ..errors import (ConfigError, DataDependentShape, GearcacheError, GraphBreakError, SideEffects,
+                      UnsupportedInputError)
+from ..gears.padding_abstract import source_line
 from ..keys.key import sha256_text
 from .snapshot import kept
 
@@ -56,6 +58,10 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
         written = torch_capture.local_side_effects()
         if written:                 # raised before Dynamo replays them: nothing is written
             raise SideEffects(written)
+        dependent = torch_capture.first_data_dependent(gm)
+        if dependent is not None:   # entries are static: refused before anything compiles
+            raise DataDependentShape(getattr(dependent.target, "__name__", None) or str(dependent.target),
+                                     source_line(dependent))
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
         state["sources"] = torch_capture.input_sources(gm)      # Dynamo drops them from the graph after this call
 
@@ -95,6 +101,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
                     breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
                 raise GraphBreakError(_qualname(method), breaks) from None
             _raise_side_effects(method, exc)
+            _raise_data_dependent(method, exc)
             _raise_op_runtime_error(method, exc)
             raise
         finally:
@@ -251,6 +258,20 @@ def _raise_side_effects(method: types.MethodType, exc: BaseException) -> None:
             f"graph, so the write would be made at no call. Fix: keep such state in a buffer updated in place "
             f"(self.register_buffer(...), then .add_() / .copy_()), or make the write outside the cached method, "
             f"from its outputs") from None
+
+
+def _raise_data_dependent(method: types.MethodType, exc: BaseException) -> None:
+    """The graph computes a size from tensor values (``x[x > 0]``, ``nonzero``, ``unique``): a compiled entry has
+    static shapes, and torch failed on it later with its own messages ("SymIntArrayRef expected to contain only
+    concrete integers", "u0 possible memo disaster"), at every call. Refused as a graph break naming the op, the
+    user's line and the fix; nothing was compiled."""
+    inner = torch_capture.backend_error(exc)
+    if isinstance(inner, DataDependentShape):
+        raise GraphBreakError(_qualname(method), [(
+            f"{inner.op} makes a size that depends on the values of a tensor (boolean-mask indexing, nonzero, unique, "
+            f"...), which a compiled entry's static shapes cannot hold. Fix: keep the shape static (torch.where(mask, "
+            f"x, 0), x.masked_fill(~mask, 0), a sum of x * mask), or do it outside the cached method on its outputs",
+            inner.where)]) from None
 
 
 def _readable_source(source: str) -> str:

@@ -16,8 +16,9 @@ from ..call import signature
 from ..errors import GearcacheError, GraphBreakError
 from ..gears.plan import SymbolicTrace
 from ..keys import guards_from_dynamo
-from .capture import (_dependencies, _output_nodes, _output_recipe, _qualname, _raise_op_type_error,
-                      _raise_side_effects, _recording_backend, _refuse_unmarked_partner, _state_names, passed_names)
+from .capture import (_dependencies, _output_nodes, _output_recipe, _qualname, _raise_data_dependent,
+                      _raise_op_type_error, _raise_side_effects, _recording_backend, _refuse_unmarked_partner,
+                      _state_names, passed_names)
 from .snapshot import kept
 
 
@@ -100,6 +101,7 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
                 f"({str(exc).strip().splitlines()[0]}). Fix: remove the gears of that dim, or avoid Python logic on "
                 f"that size") from None
         _raise_side_effects(method, exc)
+        _raise_data_dependent(method, exc)
         _refuse_unmarked_partner(method, exc)
         raise
     finally:
