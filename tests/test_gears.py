@@ -200,6 +200,43 @@ def test_past_largest_gear_policies(pair_cache):
         torch.testing.assert_close(out, m.fwd(*big)[0])
 
 
+class EmptyRows(torch.nn.Module):
+    """Row-wise, or with a max over the geared rows (eager raises on 0 rows; padded rows would give -inf)."""
+
+    def __init__(self, cache_dir, kind, config=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.kind = kind
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        return (self.lin(x), x.amax(0)) if self.kind == "amax" else self.lin(x)
+
+
+@pytest.mark.parametrize("policy", ["error", "eager", "compile"])
+def test_a_call_with_an_empty_geared_dim_is_served_by_the_method_itself(tmp_path, policy):
+    """Padded up to its smallest gear, a call with 0 rows returned -inf for ``x.amax(0)`` where eager raises
+    ``IndexError`` (a reduction over an empty dim without an identity); padding cannot be exact there, whatever the
+    pad value. Such a call runs the method itself, under every ``past_largest_gear`` policy: eager's error, or eager's
+    (empty) result for a row-wise method; nothing compiles."""
+    config = CompilerConfig()
+    config.inference_config.past_largest_gear = policy
+    torch.manual_seed(0)
+    x = torch.randn(0, 4)
+    with torch.no_grad():
+        amax, rows = EmptyRows(tmp_path, "amax", config), EmptyRows(tmp_path, "rows", config)
+        with pytest.raises(IndexError, match="non-zero size"):
+            amax.fwd(x)
+        before = counters.snapshot()
+        with pytest.raises(IndexError, match="non-zero size"):
+            amax.cached(set_dim_gears(x.clone(), {0: [2, 4]}))
+        out = rows.cached(set_dim_gears(x.clone(), {0: [2, 4]}))
+        assert out.shape == (0, 4)
+        torch.testing.assert_close(out, rows.fwd(x))
+        got = counters.delta(before)
+        assert got["eager_calls"] == 2 and got["compiles"] == 0, got
+
+
 def test_zip_needs_lists_of_one_length(tmp_path):
     m = PairMLP(tmp_path)
     x, y = set_dim_gears(torch.zeros(2, 4), {0: [2, 4]}), set_dim_gears(torch.zeros(2, 4), {0: [2, 4, 8]})

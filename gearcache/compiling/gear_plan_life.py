@@ -195,7 +195,13 @@ class GearPlanLife:
 
     def past_largest(self, gear_plan: GearPlan, leaves: tuple[Any, ...], key: tuple[Hashable, ...]) -> Any:
         """A call past the largest gear: raise (``past_largest_gear="error"``), run it uncompiled (``"eager"``,
-        warned once), or serve it from an entry of its own signature (``"compile"``)."""
+        warned once), or serve it from an entry of its own signature (``"compile"``). A call with an empty marked dim
+        (``GearPlan.empty_call``: never padded) runs uncompiled under every policy: eager's result, or eager's error
+        (``x.amax(0)`` of 0 rows)."""
+        if gear_plan.empty_call(leaves):
+            counters.eager_calls += 1
+            args, kwargs = signature.unflatten(key[0], leaves)
+            return self.method(*args, **kwargs)
         policy = self.config.inference_config.past_largest_gear
         if policy == "error":
             raise PastLargestGearError(f"{self.name}: {gear_plan.past_largest_message(leaves)}")

@@ -151,9 +151,11 @@ def _exact_pad(value: PadValue, dtype: torch.dtype, where: str) -> PadValue:
 
 
 def _first_index(sizes: list[int]) -> list[int]:
-    """``first[s]`` = index of the smallest size >= s, for s in 0..max(sizes)."""
-    first, i = [], 0
-    for s in range(sizes[-1] + 1):
+    """``first[s]`` = index of the smallest size >= s, for s in 1..max(sizes); ``first[0]`` is ``len(sizes)``, past
+    every gear: an empty dim is never padded (a reduction over it without an identity, ``amax``, raises in eager,
+    and padded rows would answer), so ``GearPlan.targets`` gives None for it, at no cost to other calls."""
+    first, i = [len(sizes)], 0
+    for s in range(1, sizes[-1] + 1):
         while sizes[i] < s:
             i += 1
         first.append(i)
@@ -285,6 +287,11 @@ class GearPlan:
         return out
 
     # -------------------------------------------------------------------------------------------- the rest
+    def empty_call(self, leaves: tuple[Any, ...]) -> bool:
+        """Whether a marked dim of the call has size 0 (``targets`` gives None for it: the caller runs the method
+        itself, whatever ``past_largest_gear`` says)."""
+        return any(leaves[d.leaf].shape[d.dim] == 0 for d in self.dims)
+
     def past_largest_message(self, leaves: tuple[Any, ...]) -> str:
         for d in self.dims:
             size = leaves[d.leaf].shape[d.dim]
