@@ -29,7 +29,6 @@ from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import ConfigError, GearcacheError, GraphBreakError, SideEffects, UnsupportedInputError
 from ..keys.key import sha256_text
-from .snapshot import kept
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -88,8 +87,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
                 torch_capture.forget_dynamo_cache(code)
                 _raise_op_type_error(method, exc)
                 _raise_cached_call(method, exc)
-                with kept([*leaves, *module.buffers()]):      # explain runs the method: its writes are undone
-                    breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc, [*leaves, *module.buffers()])
                 raise GraphBreakError(_qualname(method), breaks) from None
             _raise_side_effects(method, exc)
             _raise_op_runtime_error(method, exc)
