@@ -40,7 +40,7 @@ from ..counters import counters
 from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
-from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
+from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, group_names, is_static_address,
                             mutated_leaves, refuse_split_memory, refuse_state_aliases, state_rules_of, state_watch_of,
                             target_shape, write_refused_message, written_copies, written_tensors)
 
@@ -320,7 +320,7 @@ class CudaGraphs:
                 background.wait()
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         refuse_state_aliases(self.cached, graphed.entry, leaves, key)    # before a warm-up run or a capture runs it
-        graphed.written = written_copies(graphed.entry, copies)
+        graphed.written, graphed.groups = written_copies(graphed.entry, copies), group_names(graphed.entry)
         return graphed, static_leaves
 
     def _captured(self, graphed: GraphedEntry, seconds: float) -> None:
@@ -350,11 +350,12 @@ class CudaGraphs:
         kernel loads) side by side; then, once every gear's entry is found (the compile phase: loads, or compiles, in
         no rank's order) and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
         each gear's thread in turn, in ``calls``' order, runs the real warm-up run (its collectives reach the group in
-        the same order on every rank, one thread at a time) and records."""
+        the same order on every rank, one thread at a time) and records; not a gear whose stand-in run succeeded
+        and whose entry names only groups an earlier gear's real run reached (their communicators' first use done)."""
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
-        in_order = _collectives_possible()
+        in_order = collectives_possible()
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -373,9 +374,14 @@ class CudaGraphs:
             for _, leaves, graphed, _ in prepared:
                 fill_buffers(graphed, leaves)
 
+        warmed: set[str] = set()            # the process groups a real warm-up run below has reached
+
         def real_warm_up(k: int) -> None:   # in gear k's thread, alone on the device
             _, leaves, graphed, static_leaves = prepared[k]
+            if graphed.groups is not None and graphed.groups <= warmed and not gear_threads.stood_in_failed[k]:
+                return                      # its stand-in run made every first use; its groups' communicators ran
             self._warm_up_undone(graphed, leaves, static_leaves)
+            warmed.update(graphed.groups or ())
 
         recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
@@ -486,9 +492,7 @@ class CudaGraphs:
                 raise UnsupportedInputError(write_refused_message(i))
 
 
-def _collectives_possible() -> bool:
-    """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
-    in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
-    one thread)."""
-    return bool(torch_distributed.process_groups())
 
+def collectives_possible() -> bool:
+    """Whether this process belongs to a process group: collectives may be in its graphs (``capture_all``)."""
+    return bool(torch_distributed.process_groups())
