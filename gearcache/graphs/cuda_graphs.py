@@ -334,24 +334,20 @@ class CudaGraphs:
         """Capture the graph of every call in ``calls`` (the call at each gear of ``gear_plan``, in the order the
         graphs are recorded: a warm-up's, largest first) that has none yet; returns how many were captured.
 
-        Their entries are found here, one after another (under ``warmup()`` they are in the method's table already:
-        ``compile_missing`` looked up and loaded every gear side by side; else each is loaded, or compiled, here); as
-        soon as a gear's entry is here, a thread of its own runs the gear's warm-up run (at most ``threads`` at once),
-        beside the next look-ups. cuDNN
-        keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
-        recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
-        every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address
-        inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
-        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs).
+        Their entries are found here, one after another (under ``warmup()`` they are in the method's table already);
+        as soon as a gear's entry is here, a thread of its own runs its warm-up run (at most ``threads`` at once),
+        beside the next look-ups. cuDNN keeps the attention plan it builds for a new shape (~45 ms a gear on an H200)
+        per thread, so each gear is recorded by the thread that warmed it up: one gear at a time in ``calls``' order,
+        into the shared pool, after every warm-up has ended. What the warm-up runs write (a KV cache) is restored
+        before the records; then the allocator's cache is emptied once (graph pools keep their blocks).
 
-        In a process that belongs to a process group (collectives may be in the graphs) the parallel warm-up runs
-        answer collectives locally (``runplan.collectives.stand_in_collectives``: no communication, as the run plan's
-        check at compile time ran them), so they do every per-shape first use (cuDNN plans, cuBLAS heuristics, lazy
-        kernel loads) side by side; then, once every gear's entry is found (the compile phase: loads, or compiles, in
-        no rank's order) and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
+        In a process of a process group (its graphs may hold collectives) the parallel warm-up runs answer collectives
+        locally (``runplan.collectives.stand_in_collectives``: the run plan's check at compile time ran them), doing
+        every per-shape first use (cuDNN plans, cuBLAS heuristics, lazy kernel loads) side by side; once every gear's
+        entry is found and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
         each gear's thread in turn, in ``calls``' order, runs the real warm-up run (its collectives reach the group in
-        the same order on every rank, one thread at a time) and records; not a gear whose stand-in run succeeded
-        and whose entry names only groups an earlier gear's real run reached (their communicators' first use done)."""
+        one order on every rank) and records: a gear whose stand-in run succeeded, on groups an earlier gear's real
+        run reached, only records."""
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
