@@ -115,11 +115,34 @@ def local_side_effects() -> list[str]:
     """Inside a Dynamo backend's call: the sources of the Python objects reachable from the traced frame's locals (the
     module ``self``, the arguments) that the trace writes outside its graph and Dynamo would replay after it
     (``["L['self'].seen"]``); writes to globals and other modules (a library's own context state) are not listed.
-    Checked on 2.13 (``OutputGraph.get_replayed_side_effect_source_refs``)."""
+    Checked on 2.13-2.14 (``OutputGraph.get_replayed_side_effect_source_refs``) and 2.11, which lacks it: there the
+    same list is read from ``side_effects`` (its modified variables whose mutation is of an existing object, as that
+    method reads them; a source's ``name`` a method there, a property since)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    refs = InstructionTranslator.current_tx().output.get_replayed_side_effect_source_refs()
+    output = InstructionTranslator.current_tx().output
+    if hasattr(output, "get_replayed_side_effect_source_refs"):
+        refs = output.get_replayed_side_effect_source_refs()
+    else:
+        refs = replayed_sources(output)
     return [r for r in refs if r.startswith("L[")]
+
+
+def replayed_sources(output: object) -> list[str]:
+    """What ``local_side_effects`` reads where ``OutputGraph.get_replayed_side_effect_source_refs`` is missing (2.11):
+    the sources of ``output.side_effects``' modified variables whose mutation is of an existing object."""
+    from torch._dynamo.variables.base import AttributeMutationExisting, ValueMutationExisting
+
+    existing = (AttributeMutationExisting, ValueMutationExisting)
+    return [_source_name(var.source) for var in output.side_effects._get_modified_vars()  # type: ignore[attr-defined]
+            if isinstance(getattr(var, "mutation_type", None), existing)]
+
+
+def _source_name(source: object) -> str:
+    """A Dynamo source's name (``L['self'].seen``): a property on 2.13+, a method on 2.11."""
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else "<unknown source>"
 
 
 def backend_error(exc: BaseException) -> BaseException | None:
