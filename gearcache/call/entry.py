@@ -66,16 +66,6 @@ class Entry:
         if stable is not None:
             stable([j for j, (kind, _) in enumerate(manifest["inputs"]) if kind == "state"])
 
-    def groups(self) -> dict[str, dict[str, Any]] | None:
-        """The process groups its collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run plan's
-        ``groups``, else its manifest's (written at compile); None when neither says (an entry stored without them)."""
-        plan = getattr(self.compiled, "plan", None)
-        if isinstance(plan, dict) and "groups" in plan:
-            plan_groups: dict[str, dict[str, Any]] = plan["groups"]
-            return plan_groups
-        groups = self.manifest.get("groups")
-        return groups if isinstance(groups, dict) else None
-
     def rebound(self, module: torch.nn.Module) -> "Entry":
         """This entry reading the module tensors where ``module`` holds them now (a submodule replaced by another of
         the same class and shapes, ``m.lin = nn.Linear(4, 4)``, holds its weights in dicts of its own): the same

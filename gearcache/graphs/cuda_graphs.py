@@ -40,7 +40,7 @@ from ..counters import counters
 from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
 from .gear_threads import GearThreads
-from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, group_names, is_static_address,
+from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
                             mutated_leaves, refuse_split_memory, refuse_state_aliases, state_rules_of, state_watch_of,
                             target_shape, write_refused_message, written_copies, written_tensors)
 
@@ -320,7 +320,7 @@ class CudaGraphs:
                 background.wait()
             graphed.entry = self.life.get_or_miss(static_leaves, skey, count=False)
         refuse_state_aliases(self.cached, graphed.entry, leaves, key)    # before a warm-up run or a capture runs it
-        graphed.written, graphed.groups = written_copies(graphed.entry, copies), group_names(graphed.entry)
+        graphed.written = written_copies(graphed.entry, copies)
         return graphed, static_leaves
 
     def _captured(self, graphed: GraphedEntry, seconds: float) -> None:
@@ -334,24 +334,27 @@ class CudaGraphs:
         """Capture the graph of every call in ``calls`` (the call at each gear of ``gear_plan``, in the order the
         graphs are recorded: a warm-up's, largest first) that has none yet; returns how many were captured.
 
-        Their entries are found here, one after another (under ``warmup()`` they are in the method's table already);
-        as soon as a gear's entry is here, a thread of its own runs its warm-up run (at most ``threads`` at once),
-        beside the next look-ups. cuDNN keeps the attention plan it builds for a new shape (~45 ms a gear on an H200)
-        per thread, so each gear is recorded by the thread that warmed it up: one gear at a time in ``calls``' order,
-        into the shared pool, after every warm-up has ended. What the warm-up runs write (a KV cache) is restored
-        before the records; then the allocator's cache is emptied once (graph pools keep their blocks).
+        Their entries are found here, one after another (under ``warmup()`` they are in the method's table already:
+        ``compile_missing`` looked up and loaded every gear side by side; else each is loaded, or compiled, here); as
+        soon as a gear's entry is here, a thread of its own runs the gear's warm-up run (at most ``threads`` at once),
+        beside the next look-ups. cuDNN
+        keeps the attention plan it builds for a new shape (~45 ms a gear on an H200) per thread, so each gear is
+        recorded by the thread that warmed it up: one gear at a time in ``calls``' order, into the shared pool, after
+        every warm-up has ended (while a graph is recorded no other thread uses the device). The static-address
+        inputs (a KV cache) the warm-up runs write to are restored before the records. Then the allocator's cache is
+        emptied once: the blocks the warm-up runs used stay reserved otherwise (graph pools keep theirs).
 
-        In a process of a process group (its graphs may hold collectives) the parallel warm-up runs answer collectives
-        locally (``runplan.collectives.stand_in_collectives``: the run plan's check at compile time ran them), doing
-        every per-shape first use (cuDNN plans, cuBLAS heuristics, lazy kernel loads) side by side; once every gear's
-        entry is found and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
+        In a process that belongs to a process group (collectives may be in the graphs) the parallel warm-up runs
+        answer collectives locally (``runplan.collectives.stand_in_collectives``: no communication, as the run plan's
+        check at compile time ran them), so they do every per-shape first use (cuDNN plans, cuBLAS heuristics, lazy
+        kernel loads) side by side; then, once every gear's entry is found (the compile phase: loads, or compiles, in
+        no rank's order) and ``before_runs(entries)`` (ranks.py's fence: every rank of the group is there) returned,
         each gear's thread in turn, in ``calls``' order, runs the real warm-up run (its collectives reach the group in
-        one order on every rank) and records: a gear whose stand-in run succeeded, on groups an earlier gear's real
-        run reached, only records."""
+        the same order on every rank, one thread at a time) and records."""
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
-        in_order = collectives_possible()
+        in_order = _collectives_possible()
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -370,14 +373,9 @@ class CudaGraphs:
             for _, leaves, graphed, _ in prepared:
                 fill_buffers(graphed, leaves)
 
-        warmed: set[str] = set()            # the process groups a real warm-up run below has reached
-
         def real_warm_up(k: int) -> None:   # in gear k's thread, alone on the device
             _, leaves, graphed, static_leaves = prepared[k]
-            if graphed.groups is not None and graphed.groups <= warmed and not gear_threads.stood_in_failed[k]:
-                return                      # its stand-in run made every first use; its groups' communicators ran
             self._warm_up_undone(graphed, leaves, static_leaves)
-            warmed.update(graphed.groups or ())
 
         recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
@@ -488,7 +486,9 @@ class CudaGraphs:
                 raise UnsupportedInputError(write_refused_message(i))
 
 
-
-def collectives_possible() -> bool:
-    """Whether this process belongs to a process group: collectives may be in its graphs (``capture_all``)."""
+def _collectives_possible() -> bool:
+    """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
+    in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
+    one thread)."""
     return bool(torch_distributed.process_groups())
+

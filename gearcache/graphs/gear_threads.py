@@ -49,7 +49,6 @@ class GearThreads:
         self.threads: list[threading.Thread] = []
         self.turns = [threading.Event() for _ in range(n)]
         self.errors: list[BaseException | None] = [None] * n
-        self.stood_in_failed = [False] * n                          # shadow: the gear's stand-in run failed
         self.results: list[tuple[torch.cuda.CUDAGraph, list[Any]] | None] = [None] * n
         self.abort = False
         # thread-local state a new thread does not inherit: the device, grad and inference mode
@@ -91,10 +90,10 @@ class GearThreads:
                 raise exc
         return self.results         # type: ignore[return-value]  # no None left: each gear recorded, or raised above
 
-    def _warm_up(self, k: int, graphed: GraphedEntry, static_leaves: tuple[Any, ...]) -> None:
-        """Gear ``k``'s warm-up run. ``shadow``: with collectives stood in, and a failure only logged (an operator
-        without a stand-in, say; ``stood_in_failed[k]``): the real warm-up run in the thread's turn runs the same
-        graph on the group and raises what is real."""
+    def _warm_up(self, graphed: GraphedEntry, static_leaves: tuple[Any, ...]) -> None:
+        """The gear's warm-up run. ``shadow``: with collectives stood in, and a failure only logged (an operator
+        without a stand-in, say): the real warm-up run in the thread's turn runs the same graph on the group and
+        raises what is real."""
         if not self.shadow:
             with self.graphs.phase(static_leaves, "graph warm-up run"):
                 self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies,
@@ -105,7 +104,6 @@ class GearThreads:
                 self.graphs.warm_up(graphed.entry, static_leaves, graphed.copies,
                                     torch.cuda.Stream())   # type: ignore[no-untyped-call]  # untyped in torch
         except Exception as exc:                    # the real run in turn raises what is real
-            self.stood_in_failed[k] = True
             log.debug("gearcache: a warm-up run with collectives stood in failed (%s); the real one follows", exc)
 
     def _gear(self, k: int) -> None:
@@ -117,7 +115,7 @@ class GearThreads:
                 modes.enter_context(torch.inference_mode(inference))
                 modes.enter_context(torch.set_grad_enabled(grad))
                 with self.slots:
-                    self._warm_up(k, graphed, static_leaves)
+                    self._warm_up(graphed, static_leaves)
             except BaseException as exc:                # raised in the caller
                 self.errors[k] = exc
             finally:

@@ -49,7 +49,6 @@ class GraphedEntry:
         self.copies = copies                  # [(leaf index, static buffer, pad value)]
         self.static_ptrs = static_ptrs        # [(leaf index, data_ptr)] of static-address inputs
         self.written: list[tuple[int, torch.Tensor]] = []   # [(leaf index, static buffer)] the graph writes
-        self.groups: set[str] | None = None     # the process groups its collectives run on (``group_names``)
         # output index -> the copied input's leaf index it is a view of (rebuilt over the caller's tensor), or None:
         # a view of memory outside the graph's pool (a parameter, a buffer, a static-address input), kept as it is
         self.aliases: dict[int, int | None] = {}
@@ -264,13 +263,6 @@ def written_copies(entry: Loaded, copies: list[tuple[int, torch.Tensor, float]])
     capture's warm-up run is refused there)."""
     mutated = set(mutated_leaves(entry) or ())
     return [(i, buf) for i, buf, _ in copies if i in mutated]
-
-
-def group_names(entry: Loaded) -> set[str] | None:
-    """The names of the process groups ``entry``'s collectives run on (``Entry.groups``; empty: none); None where
-    unknown (an eager stand-in, an entry stored without them)."""
-    groups = entry.groups() if isinstance(entry, Entry) else None
-    return None if groups is None else set(groups)
 
 
 def write_refused_message(i: int) -> str:

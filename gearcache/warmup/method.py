@@ -182,10 +182,17 @@ def _fence(cached: CachedMethod, combos: list[list[int]], entries: list[Loaded |
 
 
 def _groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
-    """The process groups an entry's collectives run on (``Entry.groups``); None when unknown (an eager stand-in,
-    which runs the method as written, or an entry stored without them): the fence then cannot tell which ranks it
-    talks to."""
-    return entry.groups() if isinstance(entry, Entry) else None
+    """The process groups an entry's collectives run on (``{name: {"ranks", "backend"}}``; ``{}``: none): its run
+    plan's ``groups``, else its manifest's (written at compile); None when unknown (an eager stand-in, which runs the
+    method as written, or an entry stored without either): the fence then cannot tell which ranks it talks to."""
+    if not isinstance(entry, Entry):
+        return None
+    plan = getattr(entry.compiled, "plan", None)
+    if isinstance(plan, dict) and "groups" in plan:
+        plan_groups: dict[str, dict[str, Any]] = plan["groups"]
+        return plan_groups
+    groups = entry.manifest.get("groups")
+    return groups if isinstance(groups, dict) else None
 
 
 def _kept_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
