@@ -389,3 +389,29 @@ def test_a_method_writing_python_state_is_refused_naming_it_and_writes_nothing(t
         with torch.no_grad():
             getattr(model, method)(torch.ones(3))
     assert model.calls == 0 and model.seen == [] and model.last is None
+
+
+@pytest.mark.parametrize("method", ["count", "append", "store"])
+def test_the_side_effect_reading_of_torch_without_the_replayed_sources_method_lists_the_same(tmp_path, method):
+    """``_torch.capture.local_side_effects`` reads Dynamo's ``get_replayed_side_effect_source_refs`` where it exists
+    (2.13+) and ``replayed_sources`` where it does not (2.11, the GPU host's torch): on a torch that has both, the two
+    list the same sources for each kind of Python write; on 2.11 the fallback names the write to ``self``."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    from gearcache._torch import capture as torch_capture
+    seen = []
+
+    def backend(gm, example_inputs):
+        output = InstructionTranslator.current_tx().output
+        want = getattr(output, "get_replayed_side_effect_source_refs", None)
+        seen.append((want() if want is not None else None, torch_capture.replayed_sources(output)))
+        return gm.forward
+
+    model = WritesPython(tmp_path)
+    torch._dynamo.reset()
+    torch.compile(getattr(model, method), backend=backend, fullgraph=True)(torch.ones(3))
+    torch._dynamo.reset()
+    assert seen, "the backend ran"
+    want, got = seen[0]
+    assert any(r.startswith("L['self']") for r in got), got
+    assert want is None or got == want

@@ -6,7 +6,7 @@ import torch
 import gearcache
 from gearcache import CompilerConfig, counters, mark_static_address
 from gearcache.graphs import cuda_graphs, graphed_entry
-from gearcache.compiling import snapshot
+from gearcache import snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
 

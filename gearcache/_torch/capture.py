@@ -9,9 +9,11 @@ import contextlib
 import os
 import threading
 import types
-from typing import Callable, Iterator, cast
+from typing import Iterator, cast
 
 import torch
+
+from ..snapshot import kept
 
 DYNAMO_LOCK = threading.RLock()
 """Held by every trace gearcache runs (gearcache/compiling/: capture.py ``capture``, symbolic_trace.py
@@ -138,11 +140,34 @@ def local_side_effects() -> list[str]:
     """Inside a Dynamo backend's call: the sources of the Python objects reachable from the traced frame's locals (the
     module ``self``, the arguments) that the trace writes outside its graph and Dynamo would replay after it
     (``["L['self'].seen"]``); writes to globals and other modules (a library's own context state) are not listed.
-    Checked on 2.13 (``OutputGraph.get_replayed_side_effect_source_refs``)."""
+    Checked on 2.13-2.14 (``OutputGraph.get_replayed_side_effect_source_refs``) and 2.11, which lacks it: there the
+    same list is read from ``side_effects`` (its modified variables whose mutation is of an existing object, as that
+    method reads them; a source's ``name`` a method there, a property since)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    refs = InstructionTranslator.current_tx().output.get_replayed_side_effect_source_refs()
+    output = InstructionTranslator.current_tx().output
+    if hasattr(output, "get_replayed_side_effect_source_refs"):
+        refs = output.get_replayed_side_effect_source_refs()
+    else:
+        refs = replayed_sources(output)
     return [r for r in refs if r.startswith("L[")]
+
+
+def replayed_sources(output: object) -> list[str]:
+    """What ``local_side_effects`` reads where ``OutputGraph.get_replayed_side_effect_source_refs`` is missing (2.11):
+    the sources of ``output.side_effects``' modified variables whose mutation is of an existing object."""
+    from torch._dynamo.variables.base import AttributeMutationExisting, ValueMutationExisting
+
+    existing = (AttributeMutationExisting, ValueMutationExisting)
+    return [_source_name(var.source) for var in output.side_effects._get_modified_vars()  # type: ignore[attr-defined]
+            if isinstance(getattr(var, "mutation_type", None), existing)]
+
+
+def _source_name(source: object) -> str:
+    """A Dynamo source's name (``L['self'].seen``): a property on 2.13+, a method on 2.11."""
+    name = getattr(source, "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else "<unknown source>"
 
 
 def backend_error(exc: BaseException) -> BaseException | None:
@@ -167,30 +192,25 @@ def untraceable_call(exc: BaseException, class_name: str) -> str | None:
 
 
 def explain_graph_breaks(method: types.MethodType, args: tuple[object, ...], kwargs: dict[str, object],
-                         exc: BaseException) -> list[tuple[str, str]]:
+                         exc: BaseException, written: list[object]) -> list[tuple[str, str]]:
     """``(reason, user source line)`` for every graph break of the call that ``torch._dynamo.explain`` finds (the
     method's Dynamo cache entries dropped after it); where explain itself fails, or finds none, the one break the
-    capture's error ``exc`` tells of."""
+    capture's error ``exc`` tells of. Explain runs the method: what it may write, ``written`` (its tensors), is
+    restored after it."""
+    breaks = []
     try:
-        breaks = _graph_breaks(method, args, kwargs)
+        with kept(written):
+            out = torch._dynamo.explain(method)(*args, **kwargs)
+        for br in out.break_reasons:
+            frames = [f for f in (br.user_stack or []) if "/torch/" not in f.filename.replace(os.sep, "/")]
+            f = frames[-1] if frames else (br.user_stack[-1] if br.user_stack else None)
+            where = f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f else "(source unknown)"
+            breaks.append((str(br.reason).strip().splitlines()[0] if str(br.reason).strip() else "unknown", where))
     except Exception:           # explain itself failed: report the one break we know of
         breaks = []
     finally:
         forget_dynamo_cache(method.__func__.__code__)
     return breaks or [(str(exc).strip().splitlines()[0], "(see the traceback of torch._dynamo.exc.Unsupported)")]
-
-
-def _graph_breaks(fn: Callable[..., object], args: tuple[object, ...],
-                  kwargs: dict[str, object]) -> list[tuple[str, str]]:
-    """Run ``torch._dynamo.explain`` and return ``(reason, user source line)`` for every graph break."""
-    out = torch._dynamo.explain(fn)(*args, **kwargs)
-    breaks = []
-    for br in out.break_reasons:
-        frames = [f for f in (br.user_stack or []) if "/torch/" not in f.filename.replace(os.sep, "/")]
-        f = frames[-1] if frames else (br.user_stack[-1] if br.user_stack else None)
-        where = f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" if f else "(source unknown)"
-        breaks.append((str(br.reason).strip().splitlines()[0] if str(br.reason).strip() else "unknown", where))
-    return breaks
 
 
 def as_subclass_sharing_storage(cls: type, tensor: torch.Tensor) -> torch.Tensor:

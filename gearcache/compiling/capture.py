@@ -32,7 +32,6 @@ from ..errors import (ConfigError, DataDependentShape, GearcacheError, GraphBrea
                       UnsupportedInputError)
 from ..gears.padding_abstract import source_line
 from ..keys.key import sha256_text
-from .snapshot import kept
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -97,8 +96,7 @@ def capture(method: types.MethodType, module: torch.nn.Module, args: tuple[Any, 
                 torch_capture.forget_dynamo_cache(code)
                 _raise_op_type_error(method, exc)
                 _raise_cached_call(method, exc)
-                with kept([*leaves, *module.buffers()]):      # explain runs the method: its writes are undone
-                    breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc, [*leaves, *module.buffers()])
                 raise GraphBreakError(_qualname(method), breaks) from None
             _raise_side_effects(method, exc)
             _raise_data_dependent(method, exc)

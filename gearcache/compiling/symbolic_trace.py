@@ -19,7 +19,7 @@ from ..keys import guards_from_dynamo
 from .capture import (_dependencies, _output_nodes, _output_recipe, _qualname, _raise_data_dependent,
                       _raise_op_type_error, _raise_side_effects, _recording_backend, _refuse_unmarked_partner,
                       _state_names, passed_names)
-from .snapshot import kept
+from ..snapshot import kept
 
 
 def symbolic_shapes(method: types.MethodType, module: torch.nn.Module, structure: Any, leaves: tuple[Any, ...],
@@ -92,8 +92,8 @@ def _trace_symbolically(method: types.MethodType, module: torch.nn.Module, args:
     except Exception as exc:
         if torch_capture.is_graph_break(exc):
             _raise_op_type_error(method, exc)
-            with kept([*_leaves(args, kwargs), *module.buffers()]):    # explain runs the method
-                breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc)
+            breaks = torch_capture.explain_graph_breaks(method, args, kwargs, exc,
+                                                        [*_leaves(args, kwargs), *module.buffers()])
             raise GraphBreakError(_qualname(method), breaks) from None
         if "specializ" in str(exc).lower() or "constraint" in str(exc).lower():
             raise GearcacheError(

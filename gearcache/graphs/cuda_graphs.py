@@ -33,7 +33,7 @@ import torch
 
 from .._torch import cuda_graphs as torch_cuda_graphs, distributed as torch_distributed
 from ..call import signature
-from ..compiling.snapshot import snapshot
+from ..snapshot import snapshot
 from ..compiling import background
 from ..compiling.background import Compiling, StandIn
 from ..counters import counters
@@ -53,7 +53,7 @@ GraphKey = tuple[object, ...]
 
 if TYPE_CHECKING:
     from ..compiling.entry_life import Loaded
-    from ..gears.plan import GearPlan
+    from ..gears.plan import GearCall, GearPlan
     from ..timeline import Timeline
 
 
@@ -329,9 +329,9 @@ class CudaGraphs:
         log.info("%s: captured a CUDA graph for %s in %.3f s", self.cached.name,
                  [tuple(b.shape) for _, b, _ in graphed.copies], seconds)
 
-    def capture_all(self, gear_plan: GearPlan | None, calls: list[tuple[Leaves, CallKey]], threads: int | None = None,
+    def capture_all(self, gear_plan: GearPlan | None, calls: list[GearCall], threads: int | None = None,
                     before_runs: Callable[[list[Loaded]], None] | None = None) -> int:
-        """Capture the graph of every call in ``calls`` (``(leaves, key)`` of a call at each gear, in the order the
+        """Capture the graph of every call in ``calls`` (the call at each gear of ``gear_plan``, in the order the
         graphs are recorded: a warm-up's, largest first) that has none yet; returns how many were captured.
 
         Their entries are found here, one after another (under ``warmup()`` they are in the method's table already:
@@ -380,11 +380,11 @@ class CudaGraphs:
         recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
         for (gkey, _, graphed, static_leaves), (graph, outs) in zip(prepared, recorded):
-            graphed.recorded(graph, outs, static_leaves)
-            graphed.state_watch = state_watch_of(graphed.entry)
-            self.graphs[gkey] = graphed
             counters.graph_warmups += 1
             self._captured(graphed, seconds)
+            graphed.state_watch = state_watch_of(graphed.entry)
+            graphed.recorded(graph, outs, static_leaves)
+            self.graphs[gkey] = graphed
         torch.cuda.empty_cache()
         return len(todo)
 
@@ -422,11 +422,12 @@ class CudaGraphs:
             fill_buffers(graphed, leaves)
 
     def _uncaptured(self, gear_plan: GearPlan | None,
-                    calls: list[tuple[Leaves, CallKey]]) -> list[tuple[GraphKey, Leaves, CallKey, list[int] | None]]:
-        """``(graph key, leaves, key, targets)`` of each call in ``calls`` whose gear has no graph yet, once each."""
+                    calls: list[GearCall]) -> list[tuple[GraphKey, Leaves, CallKey, list[int] | None]]:
+        """``(graph key, leaves, key, targets)`` of each call in ``calls`` whose gear has no graph yet, once each (a
+        call at a gear is padded to that gear: its targets are the gear's sizes)."""
         todo: list[tuple[GraphKey, Leaves, CallKey, list[int] | None]] = []
-        for leaves, key in calls:
-            targets = gear_plan.targets(leaves) if gear_plan is not None else None
+        for sizes, leaves, key, *_ in calls:
+            targets = sizes if gear_plan is not None else None
             gkey = self._graph_key(gear_plan, leaves, key, targets)
             if gkey not in self.graphs and all(gkey != g for g, *_ in todo):
                 todo.append((gkey, leaves, key, targets))

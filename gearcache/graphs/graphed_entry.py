@@ -82,7 +82,8 @@ class GraphedEntry:
         a static buffer. Raises nothing: a graph dropped once recorded would leave its pool unusable (torch asserts
         at the next capture into it); a call whose view cannot be rebuilt is refused by ``fill``."""
         self.graph, self.outs = graph, outs
-        self.aliases = output_aliases(outs, self.copies, static_leaves, state_tensors(self.entry))
+        state = state_tensors(self.entry)
+        self.aliases = output_aliases(outs, self.copies, static_leaves, state)
 
     def fill(self, leaves: tuple[Any, ...]) -> None:
         """Copy (and pad) the call's inputs into the static buffers; check the static-address inputs, and the

@@ -35,7 +35,7 @@ import torch
 from ..call import signature
 from ..call.entry import Entry
 from ..compiling.entry_life import Loaded
-from ..compiling.snapshot import kept
+from ..snapshot import kept
 from ..config import CompilerConfig
 from ..gears.plan import GearCall, GearPlan, MarkedCall
 from ..gears import padding_check
@@ -98,11 +98,11 @@ def warm_up(cached: CachedMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
     finally:
         if early is not None:
             early.close(wait=False)
-    if gear_plan is None:
-        with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
-            cached(*args, **kwargs)
-        return 1
-    return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
+    if gear_plan is not None:
+        return _run_gears(cached, gear_plan, gears, call.leaves, timeline, lazy, capture_now)
+    with kept([*call.leaves, *cached.module.buffers()]):     # no marks: one call
+        cached(*args, **kwargs)
+    return 1
 
 
 def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall], leaves: tuple[Any, ...],
@@ -121,7 +121,7 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
         if capture_now:
             assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
             with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
-                graphs.capture_all(gear_plan, [(gear.leaves, gear.key) for gear in gears], before_runs=fence)
+                graphs.capture_all(gear_plan, gears, before_runs=fence)
         with _kept_by(table, gears, [*leaves, *cached.module.buffers()]):
             if not capture_now and not lazy:
                 fence([table.get(gear.key) for gear in gears])
