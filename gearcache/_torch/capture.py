@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import types
 from typing import Iterator, cast
@@ -85,6 +86,23 @@ def input_sources(gm: torch.fx.GraphModule) -> list[str | None]:
         name = name() if callable(name) else name
         names.append(name if isinstance(name, str) else None)
     return names
+
+
+_LIBRARY_PATHS = re.compile(r"/(torch|gearcache)/|/(contextlib|functools)\.py$")
+
+
+def source_line(node: torch.fx.Node) -> str:
+    """``file:line in function: code`` of the user's source line that made ``node`` (from its stack trace): the
+    innermost frame outside torch and gearcache, else the innermost frame."""
+    lines = (node.meta.get("stack_trace") or "").rstrip().splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            frames.append((m.group(1), f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)} in {m.group(3)}: {code}"))
+    user = [text for path, text in frames if not _LIBRARY_PATHS.search(path)]
+    return (user or [text for _, text in frames] or [""])[-1]
 
 
 def first_data_dependent(gm: torch.fx.GraphModule) -> torch.fx.Node | None:

@@ -30,7 +30,6 @@ from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import (ConfigError, DataDependentShape, GearcacheError, GraphBreakError, SideEffects,
                       UnsupportedInputError)
-from ..gears.padding_abstract import source_line
 from ..keys.key import sha256_text
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -60,7 +59,7 @@ def _recording_backend(state: dict[str, Any], empty_like: Callable[[Any], Any]
         dependent = torch_capture.first_data_dependent(gm)
         if dependent is not None:   # entries are static: refused before anything compiles
             raise DataDependentShape(getattr(dependent.target, "__name__", None) or str(dependent.target),
-                                     source_line(dependent))
+                                     torch_capture.source_line(dependent))
         state["gm"], state["inputs"], state["code"] = gm, list(example_inputs), torch_capture.traced_code()
         state["sources"] = torch_capture.input_sources(gm)      # Dynamo drops them from the graph after this call
 

@@ -7,12 +7,11 @@ A tensor node's value is a :class:`TensorValue`: its dims as factors (padding_fa
 (:class:`Positions`, ``arange`` over a padded size), indices in a range (:class:`InRange`), values gathered from a
 tensor (:class:`Gathered`), copies of real rows (:data:`REAL_ROW_COPIES`) or UNKNOWN (real data). A size node's
 value is a :class:`SizeValue`. Also here: the small readers the walk and the rules share (:func:`tensors_in`,
-:func:`covers`, :func:`source_line`, ...).
+:func:`covers`, ...; ``source_line``: gearcache/_torch/capture.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Union
 
 import torch
@@ -117,23 +116,6 @@ class SizeValue:
 AbstractValue = Union[TensorValue, SizeValue, list["AbstractValue"], None]
 """A node's abstract value: a tensor's, a size's, a list of them (an op with several outputs), or None (a value the
 walk does not follow)."""
-
-
-_LIBRARY_PATHS = re.compile(r"/(torch|gearcache)/|/(contextlib|functools)\.py$")
-
-
-def source_line(node: torch.fx.Node) -> str:
-    """``file:line in function: code`` of the user's source line that made ``node`` (from its stack trace): the
-    innermost frame outside torch and gearcache, else the innermost frame."""
-    lines = (node.meta.get("stack_trace") or "").rstrip().splitlines()
-    frames = []
-    for i, line in enumerate(lines):
-        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
-        if m:
-            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            frames.append((m.group(1), f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)} in {m.group(3)}: {code}"))
-    user = [text for path, text in frames if not _LIBRARY_PATHS.search(path)]
-    return (user or [text for _, text in frames] or [""])[-1]
 
 
 def graph_constant(value: Any) -> Held:

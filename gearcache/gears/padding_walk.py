@@ -24,12 +24,13 @@ from typing import Any, cast
 import torch
 
 from .._torch import aten as torch_aten
+from .._torch.capture import source_line
 from . import pad_values as pv
 from .pad_values import UNKNOWN, PadValue
 from .padding_cache import (CACHE_PADS, WRITTEN_OUT_STEPS, Roles, cache_from_leaf, mask_argument,
                             mask_from_leaf, written_out_attention)
 from .padding_abstract import (NO_PAD, AbstractValue, Held, Origin, Pad, SizeValue, Storage, TensorValue, describe_held,
-                               graph_constant, source_line, tensors_in)
+                               graph_constant, tensors_in)
 from .padding_factors import Dim, canonical, dim_size, is_padded_dim, numel, same_size, size_expr
 from .padding_report import Finding, PaddingReport
 from .padding_rule_context import MOVES, Out, op_name
