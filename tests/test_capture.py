@@ -64,9 +64,16 @@ class TwoInputs(torch.nn.Module):
         return self.lin(x) + self.lin(y)
 
 
-def test_none_where_a_tensor_goes_beside_a_geared_tensor_is_the_type_error_eager_raises(tmp_path):
+@pytest.fixture(scope="module")
+def two_inputs_store(tmp_path_factory):
+    """One store for the two TwoInputs tests below: the gear-4 entry (x and y marked) the first compiles, the second
+    loads once its ``y`` is marked (its refused call, ``y`` unmarked, is traced either way)."""
+    return tmp_path_factory.mktemp("two_inputs")
+
+
+def test_none_where_a_tensor_goes_beside_a_geared_tensor_is_the_type_error_eager_raises(two_inputs_store):
     """The same through the gear plan's symbolic trace (a marked tensor beside the None), at a call and at warmup()."""
-    m = TwoInputs(tmp_path)
+    m = TwoInputs(two_inputs_store)
     x = torch.ones(3, 4)
     gearcache.set_dim_gears(x, {0: [2, 4]})
     with torch.inference_mode():
@@ -81,10 +88,10 @@ def test_none_where_a_tensor_goes_beside_a_geared_tensor_is_the_type_error_eager
         torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))         # then served as usual, padded to gear 4
 
 
-def test_a_dim_that_must_equal_a_marked_one_but_is_not_marked_is_refused_naming_the_fix(tmp_path):
+def test_a_dim_that_must_equal_a_marked_one_but_is_not_marked_is_refused_naming_the_fix(two_inputs_store):
     """Eager runs the call at its own sizes; padded, ``x`` (marked) and ``y`` (not) no longer add up. A ConfigError
     naming the op's error and the fix, not Dynamo's report; once ``y`` is marked too, the call is served as eager."""
-    m = TwoInputs(tmp_path)
+    m = TwoInputs(two_inputs_store)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     gearcache.set_dim_gears(x, {0: [2, 4]})
     with torch.inference_mode():
@@ -238,12 +245,19 @@ class BumpsBuffer(torch.nn.Module):
         return torch.nn.functional.linear(x, torch.eye(4) * 3)
 
 
+@pytest.fixture(scope="module")
+def bumps_store(tmp_path_factory):
+    """One store for both cases below: the entry the first compiles for ``x`` serves the second (a load)."""
+    return tmp_path_factory.mktemp("bumps_buffer")
+
+
 @pytest.mark.parametrize("view", [False, True], ids=["the-buffer", "a-view-of-it"])
-def test_an_argument_sharing_memory_with_a_buffer_is_refused_at_capture_not_compiled_in(tmp_path, view):
+def test_an_argument_sharing_memory_with_a_buffer_is_refused_at_capture_not_compiled_in(bumps_store, view):
     """A first call with the module's buffer (or a view of it) as the argument compiled a graph whose input ``x`` was
     the buffer: a later call with another tensor of that shape hit it and read the buffer for ``x`` (6 where eager
-    gives 3), in this process and a warm one. Such a call is refused at capture; other calls compile as usual."""
-    m = BumpsBuffer(tmp_path)
+    gives 3), in this process and a warm one. Such a call is refused at capture; other calls are served as usual (the
+    first case compiles the entry for ``x``, the second loads it from the store they share)."""
+    m = BumpsBuffer(bumps_store)
     with torch.no_grad():
         with pytest.raises(gearcache.UnsupportedInputError, match="buffer buf"):
             m.cached(m.buf[:, :] if view else m.buf)

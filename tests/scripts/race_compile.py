@@ -1,4 +1,5 @@
 """One of N processes racing to compile the same tiny method into one empty folder; prints a JSON report."""
+import gc
 import json
 import sys
 
@@ -23,3 +24,4 @@ x = torch.ones(2, 4)
 with torch.no_grad():
     ok = bool(torch.allclose(model.cached(x), model.fwd(x)))
 print(json.dumps({"equal": ok, "compiles": counters.compiles, "loads": counters.loads}))
+gc.freeze()     # the report is out: exit without the final collection's walk over torch's objects (1-2 s of CPU)

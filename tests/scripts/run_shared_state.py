@@ -11,6 +11,7 @@ same with b1 from element 1 (the entry of b1 at 0, keyed alike, served it and wr
 own elements overlap``: ``as_strided`` windows (eager's ``mul_`` writes them one after another, each seen by the
 next); ``apart``: none shared. Sizes over 1000 elements, so the compiled reduction runs vector loops.
 """
+import gc
 import json
 import sys
 
@@ -76,3 +77,4 @@ with torch.no_grad():
         m, e = TwoBuffers(way, sys.argv[1]), TwoBuffers(way)
         report[way] = [call(m, e) for _ in range(3)]
 print(json.dumps({"calls": report, "compiles": counters.compiles, "loads": counters.loads}))
+gc.freeze()     # the report is out: exit without the final collection's walk over torch's objects (1-2 s of CPU)

@@ -6,6 +6,7 @@ exists (``smoke_equal`` in the report), which proves and stores a gear plan for 
 
 usage: run_spawned_gear_plan.py CACHE OUT PORT [smoke]
 Writes ``<out>/rank{r}.json``: ``outcome`` ("served" with ``equal``, or "refused" with ``error``), ``smoke_equal``."""
+import gc
 import json
 import os
 import sys
@@ -60,3 +61,4 @@ def run(rank: int, cache: str, out: str, port: str, mode: str) -> None:
 
 if __name__ == "__main__":
     mp.spawn(run, args=(*sys.argv[1:4], sys.argv[4] if len(sys.argv) > 4 else ""), nprocs=2)
+    gc.freeze()     # the report is out: exit without the final collection's walk over torch's objects (1-2 s of CPU)
