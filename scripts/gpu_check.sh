@@ -4,6 +4,7 @@
 # (CUDA graphs, run plans, background compiles, regions, warm-up loads, transformers, hf_prepare, hf_proof) beside
 # enable()'s padding proof on a CUDA bf16 tiny Llama and, after both, the per-token benchmark of generate() with and
 # without CUDA graphs (benchmarks/generate.py --per-token-only). EXTRA_TESTS: more test files, in the last group.
+# SIDE_BY_SIDE=1 runs the groups at once on a single GPU too; PER_TOKEN=0 leaves the benchmark out.
 # usage (device prefix of ../shared/device/README.md first): bash scripts/gpu_check.sh
 set -uo pipefail
 out=${OUT:-gpu_check_out}
@@ -24,7 +25,8 @@ for i in "${!groups[@]}"; do
     ( CUDA_VISIBLE_DEVICES=$gpu timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider -m "not slow" \
         --durations=5 ${groups[$i]} >"$out/tests_$i.log" 2>&1; echo "tests_$i rc=$?" >>"$out/tests_$i.log" ) &
     pids+=($!)
-    if (( ngpu == 1 )); then wait "${pids[-1]}"; fi       # one GPU: one group after another
+    if (( ngpu == 1 )) && [[ ${SIDE_BY_SIDE:-0} == 0 ]]; then wait "${pids[-1]}"; fi   # one GPU: one after another
+                                                          # (SIDE_BY_SIDE=1: all on the one GPU at once)
 done
 CUDA_VISIBLE_DEVICES=0 timeout 180 python3 - >"$out/proof.log" 2>&1 <<'PY'
 import tempfile, torch

@@ -144,6 +144,34 @@ def test_compile_factors_hold_the_inductor_and_aot_settings_set_in_code():
     assert CompilerConfig().compile_factors() == base
 
 
+def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():
+    """torch 2.11's config entries hold the value set in code itself (unset: torch's sentinel), later versions a
+    ContextVar of it. Both readings give the same factors: a dict-valued setting left at its ``{}`` (which has a
+    ``get`` of its own: every entry key failed on 2.11) is no factor, a setting set in code is."""
+    import torch._inductor.config as inductor_config
+    from torch.utils import _config_module
+
+    from gearcache._torch import inductor
+
+    name = "emulate_precision_casts"
+    flipped = not inductor_config.emulate_precision_casts
+    entry = inductor_config._config[name]
+    dict_entries = [e for e in inductor_config._config.values() if e.default == {} and isinstance(e.default, dict)]
+    saved = [(e, e.user_override) for e in (entry, *dict_entries)]
+    try:                                  # torch's own reads need the ContextVar: none until restored
+        entry.user_override = _config_module._UNSET_SENTINEL
+        unset = inductor._overridden(entry)
+        entry.user_override = flipped
+        for e in dict_entries:
+            e.user_override = {}
+        factors = CompilerConfig().compile_factors()
+    finally:
+        for e, old in saved:
+            e.user_override = old
+    assert dict_entries and unset is inductor._NOT_OVERRIDDEN
+    assert factors["compiler_settings"] == {"inductor": {name: repr(flipped)}}
+
+
 def test_compile_factors_ignore_runtime_fields():
     base = CompilerConfig().compile_factors()
     other = CompilerConfig(lock_timeout_s=1.0, on_new_signature="error", check_signature=False,

@@ -378,6 +378,42 @@ def test_changes_that_set_no_dict_or_class_are_seen(native):
         assert not w.valid(), change
 
 
+def _scaled_by(k):
+    def scaled(x, bias=0.0, *, shift=0.0):
+        return x * k + bias + shift
+    return scaled
+
+
+SCALED = _scaled_by(2.0)
+
+
+@pytest.mark.parametrize("native", [False, True] if _callpath else [False], ids=["python", "c"][:1 + bool(_callpath)])
+def test_a_function_guarded_by_identity_is_watched_in_its_defaults_and_closure(native):
+    """A global function guarded by identity (Dynamo's CLOSURE_MATCH): its fingerprint covers its defaults and its
+    closure's contents, so must the watch. On torch 2.11 Dynamo emits no guard on ``__defaults__`` of an inlined
+    function; the watch looked at the function's code only, and ``f.__defaults__ = (3.0,)`` after the first call was
+    served by the old graph in that process (found on the GPU host, 2026-11-28)."""
+    globs = {"SCALED": SCALED}
+    scope = guard_paths.Scope(torch.nn.Linear(2, 2), globs)
+    gs = guard_sets.GuardSet([value_guard.ValueGuard("identity", (("global", "SCALED"),), None, None)])
+    make = guard_watch.GuardWatch if native else guard_watch.PyGuardWatch
+    saved = (SCALED.__defaults__, SCALED.__kwdefaults__, SCALED.__closure__[0].cell_contents)
+    changes = [lambda: setattr(SCALED, "__defaults__", (1.0,)),
+               lambda: setattr(SCALED, "__kwdefaults__", {"shift": 1.0}),
+               lambda: setattr(SCALED.__closure__[0], "cell_contents", 3.0)]
+    for change in changes:
+        hops = guard_watch.hops_for([gs], scope)
+        w = make(hops.dicts, hops.types, hops.checked, guard_watch.ABSENT, None)
+        assert w.valid()
+        change()
+        try:
+            assert not w.valid(), change
+        finally:
+            SCALED.__defaults__, SCALED.__kwdefaults__ = saved[:2]
+            SCALED.__closure__[0].cell_contents = saved[2]
+        assert make(hops.dicts, hops.types, hops.checked, guard_watch.ABSENT, None).valid()
+
+
 def test_a_value_guard_sees_containers_nested_in_its_value_change_in_place():
     """A ``value`` guard's fingerprint holds its value's containers element by element (``self.pair = ([1.0, 2.0],)``
     guarded as a whole): a list, dict or set nested in it changed in place (``m.pair[0].append(5.0)``) is a change.

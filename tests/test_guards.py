@@ -387,7 +387,7 @@ def _restore(obj, name):
 
 # Dynamo kind, the source Dynamo guards, the change (returns an undo or None)
 NATURAL = [
-    ("CONSTANT_MATCH", "L['self'].n", lambda m: setattr(m, "n", 4)),
+    ("CONSTANT_MATCH", "L['self'].eps", lambda m: setattr(m, "eps", 1e-3)),   # torch 2.11: EQUALS_MATCH for .n
     ("EQUALS_MATCH", "L['self'].table['a']", lambda m: m.table.__setitem__("a", 5)),
     ("ID_MATCH", "L['self'].mode", lambda m: setattr(m, "mode", Mode.B)),
     ("CLASS_MATCH", "G['MODE_CLS']", lambda m: (_restore(sys.modules[__name__], "MODE_CLS"),

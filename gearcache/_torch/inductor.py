@@ -12,6 +12,7 @@ changing the process environment otherwise, and are serialised within the proces
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import pathlib
 import shutil
@@ -250,14 +251,16 @@ _NOT_OVERRIDDEN = object()
 
 def _overridden(entry: Any) -> Any:
     """A torch config entry's value set in code, where it differs from the value it has without
-    (``_NOT_OVERRIDDEN`` otherwise, or where torch's ``_ConfigEntry`` lacks the fields read here)."""
+    (``_NOT_OVERRIDDEN`` otherwise, or where torch's ``_ConfigEntry`` lacks the fields read here). torch 2.11 keeps
+    the value set in ``user_override`` itself (a dict-valued setting's ``{}`` has a ``get`` of its own), later
+    versions a ``ContextVar`` of it."""
     from torch.utils import _config_module
 
     unset = getattr(_config_module, "_UNSET_SENTINEL", None)
-    get = getattr(getattr(entry, "user_override", None), "get", None)
-    if unset is None or get is None:
+    if unset is None or not hasattr(entry, "user_override"):
         return _NOT_OVERRIDDEN
-    value = get()
+    override = entry.user_override          # torch >= 2.13: a ContextVar; 2.11: the value itself
+    value = override.get() if isinstance(override, contextvars.ContextVar) else override
     if value is unset:
         return _NOT_OVERRIDDEN
     force, env_default = getattr(entry, "env_value_force", unset), getattr(entry, "env_value_default", unset)

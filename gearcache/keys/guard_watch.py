@@ -111,6 +111,16 @@ class Hops:
     def function_code(self, func: types.FunctionType) -> None:
         self.check("code", func, None, func.__code__)
 
+    def function_identity(self, func: types.FunctionType) -> None:
+        """A function a guard holds by identity: its code, its defaults and its closure cells' contents stay the
+        objects they are (its fingerprint covers them all, so a load sees ``f.__defaults__ = (3.0,)``; Dynamo guards
+        the defaults itself only from torch 2.13)."""
+        self.function_code(func)
+        self.check("attr", func, "__defaults__", func.__defaults__)
+        self.check("attr", func, "__kwdefaults__", func.__kwdefaults__)
+        for cell in func.__closure__ or ():
+            self.check("attr", cell, "cell_contents", _cell_value(cell))
+
     def tensor(self, t: torch.Tensor) -> None:
         self._once(("x", id(t)), lambda: self.tensors.append(t))
 
@@ -180,7 +190,7 @@ def _add_leaf(hops: Hops, g: ValueGuard, leaf: Any) -> None:
             else:
                 hops.instance_class(leaf)
         elif isinstance(leaf, types.FunctionType):
-            hops.function_code(leaf)
+            hops.function_identity(leaf)
     elif kind == "hasattr":
         _add_attr(hops, leaf, g.arg, getattr(leaf, g.arg, ABSENT))
         _watch_class(hops, type(leaf))
@@ -402,6 +412,14 @@ def own_functions(cls: type) -> Iterator[types.FunctionType]:
                 yield func
 
 
+def _cell_value(cell: Any) -> Any:
+    """A closure cell's contents, ``ABSENT`` for an empty cell (a name the outer function assigns later)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return ABSENT
+
+
 def holds(op: str, parent: Any, key: Any, expected: Any) -> bool:
     """One checked row of :class:`Hops` (``Hops.checked``): whether it reads as it did."""
     return _holds(op, parent, key, expected, ABSENT)
@@ -426,7 +444,7 @@ def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
         if op == "contains":
             return (key in parent) is expected
         return len(parent) == len(expected) and all(a is b for a, b in zip(parent, expected))     # "seq"
-    except (AttributeError, LookupError, TypeError):
+    except (AttributeError, LookupError, TypeError, ValueError):       # ValueError: an empty closure cell
         return expected is absent and op in ("attr", "item")
 
 
