@@ -33,7 +33,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .._torch import nn_modules as torch_nn_modules
-from ..keys import fingerprints, guard_watch
+from ..keys import fingerprints, guard_watch, watch_reads
 
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_forward_hooks_with_kwargs",
                  "_global_forward_hooks_always_called")
@@ -60,7 +60,7 @@ class Snapshot:
             if d.keys() != copy.keys() or any(d[k] is not v for k, v in copy.items()):
                 return f"a dict of {len(copy)} items was changed ({sorted(map(str, copy))[:3]}...)"
         for op, parent, key, expected in self._checked:
-            if not guard_watch.holds(op, parent, key, expected):
+            if not watch_reads.holds(op, parent, key, expected):
                 return f"{getattr(parent, '__qualname__', type(parent).__qualname__)}'s {op} changed"
         for cls, digest in self._classes.items():
             if fingerprints.class_digest(cls) != digest:

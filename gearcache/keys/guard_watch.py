@@ -40,7 +40,7 @@ which re-reads every hop at every call.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -53,6 +53,7 @@ from .guard_paths import MISSING_OBJECT, GuardPath, PathStep, PathValues, Scope,
 from .guard_sets import GuardSet, unloaded_torch_module
 from .guards_from_dynamo import GLOBAL_HOOK_DICTS, MODULE_HOOK_DICTS
 from .value_guard import ValueGuard
+from .watch_reads import PyGuardWatch as PyGuardWatch, Watch as Watch, plain, plain_copy     # (re-exported)
 
 try:
     from ..call._callpath import GuardWatch as _NativeGuardWatch
@@ -304,10 +305,10 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
         d = None
     descriptor = _is_data_descriptor(cls, name)
     if not isinstance(d, dict) or descriptor:
-        if descriptor and _plain(child):
+        if descriptor and plain(child):
             # a property may build its value anew at every read (transformers 5.17's ``StaticCache.is_sliding``, a
             # fresh list of bools): compared by value (a copy), not identity, else every call revalidates
-            hops.check("attr_eq", parent, name, _plain_copy(child))
+            hops.check("attr_eq", parent, name, plain_copy(child))
             return
         hops.check("attr", parent, name, child)             # slots, properties, functions' __defaults__, cells
         return
@@ -329,75 +330,12 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
 _MODULE_STORES = ("_modules", "_parameters", "_buffers")     # what nn.Module.__getattr__ reads
 
 
-_PLAIN_SCALARS = (bool, int, float, str, bytes, type(None))
-
-
-def _plain(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is plain data compared by value: a scalar of ``_PLAIN_SCALARS``, or a list or tuple of at
-    most 256 of them (nested at most 3 deep), each of exactly those types."""
-    if type(value) in _PLAIN_SCALARS:
-        return True
-    if type(value) in (list, tuple) and depth < 3 and len(value) <= 256:
-        return all(_plain(v, depth + 1) for v in value)
-    return False
-
-
-def _plain_copy(value: Any) -> Any:
-    """A copy of plain data (its lists copied, so an in-place change of the read value is not the expected one's)."""
-    if type(value) is list:
-        return [_plain_copy(v) for v in value]
-    if type(value) is tuple:
-        return tuple(_plain_copy(v) for v in value)
-    return value
-
-
-def _plain_equal(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` are equal plain data of the same types (as the C watch's ``plain_equal``)."""
-    if type(a) is not type(b):
-        return False
-    if type(a) in (list, tuple):
-        return len(a) == len(b) and all(_plain_equal(x, y) for x, y in zip(a, b))
-    return bool(a == b)
-
-
 def _is_data_descriptor(cls: type, name: str) -> bool:
     for klass in cls.__mro__:
         attr = klass.__dict__.get(name, ABSENT)
         if attr is not ABSENT:
             return hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
     return False
-
-
-class Watch(Protocol):
-    """A ``GuardWatch``, C or Python (``PyGuardWatch``), as its holders use it."""
-
-    def valid(self) -> bool:
-        """True while nothing it watches changed."""
-        ...
-
-
-class PyGuardWatch:
-    """The watch in Python (no C extension): every hop re-read at every call. ``valid()`` True while none changed."""
-
-    def __init__(self, dicts: list[tuple[dict[Any, Any], Any, Any]], types_: list[type],
-                 checked: list[tuple[str, Any, Any, Any]], absent: Any,
-                 meta: Callable[[], bool] | None = None, meta_holds: object = None):
-        self._reads = [("item", d, k, e) for d, k, e in dicts if k is not None] + list(checked)
-        self._whole = [(d, dict(d)) for d, k, _ in dicts if k is None]
-        self._types = [(t, dict(t.__dict__)) for t in types_]
-        self._absent = absent
-        self._meta = meta
-
-    def valid(self) -> bool:
-        if not all(_holds(op, parent, key, expected, self._absent) for op, parent, key, expected in self._reads):
-            return False
-        for d, copy in self._whole:
-            if d.keys() != copy.keys() or any(d[k] is not v for k, v in copy.items()):
-                return False
-        for t, copy in self._types:
-            if t.__dict__.keys() != copy.keys() or any(t.__dict__[k] is not v for k, v in copy.items()):
-                return False
-        return self._meta is None or bool(self._meta())
 
 
 def own_functions(cls: type) -> Iterator[types.FunctionType]:
@@ -418,34 +356,6 @@ def _cell_value(cell: Any) -> Any:
         return cell.cell_contents
     except ValueError:
         return ABSENT
-
-
-def holds(op: str, parent: Any, key: Any, expected: Any) -> bool:
-    """One checked row of :class:`Hops` (``Hops.checked``): whether it reads as it did."""
-    return _holds(op, parent, key, expected, ABSENT)
-
-
-def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
-    """One checked hop (see :class:`Hops`), as the C watch reads it."""
-    try:
-        if op == "attr":
-            return getattr(parent, key) is expected
-        if op == "attr_eq":
-            return _plain_equal(getattr(parent, key), expected)
-        if op == "class":
-            return type(parent) is expected
-        if op == "code":
-            return getattr(parent, "__code__", None) is expected
-        if op == "item":
-            return parent[key] is expected
-        if op == "len":
-            same_length: bool = len(parent) == expected
-            return same_length
-        if op == "contains":
-            return (key in parent) is expected
-        return len(parent) == len(expected) and all(a is b for a, b in zip(parent, expected))     # "seq"
-    except (AttributeError, LookupError, TypeError, ValueError):       # ValueError: an empty closure cell
-        return expected is absent and op in ("attr", "item")
 
 
 GuardWatch = _NativeGuardWatch or PyGuardWatch
