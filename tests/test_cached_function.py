@@ -405,6 +405,23 @@ def test_an_inductor_setting_set_in_code_gets_entries_of_its_own(tmp_path):
             Rounded(tmp_path).cached(x)
 
 
+@pytest.mark.slow
+def test_an_inductor_environment_variable_gets_entries_of_its_own(tmp_path):
+    """A process started with ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded the entry another process compiled
+    without it: 0.125 off eager on a bfloat16 chain (its own compile is exact). The variables are a factor of the
+    keys: it compiles its own entry, equal to eager, and a process without the variable loads the first again."""
+    from conftest import run_script
+
+    first = run_script("run_bf16_chain.py", str(tmp_path))
+    assert first["compiles"] == 1 and first["diff"] > 0.01         # Inductor keeps float32 without emulation
+    emulated = run_script("run_bf16_chain.py", str(tmp_path), env={"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"})
+    assert emulated["emulate"] == "1"
+    assert emulated["compiles"] == 1 and emulated["loads"] == 0
+    assert emulated["diff"] == 0.0
+    again = run_script("run_bf16_chain.py", str(tmp_path))
+    assert again["compiles"] == 0 and again["loads"] == 1 and again["diff"] == first["diff"]
+
+
 class ScaledBy(torch.nn.Module):
     def __init__(self, cache_dir):
         super().__init__()

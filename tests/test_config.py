@@ -1,4 +1,5 @@
 import json
+import os
 
 import pydantic
 import pytest
@@ -142,6 +143,25 @@ def test_compile_factors_hold_the_inductor_and_aot_settings_set_in_code():
                                cpp_cache_precompile_headers=not inductor_config.cpp_cache_precompile_headers):
         assert CompilerConfig().compile_factors() == base
     assert CompilerConfig().compile_factors() == base
+
+
+def test_compile_factors_hold_the_inductor_environment_variables(monkeypatch):
+    """Inductor reads most settings' defaults from ``TORCHINDUCTOR_*`` variables at import, which the settings set in
+    code do not show: the variables that may change the code are a factor of their own (named, their values as
+    given); those that cannot (cache folders, thread counts) are not, and without any the factors are as before."""
+    for name in [n for n in os.environ if n.startswith("TORCHINDUCTOR_")]:
+        monkeypatch.delenv(name)
+    base = CompilerConfig().compile_factors()
+    assert "compiler_environment" not in base
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/elsewhere")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    assert CompilerConfig().compile_factors() == base
+    monkeypatch.setenv("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "1")
+    changed = CompilerConfig().compile_factors()
+    assert changed["compiler_environment"] == {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}
+    assert {k: v for k, v in changed.items() if k != "compiler_environment"} == base
+    monkeypatch.setenv("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "0")
+    assert CompilerConfig().compile_factors() != changed
 
 
 def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():

@@ -222,9 +222,9 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
     its config module is imported, so a module not imported has none. Left out: settings torch's own caches ignore
     (private ones, ``_cache_config_ignore_prefix``: paths, thread counts, cache switches) and those gearcache patches
     itself around a compile or load. Settings changed through ``TORCHINDUCTOR_*`` environment variables are not read
-    (interpreting them needs the config module). Cost, at an entry key (a miss or a warm-up's look-up), never on
-    the call path: ~0.5 ms where the config modules are imported (a walk over ~600 settings), none where not (a warm
-    process)."""
+    here (interpreting them needs the config module): :func:`compiler_environment` keys those. Cost, at an entry key (a
+    miss or a warm-up's look-up), never on the call path: ~0.5 ms where the config modules are imported (a walk over
+    ~600 settings), none where not (a warm process)."""
     import sys
 
     changed: dict[str, dict[str, str]] = {}
@@ -247,6 +247,40 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
 
 
 _NOT_OVERRIDDEN = object()
+
+
+_ENVIRONMENT_PREFIX = "TORCHINDUCTOR_"
+_ENVIRONMENT_IGNORED = frozenset({
+    # where torch's caches live and whether they are used (a compile runs against a private cache of its own)
+    "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_FX_GRAPH_CACHE_DEFAULT",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCHINDUCTOR_NON_BLOCKING_REMOTE_CACHE_WRITE",
+    # how many threads and processes compile, and how long they wait (gearcache's workers set the thread count)
+    "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_WORKER_START", "TORCHINDUCTOR_WORKER_SUPPRESS_LOGGING",
+    "TORCHINDUCTOR_WORKER_LOGPATH", "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_FILE_LOCK_TIMEOUT",
+    "TORCHINDUCTOR_QUIESCE_ASYNC_COMPILE_POOL", "TORCHINDUCTOR_PRECOMPILATION_TIMEOUT_SECONDS",
+    # settings gearcache patches itself around a compile (_SETTINGS_GEARCACHE_PATCHES)
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "TORCHINDUCTOR_VEC_ISA_OK",
+})
+
+
+def compiler_environment() -> dict[str, str]:
+    """The ``TORCHINDUCTOR_*`` environment variables of this process, ``{name: value}`` sorted by name, less those
+    known not to change the compiled code (cache folders and switches, thread counts, time-outs, those gearcache
+    patches itself: ``_ENVIRONMENT_IGNORED``); ``{}`` for none.
+
+    Inductor and AOTAutograd read most settings' defaults from these variables when their config modules are
+    imported (``emulate_precision_casts = os.environ.get("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "0") == "1"``),
+    and their compile code reads others directly, so :func:`changed_compiler_settings` (values set in code, over
+    those defaults) cannot see them: a process started with ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded the
+    entry another compiled without it (0.125 off eager where its own compile is exact). Read from ``os.environ``,
+    never from the config modules, so a warm process (which must not import them) keys a call as the compiling one
+    did. A variable unknown here counts (at worst a miss more, never a stale load); one set in ``os.environ`` after
+    torch's config module was imported counts though the compile did not read it (set them before ``import
+    torch``). Cost: a pass over ``os.environ`` (~5 us), at an entry key, never on the call path."""
+    return {name: value for name, value in sorted(os.environ.items())
+            if name.startswith(_ENVIRONMENT_PREFIX) and name not in _ENVIRONMENT_IGNORED}
 
 
 def _overridden(entry: Any) -> Any:
