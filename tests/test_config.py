@@ -164,6 +164,31 @@ def test_compile_factors_hold_the_inductor_environment_variables(monkeypatch):
     assert CompilerConfig().compile_factors() != changed
 
 
+def test_a_thread_under_the_settings_context_compiles_under_the_callers_settings():
+    """A compile in another thread (a warm-up's, a background compile's settling) runs under
+    ``settings_context()`` taken in the caller: there the settings, and so the factors of the key the caller
+    computed, are the caller's (torch 2.13 keeps a setting set in code in a ContextVar, which a new thread does not
+    see on its own)."""
+    import threading
+
+    import torch._inductor.config as inductor_config
+
+    from gearcache._torch import inductor
+
+    seen: list[object] = []
+
+    def read() -> None:
+        seen.append((inductor_config.emulate_precision_casts, CompilerConfig().compile_factors()))
+
+    flipped = not inductor_config.emulate_precision_casts
+    with inductor_config.patch(emulate_precision_casts=flipped):
+        mine = CompilerConfig().compile_factors()
+        thread = threading.Thread(target=inductor.settings_context().run, args=(read,))
+        thread.start()
+        thread.join()
+    assert seen == [(flipped, mine)] and "compiler_settings" in mine
+
+
 def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():
     """torch 2.11's config entries hold the value set in code itself (unset: torch's sentinel), later versions a
     ContextVar of it. Both readings give the same factors: a dict-valued setting left at its ``{}`` (which has a

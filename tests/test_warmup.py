@@ -86,6 +86,39 @@ def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(
     assert warm["equal"] == [True] * 3 and warm["compiles"] == 0 and warm["loads"] == 2, warm
 
 
+class _RoundedViews(torch.nn.Module):
+    """A bfloat16 chain over two buffers that are views of one tensor (its gears are compiled in the calling process,
+    in the warm-up's threads): equal to eager only with Inductor's ``emulate_precision_casts``."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        torch.manual_seed(0)
+        base = torch.randn(2, 64).to(torch.bfloat16)
+        self.register_buffer("y", base[0])
+        self.register_buffer("z", base[1])
+        config = CompilerConfig(inference_config=InferenceConfig(dim_gears={"x": {0: [2, 4]}}))
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        return ((x * self.y + self.z) * self.y - x) * self.z
+
+
+@pytest.mark.slow
+def test_a_warm_up_compiling_in_its_threads_compiles_under_the_callers_inductor_settings(tmp_path):
+    """torch (2.13) keeps an Inductor setting set in code in a ContextVar, which a new thread does not see: with
+    ``emulate_precision_casts`` set, the gears a warm-up compiled in its threads (inputs sharing memory) were
+    compiled without it, under the key that names it: 0.03125 off eager, where a compile in the caller is exact (and
+    a fresh process with the setting loaded them). The threads run under the caller's settings now."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(emulate_precision_casts=True), torch.inference_mode():
+        m = _RoundedViews(tmp_path)
+        assert m.cached.warmup(torch.zeros(4, 64, dtype=torch.bfloat16)) == 2
+        for rows in (4, 3, 2):
+            x = torch.randn(rows, 64).to(torch.bfloat16)
+            torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=0)
+
+
 class ScaleAdd(torch.nn.Module):
     """Compiles new signatures in the background (gearcache/compiling/background.py), in one worker."""
 

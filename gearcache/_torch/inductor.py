@@ -304,6 +304,17 @@ def _overridden(entry: Any) -> Any:
     return _NOT_OVERRIDDEN if value == without else value
 
 
+def settings_context() -> contextvars.Context:
+    """The calling thread's compiler settings, for a compile in another thread to run under:
+    ``threads.submit(settings_context().run, fn, *args)``. torch (2.13 and later) keeps an Inductor or AOTAutograd
+    setting set in code (``torch._inductor.config.x = v``, ``config.patch``) in a ``ContextVar``, which a new thread
+    does not see (it starts in an empty context): a compile there ran without the setting, under the key that names
+    it (:func:`changed_compiler_settings`, read in the caller). A copy of the caller's whole context (each call a new
+    one: a context is entered by one thread at a time); on torch 2.11 (settings are plain values, shared by every
+    thread) it changes nothing. Cost: one ``contextvars.copy_context()`` (~1 us), per compile started elsewhere."""
+    return contextvars.copy_context()
+
+
 def inductor_setting_names() -> set[str]:
     """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
     compiler)."""

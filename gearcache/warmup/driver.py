@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple
 
 import torch
 
-from .._torch import state as torch_state
+from .._torch import inductor as torch_inductor, state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
 from ..gears.plan import GearCall, MarkedCall, MarkedDim
@@ -319,7 +319,8 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"
                 p = life.capture(gear.args, gear.kwargs, gear.leaves, found)
                 job = _job(life, p)
             build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
-            future = threads.submit(life.publish, p, build)
+            # the thread compiles in this process where the worker cannot: under the caller's Inductor settings
+            future = threads.submit(torch_inductor.settings_context().run, life.publish, p, build)
             future.add_done_callback(functools.partial(done, sizes=gear.sizes, t0=p.t0))
             pending.append((gear.key, future, p, who))
         for gkey, future, p, who in pending:
