@@ -90,13 +90,13 @@ class _RoundedViews(torch.nn.Module):
     """A bfloat16 chain over two buffers that are views of one tensor (its gears are compiled in the calling process,
     in the warm-up's threads): equal to eager only with Inductor's ``emulate_precision_casts``."""
 
-    def __init__(self, cache_dir):
+    def __init__(self, cache_dir, gears=(2, 4)):
         super().__init__()
         torch.manual_seed(0)
         base = torch.randn(2, 64).to(torch.bfloat16)
         self.register_buffer("y", base[0])
         self.register_buffer("z", base[1])
-        config = CompilerConfig(inference_config=InferenceConfig(dim_gears={"x": {0: [2, 4]}}))
+        config = CompilerConfig(inference_config=InferenceConfig(dim_gears={"x": {0: list(gears)}}))
         self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
 
     def fwd(self, x):
@@ -117,6 +117,27 @@ def test_a_warm_up_compiling_in_its_threads_compiles_under_the_callers_inductor_
         for rows in (4, 3, 2):
             x = torch.randn(rows, 64).to(torch.bfloat16)
             torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_warm_up_looking_up_in_threads_keys_gears_under_the_callers_inductor_settings(tmp_path, monkeypatch):
+    """The look-up threads of a warm-up (``find_all``) computed the gears' entry keys without the caller's Inductor
+    settings (a ContextVar a new thread does not see): those gears were stored under the key of a process without
+    ``emulate_precision_casts`` (which then loaded code compiled with it), or loaded such a process's entries. Every
+    gear's entry now names the setting, and each equals eager."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "2")       # the second gear's look-up on, in threads
+    with inductor_config.patch(emulate_precision_casts=True), torch.inference_mode():
+        m = _RoundedViews(tmp_path, gears=(1, 2, 4))
+        assert m.cached.warmup(torch.zeros(4, 64, dtype=torch.bfloat16)) == 3
+        for rows in (4, 2, 1):
+            x = torch.randn(rows, 64).to(torch.bfloat16)
+            torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=0)
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "entries").rglob("*.json")]
+    configs = [m["factors"]["values"]["config"] for m in manifests if "ekey" in m]
+    assert len(configs) == 3
+    assert all(c.get("compiler_settings") == {"inductor": {"emulate_precision_casts": "True"}} for c in configs)
 
 
 class ScaleAdd(torch.nn.Module):

@@ -194,7 +194,8 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
                 if threads is None:
                     threads = concurrent.futures.ThreadPoolExecutor(n, "gearcache-load", _adopt_device,
                                                                     (_caller_device(),))
-                futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
+                futures.append((gear, threads.submit(torch_inductor.settings_context().run, _find_in_thread, life,
+                                                     gear, timeline, reading, caller)))
                 continue
             before = _thread_clock()
             results.append((gear, *_find(life, gear, timeline, reading)))
@@ -266,9 +267,10 @@ class _CallerState(NamedTuple):
 def _find_in_thread(life: "EntryLife", gear: GearCall, timeline: Timeline, reading: guard_sets.Reading,
                     caller: _CallerState) -> tuple["Found", float] | None:
     """:func:`_find` in a look-up thread under the ``caller``'s grad and inference mode and global torch state (the
-    entry key reads it: a gear looked up without the caller's autocast would be served the entry compiled without
-    it); None where this thread cannot take that state on (``global_state_applied``: e.g. a torch-function mode):
-    the caller then looks the gear up itself."""
+    entry key reads it: a gear looked up without the caller's autocast would be served the entry compiled without it),
+    run in the caller's ``settings_context()`` (the key's Inductor settings: a thread sees none of those the caller set
+    in code; the gears were keyed without them); None where this thread cannot take that state on
+    (``global_state_applied``: e.g. a torch-function mode): the caller then looks the gear up itself."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.set_grad_enabled(caller.grad))
         stack.enter_context(torch.inference_mode(caller.inference))
