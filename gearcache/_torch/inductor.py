@@ -278,9 +278,10 @@ def compiler_environment() -> dict[str, str]:
     never from the config modules, so a warm process (which must not import them) keys a call as the compiling one
     did. A variable unknown here counts (at worst a miss more, never a stale load); one set in ``os.environ`` after
     torch's config module was imported counts though the compile did not read it (set them before ``import
-    torch``). Cost: a pass over ``os.environ`` (~5 us), at an entry key, never on the call path."""
-    return {name: value for name, value in sorted(os.environ.items())
-            if name.startswith(_ENVIRONMENT_PREFIX) and name not in _ENVIRONMENT_IGNORED}
+    torch``). Cost: a pass over ``os.environ``'s names (~20 us for 43 variables: each name is decoded), at an entry
+    key (a miss, a warm-up's look-up), never on the call path."""
+    names = sorted(name for name in os.environ if name.startswith(_ENVIRONMENT_PREFIX))
+    return {name: os.environ[name] for name in names if name not in _ENVIRONMENT_IGNORED}
 
 
 def _overridden(entry: Any) -> Any:
