@@ -189,6 +189,24 @@ def test_a_thread_under_the_settings_context_compiles_under_the_callers_settings
     assert seen == [(flipped, mine)] and "compiler_settings" in mine
 
 
+def test_compile_factors_hold_the_custom_inductor_passes():
+    """Torch's caches key a custom pass by its ``uuid()`` and leave its setting out of the settings they read: so did
+    the factors. A pass set is a factor (its class and uuid), another uuid another factor; none, as before."""
+    import torch._inductor.config as inductor_config
+
+    from test_cached_function import MulToAdd
+
+    base = CompilerConfig().compile_factors()
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()):
+        first = CompilerConfig().compile_factors()
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd("2")):
+        second = CompilerConfig().compile_factors()
+    passes = first["compiler_settings"]["custom_passes"]
+    assert list(passes) == ["post_grad_custom_post_pass"] and "mul-to-add-1" in passes["post_grad_custom_post_pass"]
+    assert "MulToAdd" in passes["post_grad_custom_post_pass"]
+    assert second != first != base and CompilerConfig().compile_factors() == base
+
+
 def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():
     """torch 2.11's config entries hold the value set in code itself (unset: torch's sentinel), later versions a
     ContextVar of it. Both readings give the same factors: a dict-valued setting left at its ``{}`` (which has a

@@ -75,6 +75,21 @@ def test_inputs_sharing_memory_do_not_travel_to_a_worker():
     assert job_for(gm, [t[0:4], t[2:6].clone()], {}, "f") is not None
 
 
+def test_a_graph_compiled_under_a_custom_inductor_pass_does_not_travel_to_a_worker():
+    """A custom pass (``torch._inductor.config.post_grad_custom_post_pass``) is left out of the settings a worker
+    gets (torch's portable config snapshot ignores it): the worker compiled without it, under the key that names it.
+    Such a graph is compiled in the calling process."""
+    import torch._inductor.config as inductor_config
+
+    from test_cached_function import MulToAdd
+
+    gm = torch.fx.symbolic_trace(lambda x, y: x * y)
+    inputs = [torch.ones(4), torch.ones(4)]
+    assert job_for(gm, inputs, {}, "f") is not None
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()):
+        assert job_for(gm, inputs, {}, "f") is None
+
+
 @pytest.mark.slow
 def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(tmp_path):
     """tests/scripts/run_warmup_views.py: ``c.mul_(2); return d.sum() + x``, ``c`` and ``d`` views of one tensor,

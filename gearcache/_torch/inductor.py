@@ -243,7 +243,53 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
                 found[key] = repr(value)
         if found:
             changed[label] = dict(sorted(found.items()))
+    passes = custom_passes()
+    if passes:
+        changed["custom_passes"] = passes
     return changed
+
+
+_CUSTOM_PASS_SETTINGS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
+                         "joint_custom_pre_pass", "joint_custom_post_pass", "_pre_fusion_custom_pass",
+                         "_post_fusion_custom_pass", "_fuse_ddp_communication_passes", "custom_partitioner_fn")
+"""Inductor's settings that hold the user's graph passes: torch's caches leave them out of the settings they read
+(``_cache_config_ignore_prefix``) and key each by its ``uuid()`` instead (``FxGraphHashDetails``), and its portable
+config snapshot, a worker's settings, leaves them out too."""
+
+
+def custom_passes() -> dict[str, str]:
+    """The custom graph passes set in Inductor's settings (``post_grad_custom_post_pass = MyPass()``), ``{setting:
+    what identifies it}``: a pass object by its class and ``uuid()`` (torch's own identity for it), a pass named by a
+    string by that name, lists item by item; ``{}`` where none is set to other than its default (or the config module
+    is not imported: a warm process). A pass changes the compiled code (a process without it loaded an entry compiled
+    with it: 8 for ``3 * 5``), so :func:`changed_compiler_settings` holds them; and a worker process would compile
+    without them (``compiling/workers.job_for`` keeps such a graph in the calling process). A pass whose ``uuid()`` is
+    None cannot be stored (torch's cache bypasses the graph: its save fails). Cost: 9 reads, at an entry key."""
+    import sys
+
+    module = sys.modules.get("torch._inductor.config")
+    entries = getattr(module, "_config", None)
+    if not isinstance(entries, dict):
+        return {}
+    found = {}
+    for name in _CUSTOM_PASS_SETTINGS:
+        entry = entries.get(name)
+        value = getattr(module, name, None) if entry is not None else None
+        if value and value != getattr(entry, "default", None):
+            found[name] = _pass_identity(value)
+    return found
+
+
+def _pass_identity(value: Any) -> str:
+    """A custom pass setting's value as :func:`custom_passes` names it."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_pass_identity(v) for v in value) + "]"
+    if isinstance(value, str):
+        return value
+    kind = type(value)
+    uuid = getattr(value, "uuid", None)
+    detail = repr(uuid()) if callable(uuid) else getattr(value, "__qualname__", repr(value))
+    return f"{kind.__module__}.{kind.__qualname__}:{detail}"
 
 
 _NOT_OVERRIDDEN = object()
