@@ -405,33 +405,6 @@ def test_an_inductor_setting_set_in_code_gets_entries_of_its_own(tmp_path):
             Rounded(tmp_path).cached(x)
 
 
-def _mul_to_add(graph: torch.fx.Graph) -> None:
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.mul.Tensor:
-            node.target = torch.ops.aten.add.Tensor
-
-
-def _custom_graph_pass():
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class MulToAdd(CustomGraphPass):
-        """A user's post-grad pass (it changes what the code computes: ``x * y`` becomes ``x + y``)."""
-
-        def __init__(self, version: str = "1"):
-            self.version = version
-
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            _mul_to_add(graph)
-
-        def uuid(self) -> str:
-            return f"mul-to-add-{self.version}"
-
-    return MulToAdd
-
-
-MulToAdd = _custom_graph_pass()
-
-
 class Product(torch.nn.Module):
     def __init__(self, cache_dir):
         super().__init__()
@@ -446,6 +419,8 @@ def test_a_custom_inductor_pass_gets_entries_of_its_own(tmp_path):
     user's choice: x * y became x + y, 8 for 3 and 5); another without the pass loaded that entry: 8 where eager
     gives 15. Custom passes (by class and ``uuid()``) are a factor of the keys now."""
     import torch._inductor.config as inductor_config
+
+    from models import MulToAdd
 
     x, y = torch.full((4,), 3.0), torch.full((4,), 5.0)
     with torch.inference_mode():

@@ -194,7 +194,7 @@ def test_compile_factors_hold_the_custom_inductor_passes():
     the factors. A pass set is a factor (its class and uuid), another uuid another factor; none, as before."""
     import torch._inductor.config as inductor_config
 
-    from test_cached_function import MulToAdd
+    from models import MulToAdd
 
     base = CompilerConfig().compile_factors()
     with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()):

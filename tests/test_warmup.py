@@ -81,7 +81,7 @@ def test_a_graph_compiled_under_a_custom_inductor_pass_does_not_travel_to_a_work
     Such a graph is compiled in the calling process."""
     import torch._inductor.config as inductor_config
 
-    from test_cached_function import MulToAdd
+    from models import MulToAdd
 
     gm = torch.fx.symbolic_trace(lambda x, y: x * y)
     inputs = [torch.ones(4), torch.ones(4)]
