@@ -3,9 +3,10 @@ import os
 
 import pydantic
 import pytest
+import torch
 
 import gearcache
-from gearcache import CompilerConfig, InferenceConfig
+from gearcache import CompilerConfig, InferenceConfig, counters
 from gearcache.config import normalise_dim_gears
 
 
@@ -205,6 +206,51 @@ def test_compile_factors_hold_the_custom_inductor_passes():
     assert list(passes) == ["post_grad_custom_post_pass"] and "mul-to-add-1" in passes["post_grad_custom_post_pass"]
     assert "MulToAdd" in passes["post_grad_custom_post_pass"]
     assert second != first != base and CompilerConfig().compile_factors() == base
+
+
+@pytest.mark.slow
+def test_an_inductor_environment_variable_gets_entries_of_its_own(tmp_path):
+    """A process started with ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded the entry another process compiled
+    without it: 0.125 off eager on a bfloat16 chain (its own compile is exact). The variables are a factor of the
+    keys: it compiles its own entry, equal to eager, and a process without the variable loads the first again."""
+    from conftest import run_script
+
+    first = run_script("run_bf16_chain.py", str(tmp_path))
+    assert first["compiles"] == 1 and first["diff"] > 0.01         # Inductor keeps float32 without emulation
+    emulated = run_script("run_bf16_chain.py", str(tmp_path), env={"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"})
+    assert emulated["emulate"] == "1"
+    assert emulated["compiles"] == 1 and emulated["loads"] == 0
+    assert emulated["diff"] == 0.0
+    again = run_script("run_bf16_chain.py", str(tmp_path))
+    assert again["compiles"] == 0 and again["loads"] == 1 and again["diff"] == first["diff"]
+
+
+class Product(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        return x * y
+
+
+def test_a_custom_inductor_pass_gets_entries_of_its_own(tmp_path):
+    """A process that set ``torch._inductor.config.post_grad_custom_post_pass`` compiled its entry with the pass (the
+    user's choice: x * y became x + y, 8 for 3 and 5); another without the pass loaded that entry: 8 where eager
+    gives 15. Custom passes (by class and ``uuid()``) are a factor of the keys now."""
+    import torch._inductor.config as inductor_config
+
+    from models import MulToAdd
+
+    x, y = torch.full((4,), 3.0), torch.full((4,), 5.0)
+    with torch.inference_mode():
+        with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()), counters.expect(compiles=1):
+            assert Product(tmp_path).cached(x, y).tolist() == [8.0] * 4
+        with counters.expect(compiles=1, loads=0):
+            m = Product(tmp_path)
+            assert torch.equal(m.cached(x, y), m.fwd(x, y))
+        with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()), counters.expect(compiles=0, loads=1):
+            assert Product(tmp_path).cached(x, y).tolist() == [8.0] * 4
 
 
 def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():
