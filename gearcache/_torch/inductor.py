@@ -117,6 +117,7 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
         try:
             artifact.save(path=str(folder), format="unpacked")
         except RuntimeError as exc:
+            _refuse_freezing(exc)
             opaque = _opaque_call(gm)
             if opaque is None:
                 raise
@@ -125,6 +126,17 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
                                f"torch.nn.functional.silu = f), which a stored artifact cannot hold. Fix: undo the "
                                f"mark or the patch, or call it outside the cached method") from exc
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
+
+
+def _refuse_freezing(exc: RuntimeError) -> None:
+    """Raise a RuntimeError naming ``torch._inductor.config.freezing`` and the fix where it is on: Inductor then folds
+    the weights into the compiled code, which torch's cache, and so a stored artifact, cannot hold (``save`` failed
+    with "no artifact to save"); nothing where it is off."""
+    if getattr(torch._inductor.config, "freezing", False):
+        raise RuntimeError("torch._inductor.config.freezing=True: Inductor folds the weights into the compiled code, "
+                           "which a stored artifact cannot hold (gearcache's entries read the live weights at every "
+                           "call). Fix: set torch._inductor.config.freezing = False (or TORCHINDUCTOR_FREEZING=0) "
+                           "for the cached methods") from exc
 
 
 def _opaque_call(gm: torch.fx.GraphModule) -> str | None:
