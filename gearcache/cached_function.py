@@ -39,7 +39,7 @@ from .compiling.background import StandIn
 from .compiling.entry_life import EntryLife, Loaded
 from .config import CompilerConfig
 from .counters import counters
-from .errors import DispatchModeError, GradModeError, UnsupportedInputError
+from .errors import DispatchModeError, GradModeError, SignatureMismatchError, UnsupportedInputError
 from .compiling.gear_plan_life import GearPlanLife
 from .gears.plan import GearPlan, MarkedCall, has_marks
 from .graphs.cuda_graphs import CudaGraphs
@@ -106,7 +106,10 @@ class CachedFunction(Dispatcher):
             first = unchecked[0]
             if isinstance(first, Entry) and first.state_aliases:
                 state_alias.refuse(self.name, self._method, first.state_aliases, args, None)
-            return first(args)
+            try:
+                return first(args)
+            except AssertionError as e:     # the graph's own input check: another signature than the first's
+                raise self._unchecked_mismatch(args, e) from e
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
@@ -358,6 +361,18 @@ class CachedFunction(Dispatcher):
             f"the mode, which eager runs every op through (its answer, or what it records, would differ). Fix: call "
             f"the method itself under the mode (model.{self._method.__name__}(...), eager, as torch.compile does "
             f"under a dispatch mode), or call the cached method outside it")
+
+    def _unchecked_mismatch(self, args: tuple[Any, ...], error: AssertionError) -> SignatureMismatchError:
+        """The error for a call ``check_signature=False`` served with the first entry although its inputs differ
+        (the compiled graph's input check raised ``error``: nothing ran)."""
+        leaves, key = signature.call_key(args, {})
+        first = self._unchecked[0] if self._unchecked is not None else None
+        desc = first.manifest.get("signature") if isinstance(first, Entry) else None
+        known = [signature.short(desc)] if desc else []
+        fix = (f"check_signature=False serves every call with the first entry's signature, and this call differs "
+               f"({str(error).splitlines()[0]}): call with that signature, or leave check_signature=True (the "
+               f"default) to look up or compile an entry per signature")
+        return SignatureMismatchError(self.name, signature.short(signature.describe(leaves, key)), known, fix)
 
     def _check_no_grad(self, leaves: tuple[Any, ...]) -> None:
         needs = [f"argument leaf {i}" for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]

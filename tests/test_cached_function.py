@@ -354,6 +354,20 @@ def test_a_fixed_signature_method_is_guarded_too(settings_cache):
         torch.testing.assert_close(m.cached(x), m.fwd(x))
 
 
+def test_a_fixed_signature_method_called_with_another_shape_is_a_signature_error_naming_the_first(settings_cache):
+    """``check_signature=False`` at another shape: the graph's own input check stops it before anything runs; the
+    error was torch's bare ``AssertionError`` ("expected size 3==2 ... This error most often comes from a incorrect
+    fake kernel for a custom op"), now a ``SignatureMismatchError`` naming the call, the first entry and the fix."""
+    m = settings(settings_cache, config=CompilerConfig(check_signature=False))
+    with torch.inference_mode():
+        m.cached(torch.randn(2, 8))
+        with pytest.raises(gearcache.SignatureMismatchError, match=r"(?s)float32\[3, 8\].*float32\[2, 8\].*"
+                           r"check_signature=False serves every call with the first entry's signature"):
+            m.cached(torch.randn(3, 8))
+        x = torch.randn(2, 8)
+        torch.testing.assert_close(m.cached(x), m.fwd(x))      # the first signature still served
+
+
 def test_a_fixed_signature_method_serves_its_first_entry_only_under_that_entrys_grad_mode_and_global_state(
         settings_cache):
     """``check_signature=False`` skips the look-up of shapes, not the state the first entry was compiled under: its

@@ -1,4 +1,6 @@
 """Capture: a graph break is an error that lists every break with its user source line and the fixes."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -281,6 +283,49 @@ def test_a_method_returning_its_inputs_as_they_are_is_served_as_eager_cold_and_w
     for report in (cold, warm):
         assert report["calls"] == {"same": True, "bumped": True, "state": True, "pair": True}, report
     assert (cold["compiles"], warm["compiles"], warm["loads"]) == (4, 0, 4), (cold, warm)
+
+
+def test_a_named_tuple_holding_a_dataclass_is_returned_as_eager_returns_it_cold_and_warm(tmp_path):
+    """A result holding a named tuple and a dataclass (``{"pair": Pair(Box(t, 3), x * 2)}``) was refused (Dynamo
+    inlines the named tuple's ``__new__`` and guards its namespace, installed by identity): rebuilt now at every
+    call from its classes, found by name, as the very classes eager returns, in the compiling and a warm process."""
+    from conftest import Script
+
+    cold = Script("run_records.py", str(tmp_path)).result()
+    warm = Script("run_records.py", str(tmp_path)).result()
+    assert cold["equal"] and warm["equal"], (cold, warm)
+    assert (cold["compiles"], warm["compiles"], warm["loads"]) == (1, 0, 1), (cold, warm)
+
+
+@dataclasses.dataclass
+class _Rescaled:
+    t: torch.Tensor
+
+    def __post_init__(self):
+        self.t = self.t * 2
+
+
+def test_a_result_class_another_process_cannot_rebuild_is_refused_naming_it(tmp_path):
+    """A named tuple defined inside a function (not found by name elsewhere) and a dataclass with a
+    ``__post_init__`` (which would run again on the rebuilt values: 4x where eager gives 2x) are refused at the
+    capture, each naming the class and the fix."""
+    import collections
+
+    Local = collections.namedtuple("Local", "t")
+
+    class Returns(torch.nn.Module):
+        def __init__(self, make):
+            super().__init__()
+            self.make = make
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=tmp_path)
+
+        def fwd(self, x):
+            return self.make(x + 1)
+
+    for make, message in ((Local, r"Local, a namedtuple class defined inside a function.*Fix: define Local"),
+                          (_Rescaled, r"_Rescaled, a dataclass with a __post_init__")):
+        with torch.no_grad(), pytest.raises(gearcache.UnsupportedInputError, match=message):
+            Returns(make).cached(torch.ones(2))
 
 
 class VarArgs(torch.nn.Module):

@@ -136,6 +136,9 @@ def _listing_and_reads(tmp_path_factory, need):
         "stats": ["stats", "--cache-dir", cache, "--json"],
         "missing": ["ls", "--cache-dir", cache.parent / "nope"],
         "bad_entry": ["inspect", "ffffffffff", "--cache-dir", cache, "--json"],
+        "ls_folder": ["ls", cache],
+        "stats_folder": ["stats", cache, "--json"],
+        "two_folders": ["ls", cache, "--cache-dir", cache.parent / "other"],
     }
     exe = shutil.which("gearcache")
     if exe is not None:
@@ -285,6 +288,14 @@ def test_errors_exit_2(reads):
     missing = reads["missing"]
     assert missing.returncode == 2 and "no cache folder" in missing.stderr
     assert "no entry" in as_json(reads["bad_entry"], rc=2)["error"]
+
+
+def test_the_folder_may_be_given_as_the_commands_argument(reads):
+    """``gearcache ls DIR`` is ``gearcache ls --cache-dir DIR`` (it was "unrecognized arguments: DIR"); naming two
+    folders is a usage error."""
+    assert reads["ls_folder"].returncode == 0 and reads["ls_folder"].stdout == reads["ls"].stdout
+    assert as_json(reads["stats_folder"])["entries"] == as_json(reads["stats"])["entries"]
+    assert reads["two_folders"].returncode == 2 and "name two folders" in reads["two_folders"].stderr
 
 
 def test_console_script_help(reads):

@@ -1,6 +1,7 @@
 """A loaded entry's per-call path (gearcache/call/entry.py): the C runner (gearcache/call/_callpath.c) and the Python
 one do the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
 hand anything unusual to the run plan's Python ``run_list``."""
+import collections
 import gc
 import sys
 import weakref
@@ -256,3 +257,20 @@ def test_an_entry_does_not_keep_its_module_alive():
 ])
 def test_result_outputs_names_only_results_that_are_graph_outputs_or_a_flat_tuple_of_them(outputs, expected):
     assert entry_mod._result_outputs(outputs) == expected
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_a_result_class_is_found_by_name_and_refused_where_its_fields_changed():
+    """``record_class``: the class an entry's result holds, found by ``module:qualname`` at load; another field list
+    than at the compile (the class was changed) or no such class is an UnsupportedInputError, never a result built
+    with the wrong fields."""
+    from gearcache.call.entry import record_class
+    from gearcache.errors import UnsupportedInputError
+
+    assert record_class("namedtuple", f"{__name__}:Point", ["x", "y"]) is Point
+    with pytest.raises(UnsupportedInputError, match=r"with fields \['x', 'y', 'z'\]"):
+        record_class("namedtuple", f"{__name__}:Point", ["x", "y", "z"])
+    with pytest.raises(UnsupportedInputError, match="cannot find"):
+        record_class("dataclass", f"{__name__}:Missing", [])

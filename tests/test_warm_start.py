@@ -7,6 +7,7 @@ with the model and inputs on the GPU (Triton kernels, cubins), as done on the de
 
 def test_cold_process_compiles_each_entry_point_once_and_matches_eager(tiny_lm_cache):
     _, cold = tiny_lm_cache
+    assert cold["precompiled_headers"] is False, "the product's default compile (the other tests build with a PCH)"
     assert cold["equal"]
     assert cold["counters"]["compiles"] == 2          # prefill and decode are separate entries
     assert cold["counters"]["traces"] == 2
@@ -25,7 +26,7 @@ def test_warm_process_traces_and_compiles_nothing(tiny_lm_warm):
 def test_warm_process_does_not_import_torchs_compiler(tiny_lm_warm):
     """Entries load through their run plans (gearcache.runplan): Dynamo and Inductor are never imported."""
     warm = tiny_lm_warm["plain"]
-    assert warm["equal"]
+    assert warm["equal"] and warm["precompiled_headers"] is False
     assert warm["counters"]["direct_loads"] == 2 and warm["counters"]["loads"] == 2
     assert warm["compiler_modules"] == []
     assert warm["sympy_imported"] is False, "loading entries and their value guards needs no sympy"

@@ -15,13 +15,16 @@ The glue is built once at load so a call does no interpretation:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import types
 from typing import Any, Callable, Iterator
 
 import torch
 
 from .._torch import nn_modules as torch_nn_modules, state as torch_state, tensor_checks as torch_tensor_checks
+from ..errors import UnsupportedInputError
 from . import memory, state_alias
 
 try:
@@ -245,7 +248,36 @@ def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) 
         env[env_name] = tuple(keys)      # keys come from the manifest: bound as values, never spliced into source
         parts = [f"{env_name}[{j}]: {_structure_expr(child, items, env)}" for j, child in enumerate(children)]
         return "{" + ", ".join(parts) + "}"
+    if kind in ("namedtuple", "dataclass"):
+        cls_name, fields_name = f"T{len(env)}", f"F{len(env)}"
+        env[cls_name] = record_class(kind, node[1], node[2])
+        env[fields_name] = tuple(node[2])
+        parts = [_structure_expr(child, items, env) for child in node[3]]
+        values = f"({', '.join(parts)},)" if parts else "()"
+        if kind == "namedtuple":
+            return f"{cls_name}._make({values})"
+        return f"{cls_name}(**dict(zip({fields_name}, {values})))"
     raise ValueError(f"unknown output structure node {kind!r}")
+
+
+def record_class(kind: str, name: str, fields: list[str]) -> type:
+    """The named tuple or dataclass class ``name`` (``module:qualname``, the module imported if it is not yet) of
+    an entry's result, checked to have the ``fields`` it had at the compile: UnsupportedInputError where it cannot be
+    found or its fields changed (the entry is not served with another class's fields)."""
+    module_name, _, qualname = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise UnsupportedInputError(f"the entry's result holds a {kind} {name}, which this process cannot find "
+                                    f"({e}). Fix: import the module that defines it before the call") from e
+    now = list(obj._fields) if kind == "namedtuple" and hasattr(obj, "_fields") else (
+        [f.name for f in dataclasses.fields(obj)] if kind == "dataclass" and dataclasses.is_dataclass(obj) else None)
+    if not isinstance(obj, type) or now != list(fields):
+        raise UnsupportedInputError(f"the entry's result holds a {kind} {name} with fields {fields}; here it is "
+                                    f"{obj!r} with {now}. Fix: the class as it was at the compile, or a new cache")
+    return obj
 
 
 def _compile(src: str, name: str, env: dict[str, Any]) -> Callable[..., Any]:

@@ -14,7 +14,8 @@
     gearcache push / pull --remote URL     a fleet's remote store (and ls/inspect/verify/stats/prune --remote URL):
                                            gearcache/cli/remote.py
 
-Every subcommand takes ``--cache-dir`` (default ``$GEARCACHE_HOME``, else ``./.gearcache``) and ``--json`` (one JSON
+Every subcommand takes ``--cache-dir`` (default ``$GEARCACHE_HOME``, else ``./.gearcache``; ls, verify, prune and stats
+also as a positional ``FOLDER``: ``gearcache ls DIR``) and ``--json`` (one JSON
 document on stdout). Exit status: 0 ok; 1 a check failed (verify found problems, explain found a miss that is still a
 miss, or two entries that differ); 2 a usage error, a missing cache folder or an unknown entry.
 
@@ -70,6 +71,7 @@ def _add_read_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("ls", parents=[common], help="list entries",
                        description="One row per entry: method, topology, signature, gears, artifact size, last used, "
                                    "loads, hits.")
+    _add_folder(p)
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("inspect", parents=[common], help="show one entry",
@@ -97,6 +99,7 @@ def _add_check_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                                    "file mode or owner the runtime refuses to load from (with the fix). Reports ok "
                                    "/ corrupt / orphaned / untrusted / incompatible per entry; exits 1 on any "
                                    "problem.")
+    _add_folder(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("prune", parents=[common], help="delete entries (dry run unless --yes)",
@@ -110,6 +113,7 @@ def _add_check_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--corrupt", action="store_true", help="entries whose manifest or artifact is corrupt or missing")
     p.add_argument("--all", action="store_true", help="with --remote: every key of the remote store")
     p.add_argument("--yes", action="store_true", help="really delete (default: print what would go)")
+    _add_folder(p)
     p.set_defaults(func=cmd_prune)
 
 
@@ -126,6 +130,7 @@ def _add_runtime_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                        description="Entries, artifacts, bytes, loads, hits, compile and load seconds, padding waste "
                                    "(the share of padding in the geared inputs the entries ran for callers' calls, "
                                    "recorded by every process at exit; n/a without geared calls).")
+    _add_folder(p)
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("native", help="gearcache's native checks for this torch: status, or build them now",
@@ -139,6 +144,21 @@ def _add_runtime_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_native)
 
 
+def _add_folder(p: argparse.ArgumentParser) -> None:
+    """The cache folder as an optional positional (``gearcache ls DIR``), the same as ``--cache-dir DIR``."""
+    p.add_argument("folder", nargs="?", metavar="FOLDER", help="the cache folder (as --cache-dir)")
+
+
+def _folder_argument(args: argparse.Namespace) -> None:
+    """``FOLDER`` into ``args.cache_dir``; a usage error where both name other folders."""
+    folder = getattr(args, "folder", None)
+    if folder is None:
+        return
+    if args.cache_dir and os.path.abspath(args.cache_dir) != os.path.abspath(folder):
+        raise CliError(f"FOLDER={folder!r} and --cache-dir={args.cache_dir!r} name two folders: give one of them")
+    args.cache_dir = folder
+
+
 def _version() -> str:
     from .. import __version__
 
@@ -149,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``gearcache`` command; its exit status."""
     args = build_parser().parse_args(argv)
     try:
+        _folder_argument(args)
         if getattr(args, "remote", None) and args.command in remote.REMOTE_COMMANDS:
             return remote.dispatch(args)
         status: int = args.func(args)

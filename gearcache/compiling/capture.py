@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .._torch import capture as torch_capture, guards as torch_guards
+from ..call.entry import record_class
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import (ConfigError, DataDependentShape, GearcacheError, GraphBreakError, SideEffects,
@@ -367,8 +368,8 @@ def _foreign_tensor(source: str | None, method: types.MethodType) -> str | None:
 
 def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
                    state_names: dict[int, str]) -> dict[str, Any]:
-    """``{"structure": nested ["tuple"|"list", [children]] / ["dict", [keys], [children]] / ["leaf"], "leaves": [...]}``
-    with one recipe per leaf in order."""
+    """``{"structure": nested ["tuple"|"list", [children]] / ["dict", [keys], [children]] / ["namedtuple"|"dataclass",
+    "module:qualname", [fields], [children]] / ["leaf"], "leaves": [...]}`` with one recipe per leaf in order."""
     recipe: list[list[Any]] = []
 
     def walk(obj: Any, path: str) -> list[Any]:
@@ -377,6 +378,10 @@ def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
             return [t.__name__, [walk(o, f"{path}[{i}]") for i, o in enumerate(obj)]]
         if t is dict and all(type(k) in (str, int) for k in obj):
             return ["dict", list(obj), [walk(v, f"{path}[{k!r}]") for k, v in obj.items()]]
+        record = _record_of(obj, path)
+        if record is not None:
+            kind, name, fields = record
+            return [kind, name, fields, [walk(getattr(obj, f), f"{path}.{f}") for f in fields]]
         if isinstance(obj, torch.Tensor):
             recipe.append(_tensor_output(obj, flat_out, leaves, state_names))
         elif isinstance(obj, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -388,12 +393,43 @@ def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
         else:
             raise UnsupportedInputError(
                 f"the method's {path} is a {type(obj).__qualname__}; cached methods return tensors, Python scalars "
-                f"(constants) and tuples, lists and dicts (with str or int keys) of them. Fix: return tensors "
+                f"(constants) and tuples, lists, dicts (with str or int keys), named tuples and dataclasses of them "
+                f"(defined at a module's top level). Fix: return tensors "
                 f"(convert {type(obj).__qualname__} to one) or build it outside the cached method")
         return ["leaf"]
 
     structure = walk(result, "output")
     return {"structure": structure, "leaves": recipe}
+
+
+def _record_of(obj: Any, path: str) -> tuple[str, str, list[str]] | None:
+    """``(kind, "module:qualname", fields)`` for a named tuple or a dataclass instance the result holds (rebuilt at
+    each call by ``call.entry``: ``cls._make(values)``, ``cls(**fields)``), None for anything else. A class defined
+    inside a function (not importable by its name in another process), or a dataclass whose fields ``__init__`` does
+    not take all or that has a ``__post_init__`` (which would run again on the rebuilt values), is refused."""
+    t = type(obj)
+    if isinstance(obj, tuple) and hasattr(t, "_fields") and hasattr(t, "_make"):
+        kind, fields = "namedtuple", list(t._fields)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        kind, fields = "dataclass", [f.name for f in dataclasses.fields(obj)]
+        if hasattr(t, "__post_init__") or not all(f.init for f in dataclasses.fields(obj)):
+            raise UnsupportedInputError(
+                f"the method's {path} is a {t.__qualname__}, a dataclass with a __post_init__ or fields its __init__ "
+                f"does not take: gearcache rebuilds it from its fields at each call. Fix: return its fields (a "
+                f"dict or tuple) and build the {t.__qualname__} outside the cached method")
+    else:
+        return None
+    name = f"{t.__module__}:{t.__qualname__}"
+    try:
+        found = record_class(kind, name, fields) if "<locals>" not in t.__qualname__ else None
+    except UnsupportedInputError:
+        found = None
+    if found is not t:
+        raise UnsupportedInputError(
+            f"the method's {path} is a {t.__qualname__}, a {kind} class defined inside a function (or not found as "
+            f"{name}): another process cannot find it by name. Fix: define {t.__name__} at the top level of "
+            f"{t.__module__}")
+    return kind, name, fields
 
 
 def _tensor_output(t: torch.Tensor, flat_out: list[Any], leaves: tuple[Any, ...],

@@ -142,6 +142,8 @@ class _Reader:
                                    "torch?): pin torch to a version gearcache supports, or report it")
         if dg.kind == "NN_MODULE":            # a module whose weights the graph holds: this object only
             return self._local(dg, "a module the graph specialises on, weights and all")
+        if _in_namedtuple_namespace(dg.source, self.scope):
+            return None                         # Python's own constant namespace of a named tuple's __new__
         path = self._path(dg)
         if path is None:
             return None                                 # an argument: the signature key has it
@@ -248,6 +250,18 @@ def _resolve(path: GuardPath, self_name: str, scope: Scope) -> GuardPath | None:
         raise Unpersistable(f"Dynamo reads it through {name}, an object of type {type_name(type(value))} it "
                             f"installed by identity")
     return (("global", name),) + path[1:]
+
+
+def _in_namedtuple_namespace(source: str, scope: Scope) -> bool:
+    """Whether ``source`` reads the namespace ``collections.namedtuple`` builds each class's ``__new__`` in
+    (``{"_tuple_new": tuple.__new__, "__builtins__": {}, "__name__": "namedtuple_<name>"}``), which Dynamo installs by
+    identity when it inlines the class's construction: Python's constant, which no program changes, so nothing to
+    check (the class itself is guarded where the method reads it)."""
+    if not source.startswith("G['___unnamed_scope_"):
+        return False
+    value = scope.installed.get(parse_source(source)[0][1])
+    return (type(value) is dict and set(value) == {"_tuple_new", "__builtins__", "__name__"}
+            and value["_tuple_new"] is tuple.__new__ and str(value["__name__"]).startswith("namedtuple_"))
 
 
 def _process_group(dg: torch_guards.DynamoGuard) -> bool:

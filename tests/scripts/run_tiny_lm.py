@@ -52,6 +52,7 @@ with torch.inference_mode():
         report["mutated_equal"] = bool(torch.allclose(out, ref, atol=1e-5))
         report["mutated_changed"] = not bool(torch.allclose(out, logits, atol=1e-3))
 report["device"] = str(kv.device)
+report["precompiled_headers"] = os.environ.get("GEARCACHE_CPP_PCH", "0") == "1"     # gearcache's default: off
 report["call_path"] = {"native_entries": entry.NATIVE, "dispatcher": dispatch.Dispatcher.__module__,
                        "native_checks": native.guards(build_if_missing=False) is not None,
                        "shortcut_calls": model.cached_prefill.shortcut_calls + model.cached_decode.shortcut_calls}
