@@ -14,7 +14,8 @@ from .graphs.cuda_graphs import release_graphs
 from .graphs.graphed_entry import mark_static_address
 from .compiling.background import wait as wait_for_background_compiles
 from .gears.plan import mark_static, set_dim_gears
-from .errors import (CacheCorruptionError, ConfigError, GearcacheError, GearLoadError, GradModeError,
+from .errors import (CacheCorruptionError, ConfigError, DispatchModeError, GearcacheError, GearLoadError,
+                     GradModeError,
                      GraphBreakError, LockTimeoutError, ProcessGroupMismatchError, SignatureMismatchError,
                      UnsupportedInputError, UntrustedCacheError, PaddingUnsafeError, PastLargestGearError,
                      RankDivergenceError, RankWaitError)
@@ -29,4 +30,5 @@ __all__ = ["cache_compile", "compile_blocks", "Regions",
            "PastLargestGearError", "PaddingUnsafeError", "CachedFunction", "CompilerConfig", "InferenceConfig",
            "counters", "GearcacheError", "ConfigError", "GraphBreakError", "GradModeError", "SignatureMismatchError",
            "UnsupportedInputError", "CacheCorruptionError", "UntrustedCacheError", "LockTimeoutError",
-           "ProcessGroupMismatchError", "RankWaitError", "RankDivergenceError", "GearLoadError"]
+           "ProcessGroupMismatchError", "RankWaitError", "RankDivergenceError", "GearLoadError",
+           "DispatchModeError"]

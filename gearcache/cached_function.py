@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable, cast
 
 import torch
 
-from ._torch import distributed as torch_distributed
+from ._torch import distributed as torch_distributed, state as torch_state
 from .call import memory, signature, state_alias
 from .call.dispatch import Dispatcher
 from .call.entry import Entry, writes_a_leaf
@@ -39,7 +39,7 @@ from .compiling.background import StandIn
 from .compiling.entry_life import EntryLife, Loaded
 from .config import CompilerConfig
 from .counters import counters
-from .errors import GradModeError, SignatureMismatchError, UnsupportedInputError
+from .errors import DispatchModeError, GradModeError, SignatureMismatchError, UnsupportedInputError
 from .compiling.gear_plan_life import GearPlanLife
 from .gears.plan import GearPlan, MarkedCall, has_marks
 from .graphs.cuda_graphs import CudaGraphs
@@ -93,6 +93,8 @@ class CachedFunction(Dispatcher):
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if torch_state.dispatch_mode_depth():       # ~50 ns; a new mode fails the shortcut's state check (native)
+            self._refuse_dispatch_modes()
         watch = self._watch
         if watch is not None and not watch.valid():
             self._revalidate()
@@ -349,6 +351,16 @@ class CachedFunction(Dispatcher):
         gearcache/warmup/method.py; its phases are left at ``warmup_timeline``."""
         self.warmup_timeline = Timeline()
         return warm_up(self, args, kwargs, self.warmup_timeline)
+
+    def _refuse_dispatch_modes(self) -> None:
+        """Raise ``DispatchModeError``: a call under a user ``TorchDispatchMode``, which eager runs every op through
+        and a compiled entry would not (a mode that rounds products: eager 2.0, the entry 2.43)."""
+        modes = ", ".join(torch_state.dispatch_modes())
+        raise DispatchModeError(
+            f"{self.name} was called under the TorchDispatchMode {modes}: a compiled entry runs its kernels without "
+            f"the mode, which eager runs every op through (its answer, or what it records, would differ). Fix: call "
+            f"the method itself under the mode (model.{self._method.__name__}(...), eager, as torch.compile does "
+            f"under a dispatch mode), or call the cached method outside it")
 
     def _unchecked_mismatch(self, args: tuple[Any, ...], error: AssertionError) -> SignatureMismatchError:
         """The error for a call ``check_signature=False`` served with the first entry although its inputs differ

@@ -213,9 +213,12 @@ class CompilerConfig(BaseModel):
         (``"compiler_settings"``: ``_torch.inductor.changed_compiler_settings``; left out when there is none, so
         keys without are as before). Without them, a process that set ``torch._inductor.config.
         emulate_precision_casts = True`` loaded an entry compiled without it (1.7e-3 off eager where its own compile
-        gives 6e-8). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per process),
-        so the two share entries. A setting changed after a signature was served is seen at its next miss, not by
-        the signatures already in the process's table."""
+        gives 6e-8); and, likewise left out when there is none, the ``TORCHINDUCTOR_*`` environment variables that may
+        change the code (``"compiler_environment"``: ``_torch.inductor.compiler_environment``: a process started with
+        ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded an entry compiled without it, 0.125 off eager where its
+        own compile is exact). ``"reduce-overhead"`` compiles like ``"default"`` (its CUDA graphs are captured per
+        process), so the two share entries. A setting changed after a signature was served is seen at its next miss, not
+        by the signatures already in the process's table."""
         from ._torch import inductor as torch_inductor
 
         factors: dict[str, Any] = {"mode": torch_inductor.compiled_mode(self.mode),
@@ -223,6 +226,9 @@ class CompilerConfig(BaseModel):
         settings = torch_inductor.changed_compiler_settings()
         if settings:
             factors["compiler_settings"] = settings
+        environment = torch_inductor.compiler_environment()
+        if environment:
+            factors["compiler_environment"] = environment
         return factors
 
     @classmethod

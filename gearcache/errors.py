@@ -61,6 +61,12 @@ class GradModeError(GearcacheError):
     """A cached method was called with autograd recording: gearcache entries are inference only."""
 
 
+class DispatchModeError(GearcacheError, RuntimeError):
+    """A cached method was called under a ``TorchDispatchMode`` (``FlopCounterMode``, a mode that changes results):
+    eager runs every op through the mode, a compiled entry runs its kernels without it, so the call is refused (as
+    torch.compile runs such a call eagerly, its answer would be eager's)."""
+
+
 class PaddingUnsafeError(GearcacheError):
     """Padding a call up to its gear could change the method's results or state: the padding analysis found a write
     that would spread padding into state, or an op that mixes padded rows into real ones and, verified against eager,

@@ -1,6 +1,8 @@
 """Tiny models for tests: small enough that a CPU Inductor compile takes a few seconds."""
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -47,3 +49,35 @@ def inputs(batch=2, seq=4, seed=1):
     kv = torch.randn(batch, TMAX, D, generator=g)
     step = torch.randint(0, VOCAB, (batch, 1), generator=g)
     return ids, kv, step, torch.tensor([seq])
+
+
+def _mul_to_add(graph: torch.fx.Graph) -> None:
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.mul.Tensor:
+            node.target = torch.ops.aten.add.Tensor
+
+
+@functools.cache
+def _custom_graph_pass() -> type:
+    from torch._inductor.custom_graph_pass import CustomGraphPass     # imports Inductor's config: only when used
+
+    class MulToAdd(CustomGraphPass):
+        """A user's post-grad pass that changes what the code computes (``x * y`` becomes ``x + y``), identified by
+        ``uuid()`` as torch's custom passes are."""
+
+        def __init__(self, version: str = "1"):
+            self.version = version
+
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            _mul_to_add(graph)
+
+        def uuid(self) -> str:
+            return f"mul-to-add-{self.version}"
+
+    return MulToAdd
+
+
+def __getattr__(name: str) -> type:
+    if name == "MulToAdd":
+        return _custom_graph_pass()
+    raise AttributeError(name)

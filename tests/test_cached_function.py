@@ -690,3 +690,36 @@ def test_a_submodule_replaced_while_a_miss_compiles_is_read_by_the_calls_after_i
         for _ in range(3):
             x = torch.randn(3, 4)
             torch.testing.assert_close(m.cached(x), m.fwd(x))
+
+
+class Product(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        return x * y
+
+
+def test_a_call_under_a_torch_dispatch_mode_is_refused(tmp_path, checks):
+    """A TorchDispatchMode sees every op eager runs (and may change its result: FlopCounterMode counts, a mode may
+    round); a compiled entry runs its kernels without it. Served under a mode that rounds products, the entry gave
+    2.43 where eager gives 2.0 (torch.compile runs eager under such a mode), on the shortcut and on a new instance's
+    load alike. Such a call is refused, naming the mode and the fix; out of the mode the entry serves again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Rounding(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out.round() if func is torch.ops.aten.mul.Tensor else out
+
+    x, y = torch.full((4,), 1.3), torch.full((4,), 1.1)
+    with torch.inference_mode():
+        m = Product(tmp_path)
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+        for model in (m, Product(tmp_path)):
+            with Rounding():
+                assert m.fwd(x, y).tolist() == [1.0] * 4
+                with pytest.raises(gearcache.DispatchModeError, match="Rounding"), counters.expect(compiles=0):
+                    model.cached(x, y)
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))

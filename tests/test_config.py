@@ -1,10 +1,12 @@
 import json
+import os
 
 import pydantic
 import pytest
+import torch
 
 import gearcache
-from gearcache import CompilerConfig, InferenceConfig
+from gearcache import CompilerConfig, InferenceConfig, counters
 from gearcache.config import normalise_dim_gears
 
 
@@ -142,6 +144,113 @@ def test_compile_factors_hold_the_inductor_and_aot_settings_set_in_code():
                                cpp_cache_precompile_headers=not inductor_config.cpp_cache_precompile_headers):
         assert CompilerConfig().compile_factors() == base
     assert CompilerConfig().compile_factors() == base
+
+
+def test_compile_factors_hold_the_inductor_environment_variables(monkeypatch):
+    """Inductor reads most settings' defaults from ``TORCHINDUCTOR_*`` variables at import, which the settings set in
+    code do not show: the variables that may change the code are a factor of their own (named, their values as
+    given); those that cannot (cache folders, thread counts) are not, and without any the factors are as before."""
+    for name in [n for n in os.environ if n.startswith("TORCHINDUCTOR_")]:
+        monkeypatch.delenv(name)
+    base = CompilerConfig().compile_factors()
+    assert "compiler_environment" not in base
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/elsewhere")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    assert CompilerConfig().compile_factors() == base
+    monkeypatch.setenv("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "1")
+    changed = CompilerConfig().compile_factors()
+    assert changed["compiler_environment"] == {"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"}
+    assert {k: v for k, v in changed.items() if k != "compiler_environment"} == base
+    monkeypatch.setenv("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "0")
+    assert CompilerConfig().compile_factors() != changed
+
+
+def test_a_thread_under_the_settings_context_compiles_under_the_callers_settings():
+    """A compile in another thread (a warm-up's, a background compile's settling) runs under
+    ``settings_context()`` taken in the caller: there the settings, and so the factors of the key the caller
+    computed, are the caller's (torch 2.13 keeps a setting set in code in a ContextVar, which a new thread does not
+    see on its own)."""
+    import threading
+
+    import torch._inductor.config as inductor_config
+
+    from gearcache._torch import inductor
+
+    seen: list[object] = []
+
+    def read() -> None:
+        seen.append((inductor_config.emulate_precision_casts, CompilerConfig().compile_factors()))
+
+    flipped = not inductor_config.emulate_precision_casts
+    with inductor_config.patch(emulate_precision_casts=flipped):
+        mine = CompilerConfig().compile_factors()
+        thread = threading.Thread(target=inductor.settings_context().run, args=(read,))
+        thread.start()
+        thread.join()
+    assert seen == [(flipped, mine)] and "compiler_settings" in mine
+
+
+def test_compile_factors_hold_the_custom_inductor_passes():
+    """Torch's caches key a custom pass by its ``uuid()`` and leave its setting out of the settings they read: so did
+    the factors. A pass set is a factor (its class and uuid), another uuid another factor; none, as before."""
+    import torch._inductor.config as inductor_config
+
+    from models import MulToAdd
+
+    base = CompilerConfig().compile_factors()
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()):
+        first = CompilerConfig().compile_factors()
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd("2")):
+        second = CompilerConfig().compile_factors()
+    passes = first["compiler_settings"]["custom_passes"]
+    assert list(passes) == ["post_grad_custom_post_pass"] and "mul-to-add-1" in passes["post_grad_custom_post_pass"]
+    assert "MulToAdd" in passes["post_grad_custom_post_pass"]
+    assert second != first != base and CompilerConfig().compile_factors() == base
+
+
+@pytest.mark.slow
+def test_an_inductor_environment_variable_gets_entries_of_its_own(tmp_path):
+    """A process started with ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded the entry another process compiled
+    without it: 0.125 off eager on a bfloat16 chain (its own compile is exact). The variables are a factor of the
+    keys: it compiles its own entry, equal to eager, and a process without the variable loads the first again."""
+    from conftest import run_script
+
+    first = run_script("run_bf16_chain.py", str(tmp_path))
+    assert first["compiles"] == 1 and first["diff"] > 0.01         # Inductor keeps float32 without emulation
+    emulated = run_script("run_bf16_chain.py", str(tmp_path), env={"TORCHINDUCTOR_EMULATE_PRECISION_CASTS": "1"})
+    assert emulated["emulate"] == "1"
+    assert emulated["compiles"] == 1 and emulated["loads"] == 0
+    assert emulated["diff"] == 0.0
+    again = run_script("run_bf16_chain.py", str(tmp_path))
+    assert again["compiles"] == 0 and again["loads"] == 1 and again["diff"] == first["diff"]
+
+
+class Product(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        return x * y
+
+
+def test_a_custom_inductor_pass_gets_entries_of_its_own(tmp_path):
+    """A process that set ``torch._inductor.config.post_grad_custom_post_pass`` compiled its entry with the pass (the
+    user's choice: x * y became x + y, 8 for 3 and 5); another without the pass loaded that entry: 8 where eager
+    gives 15. Custom passes (by class and ``uuid()``) are a factor of the keys now."""
+    import torch._inductor.config as inductor_config
+
+    from models import MulToAdd
+
+    x, y = torch.full((4,), 3.0), torch.full((4,), 5.0)
+    with torch.inference_mode():
+        with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()), counters.expect(compiles=1):
+            assert Product(tmp_path).cached(x, y).tolist() == [8.0] * 4
+        with counters.expect(compiles=1, loads=0):
+            m = Product(tmp_path)
+            assert torch.equal(m.cached(x, y), m.fwd(x, y))
+        with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()), counters.expect(compiles=0, loads=1):
+            assert Product(tmp_path).cached(x, y).tolist() == [8.0] * 4
 
 
 def test_a_setting_torch_keeps_as_its_plain_value_reads_as_torch_2_11_keeps_it():

@@ -69,3 +69,25 @@ def test_settling_a_background_compile_leaves_the_generator_as_it_was(tmp_path):
         want, want_after = _seeded(m.fwd, x, 3)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(got_after, want_after, rtol=0, atol=0)
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return self.lin(x).relu()
+
+
+def test_inductor_freezing_is_a_clear_error(tmp_path):
+    """``torch._inductor.config.freezing = True`` makes Inductor fold weights into the code, which torch's cache (and
+    so a stored artifact) cannot hold: the compile failed with torch's "CompiledArtifact.save failed to save since
+    there's no artifact to save". The error names the setting and the fix."""
+    import torch._inductor.config as inductor_config
+
+    m = _Linear(tmp_path).eval()
+    with inductor_config.patch(freezing=True), torch.inference_mode(), \
+            pytest.raises(RuntimeError, match=r"freezing=True.*Fix: "):
+        m.cached(torch.randn(2, 8))

@@ -75,6 +75,21 @@ def test_inputs_sharing_memory_do_not_travel_to_a_worker():
     assert job_for(gm, [t[0:4], t[2:6].clone()], {}, "f") is not None
 
 
+def test_a_graph_compiled_under_a_custom_inductor_pass_does_not_travel_to_a_worker():
+    """A custom pass (``torch._inductor.config.post_grad_custom_post_pass``) is left out of the settings a worker
+    gets (torch's portable config snapshot ignores it): the worker compiled without it, under the key that names it.
+    Such a graph is compiled in the calling process."""
+    import torch._inductor.config as inductor_config
+
+    from models import MulToAdd
+
+    gm = torch.fx.symbolic_trace(lambda x, y: x * y)
+    inputs = [torch.ones(4), torch.ones(4)]
+    assert job_for(gm, inputs, {}, "f") is not None
+    with inductor_config.patch(post_grad_custom_post_pass=MulToAdd()):
+        assert job_for(gm, inputs, {}, "f") is None
+
+
 @pytest.mark.slow
 def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(tmp_path):
     """tests/scripts/run_warmup_views.py: ``c.mul_(2); return d.sum() + x``, ``c`` and ``d`` views of one tensor,
@@ -84,6 +99,60 @@ def test_a_warm_up_in_workers_keeps_module_tensors_that_are_views_of_one_tensor(
     assert cold["equal"] == [True] * 3 and cold["gears"] == 2 and cold["compiles"] == 2, cold
     warm = run_script("run_warmup_views.py", str(tmp_path), "calls")
     assert warm["equal"] == [True] * 3 and warm["compiles"] == 0 and warm["loads"] == 2, warm
+
+
+class _RoundedViews(torch.nn.Module):
+    """A bfloat16 chain over two buffers that are views of one tensor (its gears are compiled in the calling process,
+    in the warm-up's threads): equal to eager only with Inductor's ``emulate_precision_casts``."""
+
+    def __init__(self, cache_dir, gears=(2, 4)):
+        super().__init__()
+        torch.manual_seed(0)
+        base = torch.randn(2, 64).to(torch.bfloat16)
+        self.register_buffer("y", base[0])
+        self.register_buffer("z", base[1])
+        config = CompilerConfig(inference_config=InferenceConfig(dim_gears={"x": {0: list(gears)}}))
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir, config=config)
+
+    def fwd(self, x):
+        return ((x * self.y + self.z) * self.y - x) * self.z
+
+
+@pytest.mark.slow
+def test_a_warm_up_compiling_in_its_threads_compiles_under_the_callers_inductor_settings(tmp_path):
+    """torch (2.13) keeps an Inductor setting set in code in a ContextVar, which a new thread does not see: with
+    ``emulate_precision_casts`` set, the gears a warm-up compiled in its threads (inputs sharing memory) were
+    compiled without it, under the key that names it: 0.03125 off eager, where a compile in the caller is exact (and
+    a fresh process with the setting loaded them). The threads run under the caller's settings now."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(emulate_precision_casts=True), torch.inference_mode():
+        m = _RoundedViews(tmp_path)
+        assert m.cached.warmup(torch.zeros(4, 64, dtype=torch.bfloat16)) == 2
+        for rows in (4, 3, 2):
+            x = torch.randn(rows, 64).to(torch.bfloat16)
+            torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_warm_up_looking_up_in_threads_keys_gears_under_the_callers_inductor_settings(tmp_path, monkeypatch):
+    """The look-up threads of a warm-up (``find_all``) computed the gears' entry keys without the caller's Inductor
+    settings (a ContextVar a new thread does not see): those gears were stored under the key of a process without
+    ``emulate_precision_casts`` (which then loaded code compiled with it), or loaded such a process's entries. Every
+    gear's entry now names the setting, and each equals eager."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("GEARCACHE_LOAD_THREADS", "2")       # the second gear's look-up on, in threads
+    with inductor_config.patch(emulate_precision_casts=True), torch.inference_mode():
+        m = _RoundedViews(tmp_path, gears=(1, 2, 4))
+        assert m.cached.warmup(torch.zeros(4, 64, dtype=torch.bfloat16)) == 3
+        for rows in (4, 2, 1):
+            x = torch.randn(rows, 64).to(torch.bfloat16)
+            torch.testing.assert_close(m.cached(x), m.fwd(x), rtol=0, atol=0)
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "entries").rglob("*.json")]
+    configs = [m["factors"]["values"]["config"] for m in manifests if "ekey" in m]
+    assert len(configs) == 3
+    assert all(c.get("compiler_settings") == {"inductor": {"emulate_precision_casts": "True"}} for c in configs)
 
 
 class ScaleAdd(torch.nn.Module):

@@ -117,6 +117,7 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
         try:
             artifact.save(path=str(folder), format="unpacked")
         except RuntimeError as exc:
+            _refuse_freezing(exc)
             opaque = _opaque_call(gm)
             if opaque is None:
                 raise
@@ -125,6 +126,17 @@ def compile_unloaded(gm: torch.fx.GraphModule, example_inputs: list[Any], folder
                                f"torch.nn.functional.silu = f), which a stored artifact cannot hold. Fix: undo the "
                                f"mark or the patch, or call it outside the cached method") from exc
         _copy_compiled_libraries(pathlib.Path(scratch), folder)
+
+
+def _refuse_freezing(exc: RuntimeError) -> None:
+    """Raise a RuntimeError naming ``torch._inductor.config.freezing`` and the fix where it is on: Inductor then folds
+    the weights into the compiled code, which torch's cache, and so a stored artifact, cannot hold (``save`` failed
+    with "no artifact to save"); nothing where it is off."""
+    if getattr(torch._inductor.config, "freezing", False):
+        raise RuntimeError("torch._inductor.config.freezing=True: Inductor folds the weights into the compiled code, "
+                           "which a stored artifact cannot hold (gearcache's entries read the live weights at every "
+                           "call). Fix: set torch._inductor.config.freezing = False (or TORCHINDUCTOR_FREEZING=0) "
+                           "for the cached methods") from exc
 
 
 def _opaque_call(gm: torch.fx.GraphModule) -> str | None:
@@ -222,9 +234,9 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
     its config module is imported, so a module not imported has none. Left out: settings torch's own caches ignore
     (private ones, ``_cache_config_ignore_prefix``: paths, thread counts, cache switches) and those gearcache patches
     itself around a compile or load. Settings changed through ``TORCHINDUCTOR_*`` environment variables are not read
-    (interpreting them needs the config module). Cost, at an entry key (a miss or a warm-up's look-up), never on
-    the call path: ~0.5 ms where the config modules are imported (a walk over ~600 settings), none where not (a warm
-    process)."""
+    here (interpreting them needs the config module): :func:`compiler_environment` keys those. Cost, at an entry key (a
+    miss or a warm-up's look-up), never on the call path: ~0.5 ms where the config modules are imported (a walk over
+    ~600 settings), none where not (a warm process)."""
     import sys
 
     changed: dict[str, dict[str, str]] = {}
@@ -243,10 +255,91 @@ def changed_compiler_settings() -> dict[str, dict[str, str]]:
                 found[key] = repr(value)
         if found:
             changed[label] = dict(sorted(found.items()))
+    passes = custom_passes()
+    if passes:
+        changed["custom_passes"] = passes
     return changed
 
 
+_CUSTOM_PASS_SETTINGS = ("pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
+                         "joint_custom_pre_pass", "joint_custom_post_pass", "_pre_fusion_custom_pass",
+                         "_post_fusion_custom_pass", "_fuse_ddp_communication_passes", "custom_partitioner_fn")
+"""Inductor's settings that hold the user's graph passes: torch's caches leave them out of the settings they read
+(``_cache_config_ignore_prefix``) and key each by its ``uuid()`` instead (``FxGraphHashDetails``), and its portable
+config snapshot, a worker's settings, leaves them out too."""
+
+
+def custom_passes() -> dict[str, str]:
+    """The custom graph passes set in Inductor's settings (``post_grad_custom_post_pass = MyPass()``), ``{setting:
+    what identifies it}``: a pass object by its class and ``uuid()`` (torch's own identity for it), a pass named by a
+    string by that name, lists item by item; ``{}`` where none is set to other than its default (or the config module
+    is not imported: a warm process). A pass changes the compiled code (a process without it loaded an entry compiled
+    with it: 8 for ``3 * 5``), so :func:`changed_compiler_settings` holds them; and a worker process would compile
+    without them (``compiling/workers.job_for`` keeps such a graph in the calling process). A pass whose ``uuid()`` is
+    None cannot be stored (torch's cache bypasses the graph: its save fails). Cost: 9 reads, at an entry key."""
+    import sys
+
+    module = sys.modules.get("torch._inductor.config")
+    entries = getattr(module, "_config", None)
+    if not isinstance(entries, dict):
+        return {}
+    found = {}
+    for name in _CUSTOM_PASS_SETTINGS:
+        entry = entries.get(name)
+        value = getattr(module, name, None) if entry is not None else None
+        if value and value != getattr(entry, "default", None):
+            found[name] = _pass_identity(value)
+    return found
+
+
+def _pass_identity(value: Any) -> str:
+    """A custom pass setting's value as :func:`custom_passes` names it."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_pass_identity(v) for v in value) + "]"
+    if isinstance(value, str):
+        return value
+    kind = type(value)
+    uuid = getattr(value, "uuid", None)
+    detail = repr(uuid()) if callable(uuid) else getattr(value, "__qualname__", repr(value))
+    return f"{kind.__module__}.{kind.__qualname__}:{detail}"
+
+
 _NOT_OVERRIDDEN = object()
+
+
+_ENVIRONMENT_PREFIX = "TORCHINDUCTOR_"
+_ENVIRONMENT_IGNORED = frozenset({
+    # where torch's caches live and whether they are used (a compile runs against a private cache of its own)
+    "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_FX_GRAPH_CACHE_DEFAULT",
+    "TORCHINDUCTOR_AUTOGRAD_CACHE", "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE", "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE", "TORCHINDUCTOR_BUNDLED_AUTOTUNE_REMOTE_CACHE",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCHINDUCTOR_NON_BLOCKING_REMOTE_CACHE_WRITE",
+    # how many threads and processes compile, and how long they wait (gearcache's workers set the thread count)
+    "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_WORKER_START", "TORCHINDUCTOR_WORKER_SUPPRESS_LOGGING",
+    "TORCHINDUCTOR_WORKER_LOGPATH", "TORCHINDUCTOR_COMPILE_WORKER_WAIT_TIMEOUT", "TORCHINDUCTOR_FILE_LOCK_TIMEOUT",
+    "TORCHINDUCTOR_QUIESCE_ASYNC_COMPILE_POOL", "TORCHINDUCTOR_PRECOMPILATION_TIMEOUT_SECONDS",
+    # settings gearcache patches itself around a compile (_SETTINGS_GEARCACHE_PATCHES)
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "TORCHINDUCTOR_VEC_ISA_OK",
+})
+
+
+def compiler_environment() -> dict[str, str]:
+    """The ``TORCHINDUCTOR_*`` environment variables of this process, ``{name: value}`` sorted by name, less those
+    known not to change the compiled code (cache folders and switches, thread counts, time-outs, those gearcache
+    patches itself: ``_ENVIRONMENT_IGNORED``); ``{}`` for none.
+
+    Inductor and AOTAutograd read most settings' defaults from these variables when their config modules are
+    imported (``emulate_precision_casts = os.environ.get("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "0") == "1"``),
+    and their compile code reads others directly, so :func:`changed_compiler_settings` (values set in code, over
+    those defaults) cannot see them: a process started with ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS=1`` loaded the
+    entry another compiled without it (0.125 off eager where its own compile is exact). Read from ``os.environ``,
+    never from the config modules, so a warm process (which must not import them) keys a call as the compiling one
+    did. A variable unknown here counts (at worst a miss more, never a stale load); one set in ``os.environ`` after
+    torch's config module was imported counts though the compile did not read it (set them before ``import
+    torch``). Cost: a pass over ``os.environ``'s names (~20 us for 43 variables: each name is decoded), at an entry
+    key (a miss, a warm-up's look-up), never on the call path."""
+    names = sorted(name for name in os.environ if name.startswith(_ENVIRONMENT_PREFIX))
+    return {name: os.environ[name] for name in names if name not in _ENVIRONMENT_IGNORED}
 
 
 def _overridden(entry: Any) -> Any:
@@ -268,6 +361,17 @@ def _overridden(entry: Any) -> Any:
         return _NOT_OVERRIDDEN                  # the environment forces the value: the setting in code is ignored
     without = env_default if env_default is not unset else getattr(entry, "default", unset)
     return _NOT_OVERRIDDEN if value == without else value
+
+
+def settings_context() -> contextvars.Context:
+    """The calling thread's compiler settings, for a compile in another thread to run under:
+    ``threads.submit(settings_context().run, fn, *args)``. torch (2.13 and later) keeps an Inductor or AOTAutograd
+    setting set in code (``torch._inductor.config.x = v``, ``config.patch``) in a ``ContextVar``, which a new thread
+    does not see (it starts in an empty context): a compile there ran without the setting, under the key that names
+    it (:func:`changed_compiler_settings`, read in the caller). A copy of the caller's whole context (each call a new
+    one: a context is entered by one thread at a time); on torch 2.11 (settings are plain values, shared by every
+    thread) it changes nothing. Cost: one ``contextvars.copy_context()`` (~1 us), per compile started elsewhere."""
+    return contextvars.copy_context()
 
 
 def inductor_setting_names() -> set[str]:

@@ -194,6 +194,17 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
+dispatch_mode_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
+"""How many user ``TorchDispatchMode``s are active in this thread (C++, ~50 ns; torch's infrastructure modes, fake
+tensors and functionalization, are kept apart and not counted): a compiled entry runs its kernels without them."""
+
+
+def dispatch_modes() -> list[str]:
+    """The classes of this thread's active user ``TorchDispatchMode``s, innermost last (for a refusal's message)."""
+    return [f"{type(m).__module__}.{type(m).__qualname__}"
+            for m in (torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack()))]
+
+
 any_autocast_enabled: Callable[[], bool] = torch._C._is_any_autocast_enabled
 """True when autocast is on for any device type in this thread (C++; what AOTAutograd reads at load)."""
 

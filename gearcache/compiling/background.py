@@ -116,12 +116,12 @@ class StandIn(EagerEntry):
 class Compiling(StandIn, Generic[PendingT]):
     """The handle of one background compile, which serves its signature eagerly meanwhile (see the module
     docstring): the ``pending`` capture, the ``graph`` the worker compiles, the worker's ``future`` and its build
-    folder ``scratch``, the ``owner`` (held weakly) and the calling thread's grad mode, inference mode and global
-    state, which the settling compile runs under. The owner keeps it, polls it (:meth:`done`, :meth:`wait`), fills
-    the published build folder with it (:meth:`fill`) and then closes it (:meth:`close`)."""
+    folder ``scratch``, the ``owner`` (held weakly) and the calling thread's grad mode, inference mode, global
+    state and Inductor settings, which the settling compile runs under. The owner keeps it, polls it (:meth:`done`,
+    :meth:`wait`), fills the published build folder with it (:meth:`fill`) and then closes it (:meth:`close`)."""
 
-    __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state", "shared_as",
-                 "closed")
+    __slots__ = ("pending", "graph", "future", "scratch", "owner", "grad", "inference", "state", "settings",
+                 "shared_as", "closed")
 
     def __init__(self, method: Callable[..., Any], name: str, pending: PendingT, graph: torch.fx.GraphModule,
                  future: concurrent.futures.Future[dict[str, Any]], scratch: pathlib.Path, owner: BackgroundOwner,
@@ -132,6 +132,7 @@ class Compiling(StandIn, Generic[PendingT]):
         self.owner: Callable[[], BackgroundOwner | None] = weakref.ref(owner)
         self.grad, self.inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         self.state = torch_state.global_state()
+        self.settings = torch_inductor.settings_context()      # the Inductor settings its key names
 
     def done(self) -> bool:
         """Whether the worker is done (compiled, or failed: :meth:`reply` tells)."""
@@ -158,12 +159,14 @@ class Compiling(StandIn, Generic[PendingT]):
 
     def fill(self, pipeline: ArtifactPipeline, reply: dict[str, Any] | None, work: pathlib.Path) -> None:
         """Fill the build folder ``work``: the worker's folder and its run plan, or (``reply`` None: the worker
-        failed) a compile here; under the calling thread's grad mode, inference mode and global state."""
+        failed) a compile here; under the launching thread's grad mode, inference mode and global state, and a
+        compile here under its Inductor settings as they were at the launch (those its key names: the settling
+        thread may be another, or have left a ``config.patch`` since)."""
         example_inputs = self.pending.captured.example_inputs
         with torch_state.global_state_applied(self.state), torch.inference_mode(self.inference), \
                 torch.set_grad_enabled(self.grad):
             if reply is None:
-                pipeline.compile(self.graph, example_inputs, work)
+                self.settings.copy().run(pipeline.compile, self.graph, example_inputs, work)
                 return
             shutil.copytree(self.scratch / "inductor", work, symlinks=True)
             pipeline.finish_compiled_elsewhere(example_inputs, work, reply["seconds"])

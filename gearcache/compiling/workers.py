@@ -232,17 +232,21 @@ WORKER_DEVICE_BYTES = 1 << 30       # a worker's CUDA context and compile scratc
 
 def job_for(gm: torch.fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any],
             who: str) -> dict[str, Any] | None:
-    """The job (see the module docstring; without ``folder``) compiling ``gm`` on inputs like ``example_inputs``
-    under the calling thread's compiler settings, grad mode, inference mode and global state; None when the graph
-    cannot travel to a worker (it calls collectives, whose process groups only this process has, or torch cannot
-    pickle one of its calls), or two of its inputs share memory (a worker rebuilds each input on a base of its own:
-    module tensors that are views of one tensor, one written, were compiled apart there, and the entry read the other
-    before the write: eager [82], gearcache [60]; arguments so under ``on_new_signature="background"``: [5, 10] and
-    [5, 8]): the caller compiles it in-process. ``who``: names the graph in the
-    log. Cost: a storage range per input, per gear compiled."""
+    """The job (see the module docstring; without ``folder``) compiling ``gm`` on inputs like ``example_inputs`` under
+    the calling thread's compiler settings, grad mode, inference mode and global state; None when the graph cannot
+    travel to a worker (it calls collectives, whose process groups only this process has, or torch cannot pickle one of
+    its calls, or a custom Inductor pass is set: ``_torch.inductor.custom_passes``), or two of its inputs share memory
+    (a worker rebuilds each input on a base of its own: module tensors that are views of one tensor, one written, were
+    compiled apart there, and the entry read the other before the write: eager [82], gearcache [60]; arguments so under
+    ``on_new_signature="background"``: [5, 10] and [5, 8]): the caller compiles it in-process. ``who``: names the graph
+    in the log. Cost: a storage range per input, per gear compiled."""
     if communicates(gm):
         log.info("%s is compiled in this process: its graph calls collectives, whose process groups only this "
                  "process has", who)
+        return None
+    if torch_inductor.custom_passes():
+        log.info("%s is compiled in this process: it is compiled under a custom Inductor pass, which a worker's "
+                 "settings cannot carry", who)
         return None
     if not memory.ranges_apart(tuple(example_inputs)):
         log.info("%s is compiled in this process: inputs of its graph share memory (views of one tensor), which a "

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Iterable, NamedTuple
 
 import torch
 
-from .._torch import state as torch_state
+from .._torch import inductor as torch_inductor, state as torch_state
 from ..compiling import background
 from ..ranks import phases as ranks
 from ..gears.plan import GearCall, MarkedCall, MarkedDim
@@ -194,7 +194,8 @@ def find_all(life: "EntryLife", gears: Iterable[GearCall],
                 if threads is None:
                     threads = concurrent.futures.ThreadPoolExecutor(n, "gearcache-load", _adopt_device,
                                                                     (_caller_device(),))
-                futures.append((gear, threads.submit(_find_in_thread, life, gear, timeline, reading, caller)))
+                futures.append((gear, threads.submit(torch_inductor.settings_context().run, _find_in_thread, life,
+                                                     gear, timeline, reading, caller)))
                 continue
             before = _thread_clock()
             results.append((gear, *_find(life, gear, timeline, reading)))
@@ -266,9 +267,10 @@ class _CallerState(NamedTuple):
 def _find_in_thread(life: "EntryLife", gear: GearCall, timeline: Timeline, reading: guard_sets.Reading,
                     caller: _CallerState) -> tuple["Found", float] | None:
     """:func:`_find` in a look-up thread under the ``caller``'s grad and inference mode and global torch state (the
-    entry key reads it: a gear looked up without the caller's autocast would be served the entry compiled without
-    it); None where this thread cannot take that state on (``global_state_applied``: e.g. a torch-function mode):
-    the caller then looks the gear up itself."""
+    entry key reads it: a gear looked up without the caller's autocast would be served the entry compiled without it),
+    run in the caller's ``settings_context()`` (the key's Inductor settings: a thread sees none of those the caller set
+    in code; the gears were keyed without them); None where this thread cannot take that state on
+    (``global_state_applied``: e.g. a torch-function mode): the caller then looks the gear up itself."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.set_grad_enabled(caller.grad))
         stack.enter_context(torch.inference_mode(caller.inference))
@@ -319,7 +321,8 @@ def _compile_in_workers(life: "EntryLife", missing: list[tuple[GearCall, "Found"
                 p = life.capture(gear.args, gear.kwargs, gear.leaves, found)
                 job = _job(life, p)
             build = _RemoteBuild(life, p, job, pool, (capture_lock, finish_lock), timeline, who)
-            future = threads.submit(life.publish, p, build)
+            # the thread compiles in this process where the worker cannot: under the caller's Inductor settings
+            future = threads.submit(torch_inductor.settings_context().run, life.publish, p, build)
             future.add_done_callback(functools.partial(done, sizes=gear.sizes, t0=p.t0))
             pending.append((gear.key, future, p, who))
         for gkey, future, p, who in pending:
