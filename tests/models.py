@@ -81,3 +81,14 @@ def __getattr__(name: str) -> type:
     if name == "MulToAdd":
         return _custom_graph_pass()
     raise AttributeError(name)
+
+
+class Product(nn.Module):
+    """``x * y`` cached: a graph whose one multiplication a custom pass or a dispatch mode can change."""
+
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x, y):
+        return x * y

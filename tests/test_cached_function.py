@@ -692,21 +692,14 @@ def test_a_submodule_replaced_while_a_miss_compiles_is_read_by_the_calls_after_i
             torch.testing.assert_close(m.cached(x), m.fwd(x))
 
 
-class Product(torch.nn.Module):
-    def __init__(self, cache_dir):
-        super().__init__()
-        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
-
-    def fwd(self, x, y):
-        return x * y
-
-
 def test_a_call_under_a_torch_dispatch_mode_is_refused(tmp_path, checks):
     """A TorchDispatchMode sees every op eager runs (and may change its result: FlopCounterMode counts, a mode may
     round); a compiled entry runs its kernels without it. Served under a mode that rounds products, the entry gave
     2.43 where eager gives 2.0 (torch.compile runs eager under such a mode), on the shortcut and on a new instance's
     load alike. Such a call is refused, naming the mode and the fix; out of the mode the entry serves again."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models import Product
 
     class Rounding(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -225,22 +225,13 @@ def test_an_inductor_environment_variable_gets_entries_of_its_own(tmp_path):
     assert again["compiles"] == 0 and again["loads"] == 1 and again["diff"] == first["diff"]
 
 
-class Product(torch.nn.Module):
-    def __init__(self, cache_dir):
-        super().__init__()
-        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
-
-    def fwd(self, x, y):
-        return x * y
-
-
 def test_a_custom_inductor_pass_gets_entries_of_its_own(tmp_path):
     """A process that set ``torch._inductor.config.post_grad_custom_post_pass`` compiled its entry with the pass (the
     user's choice: x * y became x + y, 8 for 3 and 5); another without the pass loaded that entry: 8 where eager
     gives 15. Custom passes (by class and ``uuid()``) are a factor of the keys now."""
     import torch._inductor.config as inductor_config
 
-    from models import MulToAdd
+    from models import MulToAdd, Product
 
     x, y = torch.full((4,), 3.0), torch.full((4,), 5.0)
     with torch.inference_mode():
