@@ -374,6 +374,23 @@ def settings_context() -> contextvars.Context:
     return contextvars.copy_context()
 
 
+def run_under_settings(settings: contextvars.Context, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` under the compiler settings ``settings`` holds (:func:`settings_context`, taken earlier, maybe in
+    another thread), with the compile-thread count the calling thread has now: at interpreter exit the caller runs
+    under :func:`serial_compiles`, which a context taken at launch does not hold (the compile then asked Inductor's
+    pool for work: "cannot schedule new futures after interpreter shutdown"). Changes no generated code."""
+    from torch.utils._config_module import ConfigModule
+
+    config = cast(ConfigModule, torch._inductor.config)
+    threads = {"compile_threads": config.compile_threads}     # as the calling thread reads it
+
+    def run() -> Any:
+        with config.patch(threads):
+            return fn(*args)
+
+    return settings.copy().run(run)
+
+
 def inductor_setting_names() -> set[str]:
     """The names of Inductor's settings (``torch._inductor.config``; imports the compiler's config, not the
     compiler)."""

@@ -166,7 +166,7 @@ class Compiling(StandIn, Generic[PendingT]):
         with torch_state.global_state_applied(self.state), torch.inference_mode(self.inference), \
                 torch.set_grad_enabled(self.grad):
             if reply is None:
-                self.settings.copy().run(pipeline.compile, self.graph, example_inputs, work)
+                torch_inductor.run_under_settings(self.settings, pipeline.compile, self.graph, example_inputs, work)
                 return
             shutil.copytree(self.scratch / "inductor", work, symlinks=True)
             pipeline.finish_compiled_elsewhere(example_inputs, work, reply["seconds"])
