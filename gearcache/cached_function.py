@@ -191,7 +191,7 @@ class CachedFunction(Dispatcher):
                 if mismatch is None:
                     mismatch = _filed_elsewhere(entry.manifest, place)
                 if mismatch is None and isinstance(entry, Entry):
-                    mismatch = entry.sharing_changed(self._module)
+                    mismatch = entry.sharing_changed(self._module) or entry.records_changed()
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
