@@ -368,6 +368,39 @@ def test_a_fixed_signature_method_called_with_another_shape_is_a_signature_error
         torch.testing.assert_close(m.cached(x), m.fwd(x))      # the first signature still served
 
 
+class AddsTo(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir,
+                                              config=CompilerConfig(check_signature=False))
+
+    def fwd(self, x, y):
+        return self.lin(x) + y
+
+
+def test_a_fixed_signature_method_called_with_another_dtype_or_an_extra_argument_is_refused_as_eager_refuses(
+        tmp_path):
+    """``check_signature=False`` at another dtype: Inductor's input check reads sizes and strides only, so a float64
+    (or int32, bool) ``y`` ran through the float32 graph read as float32 bits (-3.7e19 where eager gives 0.6); now a
+    ``SignatureMismatchError`` naming the dtype. A call with one argument more ran the first entry on the first two
+    (eager: TypeError); it takes the checked path now, which raises eager's TypeError. One compile."""
+    m = AddsTo(tmp_path)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.inference_mode():
+        m.cached(x, y)
+        with counters.expect(compiles=0):
+            for dtype in (torch.float64, torch.int32, torch.bool):
+                with pytest.raises(gearcache.SignatureMismatchError, match=rf"(?s){str(dtype)[6:]}\[2, 4\].*"
+                                   r"another dtype or device"):
+                    m.cached(x, y.to(dtype))
+            for call in (m.fwd, m.cached):
+                with pytest.raises(TypeError, match="positional arguments but 4 were given"):
+                    call(x, y, y)
+            torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))      # the first signature still served
+
+
 def test_a_fixed_signature_method_serves_its_first_entry_only_under_that_entrys_grad_mode_and_global_state(
         settings_cache):
     """``check_signature=False`` skips the look-up of shapes, not the state the first entry was compiled under: its
