@@ -94,8 +94,8 @@ class CachedFunction(Dispatcher):
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
-        if torch_state.dispatch_mode_depth():       # ~50 ns; a new mode fails the shortcut's state check (native)
-            self._refuse_dispatch_modes()
+        if torch_state.dispatch_mode_depth() or torch_state.function_mode_depth():   # ~50 ns each; a new mode
+            self._refuse_modes()                    # fails the shortcut's state check (native, or Dynamo's and depth)
         watch = self._watch
         if watch is not None and not watch.valid():
             self._revalidate()
@@ -360,15 +360,22 @@ class CachedFunction(Dispatcher):
         self.warmup_timeline = Timeline()
         return warm_up(self, args, kwargs, self.warmup_timeline)
 
-    def _refuse_dispatch_modes(self) -> None:
-        """Raise ``DispatchModeError``: a call under a user ``TorchDispatchMode``, which eager runs every op through
-        and a compiled entry would not (a mode that rounds products: eager 2.0, the entry 2.43)."""
-        modes = ", ".join(torch_state.dispatch_modes())
+    def _refuse_modes(self) -> None:
+        """Raise ``DispatchModeError`` for a call under a user ``TorchDispatchMode``, which eager runs every op
+        through and a compiled entry would not (a mode that rounds products: eager 2.0, the entry 2.43), or under a
+        ``TorchFunctionMode`` other than ``torch.device``'s, which Dynamo traces into the graph and an entry does not
+        follow (compiled under a mode adding 1 to products: eager 2.43, the entry 3.43; served under another mode of
+        the same depth, or with none). Returns where only ``torch.device``'s mode is active."""
+        modes = torch_state.dispatch_modes() if torch_state.dispatch_mode_depth() else []
+        kind = "TorchDispatchMode" if modes else "TorchFunctionMode"
+        modes = modes or torch_state.user_function_modes()
+        if not modes:
+            return
         raise DispatchModeError(
-            f"{self.name} was called under the TorchDispatchMode {modes}: a compiled entry runs its kernels without "
-            f"the mode, which eager runs every op through (its answer, or what it records, would differ). Fix: call "
-            f"the method itself under the mode (model.{self._method.__name__}(...), eager, as torch.compile does "
-            f"under a dispatch mode), or call the cached method outside it")
+            f"{self.name} was called under the {kind} {', '.join(modes)}: a compiled entry runs its kernels without "
+            f"the mode, which eager runs every op through, or with the mode it was compiled under (its answer, or "
+            f"what it records, would differ). Fix: call the method itself under the mode "
+            f"(model.{self._method.__name__}(...), eager), or call the cached method outside it")
 
     def _unchecked_mismatch(self, args: tuple[Any, ...], error: str) -> SignatureMismatchError:
         """The error for a call ``check_signature=False`` served with the first entry although its inputs differ

@@ -749,3 +749,36 @@ def test_a_call_under_a_torch_dispatch_mode_is_refused(tmp_path, checks):
                 with pytest.raises(gearcache.DispatchModeError, match="Rounding"), counters.expect(compiles=0):
                     model.cached(x, y)
         torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+
+
+def test_a_call_under_a_torch_function_mode_is_refused_and_one_under_torch_device_is_served(tmp_path, checks):
+    """Dynamo traces a TorchFunctionMode into the graph, and the key held the modes' classes: compiled under a mode
+    that adds 1 to every product, the entry applied it twice (eager 2.43, the entry 3.43); the native state snapshot
+    sees the stack's depth only, so an entry compiled under one mode served calls under another of the same depth,
+    and Dynamo's snapshot (``GEARCACHE_NATIVE=0``) saw no mode at all: the entry compiled without one served calls
+    under it (1.43). Such calls are refused now, naming the mode and the fix, as under a TorchDispatchMode; torch's
+    own ``with torch.device(...)`` (a TorchFunctionMode holding the default device, which the key holds) is
+    served."""
+    from torch.overrides import TorchFunctionMode
+
+    from models import Product
+
+    class PlusOne(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out + 1 if func in (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul) else out
+
+    x, y = torch.full((4,), 1.3), torch.full((4,), 1.1)
+    with torch.inference_mode():
+        m = Product(tmp_path)
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))        # the shortcut from here on
+        want = x * y + 1
+        with PlusOne():
+            torch.testing.assert_close(m.fwd(x, y), want)
+            for model in (m, Product(tmp_path)):
+                with pytest.raises(gearcache.DispatchModeError, match="PlusOne"), counters.expect(compiles=0):
+                    model.cached(x, y)
+        with torch.device("cpu"):
+            torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
