@@ -52,6 +52,9 @@ from .store import Store
 from .warmup.method import warm_up
 from .timeline import Timeline
 
+TensorMeta = tuple[type, torch.dtype, torch.device]
+"""An argument's class, dtype and device (``_tensor_metas``)."""
+
 log = logging.getLogger("gearcache")
 
 
@@ -78,7 +81,7 @@ class CachedFunction(Dispatcher):
         self._first: Loaded | None = None
         # the first entry, whether it writes a call leaf, the (grad, inference mode, global state tag) of its key and
         # its leaves' (dtype, device), where it can serve calls without a key (_set_first)
-        self._unchecked: tuple[Loaded, bool, Hashable, tuple[tuple[torch.dtype, torch.device], ...]] | None = None
+        self._unchecked: tuple[Loaded, bool, Hashable, tuple[TensorMeta, ...]] | None = None
         # per key, for the shortcut: the entry it was made for, and its matcher
         self._matchers: dict[tuple[Hashable, ...], tuple[Loaded, signature.Matcher | None]] = {}
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
@@ -104,10 +107,10 @@ class CachedFunction(Dispatcher):
         if (unchecked is not None and not self.config.check_signature and not kwargs and gear_life.plan is None
                 and (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), signature.state_tag()) == unchecked[2]
                 and len(args) == len(unchecked[3]) and (not unchecked[1] or memory.ranges_apart(args))):
-            metas = _dtypes_devices(args)   # None: a Python scalar or another non-tensor (the checked path keys it)
-            if metas is not None:
-                if metas != unchecked[3]:   # the graph checks sizes and strides, never dtypes or devices
-                    raise self._unchecked_mismatch(args, "another dtype or device")
+            metas = _tensor_metas(args)     # None: a Python scalar or another non-tensor (the checked path keys it)
+            if metas is not None and metas != unchecked[3] and all(m[0] is torch.Tensor for m in metas):
+                raise self._unchecked_mismatch(args, "another dtype or device")     # the graph checks no dtype
+            if metas == unchecked[3]:       # not a tensor subclass either (eager runs its __torch_function__)
                 first = unchecked[0]
                 if isinstance(first, Entry) and first.state_aliases:
                     state_alias.refuse(self.name, self._method, first.state_aliases, args, None)
@@ -241,8 +244,10 @@ class CachedFunction(Dispatcher):
         mode = next((key[1] for key, e in self._table.items() if e is entry), None)
         desc = entry.manifest.get("signature") if entry is not None else None
         if entry is not None and mode is not None and _positional_apart(desc):
-            metas = tuple((getattr(torch, leaf["dtype"].removeprefix("torch.")), torch.device(leaf["device"]))
-                          for leaf in cast(dict[str, list[dict[str, str]]], desc)["leaves"])
+            leaves = cast(dict[str, list[dict[str, str]]], desc)["leaves"]
+            metas: tuple[TensorMeta, ...] = tuple(
+                (torch.Tensor, getattr(torch, leaf["dtype"].removeprefix("torch.")), torch.device(leaf["device"]))
+                for leaf in leaves)
             self._unchecked = entry, isinstance(entry, Entry) and writes_a_leaf(entry), mode, metas
 
     def _rewatch(self) -> None:
@@ -442,15 +447,16 @@ def _entry_point_name(method: types.MethodType) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
-_DTYPE_DEVICE = operator.attrgetter("dtype", "device")
+_CLASS_DTYPE_DEVICE = operator.attrgetter("__class__", "dtype", "device")
 
 
-def _dtypes_devices(args: tuple[Any, ...]) -> tuple[tuple[torch.dtype, torch.device], ...] | None:
-    """Each argument's ``(dtype, device)`` (an unchecked call's, compared with the first entry's: Inductor's input
-    check reads sizes and strides only, and a float64 tensor in a float32 graph was read as float32 bits), or None
-    where one has neither (a Python scalar, a list). Cost: ~0.25 us per tensor (this 2-core host, loaded)."""
+def _tensor_metas(args: tuple[Any, ...]) -> tuple[TensorMeta, ...] | None:
+    """Each argument's ``(torch.Tensor, dtype, device)`` (an unchecked call's, compared with the first entry's:
+    Inductor's input check reads sizes and strides only, and a float64 tensor in a float32 graph was read as float32
+    bits; a tensor subclass, whose ``__torch_function__`` eager runs, was served as a plain tensor), or None where
+    one is not a tensor (a Python scalar, a list). Cost: ~0.25 us per tensor (this 2-core host, loaded)."""
     try:
-        return tuple(map(_DTYPE_DEVICE, args))
+        return tuple(map(_CLASS_DTYPE_DEVICE, args))
     except AttributeError:
         return None
 
@@ -463,7 +469,7 @@ def _positional_apart(desc: object) -> bool:
         return False
     leaves = desc["leaves"]
     flat = desc.get("structure") in (str(len(leaves)), str(((tuple, *[None] * len(leaves)), (dict, ()))))
-    return flat and all("shape" in leaf and "storage_of" not in leaf for leaf in leaves)
+    return flat and all("shape" in leaf and "storage_of" not in leaf and "type" not in leaf for leaf in leaves)
 
 
 def _filed_elsewhere(manifest: dict[str, Any], place: tuple[str, list[list[Any]]]) -> str | None:

@@ -10,6 +10,7 @@ import torch
 
 import gearcache
 from gearcache import CompilerConfig, counters
+from gearcache.errors import UnguardableError
 
 
 class Affine(torch.nn.Module):
@@ -380,12 +381,23 @@ class AddsTo(torch.nn.Module):
         return self.lin(x) + y
 
 
+class PlusOneProducts(torch.Tensor):
+    """A tensor subclass whose ``__torch_function__`` (run by eager, not by a compiled graph) adds 1 to linear's
+    result."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out + 1 if func is torch.nn.functional.linear else out
+
+
 def test_a_fixed_signature_method_called_with_another_dtype_or_an_extra_argument_is_refused_as_eager_refuses(
         tmp_path):
     """``check_signature=False`` at another dtype: Inductor's input check reads sizes and strides only, so a float64
     (or int32, bool) ``y`` ran through the float32 graph read as float32 bits (-3.7e19 where eager gives 0.6); now a
     ``SignatureMismatchError`` naming the dtype. A call with one argument more ran the first entry on the first two
-    (eager: TypeError); it takes the checked path now, which raises eager's TypeError. One compile."""
+    (eager: TypeError), and a tensor subclass was served as a plain tensor (its ``__torch_function__`` skipped): both
+    take the checked path now, which raises eager's TypeError and refuses the subclass. One compile."""
     m = AddsTo(tmp_path)
     x, y = torch.randn(2, 4), torch.randn(2, 4)
     with torch.inference_mode():
@@ -398,6 +410,10 @@ def test_a_fixed_signature_method_called_with_another_dtype_or_an_extra_argument
             for call in (m.fwd, m.cached):
                 with pytest.raises(TypeError, match="positional arguments but 4 were given"):
                     call(x, y, y)
+            sub = x.as_subclass(PlusOneProducts)
+            assert not torch.equal(m.fwd(sub, y), m.fwd(x, y))
+            with pytest.raises(UnguardableError, match="PlusOneProducts"):   # the checked path's answer
+                m.cached(sub, y)
             torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))      # the first signature still served
 
 
