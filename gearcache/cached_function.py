@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 import re
 import types
 from typing import Any, Callable, Hashable, cast
@@ -51,6 +52,9 @@ from .store import Store
 from .warmup.method import warm_up
 from .timeline import Timeline
 
+TensorMeta = tuple[type, torch.dtype, torch.device]
+"""An argument's class, dtype and device (``_tensor_metas``)."""
+
 log = logging.getLogger("gearcache")
 
 
@@ -75,9 +79,9 @@ class CachedFunction(Dispatcher):
         self._table = self.life.table   # signature key -> entry (the life's table, read directly on the call path)
         self._lock = self.life.lock
         self._first: Loaded | None = None
-        # the first entry, whether it writes a call leaf, and the (grad, inference mode, global state tag) of its key,
-        # where it can serve calls without a key (_set_first)
-        self._unchecked: tuple[Loaded, bool, Hashable] | None = None
+        # the first entry, whether it writes a call leaf, the (grad, inference mode, global state tag) of its key and
+        # its leaves' (dtype, device), where it can serve calls without a key (_set_first)
+        self._unchecked: tuple[Loaded, bool, Hashable, tuple[TensorMeta, ...]] | None = None
         # per key, for the shortcut: the entry it was made for, and its matcher
         self._matchers: dict[tuple[Hashable, ...], tuple[Loaded, signature.Matcher | None]] = {}
         self.gear_life = GearPlanLife(method, config=config, store=store, topology=topology, name=self.name,
@@ -93,8 +97,8 @@ class CachedFunction(Dispatcher):
 
     # ----------------------------------------------------------------------------------------------- hot path
     def _call(self, *args: Any, **kwargs: Any) -> Any:
-        if torch_state.dispatch_mode_depth():       # ~50 ns; a new mode fails the shortcut's state check (native)
-            self._refuse_dispatch_modes()
+        if torch_state.dispatch_mode_depth() or torch_state.function_mode_depth():   # ~50 ns each; a new mode
+            self._refuse_modes()                    # fails the shortcut's state check (native, or Dynamo's and depth)
         watch = self._watch
         if watch is not None and not watch.valid():
             self._revalidate()
@@ -102,14 +106,18 @@ class CachedFunction(Dispatcher):
         unchecked = self._unchecked
         if (unchecked is not None and not self.config.check_signature and not kwargs and gear_life.plan is None
                 and (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), signature.state_tag()) == unchecked[2]
-                and (not unchecked[1] or memory.ranges_apart(args))):
-            first = unchecked[0]
-            if isinstance(first, Entry) and first.state_aliases:
-                state_alias.refuse(self.name, self._method, first.state_aliases, args, None)
-            try:
-                return first(args)
-            except AssertionError as e:     # the graph's own input check: another signature than the first's
-                raise self._unchecked_mismatch(args, e) from e
+                and len(args) == len(unchecked[3]) and (not unchecked[1] or memory.ranges_apart(args))):
+            metas = _tensor_metas(args)     # None: a Python scalar or another non-tensor (the checked path keys it)
+            if metas is not None and metas != unchecked[3] and all(m[0] is torch.Tensor for m in metas):
+                raise self._unchecked_mismatch(args, "another dtype or device")     # the graph checks no dtype
+            if metas == unchecked[3]:       # not a tensor subclass either (eager runs its __torch_function__)
+                first = unchecked[0]
+                if isinstance(first, Entry) and first.state_aliases:
+                    state_alias.refuse(self.name, self._method, first.state_aliases, args, None)
+                try:
+                    return first(args)
+                except AssertionError as e:     # the graph's own input check: another signature than the first's
+                    raise self._unchecked_mismatch(args, str(e)) from e
         leaves, key = signature.call_key(args, kwargs)
         if key[1][0]:                       # grad enabled: inference-only entries must not silently drop grads
             self._check_no_grad(leaves)
@@ -191,7 +199,7 @@ class CachedFunction(Dispatcher):
                 if mismatch is None:
                     mismatch = _filed_elsewhere(entry.manifest, place)
                 if mismatch is None and isinstance(entry, Entry):
-                    mismatch = entry.sharing_changed(self._module)
+                    mismatch = entry.sharing_changed(self._module) or entry.records_changed()
                 if mismatch is not None:
                     log.info("%s: entry %s no longer applies (%s); its next call misses", self.name,
                              entry.manifest.get("ekey"), mismatch)
@@ -234,8 +242,13 @@ class CachedFunction(Dispatcher):
         self._first = entry
         self._unchecked = None
         mode = next((key[1] for key, e in self._table.items() if e is entry), None)
-        if entry is not None and mode is not None and _positional_apart(entry.manifest.get("signature")):
-            self._unchecked = entry, isinstance(entry, Entry) and writes_a_leaf(entry), mode
+        desc = entry.manifest.get("signature") if entry is not None else None
+        if entry is not None and mode is not None and _positional_apart(desc):
+            leaves = cast(dict[str, list[dict[str, str]]], desc)["leaves"]
+            metas: tuple[TensorMeta, ...] = tuple(
+                (torch.Tensor, getattr(torch, leaf["dtype"].removeprefix("torch.")), torch.device(leaf["device"]))
+                for leaf in leaves)
+            self._unchecked = entry, isinstance(entry, Entry) and writes_a_leaf(entry), mode, metas
 
     def _rewatch(self) -> None:
         """Watch the paths of the value guards of every entry in the table and of the gear plan, as they are now.
@@ -352,25 +365,32 @@ class CachedFunction(Dispatcher):
         self.warmup_timeline = Timeline()
         return warm_up(self, args, kwargs, self.warmup_timeline)
 
-    def _refuse_dispatch_modes(self) -> None:
-        """Raise ``DispatchModeError``: a call under a user ``TorchDispatchMode``, which eager runs every op through
-        and a compiled entry would not (a mode that rounds products: eager 2.0, the entry 2.43)."""
-        modes = ", ".join(torch_state.dispatch_modes())
+    def _refuse_modes(self) -> None:
+        """Raise ``DispatchModeError`` for a call under a user ``TorchDispatchMode``, which eager runs every op
+        through and a compiled entry would not (a mode that rounds products: eager 2.0, the entry 2.43), or under a
+        ``TorchFunctionMode`` other than ``torch.device``'s, which Dynamo traces into the graph and an entry does not
+        follow (compiled under a mode adding 1 to products: eager 2.43, the entry 3.43; served under another mode of
+        the same depth, or with none). Returns where only ``torch.device``'s mode is active."""
+        modes = torch_state.dispatch_modes() if torch_state.dispatch_mode_depth() else []
+        kind = "TorchDispatchMode" if modes else "TorchFunctionMode"
+        modes = modes or torch_state.user_function_modes()
+        if not modes:
+            return
         raise DispatchModeError(
-            f"{self.name} was called under the TorchDispatchMode {modes}: a compiled entry runs its kernels without "
-            f"the mode, which eager runs every op through (its answer, or what it records, would differ). Fix: call "
-            f"the method itself under the mode (model.{self._method.__name__}(...), eager, as torch.compile does "
-            f"under a dispatch mode), or call the cached method outside it")
+            f"{self.name} was called under the {kind} {', '.join(modes)}: a compiled entry runs its kernels without "
+            f"the mode, which eager runs every op through, or with the mode it was compiled under (its answer, or "
+            f"what it records, would differ). Fix: call the method itself under the mode "
+            f"(model.{self._method.__name__}(...), eager), or call the cached method outside it")
 
-    def _unchecked_mismatch(self, args: tuple[Any, ...], error: AssertionError) -> SignatureMismatchError:
+    def _unchecked_mismatch(self, args: tuple[Any, ...], error: str) -> SignatureMismatchError:
         """The error for a call ``check_signature=False`` served with the first entry although its inputs differ
-        (the compiled graph's input check raised ``error``: nothing ran)."""
+        (their dtypes or devices, or the compiled graph's input check raised ``error``: nothing ran)."""
         leaves, key = signature.call_key(args, {})
         first = self._unchecked[0] if self._unchecked is not None else None
         desc = first.manifest.get("signature") if isinstance(first, Entry) else None
         known = [signature.short(desc)] if desc else []
         fix = (f"check_signature=False serves every call with the first entry's signature, and this call differs "
-               f"({str(error).splitlines()[0]}): call with that signature, or leave check_signature=True (the "
+               f"({(error.splitlines() or [''])[0]}): call with that signature, or leave check_signature=True (the "
                f"default) to look up or compile an entry per signature")
         return SignatureMismatchError(self.name, signature.short(signature.describe(leaves, key)), known, fix)
 
@@ -427,6 +447,20 @@ def _entry_point_name(method: types.MethodType) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
+_CLASS_DTYPE_DEVICE = operator.attrgetter("__class__", "dtype", "device")
+
+
+def _tensor_metas(args: tuple[Any, ...]) -> tuple[TensorMeta, ...] | None:
+    """Each argument's ``(torch.Tensor, dtype, device)`` (an unchecked call's, compared with the first entry's:
+    Inductor's input check reads sizes and strides only, and a float64 tensor in a float32 graph was read as float32
+    bits; a tensor subclass, whose ``__torch_function__`` eager runs, was served as a plain tensor), or None where
+    one is not a tensor (a Python scalar, a list). Cost: ~0.25 us per tensor (this 2-core host, loaded)."""
+    try:
+        return tuple(map(_CLASS_DTYPE_DEVICE, args))
+    except AttributeError:
+        return None
+
+
 def _positional_apart(desc: object) -> bool:
     """Whether a signature (``signature.describe``) is of positional tensor leaves only (no keyword, list, tuple or
     dict arguments, no Python scalar: its value is compiled into the graph, and an unkeyed call would run the first
@@ -435,7 +469,7 @@ def _positional_apart(desc: object) -> bool:
         return False
     leaves = desc["leaves"]
     flat = desc.get("structure") in (str(len(leaves)), str(((tuple, *[None] * len(leaves)), (dict, ()))))
-    return flat and all("shape" in leaf and "storage_of" not in leaf for leaf in leaves)
+    return flat and all("shape" in leaf and "storage_of" not in leaf and "type" not in leaf for leaf in leaves)
 
 
 def _filed_elsewhere(manifest: dict[str, Any], place: tuple[str, list[list[Any]]]) -> str | None:

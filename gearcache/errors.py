@@ -64,7 +64,9 @@ class GradModeError(GearcacheError):
 class DispatchModeError(GearcacheError, RuntimeError):
     """A cached method was called under a ``TorchDispatchMode`` (``FlopCounterMode``, a mode that changes results):
     eager runs every op through the mode, a compiled entry runs its kernels without it, so the call is refused (as
-    torch.compile runs such a call eagerly, its answer would be eager's)."""
+    torch.compile runs such a call eagerly, its answer would be eager's); or under a ``TorchFunctionMode`` other than
+    ``torch.device``'s, which Dynamo traces into the graph and an entry does not follow (its state, another mode of
+    the same depth)."""
 
 
 class PaddingUnsafeError(GearcacheError):

@@ -10,6 +10,7 @@ import torch
 
 import gearcache
 from gearcache import CompilerConfig, counters
+from gearcache.errors import UnguardableError
 
 
 class Affine(torch.nn.Module):
@@ -368,6 +369,54 @@ def test_a_fixed_signature_method_called_with_another_shape_is_a_signature_error
         torch.testing.assert_close(m.cached(x), m.fwd(x))      # the first signature still served
 
 
+class AddsTo(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir,
+                                              config=CompilerConfig(check_signature=False))
+
+    def fwd(self, x, y):
+        return self.lin(x) + y
+
+
+class PlusOneProducts(torch.Tensor):
+    """A tensor subclass whose ``__torch_function__`` (run by eager, not by a compiled graph) adds 1 to linear's
+    result."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out + 1 if func is torch.nn.functional.linear else out
+
+
+def test_a_fixed_signature_method_called_with_another_dtype_or_an_extra_argument_is_refused_as_eager_refuses(
+        tmp_path):
+    """``check_signature=False`` at another dtype: Inductor's input check reads sizes and strides only, so a float64
+    (or int32, bool) ``y`` ran through the float32 graph read as float32 bits (-3.7e19 where eager gives 0.6); now a
+    ``SignatureMismatchError`` naming the dtype. A call with one argument more ran the first entry on the first two
+    (eager: TypeError), and a tensor subclass was served as a plain tensor (its ``__torch_function__`` skipped): both
+    take the checked path now, which raises eager's TypeError and refuses the subclass. One compile."""
+    m = AddsTo(tmp_path)
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.inference_mode():
+        m.cached(x, y)
+        with counters.expect(compiles=0):
+            for dtype in (torch.float64, torch.int32, torch.bool):
+                with pytest.raises(gearcache.SignatureMismatchError, match=rf"(?s){str(dtype)[6:]}\[2, 4\].*"
+                                   r"another dtype or device"):
+                    m.cached(x, y.to(dtype))
+            for call in (m.fwd, m.cached):
+                with pytest.raises(TypeError, match="positional arguments but 4 were given"):
+                    call(x, y, y)
+            sub = x.as_subclass(PlusOneProducts)
+            assert not torch.equal(m.fwd(sub, y), m.fwd(x, y))
+            with pytest.raises(UnguardableError, match="PlusOneProducts"):   # the checked path's answer
+                m.cached(sub, y)
+            torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))      # the first signature still served
+
+
 def test_a_fixed_signature_method_serves_its_first_entry_only_under_that_entrys_grad_mode_and_global_state(
         settings_cache):
     """``check_signature=False`` skips the look-up of shapes, not the state the first entry was compiled under: its
@@ -715,4 +764,37 @@ def test_a_call_under_a_torch_dispatch_mode_is_refused(tmp_path, checks):
                 assert m.fwd(x, y).tolist() == [1.0] * 4
                 with pytest.raises(gearcache.DispatchModeError, match="Rounding"), counters.expect(compiles=0):
                     model.cached(x, y)
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+
+
+def test_a_call_under_a_torch_function_mode_is_refused_and_one_under_torch_device_is_served(tmp_path, checks):
+    """Dynamo traces a TorchFunctionMode into the graph, and the key held the modes' classes: compiled under a mode
+    that adds 1 to every product, the entry applied it twice (eager 2.43, the entry 3.43); the native state snapshot
+    sees the stack's depth only, so an entry compiled under one mode served calls under another of the same depth,
+    and Dynamo's snapshot (``GEARCACHE_NATIVE=0``) saw no mode at all: the entry compiled without one served calls
+    under it (1.43). Such calls are refused now, naming the mode and the fix, as under a TorchDispatchMode; torch's
+    own ``with torch.device(...)`` (a TorchFunctionMode holding the default device, which the key holds) is
+    served."""
+    from torch.overrides import TorchFunctionMode
+
+    from models import Product
+
+    class PlusOne(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out + 1 if func in (torch.Tensor.__mul__, torch.Tensor.mul, torch.mul) else out
+
+    x, y = torch.full((4,), 1.3), torch.full((4,), 1.1)
+    with torch.inference_mode():
+        m = Product(tmp_path)
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
+        torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))        # the shortcut from here on
+        want = x * y + 1
+        with PlusOne():
+            torch.testing.assert_close(m.fwd(x, y), want)
+            for model in (m, Product(tmp_path)):
+                with pytest.raises(gearcache.DispatchModeError, match="PlusOne"), counters.expect(compiles=0):
+                    model.cached(x, y)
+        with torch.device("cpu"):
+            torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))
         torch.testing.assert_close(m.cached(x, y), m.fwd(x, y))

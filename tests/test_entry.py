@@ -2,13 +2,18 @@
 one do the same work: gather the graph inputs (module tensors read at every call), check alignment and grad mode, and
 hand anything unusual to the run plan's Python ``run_list``."""
 import collections
+import dataclasses
 import gc
+import re
 import sys
+import typing
 import weakref
 
 import pytest
 import torch
 
+import gearcache
+from gearcache.errors import UnsupportedInputError
 from gearcache._torch import state as torch_state, tensor_checks as torch_tensor_checks
 from gearcache.call import entry as entry_mod
 from gearcache import runplan
@@ -274,3 +279,102 @@ def test_a_result_class_is_found_by_name_and_refused_where_its_fields_changed():
         record_class("namedtuple", f"{__name__}:Point", ["x", "y", "z"])
     with pytest.raises(UnsupportedInputError, match="cannot find"):
         record_class("dataclass", f"{__name__}:Missing", [])
+
+
+@dataclasses.dataclass
+class OwnInit:
+    """@dataclass keeps an ``__init__`` the class defines: eager's ``OwnInit(x + 1)`` holds ``(x + 1) * 2``."""
+    t: torch.Tensor
+
+    def __init__(self, t):
+        self.t = t * 2
+
+
+@dataclasses.dataclass
+class Plain:
+    t: torch.Tensor
+
+
+class SubInit(Plain):
+    """Not a dataclass itself, but ``dataclasses.is_dataclass`` says it is (it inherits the fields)."""
+    def __init__(self, t):
+        super().__init__(t + 100)
+
+
+@dataclasses.dataclass
+class TakesInitVar:
+    t: torch.Tensor
+    scale: dataclasses.InitVar[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FrozenSlots:
+    t: torch.Tensor
+    n: int = 3
+    names: list = dataclasses.field(default_factory=list)
+
+
+class Typed(typing.NamedTuple):
+    t: torch.Tensor
+    n: int = 5
+
+    def total(self):
+        return self.t.sum() + self.n
+
+
+class MakesTwice(collections.namedtuple("MakesTwice", "t")):
+    @classmethod
+    def _make(cls, values):
+        return super()._make(v * 2 for v in values)
+
+
+def test_a_record_class_is_rebuilt_only_where_no_code_of_the_user_runs_again_on_the_values():
+    """``build`` rebuilds a result's record from the values eager's constructor already made: a dataclass with an
+    ``__init__`` of its own (eager ``(x + 1) * 2``, rebuilt 4x + 4), a subclass's ``__init__`` (+100 twice), an
+    ``InitVar`` (a TypeError at every call) or a ``_make`` override are refused; the generated ``__init__`` of a
+    frozen, slotted, keyword-only dataclass with a ``default_factory`` and a ``typing.NamedTuple`` with defaults and
+    methods are served. No compile."""
+    for kind, cls in (("dataclass", Plain), ("dataclass", FrozenSlots), ("namedtuple", Typed)):
+        assert entry_mod.rebuild_refusal(kind, cls) is None, cls
+    for kind, cls, reason in (("dataclass", OwnInit, r"__init__ \(OwnInit.__init__\) is not the one @dataclass"),
+                              ("dataclass", SubInit, r"__init__ \(SubInit.__init__\) is not the one @dataclass"),
+                              ("dataclass", TakesInitVar, r"takes \['t', 'scale'\], not exactly its fields"),
+                              ("namedtuple", MakesTwice, "overriding _make")):
+        assert re.search(reason, entry_mod.rebuild_refusal(kind, cls) or ""), cls
+        fields = ["t"] if kind == "namedtuple" else [f.name for f in dataclasses.fields(cls)]
+        with pytest.raises(UnsupportedInputError, match=reason):
+            entry_mod.record_class(kind, f"{__name__}:{cls.__qualname__}", fields)
+
+
+class ReturnsRecord(torch.nn.Module):
+    def __init__(self, cache_dir=None):
+        super().__init__()
+        if cache_dir is not None:
+            self.cached = gearcache.cache_compile(self.fwd, cache_dir=cache_dir)
+
+    def fwd(self, x):
+        return Rebound(x + 1, OwnInit(x) if x.dim() == 2 else x * 2)
+
+
+Rebound = collections.namedtuple("Rebound", "t u")
+
+
+def test_a_result_class_rebound_between_calls_is_the_one_eager_returns_and_a_custom_init_is_refused(
+        tmp_path, monkeypatch):
+    """The module global a method reads its named tuple from rebound to a new class (same name and fields) between
+    calls: eager returns the new class; the entry returned the class bound at its load. Now the rebinding (seen by
+    the value guards' watch) drops the entry and its next load binds the class found then: one compile, then a load.
+    A record holding a dataclass with its own ``__init__`` (eager ``x * 2``; rebuilt it was ``x * 4``) is refused at
+    the capture."""
+    m, eager = ReturnsRecord(tmp_path), ReturnsRecord()
+    x, counts = torch.ones(3), (gearcache.counters.compiles, gearcache.counters.loads)
+    with torch.no_grad():
+        first = m.cached(x)
+        assert type(first) is Rebound and torch.equal(first.u, eager.fwd(x).u)
+        monkeypatch.setattr(sys.modules[__name__], "Rebound", collections.namedtuple("Rebound", "t u"))
+        got, want = m.cached(x), eager.fwd(x)
+        assert type(got) is type(want) is Rebound and type(first) is not Rebound, (type(got), type(want))
+        assert torch.equal(got.t, want.t) and torch.equal(got.u, want.u)
+        assert (gearcache.counters.compiles - counts[0], gearcache.counters.loads - counts[1]) == (1, 1)
+        with pytest.raises(UnsupportedInputError, match=r"output.u is a OwnInit, a dataclass whose __init__"):
+            m.cached(torch.ones(2, 2))

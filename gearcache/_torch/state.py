@@ -109,10 +109,11 @@ def default_device() -> str | None:
 
 def state_guard() -> Callable[[], bool] | None:
     """``same() -> bool`` in C++: True while the calling thread's grad mode, autocast, default dtype, deterministic
-    algorithms, cuBLAS TF32/reduced-precision flags, torch-function state and thread count are what they were when
-    this was called (~0.2-0.5 us). With gearcache's native module it also sees inference mode, the thread's dispatch
-    keys and the SDPA backends; neither sees cuDNN's TF32 flag nor the float32 matmul precision beyond what it does to
-    cuBLAS TF32 (torch.compile does not either). None where torch lacks both (callers then compute
+    algorithms, cuBLAS TF32/reduced-precision flags, torch-function state, the depth of its TorchFunctionMode stack
+    and thread count are what they were when this was called (~0.2-0.5 us). With gearcache's native module it also
+    sees inference mode, the thread's dispatch keys and the SDPA backends; neither sees cuDNN's TF32 flag nor the
+    float32 matmul precision beyond what it does to cuBLAS TF32 (torch.compile does not either). None where torch
+    lacks both (callers then compute
     :func:`global_state` each time).
 
     Mechanism: gearcache's native ``StateSnapshot`` (gearcache/native/guards.cpp) where it is built for this torch,
@@ -127,9 +128,13 @@ def state_guard() -> Callable[[], bool] | None:
         return None
     try:
         check: Callable[[], bool] = guard_type().check
-        return check
     except (TypeError, RuntimeError):
         return None
+    depth, now = function_mode_depth(), function_mode_depth
+
+    def same() -> bool:         # Dynamo's guard does not see the TorchFunctionMode stack (the native snapshot does)
+        return check() and now() == depth
+    return same
 
 
 def state_guard_covers_inference_mode(same: Callable[[], bool]) -> bool:
@@ -197,6 +202,22 @@ def _dtype(name: str) -> torch.dtype:
 dispatch_mode_depth: Callable[[], int] = torch._C._len_torch_dispatch_stack
 """How many user ``TorchDispatchMode``s are active in this thread (C++, ~50 ns; torch's infrastructure modes, fake
 tensors and functionalization, are kept apart and not counted): a compiled entry runs its kernels without them."""
+
+
+function_mode_depth: Callable[[], int] = torch._C._len_torch_function_stack
+"""How many ``TorchFunctionMode``s are active in this thread (C++, ~50 ns), torch's own ``DeviceContext``
+(``with torch.device(...)``) included."""
+
+
+def user_function_modes() -> list[str]:
+    """The classes of this thread's active ``TorchFunctionMode``s other than torch's ``DeviceContext`` (``with
+    torch.device(...)``: the default device, which the key holds), innermost last. Dynamo traces such a mode into the
+    graph, and an entry does not follow its state (a mode's attributes, another mode of the same depth): a cached
+    method refuses calls under one (``CachedFunction._refuse_modes``)."""
+    from torch.utils._device import DeviceContext
+
+    modes = [torch._C._get_function_stack_at(i) for i in range(function_mode_depth())]
+    return [f"{type(m).__module__}.{type(m).__qualname__}" for m in modes if not isinstance(m, DeviceContext)]
 
 
 def dispatch_modes() -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 import types
 from typing import Any, Callable, Iterator
 
@@ -46,7 +47,8 @@ class Entry:
     """A loaded entry (see the module docstring): ``entry(leaves)`` is ``build(run(leaves), leaves)``, the method's
     result for the call's flattened arguments ``leaves``."""
     __slots__ = ("_compiled", "_recipe", "_bound", "_addresses", "_shares", "run", "native", "gather", "build",
-                 "result_outputs", "manifest", "hits", "guards", "real_elements", "padded_elements", "state_aliases")
+                 "result_outputs", "manifest", "hits", "guards", "real_elements", "padded_elements", "state_aliases",
+                 "_records")
 
     def __init__(self, compiled: Callable[..., Any], module: torch.nn.Module, manifest: dict[str, Any],
                  native: bool = True):
@@ -63,6 +65,7 @@ class Entry:
         self._shares = _shares(self._recipe)       # as compiled: bound at its look-up, whose key holds the sharing
         self.gather = _make_gather(self._recipe)
         self.build = _make_build(manifest["outputs"], module)
+        self._records = [(node, record_class(*node)) for node in _record_nodes(manifest["outputs"]["structure"])]
         self.result_outputs = _result_outputs(manifest["outputs"])
         self.compiled = compiled
         stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
@@ -106,6 +109,21 @@ class Entry:
         diff = sorted(set(live) ^ set(self._shares))[0]
         return (f"module tensors {names[diff[0]]} and {names[diff[1]]} "
                 f"{'share memory now' if diff in live else 'no longer share memory'}")
+
+    def records_changed(self) -> str | None:
+        """What changed in the named tuple and dataclass classes ``build`` rebuilds the result with since it was
+        made, or None: the class found by its name now is another object (``mod.Pair = namedtuple("Pair", ...)``
+        anew: eager returns the class the method reads now; the entry is dropped, and its next load binds the class
+        found then) or is no longer rebuildable. Cost: at ``_revalidate`` only (a module global rebound), a look-up
+        by name per record class; none on the call path."""
+        for (kind, name, fields), bound in self._records:
+            try:
+                found = record_class(kind, name, fields)
+            except UnsupportedInputError as e:
+                return str(e)
+            if found is not bound:
+                return f"the {kind} class {name} the result holds is another class now"
+        return None
 
     def state_refs(self) -> list[Slot]:
         """The module tensors the graph reads, as (``_parameters`` or ``_buffers`` dict, name): read live at every
@@ -260,6 +278,17 @@ def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) 
     raise ValueError(f"unknown output structure node {kind!r}")
 
 
+def _record_nodes(node: list[Any]) -> Iterator[tuple[str, str, list[str]]]:
+    """``(kind, name, fields)`` of every named tuple and dataclass node of an output structure, outermost first."""
+    if node[0] in ("namedtuple", "dataclass"):
+        yield node[0], node[1], node[2]
+        children = node[3]
+    else:
+        children = node[1] if node[0] in ("tuple", "list") else node[2] if node[0] == "dict" else []
+    for child in children:
+        yield from _record_nodes(child)
+
+
 def record_class(kind: str, name: str, fields: list[str]) -> type:
     """The named tuple or dataclass class ``name`` (``module:qualname``, the module imported if it is not yet) of
     an entry's result, checked to have the ``fields`` it had at the compile: UnsupportedInputError where it cannot be
@@ -277,7 +306,50 @@ def record_class(kind: str, name: str, fields: list[str]) -> type:
     if not isinstance(obj, type) or now != list(fields):
         raise UnsupportedInputError(f"the entry's result holds a {kind} {name} with fields {fields}; here it is "
                                     f"{obj!r} with {now}. Fix: the class as it was at the compile, or a new cache")
+    refusal = rebuild_refusal(kind, obj)
+    if refusal is not None:
+        raise UnsupportedInputError(f"the entry's result holds a {kind} {name}, {refusal}. Fix: the class as it was "
+                                    f"at the compile, or a new cache")
     return obj
+
+
+def rebuild_refusal(kind: str, cls: type) -> str | None:
+    """Why ``build`` cannot rebuild an instance of the record class ``cls`` from the field values eager's instance
+    holds, or None. The values are final (Dynamo ran the constructor eager ran), so the rebuild must run nothing of
+    the user's on them again: a named tuple is rebuilt by namedtuple's own ``_make`` (not an override); a dataclass
+    by its dataclass-generated ``__init__`` taking exactly its fields (not an ``__init__`` of its own, a subclass's
+    ``__init__``, an ``InitVar`` parameter or a field it does not take), with no ``__post_init__``. Cost: at a
+    capture and an entry's load only."""
+    if kind == "namedtuple":
+        make = getattr(getattr(cls, "_make", None), "__func__", None)
+        if not _made_by(make, "namedtuple", "_make"):
+            return "a named tuple class overriding _make, which gearcache would run on the values eager's built"
+        return None
+    if hasattr(cls, "__post_init__"):
+        return ("a dataclass with a __post_init__, which would run again on the values eager's __post_init__ "
+                "already made")
+    init: Callable[..., None] = cls.__init__    # type: ignore[misc]   # (the class's, not the instance's)
+    if not _made_by(init, "__create_fn__", "__init__"):
+        return (f"a dataclass whose __init__ ({getattr(init, '__qualname__', init)}) is not the one @dataclass "
+                f"generates: it would run again on the values eager's __init__ already made")
+    code = init.__code__
+    params = code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount]
+    if sorted(params) != sorted(f.name for f in dataclasses.fields(cls)):
+        return f"a dataclass whose __init__ takes {list(params[:8])}, not exactly its fields (an InitVar, init=False)"
+    return None
+
+
+def _made_by(fn: object, maker: str, name: str) -> bool:
+    """Whether the function ``fn`` is the ``name`` that the standard library's ``maker`` (``namedtuple``, or
+    dataclasses' ``__create_fn__``) generates: by its code's qualified name (3.11+); on 3.10 by its name and file."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType) or code.co_name != name:
+        return False
+    qualname = getattr(code, "co_qualname", None)
+    if qualname is not None:
+        return bool(qualname == f"{maker}.<locals>.{name}")
+    return code.co_filename == "<string>" if maker == "__create_fn__" else code.co_filename.endswith(  # 3.10
+        f"collections{os.sep}__init__.py")
 
 
 def _compile(src: str, name: str, env: dict[str, Any]) -> Callable[..., Any]:

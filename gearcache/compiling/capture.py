@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .._torch import capture as torch_capture, guards as torch_guards
-from ..call.entry import record_class
+from ..call.entry import rebuild_refusal, record_class
 from ..call.memory import storage_address
 from ..keys import guard_sets, guards_from_dynamo
 from ..errors import (ConfigError, DataDependentShape, GearcacheError, GraphBreakError, SideEffects,
@@ -405,20 +405,20 @@ def _output_recipe(result: Any, flat_out: list[Any], leaves: tuple[Any, ...],
 def _record_of(obj: Any, path: str) -> tuple[str, str, list[str]] | None:
     """``(kind, "module:qualname", fields)`` for a named tuple or a dataclass instance the result holds (rebuilt at
     each call by ``call.entry``: ``cls._make(values)``, ``cls(**fields)``), None for anything else. A class defined
-    inside a function (not importable by its name in another process), or a dataclass whose fields ``__init__`` does
-    not take all or that has a ``__post_init__`` (which would run again on the rebuilt values), is refused."""
+    inside a function (not importable by its name in another process), or one whose rebuild would run user code on
+    the values again (``call.entry.rebuild_refusal``: a ``__post_init__``, a custom ``__init__``), is refused."""
     t = type(obj)
     if isinstance(obj, tuple) and hasattr(t, "_fields") and hasattr(t, "_make"):
         kind, fields = "namedtuple", list(t._fields)
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         kind, fields = "dataclass", [f.name for f in dataclasses.fields(obj)]
-        if hasattr(t, "__post_init__") or not all(f.init for f in dataclasses.fields(obj)):
-            raise UnsupportedInputError(
-                f"the method's {path} is a {t.__qualname__}, a dataclass with a __post_init__ or fields its __init__ "
-                f"does not take: gearcache rebuilds it from its fields at each call. Fix: return its fields (a "
-                f"dict or tuple) and build the {t.__qualname__} outside the cached method")
     else:
         return None
+    refusal = rebuild_refusal(kind, t)
+    if refusal is not None:
+        raise UnsupportedInputError(
+            f"the method's {path} is a {t.__qualname__}, {refusal}: gearcache rebuilds it from its fields at each "
+            f"call. Fix: return its fields (a dict or tuple) and build the {t.__qualname__} outside the cached method")
     name = f"{t.__module__}:{t.__qualname__}"
     try:
         found = record_class(kind, name, fields) if "<locals>" not in t.__qualname__ else None
