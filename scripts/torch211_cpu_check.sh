@@ -12,6 +12,7 @@ work=${WORK:-/tmp/gearcache-torch211}
     python3 -m venv "$work/venv"
     PIP_CONFIG_FILE=/dev/null "$work/venv/bin/pip" install -q "torch==2.11.0"
 }
+export PATH="$work/venv/bin:$PATH"      # the venv's console scripts (tests run `gearcache` itself)
 rm -rf "$work/tree" && git clone -q "$root" "$work/tree"
 cd "$work/tree"
 "$work/venv/bin/pip" install -q -e ".[test]"
