@@ -139,6 +139,7 @@ def _listing_and_reads(tmp_path_factory, need):
         "ls_folder": ["ls", cache],
         "stats_folder": ["stats", cache, "--json"],
         "two_folders": ["ls", cache, "--cache-dir", cache.parent / "other"],
+        "folder_and_remote": ["ls", cache, "--remote", "redis://127.0.0.1:9/0"],
     }
     exe = shutil.which("gearcache")
     if exe is not None:
@@ -292,10 +293,12 @@ def test_errors_exit_2(reads):
 
 def test_the_folder_may_be_given_as_the_commands_argument(reads):
     """``gearcache ls DIR`` is ``gearcache ls --cache-dir DIR`` (it was "unrecognized arguments: DIR"); naming two
-    folders is a usage error."""
+    folders, or a folder with ``--remote`` (which reads the remote store instead), is a usage error."""
     assert reads["ls_folder"].returncode == 0 and reads["ls_folder"].stdout == reads["ls"].stdout
     assert as_json(reads["stats_folder"])["entries"] == as_json(reads["stats"])["entries"]
     assert reads["two_folders"].returncode == 2 and "name two folders" in reads["two_folders"].stderr
+    refused = reads["folder_and_remote"]                # the folder was ignored: the remote was read instead
+    assert refused.returncode == 2 and "reads the remote store, not a folder" in refused.stderr
 
 
 def test_console_script_help(reads):

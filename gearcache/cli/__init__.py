@@ -150,12 +150,16 @@ def _add_folder(p: argparse.ArgumentParser) -> None:
 
 
 def _folder_argument(args: argparse.Namespace) -> None:
-    """``FOLDER`` into ``args.cache_dir``; a usage error where both name other folders."""
+    """``FOLDER`` into ``args.cache_dir``; a usage error where it and ``--cache-dir`` name other folders, or where
+    ``--remote`` makes the command read the remote store (the folder would be ignored)."""
     folder = getattr(args, "folder", None)
     if folder is None:
         return
     if args.cache_dir and os.path.abspath(args.cache_dir) != os.path.abspath(folder):
         raise CliError(f"FOLDER={folder!r} and --cache-dir={args.cache_dir!r} name two folders: give one of them")
+    if getattr(args, "remote", None) and args.command in remote.REMOTE_COMMANDS:
+        raise CliError(f"FOLDER={folder!r} with --remote={args.remote!r}: `{args.command} --remote` reads the remote "
+                       f"store, not a folder. Fix: leave out FOLDER, or --remote to read the folder")
     args.cache_dir = folder
 
 
