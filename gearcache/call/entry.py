@@ -64,8 +64,8 @@ class Entry:
         self._addresses = _addresses(self._recipe)
         self._shares = _shares(self._recipe)       # as compiled: bound at its look-up, whose key holds the sharing
         self.gather = _make_gather(self._recipe)
-        self.build = _make_build(manifest["outputs"], module)
         self._records = [(node, record_class(*node)) for node in _record_nodes(manifest["outputs"]["structure"])]
+        self.build = _make_build(manifest["outputs"], module, [cls for _, cls in self._records])
         self.result_outputs = _result_outputs(manifest["outputs"])
         self.compiled = compiled
         stable = getattr(compiled, "set_stable_inputs", None)      # a run plan's: parameters and buffers
@@ -216,7 +216,10 @@ def _make_gather(recipe: Recipe) -> Callable[[tuple[Any, ...]], list[Any]]:
     return _compile(src, "gather", {f"S{i}": d for i, d in enumerate(dicts)})
 
 
-def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[list[Any], tuple[Any, ...]], Any]:
+def _make_build(outputs: dict[str, Any], module: torch.nn.Module,
+                record_classes: list[type]) -> Callable[[list[Any], tuple[Any, ...]], Any]:
+    """The result's builder; ``record_classes``: the classes of its named tuple and dataclass nodes, in
+    ``_record_nodes`` order (found once, at the entry's load)."""
     env: dict[str, Any] = {}
     items = []
     for i, (kind, ref) in enumerate(outputs["leaves"]):
@@ -231,7 +234,7 @@ def _make_build(outputs: dict[str, Any], module: torch.nn.Module) -> Callable[[l
         else:
             env[f"C{i}"] = ref
             items.append(f"C{i}")
-    body = _structure_expr(outputs["structure"], iter(items), env)
+    body = _structure_expr(outputs["structure"], iter(items), env, iter(record_classes))
     defaults = "".join(f", {k}={k}" for k in env)
     src = f"def build(O, L{defaults}):\n    return {body}\n"
     return _compile(src, "build", env)
@@ -250,13 +253,13 @@ def _result_outputs(outputs: dict[str, Any]) -> int | tuple[int, ...] | None:
     return None
 
 
-def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) -> str:
+def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any], classes: Iterator[type]) -> str:
     """A Python expression rebuilding the nested tuples, lists and dicts of the method's result."""
     kind = node[0]
     if kind == "leaf":
         return next(items)
     if kind in ("tuple", "list"):
-        parts = [_structure_expr(child, items, env) for child in node[1]]
+        parts = [_structure_expr(child, items, env, classes) for child in node[1]]
         if kind == "list":
             return f"[{', '.join(parts)}]"
         return f"({', '.join(parts)},)" if parts else "()"
@@ -264,13 +267,13 @@ def _structure_expr(node: list[Any], items: Iterator[str], env: dict[str, Any]) 
         keys, children = node[1], node[2]
         env_name = f"K{len(env)}"
         env[env_name] = tuple(keys)      # keys come from the manifest: bound as values, never spliced into source
-        parts = [f"{env_name}[{j}]: {_structure_expr(child, items, env)}" for j, child in enumerate(children)]
+        parts = [f"{env_name}[{j}]: {_structure_expr(child, items, env, classes)}" for j, child in enumerate(children)]
         return "{" + ", ".join(parts) + "}"
     if kind in ("namedtuple", "dataclass"):
         cls_name, fields_name = f"T{len(env)}", f"F{len(env)}"
-        env[cls_name] = record_class(kind, node[1], node[2])
+        env[cls_name] = next(classes)            # record_class(kind, node[1], node[2]), found at the load
         env[fields_name] = tuple(node[2])
-        parts = [_structure_expr(child, items, env) for child in node[3]]
+        parts = [_structure_expr(child, items, env, classes) for child in node[3]]
         values = f"({', '.join(parts)},)" if parts else "()"
         if kind == "namedtuple":
             return f"{cls_name}._make({values})"
