@@ -5,7 +5,7 @@ import torch
 
 import gearcache
 from gearcache import CompilerConfig, counters, mark_static_address
-from gearcache.graphs import cuda_graphs, graphed_entry
+from gearcache.graphs import gear_threads, graphed_entry
 from gearcache import snapshot
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the device)")
@@ -45,7 +45,7 @@ def test_reduce_overhead_on_cpu_inputs_runs_the_same_entries(tmp_path):
 
 def test_a_process_without_a_process_group_warms_gears_up_in_threads():
     # (tests/test_ranks.py: under torchrun with 2 and 4 ranks it is True, and capture_all then takes one thread)
-    assert cuda_graphs._collectives_possible() is False
+    assert gear_threads.collectives_possible() is False
 
 
 def test_snapshot_restores_every_view_of_a_storage_from_one_copy():

@@ -215,7 +215,7 @@ def test_a_failed_build_says_why_and_is_not_retried_automatically(tmp_path, monk
     monkeypatch.setenv("CXX", "false")                  # a "compiler" that fails at once
     with pytest.raises(NativeBuildError, match="exit status 1") as failure:
         native_build.build()
-    folder = tmp_path / native.build_key()
+    folder = tmp_path / native.extension_key()
     assert str(folder / native.LOG_FILE) in str(failure.value)
     assert (folder / native.FAILED_FILE).exists() and not (folder / native.MODULE_FILE).exists()
     assert list(folder.glob(".build-*")) == []          # the temporary output is removed
@@ -234,11 +234,11 @@ def test_a_process_without_the_module_builds_it_in_the_background(tmp_path):
     first = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     assert first.stdout.split() == ["False", "builtin_function_or_method", "True"]     # Dynamo's check
-    target = tmp_path / native.build_key() / native.MODULE_FILE
+    target = tmp_path / native.extension_key() / native.MODULE_FILE
     deadline = time.monotonic() + 600
     while not target.exists() and time.monotonic() < deadline:
         time.sleep(1)
-    assert target.exists(), (tmp_path / native.build_key() / native.LOG_FILE).read_text()
+    assert target.exists(), (tmp_path / native.extension_key() / native.LOG_FILE).read_text()
     assert stat.S_IMODE(target.stat().st_mode) & 0o022 == 0
     later = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert later.returncode == 0, later.stderr

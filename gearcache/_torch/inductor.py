@@ -49,18 +49,6 @@ def serial_compiles() -> contextlib.AbstractContextManager[None]:
     return cast(ConfigModule, torch._inductor.config).patch({"compile_threads": 1})     # a config module
 
 
-def apply_decompositions(gm: torch.fx.GraphModule, example_inputs: list[Any],
-                         decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
-    """Retrace ``gm`` to ATen ops with the user's decompositions applied (fake tensors; nothing runs).
-
-    Passing them to Inductor instead (``compile_fx(decompositions=...)``) makes torch's AOTAutograd cache bypass the
-    graph, and then it cannot be saved; a pre-decomposed graph saves like any other."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with torch.no_grad():
-        return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
-
-
 def compile_to_folder(gm: torch.fx.GraphModule, example_inputs: list[Any], folder: pathlib.Path, *,
                       config_patches: dict[str, Any]) -> Callable[..., Any]:
     """Compile ``gm`` with Inductor and write a self-contained, loadable artifact folder at ``folder``

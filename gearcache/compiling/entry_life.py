@@ -31,14 +31,13 @@ from typing import Any, Callable, Hashable, NamedTuple, Union, cast
 
 import torch
 
-from .._torch import inductor as torch_inductor
 from . import artifact_io, background, faults
 from ..store import diagnostics
 from ..ranks import phases as ranks
 from .. import runplan
 from ..call import memory, signature
 from ..keys import guard_paths, guard_sets
-from .pipeline import ArtifactPipeline, Build
+from .pipeline import ArtifactPipeline, Build, decomposed
 from .capture import Captured, capture, dependencies_changed
 from ..config import CompilerConfig
 from ..counters import counters
@@ -351,7 +350,7 @@ class EntryLife:
     def graph_to_compile(self, captured: Captured) -> torch.fx.GraphModule:
         """The captured graph with the method's custom decompositions applied (what ``compile`` compiles)."""
         if self.decompositions:
-            return torch_inductor.apply_decompositions(captured.graph, captured.example_inputs, self.decompositions)
+            return decomposed(captured.graph, captured.example_inputs, self.decompositions)
         return captured.graph
 
     def compile_patches(self) -> dict[str, Any]:

@@ -67,6 +67,19 @@ class Published:
     compiled: Callable[..., Any] | None
 
 
+def decomposed(gm: torch.fx.GraphModule, example_inputs: list[Any],
+               decompositions: dict[Any, Callable[..., Any]]) -> torch.fx.GraphModule:
+    """``gm`` retraced to ATen ops with the user's ``decompositions`` applied (``make_fx`` on fake tensors: nothing
+    runs): the graph a method with ``custom_decompositions`` compiles.
+
+    Passing them to Inductor instead (``compile_fx(decompositions=...)``) makes torch's AOTAutograd cache bypass the
+    graph, and then it cannot be saved; a pre-decomposed graph saves like any other."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
+
+
 class ArtifactPipeline:
     """Compile, publish and load the artifacts of one ``store`` under one ``config`` (see the module docstring)."""
 

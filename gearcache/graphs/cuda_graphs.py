@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable, Itera
 
 import torch
 
-from .._torch import cuda_graphs as torch_cuda_graphs, distributed as torch_distributed
+from .._torch import cuda_graphs as torch_cuda_graphs
 from ..call import signature
 from ..snapshot import snapshot
 from ..compiling import background
@@ -39,7 +39,7 @@ from ..compiling.background import Compiling, StandIn
 from ..counters import counters
 from ..errors import ConfigError, UnsupportedInputError
 from .callbacks import EntryStages, UncapturedPath
-from .gear_threads import GearThreads
+from .gear_threads import GearThreads, collectives_possible
 from .graphed_entry import (GraphedEntry, GraphShortcut, fill_buffers, graph_matcher, is_static_address,
                             mutated_leaves, refuse_split_memory, refuse_state_aliases, state_rules_of, state_watch_of,
                             target_shape, write_refused_message, written_copies, written_tensors)
@@ -354,7 +354,7 @@ class CudaGraphs:
         todo = self._uncaptured(gear_plan, calls)
         if not todo:
             return 0
-        in_order = _collectives_possible()
+        in_order = collectives_possible()
         self._streams()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -367,16 +367,7 @@ class CudaGraphs:
                 gear_threads.stop()
                 raise
 
-        def between() -> None:              # every warm-up has ended; no record has begun
-            for view, before in saved:
-                view.copy_(before)
-            for _, leaves, graphed, _ in prepared:
-                fill_buffers(graphed, leaves)
-
-        def real_warm_up(k: int) -> None:   # in gear k's thread, alone on the device
-            _, leaves, graphed, static_leaves = prepared[k]
-            self._warm_up_undone(graphed, leaves, static_leaves)
-
+        between, real_warm_up = self._turns(prepared, saved)
         recorded = gear_threads.finish(between, real_warm_up if in_order else None)
         seconds = (time.perf_counter() - t0) / len(todo)
         for (gkey, _, graphed, static_leaves), (graph, outs) in zip(prepared, recorded):
@@ -410,6 +401,28 @@ class CudaGraphs:
             gear_threads.stop()
             raise
         return prepared, saved
+
+    def _turns(self, prepared: list[tuple[GraphKey, Leaves, GraphedEntry, Leaves]],
+               saved: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[Callable[[], None], Callable[[int], None]]:
+        """``capture_all``'s steps after the parallel warm-up runs (``GearThreads.finish``): ``between`` (no record
+        begun yet: what the runs wrote restored from ``saved``, every gear's buffers filled again), ``real_warm_up(k)``
+        (in gear k's thread, alone on the device: its real warm-up run, the same restore, its buffers filled again)."""
+        def restore() -> None:
+            for view, before in saved:
+                view.copy_(before)
+
+        def between() -> None:
+            restore()
+            for _, leaves, graphed, _ in prepared:
+                fill_buffers(graphed, leaves)
+
+        def real_warm_up(k: int) -> None:
+            _, leaves, graphed, static_leaves = prepared[k]
+            with self.phase(static_leaves, "graph warm-up run"):
+                self.warm_up(graphed.entry, static_leaves, graphed.copies, self._streams()[0])
+                restore()
+                fill_buffers(graphed, leaves)
+        return between, real_warm_up
 
     def _warm_up_undone(self, graphed: GraphedEntry, leaves: Leaves, static_leaves: Leaves) -> None:
         """Run the gear's warm-up run, then undo what it wrote to static-address inputs and to state (a KV cache, a
@@ -484,11 +497,4 @@ class CudaGraphs:
         for (i, buf, _), old in zip(copies, before):
             if not torch.equal(buf, old):
                 raise UnsupportedInputError(write_refused_message(i))
-
-
-def _collectives_possible() -> bool:
-    """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
-    in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
-    one thread)."""
-    return bool(torch_distributed.process_groups())
 

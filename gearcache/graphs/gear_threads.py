@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 import torch
 
+from .._torch import distributed as torch_distributed
 from ..runplan.collectives import stand_in_collectives
 from .graphed_entry import GraphedEntry
 
@@ -131,3 +132,10 @@ class GearThreads:
                     self.results[k] = self.graphs.record(graphed.entry, static_leaves)
             except BaseException as exc:
                 self.errors[k] = exc
+
+
+def collectives_possible() -> bool:
+    """Whether this process belongs to a process group (its graphs may hold collectives, which must reach each group
+    in one order on every rank, and are not issued from several threads at once: even a group of one is kept to
+    one thread)."""
+    return bool(torch_distributed.process_groups())

@@ -11,7 +11,7 @@ building off.
 On disk (``native_dir()``: ``$GEARCACHE_NATIVE_DIR``, else ``$XDG_CACHE_HOME/gearcache/native``, else
 ``~/.cache/gearcache/native``)::
 
-    <key>/                          key: sha256 of build_key_parts() (its sources, torch's build, Python's ABI), 24 hex
+    <key>/                          key: sha256 of extension_key_parts() (sources, torch build, Python ABI), 24 hex
         gearcache_native_guards.so  the module; published last (os.replace); its BUILD_KEY must equal <key>
         build.log                   the compiler's command and output of the last try
         failed                      the last try failed: no automatic retry
@@ -60,7 +60,7 @@ def native_dir() -> str:
     return os.path.join(cache, "gearcache", "native")
 
 
-def build_key_parts() -> list[tuple[str, str]]:
+def extension_key_parts() -> list[tuple[str, str]]:
     """What the compiled module depends on, in order: its sources (SOURCES), the torch build whose headers and
     libraries it is compiled against, and the Python ABI it is loaded into."""
     import torch
@@ -77,10 +77,10 @@ def build_key_parts() -> list[tuple[str, str]]:
             ("platform", f"{sys.platform} {platform.machine()}")]
 
 
-def build_key(parts: list[tuple[str, str]] | None = None) -> str:
-    """The key of ``parts`` (default: :func:`build_key_parts`)."""
+def extension_key(parts: list[tuple[str, str]] | None = None) -> str:
+    """The key of ``parts`` (default: :func:`extension_key_parts`)."""
     digest = hashlib.sha256()
-    for name, value in parts if parts is not None else build_key_parts():
+    for name, value in parts if parts is not None else extension_key_parts():
         digest.update(f"{name}={value}\n".encode())
         log.debug("native build key part %s: %s", name, hashlib.sha256(value.encode()).hexdigest()[:12])
     return digest.hexdigest()[:24]
@@ -118,7 +118,7 @@ def guards(*, build_if_missing: bool = True) -> ModuleType | None:
         if _loaded.module is not None or _loaded.refused:
             return _loaded.module
         if _loaded.key is None:
-            _loaded.key = build_key()
+            _loaded.key = extension_key()
         folder = key_dir(_loaded.key)
         path = os.path.join(folder, MODULE_FILE)
         if os.path.exists(path):
@@ -179,8 +179,8 @@ def _start_background_build() -> None:
 
 def status() -> dict[str, Any]:
     """For ``gearcache native status`` and diagnostics: the switch, the key, its folder and what is in it."""
-    parts = build_key_parts()
-    key = build_key(parts)
+    parts = extension_key_parts()
+    key = extension_key(parts)
     folder = key_dir(key)
     return {"enabled": enabled(), "dir": native_dir(), "key": key, "key_parts": dict(parts),
             "built": os.path.exists(os.path.join(folder, MODULE_FILE)),

@@ -23,7 +23,7 @@ from typing import NoReturn
 import filelock
 
 from ..errors import NativeBuildError
-from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, build_key, key_dir
+from . import FAILED_FILE, LOCK_FILE, LOG_FILE, MODULE_FILE, SOURCE, extension_key, key_dir
 
 COMPILE_TIMEOUT_S = 600
 
@@ -54,7 +54,7 @@ def build(*, retry_failed: bool = True, wait: bool = True) -> str | None:
     """Build the module for this process's torch unless it is there; returns its path. ``wait=False``: return None
     at once if another process is building it. ``retry_failed=False``: return None if an earlier try failed.
     Raises :class:`NativeBuildError` when the compiler fails or there is none (the reason is also in ``build.log``)."""
-    key = build_key()
+    key = extension_key()
     folder = key_dir(key)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     lock = filelock.FileLock(os.path.join(folder, LOCK_FILE))

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gearcache import cache_compile, counters
-from gearcache.graphs import cuda_graphs
+from gearcache.graphs import gear_threads
 
 
 class RowParallelLinear(torch.nn.Module):
@@ -72,7 +72,7 @@ def main() -> None:
               "imported_before_eager": imported,
               "topology": model.cached.topology.folder, "first_call_s": first_call_s, "device": device,
               "akeys": sorted(e.manifest["akey"] for e in model.cached.life.table.values()),
-              "captures_in_one_thread": cuda_graphs._collectives_possible()}
+              "captures_in_one_thread": gear_threads.collectives_possible()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     dist.barrier()                  # no rank tears its connections down while a peer still uses them (gloo aborted
