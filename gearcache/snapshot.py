@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -27,11 +27,15 @@ def snapshot(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tens
 
 
 @contextlib.contextmanager
-def kept(tensors: list[Any]) -> Iterator[None]:
-    """Restore ``tensors`` (those of them that are tensors) after the block, however it ends."""
+def kept(tensors: list[Any]) -> Iterator[Callable[[], None]]:
+    """Restore ``tensors`` (those of them that are tensors) after the block, however it ends. The block is given the
+    restore itself, for runs that must each see the state as it was before the first (warm-up's gears)."""
     saved = snapshot([t for t in tensors if isinstance(t, torch.Tensor)])
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         for view, before in saved:
             view.copy_(before)
+    try:
+        yield restore
+    finally:
+        restore()

@@ -368,3 +368,21 @@ def test_warmup_leaves_the_state_its_runs_write_as_it_was(tmp_path, gears, warm)
             torch.testing.assert_close(m.cached(x), twin.fwd(x))
         torch.testing.assert_close(m.cache, twin.cache)
         assert int(m.pos) == int(twin.pos) == 3
+
+
+def test_each_gears_warm_up_run_sees_the_examples_state(tmp_path):
+    """warmup() runs the example once per gear, each from the state the example was given: a decode step that writes
+    its cache row at ``pos`` and advances ``pos`` is valid at the last row, and its second gear's run must not see
+    the position the first advanced (it wrote past the cache: Inductor's bounds check raised). Restored after."""
+    torch.manual_seed(0)
+    m = _Advancing(tmp_path, {"x": {0: [1, 2]}})
+    twin = _Advancing(tmp_path / "twin", {})
+    twin.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        m.pos.fill_(7)
+        twin.pos.fill_(7)
+        assert m.cached.warmup(torch.ones(2, 4)) == 2
+        assert int(m.pos) == 7 and not m.cache.any(), "warm-up runs left their writes"
+        x = torch.randn(1, 4)
+        torch.testing.assert_close(m.cached(x), twin.fwd(x))
+        torch.testing.assert_close(m.cache, twin.cache)

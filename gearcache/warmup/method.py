@@ -122,12 +122,13 @@ def _run_gears(cached: CachedMethod, gear_plan: GearPlan, gears: list[GearCall],
             assert graphs is not None       # capture_now: graphs are captured (reduce-overhead)
             with timeline.span("all", "capture every gear"):    # entries, warm-up runs at once, records
                 graphs.capture_all(gear_plan, gears, before_runs=fence)
-        with _kept_by(table, gears, [*leaves, *cached.module.buffers()]):
+        with _kept_by(table, gears, [*leaves, *cached.module.buffers()]) as restore:
             if not capture_now and not lazy:
                 fence([table.get(gear.key) for gear in gears])
             for gear in gears:
                 with timeline.span(f"gear {gear.sizes}", "first run"):
                     call(gear_plan, gear.leaves, gear.key)
+                restore()       # each gear's run sees the example's state (a position a decode step advances)
     return len(gears)
 
 
@@ -196,9 +197,10 @@ def _groups(entry: Loaded) -> dict[str, dict[str, Any]] | None:
 
 
 def _kept_by(table: dict[tuple[Hashable, ...], Loaded], gears: list[GearCall],
-             unknown: list[torch.Tensor]) -> ContextManager[None]:
+             unknown: list[torch.Tensor]) -> ContextManager[Callable[[], None]]:
     """What the gears' first runs may write in place (their entries' ``mutated_inputs``; ``unknown`` where a gear's
-    entry is not in ``table`` yet: it is found by its first run), kept: restored after them (``snapshot.kept``)."""
+    entry is not in ``table`` yet: it is found by its first run), kept: restored after each of them and at the end
+    (``snapshot.kept``, which gives the block its restore)."""
     written: list[torch.Tensor] = []
     for gear in gears:
         entry = table.get(gear.key)
