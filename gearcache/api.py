@@ -10,6 +10,7 @@ import torch
 from .cached_function import CachedFunction
 from .config import CompilerConfig
 from .errors import ConfigError
+from .keys import decompositions as key_decompositions
 from .store import Store
 from .ranks.topology import resolve_topology
 
@@ -40,8 +41,7 @@ def cache_compile(func: Callable[..., Any], *, config: CompilerConfig | None = N
         raise ConfigError(f"dynamic={dynamic!r}: expected True or False")
     if not dynamic:
         config = config.model_copy(update={"on_new_signature": "error"})
-    if custom_decompositions is not None and not isinstance(custom_decompositions, dict):
-        raise ConfigError(f"custom_decompositions={custom_decompositions!r}: expected a dict {{torch op: function}}")
+    custom_decompositions = key_decompositions.checked(custom_decompositions)     # a clear error for one not keyable
     if cache_dir is not None and not isinstance(cache_dir, str) and not hasattr(cache_dir, "__fspath__"):
         raise ConfigError(f"cache_dir={cache_dir!r}: expected a folder path (str or os.PathLike)")
     method = cast(types.MethodType, func)           # _check_method: a bound method of an nn.Module

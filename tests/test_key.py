@@ -4,7 +4,7 @@ from torch import nn
 import gearcache
 from gearcache._torch import versions as torch_versions
 from gearcache import CompilerConfig
-from gearcache.keys.key import build_key, decompositions_factor, factor_hash
+from gearcache.keys.key import build_key, factor_hash
 from gearcache.call.signature import call_key, describe
 
 FACTORS = [("format", 1), ("method", {"name": "m", "src": "abc"}), ("config", {"mode": "default"})]
@@ -38,25 +38,6 @@ def test_build_key_per_factor_hashes():
     assert hashes == {name: factor_hash(value) for name, value in FACTORS}
     assert factor_hash({"a": 1, "b": 2}) == factor_hash({"b": 2, "a": 1})    # canonical JSON
     assert factor_hash({"a": 1}) != factor_hash({"a": 2})
-
-
-def _decomp_a(x):
-    return x * 0.5
-
-
-def _decomp_b(x):
-    return x * 0.25
-
-
-def test_decompositions_factor():
-    aten = torch.ops.aten
-    assert decompositions_factor(None) == [] and decompositions_factor({}) == []
-    f = decompositions_factor({aten.silu.default: _decomp_a, aten.gelu.default: _decomp_a})
-    assert [op for op, _ in f] == sorted([str(aten.silu.default), str(aten.gelu.default)])
-    assert f[0][1] == f[1][1]
-    assert f == decompositions_factor({aten.gelu.default: _decomp_a, aten.silu.default: _decomp_a})
-    g = decompositions_factor({aten.silu.default: _decomp_b, aten.gelu.default: _decomp_a})
-    assert g != f                                            # same ops, different function source
 
 
 # ------------------------------------------------------------------------------------ entry-key sensitivity

@@ -5,7 +5,7 @@ view of): what gearcache/gears/padding.py reads of the gear plan's symbolic trac
 from __future__ import annotations
 
 import contextlib
-from typing import cast
+from typing import Callable, cast
 
 import torch
 
@@ -13,10 +13,38 @@ import torch
 # gearcache/gears/padding.py reads the gear plan's symbolic trace (a Dynamo graph whose marked dims are SymInts) at
 # the ATen
 # level, where every op has a schema (which arguments it writes, which it returns a view of).
-def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+OpOverload = torch._ops.OpOverload
+"""An ATen op's overload (``aten.gelu.default``): what a decomposition table maps."""
+
+
+def op_overloads(value: object) -> list[OpOverload] | None:
+    """``value``'s overloads: ``[value]`` for an overload, each overload of a packet (``aten.gelu``); None for
+    anything else."""
+    if isinstance(value, torch._ops.OpOverload):
+        return [value]
+    if isinstance(value, torch._ops.OpOverloadPacket):
+        return [getattr(value, name) for name in value.overloads()]    # type: ignore[no-untyped-call]
+    return None
+
+
+def in_place_variant(op: OpOverload) -> OpOverload | None:
+    """The in-place overload of ``op`` (``aten.add_.Tensor`` of ``aten.add.Tensor``), None where there is none."""
+    packet = getattr(getattr(torch.ops, op.namespace), f"{op.overloadpacket.__name__}_", None)
+    found = getattr(packet, op._overloadname, None) if packet is not None else None
+    return found if isinstance(found, torch._ops.OpOverload) else None
+
+
+def is_op_or_namespace(value: object) -> bool:
+    """Whether ``value`` is an op, a packet or an op namespace (``torch.ops.aten``): named by its name alone."""
+    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops._OpNamespace))
+
+
+def aten_graph(gm: torch.fx.GraphModule,
+               decompositions: dict[OpOverload, Callable[..., object]] | None = None) -> torch.fx.GraphModule:
     """``gm`` retraced to ATen ops on its own fake example inputs (nothing runs on real data): ``make_fx`` of an FX
     interpreter under the graph's fake mode, symbolically, as AOTAutograd traces it but without functionalisation, so
-    in-place ops and views stay in the graph; each node keeps the ``stack_trace`` of the Dynamo node it came from."""
+    in-place ops and views stay in the graph; each node keeps the ``stack_trace`` of the Dynamo node it came from.
+    ``decompositions``: the method's custom decompositions, applied as in the graph that is compiled."""
     import torch.fx.traceback as fx_traceback
     from torch._guards import detect_fake_mode
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -25,7 +53,8 @@ def aten_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     with detect_fake_mode(fakes) or contextlib.nullcontext(), fx_traceback.preserve_node_meta(), torch.no_grad():
         # symbolic: the trace's own shape environment keeps each size a symbol (2.11's "real" mode fixed a batch a
         # 3-D matmul expands over to the example's number: padding.analyse would read it as static)
-        return make_fx(torch.fx.Interpreter(gm).run, tracing_mode="symbolic")(*fakes)
+        return make_fx(torch.fx.Interpreter(gm).run, decomposition_table=decompositions,
+                       tracing_mode="symbolic")(*fakes)
 
 
 def forget_unbacked_bindings(gm: torch.fx.GraphModule) -> None:

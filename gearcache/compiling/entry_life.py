@@ -44,7 +44,7 @@ from ..counters import counters
 from ..call.entry import Entry
 from ..runplan.collectives import graph_groups
 from ..errors import SignatureMismatchError
-from ..keys import key as cache_keys
+from ..keys import decompositions as key_decompositions, key as cache_keys
 from ..keys.key import FORMAT_VERSION, source_digest
 from ..store import Store
 from ..ranks.topology import Topology
@@ -270,7 +270,8 @@ class EntryLife:
         devices = sorted({str(x.device) for x in leaves if isinstance(x, torch.Tensor)} | tensors.devices) or ["cpu"]
         return cache_keys.entry_key(method_name=self.name, method_digest=self.method_digest, signature=desc,
                                     module_state=tensors.rows, config=self.config.compile_factors(),
-                                    environment=cache_keys.environment_factors(devices, self.decompositions))
+                                    environment=cache_keys.environment_factors(
+                                        devices, key_decompositions.factor(self.decompositions)))
 
     # ---------------------------------------------------------------------------------------------------- load
     def load(self, manifest: dict[str, Any], ekey: str, guards: guard_sets.GuardSet | None,

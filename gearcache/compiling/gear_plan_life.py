@@ -43,7 +43,7 @@ from .entry_life import module_state
 from ..config import CompilerConfig
 from ..counters import counters
 from ..errors import PastLargestGearError
-from ..keys import guard_paths, guard_sets
+from ..keys import decompositions as key_decompositions, guard_paths, guard_sets
 from ..keys.key import FORMAT_VERSION, gear_plan_key
 from ..ranks.topology import process_groups_factor
 from ..runplan.collectives import communicates
@@ -106,7 +106,8 @@ class GearPlanLife:
                              plan_format=PLAN_FORMAT, marks=[[m.leaf, m.dim, m.sizes, m.pad_value] for m in marks],
                              merge_policy=ic.dynamic_gears_merge_policy, module_state=module_state(self.module),
                              global_state=torch_state.global_state(), software=torch_versions.software_versions(),
-                             process_groups=process_groups_factor())
+                             process_groups=process_groups_factor(),
+                             decompositions=key_decompositions.factor(self.entries.decompositions))
 
     def stored(self, call: MarkedCall) -> guard_sets.Choice:
         """The store's plan record for the call's marks whose value guards hold here (``record`` None: none stored)."""
@@ -154,7 +155,8 @@ class GearPlanLife:
         for m, sym in zip([m for m in marks if m.sizes[-1] >= 2], trace.symbols):
             bounds[sym] = max(bounds.get(sym, 0), m.sizes[-1])
         report = padding.analyse(trace, call.names, {m.leaf for m in marks},
-                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds)
+                                 {m.leaf: m.pad_value for m in marks if m.pad_value is not None}, bounds,
+                                 decompositions=self.entries.decompositions)
         it = iter(trace.symbols)
         symbols = [next(it) if m.sizes[-1] >= 2 else f"static:{m.leaf}:{m.dim}" for m in marks]
         gear_plan = build_plan(marks, ic.dynamic_gears_merge_policy, ic.past_largest_gear, symbols,

@@ -47,7 +47,7 @@ from .. import runplan
 from ..runplan import write_run_plan
 from ..config import CompilerConfig
 from ..counters import counters
-from ..errors import CacheCorruptionError
+from ..errors import CacheCorruptionError, ConfigError
 from ..store import Store
 from . import artifact_io, faults
 
@@ -76,8 +76,13 @@ def decomposed(gm: torch.fx.GraphModule, example_inputs: list[Any],
     graph, and then it cannot be saved; a pre-decomposed graph saves like any other."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with torch.no_grad():
-        return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
+    try:
+        with torch.no_grad():
+            return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
+    except TypeError as exc:        # a decomposition whose parameters are not its op's
+        raise ConfigError(f"custom_decompositions: applying them to the captured graph failed: {exc}. Fix: give each "
+                          f"decomposition its op's parameters (torch.ops.aten.<op>.<overload>._schema lists "
+                          f"them)") from exc
 
 
 class ArtifactPipeline:

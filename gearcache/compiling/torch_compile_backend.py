@@ -172,7 +172,7 @@ class GearedGraph:
         akey, _ = cache_keys.artifact_key(graph_code=static.code,
                                           graph_constants=cache_keys.graph_constants_factor(static),
                                           inputs=signature.inputs_meta(inputs), config=self.config.compile_factors(),
-                                          environment=cache_keys.environment_factors(devices, None))
+                                          environment=cache_keys.environment_factors(devices, []))
         published = self.pipeline.compile_or_load(akey, static, inputs)
         if published.compiled is None:                      # the store failed and on_cache_error="eager"
             def uncompiled(*args: Any) -> Any:

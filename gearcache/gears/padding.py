@@ -86,17 +86,19 @@ MAX_WALKS = 48
 
 def analyse(trace: "SymbolicTrace", names: dict[int, str], padded_leaves: set[int],
             pads: dict[int, PadValue] | None = None, bounds: dict[str, int] | None = None,
-            roles: Roles | None = None) -> PaddingReport:
+            roles: Roles | None = None,
+            decompositions: dict[torch_aten.OpOverload, Callable[..., Any]] | None = None) -> PaddingReport:
     """Analyse the gear plan's symbolic trace (symbolic_trace.symbolic_shapes); ``names``: leaf index -> argument name,
     for messages; ``padded_leaves``: the leaves with marked dims; ``pads``: the pad values the user gave (exact in the
     leaf's dtype, see ``pad_values.exact``), kept as they are; the others are chosen (``report.pad_values``);
     ``bounds``: each marked dim's symbol (as in ``trace.symbols``) -> its largest gear (positions ``arange`` makes
     over a padded size are valid indices below it); ``roles``: leaves taken as a KV cache and a causal mask
-    (padding_cache.py)."""
+    (padding_cache.py); ``decompositions``: the method's custom ones, applied in the ATen graph the proof reads
+    (as in the graph that is compiled)."""
     given = dict(pads or {})
     try:
         symbols = _gear_symbols(trace.graph, trace.inputs, padded_leaves, trace.same)     # before a lowering fixes one
-        aten = torch_aten.aten_graph(trace.graph)
+        aten = torch_aten.aten_graph(trace.graph, decompositions)
         dtypes = _leaf_dtypes(trace.graph, trace.inputs, padded_leaves)
         # the lowering to ATen may have guarded or specialized a padded size (torch 2.11's matmul): read after it
         guard_findings = _guard_findings(_unique(trace.size_guards + torch_shapes.shape_guards(trace.graph)), symbols,

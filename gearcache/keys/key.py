@@ -24,7 +24,7 @@ import inspect
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     import torch       # for annotations only: tensor_digest imports it where it reads a tensor
@@ -126,13 +126,6 @@ def source_digest(obj: Any) -> str:
         return sha256_text(f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}")
 
 
-def decompositions_factor(decompositions: dict[Any, Callable[..., Any]] | None) -> list[list[str]]:
-    """Custom decompositions as ``[[op name, source digest of the function], ...]`` sorted by op."""
-    if not decompositions:
-        return []
-    return sorted([str(op), source_digest(fn)] for op, fn in decompositions.items())
-
-
 _CUDA_INDEX = re.compile(r"cuda:(\d+)|device\(type='cuda', index=(\d+)\)")
 _INT_DEVICE = re.compile(r"device\s*=\s*\d|\.(?:to|cuda)\(\s*\d|'cuda',\s*\d")     # a GPU named by a bare int
 
@@ -156,13 +149,12 @@ def without_device_index(text: str, index: int) -> str | None:
     return None if other or _INT_DEVICE.search(text) else out
 
 
-def environment_factors(devices: list[str], decompositions: dict[Any, Callable[..., Any]] | None
-                        ) -> dict[str, Any]:
+def environment_factors(devices: list[str], decompositions: list[list[str]]) -> dict[str, Any]:
     """The values of :data:`ENVIRONMENT_FACTORS` for a graph on ``devices`` (``["cpu"]``, ``["cuda:0"]``) compiled
-    with the custom ``decompositions``: read from this process (torch's global state and versions, the devices'
-    capabilities, the process groups)."""
+    with custom decompositions (``decompositions``: their factor, gearcache/keys/decompositions.py ``factor``): read
+    from this process (torch's global state and versions, the devices' capabilities, the process groups)."""
     return {
-        "decompositions": decompositions_factor(decompositions),
+        "decompositions": decompositions,
         "global_state": torch_state.global_state(devices),
         "software": torch_versions.software_versions(),
         "devices": [torch_versions.device_capability(d) for d in devices],
@@ -216,7 +208,8 @@ def device_bound_artifact_key(shared_key: str, device_index: int | None) -> tupl
 
 def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_format: int, marks: list[Any],
                   merge_policy: str, module_state: list[Any], global_state: dict[str, Any],
-                  software: dict[str, str], process_groups: list[list[Any]] | None = None) -> str:
+                  software: dict[str, str], process_groups: list[list[Any]] | None = None,
+                  decompositions: list[list[str]] | None = None) -> str:
     """The key of a cached method's gear plan: everything its symbolic trace depends on. ``structure``: the repr of
     the call's structure (the signature key's first part); ``plan_format``: ``gears.plan.PLAN_FORMAT``; ``marks``:
     ``[[leaf, dim, gear sizes, pad value], ...]``; ``merge_policy``: ``dynamic_gears_merge_policy``;
@@ -224,8 +217,11 @@ def gear_plan_key(*, method_name: str, method_digest: str, structure: str, plan_
     ``process_groups``: :func:`process_groups_factor`, a factor only when there are any (a key without groups is as
     before): the trace may hold what ``dist.is_initialized()`` said (Dynamo folds it, unguarded), and a plan proved
     on a graph traced before ``init_process_group`` (no collectives) served the graph after it, whose
-    ``all_to_all_single`` moved rows of the padded dim between ranks (a wrong answer instead of a refusal)."""
+    ``all_to_all_single`` moved rows of the padded dim between ranks (a wrong answer instead of a refusal);
+    ``decompositions``: the custom decompositions' factor, likewise only when there are any (the padding proof reads
+    the trace with them applied)."""
     groups = [("process_groups", process_groups)] if process_groups else []
+    groups += [("decompositions", decompositions)] if decompositions else []
     key, _ = build_key("gear plan", [
         ("format", FORMAT_VERSION),
         ("method", {"name": method_name, "source_sha256": method_digest}),
