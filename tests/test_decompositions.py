@@ -190,3 +190,21 @@ def test_an_ops_decomposition_also_decomposes_its_in_place_variant(tmp_path):
     with pytest.raises(ConfigError, match="custom_decompositions.*parameters"):
         wrong(torch.ones(2))
 
+
+
+class _Gelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.gelu(x, approximate="tanh") + 1
+
+
+def _scaled_by_max(x, approximate="none"):
+    return x * x.max().item()
+
+
+def test_a_decomposition_reading_a_value_with_item_compiles_and_reads_it_per_call(tmp_path):
+    """Was Inductor's ``AssertionError ... possible memo disaster``: the retrace's unbacked symbol named twice."""
+    cf = cache_compile(_Gelu().forward, cache_dir=tmp_path, custom_decompositions={aten.gelu.default: _scaled_by_max})
+    with torch.no_grad():
+        for scale in (1.0, 3.0):
+            x = torch.arange(6.0).reshape(2, 3) * scale
+            assert torch.equal(cf(x), x * x.max() + 1)

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._torch import inductor as torch_inductor
+from .._torch import aten as torch_aten, inductor as torch_inductor
 from .._torch import state as torch_state
 from .. import runplan
 from ..runplan import write_run_plan
@@ -78,11 +78,13 @@ def decomposed(gm: torch.fx.GraphModule, example_inputs: list[Any],
 
     try:
         with torch.no_grad():
-            return make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
+            traced = make_fx(gm, decomposition_table=decompositions, tracing_mode="fake")(*example_inputs)
     except TypeError as exc:        # a decomposition whose parameters are not its op's
         raise ConfigError(f"custom_decompositions: applying them to the captured graph failed: {exc}. Fix: give each "
                           f"decomposition its op's parameters (torch.ops.aten.<op>.<overload>._schema lists "
                           f"them)") from exc
+    torch_aten.forget_unbacked_bindings(traced)     # a decomposition's .item(): Inductor's retrace binds its own
+    return traced
 
 
 class ArtifactPipeline:
