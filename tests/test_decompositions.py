@@ -208,3 +208,43 @@ def test_a_decomposition_reading_a_value_with_item_compiles_and_reads_it_per_cal
         for scale in (1.0, 3.0):
             x = torch.arange(6.0).reshape(2, 3) * scale
             assert torch.equal(cf(x), x * x.max() + 1)
+
+
+class _Config:
+    scale = 2.0
+
+
+def _reads_a_class_attribute(x):
+    return x * _Config.scale
+
+
+def _recursive(x, n=2):
+    return x if n == 0 else _recursive(x * 2, n - 1)
+
+
+LOW = frozenset({torch.float16, torch.bfloat16})
+
+
+def _reads_a_set(x):
+    return x.float() if x.dtype in LOW else x * 2
+
+
+def test_values_reached_through_classes_numpy_and_helpers_are_in_the_factor_and_stateless_ones_accepted(monkeypatch):
+    """Second round of the breaker (helper break54b): a class attribute a decomposition reads, a numpy scalar in its
+    closure; a recursive decomposition and a global set are accepted, a global module with weights refused."""
+    before = _digest(_reads_a_class_attribute)
+    monkeypatch.setattr(_Config, "scale", 3.0)
+    assert _digest(_reads_a_class_attribute) != before
+    np = pytest.importorskip("numpy")
+    assert _digest(_make(np.int64(2))) != _digest(_make(np.int64(3)))
+    assert _digest(_recursive) and _digest(_reads_a_set)
+    lin = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="Linear cannot be keyed"):
+        checked({aten.gelu.default: lambda x, approximate="none": lin(x)})
+
+
+def test_an_in_place_view_op_gets_no_in_place_variant():
+    """``squeeze_`` changes a view's metadata: ``self.copy_(squeeze(self))`` would write data instead (shape (1, 6)
+    where eager gives (6,)). Only pointwise ops' in-place variants are derived."""
+    table = checked({aten.squeeze.dim: lambda x, dim: x.squeeze(dim), aten.add.Tensor: _add_doubled})
+    assert aten.squeeze_.dim not in table and aten.add_.Tensor in table

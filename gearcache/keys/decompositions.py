@@ -6,25 +6,33 @@ and in the gear plan's trace that the padding proof reads (gearcache/_torch/aten
 computes is in every key that depends on it (entry, artifact, gear plan): a process whose table computes something
 else never loads another's entry. A decomposition counts by
 
-* a function: its code, defaults, keyword defaults and closure contents (``fingerprints.function_digest``) and the
-  module globals its code reads (the names of its code and of the code nested in it, found in its ``__globals__``),
-  each by :func:`_value_fp`: plain data and tensors by value, functions by this same rule (to :data:`_DEPTH`),
-  modules and torch's op namespaces and ops by name, classes by ``fingerprints.class_digest``;
-* a function of torch's own (its module ``torch`` or under it): its name (torch's version is a key factor);
-* an op (a decomposition into another op): its name; ``functools.partial``: its function, arguments and keywords.
+* a function: its code, and by :func:`_value_fp` its defaults, keyword defaults, closure contents and the module
+  globals its code reads (the names of its code and of the code nested in it, found in its ``__globals__``; of a
+  module or class it reads, the attributes its code names): plain data, numpy values and tensors by value, enums,
+  sets, lists and dicts by their items, functions by this same rule (recursion met once, to :data:`_DEPTH`),
+  modules, torch's op namespaces and ops by name, loggers by name;
+* a function of torch's own (its code under torch's folder): its name (torch's version is a key factor); a builtin
+  or another callable without state of its own (a numpy ufunc): its name;
+* an op (a decomposition into another op): its name; ``functools.partial``: its function, arguments and keywords; a
+  wrapper with ``__wrapped__`` (``functools.lru_cache``): the function it wraps.
 
 Anything else (an object holding state, a bound method, a global that is neither) is refused with a
-``ConfigError`` naming the op, the value and the fix: what it computes cannot be read into a key.
+``ConfigError`` naming the op, the value and the fix: what it computes cannot be read into a key. The factor is
+computed when a key is (a miss, a load): a value a decomposition reads that changes while an entry is served is seen
+at the next miss or in a fresh process (no guard watches it per call).
 
 The table's keys are ops: an overload (``aten.gelu.default``), or a packet (``aten.gelu``), which stands for each of
-its overloads (as ``torch._decomp.get_decompositions`` expands them; ``make_fx`` looks overloads up only). An op's
-decomposition also stands for its in-place variant where the table has none of its own (``add_`` as
+its overloads (as ``torch._decomp.get_decompositions`` expands them; ``make_fx`` looks overloads up only). A pointwise
+op's decomposition also stands for its in-place variant where the table has none of its own (``add_`` as
 ``self.copy_(add(self, ...))``, as AOTAutograd's functionalisation would decompose it): a method's ``acc.add_(x)``
 computes what its ``acc + x`` does.
 """
 from __future__ import annotations
 
+import enum
 import functools
+import logging
+import os
 import types
 from typing import Any, Callable
 
@@ -38,7 +46,8 @@ from .key import sha256_text, tensor_digest
 Decompositions = dict[OpOverload, Callable[..., Any]]
 """A checked table: each ATen overload and the callable that replaces it."""
 
-_DEPTH = 3          # how deep functions a decomposition reads through its globals are followed
+_DEPTH = 6          # how deep functions a decomposition reads through globals and closures are followed
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep     # torch's own functions: keyed by name (its version is)
 _PLAIN = (bool, int, float, complex, str, bytes, type(None))
 
 
@@ -80,31 +89,75 @@ def factor(table: Decompositions | None) -> list[list[str]]:
     """The key factor: ``[[op name, digest of what its decomposition computes], ...]`` sorted by op."""
     if not table:
         return []
-    return sorted([str(op), sha256_text(repr(_callable_fp(fn, f"custom_decompositions[{op}]", _DEPTH)))[:24]]
-                  for op, fn in table.items())
+    return sorted([str(op), sha256_text(repr(_callable_fp(fn, f"custom_decompositions[{op}]", _DEPTH, frozenset())))
+                   [:24]] for op, fn in table.items())
 
 
-def _callable_fp(fn: Any, where: str, depth: int) -> Any:
+def _callable_fp(fn: Any, where: str, depth: int, seen: frozenset[int]) -> Any:
     if is_op_or_namespace(fn):
         return ["op", str(fn)]
     if isinstance(fn, functools.partial):
-        return ["partial", _callable_fp(fn.func, where, depth), [_value_fp(a, where, depth) for a in fn.args],
-                sorted([k, _value_fp(v, where, depth)] for k, v in fn.keywords.items())]
+        return ["partial", _callable_fp(fn.func, where, depth, seen),
+                [_value_fp(a, where, depth, seen) for a in fn.args],
+                sorted([k, _value_fp(v, where, depth, seen)] for k, v in fn.keywords.items())]
     if type(fn) is types.FunctionType:
-        if _is_torchs(fn):
-            return ["torch function", fingerprints.type_name(fn)]
-        return ["fn", fingerprints.function_digest(fn), _globals_fp(fn, where, depth)]
+        return _function_fp(fn, where, depth, seen)
+    wrapped = getattr(fn, "__wrapped__", None)
+    if type(wrapped) is types.FunctionType and not isinstance(fn, torch.nn.Module):     # functools.lru_cache, ...
+        return ["wrapped", fingerprints.type_name(type(fn)), _function_fp(wrapped, where, depth, seen)]
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType)) or (
+            callable(fn) and not hasattr(fn, "__dict__") and not isinstance(fn, torch.Tensor)):
+        return ["named", fingerprints.type_name(type(fn)), getattr(fn, "__qualname__", getattr(fn, "__name__", ""))]
     raise ConfigError(f"{where}={fn!r}: a {type(fn).__name__} cannot be keyed by what it computes (its state is not "
                       f"read into the cache key, so another process's table could be served). Fix: pass a plain "
                       f"function (def or lambda) that holds its values in a closure, a default or a module constant")
 
 
-def _globals_fp(fn: types.FunctionType, where: str, depth: int) -> list[Any]:
-    """The module globals ``fn``'s code reads, each by :func:`_value_fp` (builtins and names it does not find: by
-    name only, as Python looks them up at run time)."""
+def _function_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset[int]) -> Any:
+    """A function by its code, defaults, keyword defaults, closure contents and the globals its code reads, each by
+    :func:`_value_fp`; torch's own functions (their code under torch's folder) by name; one met again (recursion)
+    by name."""
+    if fn.__code__.co_filename.startswith(_TORCH_DIR):
+        return ["torch function", fingerprints.type_name(fn)]
+    if id(fn) in seen:
+        return ["fn again", fingerprints.type_name(fn)]
+    if depth < 0:
+        raise ConfigError(f"{where}: reads functions {_DEPTH} levels deep through globals and closures ("
+                          f"{fingerprints.type_name(fn)}). Fix: pass the values it needs in a closure or as defaults")
+    seen = seen | {id(fn)}
+    value = functools.partial(_value_fp, where=where, depth=depth - 1, seen=seen)
+    return ["fn", fingerprints.code_digest(fn.__code__), [value(d) for d in fn.__defaults__ or ()],
+            sorted([k, value(v)] for k, v in (fn.__kwdefaults__ or {}).items()),
+            [value(_cell_contents(c)) for c in fn.__closure__ or ()], _globals_fp(fn, where, depth, seen)]
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:                              # an empty cell (a name assigned later in the outer function)
+        return None
+
+
+def _globals_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset[int]) -> list[Any]:
+    """The module globals ``fn``'s code reads, each by :func:`_value_fp`; of a module or class it reads, the
+    attributes its code names (``cfg.SCALE``) too (builtins and names it does not find: by name only, as Python
+    looks them up at run time)."""
     names = sorted(_names(fn.__code__))
-    return [[name, _value_fp(fn.__globals__[name], f"{where} (global {name})", depth)]
-            for name in names if name in fn.__globals__]
+    out = []
+    for name in names:
+        if name not in fn.__globals__:
+            continue
+        value, here = fn.__globals__[name], f"{where} (global {name})"
+        fp = _value_fp(value, here, depth - 1, seen)
+        if isinstance(value, (types.ModuleType, type)) and not _is_torchs(value):
+            fp = [fp, [[attr, _value_fp(getattr(value, attr), f"{here}.{attr}", depth - 1, seen)]
+                       for attr in names if attr in vars(value) and not _is_dunder(attr)]]
+        out.append([name, fp])
+    return out
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
 
 
 def _names(code: types.CodeType) -> set[str]:
@@ -115,29 +168,33 @@ def _names(code: types.CodeType) -> set[str]:
     return found
 
 
-def _value_fp(value: Any, where: str, depth: int) -> Any:
+def _value_fp(value: Any, where: str, depth: int, seen: frozenset[int]) -> Any:
     if isinstance(value, _PLAIN) or isinstance(value, (torch.dtype, torch.device, torch.layout)):
         return [type(value).__name__, repr(value)]
+    if isinstance(value, enum.Enum):
+        return ["enum", fingerprints.type_name(type(value)), value.name]
     if isinstance(value, (tuple, list)):
-        return [type(value).__name__, [_value_fp(v, where, depth) for v in value]]
+        return [type(value).__name__, [_value_fp(v, where, depth, seen) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        return [type(value).__name__, sorted(repr(_value_fp(v, where, depth, seen)) for v in value)]
     if isinstance(value, dict):
-        return ["dict", sorted([repr(k), _value_fp(v, where, depth)] for k, v in value.items())]
+        return ["dict", sorted([repr(k), _value_fp(v, where, depth, seen)] for k, v in value.items())]
+    if isinstance(value, torch.Tensor):
+        return ["tensor", str(value.dtype), tensor_digest(value)]
+    if type(value).__module__ == "numpy" and hasattr(value, "tobytes"):     # a numpy scalar or array, by its bytes
+        return ["numpy", repr(getattr(value, "dtype", None)), repr(getattr(value, "shape", None)),
+                sha256_text(value.tobytes())]
     if isinstance(value, types.ModuleType):
         return ["module", value.__name__]
     if is_op_or_namespace(value):
         return ["op", str(value)]
     if isinstance(value, type):
         return fingerprints.class_fp(value)
-    if isinstance(value, torch.Tensor):
-        return ["tensor", str(value.dtype), tensor_digest(value)]
-    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)) or _is_torchs(value):
-        return ["named", fingerprints.type_name(value)]
-    if depth <= 0 and type(value) is types.FunctionType:
-        raise ConfigError(f"{where}: reads functions through globals deeper than {_DEPTH} levels. Fix: pass the "
-                          f"values it needs in a closure or as defaults")
-    return _callable_fp(value, where, depth - 1)
+    if isinstance(value, logging.Logger):           # what it logs does not change what is computed
+        return ["logger", value.name]
+    return _callable_fp(value, where, depth, seen)
 
 
 def _is_torchs(value: Any) -> bool:
-    module = getattr(value, "__module__", None) or ""
-    return module == "torch" or module.startswith("torch.")
+    module = getattr(value, "__name__", "") if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+    return module == "torch" or (module or "").startswith("torch.")
