@@ -248,3 +248,61 @@ def test_an_in_place_view_op_gets_no_in_place_variant():
     where eager gives (6,)). Only pointwise ops' in-place variants are derived."""
     table = checked({aten.squeeze.dim: lambda x, dim: x.squeeze(dim), aten.add.Tensor: _add_doubled})
     assert aten.squeeze_.dim not in table and aten.add_.Tensor in table
+
+
+def _pkg_reader(tmp_path, monkeypatch):
+    pkg = tmp_path / "gc_dec_pkg" / "sub"
+    pkg.mkdir(parents=True)
+    (tmp_path / "gc_dec_pkg" / "__init__.py").write_text("from . import sub\n")
+    (pkg / "__init__.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gc_dec_pkg
+    made = {"gc_dec_pkg": gc_dec_pkg}
+    exec("def dec(x, approximate='none'):\n    return x * gc_dec_pkg.sub.SCALE\n", made)
+    return gc_dec_pkg, made["dec"]
+
+
+def test_values_behind_submodules_torch_decorators_function_attributes_and_names_in_strings(tmp_path, monkeypatch):
+    """Third round (helper break54c): ``pkg.sub.SCALE``, a decomposition under ``@torch.no_grad()`` (its wrapper's
+    code is torch's, the body is the user's), ``fn.scale`` and ``getattr(cfg, "SCALE")`` are all in the factor."""
+    pkg, dec = _pkg_reader(tmp_path, monkeypatch)
+    before = _digest(dec)
+    monkeypatch.setattr(pkg.sub, "SCALE", 3.0)
+    assert _digest(dec) != before
+
+    @torch.no_grad()
+    def under_no_grad(x):
+        return x * SCALE
+    before = _digest(under_no_grad)
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 7.0)
+    assert _digest(under_no_grad) != before
+
+    def with_attribute(x):
+        return x * with_attribute.scale
+    with_attribute.scale = 2.0
+    before = _digest(with_attribute)
+    with_attribute.scale = 3.0
+    assert _digest(with_attribute) != before
+
+    def by_string(x):
+        return x * getattr(_Config, "scale")  # noqa: B009 - a name read from a string
+    before = _digest(by_string)
+    monkeypatch.setattr(_Config, "scale", 9.0)
+    assert _digest(by_string) != before
+
+
+def test_a_decomposition_making_a_tensor_constant_is_refused_before_anything_is_stored(tmp_path):
+    """``x * torch.tensor(2.0)`` lifts a constant the compiled graph is not given: it crashed at the first call, and
+    the entry stayed in the store for every later process."""
+    cf = cache_compile(_Gelu().forward, cache_dir=tmp_path,
+                       custom_decompositions={aten.gelu.default: lambda x, approximate="none": x * torch.tensor(2.0)})
+    with pytest.raises(ConfigError, match="tensor constant"):
+        cf(torch.ones(3))
+    stored = [f for d in ("entries", "artifacts") for f in (tmp_path / d).rglob("*") if f.is_file()]
+    assert stored == [], "nothing is stored for a refused compile"
+
+
+def test_no_in_place_variant_where_the_parameters_differ():
+    """``polygamma(n, self)`` against ``polygamma_(self, n)``: the derived variant would swap them."""
+    table = checked({aten.polygamma.default: lambda n, x: x})
+    assert aten.polygamma_.default not in table

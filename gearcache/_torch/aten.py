@@ -29,12 +29,16 @@ def op_overloads(value: object) -> list[OpOverload] | None:
 
 def in_place_variant(op: OpOverload) -> OpOverload | None:
     """The in-place overload of a pointwise ``op`` (``aten.add_.Tensor`` of ``aten.add.Tensor``); None where there is
-    none, or ``op`` is not pointwise (an in-place view or resize, ``squeeze_``, ``t_``, changes metadata, not data)."""
+    none, where ``op`` is not pointwise (an in-place view or resize, ``squeeze_``, ``t_``, changes metadata, not data)
+    or where their parameters differ in name or order."""
     if torch.Tag.pointwise not in op.tags:
         return None
     packet = getattr(getattr(torch.ops, op.namespace), f"{op.overloadpacket.__name__}_", None)
     found = getattr(packet, op._overloadname, None) if packet is not None else None
-    return found if isinstance(found, torch._ops.OpOverload) else None
+    if not isinstance(found, torch._ops.OpOverload):
+        return None
+    names = [[a.name for a in o._schema.arguments] for o in (op, found)]
+    return found if names[0] == names[1] else None      # polygamma(n, self) against polygamma_(self, n): none
 
 
 def is_op_or_namespace(value: object) -> bool:

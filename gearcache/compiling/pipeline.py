@@ -83,6 +83,12 @@ def decomposed(gm: torch.fx.GraphModule, example_inputs: list[Any],
         raise ConfigError(f"custom_decompositions: applying them to the captured graph failed: {exc}. Fix: give each "
                           f"decomposition its op's parameters (torch.ops.aten.<op>.<overload>._schema lists "
                           f"them)") from exc
+    made = {n.target for n in traced.graph.find_nodes(op="get_attr")} - {n.target for n in gm.graph.find_nodes(
+        op="get_attr")}
+    if made:
+        raise ConfigError(f"custom_decompositions: a decomposition makes a tensor constant ({sorted(made)}: "
+                          f"torch.tensor(...) or torch.as_tensor(...) of a number), which the compiled graph cannot "
+                          f"take. Fix: use the number itself (x * 2.0), or torch.full_like(x, 2.0)")
     torch_aten.forget_unbacked_bindings(traced)     # a decomposition's .item(): Inductor's retrace binds its own
     return traced
 

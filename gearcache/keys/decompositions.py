@@ -10,16 +10,21 @@ else never loads another's entry. A decomposition counts by
   globals its code reads (the names of its code and of the code nested in it, found in its ``__globals__``; of a
   module or class it reads, the attributes its code names): plain data, numpy values and tensors by value, enums,
   sets, lists and dicts by their items, functions by this same rule (recursion met once, to :data:`_DEPTH`),
-  modules, torch's op namespaces and ops by name, loggers by name;
-* a function of torch's own (its code under torch's folder): its name (torch's version is a key factor); a builtin
-  or another callable without state of its own (a numpy ufunc): its name;
+  modules, torch's op namespaces and ops by name, loggers by name; and
+  its attributes (``fn.scale``); the names it reads include its code's identifier strings (``getattr(cfg, "S")``);
+  a module or class reached by attribute (``pkg.sub.SCALE``) is followed attribute by attribute;
+* a function of torch's own (its code under torch's folder): its name (torch's version is a key factor) and the
+  functions it wraps (``@torch.no_grad()`` around a user's function: the user's, by the rule above); a builtin or
+  another callable without state of its own (a numpy ufunc): its name; a classmethod: its class's attributes it
+  names and its function;
 * an op (a decomposition into another op): its name; ``functools.partial``: its function, arguments and keywords; a
   wrapper with ``__wrapped__`` (``functools.lru_cache``): the function it wraps.
 
 Anything else (an object holding state, a bound method, a global that is neither) is refused with a
 ``ConfigError`` naming the op, the value and the fix: what it computes cannot be read into a key. The factor is
 computed when a key is (a miss, a load): a value a decomposition reads that changes while an entry is served is seen
-at the next miss or in a fresh process (no guard watches it per call).
+at the next miss or in a fresh process (no guard watches it per call). Not followed: a value reached through a
+computed name (``sys.modules[name]``, ``getattr(m, f"S{i}")``).
 
 The table's keys are ops: an overload (``aten.gelu.default``), or a packet (``aten.gelu``), which stands for each of
 its overloads (as ``torch._decomp.get_decompositions`` expands them; ``make_fx`` looks overloads up only). A pointwise
@@ -102,6 +107,10 @@ def _callable_fp(fn: Any, where: str, depth: int, seen: frozenset[int]) -> Any:
                 sorted([k, _value_fp(v, where, depth, seen)] for k, v in fn.keywords.items())]
     if type(fn) is types.FunctionType:
         return _function_fp(fn, where, depth, seen)
+    if isinstance(fn, types.MethodType) and isinstance(fn.__self__, type) and type(fn.__func__) is types.FunctionType:
+        names = sorted(_names(fn.__func__.__code__))          # a classmethod: its class's attributes it names
+        return ["classmethod", _namespace_fp(fn.__self__, names, where, depth - 1, seen),
+                _function_fp(fn.__func__, where, depth, seen)]
     wrapped = getattr(fn, "__wrapped__", None)
     if type(wrapped) is types.FunctionType and not isinstance(fn, torch.nn.Module):     # functools.lru_cache, ...
         return ["wrapped", fingerprints.type_name(type(fn)), _function_fp(wrapped, where, depth, seen)]
@@ -117,18 +126,22 @@ def _function_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset
     """A function by its code, defaults, keyword defaults, closure contents and the globals its code reads, each by
     :func:`_value_fp`; torch's own functions (their code under torch's folder) by name; one met again (recursion)
     by name."""
-    if fn.__code__.co_filename.startswith(_TORCH_DIR):
-        return ["torch function", fingerprints.type_name(fn)]
     if id(fn) in seen:
         return ["fn again", fingerprints.type_name(fn)]
     if depth < 0:
         raise ConfigError(f"{where}: reads functions {_DEPTH} levels deep through globals and closures ("
                           f"{fingerprints.type_name(fn)}). Fix: pass the values it needs in a closure or as defaults")
     seen = seen | {id(fn)}
+    if fn.__code__.co_filename.startswith(_TORCH_DIR):      # and the functions it wraps (torch.no_grad(), ...)
+        inner = [getattr(fn, "__wrapped__", None), *(_cell_contents(c) for c in fn.__closure__ or ())]
+        return ["torch function", fingerprints.type_name(fn),
+                [_function_fp(f, where, depth - 1, seen) for f in inner if type(f) is types.FunctionType]]
     value = functools.partial(_value_fp, where=where, depth=depth - 1, seen=seen)
     return ["fn", fingerprints.code_digest(fn.__code__), [value(d) for d in fn.__defaults__ or ()],
             sorted([k, value(v)] for k, v in (fn.__kwdefaults__ or {}).items()),
-            [value(_cell_contents(c)) for c in fn.__closure__ or ()], _globals_fp(fn, where, depth, seen)]
+            [value(_cell_contents(c)) for c in fn.__closure__ or ()],
+            sorted([k, value(v)] for k, v in vars(fn).items() if not _is_dunder(k)),     # fn.scale = 2.0
+            _globals_fp(fn, where, depth, seen)]
 
 
 def _cell_contents(cell: Any) -> Any:
@@ -143,17 +156,19 @@ def _globals_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset[
     attributes its code names (``cfg.SCALE``) too (builtins and names it does not find: by name only, as Python
     looks them up at run time)."""
     names = sorted(_names(fn.__code__))
-    out = []
-    for name in names:
-        if name not in fn.__globals__:
-            continue
-        value, here = fn.__globals__[name], f"{where} (global {name})"
-        fp = _value_fp(value, here, depth - 1, seen)
-        if isinstance(value, (types.ModuleType, type)) and not _is_torchs(value):
-            fp = [fp, [[attr, _value_fp(getattr(value, attr), f"{here}.{attr}", depth - 1, seen)]
-                       for attr in names if attr in vars(value) and not _is_dunder(attr)]]
-        out.append([name, fp])
-    return out
+    return [[name, _namespace_fp(fn.__globals__[name], names, f"{where} (global {name})", depth - 1, seen)]
+            for name in names if name in fn.__globals__]
+
+
+def _namespace_fp(value: Any, names: list[str], where: str, depth: int, seen: frozenset[int]) -> Any:
+    """``value`` by :func:`_value_fp`; a module or class outside torch with the attributes ``names`` names, each
+    the same way (``pkg.sub.SCALE``: ``pkg``'s ``sub``, ``sub``'s ``SCALE``)."""
+    fp = _value_fp(value, where, depth, seen)
+    if not isinstance(value, (types.ModuleType, type)) or _is_torchs(value) or id(value) in seen or depth < 0:
+        return fp
+    inside = seen | {id(value)}
+    return [fp, [[attr, _namespace_fp(getattr(value, attr), names, f"{where}.{attr}", depth - 1, inside)]
+                 for attr in names if attr in vars(value) and not _is_dunder(attr)]]
 
 
 def _is_dunder(name: str) -> bool:
@@ -161,10 +176,14 @@ def _is_dunder(name: str) -> bool:
 
 
 def _names(code: types.CodeType) -> set[str]:
+    """The names ``code`` (and the code nested in it) reads: attribute and global names, and string constants that
+    could name one (``getattr(cfg, "SCALE")``, ``globals()["V"]``)."""
     found = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             found |= _names(const)
+        elif isinstance(const, str) and const.isidentifier():
+            found.add(const)
     return found
 
 
