@@ -5,7 +5,7 @@
 set -u
 device=${1:-cuda}; calls=${2:-2000}; out=${OUT:-.}; base=${PYTHONPATH:-}
 run() {  # run TREE NAME
-  (cd "$1" && PYTHONPATH="$base:$PWD" python3 benchmarks/call_overhead.py --device "$device" --calls "$calls" \
+  (cd "$1" && PYTHONPATH="$PWD:$base" python3 benchmarks/call_overhead.py --device "$device" --calls "$calls" \
      --cache-dir "/tmp/ovh-$2" --json "$out/ovh-$2-$3.json" > "$out/ovh-$2-$3.log" 2>&1)
   python3 - "$out/ovh-$2-$3.json" "$2" <<'PY'
 import json, sys

@@ -133,22 +133,17 @@ def _function_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset
                           f"{fingerprints.type_name(fn)}). Fix: pass the values it needs in a closure or as defaults")
     seen = seen | {id(fn)}
     if fn.__code__.co_filename.startswith(_TORCH_DIR):      # and the functions it wraps (torch.no_grad(), ...)
-        inner = [getattr(fn, "__wrapped__", None), *(_cell_contents(c) for c in fn.__closure__ or ())]
+        inner = [getattr(fn, "__wrapped__", None), *(fingerprints.cell_contents(c, None) for c in fn.__closure__ or ())]
         return ["torch function", fingerprints.type_name(fn),
                 [_function_fp(f, where, depth - 1, seen) for f in inner if type(f) is types.FunctionType]]
     value = functools.partial(_value_fp, where=where, depth=depth - 1, seen=seen)
     return ["fn", fingerprints.code_digest(fn.__code__), [value(d) for d in fn.__defaults__ or ()],
             sorted([k, value(v)] for k, v in (fn.__kwdefaults__ or {}).items()),
-            [value(_cell_contents(c)) for c in fn.__closure__ or ()],
+            [value(fingerprints.cell_contents(c, None)) for c in fn.__closure__ or ()],
             sorted([k, value(v)] for k, v in vars(fn).items() if not _is_dunder(k)),     # fn.scale = 2.0
             _globals_fp(fn, where, depth, seen)]
 
 
-def _cell_contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:                              # an empty cell (a name assigned later in the outer function)
-        return None
 
 
 def _globals_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset[int]) -> list[Any]:

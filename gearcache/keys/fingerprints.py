@@ -102,7 +102,7 @@ def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
         return cached[2]
     digest = _digest(["fn", code_digest(fn.__code__), nested_fp(fn.__defaults__, depth),
                       nested_fp(fn.__kwdefaults__, depth),
-                      [nested_fp(_cell_contents(c), depth) for c in fn.__closure__ or ()]])
+                      [nested_fp(cell_contents(c), depth) for c in fn.__closure__ or ()]])
     _FUNCTION_DIGESTS[(id(fn), depth)] = (fn, snapshot, digest)
     return digest
 
@@ -110,14 +110,7 @@ def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
 def _function_snapshot(fn: types.FunctionType) -> tuple[int, ...]:
     cells = fn.__closure__ or ()
     return (id(fn.__code__), id(fn.__defaults__), id(fn.__kwdefaults__),
-            *(id(_cell_contents(c)) for c in cells))
-
-
-def _cell_contents(cell: Any) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:                              # an empty cell (a name assigned later in the outer function)
-        return _EMPTY_CELL
+            *(id(cell_contents(c)) for c in cells))
 
 
 class _EmptyCell:
@@ -126,6 +119,14 @@ class _EmptyCell:
 
 
 _EMPTY_CELL = _EmptyCell()
+
+
+def cell_contents(cell: Any, empty: Any = _EMPTY_CELL) -> Any:
+    """A closure cell's contents; ``empty`` for an empty cell (a name the outer function assigns later)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return empty
 
 
 # --------------------------------------------------------------------------------------------------- classes
@@ -159,7 +160,7 @@ def own_digest(cls: type) -> str:
     tag = type_version(cls) if type_version is not None else 0
     snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
     cached = _OWN_DIGESTS.get(cls)
-    if (cached is not None and cached[0] == snapshot and all(_cell_contents(c) is v for c, v in cached[1])
+    if (cached is not None and cached[0] == snapshot and all(cell_contents(c) is v for c, v in cached[1])
             and all(f.__code__ is code for f, code in cached[3])):
         return cached[2]
     members = []
@@ -186,7 +187,7 @@ def _closure_cells(cls: type) -> tuple[tuple[Any, Any], ...]:
     for value in cls.__dict__.values():
         fn = getattr(value, "__func__", value)
         for cell in getattr(fn, "__closure__", None) or ():
-            contents = _cell_contents(cell)
+            contents = cell_contents(cell)
             if contents is not cls:
                 cells.append((cell, contents))
     return tuple(cells)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
+from .fingerprints import cell_contents
 from .guard_paths import MISSING_OBJECT
 
 
@@ -88,6 +89,10 @@ def _holds(op: str, parent: Any, key: Any, expected: Any, absent: Any) -> bool:
             return type(parent) is expected
         if op == "code":
             return getattr(parent, "__code__", None) is expected
+        if op in ("defaults", "kwdefaults"):
+            return getattr(parent, f"__{op}__") is expected
+        if op == "cell":
+            return cell_contents(parent, absent) is expected
         if op == "item":
             return parent[key] is expected
         if op == "len":
