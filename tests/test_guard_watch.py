@@ -521,3 +521,33 @@ def test_struct_rows_see_each_change(change):
         assert not watch.valid(), (make, change)
         f.__defaults__, f.__kwdefaults__ = saved[:2]
         f.__closure__[0].cell_contents = saved[2]
+
+
+@pytest.mark.parametrize("change", ["class", "code", "attr"])
+def test_class_and_code_rows_read_first_in_tight_loops_still_see_each_change(change):
+    """``make_watch`` lists the ``class`` rows, then the ``code`` rows, before the others (the C watch reads those
+    leading rows in loops of pointer compares); a change of any row, first, middle or last, is still seen."""
+    class A:
+        def f(self):
+            return 1
+
+    class B(A):
+        pass
+
+    objs = [A() for _ in range(5)]
+    holder = type("Holder", (), {})()
+    holder.value = 1.5
+    hops = guard_watch.Hops()
+    hops.check("attr", holder, "value", holder.value)           # an "attr" row listed first
+    for obj in objs:
+        hops.instance_class(obj)                                 # class rows, and A.f's code row
+    watch = guard_watch.make_watch(hops)
+    assert [op for op, *_ in hops.checked][:2] == ["attr", "class"]
+    assert watch.valid()
+    if change == "class":
+        objs[-1].__class__ = B
+    elif change == "code":
+        A.f.__code__ = (lambda self: 2).__code__
+    else:
+        holder.value = 2.5
+    assert not watch.valid()
