@@ -159,6 +159,7 @@ def test_new_shape_compiles_a_new_entry_and_is_right(affine_cache):
         m.cached(torch.randn(5, 4))
 
 
+@pytest.mark.slow      # tests/test_decompositions.py covers them in the README's test line
 def test_custom_decompositions_are_used(tmp_path):
     ones = {torch.ops.aten.tanh.default: lambda x: torch.ones_like(x)}
     m = Affine(tmp_path, decompositions=ones)

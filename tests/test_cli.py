@@ -310,6 +310,7 @@ def test_console_script_help(reads):
         assert sub in proc.stdout
 
 
+@pytest.mark.slow
 def test_python_m_gearcache_is_the_command(tmp_path):
     """``python -m gearcache VERB`` runs the command (it was "No module named gearcache.__main__")."""
     helped = subprocess.run(_cmd(["--help"], [sys.executable, "-m", "gearcache"]), capture_output=True, text=True,
@@ -472,6 +473,7 @@ def test_with_a_signing_key_unsigned_manifests_are_refused_as_the_runtime_refuse
     assert as_json(ls)["entries"] == [] and ls.stderr.count("not signed") == 2
 
 
+@pytest.mark.slow
 def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
     """Writers with lock_mode="soft" lock ``locks/<akey>.softlock``: prune takes the store's locks of both modes."""
     from gearcache.store import Store, StoreConfig
@@ -484,6 +486,7 @@ def test_prune_excludes_a_writer_holding_the_soft_lock(cache_copy):
     assert [p.name for p in (cache_copy / "artifacts").iterdir()] == [akey]
 
 
+@pytest.mark.slow
 def test_an_unreadable_index_is_rebuilt_once_and_ls_and_stats_work(cache_copy, listing):
     db = cache_copy / "index" / "cache.db"
     db.write_bytes(b"this is no SQLite file " * 200)

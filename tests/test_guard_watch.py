@@ -551,3 +551,53 @@ def test_class_and_code_rows_read_first_in_tight_loops_still_see_each_change(cha
     else:
         holder.value = 2.5
     assert not watch.valid()
+
+
+@pytest.mark.parametrize("where", ["method default", "closure cell"])
+def test_a_method_default_or_cell_turned_from_zero_to_minus_zero_is_seen(where):
+    """A class function's default and a cell's contents are read by identity (``_struct_read``), not as a property's
+    plain value by ``==``: ``0.0 == -0.0``, and a graph computing ``copysign(1, s)`` differs (helper break55: every
+    sign wrong, served by the old graph)."""
+    def outer():
+        s = 0.0
+
+        def sign_of(x, t=0.0):
+            return x * s * t
+        return sign_of
+    func = outer()
+    holder = type("Holder", (), {"sign_of": staticmethod(func)})
+    hops = guard_watch.Hops()
+    parent, name = (func, "__defaults__") if where == "method default" else (func.__closure__[0], "cell_contents")
+    guard_watch._add_attr(hops, parent, name, getattr(parent, name))
+    assert [op for op, *_ in hops.checked] == (["defaults"] if where == "method default" else ["cell"])
+    for make in (guard_watch.GuardWatch, guard_watch.PyGuardWatch):
+        watch = make([], [], list(hops.checked), guard_watch.ABSENT)
+        assert watch.valid()
+        if where == "method default":
+            func.__defaults__ = (-0.0,)
+        else:
+            func.__closure__[0].cell_contents = -0.0
+        assert not watch.valid(), make
+        func.__defaults__ = (0.0,)
+        func.__closure__[0].cell_contents = 0.0
+    assert holder.sign_of is func
+
+
+@pytest.mark.parametrize("value, other, equal", [(0.0, -0.0, False), (float("nan"), float("nan"), True),
+                                                 ([1.0, -0.0], [1.0, 0.0], False), (2.5, 2.5, True)])
+def test_a_property_s_plain_value_compares_floats_by_value_and_sign(value, other, equal):
+    """``attr_eq`` rows (a property building its value anew): -0.0 is not 0.0, a NaN is a NaN (else every call
+    would revalidate), in C and in Python alike."""
+    class Holder:
+        current = value
+
+        @property
+        def p(self):
+            return Holder.current
+    h = Holder()
+    for make in (guard_watch.GuardWatch, guard_watch.PyGuardWatch):
+        Holder.current = value
+        watch = make([], [], [("attr_eq", h, "p", value)], guard_watch.ABSENT)
+        assert watch.valid()
+        Holder.current = other
+        assert watch.valid() is equal, make

@@ -391,6 +391,7 @@ def test_full_redis_keeps_the_artifact_local_and_nothing_partial_remote(redis, t
     client.config_set("maxmemory", 0)
 
 
+@pytest.mark.slow      # test_store_redis_backend: test_slow_server_times_out_within_the_bound, fast
 def test_slow_redis_is_bounded_by_the_timeout(redis, tmp_path):
     store_at(tmp_path / "a", redis).artifacts.publish(AKEY, Builder())
     b = store_at(tmp_path / "b", redis, timeout=0.5)

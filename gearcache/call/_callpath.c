@@ -46,6 +46,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>               /* signbit, isnan: plain_equal of floats */
 #include <structmember.h>       /* T_OBJECT_EX, READONLY: the entry's __slots__ member for hits */
 
 #define ALIGNMENT 16
@@ -714,7 +715,7 @@ static int reads_expected(PyObject *got, PyObject *expected, PyObject *absent) {
 }
 
 /* 1: `a` and `b` are equal plain data of the same types (bool, int, float, str, bytes, None, and lists and tuples of
- * them: what guard_watch._plain admits), 0: not, -1 error */
+ * them: what guard_watch._plain admits; floats by value and sign, NaN equal to NaN), 0: not, -1 error */
 static int plain_equal(PyObject *a, PyObject *b) {
     if (Py_TYPE(a) != Py_TYPE(b)) return 0;
     if (PyList_CheckExact(a) || PyTuple_CheckExact(a)) {
@@ -725,6 +726,10 @@ static int plain_equal(PyObject *a, PyObject *b) {
             if (r != 1) return r;
         }
         return 1;
+    }
+    if (PyFloat_CheckExact(a)) {            /* by value and sign (copysign tells -0.0 from 0.0); NaN equals NaN */
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return (x == y && signbit(x) == signbit(y)) || (isnan(x) && isnan(y));
     }
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }

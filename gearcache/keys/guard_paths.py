@@ -145,6 +145,10 @@ def step(obj: Any, s: PathStep) -> Any:
             return type(obj)
     except (AttributeError, KeyError, IndexError, TypeError):
         return MISSING_OBJECT
+    except ValueError:
+        if isinstance(obj, types.CellType):     # an empty closure cell (``del cell.cell_contents``)
+            return MISSING_OBJECT
+        raise
     raise ValueError(f"unknown path step {s!r}")
 
 

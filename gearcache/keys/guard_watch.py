@@ -309,12 +309,13 @@ def _add_attr(hops: Hops, parent: Any, name: str, child: Any) -> None:
         d = None
     descriptor = _is_data_descriptor(cls, name)
     if not isinstance(d, dict) or descriptor:
-        if descriptor and plain(child):
+        row = _struct_read(parent, name, child)             # slots, properties, functions' __defaults__, cells
+        if row[0] == "attr" and descriptor and plain(child):
             # a property may build its value anew at every read (transformers 5.17's ``StaticCache.is_sliding``, a
-            # fresh list of bools): compared by value (a copy), not identity, else every call revalidates
-            hops.check("attr_eq", parent, name, plain_copy(child))
-            return
-        hops.check(*_struct_read(parent, name, child))      # slots, properties, functions' __defaults__, cells
+            # fresh list of bools): compared by value (a copy), not identity, else every call revalidates. A
+            # function's fields and a cell's contents are the stored objects: by identity (0.0 == -0.0)
+            row = ("attr_eq", parent, name, plain_copy(child))
+        hops.check(*row)
         return
     hops.type_(cls)
     hops.instance_class(parent)

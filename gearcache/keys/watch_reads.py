@@ -4,6 +4,7 @@ data a property's value is compared by (``attr_eq`` rows). The rows themselves a
 :mod:`gearcache.keys.guard_watch` (``Hops``)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Protocol
 
 from .fingerprints import cell_contents
@@ -33,11 +34,14 @@ def plain_copy(value: Any) -> Any:
 
 
 def plain_equal(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` are equal plain data of the same types (as the C watch's ``plain_equal``)."""
+    """``a`` and ``b`` are equal plain data of the same types (as the C watch's ``plain_equal``); floats by value and
+    sign (``-0.0`` is not ``0.0`` to ``copysign``), a NaN equal to a NaN."""
     if type(a) is not type(b):
         return False
     if type(a) in (list, tuple):
         return len(a) == len(b) and all(plain_equal(x, y) for x, y in zip(a, b))
+    if type(a) is float:
+        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (a != a and b != b)
     return bool(a == b)
 
 
