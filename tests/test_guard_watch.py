@@ -2,6 +2,7 @@
 path is noticed at the next valid(); other changes are not (they would cost a re-check per call)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -450,8 +451,13 @@ def test_a_set_changed_in_place_to_other_members_of_the_same_count_is_a_change()
         s.add("b")
 
 
-def _adds(x, scale=2.0, *, shift=1.0):
-    return x * scale + shift
+def _with_defaults_and_a_cell():
+    """A fresh function with defaults, keyword-only defaults and a closure cell."""
+    k = 3.0
+
+    def f(x, a=1.0, *, b=2.0):
+        return x * a + b + k
+    return f
 
 
 def test_function_fields_are_read_without_audit_events():
@@ -463,15 +469,11 @@ def test_function_fields_are_read_without_audit_events():
     import textwrap
     code = textwrap.dedent("""
         import sys
+        sys.path.insert(0, TESTS)
         from gearcache.keys import guard_watch
-        from gearcache.keys.guard_paths import MISSING_OBJECT
+        from test_guard_watch import _with_defaults_and_a_cell
 
-        def outer():
-            k = 3.0
-            def f(x, a=1.0, *, b=2.0):
-                return x * a + b + k
-            return f
-        f = outer()
+        f = _with_defaults_and_a_cell()
         hops = guard_watch.Hops()
         hops.function_identity(f)
         g = lambda: None
@@ -486,6 +488,7 @@ def test_function_fields_are_read_without_audit_events():
         f.__kwdefaults__ = {"b": 5.0}
         print(watch.valid())
     """)
+    code = code.replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "['cell', 'code', 'defaults', 'kwdefaults']"
     kind, n_events = out[1].split()
@@ -497,13 +500,7 @@ def test_function_fields_are_read_without_audit_events():
 @pytest.mark.parametrize("change", ["defaults", "kwdefaults", "cell", "cell_emptied"])
 def test_struct_rows_see_each_change(change):
     """``defaults``, ``kwdefaults`` and ``cell`` rows, C and Python alike: valid until the field is replaced."""
-    def outer():
-        k = 3.0
-
-        def f(x, a=1.0, *, b=2.0):
-            return x * a + b + k
-        return f
-    f = outer()
+    f = _with_defaults_and_a_cell()
     for make in (guard_watch.GuardWatch, guard_watch.PyGuardWatch):
         hops = guard_watch.Hops()
         hops.function_identity(f)
