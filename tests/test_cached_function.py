@@ -221,16 +221,20 @@ def test_changes_that_set_no_dict_or_class_attribute_are_never_a_stale_hit(tmp_p
     """Three changes after the first call that set no dict the watch read and no class attribute; each was served the
     old graph before: a submodule's ``__class__`` assigned, its class's ``forward.__code__`` replaced (the watch read
     no code, and the class's digest was cached by its dict's identities), a registered submodule shadowed by an
-    instance attribute (``object.__setattr__``: ``_modules`` unchanged, the guards read through it). Each call
-    equals eager."""
+    instance attribute (``object.__setattr__``: ``_modules`` unchanged, the guards read through it), a method's
+    default replaced (``Outer.bump.__defaults__``: torch 2.11's Dynamo guards no defaults, and the class's digest was
+    cached by its functions' code only). Each call equals eager."""
     class Outer(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.inner = _Inner()
             self.cached = gearcache.cache_compile(self.fwd, cache_dir=tmp_path)
 
+        def bump(self, y, by=1.0):
+            return y + by
+
         def fwd(self, x):
-            return self.inner(x) + 1
+            return self.bump(self.inner(x))
 
     m, x = Outer(), torch.randn(2, 4)
     with torch.no_grad():
@@ -246,6 +250,8 @@ def test_changes_that_set_no_dict_or_class_attribute_are_never_a_stale_hit(tmp_p
         with pytest.raises(gearcache.errors.UnsupportedInputError, match="neither an argument nor a parameter"):
             m.cached(x)         # the shadowing module's weight is no tensor of the module: refused, not stale
         object.__delattr__(m, "inner")
+        torch.testing.assert_close(m.cached(x), m.fwd(x))
+        monkeypatch.setattr(Outer.bump, "__defaults__", (2.0,))
         torch.testing.assert_close(m.cached(x), m.fwd(x))
 
 

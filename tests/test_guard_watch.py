@@ -598,3 +598,24 @@ def test_a_property_s_plain_value_compares_floats_by_value_and_sign(value, other
         assert watch.valid()
         Holder.current = other
         assert watch.valid() is equal, make
+
+
+def test_a_class_functions_defaults_are_watched_with_its_code():
+    """``instance_class`` watches the object's class functions' code and defaults: ``Cls.f.__defaults__ = ...`` sets
+    no class attribute, and torch 2.11's Dynamo guards no defaults (a method's default changed after the first call
+    was served the old graph there: x * 2 for eager's x * 3)."""
+    class Scaled:
+        def scaled(self, x, s=2.0, *, t=1.0):
+            return x * s * t
+
+    for change in ("__defaults__", "__kwdefaults__"):
+        hops = guard_watch.Hops()
+        hops.instance_class(Scaled())
+        assert {op for op, *_ in hops.checked} == {"class", "code", "defaults", "kwdefaults"}
+        for make in (guard_watch.GuardWatch, guard_watch.PyGuardWatch):
+            saved = getattr(Scaled.scaled, change)
+            watch = make([], [], list(hops.checked), guard_watch.ABSENT)
+            assert watch.valid()
+            setattr(Scaled.scaled, change, (3.0,) if change == "__defaults__" else {"t": 2.0})
+            assert not watch.valid(), (make, change)
+            setattr(Scaled.scaled, change, saved)

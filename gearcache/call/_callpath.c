@@ -408,8 +408,9 @@ static PyTypeObject RunnerType = {
  *            of the dict counts. Rows of one dict should be consecutive: where its version tag has not moved since
  *            the group was last seen valid, none of its keys is read (< 3.12)
  *   types    [type]: any change of the class (an attribute set, its bases) counts
- *   checked  [(op, parent, key, expected)], re-read at every valid() (leading "class" rows, then "code" rows, are
- *            read in tight loops: list them first): op "attr": getattr(parent, key) is `expected`;
+ *   checked  [(op, parent, key, expected)], re-read at every valid() (leading "class" rows, then "code", "defaults"
+ *            and "kwdefaults" rows, are read in tight loops: list them first): op "attr": getattr(parent, key) is
+ *            `expected`;
  *            "item": parent[key] is `expected`; "len": len(parent) == `expected`; "contains": (key in parent) is
  *            `expected` (True or False); "seq": the list `parent` holds the items of the tuple `expected`, by identity;
  *            "class": type(parent) is `expected` (a pointer compare: `obj.__class__ = Other` sets no watched dict or
@@ -437,8 +438,9 @@ typedef struct {
     Py_ssize_t n_checked;
     PyObject **parents, **keys, **expected;
     int *op;                    /* per checked row: CHECK_* */
-    Py_ssize_t n_leading_classes, n_leading_code;   /* the first rows: "class" rows, then "code" rows (a tight loop
-                                                     * of pointer compares each; the rest go through checked_holds) */
+    Py_ssize_t leading_end[4];  /* the first rows, by kind: "class" rows up to leading_end[0], then "code",
+                                 * "defaults", "kwdefaults" rows (a tight loop of pointer compares each); the rest
+                                 * go through checked_holds */
     PyObject *absent;
     PyObject *meta;             /* NULL, or the tensors' metadata check (called when meta_holds is NULL) */
     int (*meta_holds)(PyObject *);
@@ -682,9 +684,11 @@ static int guardwatch_init(GuardWatch *self, PyObject *args, PyObject *kwds) {
             goto done;
         }
     }
-    while (self->n_leading_classes < nc && self->op[self->n_leading_classes] == CHECK_CLASS) self->n_leading_classes++;
-    while (self->n_leading_classes + self->n_leading_code < nc &&
-           self->op[self->n_leading_classes + self->n_leading_code] == CHECK_CODE) self->n_leading_code++;
+    static const int leading_ops[4] = {CHECK_CLASS, CHECK_CODE, CHECK_DEFAULTS, CHECK_KWDEFAULTS};
+    for (int k = 0, end = 0; k < 4; k++) {
+        while (end < nc && self->op[end] == leading_ops[k]) end++;
+        self->leading_end[k] = end;
+    }
     self->absent = own(absent);
     if (meta != Py_None) {
         self->meta = own(meta);
@@ -822,12 +826,20 @@ static int guardwatch_valid(GuardWatch *self) {
     } else if (!rows_hold(self, 1)) {
         goto changed;
     }
-    Py_ssize_t i = 0, classes_end = self->n_leading_classes, code_end = classes_end + self->n_leading_code;
-    for (; i < classes_end; i++) {
+    Py_ssize_t i = 0;
+    for (; i < self->leading_end[0]; i++) {
         if ((PyObject *)Py_TYPE(self->parents[i]) != self->expected[i]) goto changed;
     }
-    for (; i < code_end; i++) {
+    for (; i < self->leading_end[1]; i++) {
         if (PyFunction_GET_CODE(self->parents[i]) != self->expected[i]) goto changed;
+    }
+    for (; i < self->leading_end[2]; i++) {
+        PyObject *got = PyFunction_GET_DEFAULTS(self->parents[i]);
+        if ((got ? got : Py_None) != self->expected[i]) goto changed;
+    }
+    for (; i < self->leading_end[3]; i++) {
+        PyObject *got = PyFunction_GET_KW_DEFAULTS(self->parents[i]);
+        if ((got ? got : Py_None) != self->expected[i]) goto changed;
     }
     for (; i < self->n_checked; i++) {
         int same = checked_holds(self, i);

@@ -152,16 +152,15 @@ def own_digest(cls: type) -> str:
     """sha256 of the attributes ``cls`` itself defines ("" for a built-in class). Cached while the class's version tag
     (``_callpath.type_version``: it changes whenever an attribute of the class is set or deleted) is the same and its
     functions' closure cells hold the same objects (a factory's class whose ``scale`` is rebound by ``nonlocal``) and
-    the same code (``f.__code__ = ...``); without a version tag, while every value of its ``__dict__`` is the same
-    object too. A function whose defaults are replaced in place counts once the class changes, or in a fresh
-    process."""
+    the same code and defaults (``f.__code__ = ...``, ``f.__defaults__ = ...``); without a version tag, while every
+    value of its ``__dict__`` is the same object too."""
     if is_builtin_class(cls):
         return ""
     tag = type_version(cls) if type_version is not None else 0
     snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
     cached = _OWN_DIGESTS.get(cls)
     if (cached is not None and cached[0] == snapshot and all(cell_contents(c) is v for c, v in cached[1])
-            and all(f.__code__ is code for f, code in cached[3])):
+            and all(all(a is b for a, b in zip(_fields(f), fields)) for f, fields in cached[3])):
         return cached[2]
     members = []
     for name, value in cls.__dict__.items():
@@ -174,10 +173,16 @@ def own_digest(cls: type) -> str:
     return digest
 
 
-def _codes(cls: type) -> tuple[tuple[types.FunctionType, types.CodeType], ...]:
-    """``(function, its code)`` of every function ``cls`` defines (``f.__code__ = ...`` sets no class attribute)."""
+def _codes(cls: type) -> tuple[tuple[types.FunctionType, tuple[object, object, object]], ...]:
+    """``(function, _fields(function))`` of every function ``cls`` defines (``f.__code__ = ...`` and
+    ``f.__defaults__ = ...`` set no class attribute)."""
     functions = (getattr(value, "__func__", value) for value in cls.__dict__.values())
-    return tuple((fn, fn.__code__) for fn in functions if isinstance(fn, types.FunctionType))
+    return tuple((fn, _fields(fn)) for fn in functions if isinstance(fn, types.FunctionType))
+
+
+def _fields(fn: types.FunctionType) -> tuple[object, object, object]:
+    """A function's code, defaults and keyword-only defaults (compared by identity: held, so never a reused id)."""
+    return fn.__code__, fn.__defaults__, fn.__kwdefaults__
 
 
 def _closure_cells(cls: type) -> tuple[tuple[Any, Any], ...]:

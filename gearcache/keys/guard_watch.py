@@ -108,10 +108,13 @@ class Hops:
             self.class_code(cls)
 
     def class_code(self, cls: type) -> None:
-        """The code of every function of ``cls`` and its bases (:func:`own_functions`: a function changed in place,
-        ``f.__code__ = g.__code__``, keeps the class's dict as it was)."""
+        """The code and defaults of every function of ``cls`` and its bases (:func:`own_functions`: a function changed
+        in place, ``f.__code__ = g.__code__`` or ``f.__defaults__ = (3.0,)``, keeps the class's dict as it was; torch
+        2.11's Dynamo guards no defaults, so only the watch sees it in the process that compiled)."""
         for func in own_functions(cls):
             self.function_code(func)
+            self.check("defaults", func, None, func.__defaults__)
+            self.check("kwdefaults", func, None, func.__kwdefaults__)
 
     def function_code(self, func: types.FunctionType) -> None:
         self.check("code", func, None, func.__code__)
@@ -428,8 +431,8 @@ def make_watch(hops: Hops) -> Watch | None:
     meta, meta_holds = torch_tensor_checks.tensor_meta_match(tuple(hops.tensors)) if hops.tensors else (None, None)
     order = {id(d): n for n, (d, _, _) in reversed(list(enumerate(hops.dicts)))}    # a dict's first row
     dicts = sorted(hops.dicts, key=lambda row: order[id(row[0])])                  # its rows together (stable)
-    leading = {"class": 0, "code": 1}              # read first, in tight loops of pointer compares (C)
-    checked = sorted(hops.checked, key=lambda row: leading.get(row[0], 2))
+    leading = {"class": 0, "code": 1, "defaults": 2, "kwdefaults": 3}     # read first, in tight loops (C)
+    checked = sorted(hops.checked, key=lambda row: leading.get(row[0], 4))
     return GuardWatch(dicts, list(hops.types), checked, ABSENT, meta, meta_holds)
 
 
