@@ -619,3 +619,37 @@ def test_a_class_functions_defaults_are_watched_with_its_code():
             setattr(Scaled.scaled, change, (3.0,) if change == "__defaults__" else {"t": 2.0})
             assert not watch.valid(), (make, change)
             setattr(Scaled.scaled, change, saved)
+
+
+_LIST_DEFAULT = [2.0]
+
+
+def _scaled_by_list(x, s=_LIST_DEFAULT, *, t={"k": [1.0]}):     # noqa: B006 (mutable defaults, on purpose)
+    return x * s[0] * t["k"][0]
+
+
+@pytest.mark.parametrize("change", ["list default", "dict in kwdefaults", "cell list"])
+def test_containers_in_defaults_and_cells_changed_in_place_are_seen(change):
+    """A list in a function's defaults, a dict in its keyword-only defaults or a list in a closure cell changed in
+    place keeps every identity (torch 2.11's Dynamo guards no defaults: ``helper.__defaults__[0][0] = 5.0`` after
+    the first call was served the old graph, helper break55b); the watch reads their contents, and the function's
+    digest is not cached across such a change."""
+    from gearcache.keys import fingerprints
+    box = [1.0]
+
+    def cell_reader(x):
+        return x * box[0]
+    func = cell_reader if change == "cell list" else _scaled_by_list
+    hops = guard_watch.Hops()
+    hops.function_identity(func)
+    digest = fingerprints.function_digest(func)
+    for make in (guard_watch.GuardWatch, guard_watch.PyGuardWatch):
+        watch = make(list(hops.dicts), [], list(hops.checked), guard_watch.ABSENT)
+        assert watch.valid()
+        target, saved = {"list default": (_LIST_DEFAULT, 2.0), "dict in kwdefaults": (_scaled_by_list.__kwdefaults__
+                         ["t"]["k"], 1.0), "cell list": (box, 1.0)}[change]
+        target[0] = 3.0
+        assert not watch.valid(), (make, change)
+        assert fingerprints.function_digest(func) != digest
+        target[0] = saved
+    assert fingerprints.function_digest(func) == digest

@@ -88,8 +88,8 @@ def is_builtin_class(cls: type) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------- functions
-_FUNCTION_DIGESTS: dict[tuple[int, int], tuple[types.FunctionType, tuple[int, ...], str]] = {}
-"""(id, depth) -> (function, snapshot, digest)"""
+_FUNCTION_DIGESTS: dict[tuple[int, int], tuple[types.FunctionType, tuple[object, ...], str]] = {}
+"""(id, depth) -> (function, snapshot, digest); only for functions whose state holds no mutable container"""
 
 
 def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
@@ -98,19 +98,34 @@ def function_digest(fn: types.FunctionType, depth: int = _DEPTH) -> str:
     the same in every process, whatever was digested before."""
     snapshot = _function_snapshot(fn)
     cached = _FUNCTION_DIGESTS.get((id(fn), depth))
-    if cached is not None and cached[0] is fn and cached[1] == snapshot:
+    if cached is not None and cached[0] is fn and _same_objects(cached[1], snapshot):
         return cached[2]
     digest = _digest(["fn", code_digest(fn.__code__), nested_fp(fn.__defaults__, depth),
                       nested_fp(fn.__kwdefaults__, depth),
                       [nested_fp(cell_contents(c), depth) for c in fn.__closure__ or ()]])
-    _FUNCTION_DIGESTS[(id(fn), depth)] = (fn, snapshot, digest)
+    if not holds_mutable(snapshot[1:]):     # a list default changed in place keeps every identity: not cached
+        _FUNCTION_DIGESTS[(id(fn), depth)] = (fn, snapshot, digest)
     return digest
 
 
-def _function_snapshot(fn: types.FunctionType) -> tuple[int, ...]:
-    cells = fn.__closure__ or ()
-    return (id(fn.__code__), id(fn.__defaults__), id(fn.__kwdefaults__),
-            *(id(cell_contents(c)) for c in cells))
+def _function_snapshot(fn: types.FunctionType) -> tuple[object, ...]:
+    """What a function's digest reads, held and compared by identity: its code, defaults, keyword-only defaults and
+    cells' contents."""
+    return (fn.__code__, fn.__defaults__, fn.__kwdefaults__, *(cell_contents(c) for c in fn.__closure__ or ()))
+
+
+def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def holds_mutable(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is or holds (in tuples, lists, dicts, sets, nested up to 8 deep) a list, dict, set or
+    bytearray: contents that can change while every identity stays the same."""
+    if isinstance(value, (list, dict, set, bytearray)):
+        return True
+    if isinstance(value, (tuple, frozenset)) and depth < 8:
+        return any(holds_mutable(v, depth + 1) for v in value)
+    return False
 
 
 class _EmptyCell:
@@ -160,7 +175,7 @@ def own_digest(cls: type) -> str:
     snapshot: Any = tag or tuple(map(id, cls.__dict__.values()))
     cached = _OWN_DIGESTS.get(cls)
     if (cached is not None and cached[0] == snapshot and all(cell_contents(c) is v for c, v in cached[1])
-            and all(all(a is b for a, b in zip(_fields(f), fields)) for f, fields in cached[3])):
+            and all(_same_objects(_fields(f), fields) for f, fields in cached[3])):
         return cached[2]
     members = []
     for name, value in cls.__dict__.items():
@@ -169,7 +184,9 @@ def own_digest(cls: type) -> str:
             members.append((name, member_fp(value, _DEPTH)))
     members.sort()
     digest = _digest([list(m) for m in members])
-    _OWN_DIGESTS[cls] = (snapshot, _closure_cells(cls), digest, _codes(cls))
+    codes = _codes(cls)
+    if not any(holds_mutable(fields[1:]) for _, fields in codes):     # a list default changed in place: not cached
+        _OWN_DIGESTS[cls] = (snapshot, _closure_cells(cls), digest, codes)
     return digest
 
 

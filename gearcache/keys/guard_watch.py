@@ -113,8 +113,17 @@ class Hops:
         2.11's Dynamo guards no defaults, so only the watch sees it in the process that compiled)."""
         for func in own_functions(cls):
             self.function_code(func)
-            self.check("defaults", func, None, func.__defaults__)
-            self.check("kwdefaults", func, None, func.__kwdefaults__)
+            self.function_defaults(func)
+
+    def function_defaults(self, func: types.FunctionType) -> None:
+        """``func``'s defaults and keyword-only defaults stay the objects they are, and the containers in them keep
+        their contents (``f.__defaults__[0][0] = 3.0``: torch 2.11's Dynamo guards no defaults)."""
+        self.check("defaults", func, None, func.__defaults__)
+        self.check("kwdefaults", func, None, func.__kwdefaults__)
+        for held in (func.__defaults__, func.__kwdefaults__):
+            if held is not None and fingerprints.holds_mutable(held):
+                self.contents(held)
+                self.nested_contents(held)
 
     def function_code(self, func: types.FunctionType) -> None:
         self.check("code", func, None, func.__code__)
@@ -124,10 +133,13 @@ class Hops:
         objects they are (its fingerprint covers them all, so a load sees ``f.__defaults__ = (3.0,)``; Dynamo guards
         the defaults itself only from torch 2.13)."""
         self.function_code(func)
-        self.check("defaults", func, None, func.__defaults__)
-        self.check("kwdefaults", func, None, func.__kwdefaults__)
+        self.function_defaults(func)
         for cell in func.__closure__ or ():
-            self.check("cell", cell, None, cell_contents(cell, ABSENT))
+            value = cell_contents(cell, ABSENT)
+            self.check("cell", cell, None, value)
+            if fingerprints.holds_mutable(value):           # a list in a cell changed in place
+                self.contents(value)
+                self.nested_contents(value)
 
     def tensor(self, t: torch.Tensor) -> None:
         self._once(("x", id(t)), lambda: self.tensors.append(t))
