@@ -260,7 +260,6 @@ def test_explain_a_miss_that_has_since_compiled_says_what_it_compiled_to(reads, 
     assert doc["differs"] == [] and doc["missed_because"] == ["signature"]
 
 
-@pytest.mark.slow      # explain: test_explain_two_entries_..., test_explain_a_miss_that_has_since_compiled_... (fast)
 def test_explain_the_latest_miss_that_is_still_a_miss(cache_copy, listing):
     """The entry of the first miss was pruned: that miss is explained (against the entry there is), not the later
     miss that compiled."""
@@ -462,7 +461,6 @@ def test_verify_reports_a_folder_another_user_owns(cache_copy):
     assert "chown" in doc["untrusted_folders"][0]["fix"]
 
 
-@pytest.mark.slow      # signed stores' refusals: tests/test_store_stamps.py, test_store_remote.py (fast)
 def test_with_a_signing_key_unsigned_manifests_are_refused_as_the_runtime_refuses_them(cache_copy, listing):
     """The folder was written without a key: under $GEARCACHE_SIGNING_KEY the CLI reads its manifests with the store's
     signature check, as a process with that key would (every entry refused, none listed)."""

@@ -106,7 +106,6 @@ def test_a_layer_that_mixes_rows_only_in_a_decode_step_is_served_at_exact_sizes(
     assert "decoder layer 0 (LlamaDecoderLayer, decode)" in found and "mean" in found
 
 
-@pytest.mark.slow      # a record not read for another model: ..._mixes_through_what_its_key_lacks (fast)
 def test_a_proof_record_of_fewer_layers_is_not_read_for_more(tmp_path, monkeypatch):
     """The store's record of a 2-layer model's proof (layers 0 and 1 proved) is not the answer for a 3-layer model
     of the same classes and config otherwise, whose layer 2 mixes positions: the layer count is in the proof key."""
@@ -181,7 +180,6 @@ def test_an_attention_function_registered_after_the_proof_was_recorded_is_proved
     assert "mean" in _exact(_tiny_llama(), tmp_path, "decoder layer 0")
 
 
-@pytest.mark.slow      # the proof of a plain model: test_the_plain_model_is_still_proved (fast)
 def test_an_attention_written_out_is_proved(tmp_path):
     """transformers' eager attention (matmul, the additive causal mask, softmax in float32, matmul) over the cache:
     proved in float32 and bfloat16 (tests/test_integrations_transformers.py serves it padded like eager)."""
