@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,18 +82,23 @@ class _Ahead:
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self.times: dict[str, Any] = {"waited_s": 0.0}     # when it ran, by which thread, how long tests waited
 
     def run(self) -> None:
         with self.lock:                 # the other thread waits here while one computes it
             if not self.done:
+                self.times.update(start=time.monotonic(), thread=threading.current_thread().name)
                 try:
                     self.result = self.compute()
                 except BaseException as e:  # noqa: B036 (handed to the fixture that asks, raised there)
                     self.error = e
+                self.times["end"] = time.monotonic()
                 self.done = True
 
     def value(self) -> Any:
+        asked = time.monotonic()
         self.run()
+        self.times["waited_s"] += time.monotonic() - asked
         if self.error is not None:
             raise self.error
         return self.result
@@ -156,10 +162,15 @@ def ahead_jobs(request, tmp_path_factory, native_checks) -> AheadJobs:
                 return
             jobs.jobs[name].run()
     thread = threading.Thread(target=work, name="ahead", daemon=True)
+    began = time.monotonic()
     thread.start()
     yield jobs
     stop.set()
     thread.join()
+    if os.environ.get("GEARCACHE_TEST_AHEAD_LOG"):     # where the session's time goes: each job's span and waits
+        with open(os.environ["GEARCACHE_TEST_AHEAD_LOG"], "w") as f:
+            json.dump({name: {k: (v - began if k in ("start", "end") else v) for k, v in job.times.items()}
+                       for name, job in jobs.jobs.items()}, f, indent=1)
 
 
 @pytest.fixture(scope="module", autouse=True)
