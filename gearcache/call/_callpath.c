@@ -738,6 +738,9 @@ static int plain_equal(PyObject *a, PyObject *b) {
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
+/* a function's defaults as Python reads them: None where the struct holds none */
+static inline PyObject *or_none(PyObject *o) { return o ? o : Py_None; }
+
 /* checked row i: 1 holds, 0 not, -1 error */
 static int checked_holds(GuardWatch *self, Py_ssize_t i) {
     PyObject *parent = self->parents[i], *key = self->keys[i], *expected = self->expected[i];
@@ -755,14 +758,8 @@ static int checked_holds(GuardWatch *self, Py_ssize_t i) {
     case CHECK_CODE: return PyFunction_GET_CODE(parent) == expected;
     /* read from the structs, not through getattr: reading __defaults__ or __kwdefaults__ raises an audit event, and
      * where an audit hook is installed (as on the GPU host) each read costs ~0.3 us */
-    case CHECK_DEFAULTS: {
-        PyObject *got = PyFunction_GET_DEFAULTS(parent);
-        return (got ? got : Py_None) == expected;
-    }
-    case CHECK_KWDEFAULTS: {
-        PyObject *got = PyFunction_GET_KW_DEFAULTS(parent);
-        return (got ? got : Py_None) == expected;
-    }
+    case CHECK_DEFAULTS: return or_none(PyFunction_GET_DEFAULTS(parent)) == expected;
+    case CHECK_KWDEFAULTS: return or_none(PyFunction_GET_KW_DEFAULTS(parent)) == expected;
     case CHECK_CELL: {                      /* an empty cell reads as `absent` */
         PyObject *got = PyCell_GET(parent);
         return (got ? got : self->absent) == expected;
@@ -834,12 +831,10 @@ static int guardwatch_valid(GuardWatch *self) {
         if (PyFunction_GET_CODE(self->parents[i]) != self->expected[i]) goto changed;
     }
     for (; i < self->leading_end[2]; i++) {
-        PyObject *got = PyFunction_GET_DEFAULTS(self->parents[i]);
-        if ((got ? got : Py_None) != self->expected[i]) goto changed;
+        if (or_none(PyFunction_GET_DEFAULTS(self->parents[i])) != self->expected[i]) goto changed;
     }
     for (; i < self->leading_end[3]; i++) {
-        PyObject *got = PyFunction_GET_KW_DEFAULTS(self->parents[i]);
-        if ((got ? got : Py_None) != self->expected[i]) goto changed;
+        if (or_none(PyFunction_GET_KW_DEFAULTS(self->parents[i])) != self->expected[i]) goto changed;
     }
     for (; i < self->n_checked; i++) {
         int same = checked_holds(self, i);

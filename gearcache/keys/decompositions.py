@@ -144,8 +144,6 @@ def _function_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset
             _globals_fp(fn, where, depth, seen)]
 
 
-
-
 def _globals_fp(fn: types.FunctionType, where: str, depth: int, seen: frozenset[int]) -> list[Any]:
     """The module globals ``fn``'s code reads, each by :func:`_value_fp`; of a module or class it reads, the
     attributes its code names (``cfg.SCALE``) too (builtins and names it does not find: by name only, as Python

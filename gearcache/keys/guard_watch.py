@@ -120,10 +120,15 @@ class Hops:
         their contents (``f.__defaults__[0][0] = 3.0``: torch 2.11's Dynamo guards no defaults)."""
         self.check("defaults", func, None, func.__defaults__)
         self.check("kwdefaults", func, None, func.__kwdefaults__)
-        for held in (func.__defaults__, func.__kwdefaults__):
-            if held is not None and fingerprints.holds_mutable(held):
-                self.contents(held)
-                self.nested_contents(held)
+        self.held_contents(func.__defaults__)
+        self.held_contents(func.__kwdefaults__)
+
+    def held_contents(self, value: Any) -> None:
+        """The contents of the lists, dicts and sets ``value`` is or holds, where it holds any (a list default or a
+        list in a closure cell changed in place keeps every identity)."""
+        if fingerprints.holds_mutable(value):
+            self.contents(value)
+            self.nested_contents(value)
 
     def function_code(self, func: types.FunctionType) -> None:
         self.check("code", func, None, func.__code__)
@@ -137,9 +142,7 @@ class Hops:
         for cell in func.__closure__ or ():
             value = cell_contents(cell, ABSENT)
             self.check("cell", cell, None, value)
-            if fingerprints.holds_mutable(value):           # a list in a cell changed in place
-                self.contents(value)
-                self.nested_contents(value)
+            self.held_contents(value)
 
     def tensor(self, t: torch.Tensor) -> None:
         self._once(("x", id(t)), lambda: self.tensors.append(t))
